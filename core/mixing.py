@@ -221,8 +221,9 @@ def uniform_weights(adjacency: ArrayLike) -> NDArray[np.float64]:
     """
     A = check_adjacency(adjacency)
     deg = A.sum(axis=1)
-    W = A / (1.0 + deg.max())
-    np.fill_diagonal(W, 1.0 - W.sum(axis=1))
+    dmax = float(deg.max())
+    W = A / (1.0 + dmax)
+    np.fill_diagonal(W, (1.0 + dmax - deg) / (1.0 + dmax))  # one rounding: exactly 1/(d+1) if regular
     return W
 
 
