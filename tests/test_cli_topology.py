@@ -65,7 +65,8 @@ def test_human_table(capsys):
     (["hierarchical", "--workers", "12", "--gpus-per-node", "5"], r"must be divisible by gpus_per_node \(5\)"),
     (["ring", "--workers", "8", "--inner", "random-ring"], r"inner \('random-ring'\) only applies to kind"),
     (["ring", "--workers", "8", "--plot", "out.jpg"], r"plot \('out.jpg'\) must be a .png file"),
-    (["ring", "--workers", "8", "--plot", "out.png", "--plot-max-workers", "2"], r"plot-max-workers \(2\) must be >= 4"),
+    (["ring", "--workers", "8", "--plot", "out.png", "--plot-max-workers", "2"],
+     r"plot-max-workers \(2\) must be >= 4"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, match):
     assert main(["topology", *argv]) == 2

@@ -81,7 +81,8 @@ def test_is_doubly_stochastic_rejects_only_stochastic_matrices():
     (np.zeros((2, 3)), r"adjacency must be a square 2-D matrix; got shape \(2, 3\)"),
     ([[0, 2], [2, 0]], r"adjacency entry \[0, 1\] is 2; entries must be 0 or 1"),
     ([[1, 1], [1, 0]], r"self loop at node 0; the self weight is set by the weight rule"),
-    ([[0, 1, 0], [0, 0, 1], [0, 1, 0]], r"not symmetric: A\[0, 1\] = 1 but A\[1, 0\] = 0; the graph must be undirected"),
+    ([[0, 1, 0], [0, 0, 1], [0, 1, 0]],
+     r"not symmetric: A\[0, 1\] = 1 but A\[1, 0\] = 0; the graph must be undirected"),
     ([["x"]], r"adjacency must be numeric"),
 ])
 def test_check_adjacency_messages(A, match):

@@ -340,3 +340,12 @@ def test_spectral_gap_curve_skips_invalid_counts():
     h = spectral_gap_curve("hierarchical", [8, 12, 16], gpus_per_node=4, inner="random-ring")
     assert [n for n, _ in h] == [8, 16]
     assert h[1][1] == pytest.approx(topology_spectrum(hierarchical(16, 4, inner="random-ring"))["spectral_gap"])
+
+
+def test_mixing_time_is_infinite_and_warns_when_the_bound_is_one(monkeypatch):
+    """No built-in topology is disconnected, so force the bound to 1 to reach this documented path."""
+    import psgdlab.core.spectral as spectral
+
+    monkeypatch.setattr(spectral, "consensus_rate_bound", lambda topology: 1.0)
+    with pytest.warns(TestbedWarning, match=r"effectively disconnected"):
+        assert spectral.mixing_time(ring(5)) == math.inf
