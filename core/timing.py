@@ -65,12 +65,13 @@ class ComputeTime:
             return cls(kind="const", mean_s=float(spec))
         parts = str(spec).strip().split(":")
         try:
-            if len(parts) == 1:
-                return cls(kind="const", mean_s=float(parts[0]))
-            if len(parts) == 3:
-                return cls(kind=parts[0], mean_s=float(parts[1]), spread=float(parts[2]))
+            numbers = [float(p) for p in (parts if len(parts) == 1 else parts[1:])]
         except ValueError:
-            pass
+            numbers = []
+        if len(parts) == 1 and numbers:
+            return cls(kind="const", mean_s=numbers[0])
+        if len(parts) == 3 and numbers:
+            return cls(kind=parts[0], mean_s=numbers[0], spread=numbers[1])
         raise ConfigError(f"compute time {spec!r} is not SECONDS, normal:MEAN:STD, lognormal:MEAN:CV or gamma:MEAN:CV")
 
     def spec(self) -> str:

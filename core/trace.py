@@ -219,7 +219,7 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
         ``steps`` (total over workers), ``makespan_s``, ``step_time_s`` (median over workers
         and steps of the time between consecutive compute starts of one worker),
         ``step_time_mean_s``, ``step_time_p95_s``, ``samples_per_s`` (samples in the timed
-        window / its length), ``compute_fraction``, ``comm_fraction`` (blocked in exchanges),
+        window / its length, from the first timed compute start to the last record's end), ``compute_fraction``, ``comm_fraction`` (blocked in exchanges),
         ``idle_fraction`` (neither computing nor blocked in an exchange: 1 minus the other two),
         ``overlap_comm_fraction`` (exchanges running beside compute), ``staleness_mean``,
         ``staleness_max``, ``staleness_hist`` (unit: updates), ``loss_first``, ``loss_last``.
@@ -231,8 +231,8 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
     if timed.size == 0:
         timed = compute
     t0 = float(timed["start_s"].min())
-    t1 = float(compute["end_s"].max())
     window = trace[trace["start_s"] >= t0]
+    t1 = float(window["end_s"].max())
     span = max(t1 - t0, 1e-300)
     ranks = np.unique(compute["rank"])
     deltas: list[np.ndarray] = []
