@@ -132,6 +132,7 @@ class _Sim:
         self.steps = steps
         self.comp = [row.tolist() for row in comp]
         self.busy = [0.0] * n  # responder lock: free from this time on
+        self.busy_from = [0.0] * n  # start of the latest average registered on the lock
         self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
         self.mdone = [0] * n  # merges completed so far
         self.coll: dict[tuple[Any, ...], list[Any]] = {}
@@ -166,6 +167,8 @@ class _Sim:
         end = start + dur
         busy[r] = end
         busy[peer] = end
+        self.busy_from[r] = start
+        self.busy_from[peer] = start
         self.mq[r].append(end)
         self.mq[peer].append(end)
         return start, end, nbytes
@@ -304,7 +307,9 @@ class _Sim:
                     rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
                 yield timeout(need - now)
                 now = need
-            if busy[r] > now:  # the responder is averaging this model: the update waits for the lock
+            if busy[r] > now and self.busy_from[r] < now:
+                # the responder is averaging this model: the update waits for the lock (an average
+                # that starts at this very instant goes after the update)
                 if record:
                     rows.append((r, s, _WAIT, 0, now, busy[r], -1, 0, -1, _NAN))
                 yield timeout(busy[r] - now)
@@ -359,14 +364,17 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         stragglers.validate(n)
     comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network)
     sim = _Sim(algorithm, network, workload, comp, steps, record)
-    for r in range(n):
-        sim.env.process(sim.worker(r))
-    sim.env.run()
-    if sim.coll:
-        raise SimulationError(f"simulation of {algorithm.name} ended with {len(sim.coll)} collectives still "
-                              f"waiting for members: the schedule is inconsistent")
+    procs = [sim.env.process(sim.worker(r)) for r in range(n)]
+    # the window ends when the first worker has done ``steps`` steps: every worker is active over
+    # the whole window, so a straggler does not stretch it (asynchronous workers drift apart)
+    try:
+        sim.env.run(until=simpy.AnyOf(sim.env, procs))
+    except RuntimeError as exc:
+        raise SimulationError(f"simulation of {algorithm.name} stalled with {len(sim.coll)} collectives "
+                              f"waiting for members: the schedule is inconsistent ({exc})") from None
+    t_stop = sim.env.now
     tb = TraceBuilder()
-    tb._rows = sim.rows  # rows are already tuples in TRACE_DTYPE order
+    tb._rows = [row for row in sim.rows if row[5] <= t_stop]  # tuples already in TRACE_DTYPE order
     trace = tb.array()
     meta = {
         "source": "simulator",
@@ -376,6 +384,7 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         "platform": platform.name,
         "workload": workload.name,
         "steps_per_worker": steps,
+        "window_end_s": t_stop,
         "seed": seed,
         "gpus_per_node": placement.per_host,
         "hosts_used": placement.hosts_used,

@@ -8,7 +8,9 @@ A :class:`Workload` is what one training job asks of the platform:
   distribution (:class:`psgdlab.core.timing.ComputeTime` spec: ``"0.171"``,
   ``"lognormal:0.171:0.05"``, ...). At another batch ``b`` the time is scaled affinely:
   :math:`t(b) = t_0 + (\bar t - t_0)\, b / b_\text{ref}` with :math:`t_0` =
-  ``compute_fixed_s`` (the part of a step that does not depend on the batch);
+  ``compute_fixed_s`` (the part of a step that does not depend on the batch); the spread is
+  scaled with it, plus an absolute jitter ``compute_jitter_s`` (seconds of standard deviation that
+  do not shrink with the batch: CV :math:`\sqrt{cv^2 + (j/t(b))^2}`);
 - ``input_bytes_per_sample`` -- features copied to the device each step over the socket's PCIe
   link, which the devices behind a socket share (0 to ignore);
 - ``samples_per_epoch``, ``epochs``, ``batch_per_worker`` and ``sample_unit`` (what one sample
@@ -48,6 +50,7 @@ class Workload:
     reference_batch: int = 128
     batch_per_worker: int = 128
     compute_fixed_s: float = 0.0
+    compute_jitter_s: float = 0.0
     input_bytes_per_sample: float = 0.0
     samples_per_epoch: float = 1e6
     epochs: float = 1.0
@@ -63,6 +66,8 @@ class Workload:
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
         require(math.isfinite(self.compute_fixed_s) and 0 <= self.compute_fixed_s <= dist.mean_s, "compute_fixed_s",
                 self.compute_fixed_s, f"must be in [0, the mean compute time {dist.mean_s:g} s]")
+        require(math.isfinite(self.compute_jitter_s) and self.compute_jitter_s >= 0, "compute_jitter_s",
+                self.compute_jitter_s, "must be >= 0 seconds")
         require(math.isfinite(self.input_bytes_per_sample) and self.input_bytes_per_sample >= 0,
                 "input_bytes_per_sample", self.input_bytes_per_sample, "must be >= 0")
         require(self.samples_per_epoch > 0, "samples_per_epoch", self.samples_per_epoch, "must be > 0")
@@ -77,10 +82,15 @@ class Workload:
         """The compute-time distribution at ``batch_per_worker`` (scaled from the reference)."""
         dist = ComputeTime.parse(self.compute)
         mean = self.mean_compute_s(self.batch_per_worker)
-        if mean == dist.mean_s:
+        if mean == dist.mean_s and self.compute_jitter_s == 0:
             return dist
-        spread = dist.spread * mean / dist.mean_s if dist.kind == "normal" else dist.spread
-        return ComputeTime(kind=dist.kind, mean_s=mean, spread=spread)
+        j = self.compute_jitter_s
+        if dist.kind == "normal":
+            spread = math.hypot(dist.spread * mean / dist.mean_s, j)
+        else:
+            spread = math.hypot(dist.spread, j / mean)
+        kind = "lognormal" if dist.kind == "const" and j > 0 else dist.kind
+        return ComputeTime(kind=kind, mean_s=mean, spread=spread)
 
     def mean_compute_s(self, batch: int) -> float:
         t_ref = ComputeTime.parse(self.compute).mean_s
