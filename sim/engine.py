@@ -43,7 +43,7 @@ Examples
 >>> from psgdlab.sim.workload import load_config
 >>> cfg = load_config(preset="interspeech2019-v100")
 >>> res = simulate(make_algorithm("ssgd", n_workers=8), cfg.platform, cfg.workload, steps=20, seed=0)
->>> res.trace["rank"].max()
+>>> int(res.trace["rank"].max())
 7
 """
 
