@@ -35,6 +35,7 @@ from hypothesis.extra import numpy as hnp
 from numpy.typing import NDArray
 
 from psgdlab.core.errors import TopologyError
+from psgdlab.core._algorithm_strategies import algorithm_specs
 from psgdlab.core.topology import INNER_KINDS, KINDS, Topology
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "doubly_stochastic_matrices",
     "symmetric_doubly_stochastic_matrices",
     "staleness_schedules",
+    "algorithm_specs",
 ]
 
 _MAX_SEED = 2**32 - 1

@@ -185,3 +185,30 @@ def test_staleness_schedules_reject_bad_arguments_eagerly(kwargs, match):
 def test_strategies_module_exports():
     assert set(pst.__all__) >= {"worker_counts", "topologies", "mixing_matrices", "doubly_stochastic_matrices",
                                 "symmetric_doubly_stochastic_matrices", "staleness_schedules"}
+
+
+# ----- algorithm_specs (lead) -----------------------------------------------------------------------
+from hypothesis import given as _given  # noqa: E402
+
+from psgdlab.core.algorithms import ALGORITHMS as _ALGORITHMS  # noqa: E402
+from psgdlab.core.reference import LeastSquaresProblem as _LSQ, run_reference as _run  # noqa: E402
+from psgdlab.core.strategies import algorithm_specs  # noqa: E402
+
+
+@_given(algorithm_specs(max_workers=8))
+def test_algorithm_specs_yield_valid_runnable_specs(alg):
+    assert alg.name in _ALGORITHMS and 2 <= alg.n_workers <= 8
+    n = alg.n_workers
+    res = _run(alg, _LSQ(n_samples=16 * n, dim=3, n_shards=n, batch=4, seed=0), steps=3, lr=0.01)
+    assert res.params.shape == (3, n, 3)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"names": ["adam"]}, "must be a non-empty subset"),
+    ({"min_workers": 1}, "need 2 <= min_workers"),
+    ({"min_workers": 5, "max_workers": 3}, "need 2 <= min_workers"),
+    ({"names": ["adpsgd"], "min_workers": 3, "max_workers": 3}, "no even worker count"),
+])
+def test_algorithm_specs_validate_eagerly(kwargs, match):
+    with pytest.raises(InvalidArgument, match=match):
+        algorithm_specs(**kwargs)
