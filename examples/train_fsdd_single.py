@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,10 +41,18 @@ from psgdlab.runtime.speech import import_fsdd
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _default_fsdd() -> Path:
+    """$PSGDLAB_FSDD, else shared/data/fsdd beside the checkout or beside its parent folder."""
+    if os.environ.get("PSGDLAB_FSDD"):
+        return Path(os.environ["PSGDLAB_FSDD"])
+    candidates = [REPO.parent / "shared" / "data" / "fsdd", REPO.parent.parent / "shared" / "data" / "fsdd"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=REPO / "runs" / "fsdd.h5")
-    p.add_argument("--fsdd", type=Path, default=REPO.parent.parent / "shared" / "data" / "fsdd",
+    p.add_argument("--fsdd", type=Path, default=_default_fsdd(),
                    help="FSDD folder used to build --data when it is missing")
     p.add_argument("--model", default="blstm-small")
     p.add_argument("--epochs", type=int, default=5)

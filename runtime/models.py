@@ -394,7 +394,9 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
     ``model.parameters()`` order), so in-place changes to the buffer (averaging with a peer,
     a received broadcast) change the model, and optimizer steps on the module change the buffer.
     Calling it again returns a tensor over the same storage (no copy) when the parameters are
-    still consecutive views into it.
+    still consecutive views into it. Move the model to its device (``model.to(...)``) *before*
+    calling this: ``Module.to``/``cuda()`` replace ``p.data`` and so detach the parameters from
+    the buffer.
 
     Returns
     -------
