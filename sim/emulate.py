@@ -297,14 +297,16 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
     for (r, s), t in mix_end.items():  # the gradient of step s + D waits for the mix of step s
         if s + delay < n_steps:
             apply_t[r, s + delay] = max(apply_t[r, s + delay], t)
-    for (group, s), t in grad_ar.items():
+    for (group, s), t in grad_ar.items():  # every member's gradient is ready, and the collective ended
+        t = max([t] + [comp_end[g, s] for g in group])
+        grad_ar[(group, s)] = t
         for g in group:
             apply_t[g, s] = max(apply_t[g, s], t)
     for (group, s), (t, ex) in model_ar.items():
         t = max([t] + [apply_t[g, s] for g in group])
         push(t, _POST, s, group[0], "model_ar", (group, ex))
-    for (group, s) in grad_ar:
-        push(max(apply_t[g, s] for g in group), _GRAD, s, group[0], "grad_ar", group)
+    for (group, s), t in grad_ar.items():
+        push(t, _GRAD, s, group[0], "grad_ar", group)
     for r in range(n):
         for s in range(n_steps):
             push(comp_start[r, s], _READ, s, r, "read")
