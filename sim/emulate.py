@@ -75,7 +75,7 @@ from psgdlab.core.errors import SimulationError, require
 from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
 from psgdlab.core.trace import PHASES, TRACE_DTYPE
 
-__all__ = ["EmulationResult", "replay", "EmulateConfig", "emulate"]
+__all__ = ["EmulationResult", "replay", "EmulateConfig", "emulate", "write_run", "plot_curves"]
 
 Array = Any
 
@@ -383,14 +383,34 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
 
         res = replicas.evaluate(replicas.mean(models))
         evals["time_s"].append(t)
-        evals["epoch"].append(applied / (n * spe))
+        evals["epoch"].append(applied / (n * spe))  # evaluation happens at the end of an instant
         evals["consensus_distance"].append(consensus_distance(models))
         for k, v in res.items():
             evals.setdefault(k, []).append(v)
         return res
 
+    def end_round(t: float, done: int) -> None:
+        nonlocal next_epoch
+        from psgdlab.sim.replicas import consensus_distance
+
+        k = done // n
+        rounds["time_s"].append(t)
+        rounds["epoch"].append(done / (n * spe))
+        rounds["consensus_distance"].append(consensus_distance([st.params for st in states]))
+        epoch_done = done / (n * spe) >= next_epoch - 1e-12
+        if epoch_done or (k % every == 0 and done < n * n_steps):
+            res = evaluate(t)
+            if epoch_done:
+                if on_epoch is not None:
+                    on_epoch(next_epoch, res)
+                next_epoch += 1
+
     last_t = 0.0
+    round_due: tuple[float, int] | None = None
     for t, phase, s, r, _, op, data in events:
+        if round_due is not None and (t > round_due[0] or phase >= _READ):
+            end_round(*round_due)
+            round_due = None
         last_t = t
         if op == "read":
             src = max(s - delay, 0)
@@ -438,19 +458,7 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
             del grads[(r, s)]
             applied += 1
             if applied % n == 0:
-                from psgdlab.sim.replicas import consensus_distance
-
-                k = applied // n
-                rounds["time_s"].append(t)
-                rounds["epoch"].append(applied / (n * spe))
-                rounds["consensus_distance"].append(consensus_distance([st.params for st in states]))
-                epoch_done = applied / (n * spe) >= next_epoch - 1e-12
-                if epoch_done or (k % every == 0 and applied < n * n_steps):
-                    res = evaluate(t)
-                    if epoch_done:
-                        if on_epoch is not None:
-                            on_epoch(next_epoch, res)
-                        next_epoch += 1
+                round_due = (t, applied)  # recorded once this instant's post exchanges are done
         elif op == "model_ar":
             group, ex = data
             mean = replicas.mean([states[g].params for g in group])
@@ -465,6 +473,8 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
             staleness[r, s] = st
         else:  # pragma: no cover - internal
             raise SimulationError(f"unknown emulator event {op!r}")
+    if round_due is not None:
+        end_round(*round_due)
     if not evals["time_s"] or evals["time_s"][-1] != last_t or evals["epoch"][-1] != applied / (n * spe):
         evaluate(last_t)
 
@@ -536,7 +546,7 @@ class EmulateConfig:
     window: int = 21
     eval_points: int = 20
     heldout_speakers: int = 1
-    synthetic_utterances: int = 200
+    synthetic_utterances: int = 1000
     workdir: str | None = None
 
     def __post_init__(self) -> None:
@@ -663,3 +673,76 @@ def _simulate(algorithm: Algorithm, platform: Any, workload: Any, *, steps: int,
     res = simulate(algorithm, platform, workload, steps=steps, seed=seed, stragglers=stragglers,
                    gpus_per_node=gpus_per_node)
     return res.trace, dict(res.meta)
+
+
+def write_run(out: str | None, result: EmulationResult, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the run directory of an emulation and return its summary (with ``run_dir``)."""
+    import io
+
+    from psgdlab.core.rundir import RunDir, default_run_dir, environment
+    from psgdlab.core.trace import atomic_write_bytes, summarize, to_chrome_trace, write_trace
+
+    rd = RunDir(out if out is not None else default_run_dir("emulate"))
+    rd.write_json("config.resolved.json", dict(resolved))
+    rd.write_json("env.json", environment(source="emulator", world_size=result.meta.get("n_workers")))
+    write_trace(rd / "trace.npz", result.trace, result.meta)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{f"eval_{k}": v for k, v in result.evals.items()},
+                        **{f"round_{k}": v for k, v in result.rounds.items()},
+                        staleness=result.staleness, batch_loss=result.batch_loss)
+    atomic_write_bytes(rd / "curves.npz", buf.getvalue())
+    to_chrome_trace(result.trace, rd / "timeline.json", meta={"source": "emulator"})
+    summary = {**result.summary(),
+               "timing": summarize(result.trace, samples_per_step=int(result.meta.get("samples_per_step", 1))),
+               "algorithm": resolved.get("algorithm"), "workers": result.meta.get("n_workers"),
+               "run_dir": str(rd.path)}
+    rd.write_json("summary.json", summary)
+    plot_curves(result, rd.path, title=f"{resolved.get('algorithm')} x {result.meta.get('n_workers')}")
+    return summary
+
+
+def plot_curves(result: EmulationResult, folder: Any, *, title: str = "") -> list[Any]:
+    """``loss.png`` (held-out loss and accuracy against simulated time and epochs) and
+    ``consensus.png`` (consensus distance against simulated time); matplotlib Agg, atomic."""
+    import io
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from psgdlab.core.trace import atomic_write_bytes
+
+    folder = Path(folder)
+    ev, ro = result.evals, result.rounds
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, x, label in ((axes[0], ev["time_s"], "simulated time (s)"), (axes[1], ev["epoch"], "epochs")):
+        ax.plot(x, ev["loss"], marker="o", ms=3, label="held-out loss (mean model)")
+        ax.set_xlabel(label)
+        ax.set_ylabel("loss")
+        if "accuracy" in ev:
+            ax2 = ax.twinx()
+            ax2.plot(x, ev["accuracy"], color="tab:green", ls="--", label="accuracy")
+            ax2.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    written.append(atomic_write_bytes(folder / "loss.png", buf.getvalue()))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if len(ro["time_s"]):
+        ax.semilogy(ro["time_s"], np.maximum(ro["consensus_distance"], 1e-30))
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("consensus distance")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    written.append(atomic_write_bytes(folder / "consensus.png", buf.getvalue()))
+    return written
