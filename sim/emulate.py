@@ -606,6 +606,7 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
 
     Returns the result and the resolved configuration (JSON-able).
     """
+    import os
     import tempfile
 
     import torch
@@ -623,7 +624,8 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     sim_cfg = load_config(path=cfg.platform_file) if cfg.platform_file else \
         load_config(preset=cfg.preset or "interspeech2019-v100")
     workload = sim_cfg.workload.with_batch(cfg.batch)
-    workdir = cfg.workdir or tempfile.mkdtemp(prefix="psgdlab-emulate-")
+    workdir = cfg.workdir or os.path.join(tempfile.gettempdir(), "psgdlab-emulate-data")  # reused cache
+    os.makedirs(workdir, exist_ok=True)
     train, heldout = _load_data(cfg, workdir)
     if replicas is None:
         torch.manual_seed(cfg.seed)

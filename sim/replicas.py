@@ -251,7 +251,7 @@ class TorchReplicas:
         flat = params.detach().clone().requires_grad_(True)
         value = F.cross_entropy(functional_call(self.model, self.unflatten(flat), (x,)), y)
         (g,) = torch.autograd.grad(value, flat)
-        return g, float(value)
+        return g, float(value.detach())
 
     # ----- evaluation -----------------------------------------------------------------------
     @staticmethod
