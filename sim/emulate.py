@@ -526,6 +526,12 @@ class EmulateConfig:
         Evaluations of the mean model over the run.
     heldout_speakers : int
         Speakers of the corpus held out for evaluation (the last ones in sorted order).
+    synthetic_utterances : int
+        Size of the synthetic corpus when ``data`` is None.
+    warmup_epochs : int
+        Warm-up epochs of the IBM recipe (10 in the paper; shorter for small experiments).
+    workdir : str or None
+        Where the synthetic corpus is cached.
     """
 
     algorithm: str = "adpsgd"
@@ -547,6 +553,7 @@ class EmulateConfig:
     eval_points: int = 20
     heldout_speakers: int = 1
     synthetic_utterances: int = 1000
+    warmup_epochs: int = 10
     workdir: str | None = None
 
     def __post_init__(self) -> None:
@@ -564,6 +571,8 @@ class EmulateConfig:
         require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
         require(self.eval_points >= 1, "eval_points", self.eval_points, "must be >= 1")
         require(self.heldout_speakers >= 0, "heldout_speakers", self.heldout_speakers, "must be >= 0")
+        require(isinstance(self.warmup_epochs, int) and self.warmup_epochs >= 1, "warmup_epochs",
+                self.warmup_epochs, "must be an integer >= 1")
 
 
 def build_algorithm(cfg: EmulateConfig) -> Algorithm:
@@ -611,7 +620,7 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
 
     import torch
 
-    from psgdlab.core.schedules import Newbob, lr_schedule
+    from psgdlab.core.schedules import Newbob, ibm_lr, lr_schedule
     from psgdlab.core.stragglers import StragglerModel
     from psgdlab.runtime.models import build_model
     from psgdlab.sim.replicas import TorchReplicas, check_model_name
@@ -645,6 +654,10 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
 
         def on_epoch(_epoch: int, res: dict[str, float]) -> None:
             newbob.update(res["loss"])
+    elif cfg.lr_schedule == "ibm":
+        def lr_fn(step: int) -> float:
+            return ibm_lr(step / spe + 1e-12, total_batch=total_batch, base_lr=cfg.lr,
+                          warmup_epochs=cfg.warmup_epochs)
     else:
         lr_fn = lr_schedule(cfg.lr_schedule, lr=cfg.lr, total_batch=total_batch, steps_per_epoch=spe)
     result = replay(algorithm, trace, replicas, lr=lr_fn, meta=sim_meta, steps_per_epoch=spe,
