@@ -686,7 +686,7 @@ def _simulate(algorithm: Algorithm, platform: Any, workload: Any, *, steps: int,
     from psgdlab.sim.engine import simulate
 
     res = simulate(algorithm, platform, workload, steps=steps, seed=seed, stragglers=stragglers,
-                   gpus_per_node=gpus_per_node)
+                   gpus_per_node=gpus_per_node, until="all")
     return res.trace, dict(res.meta)
 
 

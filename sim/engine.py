@@ -59,7 +59,7 @@ import simpy
 from simpy.events import NORMAL
 
 from psgdlab.core.algorithms.base import Algorithm
-from psgdlab.core.errors import SimulationError
+from psgdlab.core.errors import SimulationError, require
 from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
@@ -330,7 +330,7 @@ class _Sim:
 
 def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, steps: int, seed: int = 0,
              stragglers: StragglerModel | None = None, gpus_per_node: int | None = None,
-             record: bool = True) -> SimResult:
+             record: bool = True, until: str = "first") -> SimResult:
     """Simulate ``steps`` local steps of every worker of ``algorithm``.
 
     Parameters
@@ -348,6 +348,11 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         device of a host).
     record : bool
         Keep trace rows (turn off for pure throughput benchmarks).
+    until : {"first", "all"}
+        ``"first"`` (predictions): the window ends when the first worker has done ``steps``
+        steps, so a straggler does not stretch it, and records ending later are dropped;
+        ``"all"`` (the emulator): run until every worker has done all its steps, so every
+        worker's steps 0 .. steps-1 are in the trace.
 
     Returns
     -------
@@ -364,11 +369,12 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         stragglers.validate(n)
     comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network)
     sim = _Sim(algorithm, network, workload, comp, steps, record)
+    require(until in ("first", "all"), "until", until, "must be 'first' or 'all'")
     procs = [sim.env.process(sim.worker(r)) for r in range(n)]
     # the window ends when the first worker has done ``steps`` steps: every worker is active over
     # the whole window, so a straggler does not stretch it (asynchronous workers drift apart)
     try:
-        sim.env.run(until=simpy.AnyOf(sim.env, procs))
+        sim.env.run(until=simpy.AnyOf(sim.env, procs) if until == "first" else simpy.AllOf(sim.env, procs))
     except RuntimeError as exc:
         raise SimulationError(f"simulation of {algorithm.name} stalled with {len(sim.coll)} collectives "
                               f"waiting for members: the schedule is inconsistent ({exc})") from None

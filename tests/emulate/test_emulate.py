@@ -74,7 +74,7 @@ def _simulate(alg, steps=20, straggler="", n=N, seed=1):
     cfg = load_config(preset="interspeech2019-v100")
     stragglers = StragglerModel.parse(straggler, n_workers=n) if straggler else None
     return sim_engine.simulate(alg, cfg.platform, cfg.workload, steps=steps, seed=seed, stragglers=stragglers,
-                               gpus_per_node=getattr(alg, "gpus_per_node", None))
+                               until="all", gpus_per_node=getattr(alg, "gpus_per_node", None))
 
 
 def _trace_staleness(trace, n, steps):
