@@ -1,0 +1,406 @@
+r"""Speech front end (log-mel filterbank), stand-in frame labels, and corpus importers.
+
+Front end
+---------
+:func:`log_mel_filterbank`: 25 ms Hamming windows every 10 ms, pre-emphasis 0.97, power
+spectrum by FFT, 40 triangular filters equally spaced on the HTK mel scale
+:math:`m(f) = 1127 \ln(1 + f/700)` between 20 Hz and Nyquist, natural log. Only the 40 static
+coefficients are stored; Δ and ΔΔ (120 dims in all) are appended when the corpus is loaded
+(attribute ``add_deltas``; :func:`psgdlab.runtime.data.append_deltas`).
+
+Frame labels without alignments
+-------------------------------
+Hybrid acoustic models are trained on HMM-state alignments produced by a previous recogniser.
+The Free Spoken Digit Dataset has none, so :func:`vad_labels` builds a **stand-in**: an energy
+voice-activity detector finds the first and last voiced frame; frames outside that region are
+silence (class 0); the region is cut into 3 equal segments, giving the states
+``digit * 3 + k + 1`` (k = 0, 1, 2) of a 3-state left-to-right word model, 31 classes in all.
+This imitates the shape of a forced alignment (silence, then the word's states in order, then
+silence) with uniform state durations; it is not an alignment, and frame accuracies on it are not
+comparable with published ones.
+
+Importers
+---------
+:func:`import_fsdd` (WAV files named ``{digit}_{speaker}_{index}.wav``, 8 kHz) and
+:func:`import_kaldi` (Kaldi ``feats.scp``/ark plus frame alignments, read with kaldiio) write the
+HDF5 layout of :mod:`psgdlab.runtime.data`; bad input raises one clear error naming the file or
+utterance, and no partial output is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy.io import wavfile
+
+from psgdlab.core.errors import ConfigError, require
+from psgdlab.runtime.data import write_corpus
+
+__all__ = [
+    "DIGIT_WORDS",
+    "FSDD_SAMPLE_RATE",
+    "FSDD_CREDIT",
+    "STATES_PER_WORD",
+    "VAD_THRESHOLD_DB",
+    "frame_signal",
+    "mel_filterbank",
+    "mel_band_centres_hz",
+    "log_mel_filterbank",
+    "frame_energy_db",
+    "vad_labels",
+    "read_wav",
+    "import_fsdd",
+    "import_kaldi",
+]
+
+DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven",
+                                "eight", "nine")
+FSDD_SAMPLE_RATE = 8000
+STATES_PER_WORD = 3
+VAD_THRESHOLD_DB = 25.0
+"""A frame is voiced when its energy is within this many dB of the utterance's loudest frame."""
+SILENCE_FLOOR_DB = -75.0
+"""A recording whose loudest frame is below this (dB re full scale) has no speech at all."""
+FSDD_CREDIT = ("Free Spoken Digit Dataset (Jakobovski et al., "
+               "https://github.com/Jakobovski/free-spoken-digit-dataset), CC BY-SA 4.0; "
+               "features derived from it are shared under the same licence")
+_FSDD_NAME = re.compile(r"^(?P<digit>[0-9])_(?P<speaker>[A-Za-z0-9]+)_(?P<index>[0-9]+)\.wav$")
+
+
+# --------------------------------------------------------------------------- front end
+
+
+def frame_signal(signal: np.ndarray, sample_rate: int, *, frame_length_s: float = 0.025,
+                 frame_shift_s: float = 0.010) -> np.ndarray:
+    """Cut ``signal`` into overlapping frames ``(T, L)``, ``T = 1 + (N - L) // S``.
+
+    Frames lie fully inside the signal (Kaldi's ``snip-edges``); a signal shorter than one frame
+    is zero-padded to one frame.
+    """
+    length = round(frame_length_s * sample_rate)
+    shift = round(frame_shift_s * sample_rate)
+    require(length >= 1 and shift >= 1, "frame length/shift", (length, shift),
+            "must be at least one sample at this sample rate")
+    signal = np.asarray(signal, dtype=np.float64)
+    if len(signal) < length:
+        signal = np.pad(signal, (0, length - len(signal)))
+    return sliding_window_view(signal, length)[::shift]
+
+
+def _hz_to_mel(f: np.ndarray | float) -> np.ndarray:
+    return 1127.0 * np.log1p(np.asarray(f, dtype=np.float64) / 700.0)
+
+
+def _mel_to_hz(m: np.ndarray) -> np.ndarray:
+    return 700.0 * np.expm1(np.asarray(m, dtype=np.float64) / 1127.0)
+
+
+def mel_band_centres_hz(n_mels: int, sample_rate: int, *, low_hz: float = 20.0,
+                        high_hz: float | None = None) -> np.ndarray:
+    """Centre frequencies (Hz) of the ``n_mels`` triangular filters of :func:`mel_filterbank`."""
+    high_hz = sample_rate / 2 if high_hz is None else high_hz
+    edges = np.linspace(_hz_to_mel(low_hz), _hz_to_mel(high_hz), n_mels + 2)
+    return _mel_to_hz(edges[1:-1])
+
+
+def mel_filterbank(n_mels: int, n_fft: int, sample_rate: int, *, low_hz: float = 20.0,
+                   high_hz: float | None = None) -> np.ndarray:
+    """Triangular filters ``(n_mels, n_fft // 2 + 1)`` equally spaced on the mel scale.
+
+    Filter ``j`` rises linearly from the centre of filter ``j - 1`` to its own centre and falls to
+    the centre of filter ``j + 1`` (in Hz, evaluated at the FFT bin frequencies); peak 1.
+    """
+    high_hz = sample_rate / 2 if high_hz is None else high_hz
+    require(0 <= low_hz < high_hz <= sample_rate / 2, "mel range", (low_hz, high_hz),
+            f"must satisfy 0 <= low < high <= Nyquist ({sample_rate / 2} Hz)")
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(low_hz), _hz_to_mel(high_hz), n_mels + 2))
+    bins = np.arange(n_fft // 2 + 1) * sample_rate / n_fft
+    left, centre, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (bins[None, :] - left) / (centre - left)
+    falling = (right - bins[None, :]) / (right - centre)
+    return np.maximum(0.0, np.minimum(rising, falling))
+
+
+def log_mel_filterbank(signal: np.ndarray, sample_rate: int, *, n_mels: int = 40,
+                       frame_length_s: float = 0.025, frame_shift_s: float = 0.010,
+                       preemphasis: float = 0.97, low_hz: float = 20.0,
+                       high_hz: float | None = None) -> np.ndarray:
+    r"""Log-mel filterbank features ``(T, n_mels)`` of a mono signal (float32).
+
+    Per frame: remove the DC offset, pre-emphasise :math:`y_n = x_n - 0.97\,x_{n-1}` (the first
+    sample is kept), Hamming window, power spectrum :math:`|\mathrm{FFT}|^2` with ``n_fft`` the
+    next power of two >= the frame length (256 at 8 kHz), mel filters, natural log floored at
+    :math:`10^{-10}`.
+    """
+    frames = frame_signal(signal, sample_rate, frame_length_s=frame_length_s,
+                          frame_shift_s=frame_shift_s)
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    emphasised = np.concatenate([frames[:, :1], frames[:, 1:] - preemphasis * frames[:, :-1]], axis=1)
+    length = frames.shape[1]
+    n_fft = 1 << (length - 1).bit_length()
+    power = np.abs(np.fft.rfft(emphasised * np.hamming(length), n=n_fft)) ** 2
+    fbank = mel_filterbank(n_mels, n_fft, sample_rate, low_hz=low_hz, high_hz=high_hz)
+    return np.log(np.maximum(power @ fbank.T, 1e-10)).astype(np.float32)
+
+
+def frame_energy_db(signal: np.ndarray, sample_rate: int, *, frame_length_s: float = 0.025,
+                    frame_shift_s: float = 0.010) -> np.ndarray:
+    r"""Mean-square energy per frame in dB re full scale, :math:`10\log_{10}(\overline{x^2} + 10^{-12})`.
+
+    Frames are those of :func:`log_mel_filterbank` (same count); ``signal`` scaled to [-1, 1].
+    """
+    frames = frame_signal(signal, sample_rate, frame_length_s=frame_length_s,
+                          frame_shift_s=frame_shift_s)
+    return 10.0 * np.log10(np.mean(frames ** 2, axis=1) + 1e-12)
+
+
+def vad_labels(energy_db: np.ndarray, digit: int, *, threshold_db: float = VAD_THRESHOLD_DB,
+               states_per_word: int = STATES_PER_WORD) -> np.ndarray:
+    r"""Stand-in frame labels of one isolated-word utterance (see the module docstring).
+
+    Voiced frames: :math:`e_t \ge \max_s e_s - \text{threshold\_db}`. With :math:`a` and
+    :math:`b` the first and last voiced frame and :math:`n = b - a + 1`, frame :math:`t` gets
+
+    .. math::
+
+        y_t = \begin{cases}
+        \text{digit}\cdot S + \lfloor S (t - a) / n \rfloor + 1 & a \le t \le b \\
+        0 & \text{otherwise,}
+        \end{cases}
+
+    so the region splits into :math:`S` = ``states_per_word`` segments whose lengths differ by at
+    most one frame. Frames inside the region below the threshold (a stop closure, say) keep the
+    word's state.
+
+    Raises
+    ------
+    ConfigError
+        The loudest frame is below ``SILENCE_FLOOR_DB`` (a silent recording) or ``digit`` < 0.
+    """
+    energy_db = np.asarray(energy_db, dtype=np.float64)
+    require(energy_db.ndim == 1 and len(energy_db) >= 1, "energy_db", energy_db.shape,
+            "must be a non-empty 1-D array")
+    require(isinstance(digit, int | np.integer) and digit >= 0, "digit", digit, "must be >= 0")
+    peak = float(energy_db.max())
+    require(peak >= SILENCE_FLOOR_DB, "recording", f"peak {peak:.1f} dBFS",
+            f"has no speech (loudest frame below {SILENCE_FLOOR_DB} dBFS)")
+    voiced = np.flatnonzero(energy_db >= peak - threshold_db)
+    first, last = int(voiced[0]), int(voiced[-1])
+    labels = np.zeros(len(energy_db), dtype=np.int32)
+    t = np.arange(first, last + 1)
+    labels[first:last + 1] = digit * states_per_word + (states_per_word * (t - first)) // len(t) + 1
+    return labels
+
+
+# --------------------------------------------------------------------------- FSDD
+
+
+def read_wav(path: str | os.PathLike[str]) -> tuple[int, np.ndarray]:
+    """Read a WAV file as ``(sample_rate, mono float64 signal in [-1, 1])``.
+
+    Raises
+    ------
+    ConfigError
+        Empty (0 bytes) or unreadable file, or a file without samples; the message names it.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise ConfigError(f"{path}: empty file (0 bytes), expected a WAV recording")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", wavfile.WavFileWarning)
+            rate, data = wavfile.read(path)
+    except (ValueError, EOFError, OSError) as exc:
+        raise ConfigError(f"{path}: not a readable WAV file ({exc})") from exc
+    if data.size == 0:
+        raise ConfigError(f"{path}: WAV file has no samples (zero-length recording)")
+    if data.dtype.kind in "iu":
+        half_range = float(2 ** (8 * data.dtype.itemsize - 1))  # 32768 for int16
+        centre = half_range if data.dtype.kind == "u" else 0.0  # 8-bit WAV is unsigned
+        signal = (data.astype(np.float64) - centre) / half_range
+    else:
+        signal = data.astype(np.float64)
+    if signal.ndim == 2:
+        signal = signal.mean(axis=1)
+    return int(rate), signal
+
+
+def _fsdd_files(directory: Path) -> list[Path]:
+    if not directory.exists():
+        raise FileNotFoundError(f"FSDD folder not found: {directory}")
+    folder = directory / "recordings" if (directory / "recordings").is_dir() else directory
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".wav")
+    require(len(files) > 0, "FSDD folder", str(directory),
+            "holds no .wav files (expected recordings/{digit}_{speaker}_{index}.wav)")
+    return files
+
+
+def _parse_fsdd_name(path: Path) -> tuple[int, str, int]:
+    match = _FSDD_NAME.match(path.name)
+    if match is None:
+        raise ConfigError(f"{path}: file name does not match {{digit}}_{{speaker}}_{{index}}.wav "
+                          "(for example 7_theo_12.wav)")
+    return int(match["digit"]), match["speaker"], int(match["index"])
+
+
+def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
+                progress: bool = True, threshold_db: float = VAD_THRESHOLD_DB) -> Path:
+    """Import the Free Spoken Digit Dataset into an HDF5 corpus.
+
+    Parameters
+    ----------
+    directory : path-like
+        The FSDD folder holding ``recordings/`` or the ``recordings`` folder itself; every
+        ``*.wav`` in it must be named ``{digit}_{speaker}_{index}.wav``.
+    out_path : path-like
+        Output HDF5 (``feature_kind="fbank40"``, ``add_deltas=True``, 31 classes, transcripts
+        ``"zero"`` ... ``"nine"``, attribute ``credit`` crediting the FSDD, CC BY-SA 4.0).
+    progress : bool
+        tqdm progress bar on stderr.
+    threshold_db : float
+        VAD threshold of :func:`vad_labels`.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``directory`` does not exist.
+    ConfigError
+        A recording is not 8 kHz, empty, unreadable, silent or badly named (one line naming it).
+        Everything is read and checked before the output is written, so no partial file is left.
+    """
+    from tqdm import tqdm
+
+    files = _fsdd_files(Path(directory))
+    parsed = [(_parse_fsdd_name(p), p) for p in files]
+    parsed.sort(key=lambda item: (item[0][1], item[0][0], item[0][2]))
+    feats, labels, utt_ids, speakers, transcripts = [], [], [], [], []
+    for (digit, speaker, index), path in tqdm(parsed, desc="fsdd", unit="file", file=sys.stderr,
+                                              disable=not progress):
+        rate, signal = read_wav(path)
+        if rate != FSDD_SAMPLE_RATE:
+            raise ConfigError(f"{path}: sample rate {rate} Hz, expected {FSDD_SAMPLE_RATE} Hz "
+                              "(FSDD recordings are 8 kHz)")
+        try:
+            labels.append(vad_labels(frame_energy_db(signal, rate), digit, threshold_db=threshold_db))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        feats.append(log_mel_filterbank(signal, rate))
+        utt_ids.append(f"{digit}_{speaker}_{index}")
+        speakers.append(speaker)
+        transcripts.append(DIGIT_WORDS[digit])
+    return write_corpus(out_path, features_per_utt=feats, labels_per_utt=labels, utt_ids=utt_ids,
+                        speakers=speakers, transcripts=transcripts,
+                        n_classes=len(DIGIT_WORDS) * STATES_PER_WORD + 1, feature_kind="fbank40",
+                        frame_shift_s=0.01, add_deltas=True,
+                        source=f"Free Spoken Digit Dataset WAV files from {Path(directory)}",
+                        credit=FSDD_CREDIT)
+
+
+# --------------------------------------------------------------------------- Kaldi
+
+
+def _read_table(path: Path, what: str) -> Iterator[tuple[str, np.ndarray]]:
+    import kaldiio
+
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        if path.suffix == ".scp":
+            yield from kaldiio.load_scp(str(path)).items()
+        else:
+            yield from kaldiio.load_ark(str(path))
+    except (ValueError, OSError, EOFError, KeyError) as exc:
+        raise ConfigError(f"{what} {path} cannot be read with kaldiio: {exc}") from exc
+
+
+def _read_alignments(path: Path) -> dict[str, np.ndarray]:
+    if path.suffix in (".scp", ".ark"):
+        return {key: np.asarray(value).astype(np.int64).reshape(-1)
+                for key, value in _read_table(path, "alignment file")}
+    if not path.exists():
+        raise FileNotFoundError(f"alignment file not found: {path}")
+    alignments: dict[str, np.ndarray] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            alignments[fields[0]] = np.array([int(s) for s in fields[1:]], dtype=np.int64)
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{number}: alignment of {fields[0]!r} holds a non-integer "
+                              f"state ({exc})") from exc
+    return alignments
+
+
+def _read_text_map(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    pairs = (line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip())
+    return {p[0]: (p[1].strip() if len(p) > 1 else "") for p in pairs}
+
+
+def import_kaldi(feats_scp: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
+                 alignments: str | os.PathLike[str], n_classes: int | None = None,
+                 add_deltas: bool = False, progress: bool = False) -> Path:
+    """Import Kaldi features and frame alignments into an HDF5 corpus (``feature_kind="kaldi"``).
+
+    Parameters
+    ----------
+    feats_scp : path-like
+        ``feats.scp`` (or an ark) of float matrices, read with kaldiio. When the folder holds
+        Kaldi's ``utt2spk`` and ``text`` files, speakers and transcripts come from them;
+        otherwise each utterance is its own speaker and transcripts are empty.
+    out_path : path-like
+        Output HDF5 file.
+    alignments : path-like
+        Frame labels: a text file of lines ``utt-id s1 s2 ...`` (one integer state per frame), or
+        a kaldiio-readable ``.ark``/``.scp`` of integer vectors (e.g. ``ali-to-pdf`` output).
+        Alignments of utterances absent from the features are ignored.
+    n_classes : int, optional
+        Number of states; defaults to the largest label + 1.
+    add_deltas : bool
+        Stored attribute: whether loaders append Δ/ΔΔ (False for features that already have them).
+    progress : bool
+        tqdm progress bar on stderr.
+
+    Raises
+    ------
+    FileNotFoundError
+        A named file does not exist.
+    ConfigError
+        An utterance has no alignment or a different number of labels than frames (the message
+        names the utterance and both lengths), a label is out of range, a file is unreadable.
+    """
+    from tqdm import tqdm
+
+    feats_path, ali_path = Path(feats_scp), Path(alignments)
+    table = list(_read_table(feats_path, "feature file"))
+    ali = _read_alignments(ali_path)
+    require(len(table) > 0, "feature file", str(feats_path), "holds no utterances")
+    feats, labels, utt_ids = [], [], []
+    for utt, matrix in tqdm(table, desc="kaldi", unit="utt", file=sys.stderr, disable=not progress):
+        if utt not in ali:
+            raise ConfigError(f"utterance {utt!r} of {feats_path} has no alignment in {ali_path}")
+        matrix = np.asarray(matrix, dtype=np.float32)
+        if matrix.ndim != 2 or len(matrix) != len(ali[utt]):
+            raise ConfigError(f"utterance {utt!r}: {len(matrix)} feature frames in {feats_path} but "
+                              f"{len(ali[utt])} alignment labels in {ali_path}")
+        feats.append(matrix)
+        labels.append(ali[utt])
+        utt_ids.append(utt)
+    if n_classes is None:
+        n_classes = int(max(int(lab.max()) for lab in labels if len(lab)) + 1)
+    utt2spk = _read_text_map(feats_path.parent / "utt2spk")
+    text = _read_text_map(feats_path.parent / "text")
+    return write_corpus(out_path, features_per_utt=feats, labels_per_utt=labels, utt_ids=utt_ids,
+                        speakers=[utt2spk.get(u, u) for u in utt_ids],
+                        transcripts=[text.get(u, "") for u in utt_ids], n_classes=n_classes,
+                        feature_kind="kaldi", add_deltas=add_deltas,
+                        source=f"Kaldi features {feats_path} with alignments {ali_path}")
