@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     env = launch_env()
     if ranks_dir:
-        Path(ranks_dir, f"rank{env.rank}.pid").write_text(str(os.getpid()))
+        from psgdlab.core.trace import atomic_write_text
+
+        atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
     try:
         if args.config:
             from psgdlab.runtime.config import TrainConfig
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
               else f"psgdlab: error: {message}", file=sys.stderr)
         return status
     if ranks_dir:
-        Path(ranks_dir, f"rank{env.rank}.done").write_text("ok")
+        from psgdlab.core.trace import atomic_write_text
+
+        atomic_write_text(Path(ranks_dir, f"rank{env.rank}.done"), "ok")
     return 0
 
 

@@ -152,13 +152,11 @@ def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, time
             if r not in seen:
                 pid_file = ranks_dir / f"rank{r}.pid"
                 if pid_file.is_file():
-                    try:
-                        seen[r] = int(pid_file.read_text().strip() or 0)
-                    except ValueError:
-                        pass
-            elif not (ranks_dir / f"rank{r}.done").exists() and not _pid_alive(seen[r]):
-                if not (ranks_dir / f"rank{r}.done").exists():
-                    failed.append(f"rank {r} died")
+                    text = pid_file.read_text().strip()
+                    if text.isdigit() and int(text) > 0:
+                        seen[r] = int(text)
+            elif not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
+                failed.append(f"rank {r} died")
         mpi = procs.get(-1)
         if mpi is not None and mpi.poll() not in (None, 0) and not failed:
             failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")
