@@ -78,6 +78,9 @@ CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
 
+#: synchronous runs agree on a SIGTERM stop (a tiny allreduce) every this many steps
+STOP_CHECK_EVERY = 10
+
 _PAIR = EXCHANGE_KINDS[PairwiseAverage]
 _GOSSIP = EXCHANGE_KINDS[Gossip]
 _ALLREDUCE = EXCHANGE_KINDS[AllReduce]
@@ -404,9 +407,9 @@ class _Worker:
                     trajectory.append(self.state.params.detach().cpu().numpy().copy())
                 if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0 and self.rank == 0:
                     evaluations.append({"step": s + 1, **self.workload.evaluate(self.state.params)})
-                stop = self.stop_requested
-                if sync:
-                    flag = torch.tensor([1.0 if stop else 0.0], device=self.device)
+                stop = self.stop_requested and not sync  # synchronous ranks stop together, below
+                if sync and ((s + 1) % STOP_CHECK_EVERY == 0 or s + 1 == opt.steps):
+                    flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
                     self.main.allreduce_mean(flag, alg.all_ranks)
                     stop = bool(flag.item() > 0)
                 done = s + 1
