@@ -7,7 +7,9 @@ stand-in VAD labels, scoring) trains a model that recognises digits of speakers 
   ``--data`` does not exist); 40 log-mel + Δ + ΔΔ = 120 dims, per-utterance mean/variance
   normalisation, 31 classes (silence + 10 digits x 3 states).
 * Split: speakers ``theo`` and ``george`` are held out entirely (1,000 utterances); the other
-  four speakers train.
+  four speakers train. With ``--speed 0.9,1.0,1.1`` (used when ``--data`` is built) the training
+  speakers' recordings are also imported 0.9x and 1.1x as fast (Kaldi-style speed
+  perturbation); perturbed copies of held-out speakers are excluded from training.
 * Epoch: ``WindowSampler.samples_per_epoch`` = training frames // 21 windows (the IBM definition:
   as many windows as non-overlapping 21-frame subsequences), i.e. ``steps_per_epoch(batch)`` steps.
 * Optimiser: Adam (lr 2e-3 by default, betas 0.9/0.999), no schedule, batch 32 windows. Adam is
@@ -34,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from psgdlab.runtime.data import WindowSampler, load_corpus
+from psgdlab.runtime.data import WindowSampler, inspect_corpus, load_corpus
 from psgdlab.runtime.models import build_model, count_parameters
 from psgdlab.runtime.scoring import predict_frames, score_corpus, utterance_words, word_error_rate
-from psgdlab.runtime.speech import import_fsdd
+from psgdlab.runtime.speech import base_speaker, import_fsdd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=REPO / "runs" / "fsdd.h5")
     p.add_argument("--fsdd", type=Path, default=_default_fsdd(),
                    help="FSDD folder used to build --data when it is missing")
+    p.add_argument("--speed", default="1.0",
+                   help="speed-perturbation factors used when building --data (e.g. 0.9,1.0,1.1)")
     p.add_argument("--model", default="blstm-small")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
@@ -77,16 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     if not args.data.exists():
         args.data.parent.mkdir(parents=True, exist_ok=True)
-        import_fsdd(args.fsdd, args.data, progress=True)
+        import_fsdd(args.fsdd, args.data, progress=True,
+                    speed_factors=[float(f) for f in args.speed.split(",")])
     holdout = [s for s in args.holdout.split(",") if s]
-    train = load_corpus(args.data, exclude_speakers=holdout)
+    # speed-perturbed copies of held-out speakers ("sp0.9-theo") are held out too
+    excluded = [s for s in inspect_corpus(args.data)["speakers"] if base_speaker(s) in holdout]
+    train = load_corpus(args.data, exclude_speakers=excluded)
     test = load_corpus(args.data, speakers=holdout)
     model = build_model(args.model, input_dim=train.input_dim, n_classes=train.n_classes,
                         window=args.window, **({"dropout": args.dropout} if args.dropout else {}))
     sampler = WindowSampler(train, window=args.window, batch=args.batch, seed=args.seed)
     steps = sampler.steps_per_epoch()
     print(f"model {args.model}: {count_parameters(model):,} params; train {train.n_utterances} utts "
-          f"/ {train.n_frames} frames ({sorted(set(train.speakers))}); held out {test.n_utterances} "
+          f"/ {train.n_frames} frames ({sorted(set(map(base_speaker, train.speakers)))}); held out {test.n_utterances} "
           f"utts ({sorted(set(test.speakers))}); epoch = {sampler.samples_per_epoch} windows = "
           f"{steps} steps of {args.batch}", flush=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
