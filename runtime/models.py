@@ -395,6 +395,8 @@ def build_model(name: str, *, input_dim: int | None = None, n_classes: int | Non
     try:
         return preset.builder(**sizes, **options)
     except TypeError as exc:
+        if not options:
+            raise
         raise ConfigError(f"model {name!r} does not take option(s) {sorted(options)}: {exc}") from exc
 
 
