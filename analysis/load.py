@@ -1,7 +1,8 @@
 """Run directories as the simulator and the runtime write them.
 
 A run directory holds one case (``summary.json``, ``config.resolved.json``, ``trace.npz``) or
-several, one per sub-directory of ``cases/`` (a sweep over algorithms and worker counts). A case
+several, one per sub-directory of ``runs/`` (a sweep over algorithms and worker counts, as
+``psgdlab predict`` and ``psgdlab validate`` write them). A case
 is identified by its ``(algorithm, workers)`` key, read from the summary or the resolved config.
 """
 
@@ -83,8 +84,7 @@ def load_cases(path: str | Path, *, with_trace: bool = True) -> dict[tuple[str, 
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"run directory {path} does not exist")
-    subdirs = sorted(p for p in (path / "cases").glob("*") if (p / "summary.json").is_file()) \
-        if (path / "cases").is_dir() else []
+    subdirs = sorted(p for p in (path / "runs").glob("*") if (p / "summary.json").is_file())
     runs = [load_run(p, with_trace=with_trace) for p in subdirs] or [load_run(path, with_trace=with_trace)]
     out: dict[tuple[str, int], Run] = {}
     for run in runs:

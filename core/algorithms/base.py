@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, ClassVar, Mapping, Sequence
 
 from psgdlab.core import kernels
@@ -52,6 +53,13 @@ class ServerState:
     params: Array
     version: int = 0
     last_pull: Mapping[int, int] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=64)
+def _ranks(n: int) -> tuple[int, ...]:
+    """``tuple(range(n))``, shared: schedules are called once per (step, rank) by executors, and a
+    fresh n-tuple per call made a simulated SSGD iteration cost O(n^2)."""
+    return tuple(range(n))
 
 
 def check_period(period: int) -> None:
@@ -113,7 +121,7 @@ class Algorithm:
 
     @property
     def all_ranks(self) -> tuple[int, ...]:
-        return tuple(range(self.n_workers))
+        return _ranks(self.n_workers)
 
     def params(self) -> dict[str, Any]:
         """Hyperparameters as a plain dict (for resolved configs and traces)."""

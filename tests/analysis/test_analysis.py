@@ -38,8 +38,8 @@ def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, ste
 def dirs(tmp_path):
     pred, meas = tmp_path / "pred", tmp_path / "meas"
     for alg, st, stale in (("ssgd", 0.10, 0), ("adpsgd", 0.08, 1)):
-        write_case(pred / "cases" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st, comm_s=0.02, staleness=stale)
-        write_case(meas / "cases" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st * 1.1, comm_s=0.02,
+        write_case(pred / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st, comm_s=0.02, staleness=stale)
+        write_case(meas / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st * 1.1, comm_s=0.02,
                    staleness=stale)
     return pred, meas
 
@@ -56,10 +56,10 @@ def test_compare_reports_relative_errors(dirs):
 
 def test_ranking_difference_is_detected(tmp_path):
     pred, meas = tmp_path / "p", tmp_path / "m"
-    write_case(pred / "cases" / "a", algorithm="ssgd", workers=2, step_s=0.1)
-    write_case(pred / "cases" / "b", algorithm="adpsgd", workers=2, step_s=0.2)
-    write_case(meas / "cases" / "a", algorithm="ssgd", workers=2, step_s=0.2)
-    write_case(meas / "cases" / "b", algorithm="adpsgd", workers=2, step_s=0.1)
+    write_case(pred / "runs" / "a", algorithm="ssgd", workers=2, step_s=0.1)
+    write_case(pred / "runs" / "b", algorithm="adpsgd", workers=2, step_s=0.2)
+    write_case(meas / "runs" / "a", algorithm="ssgd", workers=2, step_s=0.2)
+    write_case(meas / "runs" / "b", algorithm="adpsgd", workers=2, step_s=0.1)
     assert compare_dirs(pred, meas)["ranking_identical"] is False
 
 
