@@ -29,10 +29,10 @@ Examples
 array([0.33333333, 0.33333333, 0.        , 0.33333333])
 >>> matching_matrix([1, 0, 3, 2])[0]
 array([0.5, 0.5, 0. , 0. ])
->>> check_mixing_matrix([[0.5, 0.5], [0.5, 0.4]])
+>>> check_mixing_matrix([[0.5, 0.5], [0.5, 0.4]])  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-psgdlab.core.errors.InvalidMixingMatrixError: row 1 sums to 0.9 (misses 1 by -0.1, atol 1e-10); did you forget the self weight?
+psgdlab.core.errors.InvalidMixingMatrixError: row 1 sums to 0.9 (misses 1 by -0.1, atol 1e-10); did you ...
 """
 
 from __future__ import annotations
@@ -221,8 +221,9 @@ def uniform_weights(adjacency: ArrayLike) -> NDArray[np.float64]:
     """
     A = check_adjacency(adjacency)
     deg = A.sum(axis=1)
-    W = A / (1.0 + deg.max())
-    np.fill_diagonal(W, 1.0 - W.sum(axis=1))
+    dmax = float(deg.max())
+    W = A / (1.0 + dmax)
+    np.fill_diagonal(W, (1.0 + dmax - deg) / (1.0 + dmax))  # one rounding: exactly 1/(d+1) if regular
     return W
 
 

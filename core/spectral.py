@@ -42,15 +42,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from psgdlab.core.errors import ConfigError, InvalidMixingMatrixError, TestbedWarning
 from psgdlab.core.mixing import check_mixing_matrix
-from psgdlab.core.topology import STATIC_KINDS, Topology
+from psgdlab.core.topology import STATIC_KINDS, Topology, build_topology
 
 __all__ = [
     "DISCONNECTED_GAP",
@@ -62,6 +62,7 @@ __all__ = [
     "expected_gram",
     "estimate_expected_gram",
     "topology_spectrum",
+    "spectral_gap_curve",
     "consensus_rate_bound",
     "mixing_time",
 ]
@@ -314,25 +315,21 @@ def topology_spectrum(topology: Topology) -> dict[str, Any]:
     ``lambda_min``, ``rho``, ``spectral_gap`` (:math:`1-\rho`), ``gap_1_minus_lambda2``,
     ``gap_expected_gram`` (:math:`1 - \lambda_2(\mathbb E[TT^\top])`) and ``consensus_rate``
     (:func:`consensus_rate_bound`). For static kinds (``matrix == "W"``) the eigenvalues are those
-    of ``W``; for time-varying and random kinds (``matrix == "E[TT^T]"``) they are those of
-    :math:`\mathbb E[TT^\top]` from :func:`expected_gram`, so ``spectral_gap`` is the primary gap of
-    §B.2 (e.g. :math:`\sin^2(\pi/n)` for the fixed ring).
+    of ``W`` (symmetric, so the consensus rate is :math:`\rho^2`); for time-varying and random kinds
+    (``matrix == "E[TT^T]"``) they are those of :math:`\mathbb E[TT^\top]` from :func:`expected_gram`,
+    so ``spectral_gap`` is the primary gap of §B.2 (e.g. :math:`\sin^2(\pi/n)` for the fixed ring)
+    and equals ``gap_expected_gram``.
 
     Warns
     -----
     TestbedWarning
         When ``spectral_gap`` is below 1e-9.
     """
-    gram = expected_gram(topology)
-    static = topology.kind in STATIC_KINDS
-    M = topology.matrix(0) if static else gram
-    ev = _symmetric_spectrum(M)
-    ev_gram = _symmetric_spectrum(gram)
-    n = ev.size
-    lam2 = float(ev[1]) if n > 1 else 0.0
-    lam_min = float(ev[-1]) if n > 1 else 0.0
+    static, ev = _primary_spectrum(topology)
+    lam2 = float(ev[1]) if ev.size > 1 else 0.0
+    lam_min = float(ev[-1]) if ev.size > 1 else 0.0
     rho = max(abs(lam2), abs(lam_min))
-    rate = float(np.clip(ev_gram[1], 0.0, 1.0)) if n > 1 else 0.0
+    rate = min(rho**2, 1.0) if static else float(np.clip(lam2, 0.0, 1.0))
     gap = max(0.0, 1.0 - rho)
     _warn_if_disconnected(gap, f"{topology.kind} with {topology.n_workers} workers")
     return {
@@ -342,6 +339,50 @@ def topology_spectrum(topology: Topology) -> dict[str, Any]:
         "lambda2": lam2, "lambda_min": lam_min, "rho": rho, "spectral_gap": gap,
         "gap_1_minus_lambda2": 1.0 - lam2, "gap_expected_gram": 1.0 - rate, "consensus_rate": rate,
     }
+
+
+def _primary_spectrum(topology: Topology) -> tuple[bool, NDArray[np.float64]]:
+    """(static?, descending eigenvalues of W or of E[TT^T]); hierarchical uses the node-level matrix,
+    whose nonzero spectrum is the same (the Kronecker factor J_m/m only adds zeros, and E[TT^T] is PSD)."""
+    if topology.kind in STATIC_KINDS:
+        return True, _symmetric_spectrum(topology.matrix(0))
+    if topology.kind == "hierarchical" and topology.gpus_per_node > 1:
+        if topology.n_nodes == 1:
+            return False, np.array([1.0, 0.0]) if topology.n_workers > 1 else np.array([1.0])
+        inner = Topology(kind=topology.inner, n_workers=topology.n_nodes, seed=topology.seed)
+        ev = _symmetric_spectrum(expected_gram(inner))
+        return False, np.concatenate([ev, np.zeros(topology.n_workers - ev.size)])
+    return False, _symmetric_spectrum(expected_gram(topology))
+
+
+def spectral_gap_curve(kind: str, worker_counts: Sequence[int], *, gpus_per_node: int = 1,
+                       inner: Literal["fixed-ring", "random-ring"] = "fixed-ring",
+                       seed: int = 0) -> list[tuple[int, float]]:
+    """``(n_workers, spectral_gap)`` for every count in ``worker_counts`` that ``kind`` accepts.
+
+    ``spectral_gap`` is that of :func:`topology_spectrum` (of ``W`` for static kinds, of
+    :math:`E[TT^T]` otherwise). Counts the kind rejects (odd counts for matchings, non-powers of two
+    for the hypercube, ...) are skipped. Other parameters are as in
+    :func:`~psgdlab.core.topology.build_topology` (``inner`` only for ``hierarchical``).
+
+    Examples
+    --------
+    >>> [(n, round(g, 4)) for n, g in spectral_gap_curve("hypercube", [4, 6, 8, 16])]
+    [(4, 0.5), (8, 0.3333), (16, 0.25)]
+    """
+    from psgdlab.core.errors import TopologyError
+
+    curve = []
+    for n in worker_counts:
+        try:
+            topology = build_topology(kind, n, gpus_per_node=gpus_per_node, seed=seed,
+                                      inner=inner if kind == "hierarchical" else "fixed-ring")
+        except TopologyError:
+            continue
+        static, ev = _primary_spectrum(topology)
+        rho = max(abs(float(ev[1])), abs(float(ev[-1]))) if ev.size > 1 else 0.0
+        curve.append((int(n), max(0.0, 1.0 - rho)))
+    return curve
 
 
 def consensus_rate_bound(topology: Topology) -> float:
