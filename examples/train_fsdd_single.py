@@ -7,7 +7,9 @@ stand-in VAD labels, scoring) trains a model that recognises digits of speakers 
   ``--data`` does not exist); 40 log-mel + Δ + ΔΔ = 120 dims, per-utterance mean/variance
   normalisation, 31 classes (silence + 10 digits x 3 states).
 * Split: speakers ``theo`` and ``george`` are held out entirely (1,000 utterances); the other
-  four speakers train.
+  four speakers train. With ``--speed 0.9,1.0,1.1`` (used when ``--data`` is built) the training
+  speakers' recordings are also imported 0.9x and 1.1x as fast (Kaldi-style speed
+  perturbation); perturbed copies of held-out speakers are excluded from training.
 * Epoch: ``WindowSampler.samples_per_epoch`` = training frames // 21 windows (the IBM definition:
   as many windows as non-overlapping 21-frame subsequences), i.e. ``steps_per_epoch(batch)`` steps.
 * Optimiser: Adam (lr 2e-3 by default, betas 0.9/0.999), no schedule, batch 32 windows. Adam is
@@ -31,12 +33,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from psgdlab.runtime.data import WindowSampler, load_corpus
+from psgdlab.runtime.data import WindowSampler, inspect_corpus, load_corpus
 from psgdlab.runtime.models import build_model, count_parameters
-from psgdlab.runtime.scoring import score_corpus
-from psgdlab.runtime.speech import import_fsdd
+from psgdlab.runtime.scoring import predict_frames, score_corpus, utterance_words, word_error_rate
+from psgdlab.runtime.speech import base_speaker, import_fsdd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=REPO / "runs" / "fsdd.h5")
     p.add_argument("--fsdd", type=Path, default=_default_fsdd(),
                    help="FSDD folder used to build --data when it is missing")
+    p.add_argument("--speed", default="1.0",
+                   help="speed-perturbation factors used when building --data (e.g. 0.9,1.0,1.1)")
     p.add_argument("--model", default="blstm-small")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
@@ -61,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=21)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--holdout", default="theo,george", help="comma-separated held-out speakers")
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--score-every", type=int, default=1,
+                   help="score the held-out speakers every k epochs (always after the last)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the per-epoch curve here")
     return p.parse_args(argv)
@@ -72,19 +81,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     if not args.data.exists():
         args.data.parent.mkdir(parents=True, exist_ok=True)
-        import_fsdd(args.fsdd, args.data, progress=True)
+        import_fsdd(args.fsdd, args.data, progress=True,
+                    speed_factors=[float(f) for f in args.speed.split(",")])
     holdout = [s for s in args.holdout.split(",") if s]
-    train = load_corpus(args.data, exclude_speakers=holdout)
+    # speed-perturbed copies of held-out speakers ("sp0.9-theo") are held out too
+    excluded = [s for s in inspect_corpus(args.data)["speakers"] if base_speaker(s) in holdout]
+    train = load_corpus(args.data, exclude_speakers=excluded)
     test = load_corpus(args.data, speakers=holdout)
     model = build_model(args.model, input_dim=train.input_dim, n_classes=train.n_classes,
-                        window=args.window)
+                        window=args.window, **({"dropout": args.dropout} if args.dropout else {}))
     sampler = WindowSampler(train, window=args.window, batch=args.batch, seed=args.seed)
     steps = sampler.steps_per_epoch()
     print(f"model {args.model}: {count_parameters(model):,} params; train {train.n_utterances} utts "
-          f"/ {train.n_frames} frames ({sorted(set(train.speakers))}); held out {test.n_utterances} "
+          f"/ {train.n_frames} frames ({sorted(set(map(base_speaker, train.speakers)))}); held out {test.n_utterances} "
           f"utts ({sorted(set(test.speakers))}); epoch = {sampler.samples_per_epoch} windows = "
           f"{steps} steps of {args.batch}", flush=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss()
     curve = []
     step = 0
@@ -102,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
         train_s = time.perf_counter() - start
         start = time.perf_counter()
-        scores = score_corpus(model, test, window=args.window)
+        if epoch % args.score_every == 0 or epoch == args.epochs:
+            scores = score_corpus(model, test, window=args.window)
+        else:
+            scores = {"frame_accuracy": float("nan"), "wer": float("nan")}
         score_s = time.perf_counter() - start
         row = {"epoch": epoch, "steps": step, "train_loss": total / steps,
                "heldout_frame_accuracy": scores["frame_accuracy"], "heldout_wer": scores["wer"],
@@ -111,10 +126,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"epoch {epoch}: train loss {row['train_loss']:.3f}  held-out frame acc "
               f"{row['heldout_frame_accuracy']:.3f}  WER {100 * row['heldout_wer']:.1f}%  "
               f"(train {train_s:.0f} s, scoring {score_s:.0f} s)", flush=True)
+    per_speaker = _wer_per_speaker(model, test, args.window)
+    print("held-out WER per speaker after the last epoch: "
+          + ", ".join(f"{spk} {100 * wer:.1f}%" for spk, wer in per_speaker.items()), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "curve": curve}, indent=2))
+                                         "curve": curve, "wer_per_speaker": per_speaker}, indent=2))
     return 0
+
+
+def _wer_per_speaker(model: torch.nn.Module, corpus, window: int) -> dict[str, float]:
+    pred = predict_frames(model, corpus, window=window)
+    hyps = utterance_words(np.split(pred, corpus.offsets[1:-1]))
+    result = {}
+    for spk in sorted(set(corpus.speakers)):
+        idx = [u for u, s in enumerate(corpus.speakers) if s == spk]
+        result[spk] = word_error_rate([corpus.transcripts[u] for u in idx], [hyps[u] for u in idx])
+    return result
 
 
 if __name__ == "__main__":

@@ -64,12 +64,12 @@ _ATTRIBUTES: tuple[str, ...] = ("format_version", "n_classes", "feature_kind", "
 Normalize = Literal["utterance", "global", "none"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Corpus:
     """A corpus in memory: features ``(T, D)`` float32, labels ``(T,)`` int64, ``offsets`` ``(U+1,)``.
 
     ``input_dim`` is ``D`` after any Δ/ΔΔ were appended; ``utt_ids``, ``speakers`` and
-    ``transcripts`` are tuples of ``U`` strings.
+    ``transcripts`` are tuples of ``U`` strings. Compared by identity (it holds arrays).
     """
 
     features: np.ndarray

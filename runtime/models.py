@@ -50,6 +50,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -107,6 +108,9 @@ class BLSTMAcousticModel(nn.Module):
         Output classes (IBM: 32,000 CD-HMM states).
     window : int
         Frames per input window, odd (IBM: 21).
+    dropout : float
+        Dropout between LSTM layers and before the projection (0 in the papers; a regulariser
+        for small corpora).
 
     Notes
     -----
@@ -121,22 +125,26 @@ class BLSTMAcousticModel(nn.Module):
     """
 
     def __init__(self, input_dim: int = 260, hidden_per_direction: int = 512, layers: int = 6,
-                 projection: int = 256, n_classes: int = 32000, window: int = 21) -> None:
+                 projection: int = 256, n_classes: int = 32000, window: int = 21,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         for name, value in (("input_dim", input_dim), ("hidden_per_direction", hidden_per_direction),
                             ("layers", layers), ("projection", projection), ("n_classes", n_classes)):
             _check_positive(name, value)
         _check_window(window)
+        require(0.0 <= dropout < 1.0, "dropout", dropout, "must lie in [0, 1)")
         self.input_dim, self.window, self.n_classes = input_dim, window, n_classes
         self.lstm = nn.LSTM(input_dim, hidden_per_direction, num_layers=layers,
-                            batch_first=True, bidirectional=True)
+                            batch_first=True, bidirectional=True,
+                            dropout=dropout if layers > 1 else 0.0)
+        self.dropout = nn.Dropout(dropout)
         self.projection = nn.Linear(2 * hidden_per_direction, projection)
         self.output = nn.Linear(projection, n_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(batch, n_classes)`` for the centre frame of ``x`` ``(batch, window, input_dim)``."""
         h, _ = self.lstm(x)
-        return self.output(self.projection(h[:, h.shape[1] // 2]))
+        return self.output(self.projection(self.dropout(h[:, h.shape[1] // 2])))
 
 
 class DNNAcousticModel(nn.Module):
@@ -297,19 +305,21 @@ class ModelPreset:
     window: int | None = 21
 
 
-def _blstm(**sizes: int) -> Callable[..., nn.Module]:
-    return lambda *, input_dim, n_classes, window: BLSTMAcousticModel(
-        input_dim=input_dim, n_classes=n_classes, window=window, **sizes)
+def _blstm(**sizes: Any) -> Callable[..., nn.Module]:
+    return lambda *, input_dim, n_classes, window, **options: BLSTMAcousticModel(
+        input_dim=input_dim, n_classes=n_classes, window=window, **(sizes | options))
 
 
-def _dnn(**sizes: int) -> Callable[..., nn.Module]:
-    context = sizes.pop("context")
-    return lambda *, input_dim, n_classes, window: DNNAcousticModel(
-        input_dim=input_dim, n_classes=n_classes, window=window, context=min(context, window), **sizes)
+def _dnn(**sizes: Any) -> Callable[..., nn.Module]:
+    def build(*, input_dim: int, n_classes: int, window: int, **options: Any) -> nn.Module:
+        merged = sizes | options
+        merged["context"] = min(merged["context"], window)
+        return DNNAcousticModel(input_dim=input_dim, n_classes=n_classes, window=window, **merged)
+    return build
 
 
-def _cldnn(*, input_dim: int, n_classes: int, window: int) -> nn.Module:
-    return CLDNNAcousticModel(input_dim=input_dim, n_classes=n_classes, window=window)
+def _cldnn(*, input_dim: int, n_classes: int, window: int, **options: Any) -> nn.Module:
+    return CLDNNAcousticModel(input_dim=input_dim, n_classes=n_classes, window=window, **options)
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
@@ -340,7 +350,7 @@ MODEL_NAMES: tuple[str, ...] = tuple(MODEL_PRESETS)
 
 
 def build_model(name: str, *, input_dim: int | None = None, n_classes: int | None = None,
-                window: int | None = None) -> nn.Module:
+                window: int | None = None, **options: Any) -> nn.Module:
     """Build the preset ``name`` for data of ``input_dim`` features and ``n_classes`` classes.
 
     Parameters
@@ -351,6 +361,9 @@ def build_model(name: str, *, input_dim: int | None = None, n_classes: int | Non
         Sizes that come from the data and the sampler. ``None`` takes the paper's value for the
         full-size presets (``blstm``: 260, 32000, 21; ``dnn``: 120, 5723, 11; ``cldnn``: 80, 5723,
         21) and is an error for the small presets, whose sizes must come from the data.
+    **options
+        Overrides of the preset's architecture, passed to the model class (for example
+        ``dropout=0.2`` or ``layers=3`` for the BLSTM presets, ``layers=7`` for ``dnn``).
 
     Returns
     -------
@@ -360,8 +373,8 @@ def build_model(name: str, *, input_dim: int | None = None, n_classes: int | Non
     Raises
     ------
     ConfigError
-        Unknown name (the message lists the known names and the closest one), or a size missing
-        or invalid.
+        Unknown name (the message lists the known names and the closest one), a size missing
+        or invalid, or an option the model class does not take.
 
     Examples
     --------
@@ -379,7 +392,12 @@ def build_model(name: str, *, input_dim: int | None = None, n_classes: int | Non
             sizes[key] = getattr(preset, key)
         require(sizes[key] is not None, key, None,
                 f"must be given for model {name!r} (it comes from the data)")
-    return preset.builder(**sizes)
+    try:
+        return preset.builder(**sizes, **options)
+    except TypeError as exc:
+        if not options:
+            raise
+        raise ConfigError(f"model {name!r} does not take option(s) {sorted(options)}: {exc}") from exc
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -33,7 +33,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,8 @@ __all__ = [
     "frame_energy_db",
     "vad_labels",
     "read_wav",
+    "speed_perturb",
+    "base_speaker",
     "import_fsdd",
     "import_kaldi",
 ]
@@ -250,8 +252,27 @@ def _parse_fsdd_name(path: Path) -> tuple[int, str, int]:
     return int(match["digit"]), match["speaker"], int(match["index"])
 
 
+def speed_perturb(signal: np.ndarray, factor: float) -> np.ndarray:
+    r"""Play ``signal`` ``factor`` times faster (Kaldi-style speed perturbation, Ko et al. 2015).
+
+    Resamples by the rational approximation of :math:`1/\text{factor}` (denominator <= 100) with
+    :func:`scipy.signal.resample_poly` and keeps the sample rate, so duration scales by
+    ``1/factor`` and every frequency (pitch and formants) by ``factor``.
+    """
+    from fractions import Fraction
+
+    from scipy.signal import resample_poly
+
+    require(0.5 <= factor <= 2.0, "speed factor", factor, "must lie in [0.5, 2]")
+    if factor == 1.0:
+        return signal
+    ratio = Fraction(1 / factor).limit_denominator(100)
+    return resample_poly(signal, ratio.numerator, ratio.denominator)
+
+
 def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-                progress: bool = True, threshold_db: float = VAD_THRESHOLD_DB) -> Path:
+                progress: bool = True, threshold_db: float = VAD_THRESHOLD_DB,
+                speed_factors: Sequence[float] = (1.0,)) -> Path:
     """Import the Free Spoken Digit Dataset into an HDF5 corpus.
 
     Parameters
@@ -266,6 +287,11 @@ def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[s
         tqdm progress bar on stderr.
     threshold_db : float
         VAD threshold of :func:`vad_labels`.
+    speed_factors : sequence of float
+        Speed perturbation (:func:`speed_perturb`): each recording is imported once per factor.
+        Copies with factor ``f != 1`` get the Kaldi-style id ``sp{f}-{utt}`` and speaker
+        ``sp{f}-{speaker}`` (a perturbed voice counts as another speaker), so held-out splits must
+        exclude them too (:func:`base_speaker` maps them back).
 
     Raises
     ------
@@ -280,6 +306,11 @@ def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[s
     files = _fsdd_files(Path(directory))
     parsed = [(_parse_fsdd_name(p), p) for p in files]
     parsed.sort(key=lambda item: (item[0][1], item[0][0], item[0][2]))
+    factors = [float(f) for f in speed_factors]
+    require(len(factors) >= 1 and len(set(factors)) == len(factors), "speed_factors", factors,
+            "must be a non-empty list of distinct factors")
+    for factor in factors:
+        require(0.5 <= factor <= 2.0, "speed factor", factor, "must lie in [0.5, 2]")
     feats, labels, utt_ids, speakers, transcripts = [], [], [], [], []
     for (digit, speaker, index), path in tqdm(parsed, desc="fsdd", unit="file", file=sys.stderr,
                                               disable=not progress):
@@ -287,20 +318,30 @@ def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[s
         if rate != FSDD_SAMPLE_RATE:
             raise ConfigError(f"{path}: sample rate {rate} Hz, expected {FSDD_SAMPLE_RATE} Hz "
                               "(FSDD recordings are 8 kHz)")
-        try:
-            labels.append(vad_labels(frame_energy_db(signal, rate), digit, threshold_db=threshold_db))
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-        feats.append(log_mel_filterbank(signal, rate))
-        utt_ids.append(f"{digit}_{speaker}_{index}")
-        speakers.append(speaker)
-        transcripts.append(DIGIT_WORDS[digit])
+        for factor in factors:
+            prefix = "" if factor == 1.0 else f"sp{factor:g}-"
+            perturbed = speed_perturb(signal, factor)
+            try:
+                labels.append(vad_labels(frame_energy_db(perturbed, rate), digit,
+                                         threshold_db=threshold_db))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: {exc}") from exc
+            feats.append(log_mel_filterbank(perturbed, rate))
+            utt_ids.append(f"{prefix}{digit}_{speaker}_{index}")
+            speakers.append(prefix + speaker)
+            transcripts.append(DIGIT_WORDS[digit])
     return write_corpus(out_path, features_per_utt=feats, labels_per_utt=labels, utt_ids=utt_ids,
                         speakers=speakers, transcripts=transcripts,
                         n_classes=len(DIGIT_WORDS) * STATES_PER_WORD + 1, feature_kind="fbank40",
                         frame_shift_s=0.01, add_deltas=True,
                         source=f"Free Spoken Digit Dataset WAV files from {Path(directory)}",
                         credit=FSDD_CREDIT)
+
+
+def base_speaker(speaker: str) -> str:
+    """The original speaker of a speed-perturbed copy: ``"sp0.9-theo" -> "theo"``."""
+    match = re.match(r"^sp[0-9.]+-(.+)$", speaker)
+    return match.group(1) if match else speaker
 
 
 # --------------------------------------------------------------------------- Kaldi

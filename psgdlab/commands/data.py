@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    psgdlab data fsdd DIR --out FILE.h5 [--json]             Free Spoken Digit Dataset WAVs
+    psgdlab data fsdd DIR --out FILE.h5 [--speed 0.9,1.0,1.1] [--json]   FSDD WAVs
     psgdlab data kaldi FEATS.scp --alignments ALI --out FILE.h5 [--classes N] [--json]
     psgdlab data synthetic --out FILE.h5 [--utterances N] [--frames F] [--dim D] [--classes K]
                            [--speakers S] [--seed SEED] [--json]
@@ -33,6 +33,9 @@ def register(subparsers: Any) -> None:
     fsdd.add_argument("directory", help="FSDD folder (holding recordings/) or the recordings folder")
     _add_output(fsdd)
     fsdd.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    fsdd.add_argument("--speed", default="1.0",
+                      help="comma-separated speed-perturbation factors, e.g. 0.9,1.0,1.1 "
+                           "(copies count as speakers 'sp0.9-NAME')")
 
     kaldi = sub.add_parser("kaldi", help="import Kaldi features with frame alignments (kaldiio)")
     kaldi.add_argument("feats", help="feats.scp or a feature ark")
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     elif kind == "fsdd":
         from psgdlab.runtime.speech import import_fsdd
 
-        path = import_fsdd(args.directory, args.out, progress=not args.no_progress)
+        path = import_fsdd(args.directory, args.out, progress=not args.no_progress,
+                           speed_factors=_floats(args.speed, "--speed"))
     elif kind == "kaldi":
         from psgdlab.runtime.speech import import_kaldi
 
@@ -94,6 +98,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_format(summary))
     return 0
+
+
+def _floats(text: str, option: str) -> list[float]:
+    from psgdlab.core.errors import ConfigError
+
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} ({text!r}) must be comma-separated numbers, e.g. 0.9,1.0,1.1") from None
 
 
 def _format(s: dict[str, Any]) -> str:

@@ -20,6 +20,15 @@ from psgdlab.runtime.models import (  # noqa: E402
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread: the test machine is small and shared (no oversubscription)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _blstm_count(input_dim, hidden, layers, projection, n_classes, biases_per_gate=2):
     total = 0
     for layer in range(layers):
@@ -95,6 +104,16 @@ def test_cldnn_uses_projected_lstm():
 def test_unknown_model_name_lists_known_and_suggests():
     with pytest.raises(ConfigError, match=r"did you mean 'blstm-small'.*known: blstm, blstm-small"):
         build_model("blstm-smal", input_dim=1, n_classes=2, window=3)
+
+
+def test_build_model_options_override_the_preset():
+    model = build_model("blstm-small", input_dim=10, n_classes=4, window=5, dropout=0.25, layers=3)
+    assert model.lstm.num_layers == 3 and model.lstm.dropout == 0.25 and model.dropout.p == 0.25
+    assert build_model("dnn", layers=7, n_classes=5723) is not None
+    with pytest.raises(ConfigError, match=r"model 'tiny-blstm' does not take option\(s\) \['heads'\]"):
+        build_model("tiny-blstm", input_dim=3, n_classes=2, window=3, heads=4)
+    with pytest.raises(ConfigError, match=r"dropout \(1.5\) must lie in \[0, 1\)"):
+        build_model("tiny-blstm", input_dim=3, n_classes=2, window=3, dropout=1.5)
 
 
 def test_small_presets_need_sizes_from_the_data():

@@ -28,10 +28,22 @@ from psgdlab.runtime.speech import (  # noqa: E402
     import_kaldi,
     log_mel_filterbank,
     mel_band_centres_hz,
+    base_speaker,
     mel_filterbank,
+    speed_perturb,
     vad_labels,
 )
 from psgdlab.tests.conftest import FSDD_DIR  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread: the test machine is small and shared (no oversubscription)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 SR = 8000
 
@@ -139,6 +151,31 @@ def test_import_fsdd_synthetic_recordings(tmp_path):
     # the recordings folder itself is accepted too
     again = load_corpus(import_fsdd(folder, tmp_path / "g.h5", progress=False))
     np.testing.assert_array_equal(again.labels, c.labels)
+
+
+def test_import_fsdd_with_speed_perturbation(tmp_path):
+    folder = _fake_fsdd(tmp_path)
+    out = import_fsdd(folder, tmp_path / "sp.h5", progress=False, speed_factors=(0.9, 1.0, 1.1))
+    c = load_corpus(out)
+    assert c.n_utterances == 9
+    assert set(c.speakers) == {"ann", "bob", "sp0.9-ann", "sp0.9-bob", "sp1.1-ann", "sp1.1-bob"}
+    assert {base_speaker(s) for s in c.speakers} == {"ann", "bob"}
+    lengths = dict(zip(c.utt_ids, np.diff(c.offsets), strict=True))
+    # 0.9x speed lasts 1/0.9 as long; 1.1x lasts 1/1.1 (frames: within a frame of the ratio)
+    assert abs(lengths["sp0.9-3_ann_0"] - lengths["3_ann_0"] / 0.9) <= 2
+    assert abs(lengths["sp1.1-3_ann_0"] - lengths["3_ann_0"] / 1.1) <= 2
+    assert c.transcripts.count("three") == 6
+    with pytest.raises(ConfigError, match=r"speed factor \(3.0\) must lie in \[0.5, 2\]"):
+        import_fsdd(folder, tmp_path / "x.h5", progress=False, speed_factors=(1.0, 3.0))
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_speed_perturb_scales_frequency():
+    tone = _tone(1000, 0.5)
+    faster = speed_perturb(tone, 1.25)  # 1000 Hz played 1.25x as fast is 1250 Hz
+    spectrum = np.abs(np.fft.rfft(faster))
+    assert abs(np.argmax(spectrum) * SR / len(faster) - 1250) < 10
+    assert speed_perturb(tone, 1.0) is tone
 
 
 @pytest.mark.parametrize("case, message", [
@@ -337,8 +374,11 @@ def test_cli_synthetic_and_info(tmp_path, capsys):
 def test_cli_fsdd_and_kaldi(tmp_path, capsys, kaldi_dir):
     folder = _fake_fsdd(tmp_path)
     assert main(["data", "fsdd", str(folder.parent), "--out", str(tmp_path / "f.h5"), "--json",
-                 "--no-progress"]) == 0
-    assert json.loads(capsys.readouterr().out)["n_classes"] == 31
+                 "--no-progress", "--speed", "0.9,1.0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["n_classes"] == 31 and summary["n_utterances"] == 6
+    assert main(["data", "fsdd", str(folder), "--out", str(tmp_path / "g.h5"), "--speed", "fast"]) == 2
+    assert "--speed ('fast') must be comma-separated numbers" in capsys.readouterr().err
     d, _, _ = kaldi_dir
     assert main(["data", "kaldi", str(d / "feats.scp"), "--alignments", str(d / "ali.ark"),
                  "--out", str(tmp_path / "k.h5"), "--json", "--no-progress"]) == 0

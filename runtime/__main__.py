@@ -1,0 +1,76 @@
+"""Per-rank entry: ``python -m psgdlab.runtime [train flags | --config RUN/launch.json]``.
+
+Ranks come from the launcher's environment (torchrun: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``;
+mpiexec: ``PMI_RANK``/``PMI_SIZE`` or ``OMPI_COMM_WORLD_*``; srun: ``SLURM_PROCID``/
+``SLURM_NTASKS``). The world size must be ``--workers`` (plus one for the parameter server of
+asgd and asynchronous easgd, which runs on the last rank)::
+
+    torchrun --nproc-per-node 4 -m psgdlab.runtime --algorithm adpsgd --workers 4 --backend gloo --steps 500 --out runs/a
+    mpiexec -n 4 python -m psgdlab.runtime --algorithm bmuf --workers 4 --backend mpi --period 5 --steps 500 --out runs/b
+    srun -N 2 --ntasks-per-node 8 --gpus-per-node 8 python -m psgdlab.runtime --algorithm hadpsgd --workers 16 \\
+        --gpus-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
+
+(with srun also export ``MASTER_ADDR`` = the first node's host name and ``MASTER_PORT`` for
+gloo/nccl). ``psgdlab train`` starts the local processes itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from psgdlab.commands.train import add_train_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m psgdlab.runtime", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="a launch.json written by psgdlab train (replaces the other flags)")
+    add_train_arguments(parser, per_rank=True)
+    args = parser.parse_args(argv)
+    ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
+    from psgdlab.core.errors import TestbedError
+    from psgdlab.runtime.transport import launch_env
+
+    env = launch_env()
+    if ranks_dir:
+        from psgdlab.core.trace import atomic_write_text
+
+        atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
+    try:
+        if args.config:
+            from psgdlab.runtime.config import TrainConfig
+
+            config = TrainConfig.load(args.config)
+        else:
+            config = config_from_args(args)
+        from psgdlab.runtime.train import train
+
+        summary = train(config, env=env)
+        if summary is not None and not args.config:
+            import json
+
+            print(json.dumps({k: summary[k] for k in ("samples_per_s", "step_time_s", "staleness_mean", "loss_first",
+                                                      "loss_last") if k in summary}))
+    except (TestbedError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        status = 2 if isinstance(exc, (ValueError, FileNotFoundError)) else 1
+        message = " ".join(str(exc).split())
+        print(f"psgdlab: error: rank {env.rank}: {message}" if f"rank {env.rank}" not in message
+              else f"psgdlab: error: {message}", file=sys.stderr)
+        return status
+    if ranks_dir:
+        from psgdlab.core.trace import atomic_write_text
+
+        atomic_write_text(Path(ranks_dir, f"rank{env.rank}.done"), "ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code != 0:
+        os._exit(code)  # do not wait for daemon threads or the teardown of a failed run
+    raise SystemExit(0)

@@ -1,0 +1,558 @@
+r"""The training loop of one rank: any algorithm of the core registry over a :class:`Transport`.
+
+The driver dispatches on exchange kinds (:mod:`psgdlab.core.exchange`), never on algorithm
+names, and follows the shared step semantics. One step of worker ``r`` at local step ``s``:
+
+1. under the model lock, snapshot the model (what ``"mix"`` exchanges send) and the count of
+   foreign merges; the gradient is computed on the snapshot of ``gradient_delay`` steps ago;
+2. hand every *active* :class:`PairwiseAverage` and every :class:`Gossip` of the step to the
+   communication thread, which runs it on the snapshot **while** the training thread computes
+   the gradient (trace phase ``overlap``); passive entries are answered by the responder thread
+   whenever the active peer asks (AD-PSGD's bipartite split: only active sides initiate, a
+   passive side never waits, so no schedule can deadlock);
+3. wait for the communication thread (trace phase ``comm`` for the time blocked), allreduce the
+   gradient over each ``"grad"`` group;
+4. merge mixing results: ``params <- params + (mixed - sent)``, so local updates made during
+   the exchange are kept; every merge (active or passive side) counts one foreign merge;
+5. apply ``algorithm.local_update``; staleness = foreign merges since the snapshot of step 1;
+6. run ``"post"`` exchanges on the training thread: model allreduce then ``algorithm.combine``;
+   the parameter-server exchange (staleness is then the server's version difference returned by
+   ``server_apply``); barriers.
+
+Where things live: the parameter server of ASGD / asynchronous EASGD is an extra process, rank
+``n_workers`` (the last rank); workers are ranks ``0 .. n_workers-1``. H-ADPSGD's intra-node
+groups are ``HADPSGD.node_group``; a sharded inter-node exchange allgathers the averaged
+*differences* ``mixed - sent`` of the node's members, and a node applies them at the same point
+of its lock-stepped loop on every member (the training threads agree on how many passive merges
+have arrived with a tiny allgather), so the replicas of a node stay bit-identical.
+
+Emulated compute (``compute_time``): the real gradient is computed, then the thread sleeps until
+the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses).
+Real compute: stragglers sleep the extra ``(factor - 1) * duration`` (plus pauses).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from psgdlab.core.algorithms.base import Algorithm, ServerState, WorkerState
+from psgdlab.core.errors import TransportError
+from psgdlab.core.exchange import (
+    EXCHANGE_KINDS,
+    AllReduce,
+    Barrier,
+    Exchange,
+    Gossip,
+    PairwiseAverage,
+    ServerExchange,
+    wire_bytes,
+)
+from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.timing import ComputeTime
+from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
+from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.transport import Tags, Transport
+
+__all__ = ["DriverOptions", "RankResult", "run_worker", "run_server", "collect_groups", "count_passive",
+           "count_server_requests", "CRASH_ENV"]
+
+log = logging.getLogger(__name__)
+
+#: test hook: ``"RANK:STEP"`` makes that rank kill itself (SIGKILL) at the start of that step
+CRASH_ENV = "PSGDLAB_TEST_CRASH"
+#: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
+JITTER_ENV = "PSGDLAB_TEST_JITTER"
+
+#: synchronous runs agree on a SIGTERM stop (a tiny allreduce) every this many steps
+STOP_CHECK_EVERY = 10
+
+_PAIR = EXCHANGE_KINDS[PairwiseAverage]
+_GOSSIP = EXCHANGE_KINDS[Gossip]
+_ALLREDUCE = EXCHANGE_KINDS[AllReduce]
+_SERVER = EXCHANGE_KINDS[ServerExchange]
+_BARRIER = EXCHANGE_KINDS[Barrier]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriverOptions:
+    """What the loop needs besides the algorithm, the workload and the transport.
+
+    Parameters
+    ----------
+    steps : int
+        Local steps per worker (the run ends at this step; resumed runs start later).
+    lr_of : callable step -> float
+        Learning rate of each local step.
+    start_step : int
+        First step (``> 0`` when resuming).
+    compute_time : ComputeTime, optional
+        Emulated compute time per step; None runs real compute only.
+    stragglers : StragglerModel
+    run_dir : Path, optional
+        Where checkpoints go.
+    checkpoint_every : int
+        Steps between checkpoints (0: only at the end and on SIGTERM).
+    record_params : bool
+        Keep the model after every step (small models: trajectory tests).
+    seed : int
+        Seeds the emulated compute-time draws.
+    evaluate_every : int
+        Steps between held-out evaluations on rank 0 (0: never).
+    progress : callable (step, loss, samples_per_s) -> None, optional
+        Called by rank 0 after every step (the tqdm bar).
+    """
+
+    steps: int
+    lr_of: Callable[[int], float]
+    start_step: int = 0
+    compute_time: ComputeTime | None = None
+    stragglers: StragglerModel = field(default_factory=StragglerModel)
+    run_dir: Path | None = None
+    checkpoint_every: int = 0
+    record_params: bool = False
+    seed: int = 0
+    evaluate_every: int = 0
+    progress: Callable[[int, float, float], None] | None = None
+
+
+@dataclass(slots=True)
+class RankResult:
+    """What a rank hands back to rank 0 at the end."""
+
+    rank: int
+    trace: np.ndarray
+    final_params: np.ndarray | None
+    trajectory: np.ndarray | None
+    evaluations: list[dict[str, Any]]
+    preempted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Preempted(Exception):
+    """SIGTERM arrived; a checkpoint was written."""
+
+
+# ----- schedule scans (pure) ----------------------------------------------------------------------
+def collect_groups(algorithm: Algorithm, steps: int, scan: int = 512) -> list[tuple[int, ...]]:
+    """Every sub-group a collective of the schedule uses (allreduce and allgather groups),
+    from the first ``scan`` steps of every rank (groups are static in every core algorithm)."""
+    groups: set[tuple[int, ...]] = {tuple(range(algorithm.n_workers))}
+    for s in range(min(steps, scan)):
+        for r in range(algorithm.n_workers):
+            for ex in algorithm.exchanges(s, r):
+                if isinstance(ex, (AllReduce, Barrier)):
+                    groups.add(tuple(ex.group))
+                elif isinstance(ex, PairwiseAverage) and ex.n_shards > 1:
+                    groups.add(tuple(ex.gather_group))
+    return sorted(groups)
+
+
+def count_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> tuple[int, PairwiseAverage | None]:
+    """Number of passive pairwise entries of ``rank`` in ``[start, steps)`` (the requests its
+    responder will serve) and one of them (for the shard layout)."""
+    n, example = 0, None
+    for s in range(start, steps):
+        for ex in algorithm.exchanges(s, rank):
+            if isinstance(ex, PairwiseAverage) and not ex.active:
+                n += 1
+                example = example or ex
+    return n, example
+
+
+def count_server_requests(algorithm: Algorithm, start: int, steps: int) -> int:
+    return sum(1 for r in range(algorithm.n_workers) for s in range(start, steps)
+               for ex in algorithm.exchanges(s, r) if isinstance(ex, ServerExchange))
+
+
+def _shard_bounds(n: int, n_shards: int) -> list[tuple[int, int]]:
+    """``numpy.array_split`` boundaries."""
+    base, extra = divmod(n, n_shards)
+    out, lo = [], 0
+    for i in range(n_shards):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+# ----- the worker -----------------------------------------------------------------------------------
+class _Worker:
+    def __init__(self, algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, rank: int,
+                 options: DriverOptions, origin: float, state: WorkerState | None, merges: int) -> None:
+        self.alg = algorithm
+        self.workload = workload
+        self.main = channels["main"]
+        self.comm = channels["comm"]
+        self.resp = channels["responder"]
+        self.rank = rank
+        self.opt = options
+        self.origin = origin
+        self.device = self.main.device
+        x0 = workload.initial_params().to(self.device)
+        self.state = state if state is not None else algorithm.init_state(x0, rank)
+        self.n_params = int(x0.numel())
+        self.itemsize = x0.element_size()
+        self.lock = threading.Lock()
+        self.merges = merges
+        self.trace = TraceBuilder()
+        self.step = options.start_step
+        self.pending: deque[torch.Tensor] = deque()  # sharded passive deltas awaiting the node's agreement
+        self.applied_passive = 0
+        self.errors: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
+        self.stop_requested = False
+        self.jitter = float(os.environ.get(JITTER_ENV, "0") or 0)
+        self._jitter_rng = np.random.default_rng([options.seed, rank, 77])
+        crash = os.environ.get(CRASH_ENV, "")
+        self.crash_step = int(crash.split(":")[1]) if crash and int(crash.split(":")[0]) == rank else None
+
+    def now(self) -> float:
+        return time.time() - self.origin
+
+    def _sleep_jitter(self) -> None:
+        if self.jitter > 0:
+            time.sleep(float(self._jitter_rng.uniform(0, self.jitter)))
+
+    # --- communication thread: active side ---
+    def _active_pairwise(self, ex: PairwiseAverage, sent_full: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
+        t0 = self.now()
+        self._sleep_jitter()
+        lo, hi = _shard_bounds(self.n_params, ex.n_shards)[ex.shard]
+        sent = sent_full[lo:hi].contiguous()
+        header = torch.tensor([step, self.rank, ex.shard, ex.n_shards], dtype=torch.int64)
+        self.comm.send(header, ex.peer, Tags.PAIR_HEADER)
+        received = torch.empty_like(sent)
+        self.comm.sendrecv(sent, received, ex.peer, Tags.PAIR_PAYLOAD)
+        delta = self.alg.mix(ex, sent, received) - sent
+        if ex.n_shards > 1:
+            sizes = [b - a for a, b in _shard_bounds(self.n_params, ex.n_shards)]
+            delta = self.comm.allgather(delta, sizes, ex.gather_group)
+        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        rows = [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_PAIR, peer=ex.peer, nbytes=nbytes)]
+        return delta, rows
+
+    def _gossip(self, ex: Gossip, sent: torch.Tensor) -> tuple[torch.Tensor, list]:
+        t0 = self.now()
+        self._sleep_jitter()
+        bufs = [torch.empty_like(sent) for _ in ex.peers]
+        self.comm.multi_exchange(sent, bufs, list(ex.peers), Tags.GOSSIP)
+        delta = self.alg.mix(ex, sent, bufs) - sent
+        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        return delta, [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_GOSSIP, peer=-1, nbytes=nbytes)]
+
+    # --- responder thread: passive side ---
+    def serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
+        try:
+            self._serve(n_requests, example)
+        except BaseException as exc:  # noqa: BLE001 - reported by the training thread
+            self.errors.put(exc)
+
+    def _serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
+        sharded = example is not None and example.n_shards > 1
+        group = tuple(example.gather_group) if sharded else ()
+        for _ in range(n_requests):
+            header = torch.zeros(4, dtype=torch.int64)
+            if sharded:
+                leader = group[0]
+                decision = torch.zeros(1, dtype=torch.int64)
+                if self.rank == leader:
+                    src = self.resp.recv(header, None, Tags.PAIR_HEADER)
+                    decision[0] = src - int(header[2])  # base rank of the active node
+                self.resp.broadcast(decision, leader, group)
+                local = group.index(self.rank)
+                if self.rank != leader:
+                    src = int(decision[0]) + local
+                    self.resp.recv(header, src, Tags.PAIR_HEADER)
+            else:
+                src = self.resp.recv(header, None, Tags.PAIR_HEADER)
+            t0 = self.now()
+            shard, n_shards = int(header[2]), int(header[3])
+            ex = PairwiseAverage(peer=src, active=False, shard=shard, n_shards=n_shards,
+                                 gather_group=group if n_shards > 1 else ())
+            lo, hi = _shard_bounds(self.n_params, n_shards)[shard]
+            with self.lock:
+                sent = self.state.params[lo:hi].clone()
+            received = torch.empty_like(sent)
+            self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
+            delta = self.alg.mix(ex, sent, received) - sent
+            if n_shards > 1:
+                sizes = [b - a for a, b in _shard_bounds(self.n_params, n_shards)]
+                delta = self.resp.allgather(delta, sizes, group)
+                with self.lock:
+                    self.pending.append(delta)
+            else:
+                with self.lock:
+                    self.state = self.state.replace(params=self.state.params + delta)
+                    self.merges += 1
+            nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+            self.trace.add(rank=self.rank, step=self.step, phase="overlap", start_s=t0, end_s=self.now(),
+                           kind=_PAIR, peer=src, nbytes=nbytes)
+
+    def _check_errors(self) -> None:
+        if not self.errors.empty():
+            exc = self.errors.get()
+            raise TransportError(f"rank {self.rank}: communication thread failed: {exc}") from exc
+
+    # --- compute ---
+    def _compute(self, weights: torch.Tensor, step: int) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        grad, loss = self.workload.gradient(weights, self.rank, step)
+        real = time.perf_counter() - t0
+        stragglers = self.opt.stragglers
+        if self.opt.compute_time is not None:
+            rng = np.random.default_rng([self.opt.seed, self.rank, step, 0xC0])
+            target = stragglers.compute_time(float(self.opt.compute_time.sample(rng)), rank=self.rank, step=step)
+        else:
+            target = stragglers.compute_time(real, rank=self.rank, step=step)
+        remaining = target - (time.perf_counter() - t0)
+        if remaining > 0:
+            time.sleep(remaining)
+        return grad, loss
+
+    def _merge_pending(self, group: tuple[int, ...]) -> None:
+        """Apply the sharded passive merges every member of the node has received."""
+        with self.lock:
+            have = len(self.pending)
+        counts = self.main.allgather(torch.tensor([have], dtype=torch.int64), [1] * len(group), group)
+        k = int(counts.min())
+        with self.lock:
+            for _ in range(k):
+                self.state = self.state.replace(params=self.state.params + self.pending.popleft())
+                self.merges += 1
+
+    # --- the loop ---
+    def run(self) -> RankResult:
+        alg, opt = self.alg, self.opt
+        n_passive, example = count_passive(alg, self.rank, opt.start_step, opt.steps)
+        # a node whose members answer sharded requests agrees each step on the merges to apply
+        sharded_group = tuple(example.gather_group) if example is not None and example.n_shards > 1 else None
+        responder = None
+        if n_passive:
+            responder = threading.Thread(target=self.serve, args=(n_passive, example), daemon=True,
+                                         name=f"psgdlab-responder-{self.rank}")
+            responder.start()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"psgdlab-comm-{self.rank}")
+        history: deque[tuple[torch.Tensor, int]] = deque(maxlen=alg.gradient_delay + 1)
+        trajectory: list[np.ndarray] = []
+        evaluations: list[dict[str, Any]] = []
+        samples = self.workload.samples_per_step
+        t_prev = None
+        sync = not alg.asynchronous and alg.n_workers > 1
+        preempted = False
+        try:
+            for s in range(opt.start_step, opt.steps):
+                self.step = s
+                if self.crash_step == s:
+                    log.error("rank %d: injected crash at step %d", self.rank, s)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                self._check_errors()
+                exchanges = alg.exchanges(s, self.rank)
+                with self.lock:
+                    snapshot = self.state.params.clone()
+                    history.append((snapshot, self.merges))
+                read_w, read_merges = history[0]
+                jobs: list[Future] = []
+                for ex in exchanges:
+                    if isinstance(ex, PairwiseAverage) and ex.active:
+                        jobs.append(pool.submit(self._active_pairwise, ex, snapshot, s))
+                    elif isinstance(ex, Gossip):
+                        jobs.append(pool.submit(self._gossip, ex, snapshot))
+                t_c0 = self.now()
+                grad, loss = self._compute(read_w, s)
+                t_c1 = self.now()
+                deltas = []
+                for job in jobs:
+                    delta, rows = job.result()
+                    deltas.append(delta)
+                    for row in rows:
+                        self.trace.add(rank=self.rank, step=s, **row)
+                if jobs:
+                    t_j = self.now()
+                    if t_j > t_c1:
+                        self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_j,
+                                       kind=_PAIR if any(isinstance(e, PairwiseAverage) for e in exchanges) else _GOSSIP)
+                for ex in exchanges:
+                    if isinstance(ex, AllReduce) and ex.payload == "grad":
+                        t0 = self.now()
+                        self._sleep_jitter()
+                        self.main.allreduce_mean(grad, ex.group)
+                        self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
+                                       kind=_ALLREDUCE, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+                if sharded_group is not None:
+                    self._merge_pending(sharded_group)
+                with self.lock:
+                    for delta in deltas:
+                        self.state = self.state.replace(params=self.state.params + delta)
+                        self.merges += 1
+                    staleness = self.merges - read_merges
+                    self.state = alg.local_update(self.state, grad, opt.lr_of(s))
+                staleness = self._post_phase(exchanges, s, staleness)
+                self.trace.add(rank=self.rank, step=s, phase="compute", start_s=t_c0, end_s=t_c1,
+                               staleness=int(staleness), loss=loss)
+                if opt.record_params:
+                    trajectory.append(self.state.params.detach().cpu().numpy().copy())
+                if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0 and self.rank == 0:
+                    evaluations.append({"step": s + 1, **self.workload.evaluate(self.state.params)})
+                stop = self.stop_requested and not sync  # synchronous ranks stop together, below
+                if sync and ((s + 1) % STOP_CHECK_EVERY == 0 or s + 1 == opt.steps):
+                    flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
+                    self.main.allreduce_mean(flag, alg.all_ranks)
+                    stop = bool(flag.item() > 0)
+                done = s + 1
+                if opt.run_dir is not None and ((opt.checkpoint_every and done % opt.checkpoint_every == 0)
+                                                or stop or done == opt.steps):
+                    self._save(done)
+                if opt.progress is not None and self.rank == 0:
+                    t = self.now()
+                    rate = samples * alg.n_workers / (t - t_prev) if t_prev is not None and t > t_prev else math.nan
+                    t_prev = t
+                    opt.progress(s, loss, rate)
+                if stop:
+                    preempted = True
+                    break
+            if preempted and alg.asynchronous:
+                # partners may be waiting for this rank: leave at once, the launcher stops the rest
+                raise Preempted(f"rank {self.rank} stopped by SIGTERM at step {self.step + 1}")
+            if responder is not None:
+                while responder.is_alive():
+                    responder.join(timeout=0.5)
+                    self._check_errors()
+            self._check_errors()
+        finally:
+            pool.shutdown(wait=True)
+        final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
+        return RankResult(rank=self.rank, trace=self.trace.array(), final_params=final,
+                          trajectory=np.stack(trajectory) if trajectory else None, evaluations=evaluations,
+                          preempted=preempted, extra={"merges": self.merges})
+
+    def _post_phase(self, exchanges: tuple[Exchange, ...], s: int, staleness: int) -> int:
+        for ex in exchanges:
+            if isinstance(ex, AllReduce) and ex.payload == "model":
+                t0 = self.now()
+                self._sleep_jitter()
+                with self.lock:
+                    mean = self.state.params.clone()
+                self.main.allreduce_mean(mean, ex.group)
+                with self.lock:
+                    self.state = self.alg.combine(self.state, ex, mean)
+                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE,
+                               nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+            elif isinstance(ex, ServerExchange):
+                t0 = self.now()
+                self._sleep_jitter()
+                server = self.alg.n_workers
+                with self.lock:
+                    message = self.alg.server_message(self.state).contiguous()
+                header = torch.tensor([s, self.rank, 0, 0], dtype=torch.int64)
+                self.main.send(header, server, Tags.SERVER_HEADER)
+                self.main.send(message, server, Tags.SERVER_PAYLOAD)
+                reply_header = torch.zeros(2, dtype=torch.int64)
+                self.main.recv(reply_header, server, Tags.SERVER_REPLY_HEADER)
+                reply = torch.empty_like(message)
+                self.main.recv(reply, server, Tags.SERVER_REPLY)
+                with self.lock:
+                    self.state = self.alg.combine(self.state, ex, reply)
+                staleness = int(reply_header[0])
+                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_SERVER,
+                               peer=SERVER_PEER, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+            elif isinstance(ex, Barrier):
+                t0 = self.now()
+                self.main.barrier(ex.group)
+                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
+        return staleness
+
+    def _save(self, done: int) -> None:
+        with self.lock:
+            st = self.state
+            payload = {"step": done, "rank": self.rank, "params": st.params, "momentum": st.momentum,
+                       "extras": dict(st.extras), "merges": self.merges, "algorithm": self.alg.params()}
+        ckpt.save_checkpoint(self.opt.run_dir, step=done, rank=self.rank, payload=payload)  # type: ignore[arg-type]
+
+
+def state_from_checkpoint(payload: dict[str, Any], device: torch.device) -> tuple[WorkerState, int]:
+    def dev(t: Any) -> Any:
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    state = WorkerState(params=dev(payload["params"]), momentum=dev(payload["momentum"]),
+                        extras={k: dev(v) for k, v in payload["extras"].items()})
+    return state, int(payload.get("merges", 0))
+
+
+def run_worker(algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, options: DriverOptions,
+               origin: float, resume_payload: dict[str, Any] | None = None) -> RankResult:
+    """Run the worker loop of this rank (``channels["main"].rank < algorithm.n_workers``)."""
+    rank = channels["main"].rank
+    state, merges = (None, 0)
+    if resume_payload is not None:
+        state, merges = state_from_checkpoint(resume_payload, channels["main"].device)
+    worker = _Worker(algorithm, workload, channels, rank=rank, options=options, origin=origin, state=state,
+                     merges=merges)
+    previous = signal.getsignal(signal.SIGTERM)
+    in_main = threading.current_thread() is threading.main_thread()
+
+    def _on_term(signum: int, frame: Any) -> None:
+        log.warning("rank %d: SIGTERM, checkpointing at the end of step %d", rank, worker.step + 1)
+        worker.stop_requested = True
+
+    if in_main:
+        signal.signal(signal.SIGTERM, _on_term)
+    try:
+        return worker.run()
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_server(algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, options: DriverOptions,
+               resume_payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Serve every worker's server exchange, one at a time in arrival order (rank ``n_workers``)."""
+    main = channels["main"]
+    x0 = workload.initial_params().to(main.device)
+    if resume_payload is not None:
+        server = ServerState(params=resume_payload["params"].to(main.device), version=int(resume_payload["version"]),
+                             last_pull=dict(resume_payload["last_pull"]))
+    else:
+        server = algorithm.server_init(x0)
+    n_requests = count_server_requests(algorithm, options.start_step, options.steps)
+    stop = {"flag": False}
+
+    def _on_term(signum: int, frame: Any) -> None:
+        stop["flag"] = True
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_term)
+    busy = 0.0
+    t_start = time.perf_counter()
+    every = max(options.checkpoint_every, 1) * algorithm.n_workers
+    for i in range(n_requests):
+        header = torch.zeros(4, dtype=torch.int64)
+        src = main.recv(header, None, Tags.SERVER_HEADER)
+        t0 = time.perf_counter()
+        message = torch.empty(x0.numel(), dtype=x0.dtype, device=main.device)
+        main.recv(message, src, Tags.SERVER_PAYLOAD)
+        server, reply, staleness = algorithm.server_apply(server, message, src)
+        main.send(torch.tensor([staleness, server.version], dtype=torch.int64), src, Tags.SERVER_REPLY_HEADER)
+        main.send(reply.contiguous(), src, Tags.SERVER_REPLY)
+        busy += time.perf_counter() - t0
+        if options.run_dir is not None and ((options.checkpoint_every and (i + 1) % every == 0) or stop["flag"]
+                                            or i + 1 == n_requests):
+            ckpt.save_server(options.run_dir, {"params": server.params, "version": server.version,
+                                               "last_pull": dict(server.last_pull)})
+        if stop["flag"]:
+            break
+    span = max(time.perf_counter() - t_start, 1e-9)
+    return {"requests": n_requests, "version": server.version, "busy_fraction": busy / span}

@@ -1,0 +1,197 @@
+"""The local launcher behind ``psgdlab train``: start every rank, watch them, fail fast.
+
+- gloo / nccl: ``world_size`` processes ``python -m psgdlab.runtime --config OUT/launch.json``
+  with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a free ``MASTER_PORT`` on 127.0.0.1;
+- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same.
+
+Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
+The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
+that exits with an error or disappears without its ``done`` file stops the run -- the others
+are terminated (SIGTERM, then SIGKILL after a grace period) and :class:`TransportError` names
+the rank, well within 60 s. SIGTERM/SIGINT to the launcher is forwarded to every rank, which
+checkpoints at its next step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.trace import atomic_write_json
+from psgdlab.runtime.config import TrainConfig, world_size_of
+
+__all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
+
+RANKS_DIR = ".ranks"
+GRACE_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mpiexec_path() -> Path:
+    """``mpiexec`` beside the running interpreter (the mpich wheel's), else on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.is_file():
+        return here
+    import shutil
+
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ConfigError("backend ('mpi') needs mpiexec, which is neither beside the Python interpreter nor on "
+                          "PATH; install the mpich wheel (pip install mpich)")
+    return Path(found)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def launch(config: TrainConfig, *, extra_env: dict[str, str] | None = None, timeout_s: float | None = None,
+           quiet: bool = False) -> dict[str, Any]:
+    """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``)."""
+    if not config.out:
+        raise ConfigError("launch needs an output directory (config.out)")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ranks_dir = out / RANKS_DIR
+    ranks_dir.mkdir(exist_ok=True)
+    for old in ranks_dir.iterdir():
+        old.unlink()
+    world = world_size_of(config)
+    config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
+    stderr = subprocess.DEVNULL if quiet else None
+    procs: dict[int, subprocess.Popen] = {}
+    if config.backend == "mpi":
+        mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
+        procs[-1] = subprocess.Popen(mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                                     start_new_session=True)
+    else:
+        port = free_port()
+        for r in range(world):
+            env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(port))
+            procs[r] = subprocess.Popen(cmd, env=env_r, stdout=subprocess.DEVNULL, stderr=stderr)
+    forwarded = {"sig": None}
+
+    def _forward(signum: int, frame: Any) -> None:
+        forwarded["sig"] = signum
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    old_handlers = {}
+    if _in_main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old_handlers[sig] = signal.signal(sig, _forward)
+    try:
+        _watch(procs, ranks_dir, world, timeout_s)
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+    if forwarded["sig"] is not None:
+        raise TransportError(f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
+                             f"{out / 'checkpoints'} (continue with --resume {out})")
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
+    return json.loads(summary_path.read_text())
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is dead
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, timeout_s: float | None) -> None:
+    start = time.monotonic()
+    seen: dict[int, int] = {}
+    while True:
+        failed: list[str] = []
+        for r, p in procs.items():
+            code = p.poll()
+            if code is not None and code != 0 and r >= 0:
+                failed.append(f"rank {r} {_describe(code)}")
+        for r in range(world):  # under mpiexec: a rank that vanished without finishing
+            if r not in seen:
+                pid_file = ranks_dir / f"rank{r}.pid"
+                if pid_file.is_file():
+                    text = pid_file.read_text().strip()
+                    if text.isdigit() and int(text) > 0:
+                        seen[r] = int(text)
+            elif not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
+                failed.append(f"rank {r} died")
+        mpi = procs.get(-1)
+        if mpi is not None and mpi.poll() not in (None, 0) and not failed:
+            failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")
+        if failed:
+            _terminate(procs)
+            raise TransportError(f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})"
+                                                                if len(failed) > 1 else ""))
+        if all(p.poll() is not None for p in procs.values()):
+            return
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            _terminate(procs)
+            raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
+        time.sleep(0.1)
+
+
+def _terminate(procs: dict[int, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            try:
+                if p.args and "mpiexec" in str(p.args[0]):
+                    os.killpg(p.pid, signal.SIGTERM)
+                else:
+                    p.terminate()
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + GRACE_S
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                if p.args and "mpiexec" in str(p.args[0]):
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
+            except ProcessLookupError:
+                pass
+            p.wait()

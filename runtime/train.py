@@ -1,0 +1,306 @@
+r"""Per-rank training entry and the run directory rank 0 writes.
+
+:func:`train` runs on **every** rank (launched by ``psgdlab train``, torchrun, mpiexec or srun):
+it opens the transport from the launcher's environment, builds the workload (or takes the
+caller's), runs the worker loop (or the parameter server on rank ``n_workers``), gathers every
+rank's trace to rank 0 and writes the run directory there::
+
+    OUT/config.resolved.json  env.json  trace.npz  summary.json  timeline.json  loss.png
+    OUT/trajectory.npz        (with record_params: models after every step, for oracle checks)
+    OUT/final_params.npz      (models up to 2 M parameters)
+    OUT/checkpoints/...       (psgdlab.runtime.checkpoint)
+
+Any ``torch.nn.Module`` trains through ``workload_factory``::
+
+    from psgdlab.runtime import TrainConfig, ModuleWorkload, train
+    cfg = TrainConfig(algorithm="adpsgd", workers=4, steps=200, out="runs/mine")
+    train(cfg, workload_factory=lambda rank, world: ModuleWorkload(make_net, MySampler(rank, world),
+                                                                   samples_per_step=cfg.batch))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.reference import LeastSquaresProblem
+from psgdlab.core.rundir import RunDir, environment
+from psgdlab.core.schedules import lr_schedule
+from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.timing import ComputeTime
+from psgdlab.core.trace import empty_trace, read_trace, summarize, to_chrome_trace, write_trace
+from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
+from psgdlab.runtime.driver import DriverOptions, RankResult, collect_groups, run_server, run_worker
+from psgdlab.runtime.transport import LaunchEnv, launch_env, open_channels
+from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
+
+__all__ = ["train", "build_workload", "steps_per_epoch"]
+
+log = logging.getLogger(__name__)
+
+
+def _lsq_problem(config: TrainConfig) -> LeastSquaresProblem:
+    return LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
+                               n_shards=config.workers, batch=config.batch, seed=config.seed)
+
+
+def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
+    from psgdlab.runtime.data import load_corpus, synthetic_corpus
+
+    path = config.data
+    if path == "synthetic":
+        tmp = Path(tempfile.mkdtemp(prefix=f"psgdlab-synth-{rank}-"))
+        path = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=config.synthetic_utterances,
+                                    seed=config.seed))
+    held = list(config.held_out_speakers)
+    train_corpus = load_corpus(path, exclude_speakers=held or None)
+    held_corpus = load_corpus(path, speakers=held) if held else None
+    return train_corpus, held_corpus
+
+
+def build_workload(config: TrainConfig, rank: int, *, device: torch.device | None = None) -> tuple[Any, int]:
+    """The workload of ``rank`` and the steps per epoch (same on every rank)."""
+    if config.model == LSQ_MODEL:
+        problem = _lsq_problem(config)
+        return LeastSquaresWorkload(problem, device=device), max(1, config.lsq_samples_per_worker // config.batch)
+    from psgdlab.runtime.data import WindowSampler
+    from psgdlab.runtime.models import build_model
+    from psgdlab.runtime.scoring import score_corpus
+
+    train_corpus, held = _corpora(config, rank)
+    sampler = WindowSampler(train_corpus, window=config.window, batch=config.batch, rank=rank,
+                            world_size=config.workers, seed=config.seed)
+    total_windows = max(1, train_corpus.n_frames // config.window)
+    spe = max(1, math.ceil(total_windows / (config.batch * config.workers)))
+    evaluator = None
+    if held is not None:
+        def evaluator(model: torch.nn.Module, _held: Any = held) -> dict[str, float]:
+            scores = score_corpus(model, _held, window=config.window)
+            return {"frame_accuracy": float(scores["frame_accuracy"]), "wer": float(scores["wer"])}
+
+    def factory() -> torch.nn.Module:
+        return build_model(config.model, input_dim=train_corpus.input_dim, n_classes=train_corpus.n_classes,
+                           window=config.window)
+
+    workload = ModuleWorkload(factory, sampler, samples_per_step=config.batch, seed=config.seed, device=device,
+                              evaluator=evaluator)
+    return workload, spe
+
+
+def steps_per_epoch(config: TrainConfig) -> int:
+    return build_workload(config, 0)[1]
+
+
+def _progress_bar(total: int, initial: int) -> Callable[[int, float, float], None] | None:
+    if not (sys.stderr.isatty() or os.environ.get("PSGDLAB_PROGRESS") == "1"):
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=initial, file=sys.stderr, unit="step", dynamic_ncols=True)
+
+    def update(step: int, loss: float, rate: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4g}", samples_per_s=f"{rate:.4g}" if math.isfinite(rate) else "-")
+        if step + 1 >= total:
+            bar.close()
+
+    return update
+
+
+def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | None = None,
+          env: LaunchEnv | None = None, master: tuple[str, int] | None = None) -> dict[str, Any] | None:
+    """Run this rank's part of the training run ``config``; returns the summary on rank 0.
+
+    Parameters
+    ----------
+    config : TrainConfig
+    workload_factory : callable (rank, n_workers) -> Workload, optional
+        Plug in any model and sampler (:class:`~psgdlab.runtime.workloads.ModuleWorkload`);
+        default: the model and data named by ``config``. Pass ``steps`` (not ``epochs``) then.
+    env : LaunchEnv, optional
+        Default: from the launcher's environment variables.
+    """
+    env = env or launch_env()
+    algorithm = build_algorithm(config)
+    world = world_size_of(config)
+    if env.world_size != world:
+        server = " (workers + 1 parameter server)" if algorithm.has_server else ""
+        raise ConfigError(f"world size ({env.world_size}) from the launcher must be {world}{server} for "
+                          f"--workers {config.workers} with {config.algorithm}")
+    rank = env.rank
+    if workload_factory is not None:
+        workload, spe = workload_factory(min(rank, config.workers - 1), config.workers), None
+    else:
+        workload, spe = build_workload(config, min(rank, config.workers - 1))
+    if config.steps is not None:
+        steps = config.steps
+    else:
+        if spe is None:
+            raise ConfigError("epochs needs the built-in data; give --steps with a custom workload")
+        steps = max(1, math.ceil(config.epochs * spe))  # type: ignore[operator]
+    out = Path(config.out) if config.out else None
+    start_step, resume_payload = 0, None
+    if config.resume:
+        if out is None:
+            raise ConfigError("resume needs the run directory (--resume DIR)")
+        found = ckpt.latest_complete_step(out, config.workers)
+        if found is None:
+            raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
+        start_step = found
+        if rank < config.workers:
+            resume_payload = ckpt.load_checkpoint(out, step=found, rank=rank)
+        else:
+            resume_payload = ckpt.load_server(out)
+    torch.set_num_threads(1)
+    groups = collect_groups(algorithm, steps)
+    channels = open_channels(config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master)
+    main = channels["main"]
+    stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
+    main.broadcast(stamp, 0, tuple(range(world)))
+    origin = float(stamp.item())
+    base_lr = lr_schedule("const" if config.lr_schedule == "newbob" else config.lr_schedule, lr=config.lr,
+                          total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1))
+    options = DriverOptions(
+        steps=steps, lr_of=base_lr, start_step=start_step,
+        compute_time=ComputeTime.parse(config.compute_time) if config.compute_time else None,
+        stragglers=StragglerModel.parse(config.straggler, seed=config.seed, n_workers=config.workers),
+        run_dir=out, checkpoint_every=config.checkpoint_every, record_params=config.record_params,
+        seed=config.seed, evaluate_every=(spe or 0) if config.evaluate else 0,
+        progress=_progress_bar(steps, start_step) if rank == 0 else None)
+    t0 = time.time()
+    try:
+        if rank < config.workers:
+            result: Any = run_worker(algorithm, workload, channels, options=options, origin=origin,
+                                     resume_payload=resume_payload)
+        else:
+            info = run_server(algorithm, workload, channels, options=options, resume_payload=resume_payload)
+            result = RankResult(rank=rank, trace=empty_trace(), final_params=None,
+                                trajectory=None, evaluations=[], extra={"server": info})
+    except RuntimeError as exc:
+        if isinstance(exc, TransportError):
+            raise
+        raise TransportError(f"rank {rank}: {exc}") from exc
+    results = main.gather_object(result, root=0)
+    summary = None
+    if rank == 0:
+        assert results is not None
+        summary = _write_run_dir(config, algorithm, results, steps=steps, start_step=start_step, out=out,
+                                 world=world, wall_s=time.time() - t0,
+                                 evaluate=workload.evaluate if config.evaluate else None)
+    main.barrier()
+    if config.backend != "mpi":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return summary
+
+
+def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult], *, steps: int, start_step: int,
+                   out: Path | None, world: int, wall_s: float, evaluate: Callable | None) -> dict[str, Any]:
+    workers = [r for r in results if r.rank < config.workers]
+    trace = np.concatenate([r.trace for r in workers])
+    if start_step > 0 and out is not None and (out / "trace.npz").is_file():
+        old, _ = read_trace(out / "trace.npz")
+        old = old[old["step"] < start_step]
+        if old.size:
+            shift = float(old["end_s"].max())
+            trace["start_s"] += shift
+            trace["end_s"] += shift
+            trace = np.concatenate([old, trace])
+    trace = np.sort(trace, order=("start_s", "rank", "step"), kind="stable")
+    samples = _samples_per_step(config)
+    summary = summarize(trace, samples_per_step=samples, warmup_steps=1 if steps - start_step > 4 else 0)
+    compute = trace[trace["phase"] == 0]
+    steps_idx = np.unique(compute["step"])
+    curve = [float(np.nanmean(compute["loss"][compute["step"] == s])) for s in steps_idx]
+    stride = max(1, len(steps_idx) // 1000)
+    summary["loss_curve"] = {"step": [int(s) for s in steps_idx[::stride]], "loss": curve[::stride]}
+    summary.update({"algorithm": algorithm.params(), "backend": config.backend, "world_size": world,
+                    "samples_per_step": samples, "steps_per_worker": steps, "wall_s": wall_s,
+                    "source": "runtime"})
+    if algorithm.has_server:
+        summary["server"] = {"rank": config.workers, **next(r.extra["server"] for r in results
+                                                             if r.rank == config.workers)}
+    finals = [r.final_params for r in sorted(workers, key=lambda r: r.rank)]
+    if all(f is not None for f in finals):
+        stack = np.stack(finals)
+        summary["consensus_distance"] = float(np.sum((stack - stack.mean(axis=0)) ** 2))
+        if evaluate is not None and config.model == LSQ_MODEL:
+            summary.update({f"mean_model_{k}": v for k, v in
+                            evaluate(torch.as_tensor(stack.mean(axis=0))).items()})
+    evaluations = [e for r in workers for e in r.evaluations]
+    if evaluations:
+        summary["held_out"] = evaluations
+        summary["held_out_last"] = evaluations[-1]
+    if out is None:
+        return summary
+    run = RunDir(out)
+    run.write_json("config.resolved.json", {"train": config.to_json(), "algorithm": algorithm.params(),
+                                            "steps": steps, "world_size": world,
+                                            "server_rank": config.workers if algorithm.has_server else None})
+    run.write_json("env.json", environment(source="runtime", world_size=world,
+                                           extra={"backend": config.backend, "torch_threads": 1}))
+    meta = {"source": "runtime", "n_workers": config.workers, "samples_per_step": samples,
+            "algorithm": algorithm.params(), "backend": config.backend, "run_id": out.name}
+    write_trace(run / "trace.npz", trace, meta)
+    to_chrome_trace(trace, run / "timeline.json", meta=meta)
+    if any(r.trajectory is not None for r in workers):
+        traj = np.stack([r.trajectory for r in sorted(workers, key=lambda r: r.rank)], axis=1)
+        _save_npz(run / "trajectory.npz", params=traj, start_step=np.array(start_step))
+    if all(f is not None for f in finals):
+        _save_npz(run / "final_params.npz", params=np.stack(finals))
+    _plot_loss(run / "loss.png", summary)
+    run.write_json("summary.json", summary)
+    return summary
+
+
+def _samples_per_step(config: TrainConfig) -> int:
+    return config.batch
+
+
+def _save_npz(path: Path, **arrays: np.ndarray) -> None:
+    import io
+
+    from psgdlab.core.trace import atomic_write_bytes
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _plot_loss(path: Path, summary: dict[str, Any]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is a runtime dependency
+        return
+    import io
+
+    from psgdlab.core.trace import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    curve = summary["loss_curve"]
+    ax.plot(curve["step"], curve["loss"], lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("minibatch loss (mean over workers)")
+    ax.set_title(f"{summary['algorithm']['algorithm']}, {summary['workers']} workers, {summary['backend']}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,185 @@
+r"""The one small interface every runtime transport implements, and the launcher environment.
+
+A :class:`Transport` is one *channel* of a process: the communicators one thread uses. The
+driver opens several channels on the same processes (:func:`open_channels`) so that no
+communicator is shared by two threads for collectives -- gloo process groups are not safe to
+drive from two threads at once, and collectives issued from two threads could interleave
+differently on different ranks:
+
+========== ====================================================================================
+channel    used by
+========== ====================================================================================
+main       the training thread: gradient and model allreduces, barriers, the server exchange
+comm       the communication thread: the active side of pairwise averages, gossip, and the
+           allgather inside a node that follows a sharded (H-ADPSGD) exchange
+responder  the thread that answers pairwise requests on the passive side (and its allgather)
+========== ====================================================================================
+
+Point-to-point traffic between an active ``comm`` thread and a passive ``responder`` travels on
+one point-to-point communicator shared by both channels (matched by tag and source), which gloo
+and MPI (thread level ``MULTIPLE``) both allow.
+
+Operations (all blocking; tensors are flat, contiguous, on the transport's device):
+
+- :meth:`Transport.allreduce_mean` over a group of ranks (in place);
+- :meth:`Transport.allgather` of equal or unequal shards over a group;
+- :meth:`Transport.broadcast`, :meth:`Transport.barrier`;
+- :meth:`Transport.send`, :meth:`Transport.recv` (``src=None``: any source, returns it) and
+  :meth:`Transport.sendrecv` (pairwise exchange, both directions at once);
+- :meth:`Transport.gather_object` (end of run: traces and results to rank 0).
+
+Implementations: :mod:`psgdlab.runtime.torch_dist` (torch.distributed, NCCL on GPUs and gloo on
+CPUs) and :mod:`psgdlab.runtime.mpi` (mpi4py; tensors go through the buffer protocol).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from psgdlab.core.errors import ConfigError, TransportError
+
+__all__ = ["Transport", "LaunchEnv", "launch_env", "open_channels", "BACKENDS", "Tags"]
+
+BACKENDS = ("gloo", "nccl", "mpi")
+
+
+class Tags:
+    """Message tags of the point-to-point protocols (one namespace for every transport)."""
+
+    PAIR_HEADER = 11
+    PAIR_PAYLOAD = 12
+    PAIR_REPLY = 13
+    GOSSIP = 21
+    SERVER_HEADER = 31
+    SERVER_PAYLOAD = 32
+    SERVER_REPLY = 33
+    SERVER_REPLY_HEADER = 34
+
+
+class Transport(ABC):
+    """One channel of a process (see the module docstring)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @abstractmethod
+    def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
+        """Replace ``tensor`` by its mean over ``group`` (every member ends with the mean)."""
+
+    @abstractmethod
+    def allgather(self, shard: torch.Tensor, sizes: Sequence[int], group: Sequence[int]) -> torch.Tensor:
+        """Concatenate the shards of ``group`` in group order; ``sizes[i]`` is member i's length."""
+
+    @abstractmethod
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Sequence[int]) -> None:
+        """Copy ``src``'s ``tensor`` to every member of ``group``."""
+
+    @abstractmethod
+    def barrier(self, group: Sequence[int] | None = None) -> None:
+        """Wait for every member of ``group`` (all ranks when None)."""
+
+    @abstractmethod
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        """Send ``tensor`` to ``dst`` (point-to-point communicator)."""
+
+    @abstractmethod
+    def recv(self, tensor: torch.Tensor, src: int | None, tag: int) -> int:
+        """Receive into ``tensor`` from ``src`` (any source when None); returns the source."""
+
+    @abstractmethod
+    def sendrecv(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int) -> None:
+        """Send ``send`` to ``peer`` and receive ``recv`` from it, both at once."""
+
+    @abstractmethod
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Pickle-gather ``obj`` of every rank to ``root`` (``None`` elsewhere)."""
+
+    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int],
+                       tag: int) -> None:
+        """Send ``send`` to every peer and receive one tensor from each (gossip); default:
+        pairwise exchanges in peer order, safe because every peer runs the same order."""
+        for buf, peer in sorted(zip(recvs, peers), key=lambda bp: bp[1]):
+            self.sendrecv(send, buf, peer, tag)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the channel's resources."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchEnv:
+    """Where this process sits in the job, read from the launcher's environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # "torchrun", "mpi", "slurm", "single"
+
+
+def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
+    """Rank, world size and local rank from torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``),
+    MPICH/Hydra (``PMI_RANK``/``PMI_SIZE``), Open MPI (``OMPI_COMM_WORLD_*``) or Slurm
+    (``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``), in that order; a single process
+    otherwise.
+
+    >>> launch_env({"PMI_RANK": "2", "PMI_SIZE": "4"})
+    LaunchEnv(rank=2, world_size=4, local_rank=2, launcher='mpi')
+    """
+    env = os.environ if environ is None else environ
+    candidates = (
+        ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+        ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    )
+    for launcher, rank_key, size_key, local_key in candidates:
+        if rank_key in env and size_key in env:
+            try:
+                rank, size = int(env[rank_key]), int(env[size_key])
+                local = int(env.get(local_key, rank))
+            except ValueError:
+                raise ConfigError(f"launcher variables {rank_key}={env[rank_key]!r}, {size_key}={env[size_key]!r} "
+                                  f"are not integers") from None
+            return LaunchEnv(rank=rank, world_size=size, local_rank=local, launcher=launcher)
+    return LaunchEnv(rank=0, world_size=1, local_rank=0, launcher="single")
+
+
+def open_channels(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...]],
+                  timeout_s: float, device: torch.device | None = None,
+                  master: tuple[str, int] | None = None) -> dict[str, Transport]:
+    """Initialise ``backend`` and open the ``main``, ``comm`` and ``responder`` channels.
+
+    Parameters
+    ----------
+    backend : {"gloo", "nccl", "mpi"}
+    env : LaunchEnv
+        This process's place in the job.
+    groups : sequence of tuple of int
+        Every sub-group any collective will use (sorted rank tuples); each channel gets its own
+        communicator for each, created collectively here in one order on every rank.
+    timeout_s : float
+        Collective and point-to-point timeout of the torch process groups; a peer that died
+        makes the survivors fail within it instead of hanging.
+    master : (host, port), optional
+        Rendezvous for torch.distributed when ``MASTER_ADDR``/``MASTER_PORT`` are not set.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
+    if backend == "mpi":
+        from psgdlab.runtime.mpi import open_mpi_channels
+
+        return open_mpi_channels(env=env, groups=groups)
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("backend ('nccl') needs CUDA, which this machine does not have; use --backend gloo")
+    from psgdlab.runtime.torch_dist import open_torch_channels
+
+    try:
+        return open_torch_channels(backend, env=env, groups=groups, timeout_s=timeout_s, device=device,
+                                   master=master)
+    except RuntimeError as exc:
+        raise TransportError(f"rank {env.rank}: could not initialise {backend}: {exc}") from exc

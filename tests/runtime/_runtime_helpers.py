@@ -1,0 +1,40 @@
+"""Shared helpers of the runtime tests: run a least-squares config and compare with the oracle."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from psgdlab.core.reference import LeastSquaresProblem, run_reference
+
+#: topology schedules (dpsgd, adpsgd, hadpsgd) come from core/topology.py (branch `topo`)
+HAS_TOPOLOGY = importlib.util.find_spec("psgdlab.core.topology") is not None
+needs_topology = pytest.mark.skipif(not HAS_TOPOLOGY, reason="core.topology (branch topo) not merged yet")
+
+#: float64 trajectories: the runtime and the oracle run the same arithmetic; allreduce sums in a
+#: different order than numpy's mean, so allow a few ulps per step
+TRAJECTORY_ATOL = 1e-10
+
+
+def lsq_config(tmp_path: Path, algorithm: str, workers: int, *, steps: int = 12, backend: str = "gloo",
+               name: str | None = None, **kw):
+    from psgdlab.runtime.config import TrainConfig
+
+    return TrainConfig(algorithm=algorithm, workers=workers, backend=backend, model="least-squares",
+                       steps=steps, batch=8, lr=0.05, lsq_dim=8, lsq_samples_per_worker=64, record_params=True,
+                       out=str(tmp_path / (name or f"{algorithm}-{backend}")), timeout_s=60.0, **kw)
+
+
+def reference_for(config) -> np.ndarray:
+    from psgdlab.runtime.config import build_algorithm
+
+    problem = LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
+                                  n_shards=config.workers, batch=config.batch, seed=config.seed)
+    return run_reference(build_algorithm(config), problem, steps=config.steps, lr=config.lr).params
+
+
+def trajectory(config) -> np.ndarray:
+    return np.load(Path(config.out) / "trajectory.npz")["params"]

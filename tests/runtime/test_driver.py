@@ -1,0 +1,148 @@
+"""The runtime driver against the core reference executor, on gloo and on MPI.
+
+Synchronous algorithms must reproduce the oracle's float64 trajectory step by step (within
+``TRAJECTORY_ATOL``); asynchronous ones must train, record staleness > 0 and never deadlock;
+H-ADPSGD must keep the replicas of a node bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from psgdlab.core.errors import TransportError
+from psgdlab.core.trace import read_trace
+from psgdlab.tests.runtime._runtime_helpers import (
+    TRAJECTORY_ATOL,
+    lsq_config,
+    needs_topology,
+    reference_for,
+    trajectory,
+)
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
+
+SYNC_CASES = [
+    pytest.param("ssgd", 2, {}, id="ssgd"),
+    pytest.param("bsp", 2, {"period": 3}, id="bsp"),
+    pytest.param("bmuf", 2, {"period": 4}, id="bmuf"),
+    pytest.param("easgd", 2, {"period": 2, "variant": "sync"}, id="easgd-sync"),
+    pytest.param("dpsgd", 4, {}, id="dpsgd", marks=needs_topology),
+    pytest.param("hadpsgd", 2, {"gpus_per_node": 2}, id="hadpsgd-1node", marks=needs_topology),
+]
+
+
+def _launch(config, **kw):
+    from psgdlab.runtime.launch import launch
+
+    return launch(config, quiet=True, timeout_s=90, **kw)
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
+@pytest.mark.parametrize(("algorithm", "workers", "params"), SYNC_CASES)
+def test_synchronous_algorithms_follow_the_reference_trajectory(tmp_path, backend, algorithm, workers, params):
+    config = lsq_config(tmp_path, algorithm, workers, backend=backend, **params)
+    summary = _launch(config)
+    expected = reference_for(config)
+    got = trajectory(config)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TRAJECTORY_ATOL)
+    assert summary["staleness_max"] == (1 if algorithm == "dpsgd" else 0)
+    assert summary["steps"] == workers * config.steps
+
+
+@needs_topology
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
+def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_path, backend):
+    config = lsq_config(tmp_path, "hadpsgd", 4, backend=backend, gpus_per_node=2, steps=16)
+    summary = _launch(config)
+    traj = trajectory(config)  # (steps, workers, dim)
+    assert np.array_equal(traj[:, 0], traj[:, 1]) and np.array_equal(traj[:, 2], traj[:, 3])
+    assert summary["staleness_max"] >= 1  # inter-node merges are foreign merges
+    assert summary["loss_last"] < summary["loss_first"]
+    trace, _ = read_trace(tmp_path / f"hadpsgd-{backend}" / "trace.npz")
+    pair = trace[(trace["kind"] == 2) & (trace["phase"] == 3)]
+    assert pair.size and set(np.unique(pair["nbytes"])) == {8 * 8 // 2}  # half the model per worker
+
+
+ASYNC_CASES = [
+    pytest.param("asgd", 3, {}, id="asgd"),
+    pytest.param("easgd", 3, {"period": 2}, id="easgd-async"),
+    pytest.param("adpsgd", 4, {"variant": "fixed"}, id="adpsgd-fixed", marks=needs_topology),
+    pytest.param("adpsgd", 4, {"variant": "random"}, id="adpsgd-random", marks=needs_topology),
+    pytest.param("adpsgd", 4, {"variant": "delay"}, id="adpsgd-delay", marks=needs_topology),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "workers", "params"), ASYNC_CASES)
+def test_asynchronous_algorithms_train_with_staleness(tmp_path, algorithm, workers, params):
+    config = lsq_config(tmp_path, algorithm, workers, steps=30, compute_time="0.002", **params)
+    summary = _launch(config)
+    assert summary["mean_model_full_loss"] < 0.5 * _initial_full_loss(config)
+    assert summary["staleness_max"] > 0 and summary["staleness_mean"] > 0
+    assert summary["staleness_unit"] == "updates"
+    if algorithm in ("asgd", "easgd"):
+        assert summary["server"]["rank"] == workers
+        assert summary["server"]["requests"] == workers * (config.steps // (params.get("period") or 1))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("algorithm", "workers", "params"), [
+    pytest.param("asgd", 3, {}, id="asgd"),
+    pytest.param("adpsgd", 4, {"variant": "random"}, id="adpsgd-random", marks=needs_topology),
+])
+def test_asynchronous_algorithms_on_mpi(tmp_path, algorithm, workers, params):
+    config = lsq_config(tmp_path, algorithm, workers, backend="mpi", steps=30, compute_time="0.002", **params)
+    summary = _launch(config)
+    assert summary["mean_model_full_loss"] < 0.5 * _initial_full_loss(config)
+    assert summary["staleness_max"] > 0
+
+
+@needs_topology
+@pytest.mark.parametrize("repeat", range(2))
+def test_gossip_never_deadlocks_under_random_delays(tmp_path, repeat):
+    """Random exchange delays (0-10 ms) and an uneven straggler: the active/passive split must
+    still let every rank finish (a hang fails on the launcher's time limit)."""
+    config = lsq_config(tmp_path, "adpsgd", 4, steps=25, variant="random", seed=repeat,
+                        compute_time="0.001", straggler=f"{repeat % 4}:4", name=f"jitter{repeat}")
+    start = time.monotonic()
+    summary = _launch(config, extra_env={"PSGDLAB_TEST_JITTER": "0.01"})
+    assert time.monotonic() - start < 60
+    assert summary["steps"] == 4 * 25
+
+
+def _initial_full_loss(config) -> float:
+    from psgdlab.core.reference import LeastSquaresProblem
+
+    problem = LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
+                                  n_shards=config.workers, batch=config.batch, seed=config.seed)
+    A, b = problem.data()
+    return float(0.5 * np.mean(b**2))
+
+
+def test_checkpoint_and_resume_matches_an_uninterrupted_run(tmp_path):
+    full = lsq_config(tmp_path, "bmuf", 2, steps=16, period=3, name="full")
+    _launch(full)
+    half = lsq_config(tmp_path, "bmuf", 2, steps=8, period=3, name="resumed", checkpoint_every=4)
+    _launch(half)
+    assert (tmp_path / "resumed" / "checkpoints" / "step00000008" / "rank1.pt").is_file()
+    resumed = half.replace(steps=16, resume=True)
+    summary = _launch(resumed)
+    a = np.load(tmp_path / "full" / "final_params.npz")["params"]
+    b = np.load(tmp_path / "resumed" / "final_params.npz")["params"]
+    assert np.array_equal(a, b)
+    np.testing.assert_array_equal(trajectory(resumed)[-1], trajectory(full)[-1])
+    assert summary["steps"] == 2 * 16  # the first part's trace is kept
+    assert json.loads((tmp_path / "resumed" / "config.resolved.json").read_text())["steps"] == 16
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
+def test_a_killed_worker_stops_the_run_naming_the_rank(tmp_path, backend):
+    config = lsq_config(tmp_path, "ssgd", 2, steps=100000, backend=backend, compute_time="0.001")
+    start = time.monotonic()
+    with pytest.raises(TransportError, match=r"rank 1 (was killed by signal SIGKILL|died)"):
+        _launch(config, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
+    assert time.monotonic() - start < 60

@@ -1,0 +1,86 @@
+"""``psgdlab train``: every bad input is one line on stderr and exit status 2, before any
+process starts; a good run prints the summary (``--json``: the summary object)."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from psgdlab.cli import main
+from psgdlab.tests.runtime._runtime_helpers import needs_topology
+
+
+def _fails(capsys, argv, pattern):
+    status = main(["train", *argv])
+    err = capsys.readouterr().err.strip()
+    assert status == 2, err
+    assert len(err.splitlines()) == 1, err
+    import re
+
+    assert re.search(pattern, err), err
+
+
+@needs_topology
+def test_odd_workers_for_a_matching_scheme(capsys, tmp_path):
+    _fails(capsys, ["--algorithm", "adpsgd", "--workers", "3", "--out", str(tmp_path)], r"workers \(3\) must be even")
+
+
+def test_workers_not_divisible_by_gpus_per_node(capsys, tmp_path):
+    _fails(capsys, ["--algorithm", "hadpsgd", "--workers", "4", "--gpus-per-node", "3", "--out", str(tmp_path)],
+           r"workers \(4\) must be divisible by --gpus-per-node \(3\)")
+
+
+def test_nccl_without_cuda(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    _fails(capsys, ["--backend", "nccl", "--out", str(tmp_path)], r"nccl.*needs CUDA")
+
+
+def test_missing_hdf5_file(capsys, tmp_path):
+    _fails(capsys, ["--data", str(tmp_path / "nope.h5"), "--out", str(tmp_path)], r"not found: .*nope\.h5")
+
+
+def test_malformed_hdf5_names_the_missing_dataset(capsys, tmp_path):
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:
+        f["features"] = np.zeros((4, 3), dtype=np.float32)
+    _fails(capsys, ["--data", str(path), "--out", str(tmp_path)], r"dataset 'offsets' is missing")
+
+
+def test_unknown_model(capsys, tmp_path):
+    _fails(capsys, ["--model", "blstn", "--out", str(tmp_path)], r"model \('blstn'\) is not a known model.*'blstm'")
+
+
+def test_flag_that_does_not_apply_to_the_algorithm(capsys, tmp_path):
+    _fails(capsys, ["--algorithm", "ssgd", "--period", "3", "--out", str(tmp_path)], r"--period \(3\) does not apply")
+
+
+def test_bad_straggler_and_compute_time(capsys, tmp_path):
+    _fails(capsys, ["--straggler", "9:2", "--workers", "2", "--out", str(tmp_path)], r"straggler rank \(9\)")
+    _fails(capsys, ["--compute-time", "fast", "--out", str(tmp_path)], r"compute time 'fast'")
+
+
+def test_resume_without_a_run_directory(capsys, tmp_path):
+    _fails(capsys, ["--resume", str(tmp_path / "none")], r"has no config.resolved.json")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_train_prints_the_summary_as_json(capsys, tmp_path):
+    out = tmp_path / "run"
+    status = main(["train", "--algorithm", "ssgd", "--workers", "2", "--model", "tiny-blstm", "--steps", "6",
+                   "--batch", "8", "--out", str(out), "--json", "--held-out-speakers", "spk03"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    summary = json.loads(captured.out)
+    for key in ("samples_per_s", "step_time_s", "staleness_mean", "loss_first", "loss_last", "loss_curve",
+                "comm_fraction", "idle_fraction"):
+        assert key in summary
+    for name in ("config.resolved.json", "env.json", "trace.npz", "summary.json", "timeline.json", "loss.png"):
+        assert (out / name).is_file(), name
+    assert summary["workers"] == 2 and summary["steps"] == 12

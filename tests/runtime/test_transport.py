@@ -1,0 +1,99 @@
+"""Every transport operation on gloo and on MPI, with 4 ranks on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psgdlab.runtime.launch import free_port, mpiexec_path
+from psgdlab.runtime.transport import launch_env
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
+
+CHECK = r'''
+import torch
+from psgdlab.runtime.transport import launch_env, open_channels, Tags
+env = launch_env()
+r, n = env.rank, env.world_size
+ch = open_channels("{backend}", env=env, groups=[(0, 1), (2, 3), (0, 1, 2, 3)], timeout_s=60)
+main, comm, resp = ch["main"], ch["comm"], ch["responder"]
+# allreduce over the world and over pairs
+t = torch.full((5,), float(r), dtype=torch.float64)
+main.allreduce_mean(t, (0, 1, 2, 3)); assert torch.all(t == 1.5), t
+pair = (0, 1) if r < 2 else (2, 3)
+t = torch.full((3,), float(r)); comm.allreduce_mean(t, pair); assert torch.all(t == sum(pair) / 2), t
+# allgather of unequal shards (array_split of 7 over 2)
+sizes = [4, 3]
+shard = torch.arange(sizes[pair.index(r)], dtype=torch.float32) + 10 * r
+g = resp.allgather(shard, sizes, pair)
+assert g.tolist() == (torch.cat([torch.arange(4.) + 10 * pair[0], torch.arange(3.) + 10 * pair[1]])).tolist(), g
+# broadcast from rank 2 over the world
+b = torch.tensor([float(r)]); main.broadcast(b, 2, (0, 1, 2, 3)); assert b.item() == 2.0
+# pairwise exchange 0<->3, 1<->2
+peer = 3 - r
+mine = torch.full((1000,), float(r)); theirs = torch.empty(1000)
+comm.sendrecv(mine, theirs, peer, Tags.PAIR_PAYLOAD); assert torch.all(theirs == peer)
+# any-source receive: odd ranks send a header to rank 0's responder... rank 0 serves both
+if r in (1, 3):
+    comm.send(torch.tensor([r, 7], dtype=torch.int64), 0, Tags.PAIR_HEADER)
+if r == 0:
+    got = set()
+    for _ in range(2):
+        h = torch.zeros(2, dtype=torch.int64)
+        src = resp.recv(h, None, Tags.PAIR_HEADER)
+        assert int(h[0]) == src; got.add(src)
+    assert got == {{1, 3}}
+# gossip: everyone exchanges with both ring neighbours
+peers = [(r - 1) % n, (r + 1) % n]
+bufs = [torch.empty(4) for _ in peers]
+comm.multi_exchange(torch.full((4,), float(r)), bufs, peers, Tags.GOSSIP)
+assert [int(x[0]) for x in bufs] == peers
+objs = main.gather_object({{"rank": r}}, root=0)
+if r == 0:
+    assert [o["rank"] for o in objs] == [0, 1, 2, 3]
+main.barrier()
+print("ok", r)
+'''
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_transport_operations_on_gloo():
+    port = free_port()
+    code = CHECK.format(backend="gloo")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(_env(), RANK=str(r), WORLD_SIZE="4",
+                                                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    outs = [p.communicate(timeout=90) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {r}: {err[-2000:]}"
+        assert out.strip() == f"ok {r}"
+
+
+@pytest.mark.mpi
+def test_transport_operations_on_mpi():
+    code = CHECK.format(backend="mpi")
+    out = subprocess.run([str(mpiexec_path()), "-n", "4", sys.executable, "-c", code], env=_env(),
+                         capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("ok") == 4
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, "torchrun")),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4"}, (2, 4, 2, "mpi")),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, (1, 2, 0, "mpi")),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5"}, (5, 16, 5, "slurm")),
+    ({}, (0, 1, 0, "single")),
+])
+def test_ranks_come_from_the_launcher_environment(environ, expected):
+    env = launch_env(environ)
+    assert (env.rank, env.world_size, env.local_rank, env.launcher) == expected
