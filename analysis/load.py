@@ -50,6 +50,8 @@ def _find(d: Any, name: str) -> Any:
 def case_key(summary: dict[str, Any], config: dict[str, Any], *, where: Any = "run") -> tuple[str, int]:
     """``(algorithm, workers)`` of a case, from its summary or else its resolved config."""
     algorithm = summary.get("algorithm") or _find(config, "algorithm")
+    if isinstance(algorithm, dict):  # the runtime stores the algorithm's parameters, name included
+        algorithm = algorithm.get("algorithm")
     workers = summary.get("workers") or _find(config, "workers") or _find(config, "n_workers")
     if algorithm is None or workers is None:
         raise ConfigError(f"{where}: cannot tell the case's algorithm and workers from summary.json or "
