@@ -62,7 +62,8 @@ def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_pa
     traj = trajectory(config)  # (steps, workers, dim)
     assert np.array_equal(traj[:, 0], traj[:, 1]) and np.array_equal(traj[:, 2], traj[:, 3])
     assert summary["staleness_max"] >= 1  # inter-node merges are foreign merges
-    assert summary["loss_last"] < summary["loss_first"]
+    # the full-data loss of the mean model (the last minibatch loss alone is too noisy to compare)
+    assert summary["mean_model_full_loss"] < 0.5 * _initial_full_loss(config)
     trace, _ = read_trace(tmp_path / f"hadpsgd-{backend}" / "trace.npz")
     pair = trace[(trace["kind"] == 2) & (trace["phase"] == 3)]
     assert pair.size and set(np.unique(pair["nbytes"])) == {8 * 8 // 2}  # half the model per worker
