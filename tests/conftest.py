@@ -8,6 +8,11 @@ process start-up make per-example timing meaningless.
 from __future__ import annotations
 
 import os
+
+# one BLAS thread per process: the suite runs beside other processes on 2 cores, and threaded
+# BLAS made small eigen-solves tens of times slower there (must be set before numpy loads)
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 from pathlib import Path
 
 import numpy as np

@@ -1,0 +1,71 @@
+"""Markdown report of a comparison, and writing the figures beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from psgdlab.analysis.load import load_cases
+from psgdlab.core.trace import atomic_write_json, atomic_write_text
+
+__all__ = ["markdown_report", "write_report"]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def _num(x: float | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
+    return "n/a" if x is None else fmt.format(x * scale)
+
+
+def markdown_report(result: dict[str, Any]) -> str:
+    lines = ["# Prediction against measurement", "",
+             f"- predicted: `{result['predicted_dir']}`", f"- measured: `{result['measured_dir']}`", "",
+             "| algorithm | workers | step time pred (ms) | meas (ms) | error | samples/s pred | meas | error "
+             "| comm pred | comm meas | staleness pred | meas | staleness TV |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["cases"]:
+        st, sp, cm, sl = c["step_time_s"], c["samples_per_s"], c["comm_fraction"], c["staleness_mean"]
+        lines.append(f"| {c['algorithm']} | {c['workers']} | {_num(st['predicted'], 1e3)} | {_num(st['measured'], 1e3)} "
+                     f"| {_pct(st['rel_error'])} | {_num(sp['predicted'])} | {_num(sp['measured'])} | {_pct(sp['rel_error'])} "
+                     f"| {_num(cm['predicted'], fmt='{:.2f}')} | {_num(cm['measured'], fmt='{:.2f}')} "
+                     f"| {_num(sl['predicted'], fmt='{:.2f}')} | {_num(sl['measured'], fmt='{:.2f}')} "
+                     f"| {c['staleness_tv']:.3f} |")
+    lines += ["", f"Median absolute step-time error: {_pct(result['median_abs_step_time_error'])}; "
+                  f"maximum: {_pct(result['max_abs_step_time_error'])}.",
+              f"Ranking of algorithms by samples/s identical: {'yes' if result['ranking_identical'] else 'no'}.", ""]
+    for key, label in (("missing_in_measured", "predicted but not measured"),
+                       ("missing_in_predicted", "measured but not predicted")):
+        if result.get(key):
+            lines.append(f"Cases {label}: " + ", ".join(f"{a}/{w}" for a, w in result[key]))
+    return "\n".join(lines) + "\n"
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path, *, figures: bool = True) -> Path:
+    """Write ``compare.json``, ``report.md`` and (optionally) per-case PNG figures into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "compare.json", result)
+    atomic_write_text(out / "report.md", markdown_report(result))
+    if figures:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from psgdlab.analysis.figures import error_figure, staleness_figure, step_time_figure, timeline_figure
+
+        preds, meas = load_cases(result["predicted_dir"]), load_cases(result["measured_dir"])
+        _save(error_figure(result), out / "step_time_error.png")
+        for c in result["cases"]:
+            key = (c["algorithm"], c["workers"])
+            tag = f"{c['algorithm']}-w{c['workers']}"
+            _save(step_time_figure(preds[key], meas[key]), out / f"{tag}-step_time.png")
+            _save(staleness_figure(preds[key], meas[key]), out / f"{tag}-staleness.png")
+            _save(timeline_figure(preds[key], meas[key]), out / f"{tag}-timeline.png")
+    return out
+
+
+def _save(fig: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)

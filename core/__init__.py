@@ -1,0 +1,36 @@
+"""psgdlab.core: every algorithm defined once, and the pieces every executor shares.
+
+numpy, scipy and the standard library only (no torch, no simpy, no matplotlib): importing it
+is cheap, and sim, runtime and analysis all build on it.
+
+Modules: :mod:`~psgdlab.core.topology`, :mod:`~psgdlab.core.mixing`,
+:mod:`~psgdlab.core.spectral` (topologies, mixing matrices, spectral gaps);
+:mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry);
+:mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics);
+:mod:`~psgdlab.core.kernels`; :mod:`~psgdlab.core.reference` (the oracle executor);
+:mod:`~psgdlab.core.schedules` (learning-rate recipes); :mod:`~psgdlab.core.stragglers` and
+:mod:`~psgdlab.core.timing` (straggler and compute-time models shared by the simulator and the
+runtime); :mod:`~psgdlab.core.trace` (the trace schema and summary); :mod:`~psgdlab.core.config`
+(strict TOML/dict loading); :mod:`~psgdlab.core.strategies` (hypothesis strategies, needs
+``hypothesis``); :mod:`~psgdlab.core.errors`.
+"""
+
+from psgdlab.core.errors import (
+    ConfigError,
+    InvalidMixingMatrixError,
+    SimulationError,
+    TestbedError,
+    TestbedWarning,
+    TopologyError,
+    TransportError,
+)
+
+__all__ = [
+    "ConfigError",
+    "InvalidMixingMatrixError",
+    "SimulationError",
+    "TestbedError",
+    "TestbedWarning",
+    "TopologyError",
+    "TransportError",
+]

@@ -1,0 +1,98 @@
+r"""Learning-rate recipes (ALGORITHMS.md §C).
+
+- :func:`ibm_lr` -- linear scaling to the total batch, linear warm-up over 10 epochs, then a
+  :math:`1/\sqrt2` anneal per epoch (Zhang et al., Interspeech 2019 §3):
+  :math:`\alpha_\text{peak} = 0.1 \cdot B / 256`; variant "A" starts at the baseline 0.1 and steps
+  linearly to the peak at epoch 10 (matches the paper's B = 2560 example), "B" uses
+  :math:`\alpha_\text{peak} e/10`.
+- :class:`Newbob` -- Kaldi's schedule: keep the rate while the held-out loss improves by at
+  least 1 % per epoch, then halve it every epoch, stop below 0.1 % improvement; an epoch whose
+  held-out loss got worse is rejected.
+- :func:`constant_lr`.
+
+Epochs are 1-based in the tables: ``ibm_lr(epoch=e)`` is the rate used during epoch ``e``;
+fractional epochs interpolate the warm-up per step when ``per_step=True``.
+
+Examples
+--------
+>>> [round(ibm_lr(e, total_batch=2560), 3) for e in (1, 2, 10, 11, 12)]
+[0.1, 0.2, 1.0, 0.707, 0.5]
+>>> round(ibm_lr(10, total_batch=8192), 3)
+3.2
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from psgdlab.core.errors import require
+
+__all__ = ["ibm_lr", "constant_lr", "Newbob", "lr_schedule"]
+
+
+def ibm_lr(epoch: float, *, total_batch: int, base_lr: float = 0.1, base_batch: int = 256,
+           warmup_epochs: int = 10, anneal: float = 1.0 / math.sqrt(2.0), variant: str = "A",
+           per_step: bool = False) -> float:
+    """The IBM recipe's rate during (1-based) ``epoch`` (see the module docstring)."""
+    require(epoch > 0, "epoch", epoch, "must be > 0 (epochs are 1-based)")
+    require(total_batch >= 1, "total_batch", total_batch, "must be >= 1")
+    require(variant in ("A", "B"), "variant", variant, "must be 'A' or 'B'")
+    peak = base_lr * total_batch / base_batch
+    e = epoch if per_step else math.ceil(epoch)
+    if e <= warmup_epochs:
+        if variant == "B":
+            return peak * e / warmup_epochs
+        if warmup_epochs == 1:
+            return peak
+        return base_lr + (peak - base_lr) * (e - 1) / (warmup_epochs - 1)
+    return peak * anneal ** (math.ceil(e) - warmup_epochs)
+
+
+def constant_lr(epoch: float, *, lr: float) -> float:
+    return lr
+
+
+@dataclass(slots=True, kw_only=True)
+class Newbob:
+    """Kaldi's newbob schedule (state: current rate, whether halving started, best loss).
+
+    >>> nb = Newbob(lr=0.008)
+    >>> nb.update(1.00), nb.update(0.95), nb.update(0.945), nb.lr
+    (True, True, True, 0.004)
+    """
+
+    lr: float = 0.008
+    start_halving_impr: float = 0.01
+    end_halving_impr: float = 0.001
+    halving_factor: float = 0.5
+    halving: bool = False
+    stopped: bool = False
+    best_loss: float = field(default=math.inf)
+
+    def update(self, cv_loss: float) -> bool:
+        """Feed one epoch's held-out loss; returns whether the epoch is accepted."""
+        if not math.isfinite(self.best_loss):
+            self.best_loss = cv_loss
+            return True
+        accepted = cv_loss < self.best_loss
+        impr = (self.best_loss - cv_loss) / self.best_loss
+        if accepted:
+            self.best_loss = cv_loss
+        if self.halving and impr < self.end_halving_impr:
+            self.stopped = True
+        if impr < self.start_halving_impr:
+            self.halving = True
+        if self.halving:
+            self.lr *= self.halving_factor
+        return accepted
+
+
+def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int):
+    """A step -> rate function for ``"ibm"`` or ``"const"`` (newbob needs held-out losses and is
+    driven by the training loop through :class:`Newbob`)."""
+    require(name in ("ibm", "const", "newbob"), "lr-schedule", name, "must be ibm, newbob or const")
+    require(steps_per_epoch >= 1, "steps_per_epoch", steps_per_epoch, "must be >= 1")
+    if name == "ibm":
+        return lambda step: ibm_lr(step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr)
+    return lambda step: lr

@@ -1,0 +1,285 @@
+r"""The one trace schema every executor writes, and the summary every part computes from it.
+
+A trace is a numpy structured array with one record per (worker, step, phase), columnar so a
+million-event simulation stays fast. Columns (:data:`TRACE_DTYPE`):
+
+========== ======= ==================================================================
+column     type    meaning
+========== ======= ==================================================================
+rank       int32   worker
+step       int64   the worker's local step (0-based)
+phase      uint8   :data:`PHASES`: compute, comm (blocked in an exchange, waiting for
+                   peers included), wait (blocked on anything else: a lock, a queue),
+                   overlap (an exchange running beside compute on a communication thread)
+kind       uint8   exchange kind code (:data:`psgdlab.core.exchange.EXCHANGE_KINDS`), 0 none
+start_s    float64 start, seconds since the run's origin (sim time, wall time, or the
+                   step index for the clock-less reference executor)
+end_s      float64 end, same clock
+peer       int32   peer rank for pairwise exchanges, -1 otherwise (-2: the server)
+nbytes     int64   bytes this rank sent in the exchange
+staleness  int32   on compute records: foreign merges between reading the weights and
+                   applying the gradient (unit: updates, see :mod:`psgdlab.core.exchange`);
+                   -1 elsewhere
+loss       float32 minibatch loss on compute records where known, NaN otherwise
+========== ======= ==================================================================
+
+Metadata (a JSON-able dict) travels with it: ``schema_version``, ``source`` (reference,
+simulator, emulator, runtime), ``run_id``, ``n_workers``, ``samples_per_step`` (per worker) and
+anything else the executor adds. Files are NPZ (numpy only), written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import kind_name
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "TRACE_DTYPE",
+    "PHASES",
+    "PHASE_NAMES",
+    "TraceBuilder",
+    "empty_trace",
+    "write_trace",
+    "read_trace",
+    "to_chrome_trace",
+    "summarize",
+    "staleness_histogram",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+]
+
+SCHEMA_VERSION = 1
+TRACE_DTYPE = np.dtype([
+    ("rank", "i4"), ("step", "i8"), ("phase", "u1"), ("kind", "u1"),
+    ("start_s", "f8"), ("end_s", "f8"), ("peer", "i4"), ("nbytes", "i8"),
+    ("staleness", "i4"), ("loss", "f4"),
+])
+PHASES = {"compute": 0, "comm": 1, "wait": 2, "overlap": 3}
+PHASE_NAMES = {v: k for k, v in PHASES.items()}
+SERVER_PEER = -2
+
+
+def empty_trace(n: int = 0) -> np.ndarray:
+    return np.zeros(n, dtype=TRACE_DTYPE)
+
+
+class TraceBuilder:
+    """Accumulates records in Python lists and turns them into a structured array once.
+
+    >>> tb = TraceBuilder()
+    >>> tb.add(rank=0, step=0, phase="compute", start_s=0.0, end_s=0.1, staleness=0, loss=1.5)
+    >>> tb.array()["end_s"]
+    array([0.1])
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[Any, ...]] = []
+
+    def add(self, *, rank: int, step: int, phase: str, start_s: float, end_s: float, kind: int = 0,
+            peer: int = -1, nbytes: int = 0, staleness: int = -1, loss: float = math.nan) -> None:
+        self._rows.append((rank, step, PHASES[phase], kind, start_s, end_s, peer, nbytes, staleness, loss))
+
+    def add_raw(self, row: tuple[Any, ...]) -> None:
+        """Append a row already in :data:`TRACE_DTYPE` column order (phase as its code)."""
+        self._rows.append(row)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def array(self) -> np.ndarray:
+        out = np.array(self._rows, dtype=TRACE_DTYPE) if self._rows else empty_trace()
+        return np.sort(out, order=("start_s", "rank", "step"), kind="stable")
+
+
+# ----- atomic file writing ----------------------------------------------------------------------
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, fsync it and rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# ----- reading and writing traces ---------------------------------------------------------------
+def write_trace(path: str | os.PathLike[str], trace: np.ndarray, meta: Mapping[str, Any]) -> Path:
+    """Save ``trace`` and ``meta`` as NPZ (atomically)."""
+    if trace.dtype != TRACE_DTYPE:
+        raise ConfigError(f"trace dtype ({trace.dtype}) must be TRACE_DTYPE")
+    meta = {"schema_version": SCHEMA_VERSION, **dict(meta)}
+    buf = io.BytesIO()
+    np.savez_compressed(buf, trace=trace, meta=np.array(json.dumps(meta, default=_json_default)))
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    """Load a trace written by :func:`write_trace`; checks the schema version."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"trace file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            trace = npz["trace"]
+            meta = json.loads(str(npz["meta"]))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"trace file {path} is not a psgdlab trace ({exc})") from None
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ConfigError(f"trace file {path} has schema_version {meta.get('schema_version')!r}; "
+                          f"this psgdlab reads {SCHEMA_VERSION}")
+    return trace, meta
+
+
+def to_chrome_trace(trace: np.ndarray, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None,
+                    max_events: int = 200_000) -> Path:
+    """Export a Chrome/Perfetto timeline (one row per rank; open in chrome://tracing or
+    ui.perfetto.dev). Long traces are cut to their first ``max_events`` records."""
+    events: list[dict[str, Any]] = []
+    for rec in trace[:max_events]:
+        name = PHASE_NAMES[int(rec["phase"])]
+        if rec["kind"]:
+            name = f"{name}:{kind_name(int(rec['kind']))}"
+        args = {"step": int(rec["step"])}
+        if rec["peer"] != -1:
+            args["peer"] = int(rec["peer"])
+        if rec["nbytes"]:
+            args["bytes"] = int(rec["nbytes"])
+        if rec["staleness"] >= 0:
+            args["staleness"] = int(rec["staleness"])
+        tid = int(rec["rank"]) * 2 + (1 if rec["phase"] == PHASES["overlap"] else 0)
+        events.append({"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": float(rec["start_s"]) * 1e6,
+                       "dur": max(float(rec["end_s"] - rec["start_s"]), 0.0) * 1e6, "args": args})
+    doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(meta or {})}
+    return atomic_write_text(path, json.dumps(doc, default=_json_default))
+
+
+# ----- summary (one definition for every executor) ------------------------------------------------
+def staleness_histogram(trace: np.ndarray) -> dict[str, int]:
+    """Counts of each staleness value on compute records (keys are strings for JSON)."""
+    st = trace["staleness"][(trace["phase"] == PHASES["compute"]) & (trace["staleness"] >= 0)]
+    values, counts = np.unique(st, return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0) -> dict[str, Any]:
+    r"""Throughput and timing figures from a trace, identical for every executor.
+
+    Parameters
+    ----------
+    trace : structured array of :data:`TRACE_DTYPE`
+    samples_per_step : int
+        Samples one worker consumes per step (its local batch).
+    warmup_steps : int
+        Steps at the start of each worker to leave out of the timing statistics.
+
+    Returns
+    -------
+    dict
+        ``steps`` (total over workers), ``makespan_s``, ``step_time_s`` (median over workers
+        and steps of the time between consecutive compute starts of one worker),
+        ``step_time_mean_s``, ``step_time_p95_s``, ``samples_per_s`` (samples in the timed
+        window / its length, from the first timed compute start to the last record's end), ``compute_fraction``, ``comm_fraction`` (blocked in exchanges),
+        ``idle_fraction`` (neither computing nor blocked in an exchange: 1 minus the other two),
+        ``overlap_comm_fraction`` (exchanges running beside compute), ``staleness_mean``,
+        ``staleness_max``, ``staleness_hist`` (unit: updates), ``loss_first``, ``loss_last``.
+    """
+    compute = trace[trace["phase"] == PHASES["compute"]]
+    if compute.size == 0:
+        raise ConfigError("trace has no compute records to summarize")
+    timed = compute[compute["step"] >= warmup_steps]
+    if timed.size == 0:
+        timed = compute
+    t0 = float(timed["start_s"].min())
+    window = trace[trace["start_s"] >= t0]
+    t1 = float(window["end_s"].max())
+    span = max(t1 - t0, 1e-300)
+    ranks = np.unique(compute["rank"])
+    deltas: list[np.ndarray] = []
+    for r in ranks:
+        starts = np.sort(compute["start_s"][compute["rank"] == r])
+        steps = np.sort(compute["step"][compute["rank"] == r])
+        d = np.diff(starts)[steps[1:] >= warmup_steps] if starts.size > 1 else np.array([])
+        deltas.append(d)
+    all_d = np.concatenate(deltas) if deltas else np.array([])
+    if all_d.size == 0:  # one step each: use the compute durations plus blocking comm
+        all_d = np.array([span])
+
+    def busy(phase: str) -> float:
+        sel = window[window["phase"] == PHASES[phase]]
+        return float(np.sum(np.minimum(sel["end_s"], t1) - sel["start_s"])) if sel.size else 0.0
+
+    total = span * ranks.size
+    compute_frac = busy("compute") / total
+    comm_frac = busy("comm") / total
+    st = compute["staleness"][compute["staleness"] >= 0]
+    losses = compute["loss"][~np.isnan(compute["loss"])]
+    by_time = np.argsort(compute["end_s"][~np.isnan(compute["loss"])], kind="stable")
+    losses = losses[by_time]
+    return {
+        "workers": int(ranks.size),
+        "steps": int(compute.size),
+        "makespan_s": float(compute["end_s"].max() - compute["start_s"].min()),
+        "step_time_s": float(np.median(all_d)),
+        "step_time_mean_s": float(np.mean(all_d)),
+        "step_time_p95_s": float(np.percentile(all_d, 95)),
+        "samples_per_s": float(timed.size * samples_per_step / span),
+        "compute_fraction": compute_frac,
+        "comm_fraction": comm_frac,
+        "idle_fraction": max(0.0, 1.0 - compute_frac - comm_frac),
+        "overlap_comm_fraction": busy("overlap") / total,
+        "staleness_mean": float(st.mean()) if st.size else 0.0,
+        "staleness_max": int(st.max()) if st.size else 0,
+        "staleness_hist": staleness_histogram(trace),
+        "staleness_unit": "updates",
+        "loss_first": float(losses[0]) if losses.size else None,
+        "loss_last": float(losses[-1]) if losses.size else None,
+        "warmup_steps": int(warmup_steps),
+    }
+
+
+def records_for(trace: np.ndarray, *, ranks: Iterable[int] | None = None) -> np.ndarray:
+    """The records of ``ranks`` (all when None)."""
+    if ranks is None:
+        return trace
+    return trace[np.isin(trace["rank"], list(ranks))]

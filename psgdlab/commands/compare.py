@@ -1,0 +1,40 @@
+"""``psgdlab compare PRED_DIR RUN_DIR``: predicted against measured, per (algorithm, workers)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare a prediction (psgdlab predict) with a measured run (psgdlab train)",
+        description=("Compare every (algorithm, workers) case present in both run directories: step time, "
+                     "samples/s, communication and idle fractions, staleness (mean and total variation "
+                     "distance between histograms), as absolute and relative errors. Writes compare.json, "
+                     "report.md and figures into --out (default: RUN_DIR/compare)."),
+    )
+    p.add_argument("pred_dir", metavar="PRED_DIR", help="run directory written by the simulator")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by the runtime")
+    p.add_argument("--out", metavar="DIR", help="where to write the report (default RUN_DIR/compare)")
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from psgdlab.analysis.compare import compare_dirs
+    from psgdlab.analysis.report import markdown_report, write_report
+
+    result = compare_dirs(args.pred_dir, args.run_dir)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "compare"
+    write_report(result, out, figures=not args.no_figures)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(markdown_report(result))
+        print(f"report: {out / 'report.md'}")
+    return 0

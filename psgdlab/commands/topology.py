@@ -1,0 +1,173 @@
+"""``psgdlab topology KIND --workers N``: spectral gap, rates and mixing time of a topology.
+
+Examples::
+
+    psgdlab topology fixed-ring --workers 16
+    psgdlab topology hierarchical --workers 64 --gpus-per-node 8 --inner random-ring --json
+    psgdlab topology random-ring --workers 32 --plot gaps.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "run", "KINDS"]
+
+# the same names as psgdlab.core.topology.KINDS (a test keeps the two in step; core is not
+# imported at module level so that `psgdlab --help` stays light)
+KINDS = ("ring", "torus", "complete", "exponential", "hypercube", "fixed-ring", "random-ring", "hierarchical")
+MIXING_TOL = 1e-6
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "topology",
+        help="spectral gap, consensus rate and mixing time of a topology",
+        description=("Print the spectral quantities of a topology: lambda2, rho, the spectral gap 1 - rho "
+                     "(of W for static kinds, of E[TT^T] for time-varying and random kinds), the period "
+                     f"and the mixing time to {MIXING_TOL:g}. Kinds: {', '.join(KINDS)}."),
+    )
+    parser.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
+    parser.add_argument("--workers", type=int, required=True, metavar="N", help="number of workers (all GPUs)")
+    parser.add_argument("--gpus-per-node", type=int, default=1, metavar="M",
+                        help="workers per node (hierarchical: size of a super-learner); default 1")
+    parser.add_argument("--inner", choices=("fixed-ring", "random-ring"), default=None,
+                        help="schedule of the super-learners (hierarchical only); default fixed-ring")
+    parser.add_argument("--seed", type=int, default=0, metavar="K", help="seed of random-ring schedules")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="also draw the spectral gap against the worker count for every kind (log-log)")
+    parser.add_argument("--plot-max-workers", type=int, default=256, metavar="N",
+                        help="largest worker count on the plot (default 256; even counts from 4)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.core.spectral import mixing_time, topology_spectrum
+    from psgdlab.core.topology import build_topology
+
+    if args.plot is not None:
+        if args.plot.suffix.lower() != ".png":
+            raise ConfigError(f"plot ({str(args.plot)!r}) must be a .png file")
+        if args.plot_max_workers < 4:
+            raise ConfigError(f"plot-max-workers ({args.plot_max_workers}) must be >= 4")
+    topology = build_topology(args.kind, args.workers, gpus_per_node=args.gpus_per_node, seed=args.seed,
+                              inner=args.inner or "fixed-ring")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a zero gap is reported in the table itself
+        spectrum = topology_spectrum(topology)
+        steps = mixing_time(topology, MIXING_TOL)
+    spectrum["inner"] = topology.inner if topology.kind == "hierarchical" else None
+    spectrum["seed"] = topology.seed
+    spectrum["mixing_time"] = None if math.isinf(steps) else int(steps)
+    spectrum["mixing_tol"] = MIXING_TOL
+    if args.plot is not None:
+        _write_plot(args.plot, topology, args.plot_max_workers)
+        spectrum["plot"] = str(args.plot)
+    if args.json:
+        print(json.dumps(spectrum))
+    else:
+        print(_table(spectrum))
+    return 0
+
+
+def _table(s: dict[str, Any]) -> str:
+    nodes = f"{s['nodes']} x {s['gpus_per_node']} GPU{'s' if s['gpus_per_node'] > 1 else ''}"
+    kind = s["kind"] + (f" (inner {s['inner']})" if s["inner"] else "")
+    which = ("W (static)" if s["matrix"] == "W"
+             else "E[TT^T] (time-varying: gaps of the expected gram matrix)")
+    mixing = "never (gap 0)" if s["mixing_time"] is None else f"{s['mixing_time']} rounds to {s['mixing_tol']:g}"
+    rows = [
+        ("topology", kind), ("workers", str(s["workers"])), ("nodes", nodes), ("matrix", which),
+        ("period", "random" if s["period"] is None else str(s["period"])),
+        ("lambda2", _num(s["lambda2"])), ("lambda_min", _num(s["lambda_min"])), ("rho", _num(s["rho"])),
+        ("spectral gap", f"{s['spectral_gap']:.6g}  (1 - rho)"),
+        ("1 - lambda2", f"{s['gap_1_minus_lambda2']:.6g}"),
+        ("consensus rate", f"{s['consensus_rate']:.6g}  (E C(theta T) <= rate * C(theta) per round)"),
+        ("mixing time", mixing),
+    ]
+    if "plot" in s:
+        rows.append(("plot", s["plot"]))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _num(x: float) -> str:
+    """Six significant digits; eigen-solver noise below 1e-12 prints as 0."""
+    return "0" if abs(x) < 1e-12 else f"{x:.6g}"
+
+
+def _plot_counts(kind: str, max_workers: int, gpus_per_node: int) -> list[int]:
+    """Even counts 4..max_workers that ``kind`` accepts, thinned to about six per octave."""
+    from psgdlab.core.errors import TopologyError
+    from psgdlab.core.topology import build_topology
+
+    buckets: set[int] = set()
+    kept = []
+    for n in range(4, max_workers + 1, 2):
+        try:
+            build_topology(kind, n, gpus_per_node=gpus_per_node)
+        except TopologyError:
+            continue
+        bucket = math.floor(6 * math.log2(n))
+        if bucket not in buckets:
+            buckets.add(bucket)
+            kept.append(n)
+    return kept
+
+
+def _write_plot(path: Path, requested: Any, max_workers: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from psgdlab.core.spectral import spectral_gap_curve, topology_spectrum
+
+    m_hier = requested.gpus_per_node if requested.kind == "hierarchical" and requested.gpus_per_node > 1 else 4
+    inner = requested.inner if requested.kind == "hierarchical" else "fixed-ring"
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for kind in KINDS:
+        m = m_hier if kind == "hierarchical" else 1
+        counts = _plot_counts(kind, max_workers, m)
+        curve = spectral_gap_curve(kind, counts, gpus_per_node=m, inner=inner, seed=requested.seed)
+        if not curve:
+            continue
+        label = kind + (f" ({m}/node, {inner})" if kind == "hierarchical" else "")
+        is_requested = kind == requested.kind
+        if is_requested:
+            label += "  <- requested"
+        xs, ys = zip(*curve)
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=2.8 if is_requested else 1.2,
+                alpha=1.0 if is_requested else 0.75, label=label, zorder=3 if is_requested else 2)
+    here = topology_spectrum(requested)
+    ax.plot([requested.n_workers], [max(here["spectral_gap"], 1e-12)], marker="*", markersize=16,
+            color="black", linestyle="none", zorder=4,
+            label=f"{requested.kind}, {requested.n_workers} workers: gap {here['spectral_gap']:.3g}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("spectral gap (1 - rho of W; of E[TT^T] for time-varying kinds)")
+    ax.set_title("Spectral gap against the number of workers")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
+    print(f"wrote {path}", file=sys.stderr)

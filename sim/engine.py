@@ -1,0 +1,394 @@
+r"""The discrete-event simulator: run any registry algorithm's schedule on a platform model.
+
+:func:`simulate` runs ``steps`` local steps of every worker of an
+:class:`~psgdlab.core.algorithms.Algorithm` on a :class:`~psgdlab.sim.platform.Platform` with a
+:class:`~psgdlab.sim.workload.Workload`, moving sizes only, and returns the trace in the shared
+schema (:mod:`psgdlab.core.trace`). Workers follow the step semantics of
+:mod:`psgdlab.core.exchange` and the simulator dispatches on the exchange *kind*, never on the
+algorithm's name:
+
+=================  ===========================================================================
+exchange           simulated as
+=================  ===========================================================================
+PairwiseAverage    non-blocking (``"mix"``): the active side starts it with the step and it
+                   runs beside the compute (trace phase ``overlap``); the passive side answers
+                   from its *responder*, a capacity-1 lock per worker (atomic averaging),
+                   served in arrival order; a worker applies its gradient only when both its
+                   compute and its step's exchange are done (phase ``comm`` for the tail), and
+                   waits for its responder if an average is in flight (phase ``wait``).
+                   ``blocking=True`` ones run after the compute (phase ``comm``).
+Gossip             blocking: after the compute, wait for the neighbours to reach the same step,
+                   then exchange with all of them (phase ``comm``).
+AllReduce          a rendezvous of the group; one event per collective with the ring formula
+                   (phase ``comm``, waiting for the slowest member included).
+ServerExchange     the server role: one request at a time in arrival order (phase ``wait``
+                   while queued, ``comm`` while served); staleness = server updates since this
+                   worker's last pull.
+Barrier            a rendezvous of the group with no payload (phase ``comm``).
+=================  ===========================================================================
+
+Staleness (unit: *updates*, :mod:`psgdlab.core.exchange`) of a step is the number of foreign
+merges (pairwise averages on either side, gossip merges) whose completion falls between the
+start of the step whose weights the gradient reads (``gradient_delay`` steps back) and the
+gradient's application; for server exchanges it is the server's staleness.
+
+The responder lock and the server queue are analytical FIFO queues (a ``busy_until`` time per
+resource): with service times known when a request is made, this gives exactly the schedule of
+a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD learner step costs one or two
+simpy events.
+
+Examples
+--------
+>>> from psgdlab.core.algorithms import make_algorithm
+>>> from psgdlab.sim.workload import load_config
+>>> cfg = load_config(preset="interspeech2019-v100")
+>>> res = simulate(make_algorithm("ssgd", n_workers=8), cfg.platform, cfg.workload, steps=20, seed=0)
+>>> int(res.trace["rank"].max())
+7
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+from simpy.events import NORMAL
+
+from psgdlab.core.algorithms.base import Algorithm
+from psgdlab.core.errors import SimulationError
+from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
+from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
+from psgdlab.sim.network import Network
+from psgdlab.sim.platform import Placement, Platform
+from psgdlab.sim.workload import Workload
+
+__all__ = ["SimResult", "simulate", "compute_times"]
+
+_COMPUTE = PHASES["compute"]
+_COMM = PHASES["comm"]
+_WAIT = PHASES["wait"]
+_OVERLAP = PHASES["overlap"]
+_NAN = math.nan
+_K_ALLREDUCE, _K_PAIR, _K_GOSSIP, _K_SERVER, _K_BARRIER = 1, 2, 3, 4, 5
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What :func:`simulate` returns: the trace (shared schema), its metadata, and counters."""
+
+    trace: np.ndarray
+    meta: dict[str, Any]
+    events: int = 0
+    placement: Placement | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
+                  stragglers: StragglerModel | None = None, network: Network | None = None) -> np.ndarray:
+    """Per-(worker, step) compute times in seconds, drawn up front (shape ``(n, steps)``).
+
+    Worker ``r`` draws from ``numpy.random.default_rng([seed, r])`` so adding workers does not
+    change the draws of the others; straggler terms multiply and pause; the input copy over the
+    shared socket PCIe (``input_bytes_per_sample * batch``) is added.
+    """
+    dist = workload.compute_time
+    out = np.empty((n_workers, steps))
+    for r in range(n_workers):
+        out[r] = dist.sample(np.random.default_rng([seed, r, 0x5EED]), steps)
+    if stragglers is not None and not stragglers.is_empty:
+        for f in stragglers.fixed:
+            out[f.rank] *= f.factor
+        if stragglers.random or stragglers.periodic:
+            only = StragglerModel(random=stragglers.random, periodic=stragglers.periodic, seed=stragglers.seed)
+            for r in range(n_workers):
+                row = out[r]
+                for s in range(steps):
+                    row[s] = only.compute_time(row[s], rank=r, step=s)
+    if network is not None and workload.input_bytes_per_sample > 0:
+        nbytes = workload.input_bytes_per_sample * workload.batch_per_worker
+        for r in range(n_workers):
+            out[r] += network.input_copy_s(r, nbytes)
+    return out
+
+
+class _Sim:
+    """One simulation's state; :meth:`worker` is the simpy process of one worker."""
+
+    def __init__(self, algorithm: Algorithm, network: Network, workload: Workload, comp: np.ndarray,
+                 steps: int, record: bool) -> None:
+        self.env = simpy.Environment()
+        self.alg = algorithm
+        self.net = network
+        n = algorithm.n_workers
+        self.n = n
+        self.S = float(workload.payload_bytes)
+        self.itemsize = workload.itemsize
+        self.n_params = workload.n_params
+        self.steps = steps
+        self.comp = [row.tolist() for row in comp]
+        self.busy = [0.0] * n  # responder lock: free from this time on
+        self.busy_from = [0.0] * n  # start of the latest average registered on the lock
+        self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
+        self.mdone = [0] * n  # merges completed so far
+        self.coll: dict[tuple[Any, ...], list[Any]] = {}
+        self.arrive: dict[tuple[int, int], simpy.Event] = {}
+        self.server_busy = 0.0
+        self.server_version = 0
+        self.last_pull = [0] * n
+        self.server_s = network.server_s(self.S)
+        self.delay = int(algorithm.gradient_delay)
+        self.rows: list[tuple[Any, ...]] = []
+        self.record = record
+
+    # ----- staleness bookkeeping --------------------------------------------------------------
+    def merges_done(self, r: int, t: float) -> int:
+        q = self.mq[r]
+        done = self.mdone[r]
+        while q and q[0] <= t:
+            q.popleft()
+            done += 1
+        self.mdone[r] = done
+        return done
+
+    # ----- exchanges --------------------------------------------------------------------------
+    def pair(self, r: int, ex: PairwiseAverage, t: float) -> tuple[float, float, int]:
+        """Start an active pairwise average at ``t`` (analytical FIFO on both responders)."""
+        peer = ex.peer
+        busy = self.busy
+        start = max(t, busy[r], busy[peer])
+        nbytes = -(-int(self.S) // ex.n_shards)
+        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1,
+                                      model_bytes=self.S)
+        end = start + dur
+        busy[r] = end
+        busy[peer] = end
+        self.busy_from[r] = start
+        self.busy_from[peer] = start
+        self.mq[r].append(end)
+        self.mq[peer].append(end)
+        return start, end, nbytes
+
+    def collective(self, r: int, s: int, ex: AllReduce | Barrier, kind: int):
+        group = ex.group
+        if len(group) <= 1:
+            return
+        env = self.env
+        key = (kind, getattr(ex, "payload", ""), group[0], len(group), s)
+        entry = self.coll.get(key)
+        if entry is None:
+            entry = [simpy.Event(env), 0]
+            self.coll[key] = entry
+        entry[1] += 1
+        t_arr = env.now
+        ev = entry[0]
+        nbytes = 0
+        if kind == _K_ALLREDUCE:
+            n = len(group)
+            nbytes = (2 * (n - 1) * self.n_params * self.itemsize) // n
+        if entry[1] == len(group):
+            del self.coll[key]
+            dur = self.net.allreduce_s(group, self.S, env.now) if kind == _K_ALLREDUCE else 0.0
+            # trigger the shared completion event ``dur`` from now: one event for the whole group
+            ev._ok = True
+            ev._value = None
+            env.schedule(ev, NORMAL, dur)
+        yield ev
+        if self.record:
+            self.rows.append((r, s, _COMM, kind, t_arr, env.now, -1, nbytes, -1, _NAN))
+
+    def gossip(self, r: int, s: int, ex: Gossip):
+        env = self.env
+        t_arr = env.now
+        key = (r, s)
+        ev = self.arrive.pop(key, None)
+        if ev is None:
+            ev = simpy.Event(env)
+        ev.succeed()
+        self.arrive[key] = ev
+        waits = []
+        for j in ex.peers:
+            e = self.arrive.get((j, s))
+            if e is None:
+                e = simpy.Event(env)
+                self.arrive[(j, s)] = e
+            if not e.triggered:
+                waits.append(e)
+        if waits:
+            yield simpy.AllOf(env, waits)
+        start = env.now
+        dur = 0.0
+        for j in ex.peers:
+            dur = max(dur, self.net.transfer_s(r, j, self.S, start))
+        if dur > 0:
+            yield env.timeout(dur)
+        self.mq[r].append(env.now)
+        self.arrive.pop((r, s - 2), None)
+        if self.record:
+            self.rows.append((r, s, _COMM, _K_GOSSIP, t_arr, env.now, -1, int(len(ex.peers) * self.S), -1, _NAN))
+
+    def server(self, r: int, s: int):
+        env = self.env
+        now = env.now
+        start = max(now, self.server_busy)
+        end = start + self.server_s
+        self.server_busy = end
+        stale = self.server_version - self.last_pull[r]
+        self.server_version += 1
+        self.last_pull[r] = self.server_version
+        if self.record:
+            if start > now:
+                self.rows.append((r, s, _WAIT, _K_SERVER, now, start, SERVER_PEER, 0, -1, _NAN))
+            self.rows.append((r, s, _COMM, _K_SERVER, start, end, SERVER_PEER, int(self.S), -1, _NAN))
+        yield env.timeout(end - now)
+        return stale
+
+    # ----- the worker process -----------------------------------------------------------------
+    def worker(self, r: int):
+        env = self.env
+        sched = self.alg.exchanges
+        comp = self.comp[r]
+        rows = self.rows
+        record = self.record
+        delay = self.delay
+        mix_ends: deque[float] = deque()
+        reads: deque[int] = deque()
+        timeout = env.timeout
+        busy = self.busy
+        for s in range(self.steps):
+            t0 = env.now
+            reads.append(self.merges_done(r, t0))
+            exs = sched(s, r)
+            mix_end = t0
+            late: list[Any] = []
+            grad: list[Any] = []
+            post: list[Any] = []
+            for ex in exs:
+                T = type(ex)
+                if T is PairwiseAverage:
+                    if ex.blocking:
+                        late.append(ex)
+                    elif ex.active:
+                        start, end, nb = self.pair(r, ex, t0)
+                        if record:
+                            rows.append((r, s, _OVERLAP, _K_PAIR, start, end, ex.peer, nb, -1, _NAN))
+                        if end > mix_end:
+                            mix_end = end
+                elif T is AllReduce:
+                    (grad if ex.payload == "grad" else post).append(ex)
+                elif T is Gossip:
+                    late.append(ex)
+                elif T is ServerExchange or T is Barrier:
+                    post.append(ex)
+                else:
+                    raise SimulationError(f"exchange kind {T.__name__} is not simulated")
+            mix_ends.append(mix_end)
+            yield timeout(comp[s])
+            t_c = env.now
+            for ex in late:
+                if type(ex) is Gossip:
+                    yield from self.gossip(r, s, ex)
+                elif ex.active:
+                    start, end, nb = self.pair(r, ex, env.now)
+                    if record:
+                        rows.append((r, s, _COMM, _K_PAIR, env.now, end, ex.peer, nb, -1, _NAN))
+                    yield timeout(end - env.now)
+            for ex in grad:
+                yield from self.collective(r, s, ex, _K_ALLREDUCE)
+            # the gradient of step s is applied after the mix of step s - delay has merged
+            need = mix_ends.popleft() if len(mix_ends) > delay else t0
+            now = env.now
+            if need > now:
+                if record:
+                    rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
+                yield timeout(need - now)
+                now = need
+            if busy[r] > now and self.busy_from[r] < now:
+                # the responder is averaging this model: the update waits for the lock (an average
+                # that starts at this very instant goes after the update)
+                if record:
+                    rows.append((r, s, _WAIT, 0, now, busy[r], -1, 0, -1, _NAN))
+                yield timeout(busy[r] - now)
+                now = env.now
+            read = reads.popleft() if len(reads) > delay else reads[0]
+            stale = self.merges_done(r, now) - read
+            for ex in post:
+                T = type(ex)
+                if T is ServerExchange:
+                    stale = yield from self.server(r, s, )
+                elif T is AllReduce:
+                    yield from self.collective(r, s, ex, _K_ALLREDUCE)
+                else:
+                    yield from self.collective(r, s, ex, _K_BARRIER)
+            if record:
+                rows.append((r, s, _COMPUTE, 0, t0, t_c, -1, 0, stale, _NAN))
+
+
+def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, steps: int, seed: int = 0,
+             stragglers: StragglerModel | None = None, gpus_per_node: int | None = None,
+             record: bool = True) -> SimResult:
+    """Simulate ``steps`` local steps of every worker of ``algorithm``.
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+        Any registry algorithm (its schedule is all the simulator reads).
+    platform, workload : Platform, Workload
+    steps : int
+        Local steps per worker (the simulated window).
+    seed : int
+        Seeds the compute-time draws (``(seed, rank)`` per worker) and stragglers.
+    stragglers : StragglerModel or None
+    gpus_per_node : int or None
+        Workers per host (default: the algorithm's ``gpus_per_node`` if it has one, else every
+        device of a host).
+    record : bool
+        Keep trace rows (turn off for pure throughput benchmarks).
+
+    Returns
+    -------
+    SimResult
+        ``trace`` in :data:`psgdlab.core.trace.TRACE_DTYPE`, sorted by start time.
+    """
+    if steps < 1:
+        raise SimulationError(f"steps ({steps}) must be >= 1")
+    n = algorithm.n_workers
+    per_host = gpus_per_node if gpus_per_node is not None else getattr(algorithm, "gpus_per_node", None)
+    placement = Placement.pack(platform, n, per_host)
+    network = Network(platform, placement)
+    if stragglers is not None:
+        stragglers.validate(n)
+    comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network)
+    sim = _Sim(algorithm, network, workload, comp, steps, record)
+    procs = [sim.env.process(sim.worker(r)) for r in range(n)]
+    # the window ends when the first worker has done ``steps`` steps: every worker is active over
+    # the whole window, so a straggler does not stretch it (asynchronous workers drift apart)
+    try:
+        sim.env.run(until=simpy.AnyOf(sim.env, procs))
+    except RuntimeError as exc:
+        raise SimulationError(f"simulation of {algorithm.name} stalled with {len(sim.coll)} collectives "
+                              f"waiting for members: the schedule is inconsistent ({exc})") from None
+    t_stop = sim.env.now
+    tb = TraceBuilder()
+    tb._rows = [row for row in sim.rows if row[5] <= t_stop]  # tuples already in TRACE_DTYPE order
+    trace = tb.array()
+    meta = {
+        "source": "simulator",
+        "n_workers": n,
+        "samples_per_step": workload.batch_per_worker,
+        "algorithm": algorithm.params(),
+        "platform": platform.name,
+        "workload": workload.name,
+        "steps_per_worker": steps,
+        "window_end_s": t_stop,
+        "seed": seed,
+        "gpus_per_node": placement.per_host,
+        "hosts_used": placement.hosts_used,
+        "stragglers": stragglers.spec() if stragglers is not None else "",
+        "payload_bytes": workload.payload_bytes,
+    }
+    return SimResult(trace=trace, meta=meta, events=next(sim.env._eid), placement=placement)

@@ -1,0 +1,196 @@
+r"""Transfer and collective costs on a :class:`~psgdlab.sim.platform.Platform`, with shared links.
+
+:class:`Network` answers "how long does this exchange take if it starts at ``t``?" for the
+simulator's processes. Each answer registers one flow per link of the exchange's path for its
+duration, so later transfers see the link shared (snapshot fair share, see
+:mod:`psgdlab.sim.platform`). Link identifiers: host ``h``'s NIC is ``h``; global socket ``k``'s
+PCIe link is ``hosts + k``. NVLink is per device and not shared.
+
+Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start):
+
+- point to point: :math:`\alpha_\text{path} + S / \min_l (B_l / (k_l + 1))`; the path is the
+  sender's socket PCIe (and, between hosts, both NICs and the receiver's socket PCIe); inside a
+  host NVLink when present. With ``staging = "host"`` the pairwise average is a device-to-host
+  copy, the network leg, a CPU average (:math:`3S` bytes at host memory bandwidth) and a
+  host-to-device copy, one after another.
+- ring allreduce over a group: :func:`~psgdlab.sim.platform.ring_allreduce_s` with the slowest
+  link class on the ring: per-device share of each socket's PCIe (or NVLink), and each NIC
+  (shared with other flows) when the group spans hosts.
+- allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange):
+  :math:`(m-1)/m \cdot S / B + (m-1)\alpha`.
+- parameter server: ``latency + S/B + service_overhead`` (+ :math:`3S` at memory bandwidth
+  when it applies updates on the host), served one request at a time.
+"""
+
+from __future__ import annotations
+
+from psgdlab.sim.platform import Placement, Platform, ring_allreduce_s
+
+__all__ = ["Network"]
+
+
+class Network:
+    """Costs and link occupancy for one simulation (see the module docstring)."""
+
+    __slots__ = ("platform", "placement", "_flows", "_pcie_bw", "_nic_bw", "_n_hosts", "_host", "_socket",
+                 "_per_socket", "_intra_bw", "_intra_lat", "_inter_lat", "_mem_bw", "_staging", "_cache")
+
+    def __init__(self, platform: Platform, placement: Placement) -> None:
+        self.platform = platform
+        self.placement = placement
+        self._n_hosts = platform.hosts
+        self._flows: dict[int, list[list[float]]] = {}
+        self._pcie_bw = platform.pcie.bandwidth_bytes_per_s
+        self._nic_bw = platform.nic.bandwidth_bytes_per_s
+        self._host = placement.host
+        self._socket = placement.socket
+        self._per_socket = placement.per_socket
+        nv = platform.nvlink
+        self._intra_bw = nv.bandwidth_bytes_per_s if nv is not None else None
+        self._intra_lat = nv.latency_s if nv is not None else platform.pcie.latency_s
+        self._inter_lat = platform.nic.latency_s + 2 * platform.pcie.latency_s
+        self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
+        self._staging = platform.staging
+        self._cache: dict[tuple[int, ...], tuple[tuple[int, ...], float, float, float, bool]] = {}
+
+    # ----- link occupancy ---------------------------------------------------------------------
+    def _active(self, link: int, t: float) -> int:
+        flows = self._flows.get(link)
+        if not flows:
+            return 0
+        if len(flows) > 8:  # drop finished flows
+            flows[:] = [f for f in flows if f[1] > t]
+        return sum(1 for f in flows if f[0] <= t < f[1])
+
+    def _register(self, links: tuple[int, ...], start: float, end: float) -> None:
+        for link in links:
+            self._flows.setdefault(link, []).append([start, end])
+
+    def _share(self, links: tuple[int, ...], caps: tuple[float, ...], t: float) -> float:
+        bw = float("inf")
+        for link, cap in zip(links, caps):
+            b = cap / (self._active(link, t) + 1)
+            if b < bw:
+                bw = b
+        return bw
+
+    # ----- point to point ---------------------------------------------------------------------
+    def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float, bool]:
+        """Links, their bandwidths, latency, and whether the path crosses hosts."""
+        ha, hb = self._host[a], self._host[b]
+        sa, sb = self._socket[a], self._socket[b]
+        H = self._n_hosts
+        if ha == hb:
+            if self._intra_bw is not None:
+                return (), (), self._intra_lat, False
+            links = (H + sa,) if sa == sb else (H + sa, H + sb)
+            return links, (self._pcie_bw,) * len(links), self._intra_lat, False
+        return ((H + sa, ha, hb, H + sb), (self._pcie_bw, self._nic_bw, self._nic_bw, self._pcie_bw),
+                self._inter_lat, True)
+
+    def transfer_s(self, a: int, b: int, nbytes: float, start: float) -> float:
+        """Time to move ``nbytes`` from worker ``a`` to ``b`` (each way, full duplex)."""
+        links, caps, lat, _ = self._path(a, b)
+        bw = self._share(links, caps, start) if links else self._intra_bw
+        dur = lat + nbytes / bw
+        if links:
+            self._register(links, start, start + dur)
+        return dur
+
+    def pair_average_s(self, a: int, b: int, nbytes: float, start: float, gather: int = 1,
+                       model_bytes: float = 0.0) -> float:
+        """Pairwise average of ``nbytes`` between ``a`` and ``b`` (+ an allgather of ``gather``
+        shards of ``model_bytes`` inside each host afterwards)."""
+        if self._staging == "direct":
+            dur = self.transfer_s(a, b, nbytes, start)
+        else:
+            H = self._n_hosts
+            sa, sb = self._socket[a], self._socket[b]
+            # device -> host over the sender's socket PCIe (both sides copy in parallel)
+            copy_links = (H + sa, H + sb) if sa != sb else (H + sa,)
+            d2h = self._pcie_lat() + nbytes / self._share(copy_links, (self._pcie_bw,) * len(copy_links), start)
+            self._register(copy_links, start, start + d2h)
+            t = start + d2h
+            net = 0.0
+            if self._host[a] != self._host[b]:
+                nics = (self._host[a], self._host[b])
+                net = self.platform.nic.latency_s + nbytes / self._share(nics, (self._nic_bw,) * 2, t)
+                self._register(nics, t, t + net)
+            t += net
+            cpu = 3.0 * nbytes / self._mem_bw
+            t += cpu
+            h2d = self._pcie_lat() + nbytes / self._share(copy_links, (self._pcie_bw,) * len(copy_links), t)
+            self._register(copy_links, t, t + h2d)
+            dur = d2h + net + cpu + h2d
+        if gather > 1:
+            dur += self.allgather_s(a, gather, model_bytes)
+        return dur
+
+    def _pcie_lat(self) -> float:
+        return self.platform.pcie.latency_s
+
+    def _intra_share_bw(self, members: list[int] | tuple[int, ...]) -> float:
+        """Per-device bandwidth inside a host: NVLink, or the socket's PCIe split among the
+        group members behind it."""
+        if self._intra_bw is not None:
+            return self._intra_bw
+        counts: dict[int, int] = {}
+        for r in members:
+            s = self._socket[r]
+            counts[s] = counts.get(s, 0) + 1
+        return self._pcie_bw / max(counts.values())
+
+    def allgather_s(self, rank: int, m: int, model_bytes: float) -> float:
+        """Allgather of ``m`` shards of a ``model_bytes`` model among ``rank``'s host mates."""
+        host = self._host[rank]
+        members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
+        bw = self._intra_share_bw(members)
+        return (m - 1) / m * model_bytes / bw + (m - 1) * self._intra_lat
+
+    # ----- collectives ------------------------------------------------------------------------
+    def allreduce_s(self, group: tuple[int, ...], nbytes: float, start: float) -> float:
+        """Ring allreduce of ``nbytes`` over ``group`` starting at ``start`` (one event)."""
+        n = len(group)
+        if n <= 1:
+            return 0.0
+        key = (group[0], group[-1], n)
+        info = self._cache.get(key)
+        if info is None:
+            hosts = sorted({self._host[r] for r in group})
+            sockets = tuple(sorted({self._socket[r] for r in group}))
+            by_host: dict[int, list[int]] = {}
+            for r in group:
+                by_host.setdefault(self._host[r], []).append(r)
+            intra = min(self._intra_share_bw(m) if len(m) > 1 else float("inf") for m in by_host.values())
+            spans = len(hosts) > 1
+            lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
+            links = tuple(hosts) if spans else ()
+            links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
+            info = (links, intra, lat, float(len(hosts)), spans)
+            self._cache[key] = info
+        links, intra, lat, _, spans = info
+        bw = intra
+        if spans:
+            nic_links = tuple(link for link in links if link < self._n_hosts)
+            bw = min(bw, self._share(nic_links, (self._nic_bw,) * len(nic_links), start))
+        if bw == float("inf"):
+            bw = self._pcie_bw
+        dur = ring_allreduce_s(n, nbytes, bw, lat)
+        self._register(links, start, start + dur)
+        return dur
+
+    # ----- parameter server -------------------------------------------------------------------
+    def server_s(self, nbytes: float) -> float:
+        """Service time of one parameter-server request (message and reply of ``nbytes``)."""
+        srv = self.platform.server
+        t = srv.latency_s + nbytes / srv.bandwidth_bytes_per_s + srv.service_overhead_s
+        if srv.apply_on_host:
+            t += 3.0 * nbytes / self._mem_bw
+        return t
+
+    def input_copy_s(self, rank: int, nbytes: float) -> float:
+        """Per-step input copy of ``nbytes`` over the socket's PCIe, shared by the workers on it."""
+        if nbytes <= 0:
+            return 0.0
+        share = self._pcie_bw / self._per_socket[self._socket[rank]]
+        return self.platform.pcie.latency_s + nbytes / share

@@ -1,0 +1,190 @@
+r"""The platform model: hosts with devices, link classes, and the cost of moving bytes.
+
+A :class:`Platform` is ``hosts`` machines of ``devices_per_host`` accelerators split evenly over
+``sockets_per_host`` CPU sockets. Link classes, each with a latency and a bandwidth per
+direction (:class:`Link`):
+
+- ``pcie`` -- one per socket, **shared** by the devices behind that socket (PCIe Gen3 x16 is
+  16 GB/s per direction per socket on the IBM servers);
+- ``nvlink`` -- optional, per device, not shared (peer-to-peer inside a host);
+- ``nic`` -- one per host (100 Gb/s Ethernet = 12.5 GB/s per direction);
+- ``server`` -- the link of the parameter-server role (its NIC), with a per-request
+  ``service_overhead_s``.
+
+Transfers that share a link share its bandwidth: each transfer registers one *flow* on every
+link of its path for its duration, and gets
+:math:`\min_l B_l / k_l` where :math:`k_l` counts the flows on link ``l`` when it starts
+(snapshot fair share: the share is fixed when a transfer starts; later arrivals do not slow an
+earlier transfer down, departures do not speed it up -- so the last of ``k`` simultaneous
+transfers finishes at :math:`k S / B`, as under exact fair sharing).
+
+``staging = "host"`` routes weights through host memory (the IBM system averaged on the
+CPU): a pairwise average then costs a device-to-host copy, the network transfer, an average
+on the CPU at ``host_memory_bandwidth_bytes_per_s`` (read two models, write one: :math:`3S`
+bytes of memory traffic) and a host-to-device copy, one after another.
+
+Collectives use the standard formulas, one event per collective (never one per chunk):
+
+.. math::
+    T_\text{ring}(n, S) = \frac{2(n-1)}{n}\frac{S}{B} + 2(n-1)\alpha
+
+with :math:`B` the slowest link class on the ring (a group that spans hosts is bounded by the
+NIC or by the per-device share of a socket's PCIe, whichever is smaller) and :math:`\alpha` its
+largest latency.
+
+Examples
+--------
+>>> p = Platform(hosts=8, devices_per_host=8, sockets_per_host=2,
+...              pcie=Link(latency_s=0.0, bandwidth_bytes_per_s=16e9),
+...              nic=Link(latency_s=0.0, bandwidth_bytes_per_s=12.5e9))
+>>> round(ring_allreduce_s(8, 172.5e6, 12.5e9, 0.0) * 1e3, 1)  # ALGORITHMS.md D.4: 24.2 ms
+24.2
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from psgdlab.core.errors import ConfigError, require
+
+__all__ = ["Link", "ServerSpec", "Platform", "Placement", "ring_allreduce_s"]
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """One link class: latency (seconds) and bandwidth (bytes per second, per direction)."""
+
+    latency_s: float = 0.0
+    bandwidth_bytes_per_s: float = 1e9
+
+    def __post_init__(self) -> None:
+        require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0 seconds")
+        require(_finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0, "bandwidth_bytes_per_s",
+                self.bandwidth_bytes_per_s, "must be a positive number of bytes per second")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSpec:
+    """The parameter-server role: its link and a fixed cost per request it serves.
+
+    Requests are served one at a time in arrival order. One request costs
+    ``latency_s + S / bandwidth_bytes_per_s + service_overhead_s`` (message and reply overlap:
+    full duplex, like MPI_Sendrecv) plus, with ``apply_on_host``, the server's update at host
+    memory bandwidth (:math:`3S` bytes: read model and message, write model).
+    """
+
+    latency_s: float = 0.0
+    bandwidth_bytes_per_s: float = 12.5e9
+    service_overhead_s: float = 0.0
+    apply_on_host: bool = True
+
+    def __post_init__(self) -> None:
+        Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
+        require(_finite(self.service_overhead_s) and self.service_overhead_s >= 0, "service_overhead_s",
+                self.service_overhead_s, "must be >= 0 seconds")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Platform:
+    """A described cluster (see the module docstring).
+
+    Parameters
+    ----------
+    name, description : str
+    hosts : int
+        Number of machines, ``>= 1``.
+    devices_per_host : int
+        Accelerators per machine.
+    sockets_per_host : int
+        CPU sockets per machine; devices are split evenly over them and share their PCIe link.
+    device : str
+        Accelerator name (documentation only).
+    pcie : Link
+        Per socket, per direction; shared by the devices behind the socket.
+    nic : Link
+        Per host, per direction.
+    nvlink : Link or None
+        Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
+    host_memory_bandwidth_bytes_per_s : float
+        Host memory bandwidth for CPU averaging and staging.
+    staging : {"direct", "host"}
+        Whether weights travel GPU-direct or through host memory with CPU averaging.
+    server : ServerSpec
+        The parameter-server role.
+    """
+
+    name: str = "custom"
+    description: str = ""
+    hosts: int = 1
+    devices_per_host: int = 1
+    sockets_per_host: int = 1
+    device: str = "gpu"
+    pcie: Link = field(default_factory=lambda: Link(latency_s=5e-6, bandwidth_bytes_per_s=16e9))
+    nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
+    nvlink: Link | None = None
+    host_memory_bandwidth_bytes_per_s: float = 5e10
+    staging: Literal["direct", "host"] = "direct"
+    server: ServerSpec = field(default_factory=ServerSpec)
+
+    def __post_init__(self) -> None:
+        for name in ("hosts", "devices_per_host", "sockets_per_host"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
+        require(self.devices_per_host % self.sockets_per_host == 0, "devices_per_host", self.devices_per_host,
+                f"must be a multiple of sockets_per_host ({self.sockets_per_host})")
+        require(_finite(self.host_memory_bandwidth_bytes_per_s) and self.host_memory_bandwidth_bytes_per_s > 0,
+                "host_memory_bandwidth_bytes_per_s", self.host_memory_bandwidth_bytes_per_s,
+                "must be a positive number of bytes per second")
+        require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
+
+    @property
+    def total_devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+def ring_allreduce_s(n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    r"""Ring allreduce time :math:`2(n-1)/n \cdot S/B + 2(n-1)\alpha` (0 for one member)."""
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n * payload_bytes / bandwidth_bytes_per_s + 2.0 * (n - 1) * latency_s
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where each worker runs: ``host[r]`` and ``socket[r]`` (global socket id
+    ``host * sockets_per_host + local socket``), with ``per_host`` workers per host."""
+
+    host: tuple[int, ...]
+    socket: tuple[int, ...]
+    per_host: int
+    hosts_used: int
+    per_socket: tuple[int, ...]  # workers behind each global socket id
+
+    @classmethod
+    def pack(cls, platform: Platform, n_workers: int, per_host: int | None = None) -> "Placement":
+        """Workers fill hosts ``per_host`` at a time (default: every device of a host),
+        spread evenly over the sockets of each host. Raises :class:`ConfigError` when the
+        platform is too small."""
+        m = platform.devices_per_host if per_host is None else per_host
+        m = min(m, n_workers) if per_host is None else m
+        require(isinstance(m, int) and m >= 1, "gpus_per_node", m, "must be an integer >= 1")
+        if m > platform.devices_per_host:
+            raise ConfigError(f"gpus_per_node ({m}) must be <= the platform's devices per host "
+                              f"({platform.devices_per_host}) on {platform.name}")
+        hosts_used = -(-n_workers // m)
+        if hosts_used > platform.hosts:
+            raise ConfigError(f"workers ({n_workers}) need {hosts_used} hosts of {m} devices but {platform.name} "
+                              f"has {platform.hosts} hosts; use fewer workers or a larger platform")
+        k = platform.sockets_per_host
+        host = tuple(r // m for r in range(n_workers))
+        socket = tuple((r // m) * k + ((r % m) * k) // m for r in range(n_workers))
+        per_socket = [0] * (platform.hosts * k)
+        for s in socket:
+            per_socket[s] += 1
+        return cls(host=host, socket=socket, per_host=m, hosts_used=hosts_used, per_socket=tuple(per_socket))

@@ -1,0 +1,201 @@
+r"""Predictions: sweep algorithms x worker counts on one platform and summarise each run.
+
+Each (algorithm, workers) configuration is simulated over a *window* of local steps, its trace
+summarised with :func:`psgdlab.core.trace.summarize` (the first 10 % of steps left out as warm-up),
+and the long run extrapolated from the window:
+
+- ``step_time_s`` -- mean time per local step of one worker in the steady window,
+  :math:`n b / \text{samples\_per\_s}`;
+- ``speedup`` -- ``samples_per_s`` over that of single-worker SGD (same platform, workload and
+  per-worker batch, no stragglers);
+- ``epoch_time_s`` = ``samples_per_epoch / samples_per_s``;
+- ``time_to_train_s`` = steps needed for the workload's epochs (per worker,
+  :math:`\lceil E N / (n b) \rceil`) :math:`\times` ``step_time_s`` -- **extrapolated** from the
+  window, which the summary names (``extrapolation``).
+
+The window is steady when the throughput of its two halves differs by less than
+``STEADY_TOLERANCE``; if not, it is doubled (up to four times) before extrapolating, and the
+summary says whether steadiness was reached.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from psgdlab.core.algorithms import Algorithm, algorithm_parameters, make_algorithm
+from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.trace import PHASES, summarize
+from psgdlab.sim.engine import SimResult, simulate
+from psgdlab.sim.workload import SimConfig
+
+__all__ = ["Prediction", "predict_one", "predict_sweep", "build_algorithm", "STEADY_TOLERANCE",
+           "DEFAULT_STEPS"]
+
+STEADY_TOLERANCE = 0.03
+DEFAULT_STEPS = 200
+
+
+@dataclass(slots=True)
+class Prediction:
+    """One configuration's row (JSON-able dict) and its simulation result."""
+
+    row: dict[str, Any]
+    result: SimResult
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def build_algorithm(name: str, n_workers: int, config: SimConfig, *, period: int | None = None,
+                    variant: str | None = None, gpus_per_node: int | None = None, seed: int = 0) -> Algorithm:
+    """The registry algorithm ``name`` for ``n_workers``; ``period``/``variant`` only go to the
+    algorithms that have them; H-ADPSGD's ``gpus_per_node`` defaults to the platform's devices
+    per host, capped by the number of workers. One worker of any algorithm is plain SGD."""
+    known = algorithm_parameters(name)  # validates the name (ConfigError with a suggestion)
+    if n_workers == 1:
+        return make_algorithm("sgd", n_workers=1, seed=seed)
+    params: dict[str, Any] = {"n_workers": n_workers, "seed": seed}
+    if "period" in known:
+        params["period"] = period if period is not None else config.defaults.period
+    if "variant" in known and variant is not None:
+        params["variant"] = variant
+    if "gpus_per_node" in known:
+        params["gpus_per_node"] = gpus_per_node or min(config.platform.devices_per_host, n_workers)
+    return make_algorithm(name, **params)
+
+
+def _steadiness(trace: np.ndarray, warmup: int) -> float:
+    """Relative throughput difference between the two halves of the timed window."""
+    comp = trace[(trace["phase"] == PHASES["compute"]) & (trace["step"] >= warmup)]
+    if comp.size < 4:
+        return 0.0
+    t0, t1 = float(comp["start_s"].min()), float(comp["end_s"].max())
+    mid = 0.5 * (t0 + t1)
+    first = np.count_nonzero(comp["end_s"] <= mid)
+    second = comp.size - first
+    if first + second == 0 or max(first, second) == 0:
+        return 0.0
+    return abs(first - second) / max(first, second)
+
+
+def _window(algorithm: Algorithm, steps: int | None) -> int:
+    if steps is not None:
+        require(isinstance(steps, int) and steps >= 2, "steps", steps, "must be an integer >= 2")
+        return steps
+    period = getattr(algorithm, "period", 1) or 1
+    return max(DEFAULT_STEPS, 10 * int(period))
+
+
+def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | None = None,
+                period: int | None = None, variant: str | None = None, gpus_per_node: int | None = None,
+                stragglers: str | None = None, seed: int = 0, baseline_samples_per_s: float | None = None,
+                record: bool = True) -> Prediction:
+    """Simulate one configuration and build its row (see the module docstring)."""
+    workload = config.workload
+    algorithm = build_algorithm(name, n_workers, config, period=period, variant=variant,
+                                gpus_per_node=gpus_per_node, seed=seed)
+    model = StragglerModel.parse(stragglers, seed=seed, n_workers=n_workers) if stragglers else None
+    window = _window(algorithm, steps)
+    fixed_window = steps is not None
+    while True:
+        result = simulate(algorithm, config.platform, workload, steps=window, seed=seed, stragglers=model,
+                          gpus_per_node=gpus_per_node, record=record)
+        warmup = max(1, window // 10)
+        drift = _steadiness(result.trace, warmup)
+        steady = drift < STEADY_TOLERANCE
+        if steady or fixed_window or window >= 4 * _window(algorithm, None):
+            break
+        window *= 2
+    b = workload.batch_per_worker
+    summ = summarize(result.trace, samples_per_step=b, warmup_steps=warmup)
+    sps = summ["samples_per_s"]
+    if baseline_samples_per_s is None:
+        baseline_samples_per_s = baseline(config, steps=steps, seed=seed)
+    step_time = n_workers * b / sps
+    steps_needed = math.ceil(workload.epochs * workload.samples_per_epoch / (n_workers * b))
+    placement = result.placement
+    shape = f"{placement.hosts_used}x{placement.per_host}" if placement is not None else "?"
+    row = {
+        "algorithm": name,
+        "ran_as": algorithm.name,
+        "workers": n_workers,
+        "node_shape": shape,
+        "gpus_per_node": placement.per_host if placement is not None else None,
+        "step_time_s": step_time,
+        "step_time_median_s": summ["step_time_s"],
+        "step_time_p95_s": summ["step_time_p95_s"],
+        "samples_per_s": sps,
+        "speedup": sps / baseline_samples_per_s,
+        "epoch_time_s": workload.samples_per_epoch / sps,
+        "time_to_train_s": steps_needed * step_time,
+        "steps_to_train": steps_needed,
+        "comm_fraction": summ["comm_fraction"],
+        "idle_fraction": summ["idle_fraction"],
+        "compute_fraction": summ["compute_fraction"],
+        "overlap_comm_fraction": summ["overlap_comm_fraction"],
+        "staleness_mean": summ["staleness_mean"],
+        "staleness_max": summ["staleness_max"],
+        "staleness_hist": summ["staleness_hist"],
+        "staleness_unit": "updates (foreign model merges, or server updates, between reading the "
+                          "weights and applying the gradient)",
+        "extrapolation": {
+            "extrapolated": True,
+            "window_steps_per_worker": window,
+            "warmup_steps": warmup,
+            "steady": bool(steady),
+            "half_window_throughput_difference": drift,
+            "method": "time_to_train_s = steps_to_train x steady mean step time of the window; "
+                      "epoch_time_s = samples_per_epoch / window samples_per_s",
+        },
+        "params": algorithm.params(),
+        "stragglers": model.spec() if model is not None else "",
+        "batch_per_worker": b,
+        "sim_events": result.events,
+    }
+    return Prediction(row=row, result=result, summary=summ)
+
+
+_BASELINES: dict[tuple[Any, ...], float] = {}
+
+
+def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> float:
+    """Samples per second of single-worker SGD on the same platform and workload (cached)."""
+    key = (config.platform, config.workload, steps, seed)
+    if key not in _BASELINES:
+        algorithm = make_algorithm("sgd", n_workers=1, seed=seed)
+        window = _window(algorithm, steps)
+        res = simulate(algorithm, config.platform, config.workload, steps=window, seed=seed)
+        _BASELINES[key] = summarize(res.trace, samples_per_step=config.workload.batch_per_worker,
+                                    warmup_steps=max(1, window // 10))["samples_per_s"]
+    return _BASELINES[key]
+
+
+def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple[int, ...], *,
+                  batch: int | None = None, progress: Callable[[str], None] | None = None,
+                  **kwargs: Any) -> list[Prediction]:
+    """:func:`predict_one` for every (algorithm, workers) pair, in order."""
+    require(len(algorithms) >= 1, "algorithms", algorithms, "must name at least one algorithm")
+    for w in workers:
+        require(isinstance(w, int) and w >= 1, "workers", w, "must be integers >= 1")
+    for name in algorithms:
+        algorithm_parameters(name)
+    if batch is not None:
+        require(isinstance(batch, int) and batch >= 1, "batch", batch, "must be an integer >= 1")
+        config = replace(config, workload=config.workload.with_batch(batch))
+    for key in ("period", "variant"):
+        if kwargs.get(key) is not None and not any(key in algorithm_parameters(a) for a in algorithms):
+            takers = sorted(a for a in ("asgd", "bsp", "bmuf", "easgd", "adpsgd", "hadpsgd")
+                            if key in algorithm_parameters(a))
+            raise ConfigError(f"--{key} ({kwargs[key]!r}) applies to none of {', '.join(algorithms)}; "
+                              f"it is a parameter of {', '.join(takers)}")
+    base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
+    out = []
+    for name in algorithms:
+        for n in workers:
+            out.append(predict_one(name, n, config, baseline_samples_per_s=base, **kwargs))
+            if progress is not None:
+                progress(f"{name} x {n}")
+    return out

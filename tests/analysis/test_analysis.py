@@ -1,0 +1,123 @@
+"""Comparison of run directories and calibration fits, on run directories written here."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from psgdlab.analysis import compare_dirs, fit_compute_time, fit_link, load_cases, total_variation
+from psgdlab.analysis.report import write_report
+from psgdlab.cli import main
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.rundir import RunDir
+from psgdlab.core.trace import TraceBuilder, summarize, write_trace
+
+
+def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, steps=20, jitter=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    tb = TraceBuilder()
+    for r in range(workers):
+        t = 0.0
+        for s in range(steps):
+            c = step_s - comm_s + jitter * rng.standard_normal()
+            tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + c, staleness=staleness, loss=1.0 / (s + 1))
+            tb.add(rank=r, step=s, phase="comm", start_s=t + c, end_s=t + c + comm_s, kind=1, nbytes=1000)
+            t += c + comm_s
+    trace = tb.array()
+    rd = RunDir(path)
+    write_trace(rd / "trace.npz", trace, {"source": "test"})
+    rd.write_json("summary.json", {"algorithm": algorithm, "workers": workers,
+                                   **summarize(trace, samples_per_step=32)})
+    rd.write_json("config.resolved.json", {"algorithm": {"algorithm": algorithm, "n_workers": workers}})
+    return path
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    pred, meas = tmp_path / "pred", tmp_path / "meas"
+    for alg, st, stale in (("ssgd", 0.10, 0), ("adpsgd", 0.08, 1)):
+        write_case(pred / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st, comm_s=0.02, staleness=stale)
+        write_case(meas / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st * 1.1, comm_s=0.02,
+                   staleness=stale)
+    return pred, meas
+
+
+def test_compare_reports_relative_errors(dirs):
+    result = compare_dirs(*dirs)
+    assert [c["algorithm"] for c in result["cases"]] == ["adpsgd", "ssgd"]
+    for c in result["cases"]:
+        assert c["step_time_error"] == pytest.approx(1 / 1.1 - 1, rel=1e-9)
+        assert c["staleness_tv"] == 0.0
+    assert result["median_abs_step_time_error"] == pytest.approx(1 - 1 / 1.1, rel=1e-9)
+    assert result["ranking_identical"] is True
+
+
+def test_ranking_difference_is_detected(tmp_path):
+    pred, meas = tmp_path / "p", tmp_path / "m"
+    write_case(pred / "runs" / "a", algorithm="ssgd", workers=2, step_s=0.1)
+    write_case(pred / "runs" / "b", algorithm="adpsgd", workers=2, step_s=0.2)
+    write_case(meas / "runs" / "a", algorithm="ssgd", workers=2, step_s=0.2)
+    write_case(meas / "runs" / "b", algorithm="adpsgd", workers=2, step_s=0.1)
+    assert compare_dirs(pred, meas)["ranking_identical"] is False
+
+
+def test_report_and_cli(dirs, tmp_path, capsys):
+    pred, meas = dirs
+    out = write_report(compare_dirs(pred, meas), tmp_path / "report")
+    assert (out / "report.md").read_text().startswith("# Prediction against measurement")
+    assert (out / "ssgd-w4-timeline.png").stat().st_size > 1000
+    assert main(["compare", str(pred), str(meas), "--json", "--no-figures", "--out", str(tmp_path / "r2")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["max_abs_step_time_error"] == pytest.approx(1 - 1 / 1.1, rel=1e-9)
+
+
+def test_compare_errors(tmp_path, dirs, capsys):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_cases(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="has no summary.json"):
+        load_cases(tmp_path / "empty")
+    other = write_case(tmp_path / "other", algorithm="bmuf", workers=8, step_s=0.1)
+    with pytest.raises(ConfigError, match=r"no \(algorithm, workers\) case is in both"):
+        compare_dirs(dirs[0], other)
+    assert main(["compare", str(dirs[0]), str(other)]) == 2
+    assert "no (algorithm, workers) case" in capsys.readouterr().err
+
+
+def test_total_variation():
+    assert total_variation({"0": 1}, {"0": 3}) == 0.0
+    assert total_variation({"0": 1}, {"1": 1}) == 1.0
+    assert total_variation({}, {}) == 0.0
+
+
+def test_fit_compute_time_recovers_lognormal(tmp_path):
+    rng = np.random.default_rng(0)
+    tb = TraceBuilder()
+    for s in range(400):
+        d = rng.lognormal(np.log(0.05) - 0.5 * np.log1p(0.04), np.sqrt(np.log1p(0.04)))
+        tb.add(rank=0, step=s, phase="compute", start_s=s, end_s=s + d)
+    fit = fit_compute_time(tb.array())
+    assert fit["mean_s"] == pytest.approx(0.05, rel=0.03) and fit["cv"] == pytest.approx(0.2, rel=0.15)
+    assert fit["ks_distance"] < 0.08
+
+
+def test_fit_refuses_to_guess():
+    tb = TraceBuilder()
+    tb.add(rank=0, step=5, phase="compute", start_s=0, end_s=1)
+    with pytest.raises(ConfigError, match="too little data to fit compute time"):
+        fit_compute_time(tb.array())
+    with pytest.raises(ConfigError, match="single payload size"):
+        fit_link(np.ones(10), np.full(10, 1e6))
+    with pytest.raises(ConfigError, match="too little data to fit a link"):
+        fit_link(np.ones(3), np.arange(3.0))
+
+
+def test_fit_link_allreduce_model():
+    n = np.array([2, 4, 8] * 4)
+    S = np.repeat([1e5, 1e6, 4e6, 1.6e7], 3)
+    t = np.where(n <= 2, 1.0, 2 * (n - 1)) * 30e-6 + np.where(n <= 2, S, 2 * (n - 1) / n * S) / 1e9
+    fit = fit_link(t, S, group_sizes=n)
+    assert fit["latency_s"] == pytest.approx(30e-6, rel=1e-6)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(1e9, rel=1e-6)

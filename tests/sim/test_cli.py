@@ -1,0 +1,109 @@
+"""psgdlab predict: default run, JSON rows, run directory, bad-config errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from psgdlab.cli import main
+from psgdlab.core.errors import ConfigError, TopologyError
+from psgdlab.core.trace import read_trace
+from psgdlab.sim.workload import load_config, preset_path
+
+
+def test_default_run_prints_rows_and_writes_the_run_directory(tmp_path, capsys):
+    assert main(["predict", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "interspeech2019-v100" in out and "hadpsgd" in out and "8x8" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = summary["rows"]
+    assert {(r["algorithm"], r["workers"]) for r in rows} == {
+        (a, n) for a in ("ssgd", "adpsgd", "hadpsgd") for n in (1, 2, 4, 8, 16, 32, 64)}
+    for r in rows:
+        for key in ("step_time_s", "samples_per_s", "speedup", "epoch_time_s", "staleness_mean",
+                    "time_to_train_s", "comm_fraction", "idle_fraction", "staleness_hist"):
+            assert key in r
+        assert r["extrapolation"]["extrapolated"] is True
+    by = {(r["algorithm"], r["workers"]): r for r in rows}
+    assert by[("ssgd", 1)]["speedup"] == pytest.approx(1.0, rel=0.02)
+    assert by[("adpsgd", 64)]["speedup"] > by[("ssgd", 64)]["speedup"] > 1
+    assert by[("hadpsgd", 64)]["node_shape"] == "8x8"
+    assert by[("ssgd", 8)]["staleness_mean"] == 0.0
+    for name in ("config.resolved.json", "env.json", "speedup.png", "staleness.png"):
+        assert (tmp_path / "run" / name).is_file()
+    trace, meta = read_trace(tmp_path / "run" / "runs" / "hadpsgd-w64" / "trace.npz")
+    assert meta["source"] == "simulator" and meta["n_workers"] == 64
+    assert json.loads((tmp_path / "run" / "runs" / "hadpsgd-w64" / "timeline.json").read_text())["traceEvents"]
+
+
+def test_json_output_and_single_configuration(tmp_path, capsys):
+    code = main(["predict", "--algorithm", "asgd", "--workers", "8", "--period", "4", "--straggler", "2:3",
+                 "--steps", "40", "--json", "--out", str(tmp_path / "r")])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["rows"]
+    assert row["algorithm"] == "asgd" and row["workers"] == 8 and row["params"]["period"] == 4
+    assert row["stragglers"] == "2:3"
+    assert row["extrapolation"]["window_steps_per_worker"] == 40
+    assert (tmp_path / "r" / "trace.npz").is_file() and (tmp_path / "r" / "timeline.json").is_file()
+
+
+def test_straggler_costs_ssgd_more_than_adpsgd(tmp_path, capsys):
+    args = ["predict", "--algorithm", "ssgd,adpsgd", "--workers", "16", "--steps", "60", "--json"]
+    main(args + ["--out", str(tmp_path / "a")])
+    base = {r["algorithm"]: r["samples_per_s"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    main(args + ["--straggler", "3:2", "--out", str(tmp_path / "b")])
+    slow = {r["algorithm"]: r["samples_per_s"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert slow["ssgd"] / base["ssgd"] < 0.7
+    assert slow["adpsgd"] / base["adpsgd"] > 0.9
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--algorithm", "adpsdg"], "did you mean 'adpsgd'"),
+    (["--algorithm", "adpsgd", "--workers", "7"], "must be even"),
+    (["--gpus-per-node", "16"], "devices per host"),
+    (["--workers", "128", "--algorithm", "ssgd"], "hosts"),
+    (["--preset", "interspeech"], "did you mean 'interspeech2019-v100'"),
+    (["--algorithm", "ssgd", "--period", "5"], "applies to none"),
+    (["--straggler", "3"], "RANK:FACTOR"),
+])
+def test_bad_configs_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    assert main(["predict", "--out", str(tmp_path / "x"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("psgdlab: error:")
+    assert message in err
+
+
+def test_platform_file_unknown_key_and_negative_bandwidth(tmp_path, capsys):
+    text = preset_path("interspeech2019-v100").read_text()
+    bad = tmp_path / "typo.toml"
+    bad.write_text(text.replace("bandwidth_bytes_per_s = 12.5e9    # [S000", "bandwith_bytes_per_s = 12.5e9  # [S000"))
+    assert main(["predict", "--platform", str(bad), "--out", str(tmp_path / "x")]) == 2
+    assert "did you mean 'bandwidth_bytes_per_s'" in capsys.readouterr().err
+    neg = tmp_path / "neg.toml"
+    neg.write_text(text.replace("bandwidth_bytes_per_s = 16.0e9", "bandwidth_bytes_per_s = -16.0e9"))
+    with pytest.raises(ConfigError, match="bandwidth_bytes_per_s .* must be a positive"):
+        load_config(path=neg)
+    assert main(["predict", "--platform", str(neg), "--out", str(tmp_path / "y")]) == 2
+
+
+def test_platform_file_round_trips_the_preset(tmp_path):
+    copy = tmp_path / "mine.toml"
+    copy.write_text(preset_path("interspeech2019-v100").read_text())
+    assert load_config(path=copy).platform == load_config(preset="interspeech2019-v100").platform
+
+
+def test_odd_nodes_for_hadpsgd_is_a_topology_error():
+    from psgdlab.sim.predict import predict_one
+
+    with pytest.raises(TopologyError, match="even"):
+        predict_one("hadpsgd", 24, load_config(preset="interspeech2019-v100"), steps=10)
+
+
+def test_help_explains_units(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    out = capsys.readouterr().out
+    assert "seconds" in out and "sample unit" in out and "--straggler" in out

@@ -1,0 +1,197 @@
+"""Simulator: determinism, closed forms, stragglers, staleness against the reference definition."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
+from psgdlab.core.reference import LeastSquaresProblem, run_reference
+from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.trace import PHASES, TRACE_DTYPE, summarize
+from psgdlab.sim.engine import simulate
+from psgdlab.sim.platform import Link, Platform, ServerSpec, ring_allreduce_s
+from psgdlab.sim.workload import Workload, load_config
+
+MB = 1e6
+
+
+def flat_platform(**kw):
+    """One host of 8 devices with NVLink (unshared), so closed forms are exact."""
+    base = dict(name="flat", hosts=1, devices_per_host=8, sockets_per_host=1,
+                nvlink=Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9),
+                server=ServerSpec(latency_s=0.0, bandwidth_bytes_per_s=1e9, service_overhead_s=0.0,
+                                  apply_on_host=False))
+    base.update(kw)
+    return Platform(**base)
+
+
+def workload(compute="0.1", n_params=2_500_000, **kw):
+    return Workload(n_params=n_params, compute=compute, batch_per_worker=32, reference_batch=32, **kw)
+
+
+def compute_rows(trace):
+    return trace[trace["phase"] == PHASES["compute"]]
+
+
+def test_same_seed_gives_identical_trace_arrays():
+    cfg = load_config(preset="interspeech2019-v100")
+    a = make_algorithm("adpsgd", n_workers=16, variant="random", seed=3)
+    t1 = simulate(a, cfg.platform, cfg.workload, steps=60, seed=5,
+                  stragglers=StragglerModel.parse("random:0.1:3", seed=5)).trace
+    t2 = simulate(a, cfg.platform, cfg.workload, steps=60, seed=5,
+                  stragglers=StragglerModel.parse("random:0.1:3", seed=5)).trace
+    assert t1.dtype == TRACE_DTYPE
+    assert t1.tobytes() == t2.tobytes()
+    t3 = simulate(a, cfg.platform, cfg.workload, steps=60, seed=6).trace
+    assert t3.tobytes() != t1.tobytes()
+
+
+def test_one_worker_step_time_equals_compute_time():
+    res = simulate(make_algorithm("sgd"), flat_platform(), workload("0.25"), steps=40)
+    s = summarize(res.trace, samples_per_step=32, warmup_steps=2)
+    assert s["step_time_s"] == pytest.approx(0.25)
+    assert s["samples_per_s"] == pytest.approx(32 / 0.25, rel=1e-9)
+    assert s["comm_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_allreduce_matches_formula(n):
+    p, w = flat_platform(), workload("0.1")
+    res = simulate(make_algorithm("ssgd", n_workers=n), p, w, steps=10)
+    comm = res.trace[res.trace["phase"] == PHASES["comm"]]
+    expected = 2 * (n - 1) / n * w.payload_bytes / 1e9 + 2 * (n - 1) * 1e-5
+    assert expected == pytest.approx(ring_allreduce_s(n, w.payload_bytes, 1e9, 1e-5))
+    np.testing.assert_allclose(comm["end_s"] - comm["start_s"], expected, rtol=1e-9)
+    s = summarize(res.trace, samples_per_step=32, warmup_steps=1)
+    assert s["step_time_s"] == pytest.approx(0.1 + expected)
+    assert set(comm["nbytes"]) == {(2 * (n - 1) * w.payload_bytes) // n}
+
+
+def test_allreduce_shares_socket_pcie_like_algorithms_md():
+    """ALGORITHMS.md D.4: 8-GPU ring allreduce with 4 GPUs per socket's 16 GB/s = 75.5 ms."""
+    cfg = load_config(preset="interspeech2019-v100")
+    p = Platform(**{**{f: getattr(cfg.platform, f) for f in cfg.platform.__dataclass_fields__},
+                    "pcie": Link(latency_s=0.0, bandwidth_bytes_per_s=16e9)})
+    w = Workload(n_params=43_125_000, compute="0.171", reference_batch=128, batch_per_worker=128)
+    res = simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=3)
+    comm = res.trace[res.trace["phase"] == PHASES["comm"]]
+    assert float(np.max(comm["end_s"] - comm["start_s"])) == pytest.approx(0.0755, rel=2e-3)
+
+
+@pytest.mark.parametrize("n", [4, 16, 32])
+def test_parameter_server_saturates_at_n_S_over_bandwidth(n):
+    w = workload("0.001")  # compute << service: the server is the bottleneck
+    res = simulate(make_algorithm("asgd", n_workers=n, period=1), flat_platform(devices_per_host=32), w, steps=100)
+    s = summarize(res.trace, samples_per_step=32, warmup_steps=5)
+    service = w.payload_bytes / 1e9
+    # one round of n requests takes n * S / B; each worker completes one step per round
+    assert s["step_time_mean_s"] == pytest.approx(n * service, rel=0.02)
+    assert s["samples_per_s"] == pytest.approx(32 / service, rel=0.02)
+
+
+def test_ssgd_step_time_follows_the_slowest_worker():
+    p, w = flat_platform(), workload("0.1")
+    fast = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30).trace, samples_per_step=32)
+    slow = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30,
+                              stragglers=StragglerModel.parse("3:2")).trace, samples_per_step=32)
+    ar = ring_allreduce_s(8, w.payload_bytes, 1e9, 1e-5)
+    assert fast["step_time_s"] == pytest.approx(0.1 + ar)
+    assert slow["step_time_s"] == pytest.approx(0.2 + ar)
+
+
+def test_adpsgd_loses_only_about_the_slow_workers_share():
+    cfg = load_config(preset="interspeech2019-v100")
+    n = 16
+    a = make_algorithm("adpsgd", n_workers=n)
+    base = summarize(simulate(a, cfg.platform, cfg.workload, steps=150).trace, samples_per_step=128,
+                     warmup_steps=10)
+    slow = summarize(simulate(a, cfg.platform, cfg.workload, steps=150,
+                              stragglers=StragglerModel.parse("5:4")).trace, samples_per_step=128, warmup_steps=10)
+    loss = 1 - slow["samples_per_s"] / base["samples_per_s"]
+    # the slow worker contributes a quarter of its share; the others keep going
+    assert loss == pytest.approx((1 - 1 / 4) / n, abs=0.02)
+    ssgd = make_algorithm("ssgd", n_workers=n)
+    s_base = summarize(simulate(ssgd, cfg.platform, cfg.workload, steps=40).trace, samples_per_step=128)
+    s_slow = summarize(simulate(ssgd, cfg.platform, cfg.workload, steps=40,
+                                stragglers=StragglerModel.parse("5:4")).trace, samples_per_step=128)
+    assert 1 - s_slow["samples_per_s"] / s_base["samples_per_s"] > 0.5
+
+
+def test_periodic_pause_costs_its_duration_in_ssgd():
+    p, w = flat_platform(), workload("0.1")
+    res = simulate(make_algorithm("ssgd", n_workers=4), p, w, steps=20,
+                   stragglers=StragglerModel.parse("periodic:2:5:1.0"))
+    base = simulate(make_algorithm("ssgd", n_workers=4), p, w, steps=20)
+    span = lambda t: float(t["end_s"].max())  # noqa: E731
+    assert span(res.trace) - span(base.trace) == pytest.approx(4 * 1.0)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_registry_algorithm_runs(name):
+    cfg = load_config(preset="interspeech2019-v100")
+    n = 1 if name == "sgd" else 8
+    params = {"gpus_per_node": 4} if name == "hadpsgd" else {}
+    res = simulate(make_algorithm(name, n_workers=n, **params), cfg.platform, cfg.workload, steps=30)
+    comp = compute_rows(res.trace)
+    assert np.all(comp["staleness"] >= 0)
+    assert np.all(res.trace["end_s"] >= res.trace["start_s"])
+    counts = [int(np.count_nonzero(comp["rank"] == r)) for r in range(n)]
+    assert max(counts) == 30 and min(counts) >= 25  # the window ends when the first worker is done
+    if not make_algorithm(name, n_workers=n, **params).asynchronous:
+        assert min(counts) >= 29  # neighbours of the first finisher may lack their last record
+    for r in range(n):
+        steps = np.sort(comp["step"][comp["rank"] == r])
+        np.testing.assert_array_equal(steps, np.arange(counts[r]))
+
+
+@pytest.mark.parametrize("n", [2, 4, 6])
+def test_asgd_round_robin_staleness_matches_reference(n):
+    w = workload("1.0", n_params=1000)  # compute >> service: round-robin service
+    res = simulate(make_algorithm("asgd", n_workers=n, period=1), flat_platform(), w, steps=12)
+    comp = compute_rows(res.trace)
+    steady = comp[comp["step"] >= 1]["staleness"]
+    assert set(steady.tolist()) == {n - 1}
+    ref = run_reference(make_algorithm("asgd", n_workers=n, period=1),
+                        LeastSquaresProblem(n_samples=64 * n, dim=4, n_shards=n, batch=4), steps=12)
+    assert set(ref.staleness[1:].ravel().tolist()) == {n - 1}
+    # first round: the server applies pushes in arrival (= rank) order, as the reference does
+    first = comp[comp["step"] == 0]
+    np.testing.assert_array_equal(first["staleness"][np.argsort(first["rank"])], ref.staleness[0])
+
+
+def test_adpsgd_fixed_ring_staleness_is_one_like_reference():
+    w = workload("1.0", n_params=1000)  # compute >> exchange
+    for variant, expected in (("fixed", 1), ("delay", 2)):
+        alg = make_algorithm("adpsgd", n_workers=8, variant=variant)
+        comp = compute_rows(simulate(alg, flat_platform(), w, steps=10).trace)
+        ref = run_reference(alg, LeastSquaresProblem(n_samples=256, dim=4, n_shards=8, batch=4), steps=10)
+        delay = alg.gradient_delay
+        assert set(comp[comp["step"] >= delay]["staleness"].tolist()) == {expected}
+        assert set(ref.staleness[delay:].ravel().tolist()) == {expected}
+
+
+def test_adpsgd_exchange_overlaps_compute_and_hadpsgd_phases():
+    cfg = load_config(preset="interspeech2019-v100")
+    res = simulate(make_algorithm("adpsgd", n_workers=8), cfg.platform, cfg.workload, steps=20)
+    ov = res.trace[res.trace["phase"] == PHASES["overlap"]]
+    assert ov.size == 20 * 4  # one per active worker and step
+    assert set(ov["kind"].tolist()) == {2}
+    assert set((ov["rank"] % 2).tolist()) == {1}  # odd ranks are active on the fixed ring
+    res = simulate(make_algorithm("hadpsgd", n_workers=16, gpus_per_node=8), cfg.platform, cfg.workload, steps=20)
+    kinds = {(int(p), int(k)) for p, k in zip(res.trace["phase"], res.trace["kind"])}
+    assert (PHASES["comm"], 1) in kinds and (PHASES["overlap"], 2) in kinds
+    ov = res.trace[res.trace["phase"] == PHASES["overlap"]]
+    assert set(ov["nbytes"].tolist()) == {math.ceil(cfg.workload.payload_bytes / 8)}  # sharded
+
+
+def test_slow_network_makes_adpsgd_comm_bound():
+    w = workload("0.01", n_params=25_000_000)  # 100 MB at 1 GB/s = 0.1 s >> 0.01 s compute
+    res = simulate(make_algorithm("adpsgd", n_workers=4), flat_platform(), w, steps=20)
+    s = summarize(res.trace, samples_per_step=32, warmup_steps=2)
+    assert s["step_time_s"] == pytest.approx(0.1 + 1e-5, rel=0.05)
+    # active workers are blocked in their exchange, passive ones wait for their responder's lock
+    assert s["comm_fraction"] > 0.4
+    assert s["compute_fraction"] < 0.15
