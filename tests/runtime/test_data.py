@@ -25,15 +25,6 @@ from psgdlab.runtime.data import (  # noqa: E402
 from psgdlab.runtime.models import build_model  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: the test machine is small and shared (no oversubscription)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _small(tmp_path, name="c.h5", **kw):
     rng = np.random.default_rng(0)
     lengths = [5, 3, 8, 1]

@@ -20,15 +20,6 @@ from psgdlab.runtime.models import (  # noqa: E402
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: the test machine is small and shared (no oversubscription)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _blstm_count(input_dim, hidden, layers, projection, n_classes, biases_per_gate=2):
     total = 0
     for layer in range(layers):

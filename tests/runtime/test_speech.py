@@ -36,15 +36,6 @@ from psgdlab.runtime.speech import (  # noqa: E402
 from psgdlab.tests.conftest import FSDD_DIR  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: the test machine is small and shared (no oversubscription)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SR = 8000
 
 
