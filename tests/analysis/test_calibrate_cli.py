@@ -32,7 +32,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
                 d = ALPHA + S / BETA + (0.0 if rng.random() < 0.5 else float(rng.exponential(0.01)))
                 tb.add(rank=r, step=s, phase="overlap", start_s=t - c, end_s=t - c + d, kind=2, peer=1 - r, nbytes=S)
             elif server:
-                d = ALPHA + S / BETA + 1e-3 + float(rng.exponential(2e-3))
+                d = ALPHA + S / BETA + 1e-3 + (float(rng.exponential(2e-3)) if rng.random() < 0.3 else 0.0)
                 tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=4, peer=-2, nbytes=S)
                 t += d
             else:  # allreduce: rank 0 arrives on time, the others wait for it
