@@ -10,9 +10,9 @@ Modules: :mod:`~psgdlab.analysis.load` (run directories and their cases),
 :mod:`~psgdlab.analysis.figures` and :mod:`~psgdlab.analysis.report`.
 """
 
-from psgdlab.analysis.calibrate import fit_compute_time, fit_link
+from psgdlab.analysis.calibrate import calibrate_runs, fit_compute_time, fit_link, platform_toml
 from psgdlab.analysis.compare import compare_cases, compare_dirs, total_variation
 from psgdlab.analysis.load import Run, load_cases, load_run
 
 __all__ = ["Run", "load_run", "load_cases", "compare_cases", "compare_dirs", "total_variation",
-           "fit_compute_time", "fit_link"]
+           "fit_compute_time", "fit_link", "calibrate_runs", "platform_toml"]

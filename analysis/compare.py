@@ -7,6 +7,16 @@ the absolute error and the relative error ``(predicted - measured) / measured``.
 the median and maximum absolute relative step-time error, and whether ranking the algorithms
 by samples/s gives the same order (per worker count) in prediction and measurement.
 
+One definition for both sides. When both cases have a trace, every timing figure is recomputed
+from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the median
+time between consecutive compute starts of one worker, for both), over the same window: the
+simulator stops its window when the first worker finishes its last step, so both traces are cut
+at the end of the last compute record of the worker that finishes first
+(:func:`cut_at_first_finish`) before summarizing, and both leave out the same warm-up steps
+(a tenth of the shorter run's steps per worker, at least one). The summary files' own figures
+(the simulator's ``step_time_s`` is a mean, the runtime's a median over the whole run) are
+only used when a trace is missing; ``window`` in each case says which was used.
+
 Examples
 --------
 >>> total_variation({"0": 5, "1": 5}, {"1": 10})
@@ -22,8 +32,10 @@ import numpy as np
 
 from psgdlab.analysis.load import Run, load_cases
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.trace import PHASES, summarize
 
-__all__ = ["total_variation", "compare_cases", "compare_dirs", "METRICS"]
+__all__ = ["total_variation", "compare_cases", "compare_dirs", "cut_at_first_finish", "windowed_summaries",
+           "METRICS"]
 
 #: summary keys compared for every case
 METRICS = ("step_time_s", "samples_per_s", "comm_fraction", "idle_fraction", "staleness_mean")
@@ -45,14 +57,55 @@ def _error(pred: float | None, meas: float | None) -> dict[str, float | None]:
     return {"predicted": float(pred), "measured": float(meas), "abs_error": float(pred - meas), "rel_error": float(rel)}
 
 
+def cut_at_first_finish(trace: np.ndarray) -> np.ndarray:
+    """The records of ``trace`` that start before the first worker's last compute end."""
+    comp = trace[trace["phase"] == PHASES["compute"]]
+    if comp.size == 0:
+        return trace
+    t_cut = min(float(comp["end_s"][comp["rank"] == r].max()) for r in np.unique(comp["rank"]))
+    return trace[trace["start_s"] < t_cut]
+
+
+def _samples_per_step(run: Run) -> int | None:
+    for d in (run.summary, run.meta):
+        for key in ("samples_per_step", "batch_per_worker"):
+            if d.get(key):
+                return int(d[key])
+    return None
+
+
+def _steps_per_worker(trace: np.ndarray) -> int:
+    comp = trace[trace["phase"] == PHASES["compute"]]
+    return min(int(np.count_nonzero(comp["rank"] == r)) for r in np.unique(comp["rank"]))
+
+
+def windowed_summaries(pred: Run, meas: Run) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """Summaries of both cases under one definition and window (see the module docstring);
+    ``(pred, meas, True)``, or the summary files' figures and ``False`` when that is impossible."""
+    if pred.trace is None or meas.trace is None:
+        return pred.summary, meas.summary, False
+    sp, sm = _samples_per_step(pred), _samples_per_step(meas)
+    if sp is None or sm is None:
+        return pred.summary, meas.summary, False
+    cut_p, cut_m = cut_at_first_finish(pred.trace), cut_at_first_finish(meas.trace)
+    if not (cut_p["phase"] == PHASES["compute"]).any() or not (cut_m["phase"] == PHASES["compute"]).any():
+        return pred.summary, meas.summary, False
+    warmup = max(1, min(_steps_per_worker(cut_p), _steps_per_worker(cut_m)) // 10)
+    return (summarize(cut_p, samples_per_step=sp, warmup_steps=warmup),
+            summarize(cut_m, samples_per_step=sm, warmup_steps=warmup), True)
+
+
 def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
     """Errors of one predicted case against its measured twin."""
     algorithm, workers = meas.key
     out: dict[str, Any] = {"algorithm": algorithm, "workers": workers}
+    ps, ms, windowed = windowed_summaries(pred, meas)
+    out["window"] = ("traces cut at the first worker's finish, summarized alike" if windowed
+                     else "summary files (a trace is missing)")
     for name in METRICS:
-        out[name] = _error(pred.summary.get(name), meas.summary.get(name))
-    out["staleness_tv"] = total_variation(pred.summary.get("staleness_hist", {}) or {},
-                                          meas.summary.get("staleness_hist", {}) or {})
+        out[name] = _error(ps.get(name), ms.get(name))
+    out["staleness_tv"] = total_variation(ps.get("staleness_hist", {}) or {},
+                                          ms.get("staleness_hist", {}) or {})
     out["predicted_step_time_s"] = out["step_time_s"]["predicted"]
     out["measured_step_time_s"] = out["step_time_s"]["measured"]
     out["step_time_error"] = out["step_time_s"]["rel_error"]

@@ -198,7 +198,8 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
         assert results is not None
         summary = _write_run_dir(config, algorithm, results, steps=steps, start_step=start_step, out=out,
                                  world=world, wall_s=time.time() - t0,
-                                 evaluate=workload.evaluate if config.evaluate else None)
+                                 evaluate=workload.evaluate if config.evaluate else None,
+                                 payload=_payload(workload))
     main.barrier()
     if config.backend != "mpi":
         import torch.distributed as dist
@@ -209,7 +210,8 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
 
 
 def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult], *, steps: int, start_step: int,
-                   out: Path | None, world: int, wall_s: float, evaluate: Callable | None) -> dict[str, Any]:
+                   out: Path | None, world: int, wall_s: float, evaluate: Callable | None,
+                   payload: dict[str, int] | None = None) -> dict[str, Any]:
     workers = [r for r in results if r.rank < config.workers]
     trace = np.concatenate([r.trace for r in workers])
     if start_step > 0 and out is not None and (out / "trace.npz").is_file():
@@ -230,7 +232,7 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     summary["loss_curve"] = {"step": [int(s) for s in steps_idx[::stride]], "loss": curve[::stride]}
     summary.update({"algorithm": algorithm.params(), "backend": config.backend, "world_size": world,
                     "samples_per_step": samples, "steps_per_worker": steps, "wall_s": wall_s,
-                    "source": "runtime"})
+                    "source": "runtime", **(payload or {})})
     if algorithm.has_server:
         summary["server"] = {"rank": config.workers, **next(r.extra["server"] for r in results
                                                              if r.rank == config.workers)}
@@ -254,7 +256,7 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     run.write_json("env.json", environment(source="runtime", world_size=world,
                                            extra={"backend": config.backend, "torch_threads": 1}))
     meta = {"source": "runtime", "n_workers": config.workers, "samples_per_step": samples,
-            "algorithm": algorithm.params(), "backend": config.backend, "run_id": out.name}
+            "algorithm": algorithm.params(), "backend": config.backend, "run_id": out.name, **(payload or {})}
     write_trace(run / "trace.npz", trace, meta)
     to_chrome_trace(trace, run / "timeline.json", meta=meta)
     if any(r.trajectory is not None for r in workers):
@@ -265,6 +267,15 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     _plot_loss(run / "loss.png", summary)
     run.write_json("summary.json", summary)
     return summary
+
+
+def _payload(workload: Any) -> dict[str, int] | None:
+    """``n_params``, ``itemsize`` and ``payload_bytes`` of the model (what every exchange moves)."""
+    try:
+        n, item = int(workload.n_params), int(torch.empty((), dtype=workload.dtype).element_size())
+    except (AttributeError, TypeError):
+        return None
+    return {"n_params": n, "itemsize": item, "payload_bytes": n * item}
 
 
 def _samples_per_step(config: TrainConfig) -> int:

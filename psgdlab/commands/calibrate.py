@@ -1,0 +1,51 @@
+"""``psgdlab calibrate RUN_DIR... --out PLATFORM.toml``: fit this machine's platform profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's platform profile (compute time, link latency and bandwidth) from measured runs",
+        description=("Fit, from one or more runtime run directories (psgdlab train), the per-step compute-time "
+                     "distribution (mean, coefficient of variation, median, 95th percentile) and the latency and "
+                     "bandwidth of the link (from allreduce and pairwise exchanges of at least two payload sizes; "
+                     "a server's service overhead when server exchanges were measured), and write them as a "
+                     "platform+workload TOML the simulator reads (psgdlab predict --platform FILE.toml), with "
+                     "the fit's residuals as comments. Too little data is an error, not a guess."),
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by psgdlab train")
+    p.add_argument("--out", required=True, metavar="PLATFORM.toml", help="the TOML file to write (atomically)")
+    p.add_argument("--name", default="calibrated", help="platform name in the file")
+    p.add_argument("--devices", type=int, default=None,
+                   help="hosts and devices per host of the platform (default: the runs' largest worker count)")
+    p.add_argument("--n-params", type=int, default=None,
+                   help="workload parameters (default: the runs' largest payload / itemsize)")
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps per worker left out of the compute fit")
+    p.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from psgdlab.analysis.calibrate import calibrate_runs, platform_toml, write_platform
+    from psgdlab.core.errors import require
+
+    require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
+    require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
+    fit = calibrate_runs(args.run_dirs, warmup_steps=args.warmup_steps)
+    text = platform_toml(fit, name=args.name, devices=args.devices, n_params=args.n_params)
+    write_platform(args.out, text)
+    if args.json:
+        print(json.dumps({**fit, "out": args.out}, indent=2))
+    else:
+        c, lk = fit["compute"], fit["link"]
+        print(f"compute: mean {c['mean_s']:.6g} s, cv {c['cv']:.3g}, p95 {c['p95_s']:.6g} s ({c['samples']} steps)")
+        print(f"link: latency {lk['latency_s'] * 1e6:.1f} us, bandwidth {lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
+              f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)")
+        if fit["server"]:
+            print(f"server: service overhead {fit['server']['service_overhead_s'] * 1e3:.3g} ms")
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,73 @@
+"""``psgdlab validate``: calibrate, predict, measure and compare on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _list(kind: type):
+    def parse(text: str):
+        try:
+            out = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+        if not out:
+            raise argparse.ArgumentTypeError("needs at least one entry")
+        return out
+    return parse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
+        description=("Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, an easgd "
+                     "run for the server), predict every (algorithm, workers) case with the fitted platform, "
+                     "measure the same cases with the runtime (emulated compute by default), and compare: step "
+                     "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
+                     "ranking by samples/s. The default (6 algorithm cases x 2, 4 workers, 40 steps, 0.05 s "
+                     "compute) takes a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
+                     "without a straggler)."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--algorithms", type=_list(str), default=None,
+                   help="cases among ssgd,bmuf,easgd,adpsgd,adpsgd-random,hadpsgd (default: all)")
+    p.add_argument("--workers", type=_list(int), default=None, help="worker counts (default 2,4; --full: 2,4,8)")
+    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo")
+    p.add_argument("--compute-time", default="0.05", metavar="T",
+                   help="emulated compute per step (psgdlab.core.timing spec)")
+    p.add_argument("--real-compute", action="store_true", help="time the real gradient instead of emulating")
+    p.add_argument("--straggler", default=None, metavar="SPEC",
+                   help="also validate every case with this straggler (core.stragglers spec); --full uses "
+                        "'1:2'")
+    p.add_argument("--steps", type=int, default=40, help="steps per worker of each case")
+    p.add_argument("--dim", type=int, default=50_000, help="least-squares parameters (float64) of the cases")
+    p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from psgdlab.validate import ALGORITHM_CASES, ValidateConfig, format_table, validate
+
+    workers = args.workers or ((2, 4, 8) if args.full else (2, 4))
+    straggler = args.straggler if args.straggler is not None else ("1:2" if args.full else None)
+    if straggler:
+        from psgdlab.core.stragglers import StragglerModel
+
+        StragglerModel.parse(straggler, seed=0, n_workers=min(workers))
+    vc = ValidateConfig(out=args.out, algorithms=args.algorithms or tuple(ALGORITHM_CASES), workers=workers,
+                        backend=args.backend, compute_time=None if args.real_compute else args.compute_time,
+                        stragglers=("",) + ((straggler,) if straggler else ()), steps=args.steps, dim=args.dim)
+    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    summary = validate(vc, progress=progress)
+    if args.json:
+        keys = ("cases", "median_abs_step_time_error", "max_abs_step_time_error", "max_abs_staleness_mean_error",
+                "ranking_identical", "targets", "targets_met", "platform")
+        print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    else:
+        print(format_table(summary))
+        print(f"report: {args.out}/compare/report.md, {args.out}/validate.json")
+    return 0

@@ -1,0 +1,236 @@
+r"""The validation loop on this machine: calibrate, predict, measure, compare.
+
+``psgdlab validate`` (and :func:`validate`) runs, into ``OUT/``::
+
+    OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd at two payload
+                             sizes, easgd for the server): different runs from the cases
+    OUT/platform.toml        the fitted platform (psgdlab.analysis.calibrate)
+    OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
+    OUT/measured/runs/A-wN   the runtime's measurement of each case
+    OUT/compare/             compare.json, report.md (psgdlab.analysis.report)
+    OUT/validate.json        the case table and the targets
+
+The model is the least-squares problem (float64, ``dim`` parameters, one minibatch of rows per
+worker so memory stays small at 8 workers); compute is emulated by default (each step sleeps to
+``compute_time``), so up to 8 workers run on 2 cores. This module sits outside
+:mod:`psgdlab.analysis`, which only reads run directories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from psgdlab.core.errors import require
+from psgdlab.core.trace import atomic_write_json
+
+__all__ = ["ValidateConfig", "validate", "case_name", "ALGORITHM_CASES", "TARGETS"]
+
+#: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
+ALGORITHM_CASES = {
+    "ssgd": ("ssgd", None),
+    "bmuf": ("bmuf", None),
+    "easgd": ("easgd", None),
+    "adpsgd": ("adpsgd", "fixed"),
+    "adpsgd-random": ("adpsgd", "random"),
+    "hadpsgd": ("hadpsgd", None),
+}
+TARGETS = {"median_abs_step_time_error": 0.10, "max_abs_step_time_error": 0.20, "staleness_mean_rel_error": 0.10}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ValidateConfig:
+    """What :func:`validate` runs (see ``psgdlab validate --help``)."""
+
+    out: str
+    algorithms: tuple[str, ...] = tuple(ALGORITHM_CASES)
+    workers: tuple[int, ...] = (2, 4)
+    backend: str = "gloo"
+    compute_time: str | None = "0.05"
+    stragglers: tuple[str, ...] = ("",)
+    steps: int = 40
+    calibration_steps: int = 40
+    batch: int = 8
+    dim: int = 50_000
+    calibration_dims: tuple[int, int] = (10_000, 100_000)
+    gpus_per_node: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for a in self.algorithms:
+            require(a in ALGORITHM_CASES, "algorithms", a, f"must be one of {', '.join(ALGORITHM_CASES)}")
+        for w in self.workers:
+            require(isinstance(w, int) and w >= 2, "workers", w, "must be integers >= 2")
+        require(self.backend in ("gloo", "mpi"), "backend", self.backend, "must be gloo or mpi")
+        require(self.steps >= 10, "steps", self.steps, "must be >= 10 (warm-up and window)")
+        require(self.calibration_steps >= 10, "calibration_steps", self.calibration_steps, "must be >= 10")
+        require(len(set(self.calibration_dims)) == 2, "calibration_dims", self.calibration_dims,
+                "must be two different sizes (latency and bandwidth cannot be separated otherwise)")
+
+
+def case_name(name: str, workers: int, straggler: str) -> str:
+    return f"{name}-w{workers}" + ("" if not straggler else "-straggler")
+
+
+def _train_config(vc: ValidateConfig, *, algorithm: str, variant: str | None, workers: int, dim: int,
+                  straggler: str, steps: int, out: Path) -> Any:
+    from psgdlab.runtime.config import LSQ_MODEL, TrainConfig
+
+    return TrainConfig(algorithm=algorithm, variant=variant, workers=workers,
+                       gpus_per_node=vc.gpus_per_node if algorithm == "hadpsgd" else 1, backend=vc.backend,
+                       model=LSQ_MODEL, lsq_dim=dim, lsq_samples_per_worker=vc.batch, batch=vc.batch, steps=steps,
+                       lr=0.01, compute_time=vc.compute_time, straggler=straggler, seed=vc.seed, out=str(out),
+                       evaluate=False, timeout_s=300.0)
+
+
+def _launch(cfg: Any) -> dict[str, Any]:
+    from psgdlab.runtime.launch import launch
+
+    out = Path(cfg.out)
+    if out.exists():
+        shutil.rmtree(out)
+    return launch(cfg, quiet=True, timeout_s=600.0)
+
+
+def _relabel(run_dir: Path, name: str) -> None:
+    """Name the case by its validation name (``adpsgd-random``) so the two adpsgd cases differ."""
+    import json
+
+    from psgdlab.core.trace import atomic_write_json as write
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["algorithm_params"] = summary.get("algorithm")
+    summary["algorithm"] = name
+    write(run_dir / "summary.json", summary)
+
+
+def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the whole loop (module docstring) and return the comparison with the case table."""
+    from psgdlab.analysis.calibrate import calibrate_runs, platform_toml, write_platform
+    from psgdlab.analysis.compare import compare_dirs
+    from psgdlab.analysis.report import write_report
+    from psgdlab.sim.predict import predict_one
+    from psgdlab.sim.report import write_prediction
+    from psgdlab.sim.workload import load_config
+
+    say = progress or (lambda msg: None)
+    out = Path(vc.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # 1. calibration runs (never the validated cases)
+    calib_dirs = []
+    plan = [("ssgd", None, d) for d in vc.calibration_dims] + [("adpsgd", None, d) for d in vc.calibration_dims]
+    if any(ALGORITHM_CASES[a][0] == "easgd" for a in vc.algorithms):
+        plan.append(("easgd", None, vc.dim))
+    for alg, variant, dim in plan:
+        d = out / "calibration" / f"{alg}-w2-d{dim}"
+        say(f"calibration run {d.name}")
+        _launch(_train_config(vc, algorithm=alg, variant=variant, workers=2, dim=dim, straggler="",
+                              steps=vc.calibration_steps, out=d))
+        calib_dirs.append(d)
+    calibration = calibrate_runs(calib_dirs)
+    platform_path = out / "platform.toml"
+    write_platform(platform_path, platform_toml(calibration, name="this-machine", devices=max(vc.workers),
+                                                n_params=vc.dim, itemsize=8, batch=vc.batch,
+                                                workers=vc.workers))
+    config = load_config(path=platform_path)
+    # 2. one measured run and one prediction per case
+    table = []
+    for straggler in vc.stragglers:
+        preds = []
+        meas_root = out / ("measured" if not straggler else "measured-straggler")
+        pred_root = out / ("predicted" if not straggler else "predicted-straggler")
+        for name in vc.algorithms:
+            algorithm, variant = ALGORITHM_CASES[name]
+            for n in vc.workers:
+                gpn = vc.gpus_per_node if algorithm == "hadpsgd" else None
+                say(f"predict {case_name(name, n, straggler)}")
+                p = predict_one(algorithm, n, config, steps=vc.steps, variant=variant, gpus_per_node=gpn,
+                                stragglers=straggler or None, seed=vc.seed)
+                p.row["algorithm"] = name
+                preds.append(p)
+                say(f"measure {case_name(name, n, straggler)}")
+                d = meas_root / "runs" / f"{name}-w{n}"
+                _launch(_train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
+                                      straggler=straggler, steps=vc.steps, out=d))
+                _relabel(d, name)
+        if pred_root.exists():
+            shutil.rmtree(pred_root)
+        write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
+        result = compare_dirs(pred_root, meas_root)
+        write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
+        for c in result["cases"]:
+            table.append({**_case_row(c), "straggler": straggler})
+        table_rank = result["ranking_identical"]
+        table.append({"_ranking": table_rank, "straggler": straggler})
+    cases = [c for c in table if "_ranking" not in c]
+    rankings = {c["straggler"] or "none": c["_ranking"] for c in table if "_ranking" in c}
+    import numpy as np
+
+    errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
+    st_errs = [c["staleness_mean_rel_error"] for c in cases if c["staleness_mean_rel_error"] is not None]
+    summary = {
+        "cases": cases,
+        "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
+        "max_abs_step_time_error": float(errs.max()) if errs.size else None,
+        "max_abs_staleness_mean_error": float(max(abs(x) for x in st_errs)) if st_errs else None,
+        "ranking_identical": rankings,
+        "targets": TARGETS,
+        "platform": str(platform_path),
+        "calibration": calibration,
+        "config": dataclasses.asdict(vc),
+    }
+    summary["targets_met"] = {
+        "median_abs_step_time_error": summary["median_abs_step_time_error"] is not None
+        and summary["median_abs_step_time_error"] <= TARGETS["median_abs_step_time_error"],
+        "max_abs_step_time_error": summary["max_abs_step_time_error"] is not None
+        and summary["max_abs_step_time_error"] <= TARGETS["max_abs_step_time_error"],
+        "staleness_mean": all(_staleness_ok(c) for c in cases),
+        "ranking_identical": all(rankings.values()),
+    }
+    atomic_write_json(out / "validate.json", summary)
+    return summary
+
+
+def _staleness_ok(c: dict[str, Any]) -> bool:
+    p, m = c["staleness_mean_predicted"], c["staleness_mean_measured"]
+    if p is None or m is None:
+        return False
+    if m == 0:
+        return abs(p) <= 0.05  # both zero (synchronous): an absolute tolerance of 0.05 updates
+    return abs(p - m) / m <= TARGETS["staleness_mean_rel_error"]
+
+
+def _case_row(c: dict[str, Any]) -> dict[str, Any]:
+    sm = c["staleness_mean"]
+    return {"algorithm": c["algorithm"], "workers": c["workers"],
+            "predicted_step_time_s": c["predicted_step_time_s"], "measured_step_time_s": c["measured_step_time_s"],
+            "step_time_error": c["step_time_error"],
+            "staleness_mean_predicted": c["staleness_mean_predicted"],
+            "staleness_mean_measured": c["staleness_mean_measured"],
+            "staleness_mean_rel_error": sm["rel_error"] if sm["measured"] else None,
+            "predicted_samples_per_s": c["samples_per_s"]["predicted"],
+            "measured_samples_per_s": c["samples_per_s"]["measured"]}
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The case table and the target lines as plain text."""
+    head = (f"{'case':<28} {'pred step s':>11} {'meas step s':>11} {'error':>8} {'stale pred':>10} "
+            f"{'stale meas':>10}")
+    lines = [head, "-" * len(head)]
+    for c in summary["cases"]:
+        label = case_name(c["algorithm"], c["workers"], c["straggler"])
+        err = c["step_time_error"]
+        lines.append(f"{label:<28} {c['predicted_step_time_s']:>11.4f} {c['measured_step_time_s']:>11.4f} "
+                     f"{(err * 100 if err is not None else float('nan')):>7.1f}% "
+                     f"{c['staleness_mean_predicted']:>10.3f} {c['staleness_mean_measured']:>10.3f}")
+    med, mx = summary["median_abs_step_time_error"], summary["max_abs_step_time_error"]
+    met = summary["targets_met"]
+    lines += ["",
+              f"median |step-time error| {med * 100:.1f}% (target <= 10%: {'met' if met['median_abs_step_time_error'] else 'MISSED'})",
+              f"max    |step-time error| {mx * 100:.1f}% (target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
+              f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
+              f"ranking by samples/s identical: {summary['ranking_identical']}"]
+    return "\n".join(lines)
+

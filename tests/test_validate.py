@@ -1,0 +1,41 @@
+"""psgdlab validate: configuration checks, and one tiny end-to-end loop (real processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from psgdlab.cli import main
+from psgdlab.core.errors import ConfigError
+from psgdlab.validate import ValidateConfig
+
+
+def test_validate_config_checks(tmp_path):
+    with pytest.raises(ConfigError, match="algorithms"):
+        ValidateConfig(out=str(tmp_path), algorithms=("nope",))
+    with pytest.raises(ConfigError, match="workers"):
+        ValidateConfig(out=str(tmp_path), workers=(1,))
+    with pytest.raises(ConfigError, match="calibration_dims"):
+        ValidateConfig(out=str(tmp_path), calibration_dims=(10, 10))
+    assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_tiny_validate_end_to_end(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["validate", "--algorithms", "ssgd", "--workers", "2", "--steps", "15", "--dim", "2000",
+                 "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"cases", "median_abs_step_time_error", "max_abs_step_time_error"} <= set(result)
+    (case,) = result["cases"]
+    for key in ("algorithm", "workers", "predicted_step_time_s", "measured_step_time_s", "step_time_error",
+                "staleness_mean_predicted", "staleness_mean_measured"):
+        assert key in case
+    assert case["algorithm"] == "ssgd" and case["workers"] == 2
+    assert case["measured_step_time_s"] > 0.04  # emulated 0.05 s compute per step
+    assert case["staleness_mean_measured"] == 0.0
+    assert (out / "platform.toml").is_file() and (out / "compare" / "report.md").is_file()
+    # the calibration runs are not the validated case
+    assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())
