@@ -46,19 +46,10 @@ class MPITransport(Transport):
         self.world_size = world.Get_size()
         self.device = torch.device("cpu")
 
-    def _comm(self, group: Sequence[int]) -> Any:
-        key = tuple(group)
-        if key == tuple(range(self.world_size)):
-            return self._world
-        try:
-            return self._groups[key]
-        except KeyError:
-            raise RuntimeError(f"rank {self.rank}: group {key} was not created at start-up") from None
-
     def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
         if len(group) <= 1:
             return
-        self._comm(group).Allreduce(self._MPI.IN_PLACE, _buf(tensor), op=self._MPI.SUM)
+        self._group_handle(group).Allreduce(self._MPI.IN_PLACE, _buf(tensor), op=self._MPI.SUM)
         tensor.div_(len(group))
 
     def allgather(self, shard: torch.Tensor, sizes: Sequence[int], group: Sequence[int]) -> torch.Tensor:
@@ -67,16 +58,16 @@ class MPITransport(Transport):
         out = torch.empty(int(sum(sizes)), dtype=shard.dtype)
         counts = [int(s) for s in sizes]
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-        self._comm(group).Allgatherv(_buf(shard.contiguous()), [_buf(out), counts, displs, None])
+        self._group_handle(group).Allgatherv(_buf(shard.contiguous()), [_buf(out), counts, displs, None])
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Sequence[int]) -> None:
         if len(group) <= 1:
             return
-        self._comm(group).Bcast(_buf(tensor), root=list(group).index(src))
+        self._group_handle(group).Bcast(_buf(tensor), root=list(group).index(src))
 
     def barrier(self, group: Sequence[int] | None = None) -> None:
-        comm = self._world if group is None else self._comm(group)
+        comm = self._world if group is None else self._group_handle(group)
         comm.Barrier()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:

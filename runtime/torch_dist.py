@@ -35,19 +35,10 @@ class TorchTransport(Transport):
         self._groups = groups
         self._backend = backend
 
-    def _group(self, group: Sequence[int]) -> Any:
-        key = tuple(group)
-        if len(key) == self.world_size and key == tuple(range(self.world_size)):
-            return self._world
-        try:
-            return self._groups[key]
-        except KeyError:
-            raise RuntimeError(f"rank {self.rank}: group {key} was not created at start-up") from None
-
     def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
         if len(group) <= 1:
             return
-        dist.all_reduce(tensor, group=self._group(group))
+        dist.all_reduce(tensor, group=self._group_handle(group))
         tensor.div_(len(group))
 
     def allgather(self, shard: torch.Tensor, sizes: Sequence[int], group: Sequence[int]) -> torch.Tensor:
@@ -57,20 +48,20 @@ class TorchTransport(Transport):
         padded = torch.zeros(width, dtype=shard.dtype, device=shard.device)
         padded[: shard.numel()] = shard
         parts = [torch.empty_like(padded) for _ in group]
-        dist.all_gather(parts, padded, group=self._group(group))
+        dist.all_gather(parts, padded, group=self._group_handle(group))
         return torch.cat([p[:n] for p, n in zip(parts, sizes)])
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Sequence[int]) -> None:
         if len(group) <= 1:
             return
-        dist.broadcast(tensor, src=src, group=self._group(group))
+        dist.broadcast(tensor, src=src, group=self._group_handle(group))
 
     def barrier(self, group: Sequence[int] | None = None) -> None:
         ranks = tuple(range(self.world_size)) if group is None else tuple(group)
         if len(ranks) <= 1:
             return
         token = torch.zeros(1, device=self.device)
-        dist.all_reduce(token, group=self._group(ranks))
+        dist.all_reduce(token, group=self._group_handle(ranks))
 
     def _p2p_group(self, tensor: torch.Tensor) -> Any:
         return self._p2p if tensor.is_cuda else self._ctrl

@@ -67,6 +67,18 @@ class Transport(ABC):
     rank: int
     world_size: int
     device: torch.device
+    _world: Any  # the backend's handle for all ranks
+    _groups: dict[tuple[int, ...], Any]  # the backend's handles for the groups made at start-up
+
+    def _group_handle(self, group: Sequence[int]) -> Any:
+        """The backend handle of ``group`` (all ranks, or a group created at start-up)."""
+        key = tuple(group)
+        if len(key) == self.world_size and key == tuple(range(self.world_size)):
+            return self._world
+        try:
+            return self._groups[key]
+        except KeyError:
+            raise RuntimeError(f"rank {self.rank}: group {key} was not created at start-up") from None
 
     @abstractmethod
     def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
