@@ -9,28 +9,32 @@ import numpy as np
 __all__ = ["partner", "mixing_column"]
 
 
-@lru_cache(maxsize=8192)
-def _matching(kind: str, n: int, seed: int, round_: int) -> tuple[int, ...]:
+@lru_cache(maxsize=256)
+def _topology(kind: str, n: int, seed: int):
     from psgdlab.core.topology import build_topology
 
-    topology = build_topology(kind, n, seed=seed)
-    period = topology.period
-    perm = topology.matching(round_ if period is None else round_ % period)
-    return tuple(int(p) for p in perm)
+    return build_topology(kind, n, seed=seed)
+
+
+@lru_cache(maxsize=8192)
+def _matching(kind: str, n: int, seed: int, round_: int) -> tuple[int, ...]:
+    return tuple(int(p) for p in _topology(kind, n, seed).matching(round_))
 
 
 def partner(kind: str, n: int, seed: int, round_: int, rank: int) -> int:
-    """Partner of ``rank`` in round ``round_`` of the matching schedule ``kind`` on ``n`` members."""
-    if kind == "fixed-ring":  # period 2: keep the cache small and hits certain
-        round_ %= 2
+    """Partner of ``rank`` in round ``round_`` of the matching schedule ``kind`` on ``n`` members.
+
+    Finite schedules are reduced by their period first, so the cache holds one entry per distinct
+    round and every later round hits it."""
+    period = _topology(kind, n, seed).period
+    if period is not None:
+        round_ %= period
     return _matching(kind, n, seed, round_)[rank]
 
 
 @lru_cache(maxsize=256)
 def _matrix(kind: str, n: int, seed: int) -> np.ndarray:
-    from psgdlab.core.topology import build_topology
-
-    W = build_topology(kind, n, seed=seed).matrix(0)
+    W = _topology(kind, n, seed).matrix(0)
     W.setflags(write=False)
     return W
 
