@@ -180,7 +180,7 @@ def run_reference(algorithm: Algorithm, problem: LeastSquaresProblem, *, steps: 
         if len(history) > delay + 1:
             history.pop(0)
             merges_at_round_start.pop(0)
-        read = history[0] if len(history) == delay + 1 else history[0]
+        read = history[0]  # the oldest kept round: `delay` rounds back once history is full
         read_merges = merges_at_round_start[0]
         grads, batch_losses = zip(*(bound.gradient(read[r], r, s) for r in range(n)))
         grads = list(grads)

@@ -34,7 +34,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +277,3 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
         "warmup_steps": int(warmup_steps),
     }
 
-
-def records_for(trace: np.ndarray, *, ranks: Iterable[int] | None = None) -> np.ndarray:
-    """The records of ``ranks`` (all when None)."""
-    if ranks is None:
-        return trace
-    return trace[np.isin(trace["rank"], list(ranks))]
