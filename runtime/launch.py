@@ -175,23 +175,22 @@ def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, time
 def _terminate(procs: dict[int, subprocess.Popen]) -> None:
     for p in procs.values():
         if p.poll() is None:
-            try:
-                if p.args and "mpiexec" in str(p.args[0]):
-                    os.killpg(p.pid, signal.SIGTERM)
-                else:
-                    p.terminate()
-            except ProcessLookupError:
-                pass
+            _signal(p, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
     for p in procs.values():
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            try:
-                if p.args and "mpiexec" in str(p.args[0]):
-                    os.killpg(p.pid, signal.SIGKILL)
-                else:
-                    p.kill()
-            except ProcessLookupError:
-                pass
+            _signal(p, signal.SIGKILL)
             p.wait()
+
+
+def _signal(p: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to a rank process, or to mpiexec's whole process group (its ranks included)."""
+    try:
+        if p.args and "mpiexec" in str(p.args[0]):
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+    except ProcessLookupError:
+        pass
