@@ -107,7 +107,9 @@ def eigenvalues(W: ArrayLike) -> NDArray[Any]:
     M = check_mixing_matrix(W)
     if _is_symmetric(M):
         return np.sort(np.linalg.eigvalsh(0.5 * (M + M.T)))[::-1]
-    ev = np.linalg.eigvals(M)
+    # numpy casts to a real array when every imaginary part is exactly zero, which depends on the
+    # LAPACK build; the documented return type must not.
+    ev = np.linalg.eigvals(M).astype(np.complex128, copy=False)
     order = np.lexsort((-ev.real, -np.abs(ev)))
     return ev[order]
 
