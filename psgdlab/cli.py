@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 
 __all__ = ["main", "build_parser"]
@@ -70,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("psgdlab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`psgdlab ... --json | head`): not a failure of ours; point stdout at
+        # /dev/null so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _one_line(exc: BaseException) -> str:

@@ -103,3 +103,17 @@ def test_plot_counts_cover_each_kind_with_valid_sizes():
 
 def test_cli_kind_names_match_core():
     assert command.KINDS == core_topology.KINDS
+
+
+def test_closed_stdout_pipe_is_not_a_traceback():
+    """`psgdlab topology ... --json | head -c 20`: the reader leaving early ends the command quietly."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "psgdlab", "topology", "complete", "--workers", "64", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader goes away before the JSON is written: every write gets EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err
