@@ -224,6 +224,32 @@ def _toml_value(v: Any) -> str:
     return str(v)
 
 
+#: provenance of each preset value (ALGORITHMS.md tags; "fitted" = set by :func:`fit_gtx1080`)
+_TAGS = {
+    "platform.hosts": "[S003] one node", "platform.devices_per_host": "[S003] 8 GTX1080",
+    "platform.sockets_per_host": "[INF]", "platform.host_memory_bandwidth_bytes_per_s": "[INF]",
+    "platform.staging": "[INF] MPI messages staged through host memory",
+    "platform.pcie.latency_s": "[INF]",
+    "platform.pcie.bandwidth_bytes_per_s": "fitted: effective per-socket bandwidth of the host-staged MPI path",
+    "platform.nic.latency_s": "[INF] unused on one host", "platform.nic.bandwidth_bytes_per_s": "[INF] unused on one host",
+    "platform.server.latency_s": "[INF]", "platform.server.bandwidth_bytes_per_s": "fitted (ASGD entries)",
+    "platform.server.service_overhead_s": "fitted (ASGD entries)", "platform.server.apply_on_host": "[INF]",
+    "workload.n_params": "[S003 §3.1] 13.5M", "workload.itemsize": "[INF] fp32",
+    "workload.compute": "mean [INF] (sets the time scale only), CV fitted",
+    "workload.reference_batch": "[S003 Tab.4] 4096 frames", "workload.batch_per_worker": "[S003 Tab.4]",
+    "workload.compute_fixed_s": "fitted", "workload.input_bytes_per_sample": "fitted (1320 fp32 inputs are 5280 B [DER])",
+    "workload.loader_buffer_samples": "fitted [INF] (Kaldi nnet1's randomizer buffer is 32768 frames [BK])",
+    "workload.loader_s_per_sample": "fitted", "workload.loader_buffer_cv": "[INF] whole utterances per buffer",
+    "workload.samples_per_epoch": "[DER] 960 h x 100 frames/s", "workload.epochs": "[INF]",
+}
+
+
+def _toml_line(dotted: str, value: Any) -> str:
+    line = f"{dotted.rsplit('.', 1)[1]} = {_toml_value(value)}"
+    tag = _TAGS.get(dotted)
+    return f"{line:<40} # {tag}" if tag else line
+
+
 def write_preset(result: FitResult, path: str | Path | None = None) -> Path:
     """Write the fitted preset TOML (with the fit's residuals as comments), atomically."""
     if path is None:
@@ -256,11 +282,11 @@ def write_preset(result: FitResult, path: str | Path | None = None) -> Path:
             if isinstance(v, dict):
                 subs.append((k, v))
             else:
-                lines.append(f"{k} = {_toml_value(v)}")
+                lines.append(_toml_line(f"{table}.{k}", v))
         for k, sub in subs:
             lines.append("")
             lines.append(f"[{table}.{k}]")
-            lines.extend(f"{kk} = {_toml_value(vv)}" for kk, vv in sub.items())
+            lines.extend(_toml_line(f"{table}.{k}.{kk}", vv) for kk, vv in sub.items())
     return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
