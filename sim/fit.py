@@ -18,29 +18,32 @@ Tables 1-3 are held out for validation and are not used here.
   contend for, which is what caps the 4-GPU speedup below 4 at long periods);
 - ``loader_buffer_samples`` and ``loader_s_per_sample`` -- the host-side data loader
   (:func:`psgdlab.sim.workload.loader_pauses`): each worker prepares its features a buffer of
-  about ``loader_buffer_samples`` frames at a time and blocks while it does [INF]. Kaldi's nnet1
-  frame-level trainer, for one, shuffles frames in a randomisation buffer that it fills from
-  whole utterances, ``--randomizer-size`` 32768 frames by default [BK]; Li et al. do not say
-  which loader they used. The fit lands at about 20k frames; 32768 fits the expected speedups
-  as well, but a refill every 128 steps at minibatch 256 needs windows several times longer
-  for the same seed-to-seed noise. Refills of different workers fall in
-  different sync blocks, so a block waits for whichever worker refilled: with a minibatch of
-  256 a refill comes every few dozen steps and the wait is paid once per block (cheap per step
-  at long periods, up to four refills' worth at short ones), with 4096 every few steps and it
-  averages out. This is what makes the minibatch-256 row of Table 5 fall more slowly with the
-  period than a per-block sync cost does (without it the best fit misses that row by 5.3 %);
+  about ``loader_buffer_samples`` frames at a time and blocks while it does [INF]. Refills of
+  different workers fall in different sync blocks, so a block waits for whichever worker
+  refilled: with a minibatch of 256 a worker refills every ~70 steps, so per step the refills
+  cost up to four workers' worth at short periods and about one worker's at long ones; with
+  4096 every ~4 steps, and it averages out. This is what makes the minibatch-256 row of Table 5
+  fall more slowly with the period than a per-block sync cost does, while the 1024 and 4096
+  rows follow one (the model without the loader, with absolute compute jitter instead, misses
+  that row by 5-5.5 % at best). Kaldi's nnet1 frame-level trainer, for one, shuffles frames in
+  a randomisation buffer that it fills from whole utterances, ``--randomizer-size`` 32768
+  frames by default [BK]; Li et al. do not say which loader they used. The fit lands at about
+  18k frames; 32768 fits the expected speedups about as well (in a Monte-Carlo stand-in), but
+  a refill every 128 steps at minibatch 256 needs windows several times longer for the same
+  seed-to-seed noise;
 - ``server_bandwidth_bytes_per_s`` and ``service_overhead_s`` -- the parameter server of ASGD
   (refitted on the two ASGD entries, which nothing else touches).
 
 The CV of the loader's buffer sizes is fixed (``LOADER_BUFFER_CV``), the absolute compute
-jitter is 0.
-Each evaluation averages the speedups of ``FIT_SEEDS`` seeds over windows of ``FIT_BLOCKS`` sync
-periods (at least ``MIN_STEPS`` steps), which keeps the fit from chasing one seed's noise.
+jitter is 0. Each evaluation averages the speedups of ``FIT_SEEDS`` seeds over windows of
+``FIT_BLOCKS`` sync periods (at least ``MIN_STEPS`` steps), which keeps the fit from chasing one
+seed's noise.
 
 :func:`write_preset` writes ``sim/presets/librispeech-gtx1080.toml`` (atomically) with the fitted
 values and the residuals in comments; ``python -m psgdlab.sim.fit`` does both (5-10 minutes:
-Nelder-Mead from ``_X0``, the result of a previous run). ``tests/sim/test_fit.py`` re-runs the
-simulator with the shipped preset and checks every table entry within 5 %.
+Nelder-Mead from ``_X0``, an exploratory fit with a Monte-Carlo stand-in for 4-worker BMUF).
+``tests/sim/test_fit.py`` re-runs the simulator with the shipped preset and checks every table
+entry within 5 %.
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ def simulated_speedups(params: dict[str, float], *, seeds: tuple[int, ...] = FIT
     return out
 
 
-#: starting point of the fit (a previous run's result) and the bounds of the non-server parameters
+#: starting point of the fit (an exploratory minimax fit with a Monte-Carlo stand-in for 4-worker
+#: BMUF: blocks of max-of-sums of step times) and the bounds of the non-server parameters
 _X0 = {"compute_fixed_s": 0.00756, "cv": 0.0014, "pcie_bandwidth_bytes_per_s": 3.2e9, "input_bytes_per_sample": 3.4e4,
        "loader_s_per_sample": 6.1e-6, "loader_buffer_samples": 2.1e4, "server_bandwidth_bytes_per_s": 3.0e10,
        "service_overhead_s": 0.06}
@@ -231,13 +235,15 @@ _TAGS = {
     "platform.staging": "[INF] MPI messages staged through host memory",
     "platform.pcie.latency_s": "[INF]",
     "platform.pcie.bandwidth_bytes_per_s": "fitted: effective per-socket bandwidth of the host-staged MPI path",
-    "platform.nic.latency_s": "[INF] unused on one host", "platform.nic.bandwidth_bytes_per_s": "[INF] unused on one host",
+    "platform.nic.latency_s": "[INF] unused on one host",
+    "platform.nic.bandwidth_bytes_per_s": "[INF] unused on one host",
     "platform.server.latency_s": "[INF]", "platform.server.bandwidth_bytes_per_s": "fitted (ASGD entries)",
     "platform.server.service_overhead_s": "fitted (ASGD entries)", "platform.server.apply_on_host": "[INF]",
     "workload.n_params": "[S003 §3.1] 13.5M", "workload.itemsize": "[INF] fp32",
     "workload.compute": "mean [INF] (sets the time scale only), CV fitted",
     "workload.reference_batch": "[S003 Tab.4] 4096 frames", "workload.batch_per_worker": "[S003 Tab.4]",
-    "workload.compute_fixed_s": "fitted", "workload.input_bytes_per_sample": "fitted (1320 fp32 inputs are 5280 B [DER])",
+    "workload.compute_fixed_s": "fitted",
+    "workload.input_bytes_per_sample": "fitted (1320 fp32 inputs are 5280 B [DER])",
     "workload.loader_buffer_samples": "fitted [INF] (Kaldi nnet1's randomizer buffer is 32768 frames [BK])",
     "workload.loader_s_per_sample": "fitted", "workload.loader_buffer_cv": "[INF] whole utterances per buffer",
     "workload.samples_per_epoch": "[DER] 960 h x 100 frames/s", "workload.epochs": "[INF]",

@@ -205,7 +205,8 @@ def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple
                               f"it is a parameter of {', '.join(takers)}")
     for name in algorithms:  # a bad configuration fails before the sweep has simulated anything
         for n in workers:
-            _prepare(name, n, config, **{k: kwargs.get(k) for k in ("period", "variant", "gpus_per_node", "stragglers")},
+            _prepare(name, n, config, period=kwargs.get("period"), variant=kwargs.get("variant"),
+                     gpus_per_node=kwargs.get("gpus_per_node"), stragglers=kwargs.get("stragglers"),
                      seed=kwargs.get("seed", 0))
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     out = []
