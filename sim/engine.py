@@ -65,7 +65,7 @@ from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import Placement, Platform
-from psgdlab.sim.workload import Workload
+from psgdlab.sim.workload import Workload, loader_pauses
 
 __all__ = ["SimResult", "simulate", "compute_times"]
 
@@ -94,7 +94,9 @@ def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
 
     Worker ``r`` draws from ``numpy.random.default_rng([seed, r])`` so adding workers does not
     change the draws of the others; straggler terms multiply and pause; the input copy over the
-    shared socket PCIe (``input_bytes_per_sample * batch``) is added.
+    shared socket PCIe (``input_bytes_per_sample * batch``) and the blocking data-loader refills
+    (:func:`~psgdlab.sim.workload.loader_pauses`, their own stream per worker) are added, so a
+    step's compute record covers all three.
     """
     dist = workload.compute_time
     out = np.empty((n_workers, steps))
@@ -109,6 +111,9 @@ def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
                 row = out[r]
                 for s in range(steps):
                     row[s] = only.compute_time(row[s], rank=r, step=s)
+    if workload.loader_buffer_samples > 0 and workload.loader_s_per_sample > 0:
+        for r in range(n_workers):
+            out[r] += loader_pauses(workload, steps, np.random.default_rng([seed, r, 0x10AD]))
     if network is not None and workload.input_bytes_per_sample > 0:
         nbytes = workload.input_bytes_per_sample * workload.batch_per_worker
         for r in range(n_workers):

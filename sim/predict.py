@@ -31,6 +31,7 @@ from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import SimResult, simulate
+from psgdlab.sim.platform import Placement
 from psgdlab.sim.workload import SimConfig
 
 __all__ = ["Prediction", "predict_one", "predict_sweep", "build_algorithm", "STEADY_TOLERANCE",
@@ -89,15 +90,26 @@ def _window(algorithm: Algorithm, steps: int | None) -> int:
     return max(DEFAULT_STEPS, 10 * int(period))
 
 
+def _prepare(name: str, n_workers: int, config: SimConfig, *, period: int | None, variant: str | None,
+             gpus_per_node: int | None, stragglers: str | None, seed: int) -> tuple[Algorithm, StragglerModel | None]:
+    """The algorithm and straggler model of one configuration, with its placement checked (every
+    configuration error surfaces here, before anything is simulated)."""
+    algorithm = build_algorithm(name, n_workers, config, period=period, variant=variant,
+                                gpus_per_node=gpus_per_node, seed=seed)
+    model = StragglerModel.parse(stragglers, seed=seed, n_workers=n_workers) if stragglers else None
+    per_host = gpus_per_node if gpus_per_node is not None else getattr(algorithm, "gpus_per_node", None)
+    Placement.pack(config.platform, n_workers, per_host)
+    return algorithm, model
+
+
 def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | None = None,
                 period: int | None = None, variant: str | None = None, gpus_per_node: int | None = None,
                 stragglers: str | None = None, seed: int = 0, baseline_samples_per_s: float | None = None,
                 record: bool = True) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring)."""
     workload = config.workload
-    algorithm = build_algorithm(name, n_workers, config, period=period, variant=variant,
-                                gpus_per_node=gpus_per_node, seed=seed)
-    model = StragglerModel.parse(stragglers, seed=seed, n_workers=n_workers) if stragglers else None
+    algorithm, model = _prepare(name, n_workers, config, period=period, variant=variant, gpus_per_node=gpus_per_node,
+                                stragglers=stragglers, seed=seed)
     window = _window(algorithm, steps)
     fixed_window = steps is not None
     while True:
@@ -191,6 +203,11 @@ def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple
                             if key in algorithm_parameters(a))
             raise ConfigError(f"--{key} ({kwargs[key]!r}) applies to none of {', '.join(algorithms)}; "
                               f"it is a parameter of {', '.join(takers)}")
+    for name in algorithms:  # a bad configuration fails before the sweep has simulated anything
+        for n in workers:
+            _prepare(name, n, config, period=kwargs.get("period"), variant=kwargs.get("variant"),
+                     gpus_per_node=kwargs.get("gpus_per_node"), stragglers=kwargs.get("stragglers"),
+                     seed=kwargs.get("seed", 0))
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     out = []
     for name in algorithms:

@@ -13,6 +13,15 @@ A :class:`Workload` is what one training job asks of the platform:
   do not shrink with the batch: CV :math:`\sqrt{cv^2 + (j/t(b))^2}`);
 - ``input_bytes_per_sample`` -- features copied to the device each step over the socket's PCIe
   link, which the devices behind a socket share (0 to ignore);
+- ``loader_buffer_samples``, ``loader_s_per_sample`` and ``loader_buffer_cv`` -- a host-side
+  data loader that prepares features a buffer at a time (a frame-randomisation buffer, an
+  archive of examples): when a worker's buffer runs out, the worker blocks while the next one is
+  read and prepared, ``loader_s_per_sample`` seconds per sample of that buffer. Buffer sizes are
+  gamma-distributed with mean ``loader_buffer_samples`` and CV ``loader_buffer_cv`` (buffers
+  hold whole utterances); 0 samples means a streaming loader that never blocks. Every worker
+  has its own loader; its position in its buffer at the start of the simulated window is drawn
+  from the stationary distribution, so workers refill at unrelated steps -- synchronous blocks
+  then wait for whichever worker refilled (see :func:`loader_pauses`);
 - ``samples_per_epoch``, ``epochs``, ``batch_per_worker`` and ``sample_unit`` (what one sample
   is: a 21-frame BLSTM chunk, one frame, ...).
 
@@ -30,12 +39,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from psgdlab.core.config import check_keys, load_dataclass, load_toml
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.timing import ComputeTime
 from psgdlab.sim.platform import Platform
 
-__all__ = ["Workload", "Defaults", "SimConfig", "load_config", "preset_names", "preset_path"]
+__all__ = ["Workload", "Defaults", "SimConfig", "load_config", "preset_names", "preset_path", "loader_pauses"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +63,9 @@ class Workload:
     compute_fixed_s: float = 0.0
     compute_jitter_s: float = 0.0
     input_bytes_per_sample: float = 0.0
+    loader_buffer_samples: float = 0.0
+    loader_s_per_sample: float = 0.0
+    loader_buffer_cv: float = 0.0
     samples_per_epoch: float = 1e6
     epochs: float = 1.0
     sample_unit: str = "samples"
@@ -70,6 +84,13 @@ class Workload:
                 self.compute_jitter_s, "must be >= 0 seconds")
         require(math.isfinite(self.input_bytes_per_sample) and self.input_bytes_per_sample >= 0,
                 "input_bytes_per_sample", self.input_bytes_per_sample, "must be >= 0")
+        require(math.isfinite(self.loader_buffer_samples) and (self.loader_buffer_samples == 0
+                                                               or self.loader_buffer_samples >= 1),
+                "loader_buffer_samples", self.loader_buffer_samples, "must be 0 (streaming) or >= 1 samples")
+        require(math.isfinite(self.loader_s_per_sample) and self.loader_s_per_sample >= 0, "loader_s_per_sample",
+                self.loader_s_per_sample, "must be >= 0 seconds")
+        require(math.isfinite(self.loader_buffer_cv) and 0 <= self.loader_buffer_cv <= 10, "loader_buffer_cv",
+                self.loader_buffer_cv, "must be in [0, 10]")
         require(self.samples_per_epoch > 0, "samples_per_epoch", self.samples_per_epoch, "must be > 0")
         require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
 
@@ -103,6 +124,52 @@ class Workload:
         from dataclasses import replace
 
         return replace(self, batch_per_worker=batch)
+
+
+def loader_pauses(workload: Workload, steps: int, rng: np.random.Generator) -> np.ndarray:
+    r"""Seconds one worker blocks on its data loader at each of ``steps`` steps (shape ``(steps,)``).
+
+    Step ``s`` consumes samples :math:`[s b, (s+1) b)` of the worker's stream (``b`` =
+    ``batch_per_worker``). The stream is cut into buffers of :math:`L_k` samples,
+    :math:`L_k \sim \text{Gamma}` with mean :math:`F` = ``loader_buffer_samples`` and CV
+    ``loader_buffer_cv``; a step that reaches the end of a buffer first loads the next one,
+    blocking for ``loader_s_per_sample`` :math:`\times L_{k+1}` (several when buffers are smaller
+    than a batch). The window starts in steady state: the buffer in use at sample 0 is drawn
+    length-biased (:math:`\text{Gamma}(k+1)` for shape :math:`k`) and the position in it
+    uniformly, so its remainder has the renewal process's stationary law. On average a step
+    blocks :math:`b \cdot` ``loader_s_per_sample``, the same as a single worker; what differs in
+    parallel is *when*: synchronous groups wait for whichever member is refilling.
+
+    Examples
+    --------
+    >>> w = Workload(batch_per_worker=100, loader_buffer_samples=1000, loader_s_per_sample=1e-3)
+    >>> p = loader_pauses(w, 50, np.random.default_rng(0))
+    >>> int(np.count_nonzero(p)), float(p.max())  # one 1-second refill every 10 steps
+    (5, 1.0)
+    """
+    out = np.zeros(steps)
+    F, c = workload.loader_buffer_samples, workload.loader_s_per_sample
+    if F <= 0 or c <= 0 or steps < 1:
+        return out
+    b = workload.batch_per_worker
+    cv = workload.loader_buffer_cv
+    shape = 1.0 / (cv * cv) if cv > 0 else 0.0
+
+    def buffers(k: int) -> np.ndarray:
+        return rng.gamma(shape, F / shape, k) if shape else np.full(k, F)
+
+    first = rng.gamma(shape + 1.0, F / shape) if shape else F  # length-biased: the buffer in use
+    start = rng.random() * first  # samples left in it at the start of the window
+    total = steps * b
+    n = int(total / F * 1.25) + 8
+    sizes = buffers(n)
+    while start + sizes.sum() - sizes[-1] < total:  # boundaries must cover the window
+        sizes = np.concatenate([sizes, buffers(n)])
+    ends = start + np.concatenate(([0.0], np.cumsum(sizes[:-1])))  # where buffer k (loaded then) begins
+    loaded = np.concatenate(([0.0], np.cumsum(sizes)))  # samples loaded by the first j refills
+    edges = np.searchsorted(ends, np.arange(steps + 1) * float(b), side="left")
+    out[:] = c * np.diff(loaded[edges])
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -107,3 +107,20 @@ def test_help_explains_units(capsys):
         main(["predict", "--help"])
     out = capsys.readouterr().out
     assert "seconds" in out and "sample unit" in out and "--straggler" in out
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"algorithms": ("ssgd",), "workers": (1, 8, 128)}, "hosts"),
+    ({"algorithms": ("ssgd", "bmuf"), "workers": (1, 2), "period": 0}, "period"),
+    ({"algorithms": ("ssgd",), "workers": (2, 4), "stragglers": "3:2"}, "rank"),
+])
+def test_a_bad_sweep_fails_before_simulating_anything(monkeypatch, kwargs, message):
+    """One clear error line, not a half-drawn progress bar after minutes of simulation."""
+    import psgdlab.sim.predict as predict
+
+    def no_simulation(*args, **kw):
+        raise AssertionError("simulated before validating the sweep")
+
+    monkeypatch.setattr(predict, "simulate", no_simulation)
+    with pytest.raises(ConfigError, match=message):
+        predict.predict_sweep(load_config(preset="interspeech2019-v100"), **kwargs)
