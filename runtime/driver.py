@@ -3,15 +3,21 @@ r"""The training loop of one rank: any algorithm of the core registry over a :cl
 The driver dispatches on exchange kinds (:mod:`psgdlab.core.exchange`), never on algorithm
 names, and follows the shared step semantics. One step of worker ``r`` at local step ``s``:
 
-1. under the model lock, snapshot the model (what ``"mix"`` exchanges send) and the count of
-   foreign merges; the gradient is computed on the snapshot of ``gradient_delay`` steps ago;
+1. under the model lock, take the model (what ``"mix"`` exchanges send) and the count of
+   foreign merges (no copy: the core kernels never modify an array in place, every update
+   makes a new one, so the reference stays a snapshot); the gradient is computed on the snapshot of ``gradient_delay`` steps ago;
 2. hand every *active* :class:`PairwiseAverage` and every :class:`Gossip` of the step to the
    communication thread, which runs it on the snapshot **while** the training thread computes
    the gradient (trace phase ``overlap``); passive entries are answered by the responder thread
    whenever the active peer asks (AD-PSGD's bipartite split: only active sides initiate, a
    passive side never waits, so no schedule can deadlock);
 3. wait for the communication thread (trace phase ``comm`` for the time blocked), allreduce the
-   gradient over each ``"grad"`` group;
+   gradient over each ``"grad"`` group -- a *sum*, whose ``1/n`` is folded into the update
+   (``local_update(..., grad_scale=1/n)``) instead of costing a divide pass. With real compute
+   and a :class:`~psgdlab.runtime.workloads.ModuleWorkload`, a schedule whose every step has
+   one gradient allreduce over the same group overlaps it with the backward pass in buckets
+   (:mod:`psgdlab.runtime.overlap`, DDP's scheme; trace: one ``overlap`` record with the bytes,
+   and a ``comm`` record for the time blocked after the compute);
 4. merge mixing results: ``params <- params + (mixed - sent)``, so local updates made during
    the exchange are kept; every merge (active or passive side) counts one foreign merge;
 5. apply ``algorithm.local_update``; staleness = foreign merges since the snapshot of step 1;
@@ -27,7 +33,8 @@ of its lock-stepped loop on every member (the training threads agree on how many
 have arrived with a tiny allgather), so the replicas of a node stay bit-identical.
 
 Emulated compute (``compute_time``): the real gradient is computed, then the thread sleeps until
-the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses).
+the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses);
+when the real compute alone takes longer, rank 0 warns once (:class:`TestbedWarning`).
 Real compute: stragglers sleep the extra ``(factor - 1) * duration`` (plus pauses).
 """
 
@@ -40,6 +47,7 @@ import queue
 import signal
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,7 +59,7 @@ import numpy as np
 import torch
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState, WorkerState
-from psgdlab.core.errors import TransportError
+from psgdlab.core.errors import TestbedWarning, TransportError
 from psgdlab.core.exchange import (
     EXCHANGE_KINDS,
     AllReduce,
@@ -77,6 +85,9 @@ log = logging.getLogger(__name__)
 CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
+
+#: bench hook: ``"0"`` turns the bucketed gradient-allreduce overlap off (to measure what it gains)
+OVERLAP_ENV = "PSGDLAB_OVERLAP"
 
 #: synchronous runs agree on a SIGTERM stop (a tiny allreduce) every this many steps
 STOP_CHECK_EVERY = 10
@@ -162,6 +173,18 @@ def collect_groups(algorithm: Algorithm, steps: int, scan: int = 512) -> list[tu
     return sorted(groups)
 
 
+def overlap_group(algorithm: Algorithm, rank: int, start: int, steps: int, scan: int = 512) -> tuple[int, ...] | None:
+    """The group of ``rank``'s gradient allreduce when every step of ``[start, steps)`` (the first
+    ``scan`` of them) has exactly one, over that same group of two or more ranks; else None."""
+    group = None
+    for s in range(start, min(steps, start + scan)):
+        grads = [ex for ex in algorithm.exchanges(s, rank) if isinstance(ex, AllReduce) and ex.payload == "grad"]
+        if len(grads) != 1 or len(grads[0].group) < 2 or (group is not None and tuple(grads[0].group) != group):
+            return None
+        group = tuple(grads[0].group)
+    return group
+
+
 def count_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> tuple[int, PairwiseAverage | None]:
     """Number of passive pairwise entries of ``rank`` in ``[start, steps)`` (the requests its
     responder will serve) and one of them (for the shard layout)."""
@@ -214,6 +237,8 @@ class _Worker:
         self.pending: deque[torch.Tensor] = deque()  # sharded passive deltas awaiting the node's agreement
         self.applied_passive = 0
         self.errors: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
+        self._overrun_warned = False
+        self.overruns = 0  # steps whose real compute outlasted the emulated compute time
         self.stop_requested = False
         self.jitter = float(os.environ.get(JITTER_ENV, "0") or 0)
         self._jitter_rng = np.random.default_rng([options.seed, rank, 77])
@@ -272,6 +297,7 @@ class _Worker:
                 if self.rank == leader:
                     src = self.resp.recv(header, None, Tags.PAIR_HEADER)
                     decision[0] = src - int(header[2])  # base rank of the active node
+                decision = decision.to(self.device)  # a collective: on the backend's device (NCCL: GPU)
                 self.resp.broadcast(decision, leader, group)
                 local = group.index(self.rank)
                 if self.rank != leader:
@@ -321,13 +347,27 @@ class _Worker:
         remaining = target - (time.perf_counter() - t0)
         if remaining > 0:
             time.sleep(remaining)
+        elif self.opt.compute_time is not None and step > self.opt.start_step:  # first step: warm-up
+            self.overruns += 1
+            self._warn_overrun(step, target, time.perf_counter() - t0)
         return grad, loss
+
+    def _warn_overrun(self, step: int, target_s: float, real_s: float) -> None:
+        """Say once (rank 0) that the real compute outlasts the emulated compute time."""
+        if self.rank != 0 or self._overrun_warned:
+            return
+        self._overrun_warned = True
+        message = (f"--compute-time is not honoured: step {step} of rank 0 computed for {real_s:.4g} s, longer than "
+                   f"the emulated {target_s:.4g} s (a smaller model, or a longer --compute-time, restores it)")
+        log.warning(message)
+        warnings.warn(message, TestbedWarning, stacklevel=2)
 
     def _merge_pending(self, group: tuple[int, ...]) -> None:
         """Apply the sharded passive merges every member of the node has received."""
         with self.lock:
             have = len(self.pending)
-        counts = self.main.allgather(torch.tensor([have], dtype=torch.int64), [1] * len(group), group)
+        counts = self.main.allgather(torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group),
+                                     group)
         k = int(counts.min())
         with self.lock:
             for _ in range(k):
@@ -353,6 +393,11 @@ class _Worker:
         t_prev = None
         sync = not alg.asynchronous and alg.n_workers > 1
         preempted = False
+        reducer = None
+        wanted = opt.compute_time is None and os.environ.get(OVERLAP_ENV, "1") != "0"
+        group = overlap_group(alg, self.rank, opt.start_step, opt.steps) if wanted else None
+        if group is not None and hasattr(self.workload, "overlap_allreduce"):
+            reducer = self.workload.overlap_allreduce(self.main, group)
         try:
             for s in range(opt.start_step, opt.steps):
                 self.step = s
@@ -362,7 +407,7 @@ class _Worker:
                 self._check_errors()
                 exchanges = alg.exchanges(s, self.rank)
                 with self.lock:
-                    snapshot = self.state.params.clone()
+                    snapshot = self.state.params  # never modified in place (step 1 of the docstring)
                     history.append((snapshot, self.merges))
                 read_w, read_merges = history[0]
                 jobs: list[Future] = []
@@ -385,13 +430,28 @@ class _Worker:
                     if t_j > t_c1:
                         self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_j,
                                        kind=_PAIR if any(isinstance(e, PairwiseAverage) for e in exchanges) else _GOSSIP)
+                scale = 1.0  # the gradient to apply is scale * grad
                 for ex in exchanges:
                     if isinstance(ex, AllReduce) and ex.payload == "grad":
-                        t0 = self.now()
-                        self._sleep_jitter()
-                        self.main.allreduce_mean(grad, ex.group)
-                        self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
-                                       kind=_ALLREDUCE, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+                        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
+                        if reducer is not None and tuple(ex.group) == reducer.group:
+                            grad = reducer.finish()
+                            t_end = self.now()
+                            started = reducer.first_start_s - self.origin if reducer.first_start_s else t_c1
+                            self.trace.add(rank=self.rank, step=s, phase="overlap", start_s=min(started, t_end),
+                                           end_s=t_end, kind=_ALLREDUCE, nbytes=nbytes)
+                            if t_end > t_c1:
+                                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_end,
+                                               kind=_ALLREDUCE)
+                        else:
+                            if scale != 1.0:
+                                grad = grad * scale
+                            t0 = self.now()
+                            self._sleep_jitter()
+                            self.main.allreduce_sum(grad, ex.group)
+                            self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
+                                           kind=_ALLREDUCE, nbytes=nbytes)
+                        scale = 1.0 / len(ex.group)
                 if sharded_group is not None:
                     self._merge_pending(sharded_group)
                 with self.lock:
@@ -399,7 +459,7 @@ class _Worker:
                         self.state = self.state.replace(params=self.state.params + delta)
                         self.merges += 1
                     staleness = self.merges - read_merges
-                    self.state = alg.local_update(self.state, grad, opt.lr_of(s))
+                    self.state = alg.local_update(self.state, grad, opt.lr_of(s), grad_scale=scale)
                 staleness = self._post_phase(exchanges, s, staleness)
                 self.trace.add(rank=self.rank, step=s, phase="compute", start_s=t_c0, end_s=t_c1,
                                staleness=int(staleness), loss=loss)
@@ -434,10 +494,13 @@ class _Worker:
             self._check_errors()
         finally:
             pool.shutdown(wait=True)
+            if reducer is not None:
+                self.workload.end_overlap()
+            self.main.close()
         final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
         return RankResult(rank=self.rank, trace=self.trace.array(), final_params=final,
                           trajectory=np.stack(trajectory) if trajectory else None, evaluations=evaluations,
-                          preempted=preempted, extra={"merges": self.merges})
+                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns})
 
     def _post_phase(self, exchanges: tuple[Exchange, ...], s: int, staleness: int) -> int:
         for ex in exchanges:
