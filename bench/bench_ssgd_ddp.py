@@ -7,7 +7,8 @@ Each round runs DDP (gloo), psgdlab ssgd with the bucketed gradient allreduce ov
 backward pass (the default) and psgdlab ssgd without it (``PSGDLAB_OVERLAP=0``: one allreduce of
 the flat gradient after the backward pass), one after another, so load from other processes
 hits all three alike. Prints samples/s of each run and the median over rounds of the per-round
-ratio to DDP (target >= 0.95). Shared machine: compare the ratios.
+ratio to DDP (target >= 0.95). DDP runs with ``THP_MEM_ALLOC_ENABLE=1`` like psgdlab's ranks
+(``runtime.launch.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # DDP's spawned workers: the allocator of our ranks
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 
 def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, batch: int, data: str,

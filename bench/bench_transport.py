@@ -16,7 +16,10 @@ Lines:
 - ``raw torch gloo``: ``dist.isend``/``dist.irecv`` and ``dist.all_reduce`` of the same buffer on
   a plain gloo group -- the ceiling of anything built on gloo's TCP transport.
 
-Each line prints MB/s and the ratio to raw MPI (target >= 0.8). Shared machine: noisy.
+Every case moves the same torch-allocated buffers (raw mpi4py through ``tensor.numpy()``), with
+``THP_MEM_ALLOC_ENABLE=1`` as the runtime's ranks have it (``runtime.launch.RANK_ENV``; set
+``THP_MEM_ALLOC_ENABLE=0`` to see torch's default 4 KiB pages). Each line prints MB/s and the
+ratio to raw MPI (target >= 0.8). Shared machine: noisy.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-import numpy as np
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch allocates (as the runtime's ranks)
+
+import torch  # noqa: E402
 
 
 def timed(fn: Callable[[], object], reps: int, barrier: Callable[[], object]) -> float:
@@ -73,7 +77,7 @@ def main() -> None:
         for r in reqs:
             r.wait()
 
-    buf = np.ones(n, dtype=np.float32)
+    c = torch.zeros(n)  # allreduces: zeros stay zeros (no overflow of repeated sums)
     cases: dict[str, Callable[[], object]] = {}
     if peer < size:
         cases |= {
@@ -84,12 +88,12 @@ def main() -> None:
             "pairwise raw torch gloo isend/irecv": gloo_sendrecv,
         }
     cases |= {
-        "allreduce raw mpi4py Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-        "allreduce mpi transport (sum)": lambda: mpi_t.allreduce_sum(a, group),
-        "allreduce mpi transport (mean)": lambda: mpi_t.allreduce_mean(a, group),
-        "allreduce gloo transport (sum)": lambda: gloo_t.allreduce_sum(a, group),
-        "allreduce gloo transport (mean)": lambda: gloo_t.allreduce_mean(a, group),
-        "allreduce raw torch gloo all_reduce": lambda: dist.all_reduce(a, group=raw_gloo),
+        "allreduce raw mpi4py Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, c.numpy(), op=MPI.SUM),
+        "allreduce mpi transport (sum)": lambda: mpi_t.allreduce_sum(c, group),
+        "allreduce mpi transport (mean)": lambda: mpi_t.allreduce_mean(c, group),
+        "allreduce gloo transport (sum)": lambda: gloo_t.allreduce_sum(c, group),
+        "allreduce gloo transport (mean)": lambda: gloo_t.allreduce_mean(c, group),
+        "allreduce raw torch gloo all_reduce": lambda: dist.all_reduce(c, group=raw_gloo),
     }
     for fn in cases.values():  # warm-up: connections, page faults
         fn()
@@ -99,7 +103,8 @@ def main() -> None:
             rounds[key].append(timed(fn, args.reps, comm.Barrier))
     if rank == 0:
         print(f"{size} ranks, {args.mib:g} MiB buffer, median of {args.rounds} interleaved rounds x "
-              f"{args.reps} repetitions; load average {os.getloadavg()[0]:.2f}")
+              f"{args.reps} repetitions; THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}; "
+              f"load average {os.getloadavg()[0]:.2f}")
         for kind in ("pairwise", "allreduce"):
             keys = [k for k in cases if k.startswith(kind)]
             if not keys:
