@@ -4,8 +4,9 @@ The driver dispatches on exchange kinds (:mod:`psgdlab.core.exchange`), never on
 names, and follows the shared step semantics. One step of worker ``r`` at local step ``s``:
 
 1. under the model lock, take the model (what ``"mix"`` exchanges send) and the count of
-   foreign merges (no copy: the core kernels never modify an array in place, every update
-   makes a new one, so the reference stays a snapshot); the gradient is computed on the snapshot of ``gradient_delay`` steps ago;
+   foreign merges -- no copy: the core kernels never modify an array in place, every update
+   makes a new one, so the reference stays a snapshot; the gradient is computed on the
+   snapshot of ``gradient_delay`` steps ago;
 2. hand every *active* :class:`PairwiseAverage` and every :class:`Gossip` of the step to the
    communication thread, which runs it on the snapshot **while** the training thread computes
    the gradient (trace phase ``overlap``); passive entries are answered by the responder thread
@@ -72,8 +73,9 @@ from psgdlab.core.exchange import (
 )
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
+from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.scan import collect_groups, count_passive, count_server_requests, overlap_group, shard_bounds
 from psgdlab.runtime.transport import Tags, Transport
 
 __all__ = ["DriverOptions", "RankResult", "run_worker", "run_server", "collect_groups", "count_passive",
@@ -158,61 +160,6 @@ class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was written."""
 
 
-# ----- schedule scans (pure) ----------------------------------------------------------------------
-def collect_groups(algorithm: Algorithm, steps: int, scan: int = 512) -> list[tuple[int, ...]]:
-    """Every sub-group a collective of the schedule uses (allreduce and allgather groups),
-    from the first ``scan`` steps of every rank (groups are static in every core algorithm)."""
-    groups: set[tuple[int, ...]] = {tuple(range(algorithm.n_workers))}
-    for s in range(min(steps, scan)):
-        for r in range(algorithm.n_workers):
-            for ex in algorithm.exchanges(s, r):
-                if isinstance(ex, (AllReduce, Barrier)):
-                    groups.add(tuple(ex.group))
-                elif isinstance(ex, PairwiseAverage) and ex.n_shards > 1:
-                    groups.add(tuple(ex.gather_group))
-    return sorted(groups)
-
-
-def overlap_group(algorithm: Algorithm, rank: int, start: int, steps: int, scan: int = 512) -> tuple[int, ...] | None:
-    """The group of ``rank``'s gradient allreduce when every step of ``[start, steps)`` (the first
-    ``scan`` of them) has exactly one, over that same group of two or more ranks; else None."""
-    group = None
-    for s in range(start, min(steps, start + scan)):
-        grads = [ex for ex in algorithm.exchanges(s, rank) if isinstance(ex, AllReduce) and ex.payload == "grad"]
-        if len(grads) != 1 or len(grads[0].group) < 2 or (group is not None and tuple(grads[0].group) != group):
-            return None
-        group = tuple(grads[0].group)
-    return group
-
-
-def count_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> tuple[int, PairwiseAverage | None]:
-    """Number of passive pairwise entries of ``rank`` in ``[start, steps)`` (the requests its
-    responder will serve) and one of them (for the shard layout)."""
-    n, example = 0, None
-    for s in range(start, steps):
-        for ex in algorithm.exchanges(s, rank):
-            if isinstance(ex, PairwiseAverage) and not ex.active:
-                n += 1
-                example = example or ex
-    return n, example
-
-
-def count_server_requests(algorithm: Algorithm, start: int, steps: int) -> int:
-    return sum(1 for r in range(algorithm.n_workers) for s in range(start, steps)
-               for ex in algorithm.exchanges(s, r) if isinstance(ex, ServerExchange))
-
-
-def _shard_bounds(n: int, n_shards: int) -> list[tuple[int, int]]:
-    """``numpy.array_split`` boundaries."""
-    base, extra = divmod(n, n_shards)
-    out, lo = [], 0
-    for i in range(n_shards):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
 # ----- the worker -----------------------------------------------------------------------------------
 class _Worker:
     def __init__(self, algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, rank: int,
@@ -256,7 +203,7 @@ class _Worker:
     def _active_pairwise(self, ex: PairwiseAverage, sent_full: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
         t0 = self.now()
         self._sleep_jitter()
-        lo, hi = _shard_bounds(self.n_params, ex.n_shards)[ex.shard]
+        lo, hi = shard_bounds(self.n_params, ex.n_shards)[ex.shard]
         sent = sent_full[lo:hi].contiguous()
         header = torch.tensor([step, self.rank, ex.shard, ex.n_shards], dtype=torch.int64)
         self.comm.send(header, ex.peer, Tags.PAIR_HEADER)
@@ -264,7 +211,7 @@ class _Worker:
         self.comm.sendrecv(sent, received, ex.peer, Tags.PAIR_PAYLOAD)
         delta = self.alg.mix(ex, sent, received) - sent
         if ex.n_shards > 1:
-            sizes = [b - a for a, b in _shard_bounds(self.n_params, ex.n_shards)]
+            sizes = [b - a for a, b in shard_bounds(self.n_params, ex.n_shards)]
             delta = self.comm.allgather(delta, sizes, ex.gather_group)
         nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
         rows = [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_PAIR, peer=ex.peer, nbytes=nbytes)]
@@ -309,14 +256,14 @@ class _Worker:
             shard, n_shards = int(header[2]), int(header[3])
             ex = PairwiseAverage(peer=src, active=False, shard=shard, n_shards=n_shards,
                                  gather_group=group if n_shards > 1 else ())
-            lo, hi = _shard_bounds(self.n_params, n_shards)[shard]
+            lo, hi = shard_bounds(self.n_params, n_shards)[shard]
             with self.lock:
                 sent = self.state.params[lo:hi].clone()
             received = torch.empty_like(sent)
             self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
             delta = self.alg.mix(ex, sent, received) - sent
             if n_shards > 1:
-                sizes = [b - a for a, b in _shard_bounds(self.n_params, n_shards)]
+                sizes = [b - a for a, b in shard_bounds(self.n_params, n_shards)]
                 delta = self.resp.allgather(delta, sizes, group)
                 with self.lock:
                     self.pending.append(delta)
