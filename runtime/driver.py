@@ -14,9 +14,10 @@ names, and follows the shared step semantics. One step of worker ``r`` at local 
    passive side never waits, so no schedule can deadlock);
 3. wait for the communication thread (trace phase ``comm`` for the time blocked), allreduce the
    gradient over each ``"grad"`` group -- a *sum*, whose ``1/n`` is folded into the update
-   (``local_update(..., grad_scale=1/n)``) instead of costing a divide pass. With real compute
-   and a :class:`~psgdlab.runtime.workloads.ModuleWorkload`, a schedule whose every step has
-   one gradient allreduce over the same group overlaps it with the backward pass in buckets
+   (``local_update(..., grad_scale=1/n)``) instead of costing a divide pass. With real compute,
+   a :class:`~psgdlab.runtime.workloads.ModuleWorkload` and NCCL (elsewhere on request:
+   :data:`OVERLAP_ENV`), a schedule whose every step has one gradient allreduce over the same
+   group overlaps it with the backward pass in buckets
    (:mod:`psgdlab.runtime.overlap`, DDP's scheme; trace: one ``overlap`` record with the bytes,
    and a ``comm`` record for the time blocked after the compute);
 4. merge mixing results: ``params <- params + (mixed - sent)``, so local updates made during
@@ -88,7 +89,11 @@ CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
 
-#: bench hook: ``"0"`` turns the bucketed gradient-allreduce overlap off (to measure what it gains)
+#: ``"0"``: no bucketed gradient-allreduce overlap; ``"1"``: overlap on every transport; unset:
+#: overlap where the asynchronous allreduce takes no CPU from the compute
+#: (:attr:`Transport.async_progress`: NCCL). On CPUs the allreduce's reductions and copies (gloo's
+#: threads, the MPI helper thread's polling) compete with the backward pass for the same cores:
+#: on 2 cores with 2 ranks the overlapped runs were slower (bench/bench_ssgd_ddp.py)
 OVERLAP_ENV = "PSGDLAB_OVERLAP"
 
 #: synchronous runs agree on a SIGTERM stop (a tiny allreduce) every this many steps
@@ -341,7 +346,8 @@ class _Worker:
         sync = not alg.asynchronous and alg.n_workers > 1
         preempted = False
         reducer = None
-        wanted = opt.compute_time is None and os.environ.get(OVERLAP_ENV, "1") != "0"
+        choice = os.environ.get(OVERLAP_ENV, "")
+        wanted = opt.compute_time is None and (choice == "1" or (choice != "0" and self.main.async_progress))
         group = overlap_group(alg, self.rank, opt.start_step, opt.steps) if wanted else None
         if group is not None and hasattr(self.workload, "overlap_allreduce"):
             reducer = self.workload.overlap_allreduce(self.main, group)

@@ -69,6 +69,9 @@ class Transport(ABC):
     rank: int
     world_size: int
     device: torch.device
+    #: True when :meth:`allreduce_sum_async` progresses without taking CPU time from the compute
+    #: (NCCL on GPUs); then the driver overlaps the gradient allreduce with the backward pass
+    async_progress: bool = False
     _world: Any  # the backend's handle for all ranks
     _groups: dict[tuple[int, ...], Any]  # the backend's handles for the groups made at start-up
 
