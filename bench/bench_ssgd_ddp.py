@@ -1,21 +1,30 @@
-"""psgdlab SSGD against plain PyTorch DDP: same workers, model, batch, synthetic data (gloo).
+"""psgdlab SSGD against plain PyTorch DDP: same workers, model, batch, synthetic data.
 
     PYTHONPATH=$PWD python bench/bench_ssgd_ddp.py [--workers 2] [--model blstm-small] [--steps 30]
+        [--rounds 3] [--backend gloo|mpi]
 
-Prints samples/s of both and the ratio (target >= 0.95). Shared machine: compare the ratio.
+Each round runs DDP (gloo), psgdlab ssgd with the bucketed gradient allreduce overlapped with the
+backward pass (the default) and psgdlab ssgd without it (``PSGDLAB_OVERLAP=0``: one allreduce of
+the flat gradient after the backward pass), one after another, so load from other processes
+hits all three alike. Prints samples/s of each run and the median over rounds of the per-round
+ratio to DDP (target >= 0.95). DDP runs with ``THP_MEM_ALLOC_ENABLE=1`` like psgdlab's ranks
+(``runtime.launch.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # DDP's spawned workers: the allocator of our ranks
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 
 def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, batch: int, data: str,
@@ -54,24 +63,35 @@ def main() -> None:
     parser.add_argument("--model", default="blstm-small")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "mpi"))
     args = parser.parse_args()
     from psgdlab.runtime.config import TrainConfig
     from psgdlab.runtime.data import synthetic_corpus
+    from psgdlab.runtime.driver import OVERLAP_ENV
     from psgdlab.runtime.launch import free_port, launch
 
     tmp = Path(tempfile.mkdtemp(prefix="psgdlab-bench-"))
     data = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=64, seed=0))
     out = tmp / "ddp.txt"
-    mp.spawn(_ddp_worker, args=(args.workers, free_port(), args.model, args.steps, args.batch, data, str(out)),
-             nprocs=args.workers)
-    ddp = float(out.read_text())
-    config = TrainConfig(algorithm="ssgd", workers=args.workers, model=args.model, data=data, steps=args.steps,
-                         batch=args.batch, out=str(tmp / "ssgd"), evaluate=False)
-    ours = launch(config, quiet=True)["samples_per_s"]
-    print(f"{args.workers} workers, {args.model}, batch {args.batch}, {args.steps} steps (gloo)")
-    print(f"  PyTorch DDP     samples/s {ddp:9.1f}")
-    print(f"  psgdlab ssgd    samples/s {ours:9.1f}")
-    print(f"  ratio ssgd / DDP: {ours / ddp:.2f} (target >= 0.95)")
+    rates: dict[str, list[float]] = {"PyTorch DDP (gloo)": [], "ssgd, overlapped": [], "ssgd, not overlapped": []}
+    print(f"{args.workers} workers, {args.model}, batch {args.batch}, {args.steps} steps, ssgd on {args.backend}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    for i in range(args.rounds):
+        mp.spawn(_ddp_worker, args=(args.workers, free_port(), args.model, args.steps, args.batch, data, str(out)),
+                 nprocs=args.workers)
+        rates["PyTorch DDP (gloo)"].append(float(out.read_text()))
+        for key, overlap in (("ssgd, overlapped", "1"), ("ssgd, not overlapped", "0")):
+            config = TrainConfig(algorithm="ssgd", workers=args.workers, model=args.model, data=data,
+                                 steps=args.steps, batch=args.batch, backend=args.backend,
+                                 out=str(tmp / f"ssgd{i}{overlap}"), evaluate=False)
+            rates[key].append(launch(config, quiet=True, extra_env={OVERLAP_ENV: overlap})["samples_per_s"])
+        print(f"  round {i}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()) + " samples/s")
+    ddp = rates["PyTorch DDP (gloo)"]
+    for key, vals in rates.items():
+        ratio = statistics.median(v / d for v, d in zip(vals, ddp))
+        print(f"  {key:22s} median samples/s {statistics.median(vals):8.1f}   median ratio to DDP {ratio:.2f}")
+    print(f"  target: ssgd / DDP >= 0.95; load average now {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

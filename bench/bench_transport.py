@@ -2,24 +2,40 @@
 
 Run under the venv's mpiexec (2 ranks by default; every rank also joins a gloo group)::
 
-    PYTHONPATH=$PWD .venv/bin/mpiexec -n 2 python bench/bench_transport.py [--mib 16] [--reps 20]
+    PYTHONPATH=$PWD .venv/bin/mpiexec -n 2 python bench/bench_transport.py [--mib 16] [--reps 10] [--rounds 5]
 
-Prints MB/s of raw ``Sendrecv``/``Allreduce`` and of the ``mpi`` and ``gloo`` transports on the
-same buffer, and each transport's ratio to raw MPI (target >= 0.8). Shared machine: noisy.
+Every implementation is timed in ``--rounds`` interleaved rounds of ``--reps`` repetitions (so a
+burst of load from another process hits all of them alike) and the median round is reported.
+Lines:
+
+- ``raw mpi4py``: ``Sendrecv`` / in-place ``Allreduce(SUM)`` of the buffer (the reference);
+- ``mpi transport`` / ``gloo transport``: :meth:`Transport.sendrecv` and
+  :meth:`Transport.allreduce_sum` (what the driver's gradient allreduce runs; the 1/n is folded
+  into the learning rate), and :meth:`Transport.allreduce_mean` (sum, then a divide pass; the
+  model allreduces of BSP/BMUF/EASGD use it);
+- ``raw torch gloo``: ``dist.isend``/``dist.irecv`` and ``dist.all_reduce`` of the same buffer on
+  a plain gloo group -- the ceiling of anything built on gloo's TCP transport.
+
+Every case moves the same torch-allocated buffers (raw mpi4py through ``tensor.numpy()``), with
+``THP_MEM_ALLOC_ENABLE=1`` as the runtime's ranks have it (``runtime.launch.RANK_ENV``; set
+``THP_MEM_ALLOC_ENABLE=0`` to see torch's default 4 KiB pages). Each line prints MB/s and the
+ratio to raw MPI (target >= 0.8). Shared machine: noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from collections.abc import Callable
 
-import numpy as np
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch allocates (as the runtime's ranks)
+
+import torch  # noqa: E402
 
 
-def timed(fn, reps: int, barrier) -> float:
-    fn()
+def timed(fn: Callable[[], object], reps: int, barrier: Callable[[], object]) -> float:
     barrier()
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -31,10 +47,13 @@ def timed(fn, reps: int, barrier) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=float, default=16.0)
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     from mpi4py import MPI
+
+    import torch.distributed as dist
 
     from psgdlab.runtime.launch import free_port
     from psgdlab.runtime.transport import launch_env, open_channels
@@ -46,34 +65,54 @@ def main() -> None:
     env = launch_env()
     mpi_t = open_channels("mpi", env=env, groups=[], timeout_s=120)["main"]
     gloo_t = open_channels("gloo", env=env, groups=[], timeout_s=120)["main"]
+    raw_gloo = dist.new_group(list(range(size)), backend="gloo")
     n = int(args.mib * 2**20 / 4)
     a, b = torch.ones(n), torch.empty(n)
     peer = rank ^ 1
     group = tuple(range(size))
     nbytes = n * 4
-    results = {}
-    barrier = comm.Barrier
-    if peer < size:
-        results["pairwise raw mpi4py Sendrecv"] = timed(
-            lambda: comm.Sendrecv(a.numpy(), dest=peer, recvbuf=b.numpy(), source=peer), args.reps, barrier)
-        results["pairwise mpi transport"] = timed(lambda: mpi_t.sendrecv(a, b, peer, 5), args.reps, barrier)
-        results["pairwise gloo transport"] = timed(lambda: gloo_t.sendrecv(a, b, peer, 5), args.reps, barrier)
-    buf = np.ones(n, dtype=np.float32)
-    results["allreduce raw mpi4py Allreduce"] = timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                                                      args.reps, barrier)
-    results["allreduce mpi transport"] = timed(lambda: mpi_t.allreduce_mean(a, group), args.reps, barrier)
-    results["allreduce gloo transport"] = timed(lambda: gloo_t.allreduce_mean(a, group), args.reps, barrier)
-    if rank == 0:
-        print(f"{size} ranks, {args.mib:g} MiB buffer, {args.reps} repetitions")
-        for kind in ("pairwise", "allreduce"):
-            raw = next((v for k, v in results.items() if k.startswith(kind) and "raw" in k), None)
-            if raw is None:
-                continue
-            for key, t in results.items():
-                if key.startswith(kind):
-                    print(f"  {key:32s} {nbytes / t / 1e6:9.1f} MB/s   ratio to raw MPI {raw / t:.2f}")
-    import torch.distributed as dist
 
+    def gloo_sendrecv() -> None:
+        reqs = [dist.isend(a, dst=peer, group=raw_gloo, tag=7), dist.irecv(b, src=peer, group=raw_gloo, tag=7)]
+        for r in reqs:
+            r.wait()
+
+    c = torch.zeros(n)  # allreduces: zeros stay zeros (no overflow of repeated sums)
+    cases: dict[str, Callable[[], object]] = {}
+    if peer < size:
+        cases |= {
+            "pairwise raw mpi4py Sendrecv": lambda: comm.Sendrecv(a.numpy(), dest=peer, recvbuf=b.numpy(),
+                                                                  source=peer),
+            "pairwise mpi transport": lambda: mpi_t.sendrecv(a, b, peer, 5),
+            "pairwise gloo transport": lambda: gloo_t.sendrecv(a, b, peer, 5),
+            "pairwise raw torch gloo isend/irecv": gloo_sendrecv,
+        }
+    cases |= {
+        "allreduce raw mpi4py Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, c.numpy(), op=MPI.SUM),
+        "allreduce mpi transport (sum)": lambda: mpi_t.allreduce_sum(c, group),
+        "allreduce mpi transport (mean)": lambda: mpi_t.allreduce_mean(c, group),
+        "allreduce gloo transport (sum)": lambda: gloo_t.allreduce_sum(c, group),
+        "allreduce gloo transport (mean)": lambda: gloo_t.allreduce_mean(c, group),
+        "allreduce raw torch gloo all_reduce": lambda: dist.all_reduce(c, group=raw_gloo),
+    }
+    for fn in cases.values():  # warm-up: connections, page faults
+        fn()
+    rounds: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(args.rounds):
+        for key, fn in cases.items():
+            rounds[key].append(timed(fn, args.reps, comm.Barrier))
+    if rank == 0:
+        print(f"{size} ranks, {args.mib:g} MiB buffer, median of {args.rounds} interleaved rounds x "
+              f"{args.reps} repetitions; THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}; "
+              f"load average {os.getloadavg()[0]:.2f}")
+        for kind in ("pairwise", "allreduce"):
+            keys = [k for k in cases if k.startswith(kind)]
+            if not keys:
+                continue
+            med = {k: statistics.median(rounds[k]) for k in keys}
+            raw = med[keys[0]]
+            for key in keys:
+                print(f"  {key:38s} {nbytes / med[key] / 1e6:9.1f} MB/s   ratio to raw MPI {raw / med[key]:.2f}")
     dist.destroy_process_group()
 
 

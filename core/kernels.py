@@ -38,16 +38,24 @@ def clone(x: Array) -> Array:
 
 
 def sgd_step(params: Array, grad: Array, lr: float, momentum_buf: Array | None = None,
-             momentum: float = 0.0) -> tuple[Array, Array | None]:
-    r"""One SGD step, with optional heavy-ball momentum (PyTorch's convention).
+             momentum: float = 0.0, grad_scale: float = 1.0) -> tuple[Array, Array | None]:
+    r"""One SGD step on the gradient :math:`g = c\,\hat g` (``grad_scale`` :math:`c` times ``grad``),
+    with optional heavy-ball momentum (PyTorch's convention).
 
     .. math:: b \leftarrow \mu b + g, \qquad \theta \leftarrow \theta - \alpha b
 
-    With ``momentum == 0`` this is :math:`\theta - \alpha g` and the buffer stays ``None``.
+    With ``momentum == 0`` this is :math:`\theta - (\alpha c)\hat g`: the scale folds into the
+    learning rate at no cost, which is how an executor that allreduces the *sum* of ``n``
+    gradients applies their mean (``grad_scale = 1/n``) without a divide pass. With momentum the
+    buffer holds the scaled gradient, exactly as if the mean had been passed.
     """
     if momentum == 0.0:
-        return params - lr * grad, None
-    buf = clone(grad) if momentum_buf is None else momentum * momentum_buf + grad
+        return params - (lr * grad_scale) * grad, None
+    g = grad if grad_scale == 1.0 else grad * grad_scale
+    if momentum_buf is None:
+        buf = clone(g) if g is grad else g
+    else:
+        buf = momentum * momentum_buf + g
     return params - lr * buf, buf
 
 

@@ -21,6 +21,9 @@ import os
 import sys
 from pathlib import Path
 
+# before torch allocates: large CPU tensors on transparent huge pages (see runtime.launch.RANK_ENV)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 
 def main(argv: list[str] | None = None) -> int:
     from psgdlab.commands.train import add_train_arguments, config_from_args

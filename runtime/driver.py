@@ -3,15 +3,23 @@ r"""The training loop of one rank: any algorithm of the core registry over a :cl
 The driver dispatches on exchange kinds (:mod:`psgdlab.core.exchange`), never on algorithm
 names, and follows the shared step semantics. One step of worker ``r`` at local step ``s``:
 
-1. under the model lock, snapshot the model (what ``"mix"`` exchanges send) and the count of
-   foreign merges; the gradient is computed on the snapshot of ``gradient_delay`` steps ago;
+1. under the model lock, take the model (what ``"mix"`` exchanges send) and the count of
+   foreign merges -- no copy: the core kernels never modify an array in place, every update
+   makes a new one, so the reference stays a snapshot; the gradient is computed on the
+   snapshot of ``gradient_delay`` steps ago;
 2. hand every *active* :class:`PairwiseAverage` and every :class:`Gossip` of the step to the
    communication thread, which runs it on the snapshot **while** the training thread computes
    the gradient (trace phase ``overlap``); passive entries are answered by the responder thread
    whenever the active peer asks (AD-PSGD's bipartite split: only active sides initiate, a
    passive side never waits, so no schedule can deadlock);
 3. wait for the communication thread (trace phase ``comm`` for the time blocked), allreduce the
-   gradient over each ``"grad"`` group;
+   gradient over each ``"grad"`` group -- a *sum*, whose ``1/n`` is folded into the update
+   (``local_update(..., grad_scale=1/n)``) instead of costing a divide pass. With real compute,
+   a :class:`~psgdlab.runtime.workloads.ModuleWorkload` and NCCL (elsewhere on request:
+   :data:`OVERLAP_ENV`), a schedule whose every step has one gradient allreduce over the same
+   group overlaps it with the backward pass in buckets
+   (:mod:`psgdlab.runtime.overlap`, DDP's scheme; trace: one ``overlap`` record with the bytes,
+   and a ``comm`` record for the time blocked after the compute);
 4. merge mixing results: ``params <- params + (mixed - sent)``, so local updates made during
    the exchange are kept; every merge (active or passive side) counts one foreign merge;
 5. apply ``algorithm.local_update``; staleness = foreign merges since the snapshot of step 1;
@@ -27,7 +35,8 @@ of its lock-stepped loop on every member (the training threads agree on how many
 have arrived with a tiny allgather), so the replicas of a node stay bit-identical.
 
 Emulated compute (``compute_time``): the real gradient is computed, then the thread sleeps until
-the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses).
+the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses);
+when the real compute alone takes longer, rank 0 warns once (:class:`TestbedWarning`).
 Real compute: stragglers sleep the extra ``(factor - 1) * duration`` (plus pauses).
 """
 
@@ -40,6 +49,7 @@ import queue
 import signal
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,7 +61,7 @@ import numpy as np
 import torch
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState, WorkerState
-from psgdlab.core.errors import TransportError
+from psgdlab.core.errors import TestbedWarning, TransportError
 from psgdlab.core.exchange import (
     EXCHANGE_KINDS,
     AllReduce,
@@ -64,8 +74,9 @@ from psgdlab.core.exchange import (
 )
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
+from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.scan import collect_groups, count_passive, count_server_requests, overlap_group, shard_bounds
 from psgdlab.runtime.transport import Tags, Transport
 
 __all__ = ["DriverOptions", "RankResult", "run_worker", "run_server", "collect_groups", "count_passive",
@@ -77,6 +88,13 @@ log = logging.getLogger(__name__)
 CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
+
+#: ``"0"``: no bucketed gradient-allreduce overlap; ``"1"``: overlap on every transport; unset:
+#: overlap where the asynchronous allreduce takes no CPU from the compute
+#: (:attr:`Transport.async_progress`: NCCL). On CPUs the allreduce's reductions and copies (gloo's
+#: threads, the MPI helper thread's polling) compete with the backward pass for the same cores:
+#: on 2 cores with 2 ranks the overlapped runs were slower (bench/bench_ssgd_ddp.py)
+OVERLAP_ENV = "PSGDLAB_OVERLAP"
 
 #: synchronous runs agree on a SIGTERM stop (a tiny allreduce) every this many steps
 STOP_CHECK_EVERY = 10
@@ -147,49 +165,6 @@ class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was written."""
 
 
-# ----- schedule scans (pure) ----------------------------------------------------------------------
-def collect_groups(algorithm: Algorithm, steps: int, scan: int = 512) -> list[tuple[int, ...]]:
-    """Every sub-group a collective of the schedule uses (allreduce and allgather groups),
-    from the first ``scan`` steps of every rank (groups are static in every core algorithm)."""
-    groups: set[tuple[int, ...]] = {tuple(range(algorithm.n_workers))}
-    for s in range(min(steps, scan)):
-        for r in range(algorithm.n_workers):
-            for ex in algorithm.exchanges(s, r):
-                if isinstance(ex, (AllReduce, Barrier)):
-                    groups.add(tuple(ex.group))
-                elif isinstance(ex, PairwiseAverage) and ex.n_shards > 1:
-                    groups.add(tuple(ex.gather_group))
-    return sorted(groups)
-
-
-def count_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> tuple[int, PairwiseAverage | None]:
-    """Number of passive pairwise entries of ``rank`` in ``[start, steps)`` (the requests its
-    responder will serve) and one of them (for the shard layout)."""
-    n, example = 0, None
-    for s in range(start, steps):
-        for ex in algorithm.exchanges(s, rank):
-            if isinstance(ex, PairwiseAverage) and not ex.active:
-                n += 1
-                example = example or ex
-    return n, example
-
-
-def count_server_requests(algorithm: Algorithm, start: int, steps: int) -> int:
-    return sum(1 for r in range(algorithm.n_workers) for s in range(start, steps)
-               for ex in algorithm.exchanges(s, r) if isinstance(ex, ServerExchange))
-
-
-def _shard_bounds(n: int, n_shards: int) -> list[tuple[int, int]]:
-    """``numpy.array_split`` boundaries."""
-    base, extra = divmod(n, n_shards)
-    out, lo = [], 0
-    for i in range(n_shards):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
 # ----- the worker -----------------------------------------------------------------------------------
 class _Worker:
     def __init__(self, algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, rank: int,
@@ -214,6 +189,8 @@ class _Worker:
         self.pending: deque[torch.Tensor] = deque()  # sharded passive deltas awaiting the node's agreement
         self.applied_passive = 0
         self.errors: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
+        self._overrun_warned = False
+        self.overruns = 0  # steps whose real compute outlasted the emulated compute time
         self.stop_requested = False
         self.jitter = float(os.environ.get(JITTER_ENV, "0") or 0)
         self._jitter_rng = np.random.default_rng([options.seed, rank, 77])
@@ -231,7 +208,7 @@ class _Worker:
     def _active_pairwise(self, ex: PairwiseAverage, sent_full: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
         t0 = self.now()
         self._sleep_jitter()
-        lo, hi = _shard_bounds(self.n_params, ex.n_shards)[ex.shard]
+        lo, hi = shard_bounds(self.n_params, ex.n_shards)[ex.shard]
         sent = sent_full[lo:hi].contiguous()
         header = torch.tensor([step, self.rank, ex.shard, ex.n_shards], dtype=torch.int64)
         self.comm.send(header, ex.peer, Tags.PAIR_HEADER)
@@ -239,7 +216,7 @@ class _Worker:
         self.comm.sendrecv(sent, received, ex.peer, Tags.PAIR_PAYLOAD)
         delta = self.alg.mix(ex, sent, received) - sent
         if ex.n_shards > 1:
-            sizes = [b - a for a, b in _shard_bounds(self.n_params, ex.n_shards)]
+            sizes = [b - a for a, b in shard_bounds(self.n_params, ex.n_shards)]
             delta = self.comm.allgather(delta, sizes, ex.gather_group)
         nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
         rows = [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_PAIR, peer=ex.peer, nbytes=nbytes)]
@@ -272,6 +249,7 @@ class _Worker:
                 if self.rank == leader:
                     src = self.resp.recv(header, None, Tags.PAIR_HEADER)
                     decision[0] = src - int(header[2])  # base rank of the active node
+                decision = decision.to(self.device)  # a collective: on the backend's device (NCCL: GPU)
                 self.resp.broadcast(decision, leader, group)
                 local = group.index(self.rank)
                 if self.rank != leader:
@@ -283,14 +261,14 @@ class _Worker:
             shard, n_shards = int(header[2]), int(header[3])
             ex = PairwiseAverage(peer=src, active=False, shard=shard, n_shards=n_shards,
                                  gather_group=group if n_shards > 1 else ())
-            lo, hi = _shard_bounds(self.n_params, n_shards)[shard]
+            lo, hi = shard_bounds(self.n_params, n_shards)[shard]
             with self.lock:
                 sent = self.state.params[lo:hi].clone()
             received = torch.empty_like(sent)
             self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
             delta = self.alg.mix(ex, sent, received) - sent
             if n_shards > 1:
-                sizes = [b - a for a, b in _shard_bounds(self.n_params, n_shards)]
+                sizes = [b - a for a, b in shard_bounds(self.n_params, n_shards)]
                 delta = self.resp.allgather(delta, sizes, group)
                 with self.lock:
                     self.pending.append(delta)
@@ -321,13 +299,27 @@ class _Worker:
         remaining = target - (time.perf_counter() - t0)
         if remaining > 0:
             time.sleep(remaining)
+        elif self.opt.compute_time is not None and step > self.opt.start_step:  # first step: warm-up
+            self.overruns += 1
+            self._warn_overrun(step, target, time.perf_counter() - t0)
         return grad, loss
+
+    def _warn_overrun(self, step: int, target_s: float, real_s: float) -> None:
+        """Say once (rank 0) that the real compute outlasts the emulated compute time."""
+        if self.rank != 0 or self._overrun_warned:
+            return
+        self._overrun_warned = True
+        message = (f"--compute-time is not honoured: step {step} of rank 0 computed for {real_s:.4g} s, longer than "
+                   f"the emulated {target_s:.4g} s (a smaller model, or a longer --compute-time, restores it)")
+        log.warning(message)
+        warnings.warn(message, TestbedWarning, stacklevel=2)
 
     def _merge_pending(self, group: tuple[int, ...]) -> None:
         """Apply the sharded passive merges every member of the node has received."""
         with self.lock:
             have = len(self.pending)
-        counts = self.main.allgather(torch.tensor([have], dtype=torch.int64), [1] * len(group), group)
+        counts = self.main.allgather(torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group),
+                                     group)
         k = int(counts.min())
         with self.lock:
             for _ in range(k):
@@ -353,6 +345,12 @@ class _Worker:
         t_prev = None
         sync = not alg.asynchronous and alg.n_workers > 1
         preempted = False
+        reducer = None
+        choice = os.environ.get(OVERLAP_ENV, "")
+        wanted = opt.compute_time is None and (choice == "1" or (choice != "0" and self.main.async_progress))
+        group = overlap_group(alg, self.rank, opt.start_step, opt.steps) if wanted else None
+        if group is not None and hasattr(self.workload, "overlap_allreduce"):
+            reducer = self.workload.overlap_allreduce(self.main, group)
         try:
             for s in range(opt.start_step, opt.steps):
                 self.step = s
@@ -362,7 +360,7 @@ class _Worker:
                 self._check_errors()
                 exchanges = alg.exchanges(s, self.rank)
                 with self.lock:
-                    snapshot = self.state.params.clone()
+                    snapshot = self.state.params  # never modified in place (step 1 of the docstring)
                     history.append((snapshot, self.merges))
                 read_w, read_merges = history[0]
                 jobs: list[Future] = []
@@ -385,13 +383,28 @@ class _Worker:
                     if t_j > t_c1:
                         self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_j,
                                        kind=_PAIR if any(isinstance(e, PairwiseAverage) for e in exchanges) else _GOSSIP)
+                scale = 1.0  # the gradient to apply is scale * grad
                 for ex in exchanges:
                     if isinstance(ex, AllReduce) and ex.payload == "grad":
-                        t0 = self.now()
-                        self._sleep_jitter()
-                        self.main.allreduce_mean(grad, ex.group)
-                        self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
-                                       kind=_ALLREDUCE, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+                        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
+                        if reducer is not None and tuple(ex.group) == reducer.group:
+                            grad = reducer.finish()
+                            t_end = self.now()
+                            started = reducer.first_start_s - self.origin if reducer.first_start_s else t_c1
+                            self.trace.add(rank=self.rank, step=s, phase="overlap", start_s=min(started, t_end),
+                                           end_s=t_end, kind=_ALLREDUCE, nbytes=nbytes)
+                            if t_end > t_c1:
+                                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_end,
+                                               kind=_ALLREDUCE)
+                        else:
+                            if scale != 1.0:
+                                grad = grad * scale
+                            t0 = self.now()
+                            self._sleep_jitter()
+                            self.main.allreduce_sum(grad, ex.group)
+                            self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
+                                           kind=_ALLREDUCE, nbytes=nbytes)
+                        scale = 1.0 / len(ex.group)
                 if sharded_group is not None:
                     self._merge_pending(sharded_group)
                 with self.lock:
@@ -399,7 +412,7 @@ class _Worker:
                         self.state = self.state.replace(params=self.state.params + delta)
                         self.merges += 1
                     staleness = self.merges - read_merges
-                    self.state = alg.local_update(self.state, grad, opt.lr_of(s))
+                    self.state = alg.local_update(self.state, grad, opt.lr_of(s), grad_scale=scale)
                 staleness = self._post_phase(exchanges, s, staleness)
                 self.trace.add(rank=self.rank, step=s, phase="compute", start_s=t_c0, end_s=t_c1,
                                staleness=int(staleness), loss=loss)
@@ -434,10 +447,13 @@ class _Worker:
             self._check_errors()
         finally:
             pool.shutdown(wait=True)
+            if reducer is not None:
+                self.workload.end_overlap()
+            self.main.close()
         final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
         return RankResult(rank=self.rank, trace=self.trace.array(), final_params=final,
                           trajectory=np.stack(trajectory) if trajectory else None, evaluations=evaluations,
-                          preempted=preempted, extra={"merges": self.merges})
+                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns})
 
     def _post_phase(self, exchanges: tuple[Exchange, ...], s: int, staleness: int) -> int:
         for ex in exchanges:

@@ -31,6 +31,11 @@ from psgdlab.runtime.config import TrainConfig, world_size_of
 __all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
 
 RANKS_DIR = ".ranks"
+#: set for every rank unless the caller's environment says otherwise. ``THP_MEM_ALLOC_ENABLE``
+#: makes torch's CPU allocator put tensors of 2 MiB and more on transparent huge pages (madvise;
+#: numpy does the same for its arrays): MPICH's shared-memory copies of a 16 MiB buffer ran about
+#: 1.4x faster from huge pages than from torch's default 4 KiB pages (bench/bench_transport.py)
+RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 GRACE_S = 5.0
 
 
@@ -78,6 +83,8 @@ def launch(config: TrainConfig, *, extra_env: dict[str, str] | None = None, time
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
     env = dict(os.environ)
     env.update(extra_env or {})
+    for key, value in RANK_ENV.items():
+        env.setdefault(key, value)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
     cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]

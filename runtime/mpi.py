@@ -46,11 +46,10 @@ class MPITransport(Transport):
         self.world_size = world.Get_size()
         self.device = torch.device("cpu")
 
-    def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
+    def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
         if len(group) <= 1:
             return
         self._group_handle(group).Allreduce(self._MPI.IN_PLACE, _buf(tensor), op=self._MPI.SUM)
-        tensor.div_(len(group))
 
     def allgather(self, shard: torch.Tensor, sizes: Sequence[int], group: Sequence[int]) -> torch.Tensor:
         if len(group) <= 1:

@@ -140,10 +140,13 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
         raise ConfigError(f"world size ({env.world_size}) from the launcher must be {world}{server} for "
                           f"--workers {config.workers} with {config.algorithm}")
     rank = env.rank
+    # NCCL: the workload lives on this rank's GPU, where the transport moves the payloads
+    device = torch.device("cuda", env.local_rank % torch.cuda.device_count()) \
+        if config.backend == "nccl" and torch.cuda.is_available() else None
     if workload_factory is not None:
         workload, spe = workload_factory(min(rank, config.workers - 1), config.workers), None
     else:
-        workload, spe = build_workload(config, min(rank, config.workers - 1))
+        workload, spe = build_workload(config, min(rank, config.workers - 1), device=device)
     if config.steps is not None:
         steps = config.steps
     else:
@@ -165,7 +168,8 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
             resume_payload = ckpt.load_server(out)
     torch.set_num_threads(1)
     groups = collect_groups(algorithm, steps)
-    channels = open_channels(config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master)
+    channels = open_channels(config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master,
+                             device=device)
     main = channels["main"]
     stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
     main.broadcast(stamp, 0, tuple(range(world)))
@@ -233,6 +237,8 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     summary.update({"algorithm": algorithm.params(), "backend": config.backend, "world_size": world,
                     "samples_per_step": samples, "steps_per_worker": steps, "wall_s": wall_s,
                     "source": "runtime", **(payload or {})})
+    if config.compute_time:  # steps whose real compute outlasted --compute-time (emulation not honoured)
+        summary["compute_time_overrun_steps"] = int(sum(r.extra.get("compute_overruns", 0) for r in workers))
     if algorithm.has_server:
         summary["server"] = {"rank": config.workers, **next(r.extra["server"] for r in results
                                                              if r.rank == config.workers)}

@@ -21,7 +21,9 @@ and MPI (thread level ``MULTIPLE``) both allow.
 
 Operations (all blocking; tensors are flat, contiguous, on the transport's device):
 
-- :meth:`Transport.allreduce_mean` over a group of ranks (in place);
+- :meth:`Transport.allreduce_sum` over a group of ranks (in place) -- the driver's gradient
+  allreduce, whose 1/n the consumer folds into the learning rate so no divide pass is made --
+  and :meth:`Transport.allreduce_mean` (the sum, then one divide pass: model allreduces);
 - :meth:`Transport.allgather` of equal or unequal shards over a group;
 - :meth:`Transport.broadcast`, :meth:`Transport.barrier`;
 - :meth:`Transport.send`, :meth:`Transport.recv` (``src=None``: any source, returns it) and
@@ -67,6 +69,9 @@ class Transport(ABC):
     rank: int
     world_size: int
     device: torch.device
+    #: True when :meth:`allreduce_sum_async` progresses without taking CPU time from the compute
+    #: (NCCL on GPUs); then the driver overlaps the gradient allreduce with the backward pass
+    async_progress: bool = False
     _world: Any  # the backend's handle for all ranks
     _groups: dict[tuple[int, ...], Any]  # the backend's handles for the groups made at start-up
 
@@ -81,8 +86,35 @@ class Transport(ABC):
             raise RuntimeError(f"rank {self.rank}: group {key} was not created at start-up") from None
 
     @abstractmethod
+    def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
+        """Replace ``tensor`` by its sum over ``group`` (every member ends with the sum)."""
+
     def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
-        """Replace ``tensor`` by its mean over ``group`` (every member ends with the mean)."""
+        """Replace ``tensor`` by its mean over ``group``: :meth:`allreduce_sum`, then one divide pass
+        (callers that can fold ``1/len(group)`` into a later step use the sum instead)."""
+        if len(group) <= 1:
+            return
+        self.allreduce_sum(tensor, group)
+        tensor.div_(len(group))
+
+    def allreduce_sum_async(self, tensor: torch.Tensor, group: Sequence[int]) -> Any:
+        """Start :meth:`allreduce_sum` without blocking; returns a handle whose ``wait()`` blocks
+        until ``tensor`` holds the sum (and raises what the allreduce raised).
+
+        Started allreduces complete in start order. Default: one helper thread per channel runs
+        them one after another (used by MPI, whose non-blocking collectives progress only inside
+        MPI calls); the torch transport uses its backend's asynchronous work instead. Nothing
+        else may use the channel's collectives until every handle has been waited for.
+        """
+        pool = getattr(self, "_async_pool", None)
+        if pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = self._async_pool = ThreadPoolExecutor(max_workers=1,
+                                                         thread_name_prefix=f"psgdlab-allreduce-{self.rank}")
+        future = pool.submit(self.allreduce_sum, tensor, group)
+        future.wait = future.result  # type: ignore[attr-defined]
+        return future
 
     @abstractmethod
     def allgather(self, shard: torch.Tensor, sizes: Sequence[int], group: Sequence[int]) -> torch.Tensor:
@@ -119,8 +151,12 @@ class Transport(ABC):
         for buf, peer in sorted(zip(recvs, peers), key=lambda bp: bp[1]):
             self.sendrecv(send, buf, peer, tag)
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release the channel's resources."""
+        pool = getattr(self, "_async_pool", None)
+        if pool is not None:  # idle after a normal run; after a failure, do not wait for a dead peer
+            pool.shutdown(wait=False, cancel_futures=True)
+            self._async_pool = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,18 +10,21 @@ gradient and loss at given weights for ``(rank, step)``. Two implementations:
   ``sample(step) -> (x, y)`` gives the rank's minibatch and a loss function (cross-entropy by
   default). Its parameters live in one contiguous buffer; the driver copies the weights it
   computes on into that buffer, so the training thread never reads a model that a
-  communication thread is changing.
+  communication thread is changing. :meth:`ModuleWorkload.overlap_allreduce` makes its
+  backward passes allreduce the gradient in buckets as they go (:mod:`psgdlab.runtime.overlap`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from psgdlab.core.reference import LeastSquaresProblem
+from psgdlab.runtime.overlap import OverlappedAllreduce
+from psgdlab.runtime.transport import Transport
 
 __all__ = ["Workload", "LeastSquaresWorkload", "ModuleWorkload"]
 
@@ -73,7 +76,7 @@ class LeastSquaresWorkload:
         return A.T @ r / len(idx), float(0.5 * (r @ r) / len(idx))
 
     def evaluate(self, weights: torch.Tensor) -> dict[str, float]:
-        r = self.A @ weights - self.b
+        r = self.A @ weights.to(self.device) - self.b
         return {"full_loss": float(0.5 * (r @ r) / len(r))}
 
 
@@ -106,6 +109,8 @@ class ModuleWorkload:
 
         self.flat = flat_parameters(self.model)
         self.flat_grad = flat_gradients(self.model)
+        self._params = list({id(p): p for p in self.model.parameters()}.values())
+        self._reducer: OverlappedAllreduce | None = None
         self._init = self.flat.detach().clone()
         self.sampler = sampler
         self.loss_fn = loss_fn or _frame_cross_entropy
@@ -117,6 +122,24 @@ class ModuleWorkload:
     def initial_params(self) -> torch.Tensor:
         return self._init.clone()
 
+    def overlap_allreduce(self, transport: Transport, group: Sequence[int]) -> OverlappedAllreduce:
+        """Sum the gradient over ``group`` during every later backward pass (DDP's buckets).
+
+        From then on :meth:`gradient` returns the flat gradient buffer itself while buckets may
+        still be in flight: the caller reads it only after ``finish()`` of the returned
+        :class:`~psgdlab.runtime.overlap.OverlappedAllreduce`, and then it holds the *sum*.
+        """
+        if self._reducer is not None:
+            self._reducer.remove()
+        self._reducer = OverlappedAllreduce(transport, group, self._params, self.flat_grad)
+        return self._reducer
+
+    def end_overlap(self) -> None:
+        """Back to plain backward passes (:meth:`gradient` returns a copy of the local gradient)."""
+        if self._reducer is not None:
+            self._reducer.remove()
+            self._reducer = None
+
     def gradient(self, weights: torch.Tensor, rank: int, step: int) -> tuple[torch.Tensor, float]:
         with torch.no_grad():
             self.flat.copy_(weights)
@@ -125,9 +148,12 @@ class ModuleWorkload:
         x = torch.as_tensor(x, device=self.device)
         y = torch.as_tensor(y, device=self.device)
         self.model.train()
+        if self._reducer is not None:
+            self._reducer.arm()
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
-        return self.flat_grad.clone(), float(loss.detach())
+        grad = self.flat_grad if self._reducer is not None else self.flat_grad.clone()
+        return grad, float(loss.detach())
 
     def evaluate(self, weights: torch.Tensor) -> dict[str, float]:
         if self.evaluator is None:

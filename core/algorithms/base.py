@@ -133,9 +133,10 @@ class Algorithm:
         """Every worker starts from a copy of the same model ``x0``."""
         return WorkerState(params=kernels.clone(x0))
 
-    def local_update(self, state: WorkerState, grad: Array, lr: float) -> WorkerState:
-        """SGD step with the local momentum buffer."""
-        params, buf = kernels.sgd_step(state.params, grad, lr, state.momentum, self.momentum)
+    def local_update(self, state: WorkerState, grad: Array, lr: float, grad_scale: float = 1.0) -> WorkerState:
+        """SGD step with the local momentum buffer on the gradient ``grad_scale * grad`` (an
+        executor holding the allreduced *sum* of ``n`` gradients passes ``1/n``)."""
+        params, buf = kernels.sgd_step(state.params, grad, lr, state.momentum, self.momentum, grad_scale)
         return state.replace(params=params, momentum=buf)
 
     def mix(self, exchange: Exchange, own: Array, received: Array | Sequence[Array]) -> Array:

@@ -223,6 +223,24 @@ def test_easgd_with_zero_alpha_is_independent_sgd(seed):
         np.testing.assert_allclose(a.params[-1, r], x, rtol=0, atol=1e-12)
 
 
+# ----- gradient scale folded into the step ---------------------------------------------------------
+@given(n=st.integers(2, 16), mu=st.sampled_from([0.0, 0.5, 0.9]), steps=st.integers(1, 4), seed=seeds)
+def test_sgd_step_on_a_summed_gradient_with_scale_equals_the_step_on_the_mean(n, mu, steps, seed):
+    """An executor that allreduces the sum of n gradients and passes ``grad_scale=1/n`` follows
+    the trajectory (and momentum buffer) of one that passes the mean."""
+    rng = np.random.default_rng(seed)
+    x_mean = x_sum = rng.standard_normal(6)
+    b_mean = b_sum = None
+    for _ in range(steps):
+        grads = rng.standard_normal((n, 6))
+        x_mean, b_mean = kernels.sgd_step(x_mean, grads.mean(axis=0), 0.1, b_mean, mu)
+        x_sum, b_sum = kernels.sgd_step(x_sum, grads.sum(axis=0), 0.1, b_sum, mu, grad_scale=1.0 / n)
+    np.testing.assert_allclose(x_sum, x_mean, rtol=1e-12, atol=1e-12)
+    assert (b_sum is None) == (b_mean is None)
+    if b_sum is not None:
+        np.testing.assert_allclose(b_sum, b_mean, rtol=1e-12, atol=1e-12)
+
+
 # ----- BMUF forms (§E.10) --------------------------------------------------------------------------
 @given(n=st.integers(2, 16), zeta=st.floats(0.0, 0.95), C=st.floats(0.5, 2.0), nesterov=st.booleans(),
        seed=seeds)

@@ -38,3 +38,11 @@ def reference_for(config) -> np.ndarray:
 
 def trajectory(config) -> np.ndarray:
     return np.load(Path(config.out) / "trajectory.npz")["params"]
+
+
+def initial_full_loss(config) -> float:
+    """Full-data loss of the least-squares problem at the starting point (zero weights)."""
+    problem = LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
+                                  n_shards=config.workers, batch=config.batch, seed=config.seed)
+    A, b = problem.data()
+    return float(0.5 * np.mean(b**2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from psgdlab.core.errors import TransportError
 from psgdlab.core.trace import read_trace
 from psgdlab.tests.runtime._runtime_helpers import (
     TRAJECTORY_ATOL,
+    initial_full_loss,
     lsq_config,
     needs_topology,
     reference_for,
@@ -63,7 +65,7 @@ def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_pa
     assert np.array_equal(traj[:, 0], traj[:, 1]) and np.array_equal(traj[:, 2], traj[:, 3])
     assert summary["staleness_max"] >= 1  # inter-node merges are foreign merges
     # the full-data loss of the mean model (the last minibatch loss alone is too noisy to compare)
-    assert summary["mean_model_full_loss"] < 0.5 * _initial_full_loss(config)
+    assert summary["mean_model_full_loss"] < 0.5 * initial_full_loss(config)
     trace, _ = read_trace(tmp_path / f"hadpsgd-{backend}" / "trace.npz")
     pair = trace[(trace["kind"] == 2) & (trace["phase"] == 3)]
     assert pair.size and set(np.unique(pair["nbytes"])) == {8 * 8 // 2}  # half the model per worker
@@ -82,7 +84,7 @@ ASYNC_CASES = [
 def test_asynchronous_algorithms_train_with_staleness(tmp_path, algorithm, workers, params):
     config = lsq_config(tmp_path, algorithm, workers, steps=30, compute_time="0.002", **params)
     summary = _launch(config)
-    assert summary["mean_model_full_loss"] < 0.5 * _initial_full_loss(config)
+    assert summary["mean_model_full_loss"] < 0.5 * initial_full_loss(config)
     assert summary["staleness_max"] > 0 and summary["staleness_mean"] > 0
     assert summary["staleness_unit"] == "updates"
     if algorithm in ("asgd", "easgd"):
@@ -98,7 +100,7 @@ def test_asynchronous_algorithms_train_with_staleness(tmp_path, algorithm, worke
 def test_asynchronous_algorithms_on_mpi(tmp_path, algorithm, workers, params):
     config = lsq_config(tmp_path, algorithm, workers, backend="mpi", steps=30, compute_time="0.002", **params)
     summary = _launch(config)
-    assert summary["mean_model_full_loss"] < 0.5 * _initial_full_loss(config)
+    assert summary["mean_model_full_loss"] < 0.5 * initial_full_loss(config)
     assert summary["staleness_max"] > 0
 
 
@@ -113,15 +115,6 @@ def test_gossip_never_deadlocks_under_random_delays(tmp_path, repeat):
     summary = _launch(config, extra_env={"PSGDLAB_TEST_JITTER": "0.01"})
     assert time.monotonic() - start < 60
     assert summary["steps"] == 4 * 25
-
-
-def _initial_full_loss(config) -> float:
-    from psgdlab.core.reference import LeastSquaresProblem
-
-    problem = LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
-                                  n_shards=config.workers, batch=config.batch, seed=config.seed)
-    A, b = problem.data()
-    return float(0.5 * np.mean(b**2))
 
 
 def test_checkpoint_and_resume_matches_an_uninterrupted_run(tmp_path):
@@ -147,3 +140,71 @@ def test_a_killed_worker_stops_the_run_naming_the_rank(tmp_path, backend):
     with pytest.raises(TransportError, match=r"rank 1 (was killed by signal SIGKILL|died)"):
         _launch(config, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
     assert time.monotonic() - start < 60
+
+
+def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():
+    """A model slower than --compute-time cannot be slowed to it: rank 0 says so, once; every
+    rank counts the steps (the summary's compute_time_overrun_steps)."""
+    import types
+
+    import torch
+
+    from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.errors import TestbedWarning
+    from psgdlab.core.reference import LeastSquaresProblem
+    from psgdlab.core.timing import ComputeTime
+    from psgdlab.runtime.driver import DriverOptions, _Worker
+    from psgdlab.runtime.workloads import LeastSquaresWorkload
+
+    class Slow(LeastSquaresWorkload):
+        def gradient(self, weights, rank, step):
+            time.sleep(0.01)
+            return super().gradient(weights, rank, step)
+
+    workload = Slow(LeastSquaresProblem(n_samples=16, dim=3, n_shards=2, batch=4))
+    channel = types.SimpleNamespace(device=torch.device("cpu"))
+    options = DriverOptions(steps=4, lr_of=lambda s: 0.1, compute_time=ComputeTime.parse("0.001"))
+    w0, w1 = (_Worker(make_algorithm("ssgd", n_workers=2), workload, dict.fromkeys(("main", "comm", "responder"),
+                                                                                   channel),
+                      rank=r, options=options, origin=0.0, state=None, merges=0) for r in (0, 1))
+    x = workload.initial_params()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w0._compute(x, 0)  # the first step is warm-up: no warning
+    with pytest.warns(TestbedWarning, match=r"--compute-time is not honoured: step 1 .* longer than the emulated"):
+        w0._compute(x, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w0._compute(x, 2)
+        w1._compute(x, 1)
+    assert (w0.overruns, w1.overruns) == (2, 1)
+
+
+def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp_path):
+    """SIGTERM to ``psgdlab train`` reaches every rank; the synchronous ranks agree to stop at their
+    next check (every STOP_CHECK_EVERY steps) and checkpoint there; ``--resume`` finishes the run
+    exactly on the oracle's trajectory. Periodic checkpoints every 7 steps tell the two apart."""
+    import os
+    import signal
+    import threading
+
+    from psgdlab.runtime.checkpoint import latest_complete_step
+    from psgdlab.runtime.driver import STOP_CHECK_EVERY
+
+    config = lsq_config(tmp_path, "ssgd", 2, steps=70, compute_time="0.02", checkpoint_every=7, name="term")
+    first = tmp_path / "term" / "checkpoints" / "step00000007" / "rank1.pt"
+
+    def terminate_once_training() -> None:
+        deadline = time.monotonic() + 60
+        while not first.is_file() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher forwards it to every rank
+
+    threading.Thread(target=terminate_once_training, daemon=True).start()
+    with pytest.raises(TransportError, match=r"stopped by signal SIGTERM.*--resume"):
+        _launch(config)
+    stopped = latest_complete_step(tmp_path / "term", 2)
+    assert stopped is not None and stopped % STOP_CHECK_EVERY == 0 and stopped % 7 != 0, stopped
+    summary = _launch(config.replace(resume=True))
+    assert summary["steps"] == 2 * 70
+    np.testing.assert_allclose(trajectory(config)[-1], reference_for(config)[-1], rtol=0, atol=TRAJECTORY_ATOL)

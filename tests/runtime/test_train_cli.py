@@ -84,3 +84,22 @@ def test_train_prints_the_summary_as_json(capsys, tmp_path):
     for name in ("config.resolved.json", "env.json", "trace.npz", "summary.json", "timeline.json", "loss.png"):
         assert (out / name).is_file(), name
     assert summary["workers"] == 2 and summary["steps"] == 12
+    # real compute on a module, gloo: one gradient allreduce after the backward pass by default;
+    # with the bucketed overlap asked for, the allreduce rides on the backward pass (an overlap
+    # record with the bytes per step and rank) and the run ends on the same weights
+    from psgdlab.core.trace import read_trace
+    from psgdlab.runtime.config import TrainConfig
+    from psgdlab.runtime.driver import OVERLAP_ENV
+    from psgdlab.runtime.launch import launch
+
+    trace, _ = read_trace(out / "trace.npz")
+    assert not np.any((trace["kind"] == 1) & (trace["phase"] == 3))
+    assert np.count_nonzero((trace["kind"] == 1) & (trace["phase"] == 1) & (trace["nbytes"] > 0)) == 12
+    overlap = TrainConfig.load(out / "launch.json").replace(out=str(tmp_path / "overlap"))
+    launch(overlap, quiet=True, timeout_s=90, extra_env={OVERLAP_ENV: "1"})
+    trace, _ = read_trace(tmp_path / "overlap" / "trace.npz")
+    overlapped = trace[(trace["kind"] == 1) & (trace["phase"] == 3)]
+    assert overlapped.size == 12 and np.all(overlapped["nbytes"] == overlapped["nbytes"][0]) \
+        and overlapped["nbytes"][0] > 0
+    np.testing.assert_allclose(np.load(tmp_path / "overlap" / "final_params.npz")["params"],
+                               np.load(out / "final_params.npz")["params"], rtol=0, atol=1e-6)
