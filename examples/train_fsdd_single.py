@@ -48,12 +48,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from psgdlab.runtime.data import WindowSampler, inspect_corpus, load_corpus
 from psgdlab.runtime.models import build_model, count_parameters
-from psgdlab.runtime.scoring import predict_frames, score_corpus, utterance_words, word_error_rate
+from psgdlab.runtime.scoring import score_corpus, state_priors
 from psgdlab.runtime.speech import base_speaker, import_fsdd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
           f"/ {train.n_frames} frames ({sorted(set(map(base_speaker, train.speakers)))}); held out {test.n_utterances} "
           f"utts ({sorted(set(test.speakers))}); epoch = {sampler.samples_per_epoch} windows = "
           f"{steps} steps of {args.batch}", flush=True)
+    priors = state_priors(train.labels, train.n_classes)  # for the HMM decoder's scaled likelihoods
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss()
     curve = []
@@ -130,34 +130,26 @@ def main(argv: list[str] | None = None) -> int:
         train_s = time.perf_counter() - start
         start = time.perf_counter()
         if epoch % args.score_every == 0 or epoch == args.epochs:
-            scores = score_corpus(model, test, window=args.window)
+            scores = score_corpus(model, test, window=args.window, priors=priors)
         else:
-            scores = {"frame_accuracy": float("nan"), "wer": float("nan")}
+            scores = {key: float("nan") for key in ("frame_accuracy", "wer_viterbi", "wer_vote")}
         score_s = time.perf_counter() - start
         row = {"epoch": epoch, "steps": step, "train_loss": total / steps,
-               "heldout_frame_accuracy": scores["frame_accuracy"], "heldout_wer": scores["wer"],
+               "heldout_frame_accuracy": scores["frame_accuracy"], "heldout_wer": scores["wer_viterbi"],
+               "heldout_wer_vote": scores["wer_vote"],
                "train_s": train_s, "score_s": score_s}
         curve.append(row)
         print(f"epoch {epoch}: train loss {row['train_loss']:.3f}  held-out frame acc "
-              f"{row['heldout_frame_accuracy']:.3f}  WER {100 * row['heldout_wer']:.1f}%  "
+              f"{row['heldout_frame_accuracy']:.3f}  WER {100 * row['heldout_wer']:.1f}% "
+              f"(majority vote {100 * row['heldout_wer_vote']:.1f}%)  "
               f"(train {train_s:.0f} s, scoring {score_s:.0f} s)", flush=True)
-    per_speaker = _wer_per_speaker(model, test, args.window)
+    per_speaker = scores["wer_by_speaker"]
     print("held-out WER per speaker after the last epoch: "
           + ", ".join(f"{spk} {100 * wer:.1f}%" for spk, wer in per_speaker.items()), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                          "curve": curve, "wer_per_speaker": per_speaker}, indent=2))
     return 0
-
-
-def _wer_per_speaker(model: torch.nn.Module, corpus, window: int) -> dict[str, float]:
-    pred = predict_frames(model, corpus, window=window)
-    hyps = utterance_words(np.split(pred, corpus.offsets[1:-1]))
-    result = {}
-    for spk in sorted(set(corpus.speakers)):
-        idx = [u for u, s in enumerate(corpus.speakers) if s == spk]
-        result[spk] = word_error_rate([corpus.transcripts[u] for u in idx], [hyps[u] for u in idx])
-    return result
 
 
 if __name__ == "__main__":

@@ -294,7 +294,8 @@ def score_corpus(model: nn.Module, corpus: Corpus, *, window: int, batch: int = 
         ``frame_accuracy``; ``loss`` (mean frame cross-entropy, nats); ``wer_vote`` (majority
         vote); ``wer_viterbi`` (HMM decoding, ``nan`` without ``priors``); ``wer`` (the decoder's
         when ``priors`` are given, else the vote's); WERs are ``nan`` when the corpus has no
-        transcripts; ``n_utterances``.
+        transcripts; ``wer_by_speaker``
+        (``{speaker: wer}`` by the ``wer`` rule, only with transcripts); ``n_utterances``.
     """
     log_post = frame_log_posteriors(model, corpus, window=window, batch=batch)
     pred = log_post.argmax(axis=1)
@@ -307,7 +308,18 @@ def score_corpus(model: nn.Module, corpus: Corpus, *, window: int, batch: int = 
         cuts = corpus.offsets[1:-1]
         votes = utterance_words(np.split(pred, cuts), words=words, states_per_word=states_per_word)
         result["wer_vote"] = result["wer"] = word_error_rate(refs, votes)
+        hyps = votes
         if priors is not None:
-            decoded = decode_words(np.split(log_post, cuts), priors, words=words, states_per_word=states_per_word)
-            result["wer_viterbi"] = result["wer"] = word_error_rate(refs, decoded)
+            hyps = decode_words(np.split(log_post, cuts), priors, words=words, states_per_word=states_per_word)
+            result["wer_viterbi"] = result["wer"] = word_error_rate(refs, hyps)
+        result["wer_by_speaker"] = _wer_by_speaker(refs, hyps, corpus.speakers)
     return result
+
+
+def _wer_by_speaker(refs: list[str], hyps: list[str], speakers: Sequence[str]) -> dict[str, float]:
+    out = {}
+    for spk in sorted(set(speakers)):
+        idx = [u for u, s in enumerate(speakers) if s == spk and refs[u].strip()]
+        if idx:
+            out[spk] = word_error_rate([refs[u] for u in idx], [hyps[u] for u in idx])
+    return out

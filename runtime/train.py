@@ -94,7 +94,8 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
 
         def evaluator(model: torch.nn.Module, _held: Any = held) -> dict[str, float]:
             scores = score_corpus(model, _held, window=config.window, priors=priors)
-            return {key: float(scores[key]) for key in HELD_OUT_KEYS}
+            return {**{key: float(scores[key]) for key in HELD_OUT_KEYS},
+                    "wer_by_speaker": scores.get("wer_by_speaker", {})}
 
     def factory() -> torch.nn.Module:
         return build_model(config.model, input_dim=train_corpus.input_dim, n_classes=train_corpus.n_classes,
@@ -224,7 +225,8 @@ def _score_snapshots(workload: Any, snapshots: list[tuple[int, torch.Tensor]]) -
         t0 = time.perf_counter()
         scores = workload.evaluate(params.to(getattr(workload, "device", params.device)))
         evaluations.append({"step": step, **scores, "score_s": time.perf_counter() - t0})
-        log.info("held-out after step %d: %s", step, ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+        log.info("held-out after step %d: %s", step,
+                 ", ".join(f"{k} {v:.4g}" for k, v in scores.items() if isinstance(v, float)))
     return evaluations
 
 

@@ -164,7 +164,7 @@ def test_train_scores_held_out_speakers_after_every_epoch(tiny_fsdd, tmp_path, c
     for e in held:
         assert set(HELD_OUT_KEYS) <= set(e)
         assert 0 <= e["frame_accuracy"] <= 1 and 0 <= e["wer_vote"] <= 1 and 0 <= e["wer_viterbi"] <= 1
-        assert e["wer"] == e["wer_viterbi"] and e["loss"] > 0
+        assert e["wer"] == e["wer_viterbi"] and e["loss"] > 0 and set(e["wer_by_speaker"]) == {"theo"}
     assert json.loads((out / "summary.json").read_text())["held_out"] == held
     assert all(e["score_s"] > 0 for e in held)
     assert (out / "loss.png").is_file()
