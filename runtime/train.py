@@ -178,7 +178,8 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
     main.broadcast(stamp, 0, tuple(range(world)))
     origin = float(stamp.item())
     base_lr = lr_schedule("const" if config.lr_schedule == "newbob" else config.lr_schedule, lr=config.lr,
-                          total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1))
+                          total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1),
+                          total_steps=steps, lr_final=config.lr_final)
     options = DriverOptions(
         steps=steps, lr_of=base_lr, start_step=start_step,
         compute_time=ComputeTime.parse(config.compute_time) if config.compute_time else None,
