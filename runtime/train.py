@@ -336,7 +336,8 @@ def _plot_loss(path: Path, summary: dict[str, Any]) -> None:
         ax.legend(fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (cross-entropy, nats)")
-    ax.set_title(f"{summary['algorithm']['algorithm']}, {summary['workers']} workers, {summary['backend']}")
+    n = summary["workers"]
+    ax.set_title(f"{summary['algorithm']['algorithm']}, {n} worker{'s' if n != 1 else ''}, {summary['backend']}")
     if held:
         ax = axes[0, 1]
         for key, label in (("wer_viterbi", "WER, HMM decoding"), ("wer_vote", "WER, majority vote"),
