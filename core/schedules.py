@@ -8,6 +8,11 @@ r"""Learning-rate recipes (ALGORITHMS.md §C).
 - :class:`Newbob` -- Kaldi's schedule: keep the rate while the held-out loss improves by at
   least 1 % per epoch, then halve it every epoch, stop below 0.1 % improvement; an epoch whose
   held-out loss got worse is rejected.
+- :func:`exp_lr` -- Kaldi nnet3's schedule: exponential decay from the initial to the final rate
+  over the whole run, :math:`\alpha_k = \alpha_0 (\alpha_\text{final} / \alpha_0)^{k / (K - 1)}`
+  for steps :math:`k = 0 \dots K - 1` (nnet3's ``initial-effective-lrate`` /
+  ``final-effective-lrate``, a factor 10 by default). A pure function of the step, so every worker
+  of an asynchronous run agrees on it without communicating.
 - :func:`constant_lr`.
 
 Epochs are 1-based in the tables: ``ibm_lr(epoch=e)`` is the rate used during epoch ``e``;
@@ -28,7 +33,9 @@ from dataclasses import dataclass, field
 
 from psgdlab.core.errors import require
 
-__all__ = ["ibm_lr", "constant_lr", "Newbob", "lr_schedule"]
+__all__ = ["ibm_lr", "exp_lr", "constant_lr", "Newbob", "lr_schedule", "LR_SCHEDULE_NAMES"]
+
+LR_SCHEDULE_NAMES = ("const", "ibm", "newbob", "exp")
 
 
 def ibm_lr(epoch: float, *, total_batch: int, base_lr: float = 0.1, base_batch: int = 256,
@@ -47,6 +54,18 @@ def ibm_lr(epoch: float, *, total_batch: int, base_lr: float = 0.1, base_batch: 
             return peak
         return base_lr + (peak - base_lr) * (e - 1) / (warmup_epochs - 1)
     return peak * anneal ** (math.ceil(e) - warmup_epochs)
+
+
+def exp_lr(step: int, *, lr: float, lr_final: float, total_steps: int) -> float:
+    """Rate of (0-based) ``step`` decaying exponentially from ``lr`` to ``lr_final`` at the last step.
+
+    >>> [round(exp_lr(k, lr=0.1, lr_final=0.01, total_steps=3), 4) for k in range(3)]
+    [0.1, 0.0316, 0.01]
+    """
+    require(lr > 0, "lr", lr, "must be > 0")
+    require(0 < lr_final <= lr, "lr-final", lr_final, f"must be in (0, lr = {lr}]")
+    require(total_steps >= 1, "total_steps", total_steps, "must be >= 1")
+    return lr * (lr_final / lr) ** (min(max(step, 0), total_steps - 1) / max(total_steps - 1, 1))
 
 
 def constant_lr(epoch: float, *, lr: float) -> float:
@@ -88,11 +107,19 @@ class Newbob:
         return accepted
 
 
-def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int):
-    """A step -> rate function for ``"ibm"`` or ``"const"`` (newbob needs held-out losses and is
-    driven by the training loop through :class:`Newbob`)."""
-    require(name in ("ibm", "const", "newbob"), "lr-schedule", name, "must be ibm, newbob or const")
+def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int, total_steps: int | None = None,
+                lr_final: float | None = None):
+    """A step -> rate function for ``"ibm"``, ``"exp"`` (needs ``total_steps``; ``lr_final``
+    defaults to ``lr / 10``) or ``"const"`` (newbob needs held-out losses and is driven by the
+    training loop through :class:`Newbob`)."""
+    require(name in LR_SCHEDULE_NAMES, "lr-schedule", name, "must be ibm, newbob, exp or const")
     require(steps_per_epoch >= 1, "steps_per_epoch", steps_per_epoch, "must be >= 1")
     if name == "ibm":
         return lambda step: ibm_lr(step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr)
+    if name == "exp":
+        require(total_steps is not None and total_steps >= 1, "total_steps", total_steps,
+                "must be given (>= 1) for the exp schedule")
+        final = lr / 10 if lr_final is None else lr_final
+        exp_lr(0, lr=lr, lr_final=final, total_steps=total_steps)  # validates
+        return lambda step: exp_lr(step, lr=lr, lr_final=final, total_steps=total_steps)
     return lambda step: lr

@@ -26,7 +26,7 @@ __all__ = ["TrainConfig", "LSQ_MODEL", "build_algorithm", "world_size_of"]
 
 #: built-in model name: the reference executor's least-squares problem (float64)
 LSQ_MODEL = "least-squares"
-LR_SCHEDULES = ("const", "ibm", "newbob")
+LR_SCHEDULES = ("const", "ibm", "newbob", "exp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +49,7 @@ class TrainConfig:
     batch: int = 32
     lr: float = 0.05
     lr_schedule: str = "const"
+    lr_final: float | None = None
     period: int | None = None
     variant: str | None = None
     momentum: float | None = None
@@ -84,6 +85,10 @@ class TrainConfig:
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
         require(self.lr_schedule in LR_SCHEDULES, "lr-schedule", self.lr_schedule,
                 f"must be one of {', '.join(LR_SCHEDULES)}")
+        if self.lr_final is not None:
+            require(self.lr_schedule == "exp", "lr-final", self.lr_final,
+                    f"only applies to --lr-schedule exp, not {self.lr_schedule}")
+            require(0 < self.lr_final <= self.lr, "lr-final", self.lr_final, f"must be in (0, lr = {self.lr}]")
         require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
         require(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, "must be >= 0")
         if self.compute_time is not None:

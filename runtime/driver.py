@@ -130,7 +130,10 @@ class DriverOptions:
     seed : int
         Seeds the emulated compute-time draws.
     evaluate_every : int
-        Steps between held-out evaluations on rank 0 (0: never).
+        Steps between snapshots of rank 0's model for held-out evaluation (0: never). The
+        snapshots come back in :attr:`RankResult.snapshots` and are scored after training
+        (:func:`psgdlab.runtime.train.train`), so scoring neither stalls rank 0 -- which would
+        skew an asynchronous run -- nor counts in the measured training time.
     progress : callable (step, loss, samples_per_s) -> None, optional
         Called by rank 0 after every step (the tqdm bar).
     """
@@ -158,6 +161,7 @@ class RankResult:
     trajectory: np.ndarray | None
     evaluations: list[dict[str, Any]]
     preempted: bool = False
+    snapshots: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -340,7 +344,7 @@ class _Worker:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"psgdlab-comm-{self.rank}")
         history: deque[tuple[torch.Tensor, int]] = deque(maxlen=alg.gradient_delay + 1)
         trajectory: list[np.ndarray] = []
-        evaluations: list[dict[str, Any]] = []
+        snapshots: list[tuple[int, torch.Tensor]] = []
         samples = self.workload.samples_per_step
         t_prev = None
         sync = not alg.asynchronous and alg.n_workers > 1
@@ -419,7 +423,8 @@ class _Worker:
                 if opt.record_params:
                     trajectory.append(self.state.params.detach().cpu().numpy().copy())
                 if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0 and self.rank == 0:
-                    evaluations.append({"step": s + 1, **self.workload.evaluate(self.state.params)})
+                    with self.lock:
+                        snapshots.append((s + 1, self.state.params.detach().cpu().clone()))
                 stop = self.stop_requested and not sync  # synchronous ranks stop together, below
                 if sync and ((s + 1) % STOP_CHECK_EVERY == 0 or s + 1 == opt.steps):
                     flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
@@ -452,8 +457,9 @@ class _Worker:
             self.main.close()
         final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
         return RankResult(rank=self.rank, trace=self.trace.array(), final_params=final,
-                          trajectory=np.stack(trajectory) if trajectory else None, evaluations=evaluations,
-                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns})
+                          trajectory=np.stack(trajectory) if trajectory else None, evaluations=[],
+                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns},
+                          snapshots=snapshots)
 
     def _post_phase(self, exchanges: tuple[Exchange, ...], s: int, staleness: int) -> int:
         for ex in exchanges:

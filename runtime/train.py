@@ -46,7 +46,11 @@ from psgdlab.runtime.driver import DriverOptions, RankResult, collect_groups, ru
 from psgdlab.runtime.transport import LaunchEnv, launch_env, open_channels
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
-__all__ = ["train", "build_workload", "steps_per_epoch"]
+__all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]
+
+#: what each held-out evaluation records (psgdlab.runtime.scoring.score_corpus): frame accuracy,
+#: frame cross-entropy, the HMM decoder's WER (``wer`` = ``wer_viterbi``) and the majority vote's
+HELD_OUT_KEYS = ("frame_accuracy", "loss", "wer", "wer_viterbi", "wer_vote")
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
         return LeastSquaresWorkload(problem, device=device), max(1, config.lsq_samples_per_worker // config.batch)
     from psgdlab.runtime.data import WindowSampler
     from psgdlab.runtime.models import build_model
-    from psgdlab.runtime.scoring import score_corpus
+    from psgdlab.runtime.scoring import score_corpus, state_priors
 
     train_corpus, held = _corpora(config, rank)
     sampler = WindowSampler(train_corpus, window=config.window, batch=config.batch, rank=rank,
@@ -86,9 +90,12 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
     spe = max(1, math.ceil(total_windows / (config.batch * config.workers)))
     evaluator = None
     if held is not None:
+        priors = state_priors(train_corpus.labels, train_corpus.n_classes)
+
         def evaluator(model: torch.nn.Module, _held: Any = held) -> dict[str, float]:
-            scores = score_corpus(model, _held, window=config.window)
-            return {"frame_accuracy": float(scores["frame_accuracy"]), "wer": float(scores["wer"])}
+            scores = score_corpus(model, _held, window=config.window, priors=priors)
+            return {**{key: float(scores[key]) for key in HELD_OUT_KEYS},
+                    "wer_by_speaker": scores.get("wer_by_speaker", {})}
 
     def factory() -> torch.nn.Module:
         return build_model(config.model, input_dim=train_corpus.input_dim, n_classes=train_corpus.n_classes,
@@ -175,7 +182,8 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
     main.broadcast(stamp, 0, tuple(range(world)))
     origin = float(stamp.item())
     base_lr = lr_schedule("const" if config.lr_schedule == "newbob" else config.lr_schedule, lr=config.lr,
-                          total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1))
+                          total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1),
+                          total_steps=steps, lr_final=config.lr_final)
     options = DriverOptions(
         steps=steps, lr_of=base_lr, start_step=start_step,
         compute_time=ComputeTime.parse(config.compute_time) if config.compute_time else None,
@@ -196,21 +204,35 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
         if isinstance(exc, TransportError):
             raise
         raise TransportError(f"rank {rank}: {exc}") from exc
+    snapshots, result.snapshots = result.snapshots, []  # rank 0 keeps its own; nothing to send
     results = main.gather_object(result, root=0)
-    summary = None
-    if rank == 0:
-        assert results is not None
-        summary = _write_run_dir(config, algorithm, results, steps=steps, start_step=start_step, out=out,
-                                 world=world, wall_s=time.time() - t0,
-                                 evaluate=workload.evaluate if config.evaluate else None,
-                                 payload=_payload(workload))
+    wall_s = time.time() - t0
     main.barrier()
     if config.backend != "mpi":
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
-    return summary
+    if rank != 0:
+        return None
+    assert results is not None
+    # held-out scoring after training: the other ranks have left, the training time is measured
+    next(r for r in results if r.rank == 0).evaluations = _score_snapshots(workload, snapshots)
+    return _write_run_dir(config, algorithm, results, steps=steps, start_step=start_step, out=out,
+                          world=world, wall_s=wall_s, evaluate=workload.evaluate if config.evaluate else None,
+                          payload=_payload(workload))
+
+
+def _score_snapshots(workload: Any, snapshots: list[tuple[int, torch.Tensor]]) -> list[dict[str, Any]]:
+    """``workload.evaluate`` of every snapshot ``(step, params)`` of rank 0, logged as it goes."""
+    evaluations = []
+    for step, params in snapshots:
+        t0 = time.perf_counter()
+        scores = workload.evaluate(params.to(getattr(workload, "device", params.device)))
+        evaluations.append({"step": step, **scores, "score_s": time.perf_counter() - t0})
+        log.info("held-out after step %d: %s", step,
+                 ", ".join(f"{k} {v:.4g}" for k, v in scores.items() if isinstance(v, float)))
+    return evaluations
 
 
 def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult], *, steps: int, start_step: int,
@@ -310,12 +332,28 @@ def _plot_loss(path: Path, summary: dict[str, Any]) -> None:
 
     from psgdlab.core.trace import atomic_write_bytes
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    held = [e for e in summary.get("held_out", []) if "frame_accuracy" in e]  # speech scores only
+    fig, axes = plt.subplots(1, 2 if held else 1, figsize=(11 if held else 6, 3.5), squeeze=False)
+    ax = axes[0, 0]
     curve = summary["loss_curve"]
-    ax.plot(curve["step"], curve["loss"], lw=1)
+    ax.plot(curve["step"], curve["loss"], lw=1, label="training minibatch (mean over workers)")
+    if held and "loss" in held[0]:
+        ax.plot([e["step"] for e in held], [e["loss"] for e in held], "o-", label="held-out (rank 0's model)")
+        ax.legend(fontsize=8)
     ax.set_xlabel("step")
-    ax.set_ylabel("minibatch loss (mean over workers)")
-    ax.set_title(f"{summary['algorithm']['algorithm']}, {summary['workers']} workers, {summary['backend']}")
+    ax.set_ylabel("loss (cross-entropy, nats)")
+    n = summary["workers"]
+    ax.set_title(f"{summary['algorithm']['algorithm']}, {n} worker{'s' if n != 1 else ''}, {summary['backend']}")
+    if held:
+        ax = axes[0, 1]
+        for key, label in (("wer_viterbi", "WER, HMM decoding"), ("wer_vote", "WER, majority vote"),
+                           ("wer", "WER"), ("frame_accuracy", "frame accuracy")):
+            if key in held[0] and not (key == "wer" and "wer_viterbi" in held[0]):
+                ax.plot([e["step"] for e in held], [100 * e[key] for e in held], "o-", label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("held-out, %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)

@@ -29,7 +29,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, per_rank: bool = Fal
     steps.add_argument("--epochs", type=float, help="epochs over the training data")
     p.add_argument("--batch", type=int, default=32, help="minibatch per worker")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate (the IBM schedule's base rate)")
-    p.add_argument("--lr-schedule", default="const", choices=["const", "ibm", "newbob"])
+    p.add_argument("--lr-schedule", default="const", choices=["const", "ibm", "newbob", "exp"],
+                   help="exp: decay exponentially from --lr to --lr-final over the run (Kaldi nnet3)")
+    p.add_argument("--lr-final", type=float, help="exp schedule: rate at the last step (default lr / 10)")
     p.add_argument("--period", type=int, help="sync period tau (asgd, bsp, bmuf, easgd)")
     p.add_argument("--variant", help="algorithm variant (adpsgd: fixed|random|delay; bmuf: classical|nesterov; "
                                      "easgd: async|sync; hadpsgd: fixed|random)")
@@ -77,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return TrainConfig(
         algorithm=args.algorithm, workers=args.workers, gpus_per_node=args.gpus_per_node, backend=args.backend,
         model=args.model, data=args.data, steps=steps, epochs=epochs, batch=args.batch, lr=args.lr,
-        lr_schedule=args.lr_schedule, period=args.period, variant=args.variant, momentum=args.momentum,
+        lr_schedule=args.lr_schedule, lr_final=args.lr_final, period=args.period, variant=args.variant,
+        momentum=args.momentum,
         compute_time=args.compute_time, straggler=args.straggler, seed=args.seed,
         out=str(args.out or default_run_dir("train")), held_out_speakers=held, window=args.window,
         checkpoint_every=args.checkpoint_every, timeout_s=args.timeout, record_params=args.record_params,

@@ -95,8 +95,20 @@ def test_ibm_schedule_for_2560_is_the_papers_example():
 def test_lr_schedule_by_step():
     f = lr_schedule("ibm", lr=0.1, total_batch=2560, steps_per_epoch=10)
     assert f(0) == pytest.approx(0.1) and f(95) == pytest.approx(1.0) and f(105) == pytest.approx(1 / math.sqrt(2))
-    with pytest.raises(ConfigError, match=r"lr-schedule \('cosine'\) must be ibm, newbob or const"):
+    with pytest.raises(ConfigError, match=r"lr-schedule \('cosine'\) must be ibm, newbob, exp or const"):
         lr_schedule("cosine", lr=0.1, total_batch=1, steps_per_epoch=1)
+
+
+def test_exp_schedule_decays_geometrically_to_the_final_rate():
+    f = lr_schedule("exp", lr=0.2, total_batch=32, steps_per_epoch=10, total_steps=101)
+    assert f(0) == pytest.approx(0.2) and f(100) == pytest.approx(0.02) and f(500) == pytest.approx(0.02)
+    ratios = [f(k + 1) / f(k) for k in range(100)]
+    np.testing.assert_allclose(ratios, 0.1 ** (1 / 100), rtol=1e-12)  # constant ratio per step
+    assert lr_schedule("exp", lr=0.2, total_batch=1, steps_per_epoch=1, total_steps=1, lr_final=0.05)(0) == 0.2
+    with pytest.raises(ConfigError, match=r"lr-final \(0.5\) must be in \(0, lr = 0.2\]"):
+        lr_schedule("exp", lr=0.2, total_batch=1, steps_per_epoch=1, total_steps=5, lr_final=0.5)
+    with pytest.raises(ConfigError, match="must be given"):
+        lr_schedule("exp", lr=0.2, total_batch=1, steps_per_epoch=1)
 
 
 def test_newbob_halves_after_small_improvement_and_stops():

@@ -343,7 +343,12 @@ def test_score_corpus_with_a_model_that_reads_the_labels(tmp_path):
 
     model = Reader()
     scores = score_corpus(model, corpus, window=3, batch=4)
-    assert scores == {"frame_accuracy": 1.0, "wer": 0.0, "n_utterances": 2}
+    assert scores["frame_accuracy"] == 1.0 and scores["wer"] == scores["wer_vote"] == 0.0
+    assert np.isnan(scores["wer_viterbi"]) and scores["n_utterances"] == 2  # no priors: no decoding
+    # logits are one-hot (1 on the label): cross-entropy log(e + 30) - 1 per frame
+    assert scores["loss"] == pytest.approx(np.log(np.e + 30) - 1, rel=1e-5)
+    decoded = score_corpus(model, corpus, window=3, batch=4, priors=np.full(31, 1 / 31))
+    assert decoded["wer"] == decoded["wer_viterbi"] == 0.0 and decoded["wer_by_speaker"] == {"s": 0.0}
     assert model.training  # restored after scoring
     tiny = build_model("tiny-blstm", input_dim=31, n_classes=31, window=3)
     assert 0.0 <= score_corpus(tiny, corpus, window=3)["frame_accuracy"] <= 1.0
