@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,6 +68,8 @@ class ValidateConfig:
     gpus_per_node: int = 2
     seed: int = 0
     cores: int | None = None
+    min_idle_cores: float = 0.0
+    max_idle_wait_s: float = 300.0
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -82,6 +85,8 @@ class ValidateConfig:
                 f"must differ from the calibration sizes {self.calibration_dims} (calibration runs are never cases)")
         require(self.cores is None or (isinstance(self.cores, int) and self.cores >= 1), "cores", self.cores,
                 "must be an integer >= 1")
+        require(self.min_idle_cores >= 0, "min_idle_cores", self.min_idle_cores, "must be >= 0")
+        require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
 
 
 def case_name(name: str, workers: int, straggler: str) -> str:
@@ -144,6 +149,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     for alg, n, dim in plan:
         d = out / "calibration" / f"{alg}-w{n}-d{dim}"
         say(f"calibration run {d.name}")
+        load[d.name] = _quiet(vc, say)
         _launch(_train_config(vc, algorithm=alg, variant=None, workers=n, dim=dim, straggler="",
                               steps=vc.calibration_steps, out=d))
         calib_dirs.append(d)
@@ -171,7 +177,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 preds.append(p)
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
-                load[case_name(name, n, straggler)] = _load()
+                load[case_name(name, n, straggler)] = _quiet(vc, say)
                 _launch(_train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
                                       straggler=straggler, steps=vc.steps, out=d))
                 _relabel(d, name)
@@ -212,6 +218,36 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     }
     atomic_write_json(out / "validate.json", summary)
     return summary
+
+
+def _idle_cores(window_s: float = 2.0) -> float | None:
+    """Cores left idle by every process of the machine over ``window_s`` (``/proc/stat``);
+    ``None`` where that file is not readable."""
+    def sample() -> tuple[float, float]:
+        with open("/proc/stat") as f:
+            ticks = [float(x) for x in f.readline().split()[1:]]
+        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0.0)  # all, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(total1 - total0, 1e-9) * (os.cpu_count() or 1)
+
+
+def _quiet(vc: ValidateConfig, say: Callable[[str], None]) -> dict[str, Any]:
+    """Wait (up to ``vc.max_idle_wait_s``) until ``vc.min_idle_cores`` cores are idle, then say how
+    loaded the machine was: the load averages and the idle cores just before the run."""
+    t0 = time.monotonic()
+    idle = _idle_cores()
+    while idle is not None and idle < vc.min_idle_cores and time.monotonic() - t0 < vc.max_idle_wait_s:
+        say(f"  waiting for {vc.min_idle_cores:g} idle cores (now {idle:.2f})")
+        time.sleep(5.0)
+        idle = _idle_cores()
+    return {"load_average": _load(), "idle_cores": None if idle is None else round(idle, 2),
+            "waited_s": round(time.monotonic() - t0, 1)}
 
 
 def _load() -> list[float]:
@@ -269,6 +305,9 @@ def format_table(summary: dict[str, Any]) -> str:
                 lines.append(f"    swap: {a} predicted {dp * 100:+.1f}% over {b}, measured {dm * 100:+.1f}%")
     load = summary.get("load_average", {})
     if load:
-        lines.append(f"load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}")
+        idle = [v["idle_cores"] for v in load.values() if isinstance(v, dict) and v.get("idle_cores") is not None]
+        lines.append(f"load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}"
+                     + (f"; idle cores before the runs: median {sorted(idle)[len(idle) // 2]:.2f}, min {min(idle):.2f}"
+                        if idle else ""))
     return "\n".join(lines)
 

@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
                         "calibration also runs ssgd with twice as many workers as cores")
+    p.add_argument("--min-idle-cores", type=float, default=0.0, metavar="C",
+                   help="before each run, wait until C cores have been idle over 2 s (the machine is shared: "
+                        "other work disturbs the timings); 0: do not wait")
+    p.add_argument("--max-idle-wait", type=float, default=300.0, metavar="S",
+                   help="longest wait for idle cores before a run, seconds (then it runs anyway; validate.json "
+                        "records the idle cores before each run)")
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
@@ -67,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     vc = ValidateConfig(out=args.out, algorithms=args.algorithms or tuple(ALGORITHM_CASES), workers=workers,
                         backend=args.backend, compute_time=None if args.real_compute else args.compute_time,
                         stragglers=("",) + ((straggler,) if straggler else ()), steps=args.steps, dim=args.dim,
-                        cores=args.cores)
+                        cores=args.cores, min_idle_cores=args.min_idle_cores,
+                        max_idle_wait_s=args.max_idle_wait)
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
     if args.json:
