@@ -102,8 +102,8 @@ def test_hadpsgd_nodes_as_groups_of_one_host(tmp_path, capsys):
     one.write_text('[platform]\nhosts = 1\ndevices_per_host = 8\nsockets_per_host = 8\n'
                    '[platform.host_cpu]\ncores_per_host = 2\nwork_per_byte_s = 1e-9\n[workload]\nn_params = 250000\n'
                    'itemsize = 8\ncompute = "0.05"\nreference_batch = 8\nbatch_per_worker = 8\n')
-    argv = ["predict", "--platform", str(one), "--algorithm", "hadpsgd", "--workers", "8", "--gpus-per-node", "2", "--steps", "20",
-            "--json"]
+    argv = ["predict", "--platform", str(one), "--algorithm", "hadpsgd", "--workers", "8", "--gpus-per-node", "2",
+            "--steps", "20", "--json"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 2
     assert "hosts" in capsys.readouterr().err
     assert main([*argv, "--workers-per-host", "8", "--out", str(tmp_path / "b")]) == 0
