@@ -11,7 +11,15 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
     OUT/compare/             compare.json, report.md (psgdlab.analysis.report)
-    OUT/validate.json        the case table and the targets
+    OUT/validate.json        the case table, the targets, the load before every run
+
+The machine is shared. Before every run the load averages and the idle cores are recorded
+(``--min-idle-cores`` waits for a quieter machine), and a measured case in which a step of some
+worker lasted more than :data:`STALL_FACTOR` times the median step and more than
+:data:`STALL_MIN_S` (another process stopped the run; a stall of the runtime itself would come
+back) is measured once more, the first attempt's reason kept in ``validate.json``. The learning
+rate is ``0.5 / dim``, below the stability limit of one least-squares row (the figures are times,
+but a run that overflows to infinity is no model of training).
 
 The model is the least-squares problem (float64, ``dim`` parameters, one minibatch of rows per
 worker so memory stays small at 8 workers); compute is emulated by default (each step sleeps to
@@ -102,7 +110,7 @@ def _train_config(vc: ValidateConfig, *, algorithm: str, variant: str | None, wo
     return TrainConfig(algorithm=algorithm, variant=variant, workers=workers,
                        gpus_per_node=vc.gpus_per_node if algorithm == "hadpsgd" else 1, backend=vc.backend,
                        model=LSQ_MODEL, lsq_dim=dim, lsq_samples_per_worker=vc.batch, batch=vc.batch, steps=steps,
-                       lr=0.01, compute_time=vc.compute_time, straggler=straggler, seed=vc.seed, out=str(out),
+                       lr=0.5 / dim, compute_time=vc.compute_time, straggler=straggler, seed=vc.seed, out=str(out),
                        evaluate=False, timeout_s=300.0)
 
 
@@ -179,9 +187,16 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 preds.append(p)
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
-                load[case_name(name, n, straggler)] = _quiet(vc, say)
-                _launch(_train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
-                                      straggler=straggler, steps=vc.steps, out=d))
+                cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
+                                    straggler=straggler, steps=vc.steps, out=d)
+                label = case_name(name, n, straggler)
+                load[label] = _quiet(vc, say)
+                _launch(cfg)
+                stall = _stall(d)
+                if stall is not None:  # another process stopped the machine: measure the case once more
+                    say(f"  {label} was stalled ({stall}); measuring it again")
+                    load[label] = {**_quiet(vc, say), "repeated_after": stall, "first": load[label]}
+                    _launch(cfg)
                 _relabel(d, name)
         if pred_root.exists():
             shutil.rmtree(pred_root)
@@ -220,6 +235,29 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     }
     atomic_write_json(out / "validate.json", summary)
     return summary
+
+
+#: a step of any worker this much longer than the run's median step, and longer than a second,
+#: is the machine stopping the run (another process), not the algorithm
+STALL_FACTOR, STALL_MIN_S = 10.0, 1.0
+
+
+def _stall(run_dir: Path) -> str | None:
+    """Why a measured run looks stalled (module docstring of ``validate``), or ``None``."""
+    import numpy as np
+
+    from psgdlab.core.trace import PHASES, read_trace
+
+    trace, _ = read_trace(run_dir / "trace.npz")
+    comp = trace[trace["phase"] == PHASES["compute"]]
+    steps = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    steps = np.concatenate([s for s in steps if s.size]) if steps else np.array([])
+    if steps.size == 0:
+        return None
+    longest, median = float(steps.max()), float(np.median(steps))
+    if longest > max(STALL_FACTOR * median, STALL_MIN_S):
+        return f"a step of {longest:.2f} s against a median of {median:.3f} s"
+    return None
 
 
 def _idle_cores(window_s: float = 2.0) -> float | None:

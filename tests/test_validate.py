@@ -25,6 +25,21 @@ def test_validate_config_checks(tmp_path):
     assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2
 
 
+def test_stalled_runs_are_recognised(tmp_path):
+    from psgdlab.core.trace import TraceBuilder, write_trace
+    from psgdlab.validate import _stall
+
+    for pause, stalled in ((0.5, False), (3.0, True)):
+        tb = TraceBuilder()
+        for r in range(2):
+            t = 0.0
+            for s in range(20):
+                tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + 0.05)
+                t += 0.05 + (pause if (r, s) == (1, 7) else 0.0)
+        write_trace(tmp_path / "trace.npz", tb.array(), {})
+        assert (_stall(tmp_path) is not None) is stalled
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_tiny_validate_end_to_end(tmp_path, capsys):
