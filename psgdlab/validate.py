@@ -70,7 +70,7 @@ class ValidateConfig:
     backend: str = "gloo"
     compute_time: str | None = "0.05"
     stragglers: tuple[str, ...] = ("",)
-    steps: int = 40
+    steps: int = 80
     calibration_steps: int = 40
     batch: int = 1
     dim: int = 250_000

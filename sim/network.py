@@ -24,8 +24,8 @@ Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start)
 With ``platform.host_cpu`` set, point-to-point transfers (both ends) and allreduces (every
 member) also hold CPU work on their hosts, and take :math:`\max(0, k/c - 1) W` longer when
 ``k`` processes of a host hold CPU work at their start (see *Host cores* in
-:mod:`psgdlab.sim.platform`). The allgather after a sharded exchange and the server are not
-counted.
+:mod:`psgdlab.sim.platform`); so do parameter-server requests (the worker, and the server on
+host 0, with its update). The allgather after a sharded exchange is not counted.
 """
 
 from __future__ import annotations
@@ -227,13 +227,21 @@ class Network:
         return dur
 
     # ----- parameter server -------------------------------------------------------------------
-    def server_s(self, nbytes: float) -> float:
-        """Service time of one parameter-server request (message and reply of ``nbytes``)."""
+    def server_s(self, nbytes: float, *, rank: int | None = None, start: float | None = None) -> float:
+        """Service time of one parameter-server request (message and reply of ``nbytes``).
+
+        With ``platform.host_cpu``, ``rank`` and ``start``: the request also holds CPU work on
+        the worker's host and on the server's (host 0) -- one message each way and the update
+        (:math:`3S` at memory bandwidth when ``apply_on_host``) -- stretched as in
+        :meth:`_cpu_wait`."""
         srv = self.platform.server
-        t = srv.latency_s + nbytes / srv.bandwidth_bytes_per_s + srv.service_overhead_s
-        if srv.apply_on_host:
-            t += 3.0 * nbytes / self._mem_bw
-        return t
+        update = 3.0 * nbytes / self._mem_bw if srv.apply_on_host else 0.0
+        t = srv.latency_s + nbytes / srv.bandwidth_bytes_per_s + srv.service_overhead_s + update
+        if self._cpu is None or rank is None or start is None:
+            return t
+        members = {0: 1}
+        members[self._host[rank]] = members.get(self._host[rank], 0) + 1
+        return self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t)
 
     def input_copy_s(self, rank: int, nbytes: float) -> float:
         """Per-step input copy of ``nbytes`` over the socket's PCIe, shared by the workers on it."""

@@ -36,8 +36,9 @@ and :math:`W` the per-worker work: ``k`` processes each needing :math:`W` of CPU
 cores get :math:`c/k` of a core each (processor sharing), so the CPU part stretches from
 :math:`W` to :math:`kW/c`; below ``c`` holders it costs nothing beyond the link time, whose fit
 already contains it. Holders are counted when the exchange starts (the snapshot rule of the
-links). The parameter-server role and the compute are not counted (emulated compute sleeps;
-accelerators compute off the CPU). ``host_cpu = None`` (the default, and every published preset:
+links). A parameter-server request holds the worker and the server (on host 0) for one message
+and the server's update. The compute is not counted (emulated compute sleeps; accelerators
+compute off the CPU). ``host_cpu = None`` (the default, and every published preset:
 no source gives these numbers) means the cores are never the bottleneck.
 
 ``staging = "host"`` routes weights through host memory (the IBM system averaged on the

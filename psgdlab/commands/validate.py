@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "measure the same cases with the runtime (emulated compute by default), and compare: step "
                      "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
                      "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
-                     "algorithm cases x 2, 4 workers, 40 steps, 0.05 s compute, 250000 float64 parameters) takes "
+                     "algorithm cases x 2, 4 workers, 80 steps, 0.05 s compute, 250000 float64 parameters) takes "
                      "a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
                      "without a straggler)."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--straggler", default=None, metavar="SPEC",
                    help="also validate every case with this straggler (core.stragglers spec); --full uses "
                         "'1:2'")
-    p.add_argument("--steps", type=int, default=40, help="steps per worker of each case")
+    p.add_argument("--steps", type=int, default=80,
+                   help="steps per worker of each case (about 4 s: one stall of another process weighs less)")
     p.add_argument("--dim", type=int, default=250_000,
                    help="least-squares parameters (float64) of the cases (the calibration runs use 50000 and 500000)")
     p.add_argument("--cores", type=int, default=None,

@@ -58,6 +58,21 @@ def test_concurrent_exchanges_count_as_holders_when_they_start():
     assert net.pair_average_s(4, 5, S, 10.0) == pytest.approx(alone)
 
 
+def test_server_request_holds_the_worker_and_the_server():
+    from psgdlab.sim.platform import ServerSpec
+
+    S, w_b = 1e6, 1e-9
+    for cores, stretch in ((2, 0.0), (1, 1.0)):  # worker + server: 2 holders
+        cpu = HostCPU(cores_per_host=cores, work_per_byte_s=w_b)
+        p = Platform(hosts=1, devices_per_host=2, sockets_per_host=2, pcie=LINK, nic=LINK, host_cpu=cpu,
+                     server=ServerSpec(latency_s=1e-3, bandwidth_bytes_per_s=5e8, service_overhead_s=2e-3,
+                                       apply_on_host=True), host_memory_bandwidth_bytes_per_s=3e9)
+        net = Network(p, Placement.pack(p, 2))
+        base = 1e-3 + S / 5e8 + 2e-3 + 3 * S / 3e9
+        assert net.server_s(S) == pytest.approx(base)
+        assert net.server_s(S, rank=1, start=0.0) == pytest.approx(base + stretch * (S * w_b + 3 * S / 3e9))
+
+
 def test_ssgd_step_time_includes_the_cpu_stretch():
     n, cores = 8, 2
     cpu = HostCPU(cores_per_host=cores, work_per_message_s=1e-4, work_per_byte_s=2e-9)
