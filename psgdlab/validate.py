@@ -149,7 +149,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     out.mkdir(parents=True, exist_ok=True)
     # 1. calibration runs (never the validated cases)
     cores = vc.cores or os.cpu_count() or 1
-    load = {"start": _load()}
+    load: dict[str, Any] = {"start": _load()}
     calib_dirs = []
     plan = [("ssgd", 2, d) for d in vc.calibration_dims] + [("adpsgd", 2, d) for d in vc.calibration_dims]
     if any(ALGORITHM_CASES[a][0] == "easgd" for a in vc.algorithms):
@@ -250,8 +250,8 @@ def _stall(run_dir: Path) -> str | None:
 
     trace, _ = read_trace(run_dir / "trace.npz")
     comp = trace[trace["phase"] == PHASES["compute"]]
-    steps = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
-    steps = np.concatenate([s for s in steps if s.size]) if steps else np.array([])
+    per_rank = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    steps = np.concatenate(per_rank) if per_rank else np.array([])
     if steps.size == 0:
         return None
     longest, median = float(steps.max()), float(np.median(steps))
