@@ -246,7 +246,8 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     gaps = [g for g in (fit_step_overhead(r.trace, warmup_steps=warmup_steps) for r in free) if g is not None]
     overhead = max(float(np.median(gaps)), 0.0) if gaps else 0.0
     mean = compute["mean_s"] + overhead  # the same spread around a mean moved by the overhead
-    compute.update(step_overhead_s=overhead, spec=f"lognormal:{mean:.6g}:{compute['cv'] * compute['mean_s'] / mean:.6g}")
+    cv = compute["cv"] * compute["mean_s"] / mean
+    compute.update(step_overhead_s=overhead, spec=f"lognormal:{mean:.6g}:{cv:.6g}")
     parts = [_link_samples(r, warmup_steps=warmup_steps) for r in free]
     t, S, n, pair, rec = (np.concatenate([p[i] for p in parts]) for i in range(5))
     link = fit_link(t, S, group_sizes=n, pairwise=pair, records=int(rec.sum()))
@@ -349,9 +350,9 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
                           "no server exchanges measured; overhead 0")),
         f"#   step overhead (host work between a step's exchanges and the next compute, added to the compute "
         f"mean): {comp.get('step_overhead_s', 0.0):.4g} s",
-        ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per message, "
-                              f"{cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in runs with "
-                              f"more workers than cores (median excess {cpu['median_excess_s']} s, rms residual "
+        ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
+                              f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
+                              f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, rms residual "
                               f"{cpu['rms_residual_s']:.4g} s)" if cpu else
                               "no run had more workers than cores: the cores are not modelled")),
         "",

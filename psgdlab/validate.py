@@ -240,6 +240,8 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
 #: a step of any worker this much longer than the run's median step, and longer than a second,
 #: is the machine stopping the run (another process), not the algorithm
 STALL_FACTOR, STALL_MIN_S = 10.0, 1.0
+#: a link fit whose points miss it by more than this (relative) is flagged in the table
+MAX_REL_RESIDUAL = 0.5
 
 
 def _stall(run_dir: Path) -> str | None:
@@ -340,9 +342,18 @@ def format_table(summary: dict[str, Any]) -> str:
     for straggler, per_n in summary.get("ranking", {}).items():
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
-            lines.append(f"  straggler {straggler}, {n} workers: predicted {pred}; measured {' > '.join(r['measured'])}")
+            lines.append(f"  straggler {straggler}, {n} workers: predicted {pred}; "
+                         f"measured {' > '.join(r['measured'])}")
             for a, b, dp, dm in r["swaps"]:
                 lines.append(f"    swap: {a} predicted {dp * 100:+.1f}% over {b}, measured {dm * 100:+.1f}%")
+    link = summary.get("calibration", {}).get("link")
+    if link:
+        flag = link["max_rel_residual"] > MAX_REL_RESIDUAL
+        lines.append(f"calibration: link {link['latency_s'] * 1e3:.3g} ms + S / "
+                     f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
+                     f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
+                     + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores"
+                        if flag else ""))
     load = summary.get("load_average", {})
     if load:
         idle = [v["idle_cores"] for v in load.values() if isinstance(v, dict) and v.get("idle_cores") is not None]
