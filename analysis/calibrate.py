@@ -352,7 +352,8 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         f"mean): {comp.get('step_overhead_s', 0.0):.4g} s",
         ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
                               f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
-                              f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, rms residual "
+                              f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
+                              f"rms residual "
                               f"{cpu['rms_residual_s']:.4g} s)" if cpu else
                               "no run had more workers than cores: the cores are not modelled")),
         "",
