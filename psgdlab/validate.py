@@ -25,10 +25,11 @@ The model is the least-squares problem (float64, ``dim`` parameters, one minibat
 worker so memory stays small at 8 workers); compute is emulated by default (each step sleeps to
 ``compute_time``), so up to 8 workers run on 2 cores. The batch is one row: the real gradient
 must stay cheap beside the emulated time (with 8 rows of a 2 MB model each step copied 16 MB,
-and with 8 processes on 2 cores the "emulated" 0.05 s grew to 0.061 s on average). The default size, 250 000 float64
-parameters (2 MB) against 0.05 s of compute, puts the bandwidth term of an allreduce on this
-machine's loopback at roughly 7-13 % of the compute, like the IBM system's 8-16 %
-(``docs/validation.md`` says why that matters for the ranking). The predictions place every
+and with 8 processes on 2 cores the "emulated" 0.05 s grew to 0.061 s on average). The
+default size, 250 000 float64 parameters (2 MB) against 0.05 s of compute, puts the bandwidth
+term of an allreduce on this machine's loopback at roughly 4-14 % of the compute (0.5-1 GB/s,
+2-8 workers), like the IBM system's 8-16 % (``docs/validation.md`` says why that matters for
+the ranking). The predictions place every
 worker on the one host of the fitted platform (H-ADPSGD's nodes are groups of processes of this
 machine, as in the runtime). This module sits outside :mod:`psgdlab.analysis`, which only reads
 run directories.
