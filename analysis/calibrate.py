@@ -1,8 +1,8 @@
 r"""Fitting a platform profile from measured traces.
 
 - :func:`fit_compute_time`: the per-step compute-time distribution from compute records,
-  as a log-normal with the measured mean and coefficient of variation (the form
-  :class:`psgdlab.core.timing.ComputeTime` reads), with its median, 95th percentile, and the
+  as a log-normal matched to the measured median and 95th percentile (the form
+  :class:`psgdlab.core.timing.ComputeTime` reads), with the sample mean and the
   Kolmogorov–Smirnov distance between the sample and the fitted law as the residual.
 - :func:`fit_link`: latency :math:`\alpha` and bandwidth :math:`\beta` of one link class from
   exchanges of different sizes, by least squares on the cost model of each exchange kind
@@ -48,25 +48,31 @@ SERVER_QUANTILE = 0.5
 
 
 def fit_compute_time(trace: np.ndarray, *, warmup_steps: int = 2) -> dict[str, Any]:
-    """Fit the compute-time distribution of ``trace``'s compute records (after ``warmup_steps``)."""
+    r"""Fit the compute-time distribution of ``trace``'s compute records (after ``warmup_steps``).
+
+    A log-normal matched to the sample's median and 95th percentile,
+    :math:`\mu = \ln t_{50}`, :math:`\sigma = \ln(t_{95}/t_{50}) / 1.645`: the tail up to p95 is
+    kept, but a few steps of another process's burst (on a shared machine one step in a hundred
+    can last 20 times its usual time) do not move it, whereas they make the moment fit's
+    coefficient of variation 100 times too large. The sample mean is reported beside it.
+    """
     sel = trace[(trace["phase"] == PHASES["compute"]) & (trace["step"] >= warmup_steps)]
     d = (sel["end_s"] - sel["start_s"]).astype(float)
     d = d[d > 0]
     if d.size < MIN_RECORDS:
         raise ConfigError(f"too little data to fit compute time: {d.size} compute records after "
                           f"{warmup_steps} warm-up steps (need >= {MIN_RECORDS}); run more steps")
-    mean, std = float(d.mean()), float(d.std(ddof=1))
-    cv = std / mean
-    sigma = math.sqrt(math.log1p(cv * cv))
-    mu = math.log(mean) - sigma * sigma / 2
-    ks = float(stats.kstest(d, "lognorm", args=(sigma, 0, math.exp(mu))).statistic) if cv > 0 else 0.0
-    return {"kind": "lognormal", "mean_s": mean, "cv": cv, "p50_s": float(np.median(d)),
-            "p95_s": float(np.percentile(d, 95)), "samples": int(d.size), "ks_distance": ks,
+    p50, p95 = float(np.median(d)), float(np.percentile(d, 95))
+    mu, sigma = math.log(p50), math.log(p95 / p50) / stats.norm.ppf(0.95)
+    mean, cv = math.exp(mu + sigma * sigma / 2), math.sqrt(math.expm1(sigma * sigma))
+    ks = float(stats.kstest(d, "lognorm", args=(sigma, 0, p50)).statistic) if sigma > 0 else 0.0
+    return {"kind": "lognormal", "mean_s": mean, "cv": cv, "p50_s": p50, "p95_s": p95,
+            "sample_mean_s": float(d.mean()), "samples": int(d.size), "ks_distance": ks,
             "spec": f"lognormal:{mean:.6g}:{cv:.6g}"}
 
 
 def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes: np.ndarray | None = None,
-             pairwise: np.ndarray | None = None) -> dict[str, Any]:
+             pairwise: np.ndarray | None = None, records: int | None = None) -> dict[str, Any]:
     r"""Least-squares latency and bandwidth from exchange durations and payloads.
 
     Parameters
@@ -78,13 +84,17 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     pairwise : bool array, optional
         Marks the pairwise exchanges explicitly; every other entry is then a ring allreduce over
         its ``group_sizes`` entry, a group of 2 included (:math:`2\alpha + S/\beta`).
+    records : int, optional
+        Measured exchanges behind the entries when each entry summarizes several (default: one
+        each); at least :data:`MIN_RECORDS` are needed.
     """
     t = np.asarray(durations_s, dtype=float)
     S = np.asarray(payload_bytes, dtype=float)
     if t.size != S.size:
         raise ConfigError(f"durations ({t.size}) and payloads ({S.size}) must have the same length")
-    if t.size < MIN_RECORDS:
-        raise ConfigError(f"too little data to fit a link: {t.size} exchanges (need >= {MIN_RECORDS})")
+    records = t.size if records is None else int(records)
+    if records < MIN_RECORDS or t.size < 2:
+        raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
     if np.unique(S).size < 2:
         raise ConfigError("cannot separate latency from bandwidth with a single payload size; "
                           "measure exchanges of at least two sizes")
@@ -103,7 +113,7 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     pred = X @ np.array([alpha, inv_beta])
     resid = t - pred
     return {"latency_s": float(max(alpha, 0.0)), "bandwidth_bytes_per_s": float(1.0 / inv_beta),
-            "samples": int(t.size), "rms_residual_s": float(np.sqrt(np.mean(resid ** 2))),
+            "samples": records, "points": int(t.size), "rms_residual_s": float(np.sqrt(np.mean(resid ** 2))),
             "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12)))}
 
 
@@ -125,59 +135,99 @@ def _workers_of(run: Any) -> int:
     return int(n)
 
 
-def _link_samples(run: Any) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """(durations, model payloads, group sizes, pairwise mask) of one run's usable exchange records.
+def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(step, wire bytes, group size, cost)`` of every measured allreduce of ``run``.
 
-    Allreduce records (kind 1, phase comm) include waiting for slower members: per (step, bytes)
-    the minimum over ranks is kept (the last to arrive waits least). Pairwise records (kind 2,
-    phase overlap) may include waiting for the peer's lock: per payload size only those at or
-    below the :data:`PAIRWISE_QUANTILE` are kept.
+    The cost of an allreduce over all the run's workers is its *span*, last end minus last
+    arrival: what it adds to the step of the slowest member (the last to arrive waits least, but
+    the members do not leave together -- by up to ~2 ms on loopback gloo, 13 ms with 8 ranks on 2
+    cores). For a smaller group (the groups are not recorded) it is the shortest member's
+    duration. Group sizes come from ``wire = 2 (n-1)/n S`` and the run's payload.
     """
     tr = run.trace
     n_workers = _workers_of(run)
     S_model = _payload_of(run)
-    d_out, s_out, n_out, p_out = [], [], [], []
     ar = tr[(tr["kind"] == _K_ALLREDUCE) & (tr["phase"] == PHASES["comm"]) & (tr["nbytes"] > 0)]
-    if ar.size:
-        keys = np.stack([ar["step"], ar["nbytes"]], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        inv = np.asarray(inv).reshape(-1)
-        dur = (ar["end_s"] - ar["start_s"]).astype(float)
-        mins = np.full(len(uniq), np.inf)
-        np.minimum.at(mins, inv, dur)
-        wire = uniq[:, 1].astype(float)
-        if S_model:  # wire = 2 (n-1)/n S  ->  n = 2 / (2 - wire/S)
-            n = np.rint(2.0 / np.maximum(2.0 - wire / S_model, 1e-9)).clip(2, None)
-            S = np.full(wire.shape, float(S_model))
-        else:
-            n = np.full(wire.shape, float(n_workers))
-            S = wire * n / (2 * (n - 1))
-        d_out.append(mins)
-        s_out.append(S)
-        n_out.append(n)
-        p_out.append(np.zeros(len(uniq), dtype=bool))
+    if ar.size == 0:
+        return (np.array([], dtype=int),) + (np.array([]),) * 3
+    keys = np.stack([ar["step"], ar["nbytes"]], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    wire = uniq[:, 1].astype(float)
+    if S_model:  # wire = 2 (n-1)/n S  ->  n = 2 / (2 - wire/S)
+        n = np.rint(2.0 / np.maximum(2.0 - wire / S_model, 1e-9)).clip(2, None)
+    else:
+        n = np.full(wire.shape, float(n_workers))
+    cost = np.empty(len(uniq))
+    for i in range(len(uniq)):
+        sel = ar[inv == i]
+        whole = n[i] == n_workers and sel.size == n_workers
+        cost[i] = (float(sel["end_s"].max() - sel["start_s"].max()) if whole
+                   else float((sel["end_s"] - sel["start_s"]).min()))
+    return uniq[:, 0].astype(int), wire, n, cost
+
+
+def _link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
+    """One robust point per exchange kind and payload size of ``run``: ``(durations, model
+    payloads, group sizes, pairwise mask, records behind each point)``.
+
+    The machine is shared, so single exchanges can take 100 times their usual time; a point
+    summarizes many: allreduces (kind 1, phase comm) give the median of their costs
+    (:func:`allreduce_spans`) after ``warmup_steps``; pairwise averages (kind 2, phase overlap),
+    which may include waiting for the peer's lock, give the :data:`PAIRWISE_QUANTILE` of their
+    durations.
+    """
+    tr = run.trace
+    S_model = _payload_of(run)
+    pts: list[tuple[float, float, float, bool, int]] = []
+    step, wire, n, cost = allreduce_spans(run)
+    ok = step >= warmup_steps
+    for w in np.unique(wire[ok]):
+        sel = ok & (wire == w)
+        n_w = float(n[sel][0])
+        S = float(S_model) if S_model else w * n_w / (2 * (n_w - 1))
+        pts.append((float(np.median(cost[sel])), S, n_w, False, int(np.count_nonzero(sel))))
     pw = tr[(tr["kind"] == _K_PAIR) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
     for size in np.unique(pw["nbytes"]):
-        sel = pw[pw["nbytes"] == size]
-        dur = (sel["end_s"] - sel["start_s"]).astype(float)
-        keep = dur[dur <= np.quantile(dur, PAIRWISE_QUANTILE)]
-        d_out.append(keep)
-        s_out.append(np.full(keep.size, float(size)))
-        n_out.append(np.full(keep.size, 2.0))
-        p_out.append(np.ones(keep.size, dtype=bool))
-    return d_out, s_out, n_out, p_out
+        dur = (pw["end_s"] - pw["start_s"])[pw["nbytes"] == size].astype(float)
+        pts.append((float(np.quantile(dur, PAIRWISE_QUANTILE)), float(size), 2.0, True, int(dur.size)))
+    cols = list(zip(*pts)) if pts else [(), (), (), (), ()]
+    return tuple(np.array(c, dtype=t) for c, t in zip(cols, (float, float, float, bool, int)))
 
 
-def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2) -> dict[str, Any]:
+def fit_step_overhead(trace: np.ndarray, *, warmup_steps: int = 2) -> float | None:
+    """Median host time per step outside compute and exchanges: from the end of a step's last
+    compute, comm or wait record to the start of the same worker's next compute (the update,
+    the snapshot of the weights, the loop). ``None`` without two consecutive steps."""
+    keep = np.isin(trace["phase"], [PHASES["compute"], PHASES["comm"], PHASES["wait"]])
+    tr = trace[keep & (trace["step"] >= warmup_steps)]
+    gaps = []
+    for r in np.unique(tr["rank"]):
+        mine = tr[tr["rank"] == r]
+        comp = mine[mine["phase"] == PHASES["compute"]]
+        starts = dict(zip(comp["step"].tolist(), comp["start_s"].tolist()))
+        for s in np.unique(mine["step"]):
+            if int(s) + 1 in starts:
+                gaps.append(starts[int(s) + 1] - float(mine["end_s"][mine["step"] == s].max()))
+    return float(np.median(gaps)) if gaps else None
+
+
+def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> dict[str, Any]:
     r"""Fit this machine's platform profile from runtime run directories.
 
-    Returns ``compute`` (:func:`fit_compute_time` over every run's compute records), ``link``
-    (:func:`fit_link` over the allreduce and pairwise records of every run, see
-    :func:`_link_samples`), ``server`` (service overhead: the :data:`SERVER_QUANTILE` of the
-    server-exchange durations minus :math:`\alpha + S/\beta`, ``None`` without server records),
-    and what the runs were (``runs``, ``payload_bytes``, ``itemsize``, ``batch``,
-    ``max_workers``). Too little data raises :class:`ConfigError` (from the fits).
+    Runs with at most ``cores`` workers (every worker has a core) give ``compute``
+    (:func:`fit_compute_time` over their compute records, its mean raised by ``step_overhead_s``,
+    :func:`fit_step_overhead`, which the simulator has no other place for), ``link``
+    (:func:`fit_link` over their allreduce and pairwise records, see :func:`_link_samples`) and
+    ``server`` (service overhead: the :data:`SERVER_QUANTILE` of the server-exchange durations
+    minus :math:`\alpha + S/\beta`, ``None`` without server records). Runs with more workers
+    than cores give ``host_cpu`` (:func:`psgdlab.analysis.cores.fit_host_cpu`; ``None`` without
+    such runs). ``cores`` defaults to the ``cpu_count`` the runs recorded in ``env.json`` (no
+    count: every run counts as uncontended). Also returned: what the runs were (``runs``,
+    ``payload_bytes``, ``itemsize``, ``batch``, ``max_workers``, ``cores``). Too little data
+    raises :class:`ConfigError` (from the fits).
     """
+    from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run
 
     runs = [load_run(p) for p in run_dirs]
@@ -186,15 +236,42 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2) -> dict[str, Any]:
     for run in runs:
         if run.trace is None:
             raise ConfigError(f"{run.path} has no trace.npz to calibrate from")
-    compute = fit_compute_time(np.concatenate([r.trace for r in runs]), warmup_steps=warmup_steps)
-    parts = [_link_samples(r) for r in runs]
-    cat = [np.concatenate([a for p in parts for a in p[i]]) if any(p[i] for p in parts) else np.array([])
-           for i in range(4)]
-    link = fit_link(cat[0], cat[1], group_sizes=cat[2], pairwise=cat[3].astype(bool))
-    link["allreduce_samples"] = int(np.count_nonzero(~cat[3].astype(bool)))
-    link["pairwise_samples"] = int(np.count_nonzero(cat[3].astype(bool)))
-    link["payload_sizes_bytes"] = sorted({int(x) for x in cat[1]})
-    server = None
+    cores = cores if cores is not None else cores_of(runs)
+    free = [r for r in runs if cores is None or _workers_of(r) <= cores]
+    busy = [r for r in runs if r not in free]
+    if not free:
+        raise ConfigError(f"every run has more workers than the {cores} cores: the link and the compute time are "
+                          f"fitted from runs with at most {cores} workers")
+    compute = fit_compute_time(np.concatenate([r.trace for r in free]), warmup_steps=warmup_steps)
+    gaps = [g for g in (fit_step_overhead(r.trace, warmup_steps=warmup_steps) for r in free) if g is not None]
+    overhead = max(float(np.median(gaps)), 0.0) if gaps else 0.0
+    mean = compute["mean_s"] + overhead  # the same spread around a mean moved by the overhead
+    cv = compute["cv"] * compute["mean_s"] / mean
+    compute.update(step_overhead_s=overhead, spec=f"lognormal:{mean:.6g}:{cv:.6g}")
+    parts = [_link_samples(r, warmup_steps=warmup_steps) for r in free]
+    t, S, n, pair, rec = (np.concatenate([p[i] for p in parts]) for i in range(5))
+    link = fit_link(t, S, group_sizes=n, pairwise=pair, records=int(rec.sum()))
+    link["allreduce_samples"] = int(rec[~pair].sum())
+    link["pairwise_samples"] = int(rec[pair].sum())
+    link["payload_sizes_bytes"] = sorted({int(x) for x in S})
+    server = _fit_server(free, link)
+    host_cpu = None
+    if busy:
+        host_cpu = fit_host_cpu(busy, cores=int(cores), link=link, spans=allreduce_spans, payload_of=_payload_of,
+                                workers_of=_workers_of, warmup_steps=warmup_steps)
+    payloads = [p for p in (_payload_of(r) for r in free) if p]
+    itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
+    batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
+    return {"compute": compute, "link": link, "server": server, "host_cpu": host_cpu, "cores": cores,
+            "runs": [str(r.path) for r in runs], "payload_bytes": payloads, "itemsize": max(itemsizes) or None,
+            "batch": max(batches) or None, "max_workers": max(_workers_of(r) for r in runs)}
+
+
+def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
+    r"""Server service time beyond the link, :math:`t - \alpha - S/\beta`: with one payload size its
+    :data:`SERVER_QUANTILE`; with two or more, per size that quantile, fitted as
+    ``overhead + 3 S / memory bandwidth`` (the server's update reads the model and the message and
+    writes the model: ``apply_on_host``) when it grows with the size."""
     srv_d, srv_s = [], []
     for r in runs:
         tr = r.trace
@@ -202,17 +279,20 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2) -> dict[str, Any]:
         srv_d.append((sel["end_s"] - sel["start_s"]).astype(float))
         srv_s.append(sel["nbytes"].astype(float))
     sd, ss = np.concatenate(srv_d), np.concatenate(srv_s)
-    if sd.size >= MIN_RECORDS:
-        wire = link["latency_s"] + ss / link["bandwidth_bytes_per_s"]
-        excess = sd - wire
-        server = {"service_overhead_s": float(max(np.quantile(excess, SERVER_QUANTILE), 0.0)),
-                  "samples": int(sd.size), "median_excess_s": float(np.median(excess))}
-    payloads = [p for p in (_payload_of(r) for r in runs) if p]
-    itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
-    batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
-    return {"compute": compute, "link": link, "server": server, "runs": [str(r.path) for r in runs],
-            "payload_bytes": payloads, "itemsize": max(itemsizes) or None, "batch": max(batches) or None,
-            "max_workers": max(_workers_of(r) for r in runs)}
+    if sd.size < MIN_RECORDS:
+        return None
+    excess = sd - (link["latency_s"] + ss / link["bandwidth_bytes_per_s"])
+    sizes = np.unique(ss)
+    per_size = np.array([np.quantile(excess[ss == x], SERVER_QUANTILE) for x in sizes])
+    out = {"samples": int(sd.size), "median_excess_s": float(np.median(excess)), "memory_bandwidth_bytes_per_s": None}
+    slope = np.polyfit(3 * sizes, per_size, 1)[0] if sizes.size >= 2 else 0.0
+    if slope > 0:
+        overhead = float(np.mean(per_size - slope * 3 * sizes))
+        out["memory_bandwidth_bytes_per_s"] = float(1.0 / slope)
+    else:
+        overhead = float(np.quantile(excess, SERVER_QUANTILE))
+    out["service_overhead_s"] = max(overhead, 0.0)
+    return out
 
 
 def _toml_value(v: Any) -> str:
@@ -232,14 +312,17 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
                   workers: tuple[int, ...] | None = None) -> str:
     """The simulator configuration (``sim/presets`` TOML format) of a :func:`calibrate_runs` fit.
 
-    ``devices`` hosts of ``devices`` devices (default: the largest worker count of
-    the runs) so that any ``gpus_per_node`` placement fits; the fitted link is both ``pcie`` and
-    ``nic``, staging ``direct``; the server is the fitted link plus the fitted service overhead.
-    The workload is ``n_params`` items of ``itemsize`` bytes (default: the runs' payload) with the
-    fitted compute distribution at ``batch``. The residuals are TOML comments (the loader
-    rejects unknown tables).
+    One host (this machine) of ``devices`` devices (default: the largest worker count of the
+    runs), each behind its own link (``sockets_per_host = devices``: the fitted link already is
+    what one worker gets, it is not shared again); the fitted link is both ``pcie`` and ``nic``,
+    staging ``direct``; the server is the fitted link plus the fitted service overhead; with a
+    ``host_cpu`` fit, ``[platform.host_cpu]`` (the host's cores and the CPU work of
+    communication). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
+    runs' payload) with the fitted compute distribution at ``batch``. The residuals are TOML
+    comments (the loader rejects unknown tables).
     """
     comp, link, srv = calibration["compute"], calibration["link"], calibration["server"]
+    cpu = calibration.get("host_cpu")
     devices = int(devices or calibration["max_workers"])
     itemsize = int(itemsize or calibration.get("itemsize") or 4)
     if n_params is None:
@@ -253,22 +336,36 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         f"# Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
         *[f"#   {r}" for r in calibration["runs"]],
         "# Residuals of the fit:",
-        f"#   compute: lognormal mean {comp['mean_s']:.6g} s, cv {comp['cv']:.4g}, median {comp['p50_s']:.6g} s, "
+        f"#   compute: lognormal mean {comp['mean_s']:.6g} s, cv {comp['cv']:.4g} (sample mean "
+        f"{comp.get('sample_mean_s', comp['mean_s']):.6g} s), median {comp['p50_s']:.6g} s, "
         f"p95 {comp['p95_s']:.6g} s, {comp['samples']} records, Kolmogorov-Smirnov distance {comp['ks_distance']:.4g}",
         f"#   link: {link['samples']} exchanges ({link['allreduce_samples']} allreduce, {link['pairwise_samples']} "
-        f"pairwise) of sizes {link['payload_sizes_bytes']} B, rms residual {link['rms_residual_s']:.4g} s, "
+        f"pairwise) of sizes {link['payload_sizes_bytes']} B in {link['points']} points (median allreduce span, "
+        f"low quantile of pairwise durations per run and size), rms residual {link['rms_residual_s']:.4g} s, "
         f"max relative residual {link['max_rel_residual']:.4g}",
-        ("#   server: " + (f"service overhead {srv['service_overhead_s']:.4g} s from {srv['samples']} requests "
-                          f"(median excess over the link {srv['median_excess_s']:.4g} s)" if srv else
+        ("#   server: " + (f"service overhead {srv['service_overhead_s']:.4g} s, update at "
+                          f"{srv['memory_bandwidth_bytes_per_s'] or 0:.4g} B/s of memory (0: not fitted) from "
+                          f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
+                          if srv else
                           "no server exchanges measured; overhead 0")),
+        f"#   step overhead (host work between a step's exchanges and the next compute, added to the compute "
+        f"mean): {comp.get('step_overhead_s', 0.0):.4g} s",
+        ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
+                              f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
+                              f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
+                              f"rms residual "
+                              f"{cpu['rms_residual_s']:.4g} s)" if cpu else
+                              "no run had more workers than cores: the cores are not modelled")),
         "",
         "[platform]",
         f"name = {_toml_value(name)}",
         'description = "this machine, fitted from measured runs (loopback transport, emulated devices)"',
-        f"hosts = {devices}",
+        "hosts = 1",
         f"devices_per_host = {devices}",
-        "sockets_per_host = 1",
+        f"sockets_per_host = {devices}",
         'device = "cpu-process"',
+        *([f"host_memory_bandwidth_bytes_per_s = {float(srv['memory_bandwidth_bytes_per_s'])!r}"]
+          if srv and srv.get("memory_bandwidth_bytes_per_s") else []),
         'staging = "direct"',
         "",
     ]
@@ -276,8 +373,12 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         lines += [f"[platform.{table}]", f"latency_s = {lat!r}", f"bandwidth_bytes_per_s = {bw!r}", ""]
     lines += ["[platform.server]", f"latency_s = {lat!r}", f"bandwidth_bytes_per_s = {bw!r}",
               f"service_overhead_s = {float(srv['service_overhead_s']) if srv else 0.0!r}",
-              "apply_on_host = false", "",
-              "[workload]", f"name = {_toml_value(name + '-workload')}",
+              f"apply_on_host = {'true' if srv and srv.get('memory_bandwidth_bytes_per_s') else 'false'}", ""]
+    if cpu:
+        lines += ["[platform.host_cpu]", f"cores_per_host = {int(cpu['cores_per_host'])}",
+                  f"work_per_message_s = {float(cpu['work_per_message_s'])!r}",
+                  f"work_per_byte_s = {float(cpu['work_per_byte_s'])!r}", ""]
+    lines += ["[workload]", f"name = {_toml_value(name + '-workload')}",
               'description = "the calibration runs\' model"',
               f"n_params = {int(n_params)}", f"itemsize = {itemsize}",
               f"compute = {_toml_value(comp['spec'])}",

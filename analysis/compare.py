@@ -5,7 +5,8 @@ fractions, and the staleness distribution (mean, and the total variation distanc
 two histograms, :math:`\tfrac12 \sum_k |p_k - q_k|`), each as the predicted and measured value,
 the absolute error and the relative error ``(predicted - measured) / measured``. Across cases:
 the median and maximum absolute relative step-time error, and whether ranking the algorithms
-by samples/s gives the same order (per worker count) in prediction and measurement.
+by samples/s gives the same order (per worker count) in prediction and measurement
+(:func:`ranking`: exact ties in the prediction are one class; every other pair must keep its order).
 
 One definition for both sides. When both cases have a trace, every timing figure is recomputed
 from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the median
@@ -25,6 +26,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,7 +37,7 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import PHASES, summarize
 
 __all__ = ["total_variation", "compare_cases", "compare_dirs", "cut_at_first_finish", "windowed_summaries",
-           "METRICS"]
+           "ranking", "METRICS", "TIE_REL"]
 
 #: summary keys compared for every case
 METRICS = ("step_time_s", "samples_per_s", "comm_fraction", "idle_fraction", "staleness_mean")
@@ -114,16 +116,55 @@ def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
     return out
 
 
-def _ranking_identical(cases: list[dict[str, Any]]) -> bool:
+#: predicted values this close (relative) are one value computed along two paths: a tie
+TIE_REL = 1e-9
+
+
+def ranking(cases: list[dict[str, Any]], metric: str = "samples_per_s") -> dict[int, dict[str, Any]]:
+    """The ranking of the cases by ``metric`` (higher first), per worker count, predicted against
+    measured.
+
+    The prediction ranks ties together: cases whose predicted values are equal up to
+    floating-point rounding (relative :data:`TIE_REL`; the simulator gives bit-identical figures
+    when two algorithms exchange alike, e.g. H-ADPSGD with a single node and SSGD) form one class,
+    and the prediction makes no claim about their order. Every other pair must be measured in
+    the predicted order (an equal measurement of two cases predicted apart is a miss too). There
+    is no tolerance on either side: a predicted difference of 0.1 % that the measurement reverses
+    is a miss, reported in ``swaps`` with both relative differences.
+
+    Returns, per worker count: ``predicted`` (the classes, best first, each a list of
+    algorithms), ``measured`` (algorithms, best first), ``identical`` and ``swaps`` (``[a, b,
+    predicted (a-b)/b, measured (a-b)/b]`` for each pair predicted ``a`` above ``b`` but not
+    measured so).
+    """
+    out: dict[int, dict[str, Any]] = {}
     by_workers: dict[int, list[dict[str, Any]]] = {}
     for c in cases:
         by_workers.setdefault(c["workers"], []).append(c)
-    for group in by_workers.values():
-        pred = sorted(group, key=lambda c: -(c["samples_per_s"]["predicted"] or 0))
-        meas = sorted(group, key=lambda c: -(c["samples_per_s"]["measured"] or 0))
-        if [c["algorithm"] for c in pred] != [c["algorithm"] for c in meas]:
-            return False
-    return True
+    for n, group in sorted(by_workers.items()):
+        pred = {c["algorithm"]: c[metric]["predicted"] or 0.0 for c in group}
+        meas = {c["algorithm"]: c[metric]["measured"] or 0.0 for c in group}
+        classes: list[list[str]] = []
+        for name in sorted(pred, key=lambda k: (-pred[k], k)):
+            if classes and math.isclose(pred[classes[-1][0]], pred[name], rel_tol=TIE_REL):
+                classes[-1].append(name)
+            else:
+                classes.append([name])
+        classes = [sorted(c) for c in classes]
+        swaps = []
+        for i, upper in enumerate(classes):
+            for lower in classes[i + 1:]:
+                for a in upper:
+                    for b in lower:
+                        if not meas[a] > meas[b]:
+                            swaps.append([a, b, _rel(pred[a], pred[b]), _rel(meas[a], meas[b])])
+        out[n] = {"predicted": classes, "measured": sorted(meas, key=lambda k: (-meas[k], k)),
+                  "identical": not swaps, "swaps": swaps}
+    return out
+
+
+def _rel(a: float, b: float) -> float | None:
+    return (a - b) / b if b else None
 
 
 def compare_dirs(pred_dir: str | Path, run_dir: str | Path) -> dict[str, Any]:
@@ -136,6 +177,7 @@ def compare_dirs(pred_dir: str | Path, run_dir: str | Path) -> dict[str, Any]:
                           f"{run_dir} ({sorted(meas)})")
     cases = [compare_cases(preds[k], meas[k]) for k in common]
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
+    rank = ranking(cases)
     return {
         "predicted_dir": str(pred_dir),
         "measured_dir": str(run_dir),
@@ -144,5 +186,6 @@ def compare_dirs(pred_dir: str | Path, run_dir: str | Path) -> dict[str, Any]:
         "missing_in_predicted": [list(k) for k in sorted(set(meas) - set(preds))],
         "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,
-        "ranking_identical": _ranking_identical(cases),
+        "ranking": {str(n): r for n, r in rank.items()},
+        "ranking_identical": all(r["identical"] for r in rank.values()),
     }

@@ -30,6 +30,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     trace: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -78,7 +79,8 @@ def load_run(path: str | Path, *, with_trace: bool = True) -> Run:
     trace, meta = (None, {})
     if with_trace and (path / "trace.npz").is_file():
         trace, meta = read_trace(path / "trace.npz")
-    return Run(path=path, summary=summary, config=config, trace=trace, meta=meta)
+    env = _read_json(path / "env.json") if (path / "env.json").is_file() else {}
+    return Run(path=path, summary=summary, config=config, trace=trace, meta=meta, env=env)
 
 
 def load_cases(path: str | Path, *, with_trace: bool = True) -> dict[tuple[str, int], Run]:

@@ -34,7 +34,14 @@ def markdown_report(result: dict[str, Any]) -> str:
                      f"| {c['staleness_tv']:.3f} |")
     lines += ["", f"Median absolute step-time error: {_pct(result['median_abs_step_time_error'])}; "
                   f"maximum: {_pct(result['max_abs_step_time_error'])}.",
-              f"Ranking of algorithms by samples/s identical: {'yes' if result['ranking_identical'] else 'no'}.", ""]
+              f"Ranking of algorithms by samples/s identical: {'yes' if result['ranking_identical'] else 'no'} "
+              "(exact ties in the prediction are one class, in either order).", ""]
+    for n, r in (result.get("ranking") or {}).items():
+        pred = " > ".join(" = ".join(c) for c in r["predicted"])
+        lines.append(f"- {n} workers: predicted {pred}; measured {' > '.join(r['measured'])}")
+        for a, b, dp, dm in r["swaps"]:
+            lines.append(f"  - swap: {a} predicted {_pct(dp)} over {b}, measured {_pct(dm)}")
+    lines.append("")
     for key, label in (("missing_in_measured", "predicted but not measured"),
                        ("missing_in_predicted", "measured but not predicted")):
         if result.get(key):

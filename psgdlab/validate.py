@@ -2,24 +2,45 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 
 ``psgdlab validate`` (and :func:`validate`) runs, into ``OUT/``::
 
-    OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd at two payload
-                             sizes, easgd for the server): different runs from the cases
+    OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd with 2 workers at
+                             two payload sizes, easgd at both for the server; ssgd with twice as many
+                             workers as cores at the same two sizes, for the CPU work of
+                             communication, when a case has more workers than cores): never a
+                             validated case (other payload sizes)
     OUT/platform.toml        the fitted platform (psgdlab.analysis.calibrate)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
     OUT/compare/             compare.json, report.md (psgdlab.analysis.report)
-    OUT/validate.json        the case table and the targets
+    OUT/validate.json        the case table, the targets, the load before every run
+
+The machine is shared. Before every run the load averages and the idle cores are recorded
+(``--min-idle-cores`` waits for a quieter machine), and a measured case in which a step of some
+worker lasted more than :data:`STALL_FACTOR` times the median step and more than
+:data:`STALL_MIN_S` (another process stopped the run; a stall of the runtime itself would come
+back) is measured once more, the first attempt's reason kept in ``validate.json``. The learning
+rate is ``0.5 / dim``, below the stability limit of one least-squares row (the figures are times,
+but a run that overflows to infinity is no model of training).
 
 The model is the least-squares problem (float64, ``dim`` parameters, one minibatch of rows per
 worker so memory stays small at 8 workers); compute is emulated by default (each step sleeps to
-``compute_time``), so up to 8 workers run on 2 cores. This module sits outside
-:mod:`psgdlab.analysis`, which only reads run directories.
+``compute_time``), so up to 8 workers run on 2 cores. The batch is one row: the real gradient
+must stay cheap beside the emulated time (with 8 rows of a 2 MB model each step copied 16 MB,
+and with 8 processes on 2 cores the "emulated" 0.05 s grew to 0.061 s on average). The
+default size, 250 000 float64 parameters (2 MB) against 0.05 s of compute, puts the bandwidth
+term of an allreduce on this machine's loopback at roughly 4-14 % of the compute (0.5-1 GB/s,
+2-8 workers), like the IBM system's 8-16 % (``docs/validation.md`` says why that matters for
+the ranking). The predictions place every
+worker on the one host of the fitted platform (H-ADPSGD's nodes are groups of processes of this
+machine, as in the runtime). This module sits outside :mod:`psgdlab.analysis`, which only reads
+run directories.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,13 +71,16 @@ class ValidateConfig:
     backend: str = "gloo"
     compute_time: str | None = "0.05"
     stragglers: tuple[str, ...] = ("",)
-    steps: int = 40
+    steps: int = 80
     calibration_steps: int = 40
-    batch: int = 8
-    dim: int = 50_000
-    calibration_dims: tuple[int, int] = (10_000, 100_000)
+    batch: int = 1
+    dim: int = 250_000
+    calibration_dims: tuple[int, int] = (50_000, 500_000)
     gpus_per_node: int = 2
     seed: int = 0
+    cores: int | None = None
+    min_idle_cores: float = 0.0
+    max_idle_wait_s: float = 300.0
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -68,6 +92,12 @@ class ValidateConfig:
         require(self.calibration_steps >= 10, "calibration_steps", self.calibration_steps, "must be >= 10")
         require(len(set(self.calibration_dims)) == 2, "calibration_dims", self.calibration_dims,
                 "must be two different sizes (latency and bandwidth cannot be separated otherwise)")
+        require(self.dim not in self.calibration_dims, "dim", self.dim,
+                f"must differ from the calibration sizes {self.calibration_dims} (calibration runs are never cases)")
+        require(self.cores is None or (isinstance(self.cores, int) and self.cores >= 1), "cores", self.cores,
+                "must be an integer >= 1")
+        require(self.min_idle_cores >= 0, "min_idle_cores", self.min_idle_cores, "must be >= 0")
+        require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
 
 
 def case_name(name: str, workers: int, straggler: str) -> str:
@@ -81,7 +111,7 @@ def _train_config(vc: ValidateConfig, *, algorithm: str, variant: str | None, wo
     return TrainConfig(algorithm=algorithm, variant=variant, workers=workers,
                        gpus_per_node=vc.gpus_per_node if algorithm == "hadpsgd" else 1, backend=vc.backend,
                        model=LSQ_MODEL, lsq_dim=dim, lsq_samples_per_worker=vc.batch, batch=vc.batch, steps=steps,
-                       lr=0.01, compute_time=vc.compute_time, straggler=straggler, seed=vc.seed, out=str(out),
+                       lr=0.5 / dim, compute_time=vc.compute_time, straggler=straggler, seed=vc.seed, out=str(out),
                        evaluate=False, timeout_s=300.0)
 
 
@@ -119,24 +149,30 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     out = Path(vc.out)
     out.mkdir(parents=True, exist_ok=True)
     # 1. calibration runs (never the validated cases)
+    cores = vc.cores or os.cpu_count() or 1
+    load: dict[str, Any] = {"start": _load()}
     calib_dirs = []
-    plan = [("ssgd", None, d) for d in vc.calibration_dims] + [("adpsgd", None, d) for d in vc.calibration_dims]
+    plan = [("ssgd", 2, d) for d in vc.calibration_dims] + [("adpsgd", 2, d) for d in vc.calibration_dims]
     if any(ALGORITHM_CASES[a][0] == "easgd" for a in vc.algorithms):
-        plan.append(("easgd", None, vc.dim))
-    for alg, variant, dim in plan:
-        d = out / "calibration" / f"{alg}-w2-d{dim}"
+        plan += [("easgd", 2, d) for d in vc.calibration_dims]
+    if max(vc.workers) > cores:  # the CPU work of communication, from runs that oversubscribe the cores
+        plan += [("ssgd", 2 * cores, d) for d in vc.calibration_dims]
+    for alg, n, dim in plan:
+        d = out / "calibration" / f"{alg}-w{n}-d{dim}"
         say(f"calibration run {d.name}")
-        _launch(_train_config(vc, algorithm=alg, variant=variant, workers=2, dim=dim, straggler="",
+        load[d.name] = _quiet(vc, say)
+        _launch(_train_config(vc, algorithm=alg, variant=None, workers=n, dim=dim, straggler="",
                               steps=vc.calibration_steps, out=d))
         calib_dirs.append(d)
-    calibration = calibrate_runs(calib_dirs)
+    calibration = calibrate_runs(calib_dirs, cores=cores)
     platform_path = out / "platform.toml"
     write_platform(platform_path, platform_toml(calibration, name="this-machine", devices=max(vc.workers),
                                                 n_params=vc.dim, itemsize=8, batch=vc.batch,
                                                 workers=vc.workers))
     config = load_config(path=platform_path)
     # 2. one measured run and one prediction per case
-    table = []
+    table: list[dict[str, Any]] = []
+    ranking_detail: dict[str, Any] = {}
     for straggler in vc.stragglers:
         preds = []
         meas_root = out / ("measured" if not straggler else "measured-straggler")
@@ -147,13 +183,21 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 gpn = vc.gpus_per_node if algorithm == "hadpsgd" else None
                 say(f"predict {case_name(name, n, straggler)}")
                 p = predict_one(algorithm, n, config, steps=vc.steps, variant=variant, gpus_per_node=gpn,
-                                stragglers=straggler or None, seed=vc.seed)
+                                stragglers=straggler or None, seed=vc.seed, workers_per_host=n)
                 p.row["algorithm"] = name
                 preds.append(p)
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
-                _launch(_train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
-                                      straggler=straggler, steps=vc.steps, out=d))
+                cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
+                                    straggler=straggler, steps=vc.steps, out=d)
+                label = case_name(name, n, straggler)
+                load[label] = _quiet(vc, say)
+                _launch(cfg)
+                stall = _stall(d)
+                if stall is not None:  # another process stopped the machine: measure the case once more
+                    say(f"  {label} was stalled ({stall}); measuring it again")
+                    load[label] = {**_quiet(vc, say), "repeated_after": stall, "first": load[label]}
+                    _launch(cfg)
                 _relabel(d, name)
         if pred_root.exists():
             shutil.rmtree(pred_root)
@@ -162,10 +206,9 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
         for c in result["cases"]:
             table.append({**_case_row(c), "straggler": straggler})
-        table_rank = result["ranking_identical"]
-        table.append({"_ranking": table_rank, "straggler": straggler})
-    cases = [c for c in table if "_ranking" not in c]
-    rankings = {c["straggler"] or "none": c["_ranking"] for c in table if "_ranking" in c}
+        ranking_detail[straggler or "none"] = result["ranking"]
+    cases = table
+    rankings = {k: all(r["identical"] for r in v.values()) for k, v in ranking_detail.items()}
     import numpy as np
 
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
@@ -176,10 +219,12 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,
         "max_abs_staleness_mean_error": float(max(abs(x) for x in st_errs)) if st_errs else None,
         "ranking_identical": rankings,
+        "ranking": ranking_detail,
         "targets": TARGETS,
         "platform": str(platform_path),
         "calibration": calibration,
         "config": dataclasses.asdict(vc),
+        "load_average": {**load, "end": _load()},
     }
     summary["targets_met"] = {
         "median_abs_step_time_error": summary["median_abs_step_time_error"] is not None
@@ -191,6 +236,66 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     }
     atomic_write_json(out / "validate.json", summary)
     return summary
+
+
+#: a step of any worker this much longer than the run's median step, and longer than a second,
+#: is the machine stopping the run (another process), not the algorithm
+STALL_FACTOR, STALL_MIN_S = 10.0, 1.0
+#: a link fit whose points miss it by more than this (relative) is flagged in the table
+MAX_REL_RESIDUAL = 0.5
+
+
+def _stall(run_dir: Path) -> str | None:
+    """Why a measured run looks stalled (module docstring of ``validate``), or ``None``."""
+    import numpy as np
+
+    from psgdlab.core.trace import PHASES, read_trace
+
+    trace, _ = read_trace(run_dir / "trace.npz")
+    comp = trace[trace["phase"] == PHASES["compute"]]
+    per_rank = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    steps = np.concatenate(per_rank) if per_rank else np.array([])
+    if steps.size == 0:
+        return None
+    longest, median = float(steps.max()), float(np.median(steps))
+    if longest > max(STALL_FACTOR * median, STALL_MIN_S):
+        return f"a step of {longest:.2f} s against a median of {median:.3f} s"
+    return None
+
+
+def _idle_cores(window_s: float = 2.0) -> float | None:
+    """Cores left idle by every process of the machine over ``window_s`` (``/proc/stat``);
+    ``None`` where that file is not readable."""
+    def sample() -> tuple[float, float]:
+        with open("/proc/stat") as f:
+            ticks = [float(x) for x in f.readline().split()[1:]]
+        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0.0)  # all, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(total1 - total0, 1e-9) * (os.cpu_count() or 1)
+
+
+def _quiet(vc: ValidateConfig, say: Callable[[str], None]) -> dict[str, Any]:
+    """Wait (up to ``vc.max_idle_wait_s``) until ``vc.min_idle_cores`` cores are idle, then say how
+    loaded the machine was: the load averages and the idle cores just before the run."""
+    t0 = time.monotonic()
+    idle = _idle_cores()
+    while idle is not None and idle < vc.min_idle_cores and time.monotonic() - t0 < vc.max_idle_wait_s:
+        say(f"  waiting for {vc.min_idle_cores:g} idle cores (now {idle:.2f})")
+        time.sleep(5.0)
+        idle = _idle_cores()
+    return {"load_average": _load(), "idle_cores": None if idle is None else round(idle, 2),
+            "waited_s": round(time.monotonic() - t0, 1)}
+
+
+def _load() -> list[float]:
+    """The 1, 5 and 15 minute load averages (the machine is shared: other work disturbs timings)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _staleness_ok(c: dict[str, Any]) -> bool:
@@ -217,20 +322,44 @@ def _case_row(c: dict[str, Any]) -> dict[str, Any]:
 def format_table(summary: dict[str, Any]) -> str:
     """The case table and the target lines as plain text."""
     head = (f"{'case':<28} {'pred step s':>11} {'meas step s':>11} {'error':>8} {'stale pred':>10} "
-            f"{'stale meas':>10}")
+            f"{'stale meas':>10} {'pred samples/s':>14} {'meas samples/s':>14} {'error':>8}")
     lines = [head, "-" * len(head)]
     for c in summary["cases"]:
         label = case_name(c["algorithm"], c["workers"], c["straggler"])
         err = c["step_time_error"]
+        ps, ms = c["predicted_samples_per_s"], c["measured_samples_per_s"]
         lines.append(f"{label:<28} {c['predicted_step_time_s']:>11.4f} {c['measured_step_time_s']:>11.4f} "
                      f"{(err * 100 if err is not None else float('nan')):>7.1f}% "
-                     f"{c['staleness_mean_predicted']:>10.3f} {c['staleness_mean_measured']:>10.3f}")
+                     f"{c['staleness_mean_predicted']:>10.3f} {c['staleness_mean_measured']:>10.3f} "
+                     f"{ps:>14.1f} {ms:>14.1f} {(ps - ms) / ms * 100:>7.1f}%")
     med, mx = summary["median_abs_step_time_error"], summary["max_abs_step_time_error"]
     met = summary["targets_met"]
     lines += ["",
               f"median |step-time error| {med * 100:.1f}% (target <= 10%: {'met' if met['median_abs_step_time_error'] else 'MISSED'})",
               f"max    |step-time error| {mx * 100:.1f}% (target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
               f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
-              f"ranking by samples/s identical: {summary['ranking_identical']}"]
+              f"ranking by samples/s identical (exact ties in the prediction are one class): "
+              f"{summary['ranking_identical']}"]
+    for straggler, per_n in summary.get("ranking", {}).items():
+        for n, r in per_n.items():
+            pred = " > ".join(" = ".join(c) for c in r["predicted"])
+            lines.append(f"  straggler {straggler}, {n} workers: predicted {pred}; "
+                         f"measured {' > '.join(r['measured'])}")
+            for a, b, dp, dm in r["swaps"]:
+                lines.append(f"    swap: {a} predicted {dp * 100:+.1f}% over {b}, measured {dm * 100:+.1f}%")
+    link = summary.get("calibration", {}).get("link")
+    if link:
+        flag = link["max_rel_residual"] > MAX_REL_RESIDUAL
+        lines.append(f"calibration: link {link['latency_s'] * 1e3:.3g} ms + S / "
+                     f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
+                     f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
+                     + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores"
+                        if flag else ""))
+    load = summary.get("load_average", {})
+    if load:
+        idle = [v["idle_cores"] for v in load.values() if isinstance(v, dict) and v.get("idle_cores") is not None]
+        lines.append(f"load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}"
+                     + (f"; idle cores before the runs: median {sorted(idle)[len(idle) // 2]:.2f}, min {min(idle):.2f}"
+                        if idle else ""))
     return "\n".join(lines)
 

@@ -240,7 +240,8 @@ class _Sim:
         env = self.env
         now = env.now
         start = max(now, self.server_busy)
-        end = start + self.server_s
+        end = start + (self.server_s if self.net.platform.host_cpu is None else
+                       self.net.server_s(self.S, rank=r, start=start))
         self.server_busy = end
         stale = self.server_version - self.last_pull[r]
         self.server_version += 1

@@ -20,9 +20,17 @@ Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start)
   :math:`(m-1)/m \cdot S / B + (m-1)\alpha`.
 - parameter server: ``latency + S/B + service_overhead`` (+ :math:`3S` at memory bandwidth
   when it applies updates on the host), served one request at a time.
+
+With ``platform.host_cpu`` set, point-to-point transfers (both ends) and allreduces (every
+member) also hold CPU work on their hosts, and take :math:`\max(0, k/c - 1) W` longer when
+``k`` processes of a host hold CPU work at their start (see *Host cores* in
+:mod:`psgdlab.sim.platform`); so do parameter-server requests (the worker, and the server on
+host 0, with its update). The allgather after a sharded exchange is not counted.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from psgdlab.sim.platform import Placement, Platform, ring_allreduce_s
 
@@ -33,7 +41,8 @@ class Network:
     """Costs and link occupancy for one simulation (see the module docstring)."""
 
     __slots__ = ("platform", "placement", "_flows", "_pcie_bw", "_nic_bw", "_n_hosts", "_host", "_socket",
-                 "_per_socket", "_intra_bw", "_intra_lat", "_inter_lat", "_mem_bw", "_staging", "_cache")
+                 "_per_socket", "_intra_bw", "_intra_lat", "_inter_lat", "_mem_bw", "_staging", "_cache", "_cpu",
+                 "_cpu_flows")
 
     def __init__(self, platform: Platform, placement: Placement) -> None:
         self.platform = platform
@@ -51,7 +60,9 @@ class Network:
         self._inter_lat = platform.nic.latency_s + 2 * platform.pcie.latency_s
         self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
         self._staging = platform.staging
-        self._cache: dict[tuple[int, ...], tuple[tuple[int, ...], float, float, float, bool]] = {}
+        self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        self._cpu = platform.host_cpu
+        self._cpu_flows: dict[int, list[list[float]]] = {}  # per host: [start, end, processes]
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
@@ -74,6 +85,35 @@ class Network:
                 bw = b
         return bw
 
+    # ----- host cores ------------------------------------------------------------------------
+    def _cpu_holders(self, host: int, t: float) -> float:
+        flows = self._cpu_flows.get(host)
+        if not flows:
+            return 0.0
+        if len(flows) > 16:  # drop finished work
+            flows[:] = [f for f in flows if f[1] > t]
+        return sum(f[2] for f in flows if f[0] <= t < f[1])
+
+    def _cpu_wait(self, members: dict[int, int], work_s: float, start: float, dur: float) -> float:
+        r"""``dur`` plus the stretch of ``work_s`` of CPU work per member when its hosts are
+        oversubscribed, :math:`\max_h \max(0, k_h/c - 1)\,W`; registers the work (``members``:
+        processes of the exchange per host)."""
+        cpu = self._cpu
+        if cpu is None:
+            return dur
+        extra = 0.0
+        for host, count in members.items():
+            k = count + self._cpu_holders(host, start)
+            extra = max(extra, (k / cpu.cores_per_host - 1.0) * work_s)
+        dur += extra
+        for host, count in members.items():
+            self._cpu_flows.setdefault(host, []).append([start, start + dur, float(count)])
+        return dur
+
+    def _pair_members(self, a: int, b: int) -> dict[int, int]:
+        ha, hb = self._host[a], self._host[b]
+        return {ha: 2} if ha == hb else {ha: 1, hb: 1}
+
     # ----- point to point ---------------------------------------------------------------------
     def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float, bool]:
         """Links, their bandwidths, latency, and whether the path crosses hosts."""
@@ -93,6 +133,8 @@ class Network:
         links, caps, lat, _ = self._path(a, b)
         bw = self._share(links, caps, start) if links else self._intra_bw
         dur = lat + nbytes / bw
+        if self._cpu is not None:
+            dur = self._cpu_wait(self._pair_members(a, b), self._cpu.work_s(1, nbytes), start, dur)
         if links:
             self._register(links, start, start + dur)
         return dur
@@ -122,6 +164,8 @@ class Network:
             h2d = self._pcie_lat() + nbytes / self._share(copy_links, (self._pcie_bw,) * len(copy_links), t)
             self._register(copy_links, t, t + h2d)
             dur = d2h + net + cpu + h2d
+            if self._cpu is not None:
+                dur = self._cpu_wait(self._pair_members(a, b), self._cpu.work_s(1, nbytes), start, dur)
         if gather > 1:
             dur += self.allgather_s(a, gather, model_bytes)
         return dur
@@ -166,9 +210,10 @@ class Network:
             lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
             links = tuple(hosts) if spans else ()
             links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
-            info = (links, intra, lat, float(len(hosts)), spans)
+            members = {h: len(m) for h, m in by_host.items()}
+            info = (links, intra, lat, members, spans)
             self._cache[key] = info
-        links, intra, lat, _, spans = info
+        links, intra, lat, members, spans = info
         bw = intra
         if spans:
             nic_links = tuple(link for link in links if link < self._n_hosts)
@@ -176,17 +221,27 @@ class Network:
         if bw == float("inf"):
             bw = self._pcie_bw
         dur = ring_allreduce_s(n, nbytes, bw, lat)
+        if self._cpu is not None:
+            dur = self._cpu_wait(members, self._cpu.work_s(2 * (n - 1), 2 * (n - 1) / n * nbytes), start, dur)
         self._register(links, start, start + dur)
         return dur
 
     # ----- parameter server -------------------------------------------------------------------
-    def server_s(self, nbytes: float) -> float:
-        """Service time of one parameter-server request (message and reply of ``nbytes``)."""
+    def server_s(self, nbytes: float, *, rank: int | None = None, start: float | None = None) -> float:
+        """Service time of one parameter-server request (message and reply of ``nbytes``).
+
+        With ``platform.host_cpu``, ``rank`` and ``start``: the request also holds CPU work on
+        the worker's host and on the server's (host 0) -- one message each way and the update
+        (:math:`3S` at memory bandwidth when ``apply_on_host``) -- stretched as in
+        :meth:`_cpu_wait`."""
         srv = self.platform.server
-        t = srv.latency_s + nbytes / srv.bandwidth_bytes_per_s + srv.service_overhead_s
-        if srv.apply_on_host:
-            t += 3.0 * nbytes / self._mem_bw
-        return t
+        update = 3.0 * nbytes / self._mem_bw if srv.apply_on_host else 0.0
+        t = srv.latency_s + nbytes / srv.bandwidth_bytes_per_s + srv.service_overhead_s + update
+        if self._cpu is None or rank is None or start is None:
+            return t
+        members = {0: 1}
+        members[self._host[rank]] = members.get(self._host[rank], 0) + 1
+        return self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t)
 
     def input_copy_s(self, rank: int, nbytes: float) -> float:
         """Per-step input copy of ``nbytes`` over the socket's PCIe, shared by the workers on it."""

@@ -18,6 +18,29 @@ link of its path for its duration, and gets
 earlier transfer down, departures do not speed it up -- so the last of ``k`` simultaneous
 transfers finishes at :math:`k S / B`, as under exact fair sharing).
 
+**Host cores** (``host_cpu``, optional). Where the workers' processes share a few CPU cores
+-- several processes per core on a workstation, loopback transports whose every byte is a CPU
+copy -- communication is limited by the host's cores as well as by its links. A
+:class:`HostCPU` gives ``cores_per_host`` and the CPU work one worker spends on an exchange:
+``work_per_message_s`` per message it sends and ``work_per_byte_s`` per byte it sends (a ring
+allreduce over ``n`` sends :math:`2(n-1)` messages of :math:`2(n-1)/n \cdot S` bytes in all; a
+pairwise average or a gossip transfer one message of :math:`S`). An exchange whose duration on
+the links is :math:`T` and that starts while ``k`` worker processes of its host (its own members
+on that host included) hold CPU work takes
+
+.. math::
+    T + \max(0, k/c - 1)\, W
+
+on that host (the slowest of its hosts for a collective), with :math:`c` = ``cores_per_host``
+and :math:`W` the per-worker work: ``k`` processes each needing :math:`W` of CPU on :math:`c`
+cores get :math:`c/k` of a core each (processor sharing), so the CPU part stretches from
+:math:`W` to :math:`kW/c`; below ``c`` holders it costs nothing beyond the link time, whose fit
+already contains it. Holders are counted when the exchange starts (the snapshot rule of the
+links). A parameter-server request holds the worker and the server (on host 0) for one message
+and the server's update. The compute is not counted (emulated compute sleeps; accelerators
+compute off the CPU). ``host_cpu = None`` (the default, and every published preset:
+no source gives these numbers) means the cores are never the bottleneck.
+
 ``staging = "host"`` routes weights through host memory (the IBM system averaged on the
 CPU): a pairwise average then costs a device-to-host copy, the network transfer, an average
 on the CPU at ``host_memory_bandwidth_bytes_per_s`` (read two models, write one: :math:`3S`
@@ -49,7 +72,7 @@ from typing import Literal
 
 from psgdlab.core.errors import ConfigError, require
 
-__all__ = ["Link", "ServerSpec", "Platform", "Placement", "ring_allreduce_s"]
+__all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Placement", "ring_allreduce_s"]
 
 
 def _finite(x: float) -> bool:
@@ -91,6 +114,38 @@ class ServerSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HostCPU:
+    """The CPU cores of a host and the CPU work of communication (module docstring, *Host cores*).
+
+    Parameters
+    ----------
+    cores_per_host : int
+        Cores the workers' processes of one host share, ``>= 1``.
+    work_per_message_s : float
+        CPU seconds one worker spends per message it sends (system calls, wake-ups, copies of
+        headers), ``>= 0``.
+    work_per_byte_s : float
+        CPU seconds one worker spends per byte it sends (copies, reductions), ``>= 0``.
+    """
+
+    cores_per_host: int = 1
+    work_per_message_s: float = 0.0
+    work_per_byte_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        v = self.cores_per_host
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "cores_per_host", v,
+                "must be an integer >= 1")
+        for name in ("work_per_message_s", "work_per_byte_s"):
+            x = getattr(self, name)
+            require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
+
+    def work_s(self, messages: float, nbytes: float) -> float:
+        """CPU work of one worker that sends ``messages`` messages of ``nbytes`` bytes in all."""
+        return messages * self.work_per_message_s + nbytes * self.work_per_byte_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Platform:
     """A described cluster (see the module docstring).
 
@@ -117,6 +172,9 @@ class Platform:
         Whether weights travel GPU-direct or through host memory with CPU averaging.
     server : ServerSpec
         The parameter-server role.
+    host_cpu : HostCPU or None
+        The hosts' cores and the CPU work of communication; ``None`` (default): cores are never
+        the bottleneck.
     """
 
     name: str = "custom"
@@ -131,6 +189,7 @@ class Platform:
     host_memory_bandwidth_bytes_per_s: float = 5e10
     staging: Literal["direct", "host"] = "direct"
     server: ServerSpec = field(default_factory=ServerSpec)
+    host_cpu: HostCPU | None = None
 
     def __post_init__(self) -> None:
         for name in ("hosts", "devices_per_host", "sockets_per_host"):

@@ -105,8 +105,12 @@ def _prepare(name: str, n_workers: int, config: SimConfig, *, period: int | None
 def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | None = None,
                 period: int | None = None, variant: str | None = None, gpus_per_node: int | None = None,
                 stragglers: str | None = None, seed: int = 0, baseline_samples_per_s: float | None = None,
-                record: bool = True) -> Prediction:
-    """Simulate one configuration and build its row (see the module docstring)."""
+                record: bool = True, workers_per_host: int | None = None) -> Prediction:
+    """Simulate one configuration and build its row (see the module docstring).
+
+    ``workers_per_host`` places the workers on hosts independently of the algorithm's
+    ``gpus_per_node`` (default: the same), e.g. H-ADPSGD's nodes of 2 as logical groups of one
+    machine's processes, as ``psgdlab validate`` runs them."""
     workload = config.workload
     algorithm, model = _prepare(name, n_workers, config, period=period, variant=variant, gpus_per_node=gpus_per_node,
                                 stragglers=stragglers, seed=seed)
@@ -114,7 +118,7 @@ def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | No
     fixed_window = steps is not None
     while True:
         result = simulate(algorithm, config.platform, workload, steps=window, seed=seed, stragglers=model,
-                          gpus_per_node=gpus_per_node, record=record)
+                          gpus_per_node=workers_per_host or gpus_per_node, record=record)
         warmup = max(1, window // 10)
         drift = _steadiness(result.trace, warmup)
         steady = drift < STEADY_TOLERANCE

@@ -18,7 +18,26 @@ def test_validate_config_checks(tmp_path):
         ValidateConfig(out=str(tmp_path), workers=(1,))
     with pytest.raises(ConfigError, match="calibration_dims"):
         ValidateConfig(out=str(tmp_path), calibration_dims=(10, 10))
+    with pytest.raises(ConfigError, match=r"dim \(50000\) must differ from the calibration sizes"):
+        ValidateConfig(out=str(tmp_path), dim=50_000)
+    with pytest.raises(ConfigError, match="min_idle_cores"):
+        ValidateConfig(out=str(tmp_path), min_idle_cores=-1)
     assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2
+
+
+def test_stalled_runs_are_recognised(tmp_path):
+    from psgdlab.core.trace import TraceBuilder, write_trace
+    from psgdlab.validate import _stall
+
+    for pause, stalled in ((0.5, False), (3.0, True)):
+        tb = TraceBuilder()
+        for r in range(2):
+            t = 0.0
+            for s in range(20):
+                tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + 0.05)
+                t += 0.05 + (pause if (r, s) == (1, 7) else 0.0)
+        write_trace(tmp_path / "trace.npz", tb.array(), {})
+        assert (_stall(tmp_path) is not None) is stalled
 
 
 @pytest.mark.distributed
@@ -37,5 +56,7 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert case["measured_step_time_s"] > 0.04  # emulated 0.05 s compute per step
     assert case["staleness_mean_measured"] == 0.0
     assert (out / "platform.toml").is_file() and (out / "compare" / "report.md").is_file()
+    assert set(result["load_average"]) >= {"start", "end", "ssgd-w2"}
+    assert result["ranking"]["none"]["2"]["predicted"] == [["ssgd"]]
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())

@@ -13,7 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=("Fit, from one or more runtime run directories (psgdlab train), the per-step compute-time "
                      "distribution (mean, coefficient of variation, median, 95th percentile) and the latency and "
                      "bandwidth of the link (from allreduce and pairwise exchanges of at least two payload sizes; "
-                     "a server's service overhead when server exchanges were measured), and write them as a "
+                     "a server's service overhead when server exchanges were measured; from runs with more "
+                     "workers than cores, the CPU work of communication per message and per byte), and write "
+                     "them as a "
                      "platform+workload TOML the simulator reads (psgdlab predict --platform FILE.toml), with "
                      "the fit's residuals as comments. Too little data is an error, not a guess."),
     )
@@ -21,7 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="PLATFORM.toml", help="the TOML file to write (atomically)")
     p.add_argument("--name", default="calibrated", help="platform name in the file")
     p.add_argument("--devices", type=int, default=None,
-                   help="hosts and devices per host of the platform (default: the runs' largest worker count)")
+                   help="devices (worker processes) of this machine's one host (default: the runs' largest worker "
+                        "count)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="CPU cores of the machine the runs ran on (default: the cpu_count in the runs' env.json); "
+                        "runs with more workers than cores fit the CPU work of communication ([platform.host_cpu])")
     p.add_argument("--n-params", type=int, default=None,
                    help="workload parameters (default: the runs' largest payload / itemsize)")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps per worker left out of the compute fit")
@@ -35,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
-    fit = calibrate_runs(args.run_dirs, warmup_steps=args.warmup_steps)
+    require(args.cores is None or args.cores >= 1, "cores", args.cores, "must be >= 1")
+    fit = calibrate_runs(args.run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
     text = platform_toml(fit, name=args.name, devices=args.devices, n_params=args.n_params)
     write_platform(args.out, text)
     if args.json:
@@ -47,5 +54,10 @@ def run(args: argparse.Namespace) -> int:
               f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)")
         if fit["server"]:
             print(f"server: service overhead {fit['server']['service_overhead_s'] * 1e3:.3g} ms")
+        cpu = fit["host_cpu"]
+        print(f"host cores: {cpu['cores_per_host']}, CPU work {cpu['work_per_message_s'] * 1e6:.1f} us per message, "
+              f"{cpu['work_per_byte_s'] * 1e9:.3g} ns per byte" if cpu else
+              "host cores: not modelled (no run had more workers than " +
+              (f"the {fit['cores']} cores)" if fit["cores"] else "cores: no core count recorded, give --cores)"))
         print(f"wrote {args.out}")
     return 0

@@ -56,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", metavar="M", type=int, default=None,
                    help="workers placed on each host (and H-ADPSGD's super-learner size); default: the "
                         "platform's devices per host, capped by the number of workers")
+    p.add_argument("--workers-per-host", metavar="K", type=int, default=None,
+                   help="place K workers on each host whatever the super-learner size (e.g. H-ADPSGD nodes of "
+                        "--gpus-per-node 2 as groups of one machine's processes on a calibrated this-machine "
+                        "platform); default: --gpus-per-node")
     p.add_argument("--batch", metavar="B", type=int, default=None,
                    help="minibatch per worker, in the preset's sample unit (21-frame samples for the BLSTM, "
                         "frames for the LibriSpeech DNN); compute time scales with it")
@@ -96,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
         raise ConfigError(f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
                           f"{config.platform.name} has {config.platform.devices_per_host} devices per host")
+    if args.workers_per_host is not None and not (1 <= args.workers_per_host <= config.platform.devices_per_host):
+        raise ConfigError(f"workers-per-host ({args.workers_per_host}) must be in "
+                          f"[1, {config.platform.devices_per_host}]: {config.platform.name} has "
+                          f"{config.platform.devices_per_host} devices per host")
     request = {"algorithms": list(algorithms), "workers": list(workers), "gpus_per_node": args.gpus_per_node,
+               "workers_per_host": args.workers_per_host,
                "batch": args.batch, "period": args.period, "variant": args.variant, "steps": args.steps,
                "straggler": args.straggler, "seed": args.seed}
 
@@ -115,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         predictions = predict_sweep(config, tuple(algorithms), tuple(workers), batch=args.batch, progress=progress,
                                     steps=args.steps, period=args.period, variant=args.variant,
-                                    gpus_per_node=args.gpus_per_node, stragglers=args.straggler, seed=args.seed)
+                                    gpus_per_node=args.gpus_per_node, stragglers=args.straggler, seed=args.seed,
+                                    workers_per_host=args.workers_per_host)
     finally:
         if bar is not None:
             bar.close()

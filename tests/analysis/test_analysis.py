@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from psgdlab.analysis import compare_dirs, fit_compute_time, fit_link, load_cases, total_variation
+from psgdlab.analysis.compare import ranking
 from psgdlab.analysis.report import write_report
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
@@ -63,6 +64,28 @@ def test_ranking_difference_is_detected(tmp_path):
     assert compare_dirs(pred, meas)["ranking_identical"] is False
 
 
+def _cases(pred, meas, workers=2):
+    return [{"algorithm": a, "workers": workers, "samples_per_s": {"predicted": p, "measured": m}}
+            for a, p, m in zip("abcd", pred, meas)]
+
+
+def test_ranking_treats_only_exact_predicted_ties_as_one_class():
+    # a and b predicted equal (bit-identical, or within float rounding): either measured order is fine
+    for meas in ([300.0, 301.0, 250.0], [301.0, 300.0, 250.0]):
+        r = ranking(_cases([300.5, 300.5 * (1 + 1e-12), 250.0], meas))[2]
+        assert r["identical"] and r["predicted"] == [["a", "b"], ["c"]] and r["swaps"] == []
+    # a predicted 0.1 % above b is a claim: measured the other way round, it is a miss (no tolerance)
+    r = ranking(_cases([300.3, 300.0, 250.0], [300.0, 300.2, 250.0]))[2]
+    assert not r["identical"]
+    (swap,) = r["swaps"]
+    assert swap[:2] == ["a", "b"] and swap[2] == pytest.approx(0.001) and swap[3] == pytest.approx(-0.2 / 300.2)
+    # an equal measurement of two cases predicted apart does not confirm the order
+    assert not ranking(_cases([2.0, 1.0], [1.0, 1.0]))[2]["identical"]
+    # a tie class is compared with every case below it
+    r = ranking(_cases([3.0, 3.0, 1.0], [2.0, 0.5, 1.0]))[2]
+    assert r["swaps"] == [["b", "c", 2.0, -0.5]]
+
+
 def test_report_and_cli(dirs, tmp_path, capsys):
     pred, meas = dirs
     out = write_report(compare_dirs(pred, meas), tmp_path / "report")
@@ -101,6 +124,15 @@ def test_fit_compute_time_recovers_lognormal(tmp_path):
     fit = fit_compute_time(tb.array())
     assert fit["mean_s"] == pytest.approx(0.05, rel=0.03) and fit["cv"] == pytest.approx(0.2, rel=0.15)
     assert fit["ks_distance"] < 0.08
+    # a shared machine: one step in a hundred lasts 20 times longer; the fit keeps to the steps
+    d = np.full(400, 0.05) * rng.lognormal(0, 0.01, 400)
+    d[::100] = 1.0
+    tb = TraceBuilder()
+    for s, x in enumerate(d):
+        tb.add(rank=0, step=s, phase="compute", start_s=s, end_s=s + x)
+    fit = fit_compute_time(tb.array())
+    assert fit["mean_s"] == pytest.approx(0.05, rel=0.01) and fit["cv"] < 0.02
+    assert fit["sample_mean_s"] > 0.055  # the moment fit would say cv 1.4
 
 
 def test_fit_refuses_to_guess():

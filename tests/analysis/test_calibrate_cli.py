@@ -13,34 +13,56 @@ from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
 
 ALPHA, BETA, MEAN, CV = 2e-4, 1e9, 0.05, 0.1
+GAP = 4e-4  # host work per step between the exchanges and the next compute
+W_MSG, W_BYTE, CORES = 3e-4, 4e-9, 2  # CPU work of communication on a 2-core machine
 
 
-def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8):
-    """A runtime-like run directory: compute records drawn from a lognormal law, exchange records
-    of the exact cost model plus non-negative waiting (what the fit must see through)."""
+def ring_s(n, S):
+    return 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S / BETA
+
+
+def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8,
+              mem_bw=None):
+    """A runtime-like run directory on a machine of CORES cores: compute records drawn from a
+    lognormal law, exchanges of the exact cost model (allreduces over more workers than cores
+    stretched by the CPU model) plus non-negative waiting (what the fit must see through)."""
     rng = np.random.default_rng(seed)
     S = n_params * itemsize
     sigma = np.sqrt(np.log1p(CV ** 2))
     tb = TraceBuilder()
-    for r in range(workers):
-        t = 0.0
+
+    def compute(r, s, t):
+        c = float(rng.lognormal(np.log(MEAN) - sigma ** 2 / 2, sigma))
+        tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + c, staleness=0, loss=1.0)
+        return c
+
+    if pairwise or server:
+        for r in range(workers):
+            t = 0.0
+            for s in range(steps):
+                c = compute(r, s, t)
+                t += c
+                if pairwise:
+                    d = ALPHA + S / BETA + (0.0 if rng.random() < 0.5 else float(rng.exponential(0.01)))
+                    tb.add(rank=r, step=s, phase="overlap", start_s=t - c, end_s=t - c + d, kind=2, peer=1 - r,
+                           nbytes=S)
+                else:
+                    d = ALPHA + S / BETA + 1e-3 + (3 * S / mem_bw if mem_bw else 0.0)
+                    d += float(rng.exponential(2e-3)) if rng.random() < 0.3 else 0.0
+                    tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=4, peer=-2, nbytes=S)
+                    t += d
+                t += GAP
+    else:  # allreduce: every member leaves when the last has arrived plus the exchange's cost
+        d = ring_s(workers, S) + max(0, workers / CORES - 1) * (
+            2 * (workers - 1) * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE)
+        t = np.zeros(workers)
         for s in range(steps):
-            c = float(rng.lognormal(np.log(MEAN) - sigma ** 2 / 2, sigma))
-            tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + c, staleness=0, loss=1.0)
-            t += c
-            if pairwise:
-                d = ALPHA + S / BETA + (0.0 if rng.random() < 0.5 else float(rng.exponential(0.01)))
-                tb.add(rank=r, step=s, phase="overlap", start_s=t - c, end_s=t - c + d, kind=2, peer=1 - r, nbytes=S)
-            elif server:
-                d = ALPHA + S / BETA + 1e-3 + (float(rng.exponential(2e-3)) if rng.random() < 0.3 else 0.0)
-                tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=4, peer=-2, nbytes=S)
-                t += d
-            else:  # allreduce: rank 0 arrives on time, the others wait for it
-                d = 2 * (workers - 1) * ALPHA + 2 * (workers - 1) / workers * S / BETA
-                wait = 0.0 if r == 0 else float(rng.exponential(0.005))
-                tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d + wait, kind=1,
+            arrive = t + [compute(r, s, t[r]) for r in range(workers)]
+            end = arrive.max() + d
+            for r in range(workers):
+                tb.add(rank=r, step=s, phase="comm", start_s=arrive[r], end_s=end, kind=1,
                        nbytes=2 * (workers - 1) * S // workers)
-                t += d + wait
+            t = np.full(workers, end + GAP)
     trace = tb.array()
     meta = {"source": "runtime", "n_workers": workers, "samples_per_step": 8, "n_params": n_params,
             "itemsize": itemsize, "payload_bytes": S}
@@ -48,6 +70,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
     write_trace(rd / "trace.npz", trace, meta)
     rd.write_json("summary.json", {**summarize(trace, samples_per_step=8), "algorithm": {"algorithm": "ssgd"},
                                    **meta})
+    rd.write_json("env.json", {"cpu_count": CORES})
     return path
 
 
@@ -66,7 +89,37 @@ def test_calibrate_recovers_known_platform(runs):
     assert fit["compute"]["mean_s"] == pytest.approx(MEAN, rel=0.02)
     assert fit["compute"]["cv"] == pytest.approx(CV, rel=0.15)
     assert fit["server"]["service_overhead_s"] == pytest.approx(1e-3, abs=5e-4)
+    assert fit["server"]["memory_bandwidth_bytes_per_s"] is None  # one size: no update cost fitted
     assert fit["payload_bytes"] == [80_000, 1_600_000, 80_000, 1_600_000, 400_000]
+    assert fit["compute"]["step_overhead_s"] == pytest.approx(GAP, rel=1e-6)
+    assert fit["host_cpu"] is None and fit["cores"] == CORES  # no run had more workers than cores
+
+
+def test_calibrate_recovers_the_cpu_work_of_oversubscribed_runs(runs, tmp_path):
+    busy = [write_run(tmp_path / "w4a", n_params=10_000, workers=4, seed=7),
+            write_run(tmp_path / "w4b", n_params=200_000, workers=4, seed=8)]
+    fit = calibrate_runs(runs + busy)
+    assert fit["link"]["latency_s"] == pytest.approx(ALPHA, rel=1e-6)  # the busy runs stay out of the link
+    cpu = fit["host_cpu"]
+    assert cpu["cores_per_host"] == CORES
+    assert cpu["work_per_message_s"] == pytest.approx(W_MSG, rel=1e-6)
+    assert cpu["work_per_byte_s"] == pytest.approx(W_BYTE, rel=1e-6)
+    cfg_text = platform_toml(fit, n_params=50_000, devices=8)
+    assert "[platform.host_cpu]" in cfg_text
+    with pytest.raises(ConfigError, match="more workers than the 1 cores"):
+        calibrate_runs(runs, cores=1)
+    with pytest.raises(ConfigError, match="single payload size"):
+        calibrate_runs(runs + busy[:1])
+
+
+def test_server_update_cost_is_fitted_from_two_sizes(runs, tmp_path):
+    srv = [write_run(tmp_path / f"s{i}", n_params=n, server=True, seed=9 + i, mem_bw=2e9)
+           for i, n in enumerate((50_000, 500_000))]
+    fit = calibrate_runs(runs[:4] + srv)
+    assert fit["server"]["memory_bandwidth_bytes_per_s"] == pytest.approx(2e9, rel=0.1)
+    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    assert cfg.platform.server.apply_on_host is True
+    assert cfg.platform.host_memory_bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.1)
 
 
 def test_calibrate_cli_writes_loadable_toml(runs, tmp_path, capsys):
@@ -76,10 +129,11 @@ def test_calibrate_cli_writes_loadable_toml(runs, tmp_path, capsys):
     text = out.read_text()
     assert "# Residuals of the fit:" in text and "Kolmogorov-Smirnov" in text
     cfg = load_config(path=out)
+    assert cfg.platform.hosts == 1 and cfg.platform.sockets_per_host == cfg.platform.devices_per_host
     assert cfg.platform.pcie.latency_s == pytest.approx(ALPHA, rel=1e-6)
     assert cfg.platform.nic.bandwidth_bytes_per_s == pytest.approx(BETA, rel=1e-6)
     assert cfg.workload.n_params == 50_000 and cfg.workload.itemsize == 8
-    assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN, rel=0.02)
+    assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN + GAP, rel=0.02)
     assert cfg.workload.batch_per_worker == 8
     assert not list(tmp_path.glob(".platform.toml.tmp*"))
 

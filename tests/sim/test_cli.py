@@ -64,6 +64,7 @@ def test_straggler_costs_ssgd_more_than_adpsgd(tmp_path, capsys):
     (["--algorithm", "adpsdg"], "did you mean 'adpsgd'"),
     (["--algorithm", "adpsgd", "--workers", "7"], "must be even"),
     (["--gpus-per-node", "16"], "devices per host"),
+    (["--workers-per-host", "0"], "workers-per-host (0) must be in [1, 8]"),
     (["--workers", "128", "--algorithm", "ssgd"], "hosts"),
     (["--preset", "interspeech"], "did you mean 'interspeech2019-v100'"),
     (["--algorithm", "ssgd", "--period", "5"], "applies to none"),
@@ -93,6 +94,21 @@ def test_platform_file_round_trips_the_preset(tmp_path):
     copy = tmp_path / "mine.toml"
     copy.write_text(preset_path("interspeech2019-v100").read_text())
     assert load_config(path=copy).platform == load_config(preset="interspeech2019-v100").platform
+
+
+def test_hadpsgd_nodes_as_groups_of_one_host(tmp_path, capsys):
+    """A calibrated this-machine platform is one host: H-ADPSGD's nodes of 2 fit only as groups."""
+    one = tmp_path / "one.toml"
+    one.write_text('[platform]\nhosts = 1\ndevices_per_host = 8\nsockets_per_host = 8\n'
+                   '[platform.host_cpu]\ncores_per_host = 2\nwork_per_byte_s = 1e-9\n[workload]\nn_params = 250000\n'
+                   'itemsize = 8\ncompute = "0.05"\nreference_batch = 8\nbatch_per_worker = 8\n')
+    argv = ["predict", "--platform", str(one), "--algorithm", "hadpsgd", "--workers", "8", "--gpus-per-node", "2",
+            "--steps", "20", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    assert "hosts" in capsys.readouterr().err
+    assert main([*argv, "--workers-per-host", "8", "--out", str(tmp_path / "b")]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["node_shape"] == "1x8" and row["step_time_s"] > 0.05
 
 
 def test_odd_nodes_for_hadpsgd_is_a_topology_error():

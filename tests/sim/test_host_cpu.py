@@ -1,0 +1,112 @@
+"""Host cores (``[platform.host_cpu]``): closed forms, the snapshot rule, config loading, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from psgdlab.core.algorithms import make_algorithm
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.trace import PHASES, summarize
+from psgdlab.sim.engine import simulate
+from psgdlab.sim.network import Network
+from psgdlab.sim.platform import HostCPU, Link, Placement, Platform, ring_allreduce_s
+from psgdlab.sim.workload import Workload, load_config, preset_names
+
+LINK = Link(latency_s=1e-3, bandwidth_bytes_per_s=5e8)
+
+
+def one_host(n: int, cpu: HostCPU | None) -> Platform:
+    """This-machine shape: one host, every device behind its own (unshared) link."""
+    return Platform(hosts=1, devices_per_host=n, sockets_per_host=n, pcie=LINK, nic=LINK, host_cpu=cpu)
+
+
+@given(n=st.integers(2, 16), cores=st.integers(1, 8), w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8),
+       S=st.floats(1e3, 1e7))
+def test_allreduce_stretches_by_the_oversubscribed_cpu_work(n, cores, w_m, w_b, S):
+    cpu = HostCPU(cores_per_host=cores, work_per_message_s=w_m, work_per_byte_s=w_b)
+    p = one_host(n, cpu)
+    net = Network(p, Placement.pack(p, n))
+    ring = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    work = 2 * (n - 1) * w_m + 2 * (n - 1) / n * S * w_b
+    expected = ring + max(0.0, n / cores - 1.0) * work
+    assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
+
+
+def test_no_host_cpu_and_enough_cores_cost_nothing_extra():
+    S, n = 4e6, 4
+    ring = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    for cpu in (None, HostCPU(cores_per_host=4, work_per_message_s=1.0, work_per_byte_s=1.0)):
+        p = one_host(n, cpu)
+        assert Network(p, Placement.pack(p, n)).allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(ring)
+
+
+def test_concurrent_exchanges_count_as_holders_when_they_start():
+    """Two pairwise averages on a 2-core host: the first runs alone, the second starts while
+    the first holds 2 processes (4 holders: its CPU work doubles); one that starts after the
+    first has ended is alone again (the snapshot rule of the links)."""
+    cpu = HostCPU(cores_per_host=2, work_per_message_s=0.0, work_per_byte_s=1e-9)
+    p = one_host(6, cpu)
+    net = Network(p, Placement.pack(p, 6))
+    S = 1e6
+    alone = LINK.latency_s + S / LINK.bandwidth_bytes_per_s
+    first = net.pair_average_s(0, 1, S, 0.0)
+    assert first == pytest.approx(alone)
+    assert net.pair_average_s(2, 3, S, first / 2) == pytest.approx(alone + (4 / 2 - 1) * S * 1e-9)
+    assert net.pair_average_s(4, 5, S, 10.0) == pytest.approx(alone)
+
+
+def test_server_request_holds_the_worker_and_the_server():
+    from psgdlab.sim.platform import ServerSpec
+
+    S, w_b = 1e6, 1e-9
+    for cores, stretch in ((2, 0.0), (1, 1.0)):  # worker + server: 2 holders
+        cpu = HostCPU(cores_per_host=cores, work_per_byte_s=w_b)
+        p = Platform(hosts=1, devices_per_host=2, sockets_per_host=2, pcie=LINK, nic=LINK, host_cpu=cpu,
+                     server=ServerSpec(latency_s=1e-3, bandwidth_bytes_per_s=5e8, service_overhead_s=2e-3,
+                                       apply_on_host=True), host_memory_bandwidth_bytes_per_s=3e9)
+        net = Network(p, Placement.pack(p, 2))
+        base = 1e-3 + S / 5e8 + 2e-3 + 3 * S / 3e9
+        assert net.server_s(S) == pytest.approx(base)
+        assert net.server_s(S, rank=1, start=0.0) == pytest.approx(base + stretch * (S * w_b + 3 * S / 3e9))
+
+
+def test_ssgd_step_time_includes_the_cpu_stretch():
+    n, cores = 8, 2
+    cpu = HostCPU(cores_per_host=cores, work_per_message_s=1e-4, work_per_byte_s=2e-9)
+    w = Workload(n_params=250_000, itemsize=8, compute="0.05", reference_batch=8, batch_per_worker=8)
+    res = simulate(make_algorithm("ssgd", n_workers=n), one_host(n, cpu), w, steps=20)
+    S = w.payload_bytes
+    comm = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s) + (n / cores - 1) * (
+        2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * S * 2e-9)
+    s = summarize(res.trace, samples_per_step=8, warmup_steps=2)
+    assert s["step_time_s"] == pytest.approx(0.05 + comm, rel=1e-9)
+    c = res.trace[res.trace["phase"] == PHASES["comm"]]
+    np.testing.assert_allclose(c["end_s"] - c["start_s"], comm, rtol=1e-9)
+
+
+def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[platform]\nhosts = 1\ndevices_per_host = 4\nsockets_per_host = 4\n'
+                    '[platform.host_cpu]\ncores_per_host = 2\nwork_per_message_s = 1e-4\nwork_per_byte_s = 0\n'
+                    '[workload]\nn_params = 10\n')
+    cfg = load_config(path=path)
+    assert cfg.platform.host_cpu == HostCPU(cores_per_host=2, work_per_message_s=1e-4, work_per_byte_s=0.0)
+    for name in preset_names():
+        assert load_config(preset=name).platform.host_cpu is None  # no source gives these numbers
+    path.write_text(path.read_text().replace("cores_per_host", "cores"))
+    with pytest.raises(ConfigError, match="cores"):
+        load_config(path=path)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"cores_per_host": 0}, r"cores_per_host \(0\) must be an integer >= 1"),
+    ({"cores_per_host": True}, "cores_per_host"),
+    ({"work_per_message_s": -1e-6}, r"work_per_message_s \(-1e-06\) must be >= 0"),
+    ({"work_per_byte_s": float("nan")}, "work_per_byte_s"),
+])
+def test_host_cpu_rejects_bad_values(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        HostCPU(**kw)
