@@ -91,13 +91,16 @@ def _window(algorithm: Algorithm, steps: int | None) -> int:
 
 
 def _prepare(name: str, n_workers: int, config: SimConfig, *, period: int | None, variant: str | None,
-             gpus_per_node: int | None, stragglers: str | None, seed: int) -> tuple[Algorithm, StragglerModel | None]:
+             gpus_per_node: int | None, stragglers: str | None, seed: int,
+             workers_per_host: int | None = None) -> tuple[Algorithm, StragglerModel | None]:
     """The algorithm and straggler model of one configuration, with its placement checked (every
-    configuration error surfaces here, before anything is simulated)."""
+    configuration error surfaces here, before anything is simulated; placement as in
+    :func:`predict_one`)."""
     algorithm = build_algorithm(name, n_workers, config, period=period, variant=variant,
                                 gpus_per_node=gpus_per_node, seed=seed)
     model = StragglerModel.parse(stragglers, seed=seed, n_workers=n_workers) if stragglers else None
-    per_host = gpus_per_node if gpus_per_node is not None else getattr(algorithm, "gpus_per_node", None)
+    per_host = workers_per_host or (gpus_per_node if gpus_per_node is not None
+                                    else getattr(algorithm, "gpus_per_node", None))
     Placement.pack(config.platform, n_workers, per_host)
     return algorithm, model
 
@@ -113,7 +116,7 @@ def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | No
     machine's processes, as ``psgdlab validate`` runs them."""
     workload = config.workload
     algorithm, model = _prepare(name, n_workers, config, period=period, variant=variant, gpus_per_node=gpus_per_node,
-                                stragglers=stragglers, seed=seed)
+                                stragglers=stragglers, seed=seed, workers_per_host=workers_per_host)
     window = _window(algorithm, steps)
     fixed_window = steps is not None
     while True:
@@ -211,7 +214,7 @@ def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple
         for n in workers:
             _prepare(name, n, config, period=kwargs.get("period"), variant=kwargs.get("variant"),
                      gpus_per_node=kwargs.get("gpus_per_node"), stragglers=kwargs.get("stragglers"),
-                     seed=kwargs.get("seed", 0))
+                     seed=kwargs.get("seed", 0), workers_per_host=kwargs.get("workers_per_host"))
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     out = []
     for name in algorithms:
