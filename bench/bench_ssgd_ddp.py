@@ -7,7 +7,7 @@ Each round runs DDP (gloo), psgdlab ssgd with the bucketed gradient allreduce ov
 backward pass (the default) and psgdlab ssgd without it (``PSGDLAB_OVERLAP=0``: one allreduce of
 the flat gradient after the backward pass), one after another, so load from other processes
 hits all three alike. Prints samples/s of each run and the median over rounds of the per-round
-ratio to DDP (target >= 0.95). DDP runs with ``THP_MEM_ALLOC_ENABLE=1`` like psgdlab's ranks
+ratio to DDP (target >= 0.95). DDP runs with ``THP_MEM_ALLOC_ENABLE=0`` like psgdlab's ranks
 (``runtime.launch.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
 """
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # DDP's spawned workers: the allocator of our ranks
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")  # DDP's spawned workers: the allocator of our ranks
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

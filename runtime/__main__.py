@@ -21,8 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-# before torch allocates: large CPU tensors on transparent huge pages (see runtime.launch.RANK_ENV)
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# before torch allocates: torch's default allocator, no huge pages (see runtime.launch.RANK_ENV)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
 
 
 def main(argv: list[str] | None = None) -> int:
