@@ -127,6 +127,50 @@ def test_shared_memory_matches_gloo_falls_back_above_the_region_and_never_deadlo
         assert out.strip() == f"ok {r}"
 
 
+DEATH = r'''
+import os, signal, threading, time
+import torch
+from psgdlab.core.errors import TransportError
+from psgdlab.runtime.transport import launch_env, open_channels, Tags
+env = launch_env(); r = env.rank
+ch = open_channels("gloo", env=env, groups=[], timeout_s=60)
+if r == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+errors = []
+def pairwise():
+    try:
+        ch["comm"].sendrecv(torch.ones(10), torch.empty(10), 1, Tags.PAIR_PAYLOAD)
+    except TransportError as exc:
+        errors.append(str(exc))
+thread = threading.Thread(target=pairwise); thread.start()
+start = time.monotonic()
+try:
+    ch["main"].allreduce_sum(torch.ones(10), (0, 1))
+except TransportError as exc:
+    errors.append(str(exc))
+thread.join(10)
+print(round(time.monotonic() - start), sorted(errors), flush=True)
+os._exit(0)
+'''
+
+
+def test_a_dead_peer_fails_a_waiting_rank_naming_it():
+    """Without a launcher that stops the run, a rank waiting on a dead peer's words gives up
+    within about a second (liveness is checked every 0.5 s), naming the peer."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", DEATH],
+                              env=dict(_env(), RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    out, err = procs[0].communicate(timeout=60)
+    procs[1].wait(timeout=60)
+    assert procs[0].returncode == 0, err[-2000:]
+    seconds, errors = out.split(" ", 1)
+    assert int(seconds) <= 5
+    assert errors.strip() == str(sorted(["rank 0: rank 1 died during a shared-memory allreduce",
+                                         "rank 0: rank 1 died during a shared-memory exchange"]))
+
+
 def test_settings_come_from_the_environment():
     assert shm_settings({}) == ("auto", DEFAULT_CAPACITY_BYTES)
     assert shm_settings({"PSGDLAB_SHM": "0", "PSGDLAB_SHM_BYTES": "4096"}) == ("off", 4096)
