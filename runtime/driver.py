@@ -130,10 +130,11 @@ class DriverOptions:
     seed : int
         Seeds the emulated compute-time draws.
     evaluate_every : int
-        Steps between snapshots of rank 0's model for held-out evaluation (0: never). The
-        snapshots come back in :attr:`RankResult.snapshots` and are scored after training
-        (:func:`psgdlab.runtime.train.train`), so scoring neither stalls rank 0 -- which would
-        skew an asynchronous run -- nor counts in the measured training time.
+        Steps between snapshots of every worker's model for held-out evaluation (0: never). The
+        snapshots come back in :attr:`RankResult.snapshots`; after training the workers average
+        them and rank 0 scores the mean (:func:`psgdlab.runtime.train.train`), so scoring neither
+        stalls rank 0 -- which would skew an asynchronous run -- nor counts in the measured
+        training time.
     progress : callable (step, loss, samples_per_s) -> None, optional
         Called by rank 0 after every step (the tqdm bar).
     """
@@ -422,7 +423,7 @@ class _Worker:
                                staleness=int(staleness), loss=loss)
                 if opt.record_params:
                     trajectory.append(self.state.params.detach().cpu().numpy().copy())
-                if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0 and self.rank == 0:
+                if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0:
                     with self.lock:
                         snapshots.append((s + 1, self.state.params.detach().cpu().clone()))
                 stop = self.stop_requested and not sync  # synchronous ranks stop together, below

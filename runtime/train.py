@@ -204,9 +204,10 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
         if isinstance(exc, TransportError):
             raise
         raise TransportError(f"rank {rank}: {exc}") from exc
-    snapshots, result.snapshots = result.snapshots, []  # rank 0 keeps its own; nothing to send
+    snapshots, result.snapshots = result.snapshots, []  # averaged below; nothing to send
     results = main.gather_object(result, root=0)
     wall_s = time.time() - t0
+    snapshots = _mean_snapshots(main, snapshots, rank=rank, workers=config.workers)
     main.barrier()
     if config.backend != "mpi":
         import torch.distributed as dist
@@ -223,8 +224,32 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
                           payload=_payload(workload))
 
 
+def _mean_snapshots(main: Any, snapshots: list[tuple[int, torch.Tensor]], *, rank: int,
+                    workers: int) -> list[tuple[int, torch.Tensor]]:
+    """On rank 0, the mean over the workers of their snapshots (a decentralized run's replicas
+    differ: their mean is the model a user keeps; synchronous replicas equal it); ``[]`` on the
+    other ranks. Collective over the workers (a server rank returns at once). Every worker
+    snapshots the same step sequence, so the first ``k`` (the fewest any worker took, after a
+    SIGTERM stop) are common."""
+    if rank >= workers:
+        return []
+    if workers == 1:
+        return snapshots
+    group = tuple(range(workers))
+    mine = torch.tensor([float(len(snapshots))], dtype=torch.float64, device=main.device)
+    k = int(main.allgather(mine, [1] * workers, group).min().item())
+    out = []
+    for step, params in snapshots[:k]:
+        buf = params.to(main.device, copy=True)
+        main.allreduce_sum(buf, group)
+        if rank == 0:
+            out.append((step, (buf / workers).cpu()))
+    return out
+
+
 def _score_snapshots(workload: Any, snapshots: list[tuple[int, torch.Tensor]]) -> list[dict[str, Any]]:
-    """``workload.evaluate`` of every snapshot ``(step, params)`` of rank 0, logged as it goes."""
+    """``workload.evaluate`` of every snapshot ``(step, params)`` (the workers' mean model),
+    logged as it goes."""
     evaluations = []
     for step, params in snapshots:
         t0 = time.perf_counter()
@@ -274,6 +299,7 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     evaluations = [e for r in workers for e in r.evaluations]
     if evaluations:
         summary["held_out"] = evaluations
+        summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {config.workers} workers"
         summary["held_out_last"] = evaluations[-1]
     if out is None:
         return summary

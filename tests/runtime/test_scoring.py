@@ -160,7 +160,7 @@ def test_train_scores_held_out_speakers_after_every_epoch(tiny_fsdd, tmp_path, c
     assert status == 0, captured.err
     summary = json.loads(captured.out)
     held, per_epoch = summary["held_out"], summary["steps_per_worker"] // 2
-    assert [e["step"] for e in held] == [per_epoch, 2 * per_epoch]  # rank 0's model after each epoch
+    assert [e["step"] for e in held] == [per_epoch, 2 * per_epoch]  # the model after each epoch
     for e in held:
         assert set(HELD_OUT_KEYS) <= set(e)
         assert 0 <= e["frame_accuracy"] <= 1 and 0 <= e["wer_vote"] <= 1 and 0 <= e["wer_viterbi"] <= 1
@@ -168,3 +168,16 @@ def test_train_scores_held_out_speakers_after_every_epoch(tiny_fsdd, tmp_path, c
     assert json.loads((out / "summary.json").read_text())["held_out"] == held
     assert all(e["score_s"] > 0 for e in held)
     assert (out / "loss.png").is_file()
+    # what was scored is the mean of the two workers' models (their final checkpoints), not rank 0's
+    import torch
+
+    from psgdlab.runtime import checkpoint as ckpt
+    from psgdlab.runtime.config import TrainConfig
+    from psgdlab.runtime.train import build_workload
+
+    config = TrainConfig.from_json(json.loads((out / "launch.json").read_text())["train"])
+    workload, _ = build_workload(config, 0)
+    final = [ckpt.load_checkpoint(out, step=2 * per_epoch, rank=r)["params"] for r in (0, 1)]
+    assert not torch.equal(final[0], final[1])  # AD-PSGD replicas differ
+    assert summary["held_out_model"] == "mean of 2 workers"
+    assert workload.evaluate((final[0] + final[1]) / 2)["loss"] == pytest.approx(held[-1]["loss"], rel=1e-5)
