@@ -40,7 +40,8 @@ Allreduce (``allreduce_sum``; ``allreduce_mean`` divides the sum)
     One copy: every member publishes its tensor's address (barrier); member :math:`i` reads
     chunk :math:`i` of the others and sums the chunk in group order,
     :math:`((x_{g_0} + x_{g_1}) + x_{g_2}) + \dots` (barrier); every member reads the others'
-    summed chunks (barrier). Two copies: every member copies its tensor into its region
+    summed chunks (barrier); a tensor whose chunks outgrow the region (the scratch of the
+    others' chunks) goes in pieces that fit it, each piece so. Two copies: every member copies its tensor into its region
     (barrier), then sums all of them in group order (barrier). Either way each element is summed
     in one fixed order, so results are deterministic and bit-identical on every rank (gloo's ring
     sums in an order of its own: equal to rounding).
@@ -54,8 +55,8 @@ Why nothing can deadlock that did not before
     ``responder`` channels (each with its own slots and region) keep their argument.
 
 What stays on gloo
-    Peers on another host, or whose segment could not be mapped; payloads larger than a data
-    region; allreduce dtypes other than integers and floats, and groups with a member on another
+    Peers on another host, or whose segment could not be mapped; with two copies, payloads
+    larger than a data region (one copy reads in place and has no limit); allreduce dtypes other than integers and floats, and groups with a member on another
     host or not declared at setup; gossip with a repeated peer; any-source receives and every
     ``send``/``recv`` (pairwise headers, the parameter-server exchange); ``broadcast``,
     ``barrier``, ``allgather`` and ``gather_object``. Both sides decide from what both know

@@ -33,7 +33,10 @@ class SharedMemoryTransport(TorchTransport):
 
     # --- what goes through shared memory: decided from what both sides know ---
     def _fits(self, *tensors: torch.Tensor) -> bool:
-        return all(t.device.type == "cpu" and t.nbytes <= self.plane.capacity_bytes for t in tensors)
+        """CPU tensors that the data plane can move: any size with one copy (read in place, and
+        allreduces in pieces of the region), at most a region with two."""
+        return all(t.device.type == "cpu" and (self.plane.single_copy or t.nbytes <= self.plane.capacity_bytes)
+                   for t in tensors)
 
     def _shares(self, peer: int, *tensors: torch.Tensor) -> bool:
         return peer != self.rank and peer in self.plane.local and self._fits(*tensors)
@@ -60,6 +63,8 @@ class SharedMemoryTransport(TorchTransport):
         reqs = [dist.isend(send, dst=p, group=group, tag=tag) for p, s in zip(peers, shared) if not s]
         reqs += [dist.irecv(buf, src=p, group=group, tag=tag) for p, buf, s in zip(peers, recvs, shared) if not s]
         readers = [p for p, s in zip(peers, shared) if s]
+        if self.plane.single_copy and not send.is_contiguous():  # read in place: alive until acknowledged
+            send = send.contiguous()
         seqs = self._post(send, readers, tag)
         for p, buf, s in zip(peers, recvs, shared):
             if s:
@@ -74,7 +79,7 @@ class SharedMemoryTransport(TorchTransport):
     def _post(self, send: torch.Tensor, readers: list[int], tag: int) -> list[int]:
         """Offer ``send`` to ``readers``: its address (one copy), or a copy in this channel's region."""
         plane, c = self.plane, self._channel
-        if plane.single_copy and send.is_contiguous():
+        if plane.single_copy:
             address = send.data_ptr()
         else:
             region = plane.region(self.rank, c)
@@ -144,15 +149,16 @@ class SharedMemoryTransport(TorchTransport):
 
     def _reduces(self, tensor: torch.Tensor, group: Sequence[int]) -> bool:
         """Whether an allreduce of ``tensor`` over ``group`` goes through shared memory."""
-        # the one-copy scratch holds the other members' chunks of this rank's part
-        scratch_bytes = (len(group) - 1) * -(-tensor.numel() // len(group)) * tensor.element_size()
-        return (tuple(group) in self.plane.groups and tensor.dtype in _SUM_DTYPES and self._fits(tensor)
-                and scratch_bytes <= self.plane.capacity_bytes)
+        return tuple(group) in self.plane.groups and tensor.dtype in _SUM_DTYPES and self._fits(tensor)
 
     def _allreduce(self, tensor: torch.Tensor, group: tuple[int, ...], *, mean: bool) -> None:
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self.plane.single_copy:
-            self._allreduce_one_copy(work.view(-1), group, mean)
+            # the scratch holds the other members' chunks of this rank's part: pieces that fit it
+            flat, n = work.view(-1), len(group)
+            piece = n * max(1, self.plane.capacity_bytes // ((n - 1) * flat.element_size()))
+            for start in range(0, flat.numel(), piece):
+                self._allreduce_one_copy(flat[start:start + piece], group, mean)
         else:
             self._allreduce_two_copies(work.view(-1), group, mean)
         if work is not tensor:

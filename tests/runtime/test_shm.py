@@ -36,7 +36,9 @@ if os.environ["PSGDLAB_SHM"] == "copy":
 assert not glob.glob(f"/dev/shm/{{segment_prefix(os.getpid())}}*")
 ref = dist.new_group(list(world), backend="gloo")  # plain gloo, for comparison
 g = torch.Generator().manual_seed(r)
-small, large = 1000, {cap} // 8 + 1  # float64 elements: below and above the data region
+# float64 elements: below the data region, and above it (one copy: three pieces of an allreduce)
+small, large = 1000, 3 * {cap} // 8 + 1
+big = main.plane.single_copy  # one copy moves any size; two copies only what fits the region
 
 def shm_ops():
     return sum(c.shm_ops for c in ch.values())
@@ -59,10 +61,11 @@ if r == 0:
 # sub-groups on another channel; a non-contiguous tensor
 t = torch.full((2, 6), float(r))[:, ::2]
 comm.allreduce_mean(t, pair); assert torch.all(t == sum(pair) / 2), t
-# fallback above the data region: gloo, same result
+# above the data region: in pieces (one copy) or over gloo (two copies), the same result
 x = torch.randint(0, 9, (large,), generator=g).double(); a, b = x.clone(), x.clone()
-before = shm_ops(); main.allreduce_sum(a, world); assert shm_ops() == before
+before = shm_ops(); main.allreduce_sum(a, world); assert shm_ops() == before + big
 dist.all_reduce(b, group=ref); assert torch.equal(a, b)
+m = x.clone(); main.allreduce_mean(m, world); assert torch.equal(m, a / 4)
 
 # pairwise: active (even) comm thread <-> passive (odd) responder, as the driver pairs them;
 # gossip around the ring on the comm channel -- sizes below and above the data region
@@ -72,7 +75,7 @@ for size in (small, large):
     mine = torch.arange(size, dtype=torch.float64) + 1e6 * r; theirs = torch.empty(size, dtype=torch.float64)
     before = side.shm_ops; side.sendrecv(mine, theirs, peer, Tags.PAIR_PAYLOAD)
     assert torch.equal(theirs, torch.arange(size, dtype=torch.float64) + 1e6 * peer)
-    assert side.shm_ops == before + (size == small)
+    assert side.shm_ops == before + (size == small or big)
 peers = [(r - 1) % n, (r + 1) % n]
 bufs = [torch.empty(small) for _ in peers]
 comm.multi_exchange(torch.full((small,), float(r)), bufs, peers, Tags.GOSSIP)
@@ -119,7 +122,7 @@ def _run_ranks(code: str, extra: dict[str, str]) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.parametrize("mode", ["1", "copy"], ids=["one-copy", "two-copies"])
-def test_shared_memory_matches_gloo_falls_back_above_the_region_and_never_deadlocks(mode):
+def test_shared_memory_matches_gloo_at_every_size_and_never_deadlocks(mode):
     results = _run_ranks(CHECK.format(cap=CAPACITY_BYTES), {"PSGDLAB_SHM_BYTES": str(CAPACITY_BYTES),
                                                              "PSGDLAB_SHM": mode})
     for r, (code, out, err) in enumerate(results):
