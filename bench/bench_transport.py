@@ -12,7 +12,11 @@ Lines:
 - ``mpi transport`` / ``gloo transport``: :meth:`Transport.sendrecv` and
   :meth:`Transport.allreduce_sum` (what the driver's gradient allreduce runs; the 1/n is folded
   into the learning rate), and :meth:`Transport.allreduce_mean` (sum, then a divide pass; the
-  model allreduces of BSP/BMUF/EASGD use it);
+  model allreduces of BSP/BMUF/EASGD use it); the gloo transport three times: ``shm`` with
+  its shared-memory data plane (the default, :mod:`psgdlab.runtime.shm`: one copy by
+  cross-memory attach where the kernel allows it), ``shm 2-copy`` with the data plane forced to
+  copy through its segments (``PSGDLAB_SHM=copy``: what hosts without cross-memory attach get),
+  and ``tcp`` without it (``PSGDLAB_SHM=0``: every payload through gloo's TCP loopback);
 - ``raw torch gloo``: ``dist.isend``/``dist.irecv`` and ``dist.all_reduce`` of the same buffer on
   a plain gloo group -- the ceiling of anything built on gloo's TCP transport.
 
@@ -56,6 +60,8 @@ def main() -> None:
     import torch.distributed as dist
 
     from psgdlab.runtime.launch import free_port
+    from psgdlab.runtime.shm import SHM_ENV
+    from psgdlab.runtime.shm_transport import SharedMemoryTransport
     from psgdlab.runtime.transport import launch_env, open_channels
 
     comm = MPI.COMM_WORLD
@@ -64,7 +70,14 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env = launch_env()
     mpi_t = open_channels("mpi", env=env, groups=[], timeout_s=120)["main"]
-    gloo_t = open_channels("gloo", env=env, groups=[], timeout_s=120)["main"]
+    gloo_ts = {}
+    for mode in ("1", "copy", "0"):
+        os.environ[SHM_ENV] = mode
+        gloo_ts[mode] = open_channels("gloo", env=env, groups=[], timeout_s=120)["main"]
+    shm_t, copy_t, gloo_t = gloo_ts.values()
+    if not (isinstance(shm_t, SharedMemoryTransport) and len(shm_t.plane.local) == size):
+        raise SystemExit("the gloo transport did not set up its shared-memory data plane")
+    one_copy = "one copy" if shm_t.plane.single_copy else "two copies: no cross-memory attach here"
     raw_gloo = dist.new_group(list(range(size)), backend="gloo")
     n = int(args.mib * 2**20 / 4)
     a, b = torch.ones(n), torch.empty(n)
@@ -84,15 +97,20 @@ def main() -> None:
             "pairwise raw mpi4py Sendrecv": lambda: comm.Sendrecv(a.numpy(), dest=peer, recvbuf=b.numpy(),
                                                                   source=peer),
             "pairwise mpi transport": lambda: mpi_t.sendrecv(a, b, peer, 5),
-            "pairwise gloo transport": lambda: gloo_t.sendrecv(a, b, peer, 5),
+            "pairwise gloo transport (shm)": lambda: shm_t.sendrecv(a, b, peer, 5),
+            "pairwise gloo transport (shm 2-copy)": lambda: copy_t.sendrecv(a, b, peer, 5),
+            "pairwise gloo transport (tcp)": lambda: gloo_t.sendrecv(a, b, peer, 5),
             "pairwise raw torch gloo isend/irecv": gloo_sendrecv,
         }
     cases |= {
         "allreduce raw mpi4py Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, c.numpy(), op=MPI.SUM),
         "allreduce mpi transport (sum)": lambda: mpi_t.allreduce_sum(c, group),
         "allreduce mpi transport (mean)": lambda: mpi_t.allreduce_mean(c, group),
-        "allreduce gloo transport (sum)": lambda: gloo_t.allreduce_sum(c, group),
-        "allreduce gloo transport (mean)": lambda: gloo_t.allreduce_mean(c, group),
+        "allreduce gloo transport (shm, sum)": lambda: shm_t.allreduce_sum(c, group),
+        "allreduce gloo transport (shm, mean)": lambda: shm_t.allreduce_mean(c, group),
+        "allreduce gloo transport (shm 2-copy, sum)": lambda: copy_t.allreduce_sum(c, group),
+        "allreduce gloo transport (tcp, sum)": lambda: gloo_t.allreduce_sum(c, group),
+        "allreduce gloo transport (tcp, mean)": lambda: gloo_t.allreduce_mean(c, group),
         "allreduce raw torch gloo all_reduce": lambda: dist.all_reduce(c, group=raw_gloo),
     }
     for fn in cases.values():  # warm-up: connections, page faults
@@ -104,7 +122,7 @@ def main() -> None:
     if rank == 0:
         print(f"{size} ranks, {args.mib:g} MiB buffer, median of {args.rounds} interleaved rounds x "
               f"{args.reps} repetitions; THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}; "
-              f"load average {os.getloadavg()[0]:.2f}")
+              f"load average {os.getloadavg()[0]:.2f}; gloo shm: {one_copy}")
         for kind in ("pairwise", "allreduce"):
             keys = [k for k in cases if k.startswith(kind)]
             if not keys:
@@ -112,7 +130,7 @@ def main() -> None:
             med = {k: statistics.median(rounds[k]) for k in keys}
             raw = med[keys[0]]
             for key in keys:
-                print(f"  {key:38s} {nbytes / med[key] / 1e6:9.1f} MB/s   ratio to raw MPI {raw / med[key]:.2f}")
+                print(f"  {key:42s} {nbytes / med[key] / 1e6:9.1f} MB/s   ratio to raw MPI {raw / med[key]:.2f}")
     dist.destroy_process_group()
 
 

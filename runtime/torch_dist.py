@@ -4,7 +4,9 @@ Every channel gets its own process group per sub-group (``dist.new_group``, crea
 order on every rank), so the training thread and the communication threads never drive one
 gloo group concurrently. Point-to-point messages use one shared group (``p2p``); with NCCL the
 small control headers (and any-source receives, which NCCL lacks) go over a gloo group and the
-payloads over NCCL, each on its own group (and so its own CUDA stream).
+payloads over NCCL, each on its own group (and so its own CUDA stream). On gloo, the payloads
+between ranks of one host go through shared memory instead (:mod:`psgdlab.runtime.shm`; off
+with ``PSGDLAB_SHM=0``).
 """
 
 from __future__ import annotations
@@ -127,15 +129,26 @@ def open_torch_channels(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[
     # control (headers, any-source receives, objects): always gloo; payload p2p: the backend
     ctrl = dist.new_group(world_ranks, timeout=timeout, backend="gloo")
     p2p = dist.new_group(world_ranks, timeout=timeout, backend=backend) if backend == "nccl" else ctrl
+    plane = None
+    if backend == "gloo" and device.type == "cpu":
+        from psgdlab.runtime.shm import open_plane
+
+        plane = open_plane(ctrl, rank=env.rank, world_size=env.world_size, groups=groups, timeout_s=timeout_s)
     unique = sorted({tuple(g) for g in groups if 1 < len(g) < env.world_size})
     channels: dict[str, Transport] = {}
-    for name in ("main", "comm", "responder"):
+    for index, name in enumerate(("main", "comm", "responder")):
         world = dist.group.WORLD if name == "main" else dist.new_group(world_ranks, timeout=timeout, backend=backend)
         subgroups = {}
         for g in unique:
             pg = dist.new_group(list(g), timeout=timeout, backend=backend)
             if env.rank in g:
                 subgroups[g] = pg
-        channels[name] = TorchTransport(rank=env.rank, world_size=env.world_size, device=device, p2p=p2p,
-                                        ctrl=ctrl, world=world, groups=subgroups, backend=backend)
+        kw = dict(rank=env.rank, world_size=env.world_size, device=device, p2p=p2p, ctrl=ctrl, world=world,
+                  groups=subgroups, backend=backend)
+        if plane is None:
+            channels[name] = TorchTransport(**kw)
+        else:
+            from psgdlab.runtime.shm_transport import SharedMemoryTransport
+
+            channels[name] = SharedMemoryTransport(plane=plane, channel=index, **kw)
     return channels

@@ -31,7 +31,9 @@ Operations (all blocking; tensors are flat, contiguous, on the transport's devic
 - :meth:`Transport.gather_object` (end of run: traces and results to rank 0).
 
 Implementations: :mod:`psgdlab.runtime.torch_dist` (torch.distributed, NCCL on GPUs and gloo on
-CPUs) and :mod:`psgdlab.runtime.mpi` (mpi4py; tensors go through the buffer protocol).
+CPUs; on gloo, the pairwise exchanges and allreduces of ranks on one host go through the
+shared-memory data plane of :mod:`psgdlab.runtime.shm`) and :mod:`psgdlab.runtime.mpi` (mpi4py;
+tensors go through the buffer protocol).
 """
 
 from __future__ import annotations

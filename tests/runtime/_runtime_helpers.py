@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 from pathlib import Path
 
@@ -46,3 +47,12 @@ def initial_full_loss(config) -> float:
                                   n_shards=config.workers, batch=config.batch, seed=config.seed)
     A, b = problem.data()
     return float(0.5 * np.mean(b**2))
+
+
+def leftover_segments(run_dir) -> list[str]:
+    """What the run's ranks (pids in ``RUN/.ranks``) left in ``/dev/shm``."""
+    from psgdlab.runtime.shm import segment_prefix
+
+    pids = [int(f.read_text()) for f in (Path(run_dir) / ".ranks").glob("rank*.pid")]
+    assert pids, f"no rank pid files in {run_dir}"
+    return [name for pid in pids for name in glob.glob(f"/dev/shm/{segment_prefix(pid)}*")]

@@ -19,6 +19,7 @@ from psgdlab.core.trace import read_trace
 from psgdlab.tests.runtime._runtime_helpers import (
     TRAJECTORY_ATOL,
     initial_full_loss,
+    leftover_segments,
     lsq_config,
     needs_topology,
     reference_for,
@@ -52,6 +53,7 @@ def test_synchronous_algorithms_follow_the_reference_trajectory(tmp_path, backen
     got = trajectory(config)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=0, atol=TRAJECTORY_ATOL)
+    assert not leftover_segments(config.out)  # gloo: the shared-memory segments were unlinked at setup
     assert summary["staleness_max"] == (1 if algorithm == "dpsgd" else 0)
     assert summary["steps"] == workers * config.steps
 
@@ -140,6 +142,7 @@ def test_a_killed_worker_stops_the_run_naming_the_rank(tmp_path, backend):
     with pytest.raises(TransportError, match=r"rank 1 (was killed by signal SIGKILL|died)"):
         _launch(config, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
     assert time.monotonic() - start < 60
+    assert not leftover_segments(config.out)
 
 
 def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():

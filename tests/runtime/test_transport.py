@@ -85,11 +85,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def test_transport_operations_on_gloo():
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "tcp"])
+def test_transport_operations_on_gloo(shm):
     port = free_port()
     code = CHECK.format(backend="gloo")
     procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(_env(), RANK=str(r), WORLD_SIZE="4",
-                                                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                                                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                                                      PSGDLAB_SHM=shm),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
     outs = [p.communicate(timeout=90) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):

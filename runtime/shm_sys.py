@@ -1,0 +1,84 @@
+"""Linux primitives of the shared-memory data plane (:mod:`psgdlab.runtime.shm`), through ctypes.
+
+- :func:`futex_wait` / :func:`futex_wake` on a 32-bit word of a shared mapping (a waiting thread
+  sleeps in the kernel, holds no CPU and no GIL, and wakes as soon as the word changes);
+- :func:`cma_read`: ``process_vm_readv``, one copy from another process's memory into ours
+  (cross-memory attach, what MPICH and Open MPI use for large intra-node messages); the kernel
+  allows it to a process that may ptrace the other (same user, and Yama ``ptrace_scope`` 0);
+- :func:`start_time` / :func:`is_alive`: a process identity that survives pid reuse.
+
+Everything here is x86-64 Linux: the data plane relies on its ordered stores (a word written
+after a payload is never seen before the payload) and is off elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+
+__all__ = ["SUPPORTED", "futex_wait", "futex_wake", "cma_read", "start_time", "is_alive"]
+
+#: the data plane needs Linux futexes and x86's store order
+SUPPORTED = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not PRIVATE): the word lives in a mapping of several processes
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True) if SUPPORTED else None
+if _libc is not None:
+    _libc.syscall.restype = ctypes.c_long
+    _libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                                       ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+    _libc.process_vm_readv.restype = ctypes.c_ssize_t
+
+
+def futex_wait(address: int, expected: int, timeout_s: float) -> None:
+    """Sleep while the 32-bit word at ``address`` holds ``expected`` (at most ``timeout_s``;
+    returns at once when it differs; spurious returns are possible: callers re-check)."""
+    ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
+    _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT),  # type: ignore[union-attr]
+                  ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), None, ctypes.c_int(0))
+
+
+def futex_wake(address: int) -> None:
+    """Wake every thread sleeping in :func:`futex_wait` on the word at ``address``."""
+    _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAKE),  # type: ignore[union-attr]
+                  ctypes.c_int(2**31 - 1), None, None, ctypes.c_int(0))
+
+
+def cma_read(pid: int, local_address: int, remote_address: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``remote_address`` of process ``pid`` to ``local_address`` of ours."""
+    done = 0
+    while done < nbytes:
+        local = _Iovec(local_address + done, nbytes - done)
+        remote = _Iovec(remote_address + done, nbytes - done)
+        got = _libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)  # type: ignore[union-attr]
+        if got <= 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
+        done += got
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (None: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else int(fields[19])  # a zombie has exited
+
+
+def is_alive(pid: int, started: int) -> bool:
+    """Whether process ``pid`` that started at ``started`` (:func:`start_time`) still runs."""
+    return start_time(pid) == started
