@@ -34,7 +34,7 @@ from scipy import stats
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import PHASES
 
-__all__ = ["fit_compute_time", "fit_link", "calibrate_runs", "platform_toml", "write_platform", "MIN_RECORDS",
+__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "calibrate_runs", "platform_toml", "write_platform", "MIN_RECORDS",
            "PAIRWISE_QUANTILE", "SERVER_QUANTILE"]
 
 MIN_RECORDS = 8
@@ -195,6 +195,60 @@ def _link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
     return tuple(np.array(c, dtype=t) for c, t in zip(cols, (float, float, float, bool, int)))
 
 
+def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray,
+              rec: np.ndarray) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
+    points of :func:`_link_samples` (durations, payloads, group sizes, pairwise mask, records).
+
+    An implementation's allreduce need not move bytes as its point-to-point transfers do (on
+    loopback gloo the ring allreduce ran 2.5 times faster than two ``isend``/``irecv`` of the
+    same bytes): with at least two payload sizes and :data:`MIN_RECORDS` records of each kind,
+    the pairwise points fit the link and the allreduce points the collective; otherwise one fit
+    over every point is the link and the collective is ``None`` (the simulator then derives it
+    from the link).
+    """
+    def enough(sel: np.ndarray) -> bool:
+        return np.unique(S[sel]).size >= 2 and int(rec[sel].sum()) >= MIN_RECORDS
+
+    def one(sel: np.ndarray) -> dict[str, Any]:
+        fit = fit_link(t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()))
+        fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
+        fit["pairwise_samples"] = int(rec[sel & pair].sum())
+        fit["payload_sizes_bytes"] = sorted({int(x) for x in S[sel]})
+        return fit
+
+    if enough(pair) and enough(~pair):
+        return one(pair), one(~pair)
+    return one(np.ones(t.shape, dtype=bool)), None
+
+
+def fit_overhead_per_byte(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(a, b)`` of the step overhead :math:`a + bS` from ``(payload bytes, overhead)`` per run:
+    the update and the weight snapshots pass over the model, so the host work grows with it
+    (measured here: 0.4 ms per step at 0.4 MB, 4-7 ms at 4 MB). The median per payload size,
+    then a line through those medians (``b >= 0``); one size gives ``(median, 0)``."""
+    if not points:
+        return 0.0, 0.0
+    S = np.array([p[0] for p in points])
+    g = np.array([p[1] for p in points])
+    sizes = np.unique(S)
+    med = np.array([np.median(g[S == x]) for x in sizes])
+    if sizes.size < 2:
+        return max(float(med[0]), 0.0), 0.0
+    b, a = np.polyfit(sizes, med, 1)
+    if b <= 0:
+        return max(float(np.median(g)), 0.0), 0.0
+    return max(float(a), 0.0), float(b)
+
+
+def _with_overhead(compute: dict[str, Any], overhead: float) -> None:
+    """Set ``compute``'s spec to its fitted law moved by ``overhead`` (the same spread around a
+    larger mean) and record the overhead."""
+    mean = compute["mean_s"] + overhead
+    cv = compute["cv"] * compute["mean_s"] / mean
+    compute.update(step_overhead_s=overhead, spec=f"lognormal:{mean:.6g}:{cv:.6g}")
+
+
 def fit_step_overhead(trace: np.ndarray, *, warmup_steps: int = 2) -> float | None:
     """Median host time per step outside compute and exchanges: from the end of a step's last
     compute, comm or wait record to the start of the same worker's next compute (the update,
@@ -216,9 +270,11 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     r"""Fit this machine's platform profile from runtime run directories.
 
     Runs with at most ``cores`` workers (every worker has a core) give ``compute``
-    (:func:`fit_compute_time` over their compute records, its mean raised by ``step_overhead_s``,
-    :func:`fit_step_overhead`, which the simulator has no other place for), ``link``
-    (:func:`fit_link` over their allreduce and pairwise records, see :func:`_link_samples`) and
+    (:func:`fit_compute_time` over their compute records, its mean raised by ``step_overhead_s``
+    -- :func:`fit_step_overhead` per run, :math:`a + bS` over the runs' payloads
+    (:func:`fit_overhead_per_byte`), which the simulator has no other place for; here at the
+    largest payload, in :func:`platform_toml` at the workload's), ``link`` and ``collective``
+    (:func:`fit_links` over their allreduce and pairwise records, see :func:`_link_samples`) and
     ``server`` (service overhead: the :data:`SERVER_QUANTILE` of the server-exchange durations
     minus :math:`\alpha + S/\beta`, ``None`` without server records). Runs with more workers
     than cores give ``host_cpu`` (:func:`psgdlab.analysis.cores.fit_host_cpu`; ``None`` without
@@ -243,26 +299,24 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         raise ConfigError(f"every run has more workers than the {cores} cores: the link and the compute time are "
                           f"fitted from runs with at most {cores} workers")
     compute = fit_compute_time(np.concatenate([r.trace for r in free]), warmup_steps=warmup_steps)
-    gaps = [g for g in (fit_step_overhead(r.trace, warmup_steps=warmup_steps) for r in free) if g is not None]
-    overhead = max(float(np.median(gaps)), 0.0) if gaps else 0.0
-    mean = compute["mean_s"] + overhead  # the same spread around a mean moved by the overhead
-    cv = compute["cv"] * compute["mean_s"] / mean
-    compute.update(step_overhead_s=overhead, spec=f"lognormal:{mean:.6g}:{cv:.6g}")
+    gaps = [(float(_payload_of(r) or 0), g) for r in free
+            if (g := fit_step_overhead(r.trace, warmup_steps=warmup_steps)) is not None]
+    fixed, per_byte = fit_overhead_per_byte(gaps)
+    largest = max((S for S, _ in gaps), default=0.0)
+    compute.update(step_overhead_fixed_s=fixed, step_overhead_s_per_byte=per_byte)
+    _with_overhead(compute, fixed + per_byte * largest)
     parts = [_link_samples(r, warmup_steps=warmup_steps) for r in free]
-    t, S, n, pair, rec = (np.concatenate([p[i] for p in parts]) for i in range(5))
-    link = fit_link(t, S, group_sizes=n, pairwise=pair, records=int(rec.sum()))
-    link["allreduce_samples"] = int(rec[~pair].sum())
-    link["pairwise_samples"] = int(rec[pair].sum())
-    link["payload_sizes_bytes"] = sorted({int(x) for x in S})
+    link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
     server = _fit_server(free, link)
     host_cpu = None
     if busy:
-        host_cpu = fit_host_cpu(busy, cores=int(cores), link=link, spans=allreduce_spans, payload_of=_payload_of,
-                                workers_of=_workers_of, warmup_steps=warmup_steps)
+        host_cpu = fit_host_cpu(busy, cores=int(cores), link=collective or link, spans=allreduce_spans,
+                                payload_of=_payload_of, workers_of=_workers_of, warmup_steps=warmup_steps)
     payloads = [p for p in (_payload_of(r) for r in free) if p]
     itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
     batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
-    return {"compute": compute, "link": link, "server": server, "host_cpu": host_cpu, "cores": cores,
+    return {"compute": compute, "link": link, "collective": collective, "server": server, "host_cpu": host_cpu,
+            "cores": cores,
             "runs": [str(r.path) for r in runs], "payload_bytes": payloads, "itemsize": max(itemsizes) or None,
             "batch": max(batches) or None, "max_workers": max(_workers_of(r) for r in runs)}
 
@@ -317,7 +371,7 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
     what one worker gets, it is not shared again); the fitted link is both ``pcie`` and ``nic``,
     staging ``direct``; the server is the fitted link plus the fitted service overhead; with a
     ``host_cpu`` fit, ``[platform.host_cpu]`` (the host's cores and the CPU work of
-    communication). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
+    communication); with a ``collective`` fit, ``[platform.collective]`` (the allreduce's own link). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
     runs' payload) with the fitted compute distribution at ``batch``. The residuals are TOML
     comments (the loader rejects unknown tables).
     """
@@ -331,7 +385,11 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
             raise ConfigError("the runs do not record their payload (payload_bytes); give n_params")
         n_params = max(1, int(max(payloads)) // itemsize)
     batch = int(batch or calibration.get("batch") or 1)
+    if comp.get("step_overhead_s_per_byte"):  # the overhead at this workload's payload
+        comp = dict(comp)
+        _with_overhead(comp, comp["step_overhead_fixed_s"] + comp["step_overhead_s_per_byte"] * n_params * itemsize)
     lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
+    coll_fit = calibration.get("collective")
     lines = [
         f"# Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
         *[f"#   {r}" for r in calibration["runs"]],
@@ -343,13 +401,20 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         f"pairwise) of sizes {link['payload_sizes_bytes']} B in {link['points']} points (median allreduce span, "
         f"low quantile of pairwise durations per run and size), rms residual {link['rms_residual_s']:.4g} s, "
         f"max relative residual {link['max_rel_residual']:.4g}",
+        ("#   collective (allreduce, fitted apart from the pairwise exchanges): " + (
+            f"{coll_fit['latency_s']:.4g} s + S / {coll_fit['bandwidth_bytes_per_s']:.4g} B/s from "
+            f"{coll_fit['samples']} allreduces, rms residual {coll_fit['rms_residual_s']:.4g} s, max relative "
+            f"residual {coll_fit['max_rel_residual']:.4g}" if coll_fit else
+            "not fitted apart (too few allreduce or pairwise sizes): the link's")),
         ("#   server: " + (f"service overhead {srv['service_overhead_s']:.4g} s, update at "
                           f"{srv['memory_bandwidth_bytes_per_s'] or 0:.4g} B/s of memory (0: not fitted) from "
                           f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
                           if srv else
                           "no server exchanges measured; overhead 0")),
         f"#   step overhead (host work between a step's exchanges and the next compute, added to the compute "
-        f"mean): {comp.get('step_overhead_s', 0.0):.4g} s",
+        f"mean): {comp.get('step_overhead_s', 0.0):.4g} s at {n_params * itemsize} B "
+        f"({comp.get('step_overhead_fixed_s', comp.get('step_overhead_s', 0.0)):.4g} s + "
+        f"{comp.get('step_overhead_s_per_byte', 0.0):.4g} s per byte of model)",
         ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
                               f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
                               f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
@@ -371,6 +436,10 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
     ]
     for table in ("pcie", "nic"):
         lines += [f"[platform.{table}]", f"latency_s = {lat!r}", f"bandwidth_bytes_per_s = {bw!r}", ""]
+    coll = calibration.get("collective")
+    if coll:
+        lines += ["[platform.collective]", f"latency_s = {coll['latency_s']!r}",
+                  f"bandwidth_bytes_per_s = {coll['bandwidth_bytes_per_s']!r}", ""]
     lines += ["[platform.server]", f"latency_s = {lat!r}", f"bandwidth_bytes_per_s = {bw!r}",
               f"service_overhead_s = {float(srv['service_overhead_s']) if srv else 0.0!r}",
               f"apply_on_host = {'true' if srv and srv.get('memory_bandwidth_bytes_per_s') else 'false'}", ""]

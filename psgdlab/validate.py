@@ -347,10 +347,12 @@ def format_table(summary: dict[str, Any]) -> str:
                          f"measured {' > '.join(r['measured'])}")
             for a, b, dp, dm in r["swaps"]:
                 lines.append(f"    swap: {a} predicted {dp * 100:+.1f}% over {b}, measured {dm * 100:+.1f}%")
-    link = summary.get("calibration", {}).get("link")
-    if link:
+    calibration = summary.get("calibration", {})
+    for what, link in (("link", calibration.get("link")), ("allreduce", calibration.get("collective"))):
+        if not link:
+            continue
         flag = link["max_rel_residual"] > MAX_REL_RESIDUAL
-        lines.append(f"calibration: link {link['latency_s'] * 1e3:.3g} ms + S / "
+        lines.append(f"calibration: {what} {link['latency_s'] * 1e3:.3g} ms + S / "
                      f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
                      f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
                      + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores"

@@ -15,7 +15,8 @@ Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start)
   host-to-device copy, one after another.
 - ring allreduce over a group: :func:`~psgdlab.sim.platform.ring_allreduce_s` with the slowest
   link class on the ring: per-device share of each socket's PCIe (or NVLink), and each NIC
-  (shared with other flows) when the group spans hosts.
+  (shared with other flows) when the group spans hosts; a group inside one host uses
+  ``platform.collective`` instead when it is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange):
   :math:`(m-1)/m \cdot S / B + (m-1)\alpha`.
 - parameter server: ``latency + S/B + service_overhead`` (+ :math:`3S` at memory bandwidth
@@ -210,6 +211,9 @@ class Network:
             lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
             links = tuple(hosts) if spans else ()
             links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
+            coll = self.platform.collective
+            if coll is not None and not spans:  # the implementation's own collective, measured as such
+                intra, lat = coll.bandwidth_bytes_per_s, coll.latency_s
             members = {h: len(m) for h, m in by_host.items()}
             info = (links, intra, lat, members, spans)
             self._cache[key] = info

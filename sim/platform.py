@@ -8,6 +8,10 @@ direction (:class:`Link`):
   16 GB/s per direction per socket on the IBM servers);
 - ``nvlink`` -- optional, per device, not shared (peer-to-peer inside a host);
 - ``nic`` -- one per host (100 Gb/s Ethernet = 12.5 GB/s per direction);
+- ``collective`` -- optional: what a ring allreduce *inside a host* runs at, per device, when the
+  implementation's collective moves bytes otherwise than its point-to-point transfers (gloo's
+  TCP ring against its send/recv, a shared-memory reduction, NCCL's allreduce bus bandwidth
+  against its peer-to-peer); ``None``: the per-device share of PCIe (or NVLink);
 - ``server`` -- the link of the parameter-server role (its NIC), with a per-request
   ``service_overhead_s``.
 
@@ -166,6 +170,11 @@ class Platform:
         Per host, per direction.
     nvlink : Link or None
         Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
+    collective : Link or None
+        Per device latency (per ring step) and bandwidth of a ring allreduce whose group is
+        inside one host; ``None`` (default): the point-to-point links' (``nvlink``, or the
+        per-device share of ``pcie``). ``psgdlab calibrate`` fits it when the measured
+        allreduces and pairwise exchanges disagree.
     host_memory_bandwidth_bytes_per_s : float
         Host memory bandwidth for CPU averaging and staging.
     staging : {"direct", "host"}
@@ -186,6 +195,7 @@ class Platform:
     pcie: Link = field(default_factory=lambda: Link(latency_s=5e-6, bandwidth_bytes_per_s=16e9))
     nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
     nvlink: Link | None = None
+    collective: Link | None = None
     host_memory_bandwidth_bytes_per_s: float = 5e10
     staging: Literal["direct", "host"] = "direct"
     server: ServerSpec = field(default_factory=ServerSpec)

@@ -13,12 +13,13 @@ from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
 
 ALPHA, BETA, MEAN, CV = 2e-4, 1e9, 0.05, 0.1
+AR_ALPHA, AR_BETA = 5e-5, 3e9  # the allreduce's own link (an implementation's collective is not its send/recv)
 GAP = 4e-4  # host work per step between the exchanges and the next compute
 W_MSG, W_BYTE, CORES = 3e-4, 4e-9, 2  # CPU work of communication on a 2-core machine
 
 
 def ring_s(n, S):
-    return 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S / BETA
+    return 2 * (n - 1) * AR_ALPHA + 2 * (n - 1) / n * S / AR_BETA
 
 
 def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8,
@@ -86,6 +87,8 @@ def test_calibrate_recovers_known_platform(runs):
     fit = calibrate_runs(runs)
     assert fit["link"]["latency_s"] == pytest.approx(ALPHA, rel=1e-6)
     assert fit["link"]["bandwidth_bytes_per_s"] == pytest.approx(BETA, rel=1e-6)
+    assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)  # fitted apart
+    assert fit["collective"]["bandwidth_bytes_per_s"] == pytest.approx(AR_BETA, rel=1e-6)
     assert fit["compute"]["mean_s"] == pytest.approx(MEAN, rel=0.02)
     assert fit["compute"]["cv"] == pytest.approx(CV, rel=0.15)
     assert fit["server"]["service_overhead_s"] == pytest.approx(1e-3, abs=5e-4)
@@ -132,6 +135,8 @@ def test_calibrate_cli_writes_loadable_toml(runs, tmp_path, capsys):
     assert cfg.platform.hosts == 1 and cfg.platform.sockets_per_host == cfg.platform.devices_per_host
     assert cfg.platform.pcie.latency_s == pytest.approx(ALPHA, rel=1e-6)
     assert cfg.platform.nic.bandwidth_bytes_per_s == pytest.approx(BETA, rel=1e-6)
+    assert cfg.platform.collective.latency_s == pytest.approx(AR_ALPHA, rel=1e-6)
+    assert cfg.platform.collective.bandwidth_bytes_per_s == pytest.approx(AR_BETA, rel=1e-6)
     assert cfg.workload.n_params == 50_000 and cfg.workload.itemsize == 8
     assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN + GAP, rel=0.02)
     assert cfg.workload.batch_per_worker == 8
@@ -160,3 +165,31 @@ def test_no_runs_and_no_payload_are_refused(runs, tmp_path):
     fit["payload_bytes"] = []
     with pytest.raises(ConfigError, match="give n_params"):
         platform_toml(fit)
+
+
+def test_one_kind_of_exchange_gives_one_link_and_no_collective(runs):
+    """Allreduces alone (or pairwise exchanges alone) cannot be told apart from the link: one fit."""
+    fit = calibrate_runs(runs[:2])
+    assert fit["collective"] is None
+    assert fit["link"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)
+    assert fit["link"]["bandwidth_bytes_per_s"] == pytest.approx(AR_BETA, rel=1e-6)
+    assert "[platform.collective]" not in platform_toml(fit, n_params=50_000)
+
+
+def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
+    from psgdlab.analysis.calibrate import fit_overhead_per_byte
+
+    a, b = 3e-4, 1e-9
+    pts = [(S, a + b * S + e) for S in (4e5, 4e6) for e in (-1e-5, 0.0, 2e-4)]  # medians on the line
+    assert fit_overhead_per_byte(pts) == pytest.approx((a, b), rel=1e-6)
+    assert fit_overhead_per_byte([(4e5, 1e-3), (4e5, 2e-3), (4e5, 4e-3)]) == (2e-3, 0.0)  # one size
+    assert fit_overhead_per_byte([(4e5, 2e-3), (4e6, 1e-3)]) == (1.5e-3, 0.0)  # falling: no per-byte term
+    assert fit_overhead_per_byte([]) == (0.0, 0.0)
+    comp = {"mean_s": MEAN, "cv": CV, "p50_s": MEAN, "p95_s": MEAN, "samples": 9, "ks_distance": 0.0,
+            "step_overhead_fixed_s": a, "step_overhead_s_per_byte": b, "step_overhead_s": a + b * 4e6}
+    fit = {"compute": comp, "link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e9, "samples": 9, "points": 2,
+                                     "rms_residual_s": 0.0, "max_rel_residual": 0.0, "allreduce_samples": 0,
+                                     "pairwise_samples": 9, "payload_sizes_bytes": [1, 2]},
+           "server": None, "runs": [], "max_workers": 2, "payload_bytes": [4_000_000]}
+    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=250_000, itemsize=8)))
+    assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN + a + b * 2e6, rel=1e-5)

@@ -110,3 +110,17 @@ def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
 def test_host_cpu_rejects_bad_values(kw, match):
     with pytest.raises(ConfigError, match=match):
         HostCPU(**kw)
+
+
+def test_collective_link_prices_allreduces_inside_a_host_only():
+    """``[platform.collective]`` replaces the point-to-point link for a ring allreduce inside one
+    host; pairwise transfers and allreduces that span hosts keep their links."""
+    coll = Link(latency_s=2e-5, bandwidth_bytes_per_s=4e9)
+    p = Platform(hosts=2, devices_per_host=4, sockets_per_host=4, pcie=LINK, nic=LINK, collective=coll)
+    net = Network(p, Placement.pack(p, 8))
+    S = 4e6
+    assert net.allreduce_s((0, 1, 2, 3), S, 0.0) == pytest.approx(ring_allreduce_s(4, S, 4e9, 2e-5))
+    plain = Network(Platform(hosts=2, devices_per_host=4, sockets_per_host=4, pcie=LINK, nic=LINK),
+                    Placement.pack(p, 8))
+    assert net.allreduce_s(tuple(range(8)), S, 10.0) == pytest.approx(plain.allreduce_s(tuple(range(8)), S, 10.0))
+    assert net.transfer_s(0, 1, S, 20.0) == pytest.approx(plain.transfer_s(0, 1, S, 20.0))
