@@ -132,20 +132,20 @@ class SharedMemoryTransport(TorchTransport):
 
     # --- allreduce ---
     def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
-        if len(group) <= 1:
-            return
-        if not self._reduces(tensor, group):
-            super().allreduce_sum(tensor, group)
-            return
-        self._allreduce(tensor, tuple(group), mean=False)
+        if len(group) > 1:
+            self._allreduce_or_gloo(tensor, group, mean=False)
 
     def allreduce_mean(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
-        if len(group) <= 1:
-            return
-        if not self._reduces(tensor, group):
+        if len(group) > 1:
+            self._allreduce_or_gloo(tensor, group, mean=True)
+
+    def _allreduce_or_gloo(self, tensor: torch.Tensor, group: Sequence[int], *, mean: bool) -> None:
+        if self._reduces(tensor, group):
+            self._allreduce(tensor, tuple(group), mean=mean)
+        elif mean:
             super().allreduce_mean(tensor, group)
-            return
-        self._allreduce(tensor, tuple(group), mean=True)
+        else:
+            super().allreduce_sum(tensor, group)
 
     def _reduces(self, tensor: torch.Tensor, group: Sequence[int]) -> bool:
         """Whether an allreduce of ``tensor`` over ``group`` goes through shared memory."""
