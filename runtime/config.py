@@ -85,6 +85,10 @@ class TrainConfig:
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
         require(self.lr_schedule in LR_SCHEDULES, "lr-schedule", self.lr_schedule,
                 f"must be one of {', '.join(LR_SCHEDULES)}")
+        require(self.lr_schedule != "newbob", "lr-schedule", "newbob",
+                "needs every worker to agree on a held-out loss after each epoch, which the runtime does "
+                "not do (held-out scoring runs after training)", hint="use exp, ibm or const; "
+                "psgdlab emulate runs newbob")
         if self.lr_final is not None:
             require(self.lr_schedule == "exp", "lr-final", self.lr_final,
                     f"only applies to --lr-schedule exp, not {self.lr_schedule}")

@@ -181,7 +181,7 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
     stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
     main.broadcast(stamp, 0, tuple(range(world)))
     origin = float(stamp.item())
-    base_lr = lr_schedule("const" if config.lr_schedule == "newbob" else config.lr_schedule, lr=config.lr,
+    base_lr = lr_schedule(config.lr_schedule, lr=config.lr,
                           total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1),
                           total_steps=steps, lr_final=config.lr_final)
     options = DriverOptions(

@@ -30,7 +30,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, per_rank: bool = Fal
     p.add_argument("--batch", type=int, default=32, help="minibatch per worker")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate (the IBM schedule's base rate)")
     p.add_argument("--lr-schedule", default="const", choices=["const", "ibm", "newbob", "exp"],
-                   help="exp: decay exponentially from --lr to --lr-final over the run (Kaldi nnet3)")
+                   help="exp: decay exponentially from --lr to --lr-final over the run (Kaldi nnet3); ibm: the "
+                        "IBM papers' schedule; newbob is refused here (it needs a held-out loss every epoch; "
+                        "psgdlab emulate runs it)")
     p.add_argument("--lr-final", type=float, help="exp schedule: rate at the last step (default lr / 10)")
     p.add_argument("--period", type=int, help="sync period tau (asgd, bsp, bmuf, easgd)")
     p.add_argument("--variant", help="algorithm variant (adpsgd: fixed|random|delay; bmuf: classical|nesterov; "

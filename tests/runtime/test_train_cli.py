@@ -65,6 +65,11 @@ def test_bad_straggler_and_compute_time(capsys, tmp_path):
     _fails(capsys, ["--compute-time", "fast", "--out", str(tmp_path)], r"compute time 'fast'")
 
 
+def test_newbob_is_refused_not_run_as_a_constant_rate(capsys, tmp_path):
+    _fails(capsys, ["--lr-schedule", "newbob", "--out", str(tmp_path)],
+           r"lr-schedule \('newbob'\) needs every worker to agree on a held-out loss.*use exp, ibm or const")
+
+
 def test_resume_without_a_run_directory(capsys, tmp_path):
     _fails(capsys, ["--resume", str(tmp_path / "none")], r"has no config.resolved.json")
 
