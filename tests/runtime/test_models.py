@@ -16,6 +16,7 @@ from psgdlab.runtime.models import (  # noqa: E402
     build_model,
     count_parameters,
     flat_gradients,
+    flat_order,
     flat_parameters,
 )
 
@@ -135,12 +136,12 @@ def _tiny(seed=0):
 
 def test_flat_parameters_are_views_of_the_model():
     model = _tiny()
-    before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    before = torch.cat([p.detach().reshape(-1).clone() for p in flat_order(model)])
     flat = flat_parameters(model)
     assert flat.shape == (count_parameters(model),)
-    torch.testing.assert_close(flat, before)  # same values, in parameters() order
+    torch.testing.assert_close(flat, before)  # same values, in flat_order
     flat.mul_(0.5)  # averaging with a zero model, in place
-    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    after = torch.cat([p.detach().reshape(-1) for p in flat_order(model)])
     torch.testing.assert_close(after, 0.5 * before)
     assert flat_parameters(model).data_ptr() == flat.data_ptr()  # second call: no copy
 
@@ -165,7 +166,7 @@ def test_optimizer_step_on_module_matches_step_on_buffer():
     reference = _tiny()
     flat_ref = flat_parameters(reference).clone()
     torch.nn.functional.cross_entropy(reference(x), y).backward()
-    grad_ref = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    grad_ref = torch.cat([p.grad.reshape(-1) for p in flat_order(reference)])
 
     model = _tiny()
     flat, grads = flat_parameters(model), flat_gradients(model)
@@ -179,6 +180,30 @@ def test_optimizer_step_on_module_matches_step_on_buffer():
     buf = flat_parameters(buffer_model)
     buf.sub_(lr * grad_ref)  # the same step applied to the buffer moves the module
     torch.testing.assert_close(buffer_model(x), model(x))
+
+
+def test_flat_order_puts_the_recurrent_weights_first_in_cudnn_layout():
+    model = _tiny()
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for p in flat_order(model)]
+    lstm = [n for n, _ in model.named_parameters() if n.startswith("lstm.")]
+    assert order[:len(lstm)] == ([n for n in lstm if ".weight" in n] + [n for n, _ in model.named_parameters()
+                                                                         if n.startswith("lstm.bias")])
+    assert order[len(lstm):] == [n for n, _ in model.named_parameters() if not n.startswith("lstm.")]
+    dnn = build_model("dnn-small", input_dim=6, n_classes=5, window=5)
+    assert flat_order(dnn) == list(dnn.parameters())  # no recurrent layer: module order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cudnn_runs_the_lstm_on_the_flat_buffer_in_place():
+    import warnings
+
+    model = build_model("tiny-blstm", input_dim=6, n_classes=5, window=5).cuda()
+    flat_parameters(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "RNN module weights are not part of single contiguous chunk"
+        model(torch.randn(4, 5, 6, device="cuda")).sum().backward()
 
 
 def test_flat_gradients_creates_missing_grads_as_zeros():
