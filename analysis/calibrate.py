@@ -128,6 +128,15 @@ def _payload_of(run: Any) -> int | None:
     return None
 
 
+#: algorithms whose allreduces average the model and fold it back (the record holds both)
+MODEL_AVERAGING = ("bmuf", "bsp")
+
+
+def _algorithm_of(run: Any) -> str:
+    a = run.summary.get("algorithm") or run.meta.get("algorithm") or ""
+    return str(a.get("algorithm", "") if isinstance(a, dict) else a)
+
+
 def _workers_of(run: Any) -> int:
     n = run.meta.get("n_workers") or run.summary.get("workers")
     if n is None:
@@ -305,8 +314,14 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     largest = max((S for S, _ in gaps), default=0.0)
     compute.update(step_overhead_fixed_s=fixed, step_overhead_s_per_byte=per_byte)
     _with_overhead(compute, fixed + per_byte * largest)
-    parts = [_link_samples(r, warmup_steps=warmup_steps) for r in free]
+    averaging = [r for r in free if _algorithm_of(r) in MODEL_AVERAGING]
+    plain = [r for r in free if r not in averaging]
+    if not plain:
+        raise ConfigError("the link is fitted from runs without model averaging (ssgd, adpsgd, easgd, ...); "
+                          f"every run with at most {cores} workers is {'/'.join(MODEL_AVERAGING)}")
+    parts = [_link_samples(r, warmup_steps=warmup_steps) for r in plain]
     link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
+    model_average = _fit_model_average(averaging, collective or link, warmup_steps=warmup_steps)
     server = _fit_server(free, link)
     host_cpu = None
     if busy:
@@ -316,9 +331,32 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
     batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
     return {"compute": compute, "link": link, "collective": collective, "server": server, "host_cpu": host_cpu,
-            "cores": cores,
+            "model_average": model_average, "cores": cores,
             "runs": [str(r.path) for r in runs], "payload_bytes": payloads, "itemsize": max(itemsizes) or None,
             "batch": max(batches) or None, "max_workers": max(_workers_of(r) for r in runs)}
+
+
+def _fit_model_average(runs: list[Any], link: dict[str, Any], *, warmup_steps: int) -> dict[str, Any] | None:
+    r"""Host work of folding an averaged model back (``[platform] model_average_s``, ``_s_per_byte``)
+    from model-averaging runs (:data:`MODEL_AVERAGING`): their allreduce records hold the clone,
+    the allreduce and the algorithm's combine, so per run the median span beyond the ring model
+    of ``link``, then :math:`a + bS` over the runs' payloads (:func:`fit_overhead_per_byte`).
+    ``None`` without such runs."""
+    pts = []
+    for r in runs:
+        step, wire, n, cost = allreduce_spans(r)
+        ok = step >= warmup_steps
+        S = _payload_of(r)
+        if not np.any(ok) or not S:
+            continue
+        n_w = float(n[ok][0])
+        ring = 2 * (n_w - 1) * link["latency_s"] + 2 * (n_w - 1) / n_w * S / link["bandwidth_bytes_per_s"]
+        pts.append((float(S), max(float(np.median(cost[ok])) - ring, 0.0)))
+    if not pts:
+        return None
+    fixed, per_byte = fit_overhead_per_byte(pts)
+    return {"fixed_s": fixed, "s_per_byte": per_byte, "runs": len(pts),
+            "excess_s": [round(x, 6) for _, x in sorted(pts)], "payloads_bytes": [int(s) for s, _ in sorted(pts)]}
 
 
 def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
@@ -390,6 +428,7 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         _with_overhead(comp, comp["step_overhead_fixed_s"] + comp["step_overhead_s_per_byte"] * n_params * itemsize)
     lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
     coll_fit = calibration.get("collective")
+    avg = calibration.get("model_average")
     lines = [
         f"# Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
         *[f"#   {r}" for r in calibration["runs"]],
@@ -411,6 +450,9 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
                           f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
                           if srv else
                           "no server exchanges measured; overhead 0")),
+        ("#   model average (the fold of an averaged model back, beyond the allreduce): " + (
+            f"{avg['fixed_s']:.4g} s + {avg['s_per_byte']:.4g} s per byte from {avg['runs']} runs (excess "
+            f"{avg['excess_s']} s at {avg['payloads_bytes']} B)" if avg else "no model-averaging runs: 0")),
         f"#   step overhead (host work between a step's exchanges and the next compute, added to the compute "
         f"mean): {comp.get('step_overhead_s', 0.0):.4g} s at {n_params * itemsize} B "
         f"({comp.get('step_overhead_fixed_s', comp.get('step_overhead_s', 0.0)):.4g} s + "
@@ -431,6 +473,8 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         'device = "cpu-process"',
         *([f"host_memory_bandwidth_bytes_per_s = {float(srv['memory_bandwidth_bytes_per_s'])!r}"]
           if srv and srv.get("memory_bandwidth_bytes_per_s") else []),
+        *([f"model_average_s = {float(avg['fixed_s'])!r}", f"model_average_s_per_byte = {float(avg['s_per_byte'])!r}"]
+          if avg else []),
         'staging = "direct"',
         "",
     ]

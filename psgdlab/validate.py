@@ -3,7 +3,8 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 ``psgdlab validate`` (and :func:`validate`) runs, into ``OUT/``::
 
     OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd with 2 workers at
-                             two payload sizes, easgd at both for the server; ssgd with twice as many
+                             half and 1.5 times the cases' size, easgd at both for the server, bmuf
+                             at both for the fold of the averaged model; ssgd with twice as many
                              workers as cores at the same two sizes, for the CPU work of
                              communication, when a case has more workers than cores): never a
                              validated case (other payload sizes)
@@ -162,6 +163,8 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     plan = [("ssgd", 2, d) for d in dims] + [("adpsgd", 2, d) for d in dims]
     if any(ALGORITHM_CASES[a][0] == "easgd" for a in vc.algorithms):
         plan += [("easgd", 2, d) for d in dims]
+    if "bmuf" in vc.algorithms:  # the fold of the averaged model (block-momentum filter) beyond the allreduce
+        plan += [("bmuf", 2, d) for d in dims]
     if max(vc.workers) > cores:  # the CPU work of communication, from runs that oversubscribe the cores
         plan += [("ssgd", 2 * cores, d) for d in dims]
     for alg, n, dim in plan:

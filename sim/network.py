@@ -19,6 +19,8 @@ Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start)
   ``platform.collective`` instead when it is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange):
   :math:`(m-1)/m \cdot S / B + (m-1)\alpha`.
+- the fold of an averaged model into each member after a model allreduce:
+  ``model_average_s + model_average_s_per_byte * S`` (CPU work of every member with ``host_cpu``);
 - parameter server: ``latency + S/B + service_overhead`` (+ :math:`3S` at memory bandwidth
   when it applies updates on the host), served one request at a time.
 
@@ -229,6 +231,18 @@ class Network:
             dur = self._cpu_wait(members, self._cpu.work_s(2 * (n - 1), 2 * (n - 1) / n * nbytes), start, dur)
         self._register(links, start, start + dur)
         return dur
+
+    def model_average_s(self, group: tuple[int, ...], nbytes: float, start: float) -> float:
+        """Host work of folding the averaged model into every member of ``group`` (after a model
+        allreduce ending at ``start``): :math:`a + bS`, stretched on oversubscribed hosts."""
+        p = self.platform
+        work = p.model_average_s + p.model_average_s_per_byte * nbytes
+        if work <= 0.0 or self._cpu is None:
+            return work
+        members: dict[int, int] = {}
+        for r in group:
+            members[self._host[r]] = members.get(self._host[r], 0) + 1
+        return self._cpu_wait(members, work, start, work)
 
     # ----- parameter server -------------------------------------------------------------------
     def server_s(self, nbytes: float, *, rank: int | None = None, start: float | None = None) -> float:

@@ -177,6 +177,12 @@ class Platform:
         allreduces and pairwise exchanges disagree.
     host_memory_bandwidth_bytes_per_s : float
         Host memory bandwidth for CPU averaging and staging.
+    model_average_s, model_average_s_per_byte : float
+        Host work of folding an averaged model back into a worker after a *model* allreduce
+        (BMUF's block-momentum filter, BSP's copy), :math:`a + b S` seconds for ``S`` bytes of
+        model, on top of the allreduce; with ``host_cpu`` it is CPU work of every member,
+        stretched like an exchange's. Default 0 (the published presets: the filter runs on the
+        accelerator, small beside the allreduce); ``psgdlab calibrate`` fits it from BMUF runs.
     staging : {"direct", "host"}
         Whether weights travel GPU-direct or through host memory with CPU averaging.
     server : ServerSpec
@@ -197,6 +203,8 @@ class Platform:
     nvlink: Link | None = None
     collective: Link | None = None
     host_memory_bandwidth_bytes_per_s: float = 5e10
+    model_average_s: float = 0.0
+    model_average_s_per_byte: float = 0.0
     staging: Literal["direct", "host"] = "direct"
     server: ServerSpec = field(default_factory=ServerSpec)
     host_cpu: HostCPU | None = None
@@ -211,6 +219,9 @@ class Platform:
                 "host_memory_bandwidth_bytes_per_s", self.host_memory_bandwidth_bytes_per_s,
                 "must be a positive number of bytes per second")
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
+        for name in ("model_average_s", "model_average_s_per_byte"):
+            x = getattr(self, name)
+            require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
 
     @property
     def total_devices(self) -> int:

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "validate",
         help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
         description=("Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
-                     "runs for the server, ssgd runs with more workers than cores for the CPU work of "
+                     "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more workers than cores for the CPU work of "
                      "communication), predict every (algorithm, workers) case with the fitted platform, "
                      "measure the same cases with the runtime (emulated compute by default), and compare: step "
                      "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "

@@ -23,7 +23,7 @@ def ring_s(n, S):
 
 
 def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8,
-              mem_bw=None):
+              mem_bw=None, algorithm="ssgd", fold=(0.0, 0.0)):
     """A runtime-like run directory on a machine of CORES cores: compute records drawn from a
     lognormal law, exchanges of the exact cost model (allreduces over more workers than cores
     stretched by the CPU model) plus non-negative waiting (what the fit must see through)."""
@@ -56,6 +56,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
     else:  # allreduce: every member leaves when the last has arrived plus the exchange's cost
         d = ring_s(workers, S) + max(0, workers / CORES - 1) * (
             2 * (workers - 1) * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE)
+        d += fold[0] + fold[1] * S  # a model average's record also holds folding the mean back
         t = np.zeros(workers)
         for s in range(steps):
             arrive = t + [compute(r, s, t[r]) for r in range(workers)]
@@ -69,7 +70,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
             "itemsize": itemsize, "payload_bytes": S}
     rd = RunDir(path)
     write_trace(rd / "trace.npz", trace, meta)
-    rd.write_json("summary.json", {**summarize(trace, samples_per_step=8), "algorithm": {"algorithm": "ssgd"},
+    rd.write_json("summary.json", {**summarize(trace, samples_per_step=8), "algorithm": {"algorithm": algorithm},
                                    **meta})
     rd.write_json("env.json", {"cpu_count": CORES})
     return path
@@ -193,3 +194,19 @@ def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
            "server": None, "runs": [], "max_workers": 2, "payload_bytes": [4_000_000]}
     cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=250_000, itemsize=8)))
     assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN + a + b * 2e6, rel=1e-5)
+
+
+def test_model_averaging_runs_fit_the_fold_and_stay_out_of_the_links(runs, tmp_path):
+    fold = (6e-4, 1.5e-9)
+    avg = [write_run(tmp_path / f"bmuf{i}", n_params=n, seed=20 + i, algorithm="bmuf", fold=fold)
+           for i, n in enumerate((10_000, 200_000))]
+    fit = calibrate_runs(runs + avg)
+    assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)  # not moved by the bmuf runs
+    assert fit["collective"]["bandwidth_bytes_per_s"] == pytest.approx(AR_BETA, rel=1e-6)
+    assert (fit["model_average"]["fixed_s"], fit["model_average"]["s_per_byte"]) == pytest.approx(fold, rel=1e-6)
+    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    assert cfg.platform.model_average_s == pytest.approx(fold[0], rel=1e-6)
+    assert cfg.platform.model_average_s_per_byte == pytest.approx(fold[1], rel=1e-6)
+    assert calibrate_runs(runs)["model_average"] is None
+    with pytest.raises(ConfigError, match="without model averaging"):
+        calibrate_runs(avg)

@@ -124,3 +124,26 @@ def test_collective_link_prices_allreduces_inside_a_host_only():
                     Placement.pack(p, 8))
     assert net.allreduce_s(tuple(range(8)), S, 10.0) == pytest.approx(plain.allreduce_s(tuple(range(8)), S, 10.0))
     assert net.transfer_s(0, 1, S, 20.0) == pytest.approx(plain.transfer_s(0, 1, S, 20.0))
+
+
+@pytest.mark.parametrize("cpu", [None, HostCPU(cores_per_host=2)], ids=["cores-free", "2-cores"])
+def test_bmuf_model_allreduce_adds_the_fold_of_the_average(cpu):
+    """A model allreduce costs the ring plus ``model_average_s + model_average_s_per_byte * S``,
+    stretched by ``n / cores`` when every member folds at once on an oversubscribed host; gradient
+    allreduces (ssgd) do not pay it."""
+    import dataclasses
+
+    n, a, b = 4, 1e-3, 1e-9
+    p = dataclasses.replace(one_host(n, cpu), model_average_s=a, model_average_s_per_byte=b)
+    w = Workload(n_params=250_000, itemsize=8, compute="0.05", reference_batch=8, batch_per_worker=8)
+    S = w.payload_bytes
+    ring = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    fold = (a + b * S) * (1.0 if cpu is None else n / 2)
+    res = simulate(make_algorithm("bmuf", n_workers=n, period=4), p, w, steps=12)
+    c = res.trace[res.trace["phase"] == PHASES["comm"]]
+    np.testing.assert_allclose(c["end_s"] - c["start_s"], ring + fold, rtol=1e-9)
+    res = simulate(make_algorithm("ssgd", n_workers=n), p, w, steps=6)
+    c = res.trace[res.trace["phase"] == PHASES["comm"]]
+    np.testing.assert_allclose(c["end_s"] - c["start_s"], ring, rtol=1e-9)
+    with pytest.raises(ConfigError, match=r"model_average_s \(-1\.0\) must be >= 0"):
+        Platform(model_average_s=-1.0)
