@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
               f"{co['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({co['samples']} allreduces, rms residual "
               f"{co['rms_residual_s'] * 1e3:.3g} ms)" if co else
               "allreduce: the link (too few allreduce or pairwise payload sizes to fit it apart)")
+        avg = fit.get("model_average")
+        if avg:
+            print(f"model average (fold of the mean, beyond the allreduce): {avg['fixed_s'] * 1e3:.3g} ms + "
+                  f"{avg['s_per_byte'] * 1e9:.3g} ns per byte ({avg['runs']} bmuf/bsp runs)")
         if fit["server"]:
             print(f"server: service overhead {fit['server']['service_overhead_s'] * 1e3:.3g} ms")
         cpu = fit["host_cpu"]
