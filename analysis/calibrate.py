@@ -34,7 +34,8 @@ from scipy import stats
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import PHASES
 
-__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "calibrate_runs", "platform_toml", "write_platform", "MIN_RECORDS",
+__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "calibrate_runs", "platform_toml",
+           "write_platform", "MIN_RECORDS",
            "PAIRWISE_QUANTILE", "SERVER_QUANTILE"]
 
 MIN_RECORDS = 8
@@ -409,7 +410,8 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
     what one worker gets, it is not shared again); the fitted link is both ``pcie`` and ``nic``,
     staging ``direct``; the server is the fitted link plus the fitted service overhead; with a
     ``host_cpu`` fit, ``[platform.host_cpu]`` (the host's cores and the CPU work of
-    communication); with a ``collective`` fit, ``[platform.collective]`` (the allreduce's own link). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
+    communication); with a ``collective`` fit, ``[platform.collective]`` (the allreduce's own
+    link). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
     runs' payload) with the fitted compute distribution at ``batch``. The residuals are TOML
     comments (the loader rejects unknown tables).
     """

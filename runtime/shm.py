@@ -41,7 +41,8 @@ Allreduce (``allreduce_sum``; ``allreduce_mean`` divides the sum)
     chunk :math:`i` of the others and sums the chunk in group order,
     :math:`((x_{g_0} + x_{g_1}) + x_{g_2}) + \dots` (barrier); every member reads the others'
     summed chunks (barrier); a tensor whose chunks outgrow the region (the scratch of the
-    others' chunks) goes in pieces that fit it, each piece so. Two copies: every member copies its tensor into its region
+    others' chunks) goes in pieces that fit it, each piece so. Two copies: every member copies
+    its tensor into its region
     (barrier), then sums all of them in group order (barrier). Either way each element is summed
     in one fixed order, so results are deterministic and bit-identical on every rank (gloo's ring
     sums in an order of its own: equal to rounding).

@@ -198,7 +198,7 @@ class _Sim:
         if entry[1] == len(group):
             del self.coll[key]
             dur = self.net.allreduce_s(group, self.S, env.now) if kind == _K_ALLREDUCE else 0.0
-            if kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "model":  # the fold of the average into each member
+            if kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "model":  # fold the mean into each member
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             # trigger the shared completion event ``dur`` from now: one event for the whole group
             ev._ok = True
