@@ -341,18 +341,17 @@ def _fit_model_average(runs: list[Any], link: dict[str, Any], *, warmup_steps: i
     r"""Host work of folding an averaged model back (``[platform] model_average_s``, ``_s_per_byte``)
     from model-averaging runs (:data:`MODEL_AVERAGING`): their allreduce records hold the clone,
     the allreduce and the algorithm's combine, so per run the median span beyond the ring model
-    of ``link``, then :math:`a + bS` over the runs' payloads (:func:`fit_overhead_per_byte`).
-    ``None`` without such runs."""
+    of ``link`` (:func:`psgdlab.analysis.cores.span_excess`), then :math:`a + bS` over the runs'
+    payloads (:func:`fit_overhead_per_byte`). ``None`` without such runs."""
+    from psgdlab.analysis.cores import span_excess
+
     pts = []
     for r in runs:
-        step, wire, n, cost = allreduce_spans(r)
-        ok = step >= warmup_steps
         S = _payload_of(r)
-        if not np.any(ok) or not S:
-            continue
-        n_w = float(n[ok][0])
-        ring = 2 * (n_w - 1) * link["latency_s"] + 2 * (n_w - 1) / n_w * S / link["bandwidth_bytes_per_s"]
-        pts.append((float(S), max(float(np.median(cost[ok])) - ring, 0.0)))
+        got = span_excess(r, allreduce_spans, n_workers=_workers_of(r), payload_bytes=float(S or 0), link=link,
+                          warmup_steps=warmup_steps) if S else None
+        if got is not None:
+            pts.append((float(S), got[0]))
     if not pts:
         return None
     fixed, per_byte = fit_overhead_per_byte(pts)

@@ -35,7 +35,7 @@ from scipy.optimize import nnls
 
 from psgdlab.core.errors import ConfigError
 
-__all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of"]
+__all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of", "span_excess"]
 
 
 def cores_of(runs: list[Any]) -> int | None:
@@ -46,6 +46,22 @@ def cores_of(runs: list[Any]) -> int | None:
         raise ConfigError(f"the runs come from machines with different core counts {sorted(counts)}; "
                           "calibrate one machine at a time")
     return counts.pop() if counts else None
+
+
+def span_excess(run: Any, spans: Callable[[Any], tuple], *, n_workers: int, payload_bytes: float,
+                link: dict[str, Any], warmup_steps: int) -> tuple[float, int] | None:
+    r"""How much the median allreduce over all ``n_workers`` of ``run`` (after ``warmup_steps``)
+    outlasts the ring model of ``link``, :math:`2(n-1)\alpha + 2(n-1)/n \cdot S/\beta` (at least 0),
+    and the allreduces behind it; ``None`` without such allreduces. ``spans`` as in
+    :func:`fit_host_cpu`."""
+    step, _, n, span = spans(run)
+    sel = (step >= warmup_steps) & (n == n_workers)
+    records = int(np.count_nonzero(sel))
+    if records == 0:
+        return None
+    ring = (2 * (n_workers - 1) * link["latency_s"]
+            + 2 * (n_workers - 1) / n_workers * payload_bytes / link["bandwidth_bytes_per_s"])
+    return max(float(np.median(span[sel])) - ring, 0.0), records
 
 
 def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int) -> dict[str, Any]:
@@ -77,21 +93,18 @@ def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Ca
     ``spans(run)`` returns ``(step, wire bytes, group size, span)`` per allreduce
     (:func:`psgdlab.analysis.calibrate.allreduce_spans`); only whole-run groups are used.
     """
-    lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
     n_pts, s_pts, y_pts, records = [], [], [], 0
     for run in runs:
         n_w, S = workers_of(run), payload_of(run)
         if not S:
             raise ConfigError(f"{run.path}: the run does not record its payload (payload_bytes)")
-        step, _, n, span = spans(run)
-        sel = (step >= warmup_steps) & (n == n_w)
-        if np.count_nonzero(sel) == 0:
+        got = span_excess(run, spans, n_workers=n_w, payload_bytes=S, link=link, warmup_steps=warmup_steps)
+        if got is None:
             continue
-        records += int(np.count_nonzero(sel))
-        link_s = 2 * (n_w - 1) * lat + 2 * (n_w - 1) / n_w * S / bw
+        records += got[1]
         n_pts.append(float(n_w))
         s_pts.append(float(S))
-        y_pts.append(max(float(np.median(span[sel])) - link_s, 0.0))
+        y_pts.append(got[0])
     if records < 8:
         raise ConfigError(f"too little data to fit the CPU work of communication: {records} allreduces over all "
                           "workers in the runs with more workers than cores (need >= 8)")

@@ -51,7 +51,7 @@ class Network:
         self.platform = platform
         self.placement = placement
         self._n_hosts = platform.hosts
-        self._flows: dict[int, list[list[float]]] = {}
+        self._flows: dict[int, list[list[float]]] = {}  # per link: [start, end, 1.0]
         self._pcie_bw = platform.pcie.bandwidth_bytes_per_s
         self._nic_bw = platform.nic.bandwidth_bytes_per_s
         self._host = placement.host
@@ -69,16 +69,11 @@ class Network:
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
-        flows = self._flows.get(link)
-        if not flows:
-            return 0
-        if len(flows) > 8:  # drop finished flows
-            flows[:] = [f for f in flows if f[1] > t]
-        return sum(1 for f in flows if f[0] <= t < f[1])
+        return int(_running(self._flows.get(link), t, keep=8))
 
     def _register(self, links: tuple[int, ...], start: float, end: float) -> None:
         for link in links:
-            self._flows.setdefault(link, []).append([start, end])
+            self._flows.setdefault(link, []).append([start, end, 1.0])
 
     def _share(self, links: tuple[int, ...], caps: tuple[float, ...], t: float) -> float:
         bw = float("inf")
@@ -90,12 +85,14 @@ class Network:
 
     # ----- host cores ------------------------------------------------------------------------
     def _cpu_holders(self, host: int, t: float) -> float:
-        flows = self._cpu_flows.get(host)
-        if not flows:
-            return 0.0
-        if len(flows) > 16:  # drop finished work
-            flows[:] = [f for f in flows if f[1] > t]
-        return sum(f[2] for f in flows if f[0] <= t < f[1])
+        return _running(self._cpu_flows.get(host), t, keep=16)
+
+    def _per_host(self, ranks: Any) -> dict[int, int]:
+        """Processes of ``ranks`` on each host."""
+        out: dict[int, int] = {}
+        for r in ranks:
+            out[self._host[r]] = out.get(self._host[r], 0) + 1
+        return out
 
     def _cpu_wait(self, members: dict[int, int], work_s: float, start: float, dur: float) -> float:
         r"""``dur`` plus the stretch of ``work_s`` of CPU work per member when its hosts are
@@ -112,10 +109,6 @@ class Network:
         for host, count in members.items():
             self._cpu_flows.setdefault(host, []).append([start, start + dur, float(count)])
         return dur
-
-    def _pair_members(self, a: int, b: int) -> dict[int, int]:
-        ha, hb = self._host[a], self._host[b]
-        return {ha: 2} if ha == hb else {ha: 1, hb: 1}
 
     # ----- point to point ---------------------------------------------------------------------
     def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float, bool]:
@@ -137,7 +130,7 @@ class Network:
         bw = self._share(links, caps, start) if links else self._intra_bw
         dur = lat + nbytes / bw
         if self._cpu is not None:
-            dur = self._cpu_wait(self._pair_members(a, b), self._cpu.work_s(1, nbytes), start, dur)
+            dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
         if links:
             self._register(links, start, start + dur)
         return dur
@@ -168,7 +161,7 @@ class Network:
             self._register(copy_links, t, t + h2d)
             dur = d2h + net + cpu + h2d
             if self._cpu is not None:
-                dur = self._cpu_wait(self._pair_members(a, b), self._cpu.work_s(1, nbytes), start, dur)
+                dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
         if gather > 1:
             dur += self.allgather_s(a, gather, model_bytes)
         return dur
@@ -216,7 +209,7 @@ class Network:
             coll = self.platform.collective
             if coll is not None and not spans:  # the implementation's own collective, measured as such
                 intra, lat = coll.bandwidth_bytes_per_s, coll.latency_s
-            members = {h: len(m) for h, m in by_host.items()}
+            members = self._per_host(group)
             info = (links, intra, lat, members, spans)
             self._cache[key] = info
         links, intra, lat, members, spans = info
@@ -239,10 +232,7 @@ class Network:
         work = p.model_average_s + p.model_average_s_per_byte * nbytes
         if work <= 0.0 or self._cpu is None:
             return work
-        members: dict[int, int] = {}
-        for r in group:
-            members[self._host[r]] = members.get(self._host[r], 0) + 1
-        return self._cpu_wait(members, work, start, work)
+        return self._cpu_wait(self._per_host(group), work, start, work)
 
     # ----- parameter server -------------------------------------------------------------------
     def server_s(self, nbytes: float, *, rank: int | None = None, start: float | None = None) -> float:
@@ -267,3 +257,13 @@ class Network:
             return 0.0
         share = self._pcie_bw / self._per_socket[self._socket[rank]]
         return self.platform.pcie.latency_s + nbytes / share
+
+
+def _running(flows: list[list[float]] | None, t: float, *, keep: int) -> float:
+    """Total weight of the ``[start, end, weight]`` entries of ``flows`` running at ``t``; once
+    there are more than ``keep``, the finished ones are dropped first."""
+    if not flows:
+        return 0.0
+    if len(flows) > keep:
+        flows[:] = [f for f in flows if f[1] > t]
+    return sum(f[2] for f in flows if f[0] <= t < f[1])
