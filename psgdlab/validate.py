@@ -3,8 +3,9 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 ``psgdlab validate`` (and :func:`validate`) runs, into ``OUT/``::
 
     OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd with 2 workers at
-                             half and 1.5 times the cases' size, easgd at both for the server, bmuf
-                             at both for the fold of the averaged model; ssgd with twice as many
+                             half and 1.5 times the cases' size, default_calibration_dims; easgd
+                             at both for the server, bmuf at both for the fold of the averaged
+                             model; ssgd with twice as many
                              workers as cores at the same two sizes, for the CPU work of
                              communication, when a case has more workers than cores): never a
                              validated case (other payload sizes)
@@ -48,7 +49,7 @@ from typing import Any, Callable
 from psgdlab.core.errors import require
 from psgdlab.core.trace import atomic_write_json
 
-__all__ = ["ValidateConfig", "validate", "case_name", "ALGORITHM_CASES", "TARGETS"]
+__all__ = ["ValidateConfig", "validate", "case_name", "default_calibration_dims", "ALGORITHM_CASES", "TARGETS"]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
 ALGORITHM_CASES = {
@@ -76,9 +77,7 @@ class ValidateConfig:
     calibration_steps: int = 40
     batch: int = 1
     dim: int = 250_000
-    #: default ``(dim // 2, 3 * dim // 2)``: exchange costs are not linear in the size on this
-    #: machine (2-rank allreduce spans 0.5, 2.9 and 3.8 ms at 0.4, 2 and 4 MB), so the straight
-    #: line the simulator takes is fitted close around the cases' size
+    #: default :func:`default_calibration_dims` of ``dim``
     calibration_dims: tuple[int, int] | None = None
     gpus_per_node: int = 2
     seed: int = 0
@@ -96,7 +95,7 @@ class ValidateConfig:
         require(self.calibration_steps >= 10, "calibration_steps", self.calibration_steps, "must be >= 10")
         require(isinstance(self.dim, int) and self.dim >= 4, "dim", self.dim, "must be an integer >= 4")
         if self.calibration_dims is None:
-            object.__setattr__(self, "calibration_dims", (self.dim // 2, 3 * self.dim // 2))
+            object.__setattr__(self, "calibration_dims", default_calibration_dims(self.dim))
         require(len(set(self.calibration_dims)) == 2, "calibration_dims", self.calibration_dims,
                 "must be two different sizes (latency and bandwidth cannot be separated otherwise)")
         require(self.dim not in self.calibration_dims, "dim", self.dim,
@@ -105,6 +104,24 @@ class ValidateConfig:
                 "must be an integer >= 1")
         require(self.min_idle_cores >= 0, "min_idle_cores", self.min_idle_cores, "must be >= 0")
         require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
+
+
+#: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
+#: and 1.5 times its size cannot separate bandwidth from latency (8 and 24 KB gave negative
+#: bandwidths), so the wide fixed pair is used
+MIN_BRACKETED_DIM = 100_000
+
+
+def default_calibration_dims(dim: int) -> tuple[int, int]:
+    """The calibration runs' sizes for cases of ``dim`` parameters: ``(dim // 2, 3 * dim // 2)``
+    -- exchange costs are not linear in the size on this machine (2-rank allreduce spans 0.5,
+    2.9 and 3.8 ms at 0.4, 2 and 4 MB), so the straight line the simulator takes is fitted close
+    around the cases' size -- or ``(50_000, 500_000)`` below :data:`MIN_BRACKETED_DIM`.
+
+    >>> default_calibration_dims(250_000), default_calibration_dims(2_000)
+    ((125000, 375000), (50000, 500000))
+    """
+    return (dim // 2, 3 * dim // 2) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
 
 
 def case_name(name: str, workers: int, straggler: str) -> str:

@@ -21,6 +21,7 @@ def test_validate_config_checks(tmp_path):
     with pytest.raises(ConfigError, match=r"dim \(50000\) must differ from the calibration sizes"):
         ValidateConfig(out=str(tmp_path), dim=50_000, calibration_dims=(50_000, 500_000))
     assert ValidateConfig(out=str(tmp_path), dim=250_000).calibration_dims == (125_000, 375_000)
+    assert ValidateConfig(out=str(tmp_path), dim=2_000).calibration_dims == (50_000, 500_000)  # latency-bound
     with pytest.raises(ConfigError, match="min_idle_cores"):
         ValidateConfig(out=str(tmp_path), min_idle_cores=-1)
     assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="steps per worker of each case (about 4 s: one stall of another process weighs less)")
     p.add_argument("--dim", type=int, default=250_000,
                    help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 times as "
-                        "many)")
+                        "many; below 100000, 50000 and 500000)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
                         "calibration also runs ssgd with twice as many workers as cores")
