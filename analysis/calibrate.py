@@ -6,8 +6,10 @@ r"""Fitting a platform profile from measured traces.
   Kolmogorov–Smirnov distance between the sample and the fitted law as the residual.
 - :func:`fit_link`: latency :math:`\alpha` and bandwidth :math:`\beta` of one link class from
   exchanges of different sizes, by least squares on the cost model of each exchange kind
-  (pairwise: :math:`t = \alpha + S/\beta`; ring allreduce over ``n``:
-  :math:`t = 2(n-1)\alpha + 2(n-1)/n \cdot S/\beta`), with per-record residuals.
+  (pairwise: :math:`t = \alpha + S/\beta`; allreduce over ``n``:
+  :math:`t = R(n)\alpha + 2(n-1)/n \cdot S/\beta` with :math:`R` the rounds of the
+  implementation's schedule, :func:`psgdlab.core.exchange.allreduce_rounds`: :math:`2(n-1)` for a
+  ring), with per-record residuals.
 
 Both refuse to guess: too few records, a single payload size (bandwidth and latency cannot be
 separated), or a negative fitted bandwidth raise :class:`psgdlab.core.errors.ConfigError` saying
@@ -32,9 +34,11 @@ import numpy as np
 from scipy import stats
 
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS, allreduce_rounds
 from psgdlab.core.trace import PHASES
 
 __all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "calibrate_runs", "platform_toml",
+           "allreduce_algorithm_of",
            "write_platform", "MIN_RECORDS",
            "PAIRWISE_QUANTILE", "SERVER_QUANTILE"]
 
@@ -73,7 +77,8 @@ def fit_compute_time(trace: np.ndarray, *, warmup_steps: int = 2) -> dict[str, A
 
 
 def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes: np.ndarray | None = None,
-             pairwise: np.ndarray | None = None, records: int | None = None) -> dict[str, Any]:
+             pairwise: np.ndarray | None = None, records: int | None = None,
+             algorithm: str = "ring") -> dict[str, Any]:
     r"""Least-squares latency and bandwidth from exchange durations and payloads.
 
     Parameters
@@ -83,11 +88,14 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     group_sizes : array, optional
         Ranks in each exchange's allreduce group (``None`` or 2 entries mean pairwise exchanges).
     pairwise : bool array, optional
-        Marks the pairwise exchanges explicitly; every other entry is then a ring allreduce over
+        Marks the pairwise exchanges explicitly; every other entry is then an allreduce over
         its ``group_sizes`` entry, a group of 2 included (:math:`2\alpha + S/\beta`).
     records : int, optional
         Measured exchanges behind the entries when each entry summarizes several (default: one
         each); at least :data:`MIN_RECORDS` are needed.
+    algorithm : str
+        The allreduces' schedule (:data:`psgdlab.core.exchange.ALLREDUCE_ALGORITHMS`), which sets
+        their latency rounds; alike for groups of 2.
     """
     t = np.asarray(durations_s, dtype=float)
     S = np.asarray(payload_bytes, dtype=float)
@@ -104,7 +112,8 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     else:
         n = np.asarray(group_sizes, dtype=float)
         pair = n <= 2 if pairwise is None else np.asarray(pairwise, dtype=bool)
-        a_coef = np.where(pair, 1.0, 2 * (n - 1))
+        rounds = np.array([allreduce_rounds(int(k), algorithm) if k > 1 else 0 for k in n], dtype=float)
+        a_coef = np.where(pair, 1.0, rounds)
         b_coef = np.where(pair, S, 2 * (n - 1) / n * S)
     X = np.column_stack([a_coef, b_coef])
     (alpha, inv_beta), *_ = np.linalg.lstsq(X, t, rcond=None)
@@ -205,8 +214,8 @@ def _link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
     return tuple(np.array(c, dtype=t) for c, t in zip(cols, (float, float, float, bool, int)))
 
 
-def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray,
-              rec: np.ndarray) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec: np.ndarray, *,
+              algorithm: str = "ring") -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
     points of :func:`_link_samples` (durations, payloads, group sizes, pairwise mask, records).
 
@@ -215,13 +224,14 @@ def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray,
     same bytes): with at least two payload sizes and :data:`MIN_RECORDS` records of each kind,
     the pairwise points fit the link and the allreduce points the collective; otherwise one fit
     over every point is the link and the collective is ``None`` (the simulator then derives it
-    from the link).
+    from the link). ``algorithm``: the allreduces' schedule, as in :func:`fit_link`.
     """
     def enough(sel: np.ndarray) -> bool:
         return np.unique(S[sel]).size >= 2 and int(rec[sel].sum()) >= MIN_RECORDS
 
     def one(sel: np.ndarray) -> dict[str, Any]:
-        fit = fit_link(t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()))
+        fit = fit_link(t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()),
+                       algorithm=algorithm)
         fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
         fit["pairwise_samples"] = int(rec[sel & pair].sum())
         fit["payload_sizes_bytes"] = sorted({int(x) for x in S[sel]})
@@ -320,24 +330,43 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     if not plain:
         raise ConfigError("the link is fitted from runs without model averaging (ssgd, adpsgd, easgd, ...); "
                           f"every run with at most {cores} workers is {'/'.join(MODEL_AVERAGING)}")
+    algorithm = allreduce_algorithm_of(runs)
     parts = [_link_samples(r, warmup_steps=warmup_steps) for r in plain]
-    link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
-    model_average = _fit_model_average(averaging, collective or link, warmup_steps=warmup_steps)
+    link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)), algorithm=algorithm)
+    model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)
     host_cpu = None
     if busy:
         host_cpu = fit_host_cpu(busy, cores=int(cores), link=collective or link, spans=allreduce_spans,
-                                payload_of=_payload_of, workers_of=_workers_of, warmup_steps=warmup_steps)
+                                payload_of=_payload_of, workers_of=_workers_of, warmup_steps=warmup_steps,
+                                algorithm=algorithm)
     payloads = [p for p in (_payload_of(r) for r in free) if p]
     itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
     batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
     return {"compute": compute, "link": link, "collective": collective, "server": server, "host_cpu": host_cpu,
-            "model_average": model_average, "cores": cores,
+            "model_average": model_average, "cores": cores, "allreduce_algorithm": algorithm,
             "runs": [str(r.path) for r in runs], "payload_bytes": payloads, "itemsize": max(itemsizes) or None,
             "batch": max(batches) or None, "max_workers": max(_workers_of(r) for r in runs)}
 
 
-def _fit_model_average(runs: list[Any], link: dict[str, Any], *, warmup_steps: int) -> dict[str, Any] | None:
+def allreduce_algorithm_of(runs: list[Any]) -> str:
+    """The allreduce schedule the runs' transport used (``allreduce_algorithm`` of the trace
+    metadata, :data:`psgdlab.core.exchange.ALLREDUCE_ALGORITHMS`): the latency rounds of the
+    fits depend on it. Runs that do not record it (older runs, other tools) say nothing; none
+    recording it means ``ring``. Runs of different schedules are refused: the fit would mix
+    two cost laws."""
+    said = {str(a) for r in runs if (a := r.meta.get("allreduce_algorithm") or r.summary.get("allreduce_algorithm"))}
+    for a in said:
+        if a not in ALLREDUCE_ALGORITHMS:
+            raise ConfigError(f"allreduce_algorithm {a!r} of the runs is not one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    if len(said) > 1:
+        raise ConfigError(f"the runs used different allreduce schedules {sorted(said)} (a transport each); "
+                          "calibrate the runs of one transport at a time")
+    return said.pop() if said else "ring"
+
+
+def _fit_model_average(runs: list[Any], link: dict[str, Any], *, algorithm: str = "ring",
+                       warmup_steps: int) -> dict[str, Any] | None:
     r"""Host work of folding an averaged model back (``[platform] model_average_s``, ``_s_per_byte``)
     from model-averaging runs (:data:`MODEL_AVERAGING`): their allreduce records hold the clone,
     the allreduce and the algorithm's combine, so per run the median span beyond the ring model
@@ -349,7 +378,7 @@ def _fit_model_average(runs: list[Any], link: dict[str, Any], *, warmup_steps: i
     for r in runs:
         S = _payload_of(r)
         got = span_excess(r, allreduce_spans, n_workers=_workers_of(r), payload_bytes=float(S or 0), link=link,
-                          warmup_steps=warmup_steps) if S else None
+                          warmup_steps=warmup_steps, algorithm=algorithm) if S else None
         if got is not None:
             pts.append((float(S), got[0]))
     if not pts:
@@ -410,7 +439,7 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
     staging ``direct``; the server is the fitted link plus the fitted service overhead; with a
     ``host_cpu`` fit, ``[platform.host_cpu]`` (the host's cores and the CPU work of
     communication); with a ``collective`` fit, ``[platform.collective]`` (the allreduce's own
-    link). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
+    link); ``allreduce``, the runs' schedule (:func:`allreduce_algorithm_of`). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
     runs' payload) with the fitted compute distribution at ``batch``. The residuals are TOML
     comments (the loader rejects unknown tables).
     """
@@ -476,6 +505,7 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
           if srv and srv.get("memory_bandwidth_bytes_per_s") else []),
         *([f"model_average_s = {float(avg['fixed_s'])!r}", f"model_average_s_per_byte = {float(avg['s_per_byte'])!r}"]
           if avg else []),
+        f'allreduce = "{calibration.get("allreduce_algorithm") or "ring"}"',
         'staging = "direct"',
         "",
     ]

@@ -1,15 +1,17 @@
 r"""Fitting the CPU work of communication from runs with more workers than cores.
 
 The simulator's *host cores* model (``[platform.host_cpu]``, see :mod:`psgdlab.sim.platform`):
-a ring allreduce over ``n`` workers of one host with ``c`` cores, which takes :math:`T(n, S)` on
+an allreduce over ``n`` workers of one host with ``c`` cores, which takes :math:`T(n, S)` on
 the links when every worker has a core, takes
 
 .. math::
     T(n, S) + \max(0, n/c - 1)\,W(n, S), \qquad
-    W(n, S) = 2(n-1)\,w_m + \frac{2(n-1)}{n} S\, w_b
+    W(n, S) = M(n)\,w_m + \frac{2(n-1)}{n} S\, w_b
 
 when its ``n`` workers share the ``c`` cores, with :math:`w_m` the CPU work per message sent
-(``work_per_message_s``) and :math:`w_b` per byte sent (``work_per_byte_s``).
+(``work_per_message_s``), :math:`M(n)` the messages of the schedule (:math:`2(n-1)` for a ring,
+:func:`psgdlab.core.exchange.allreduce_messages`) and :math:`w_b` per byte sent
+(``work_per_byte_s``).
 :func:`fit_host_cpu` measures them: in runs with more workers than cores, the excess of each
 allreduce's span over the link model :math:`T` (fitted from runs with at most ``c`` workers) is
 linear in :math:`(w_m, w_b)`; per run and payload size the median excess (the machine is shared:
@@ -34,6 +36,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import allreduce_messages, allreduce_s
 
 __all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of", "span_excess"]
 
@@ -49,23 +52,25 @@ def cores_of(runs: list[Any]) -> int | None:
 
 
 def span_excess(run: Any, spans: Callable[[Any], tuple], *, n_workers: int, payload_bytes: float,
-                link: dict[str, Any], warmup_steps: int) -> tuple[float, int] | None:
+                link: dict[str, Any], warmup_steps: int, algorithm: str = "ring") -> tuple[float, int] | None:
     r"""How much the median allreduce over all ``n_workers`` of ``run`` (after ``warmup_steps``)
-    outlasts the ring model of ``link``, :math:`2(n-1)\alpha + 2(n-1)/n \cdot S/\beta` (at least 0),
-    and the allreduces behind it; ``None`` without such allreduces. ``spans`` as in
-    :func:`fit_host_cpu`."""
+    outlasts the model of ``link``, :math:`R(n)\alpha + 2(n-1)/n \cdot S/\beta` with :math:`R` the
+    rounds of ``algorithm`` (:func:`psgdlab.core.exchange.allreduce_s`; at least 0), and the
+    allreduces behind it; ``None`` without such allreduces. ``spans`` as in :func:`fit_host_cpu`."""
     step, _, n, span = spans(run)
     sel = (step >= warmup_steps) & (n == n_workers)
     records = int(np.count_nonzero(sel))
     if records == 0:
         return None
-    ring = (2 * (n_workers - 1) * link["latency_s"]
-            + 2 * (n_workers - 1) / n_workers * payload_bytes / link["bandwidth_bytes_per_s"])
-    return max(float(np.median(span[sel])) - ring, 0.0), records
+    model = allreduce_s(n_workers, payload_bytes, link["bandwidth_bytes_per_s"], link["latency_s"], algorithm)
+    return max(float(np.median(span[sel])) - model, 0.0), records
 
 
-def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int) -> dict[str, Any]:
-    r"""Non-negative least squares of ``excess = max(0, n/c - 1) W(n, S)`` for :math:`(w_m, w_b)`."""
+def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int,
+                   algorithm: str = "ring") -> dict[str, Any]:
+    r"""Non-negative least squares of ``excess = max(0, n/c - 1) W(n, S)`` for :math:`(w_m, w_b)`
+    (the messages of ``algorithm``'s schedule in place of :math:`2(n-1)`,
+    :func:`psgdlab.core.exchange.allreduce_messages`)."""
     n, S, y = (np.asarray(x, dtype=float) for x in (n, payload_bytes, excess_s))
     over = n / cores - 1.0
     if np.any(over <= 0):
@@ -74,7 +79,8 @@ def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarra
     if np.unique(S).size < 2:
         raise ConfigError("cannot separate the CPU work per message from the work per byte with a single payload "
                           "size; run the oversubscribed calibration at two sizes")
-    X = np.column_stack([over * 2 * (n - 1), over * 2 * (n - 1) / n * S])
+    messages = np.array([allreduce_messages(int(k), algorithm) for k in n], dtype=float)
+    X = np.column_stack([over * messages, over * 2 * (n - 1) / n * S])
     scale = X.max(axis=0)
     coef, _ = nnls(X / scale, y)
     coef = coef / scale
@@ -86,7 +92,7 @@ def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarra
 
 def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Callable[[Any], tuple],
                  payload_of: Callable[[Any], int | None], workers_of: Callable[[Any], int],
-                 warmup_steps: int = 2) -> dict[str, Any]:
+                 warmup_steps: int = 2, algorithm: str = "ring") -> dict[str, Any]:
     """Fit :math:`(w_m, w_b)` from the allreduce spans of ``runs`` (each with more workers than
     ``cores``, all on one host) over the fitted ``link`` (module docstring).
 
@@ -98,7 +104,8 @@ def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Ca
         n_w, S = workers_of(run), payload_of(run)
         if not S:
             raise ConfigError(f"{run.path}: the run does not record its payload (payload_bytes)")
-        got = span_excess(run, spans, n_workers=n_w, payload_bytes=S, link=link, warmup_steps=warmup_steps)
+        got = span_excess(run, spans, n_workers=n_w, payload_bytes=S, link=link, warmup_steps=warmup_steps,
+                          algorithm=algorithm)
         if got is None:
             continue
         records += got[1]
@@ -108,7 +115,7 @@ def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Ca
     if records < 8:
         raise ConfigError(f"too little data to fit the CPU work of communication: {records} allreduces over all "
                           "workers in the runs with more workers than cores (need >= 8)")
-    fit = solve_host_cpu(np.array(n_pts), np.array(s_pts), np.array(y_pts), cores=cores)
+    fit = solve_host_cpu(np.array(n_pts), np.array(s_pts), np.array(y_pts), cores=cores, algorithm=algorithm)
     fit["records"] = records
     fit["median_excess_s"] = [round(y, 6) for y in y_pts]
     return fit

@@ -45,6 +45,10 @@ __all__ = [
     "EXCHANGE_KINDS",
     "kind_name",
     "wire_bytes",
+    "ALLREDUCE_ALGORITHMS",
+    "allreduce_rounds",
+    "allreduce_messages",
+    "allreduce_s",
 ]
 
 Phase: TypeAlias = Literal["grad", "mix", "post"]
@@ -204,3 +208,59 @@ def wire_bytes(exchange: Exchange, n_params: int, itemsize: int = 4) -> tuple[in
     if isinstance(exchange, ServerExchange):
         return size, size
     return 0, 0
+
+
+#: how an implementation's allreduce is scheduled, which sets how its latency grows with the group
+#: (every one moves :math:`2(n-1)/n \cdot S` per rank, :func:`wire_bytes`):
+#: ``ring`` -- reduce-scatter then allgather around a ring, :math:`2(n-1)` rounds (NCCL's ring,
+#: gloo's allreduce); ``halving-doubling`` -- recursive halving then doubling (Rabenseifner; MPICH
+#: and Open MPI for large messages), :math:`2\lceil\log_2 n\rceil` rounds; ``direct`` -- every member
+#: reads its chunk of every other member's buffer and then the others' reduced chunks, two rounds
+#: whatever ``n`` (one host's shared memory: psgdlab's data plane, ASTRA-sim's "direct")
+ALLREDUCE_ALGORITHMS = ("ring", "halving-doubling", "direct")
+
+
+def allreduce_rounds(n: int, algorithm: str = "ring") -> int:
+    """Latency rounds of an allreduce over ``n`` ranks (:data:`ALLREDUCE_ALGORITHMS`; 0 for one).
+
+    >>> [allreduce_rounds(8, a) for a in ALLREDUCE_ALGORITHMS]
+    [14, 6, 2]
+    >>> {allreduce_rounds(2, a) for a in ALLREDUCE_ALGORITHMS}  # alike for a pair
+    {2}
+    """
+    require(algorithm in ALLREDUCE_ALGORITHMS, "allreduce algorithm", algorithm,
+            f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    if n <= 1:
+        return 0
+    if algorithm == "ring":
+        return 2 * (n - 1)
+    if algorithm == "halving-doubling":
+        return 2 * (n - 1).bit_length()  # 2 ceil(log2 n)
+    return 2
+
+
+def allreduce_messages(n: int, algorithm: str = "ring") -> int:
+    """Messages one rank sends (or, ``direct``, reads) in an allreduce over ``n`` ranks: the
+    rounds, except ``direct``, which reads from each of the other :math:`n-1` members twice.
+
+    >>> [allreduce_messages(8, a) for a in ALLREDUCE_ALGORITHMS]
+    [14, 6, 14]
+    """
+    rounds = allreduce_rounds(n, algorithm)
+    return 2 * (n - 1) if algorithm == "direct" else rounds
+
+
+def allreduce_s(n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float,
+                algorithm: str = "ring") -> float:
+    r"""Allreduce time :math:`2(n-1)/n \cdot S/B + R(n)\,\alpha` with :math:`R` =
+    :func:`allreduce_rounds` (0 for one member).
+
+    >>> round(allreduce_s(8, 172.5e6, 12.5e9, 0.0) * 1e3, 1)  # ALGORITHMS.md D.4: 24.2 ms
+    24.2
+    >>> round(allreduce_s(4, 0.0, 1e9, 1e-3, "direct") * 1e3, 1), round(allreduce_s(4, 0.0, 1e9, 1e-3) * 1e3, 1)
+    (2.0, 6.0)
+    """
+    rounds = allreduce_rounds(n, algorithm)
+    if rounds == 0:
+        return 0.0
+    return 2.0 * (n - 1) / n * payload_bytes / bandwidth_bytes_per_s + rounds * latency_s

@@ -459,7 +459,8 @@ class _Worker:
         final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
         return RankResult(rank=self.rank, trace=self.trace.array(), final_params=final,
                           trajectory=np.stack(trajectory) if trajectory else None, evaluations=[],
-                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns},
+                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns,
+                                                          "allreduce_algorithm": self.main.allreduce_algorithm},
                           snapshots=snapshots)
 
     def _post_phase(self, exchanges: tuple[Exchange, ...], s: int, staleness: int) -> int:

@@ -37,6 +37,9 @@ def _buf(t: torch.Tensor) -> np.ndarray:
 class MPITransport(Transport):
     """One channel on MPI (see :mod:`psgdlab.runtime.transport`)."""
 
+    #: MPICH (and Open MPI) reduce large messages by recursive halving then doubling (Rabenseifner)
+    allreduce_algorithm = "halving-doubling"
+
     def __init__(self, *, MPI: Any, world: Any, p2p: Any, groups: dict[tuple[int, ...], Any]) -> None:
         self._MPI = MPI
         self._world = world

@@ -311,6 +311,9 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
                                            extra={"backend": config.backend, "torch_threads": 1}))
     meta = {"source": "runtime", "n_workers": config.workers, "samples_per_step": samples,
             "algorithm": algorithm.params(), "backend": config.backend, "run_id": out.name, **(payload or {})}
+    schedules = {r.extra["allreduce_algorithm"] for r in workers if r.extra.get("allreduce_algorithm")}
+    if len(schedules) == 1:  # what psgdlab calibrate fits the allreduce's latency rounds with
+        meta["allreduce_algorithm"] = schedules.pop()
     write_trace(run / "trace.npz", trace, meta)
     to_chrome_trace(trace, run / "timeline.json", meta=meta)
     if any(r.trajectory is not None for r in workers):

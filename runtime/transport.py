@@ -74,6 +74,10 @@ class Transport(ABC):
     #: True when :meth:`allreduce_sum_async` progresses without taking CPU time from the compute
     #: (NCCL on GPUs); then the driver overlaps the gradient allreduce with the backward pass
     async_progress: bool = False
+    #: how the backend schedules an allreduce (:data:`psgdlab.core.exchange.ALLREDUCE_ALGORITHMS`),
+    #: recorded in the run's trace metadata so that ``psgdlab calibrate`` fits the latency per round
+    #: of the right schedule: gloo's and NCCL's ring by default
+    allreduce_algorithm: str = "ring"
     _world: Any  # the backend's handle for all ranks
     _groups: dict[tuple[int, ...], Any]  # the backend's handles for the groups made at start-up
 

@@ -13,12 +13,12 @@ Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start)
   host NVLink when present. With ``staging = "host"`` the pairwise average is a device-to-host
   copy, the network leg, a CPU average (:math:`3S` bytes at host memory bandwidth) and a
   host-to-device copy, one after another.
-- ring allreduce over a group: :func:`~psgdlab.sim.platform.ring_allreduce_s` with the slowest
-  link class on the ring: per-device share of each socket's PCIe (or NVLink), and each NIC
+- allreduce over a group: :func:`~psgdlab.core.exchange.allreduce_s` with the platform's
+  ``allreduce`` schedule (ring by default) and the slowest link class on the ring: per-device share of each socket's PCIe (or NVLink), and each NIC
   (shared with other flows) when the group spans hosts; a group inside one host uses
   ``platform.collective`` instead when it is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange):
-  :math:`(m-1)/m \cdot S / B + (m-1)\alpha`.
+  :math:`(m-1)/m \cdot S / B + R(m)/2 \cdot \alpha`, half the allreduce's rounds (ring: :math:`m-1`).
 - the fold of an averaged model into each member after a model allreduce:
   ``model_average_s + model_average_s_per_byte * S`` (CPU work of every member with ``host_cpu``);
 - parameter server: ``latency + S/B + service_overhead`` (+ :math:`3S` at memory bandwidth
@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from psgdlab.sim.platform import Placement, Platform, ring_allreduce_s
+from psgdlab.core.exchange import allreduce_messages, allreduce_rounds, allreduce_s
+from psgdlab.sim.platform import Placement, Platform
 
 __all__ = ["Network"]
 
@@ -185,11 +186,13 @@ class Network:
         host = self._host[rank]
         members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
         bw = self._intra_share_bw(members)
-        return (m - 1) / m * model_bytes / bw + (m - 1) * self._intra_lat
+        rounds = allreduce_rounds(m, self.platform.allreduce) // 2  # the allgather half of an allreduce
+        return (m - 1) / m * model_bytes / bw + rounds * self._intra_lat
 
     # ----- collectives ------------------------------------------------------------------------
     def allreduce_s(self, group: tuple[int, ...], nbytes: float, start: float) -> float:
-        """Ring allreduce of ``nbytes`` over ``group`` starting at ``start`` (one event)."""
+        """Allreduce of ``nbytes`` over ``group`` starting at ``start`` (one event; the platform's
+        ``allreduce`` schedule)."""
         n = len(group)
         if n <= 1:
             return 0.0
@@ -219,9 +222,11 @@ class Network:
             bw = min(bw, self._share(nic_links, (self._nic_bw,) * len(nic_links), start))
         if bw == float("inf"):
             bw = self._pcie_bw
-        dur = ring_allreduce_s(n, nbytes, bw, lat)
+        algorithm = self.platform.allreduce
+        dur = allreduce_s(n, nbytes, bw, lat, algorithm)
         if self._cpu is not None:
-            dur = self._cpu_wait(members, self._cpu.work_s(2 * (n - 1), 2 * (n - 1) / n * nbytes), start, dur)
+            work = self._cpu.work_s(allreduce_messages(n, algorithm), 2 * (n - 1) / n * nbytes)
+            dur = self._cpu_wait(members, work, start, dur)
         self._register(links, start, start + dur)
         return dur
 

@@ -58,6 +58,10 @@ Collectives use the standard formulas, one event per collective (never one per c
 with :math:`B` the slowest link class on the ring (a group that spans hosts is bounded by the
 NIC or by the per-device share of a socket's PCIe, whichever is smaller) and :math:`\alpha` its
 largest latency.
+Other schedules (``allreduce``) move the same bytes in other numbers of latency rounds:
+:math:`2\lceil\log_2 n\rceil\alpha` for ``halving-doubling``, :math:`2\alpha` for ``direct``
+(one host's shared memory: measured here, a 4-rank allreduce's fixed cost was no larger than a
+2-rank one's, where the ring formula triples it).
 
 Examples
 --------
@@ -75,6 +79,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS, allreduce_s
 
 __all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Placement", "ring_allreduce_s"]
 
@@ -151,7 +156,7 @@ class HostCPU:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Platform:
-    """A described cluster (see the module docstring).
+    r"""A described cluster (see the module docstring).
 
     Parameters
     ----------
@@ -171,10 +176,15 @@ class Platform:
     nvlink : Link or None
         Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
     collective : Link or None
-        Per device latency (per ring step) and bandwidth of a ring allreduce whose group is
+        Per device latency (per round) and bandwidth of an allreduce whose group is
         inside one host; ``None`` (default): the point-to-point links' (``nvlink``, or the
         per-device share of ``pcie``). ``psgdlab calibrate`` fits it when the measured
         allreduces and pairwise exchanges disagree.
+    allreduce : {"ring", "halving-doubling", "direct"}
+        How the implementation schedules an allreduce, which sets its latency rounds over ``n``
+        members (:func:`psgdlab.core.exchange.allreduce_rounds`: :math:`2(n-1)`,
+        :math:`2\lceil\log_2 n\rceil`, 2). Default ``"ring"`` (NCCL, gloo); ``psgdlab calibrate``
+        takes it from the runs (``direct`` for psgdlab's shared-memory data plane).
     host_memory_bandwidth_bytes_per_s : float
         Host memory bandwidth for CPU averaging and staging.
     model_average_s, model_average_s_per_byte : float
@@ -202,6 +212,7 @@ class Platform:
     nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
     nvlink: Link | None = None
     collective: Link | None = None
+    allreduce: Literal["ring", "halving-doubling", "direct"] = "ring"
     host_memory_bandwidth_bytes_per_s: float = 5e10
     model_average_s: float = 0.0
     model_average_s_per_byte: float = 0.0
@@ -219,6 +230,8 @@ class Platform:
                 "host_memory_bandwidth_bytes_per_s", self.host_memory_bandwidth_bytes_per_s,
                 "must be a positive number of bytes per second")
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
+        require(self.allreduce in ALLREDUCE_ALGORITHMS, "allreduce", self.allreduce,
+                f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
         for name in ("model_average_s", "model_average_s_per_byte"):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
@@ -229,10 +242,9 @@ class Platform:
 
 
 def ring_allreduce_s(n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
-    r"""Ring allreduce time :math:`2(n-1)/n \cdot S/B + 2(n-1)\alpha` (0 for one member)."""
-    if n <= 1:
-        return 0.0
-    return 2.0 * (n - 1) / n * payload_bytes / bandwidth_bytes_per_s + 2.0 * (n - 1) * latency_s
+    r"""Ring allreduce time :math:`2(n-1)/n \cdot S/B + 2(n-1)\alpha` (0 for one member);
+    other schedules: :func:`psgdlab.core.exchange.allreduce_s`."""
+    return allreduce_s(n, payload_bytes, bandwidth_bytes_per_s, latency_s, "ring")
 
 
 @dataclass(frozen=True, slots=True)

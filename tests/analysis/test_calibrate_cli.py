@@ -8,6 +8,7 @@ import pytest
 from psgdlab.analysis.calibrate import calibrate_runs, platform_toml
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import allreduce_messages, allreduce_rounds
 from psgdlab.core.rundir import RunDir
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
@@ -18,12 +19,12 @@ GAP = 4e-4  # host work per step between the exchanges and the next compute
 W_MSG, W_BYTE, CORES = 3e-4, 4e-9, 2  # CPU work of communication on a 2-core machine
 
 
-def ring_s(n, S):
-    return 2 * (n - 1) * AR_ALPHA + 2 * (n - 1) / n * S / AR_BETA
+def ring_s(n, S, schedule="ring"):
+    return allreduce_rounds(n, schedule) * AR_ALPHA + 2 * (n - 1) / n * S / AR_BETA
 
 
 def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8,
-              mem_bw=None, algorithm="ssgd", fold=(0.0, 0.0)):
+              mem_bw=None, algorithm="ssgd", fold=(0.0, 0.0), schedule=None):
     """A runtime-like run directory on a machine of CORES cores: compute records drawn from a
     lognormal law, exchanges of the exact cost model (allreduces over more workers than cores
     stretched by the CPU model) plus non-negative waiting (what the fit must see through)."""
@@ -54,8 +55,8 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
                     t += d
                 t += GAP
     else:  # allreduce: every member leaves when the last has arrived plus the exchange's cost
-        d = ring_s(workers, S) + max(0, workers / CORES - 1) * (
-            2 * (workers - 1) * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE)
+        d = ring_s(workers, S, schedule or "ring") + max(0, workers / CORES - 1) * (
+            allreduce_messages(workers, schedule or "ring") * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE)
         d += fold[0] + fold[1] * S  # a model average's record also holds folding the mean back
         t = np.zeros(workers)
         for s in range(steps):
@@ -67,7 +68,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
             t = np.full(workers, end + GAP)
     trace = tb.array()
     meta = {"source": "runtime", "n_workers": workers, "samples_per_step": 8, "n_params": n_params,
-            "itemsize": itemsize, "payload_bytes": S}
+            "itemsize": itemsize, "payload_bytes": S, **({"allreduce_algorithm": schedule} if schedule else {})}
     rd = RunDir(path)
     write_trace(rd / "trace.npz", trace, meta)
     rd.write_json("summary.json", {**summarize(trace, samples_per_step=8), "algorithm": {"algorithm": algorithm},
@@ -114,6 +115,38 @@ def test_calibrate_recovers_the_cpu_work_of_oversubscribed_runs(runs, tmp_path):
         calibrate_runs(runs, cores=1)
     with pytest.raises(ConfigError, match="single payload size"):
         calibrate_runs(runs + busy[:1])
+
+
+@pytest.mark.parametrize("schedule", ["direct", "halving-doubling"])
+def test_calibrate_fits_the_allreduce_schedule_the_runs_recorded(tmp_path, schedule):
+    """Runs of a transport whose allreduce latency does not grow as a ring's (the shared-memory
+    plane: two rounds whatever n) give back the same link and CPU work, and the schedule goes
+    into the platform; fitted as a ring, the 4-worker runs' excess would be misread."""
+    mk = [dict(n_params=10_000, seed=1), dict(n_params=200_000, seed=2),
+          dict(n_params=10_000, pairwise=True, seed=3), dict(n_params=200_000, pairwise=True, seed=4),
+          dict(n_params=10_000, workers=4, seed=7), dict(n_params=200_000, workers=4, seed=8)]
+    runs = [write_run(tmp_path / f"r{i}", schedule=schedule, **kw) for i, kw in enumerate(mk)]
+    fit = calibrate_runs(runs)
+    assert fit["allreduce_algorithm"] == schedule
+    assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)
+    assert fit["host_cpu"]["work_per_message_s"] == pytest.approx(W_MSG, rel=1e-6)
+    assert fit["host_cpu"]["work_per_byte_s"] == pytest.approx(W_BYTE, rel=1e-6)
+    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    assert cfg.platform.allreduce == schedule
+    as_ring = [write_run(tmp_path / f"q{i}", **kw) for i, kw in enumerate(mk)]  # the same runs, schedule unsaid
+    wrong = calibrate_runs([*runs[:4], *as_ring[4:]])  # 2-worker runs agree; the 4-worker ones are read as a ring
+    assert wrong["allreduce_algorithm"] == schedule
+    assert wrong["host_cpu"]["work_per_message_s"] != pytest.approx(W_MSG, rel=1e-3)
+
+
+def test_calibrate_refuses_runs_of_two_allreduce_schedules(runs, tmp_path):
+    other = write_run(tmp_path / "x", n_params=10_000, seed=11, schedule="direct")
+    ring = write_run(tmp_path / "y", n_params=200_000, seed=12, schedule="ring")
+    with pytest.raises(ConfigError, match="different allreduce schedules"):
+        calibrate_runs(runs + [other, ring])
+    fake = write_run(tmp_path / "z", n_params=10_000, seed=13, pairwise=True, schedule="tree")
+    with pytest.raises(ConfigError, match="allreduce_algorithm 'tree'"):
+        calibrate_runs(runs + [fake])
 
 
 def test_server_update_cost_is_fitted_from_two_sizes(runs, tmp_path):

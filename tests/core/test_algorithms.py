@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 from psgdlab.core import kernels
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters, make_algorithm
 from psgdlab.core.errors import ConfigError, SimulationError, TestbedWarning, TopologyError
-from psgdlab.core.exchange import AllReduce, Gossip, PairwiseAverage, ServerExchange, wire_bytes
+from psgdlab.core.exchange import (ALLREDUCE_ALGORITHMS, AllReduce, Gossip, PairwiseAverage, ServerExchange,
+                                   allreduce_messages, allreduce_rounds, allreduce_s, wire_bytes)
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
 
 TOL = dict(rtol=0, atol=1e-12)
@@ -138,6 +140,25 @@ def test_schedule_is_a_pure_function_of_step_rank_seed():
 def test_ring_allreduce_bytes(n, d):
     sent, recv = wire_bytes(AllReduce(group=tuple(range(n)), payload="grad"), d, 4)
     assert sent == recv == (2 * (n - 1) * 4 * d) // n
+
+
+@given(n=st.integers(1, 4096))
+def test_allreduce_schedules_order_and_closed_forms(n):
+    """Rounds: a ring's 2(n-1) >= halving-doubling's 2 ceil(log2 n) >= direct's 2, equal for a
+    pair, none for one rank; halving-doubling doubles exactly at powers of two."""
+    ring, hd, direct = (allreduce_rounds(n, a) for a in ALLREDUCE_ALGORITHMS)
+    if n == 1:
+        assert ring == hd == direct == 0
+        return
+    assert ring == 2 * (n - 1) and direct == 2 and ring >= hd >= direct
+    assert hd == 2 * math.ceil(math.log2(n)) and (n & (n - 1) or 2 ** (hd // 2) == n)
+    assert allreduce_messages(n, "direct") == ring and allreduce_messages(n, "halving-doubling") == hd
+    assert allreduce_s(n, 0.0, 1.0, 1.0, "direct") == 2.0
+
+
+def test_unknown_allreduce_schedule_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match=r"allreduce algorithm \('tree'\) must be one of ring, halving-doubling, direct"):
+        allreduce_rounds(4, "tree")
 
 
 def test_pairwise_and_server_move_one_model_each_way():

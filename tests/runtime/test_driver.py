@@ -8,6 +8,7 @@ H-ADPSGD must keep the replicas of a node bit-identical.
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 
@@ -68,7 +69,10 @@ def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_pa
     assert summary["staleness_max"] >= 1  # inter-node merges are foreign merges
     # the full-data loss of the mean model (the last minibatch loss alone is too noisy to compare)
     assert summary["mean_model_full_loss"] < 0.5 * initial_full_loss(config)
-    trace, _ = read_trace(tmp_path / f"hadpsgd-{backend}" / "trace.npz")
+    trace, meta = read_trace(tmp_path / f"hadpsgd-{backend}" / "trace.npz")
+    # the allreduce schedule, for calibrate: gloo's goes through the shared-memory plane on one host
+    shm = os.environ.get("PSGDLAB_SHM", "auto") != "0"
+    assert meta["allreduce_algorithm"] == {"gloo": "direct" if shm else "ring", "mpi": "halving-doubling"}[backend]
     pair = trace[(trace["kind"] == 2) & (trace["phase"] == 3)]
     assert pair.size and set(np.unique(pair["nbytes"])) == {8 * 8 // 2}  # half the model per worker
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -9,6 +12,7 @@ from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS
 from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import simulate
 from psgdlab.sim.network import Network
@@ -33,6 +37,34 @@ def test_allreduce_stretches_by_the_oversubscribed_cpu_work(n, cores, w_m, w_b, 
     work = 2 * (n - 1) * w_m + 2 * (n - 1) / n * S * w_b
     expected = ring + max(0.0, n / cores - 1.0) * work
     assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
+
+
+@given(n=st.integers(2, 16), cores=st.integers(1, 8), w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8),
+       S=st.floats(1e3, 1e7), schedule=st.sampled_from(ALLREDUCE_ALGORITHMS))
+def test_allreduce_follows_the_platform_schedule(n, cores, w_m, w_b, S, schedule):
+    """Every schedule moves the ring's bytes; the latency rounds and messages are the schedule's
+    (2(n-1), 2 ceil(log2 n), 2 rounds with 2(n-1) reads); a group of 2 costs alike in all three."""
+    cpu = HostCPU(cores_per_host=cores, work_per_message_s=w_m, work_per_byte_s=w_b)
+    p = dataclasses.replace(one_host(n, cpu), allreduce=schedule)
+    net = Network(p, Placement.pack(p, n))
+    rounds = {"ring": 2 * (n - 1), "halving-doubling": 2 * math.ceil(math.log2(n)), "direct": 2}[schedule]
+    messages = 2 * (n - 1) if schedule != "halving-doubling" else rounds
+    expected = (2 * (n - 1) / n * S / LINK.bandwidth_bytes_per_s + rounds * LINK.latency_s
+                + max(0.0, n / cores - 1.0) * (messages * w_m + 2 * (n - 1) / n * S * w_b))
+    assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
+    if n == 2:
+        assert expected == pytest.approx(ring_allreduce_s(2, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+                                         + max(0.0, 2 / cores - 1.0) * (2 * w_m + S * w_b))
+
+
+def test_allreduce_schedule_loads_from_toml_and_bad_names_are_refused(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[platform]\nhosts = 1\ndevices_per_host = 4\nallreduce = "direct"\n[workload]\nn_params = 10\n')
+    assert load_config(path=path).platform.allreduce == "direct"
+    assert all(load_config(preset=name).platform.allreduce == "ring" for name in preset_names())
+    path.write_text(path.read_text().replace('"direct"', '"tree"'))
+    with pytest.raises(ConfigError, match=r"allreduce \('tree'\) must be one of ring, halving-doubling, direct"):
+        load_config(path=path)
 
 
 def test_no_host_cpu_and_enough_cores_cost_nothing_extra():
