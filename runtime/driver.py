@@ -319,12 +319,15 @@ class _Worker:
         log.warning(message)
         warnings.warn(message, TestbedWarning, stacklevel=2)
 
-    def _merge_pending(self, group: tuple[int, ...]) -> None:
-        """Apply the sharded passive merges every member of the node has received."""
+    def _merge_pending(self, group: tuple[int, ...], step: int) -> None:
+        """Apply the sharded passive merges every member of the node has received (the agreement
+        is a rendezvous of the node each step, recorded as a barrier: the simulator prices it so)."""
         with self.lock:
             have = len(self.pending)
+        t0 = self.now()
         counts = self.main.allgather(torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group),
                                      group)
+        self.trace.add(rank=self.rank, step=step, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
         k = int(counts.min())
         with self.lock:
             for _ in range(k):
@@ -411,7 +414,7 @@ class _Worker:
                                            kind=_ALLREDUCE, nbytes=nbytes)
                         scale = 1.0 / len(ex.group)
                 if sharded_group is not None:
-                    self._merge_pending(sharded_group)
+                    self._merge_pending(sharded_group, s)
                 with self.lock:
                     for delta in deltas:
                         self.state = self.state.replace(params=self.state.params + delta)

@@ -24,7 +24,11 @@ AllReduce          a rendezvous of the group; one event per collective with the 
 ServerExchange     the server role: one request at a time in arrival order (phase ``wait``
                    while queued, ``comm`` while served); staleness = server updates since this
                    worker's last pull.
-Barrier            a rendezvous of the group with no payload (phase ``comm``).
+Barrier            a rendezvous of the group with no payload (phase ``comm``): an allreduce of
+                   no bytes, its latency rounds. A node that answers sharded pairwise requests
+                   in the run (H-ADPSGD) has one each step after the gradient allreduce: it
+                   agrees on which passive merges every member has received (the runtime's
+                   tiny allgather that keeps the node's replicas identical).
 =================  ===========================================================================
 
 Staleness (unit: *updates*, :mod:`psgdlab.core.exchange`) of a step is the number of foreign
@@ -197,7 +201,7 @@ class _Sim:
             nbytes = (2 * (n - 1) * self.n_params * self.itemsize) // n
         if entry[1] == len(group):
             del self.coll[key]
-            dur = self.net.allreduce_s(group, self.S, env.now) if kind == _K_ALLREDUCE else 0.0
+            dur = self.net.allreduce_s(group, self.S if kind == _K_ALLREDUCE else 0.0, env.now)
             if kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "model":  # fold the mean into each member
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             # trigger the shared completion event ``dur`` from now: one event for the whole group
@@ -255,6 +259,16 @@ class _Sim:
         yield env.timeout(end - now)
         return stale
 
+    def _agreement(self, r: int) -> Barrier | None:
+        """The node rendezvous of a worker that answers sharded pairwise requests in this run
+        (H-ADPSGD's passive nodes): every step, after the gradient allreduce, its node agrees on
+        the passive merges every member has received, as the runtime does; ``None`` otherwise."""
+        for s in range(self.steps):
+            for ex in self.alg.exchanges(s, r):
+                if type(ex) is PairwiseAverage and not ex.active and ex.n_shards > 1 and len(ex.gather_group) > 1:
+                    return Barrier(group=ex.gather_group)
+        return None
+
     # ----- the worker process -----------------------------------------------------------------
     def worker(self, r: int):
         env = self.env
@@ -267,6 +281,7 @@ class _Sim:
         reads: deque[int] = deque()
         timeout = env.timeout
         busy = self.busy
+        agree = self._agreement(r)
         for s in range(self.steps):
             t0 = env.now
             reads.append(self.merges_done(r, t0))
@@ -307,6 +322,8 @@ class _Sim:
                     yield timeout(end - env.now)
             for ex in grad:
                 yield from self.collective(r, s, ex, _K_ALLREDUCE)
+            if agree is not None:  # the node agrees on the sharded passive merges to apply
+                yield from self.collective(r, s, agree, _K_BARRIER)
             # the gradient of step s is applied after the mix of step s - delay has merged
             need = mix_ends.popleft() if len(mix_ends) > delay else t0
             now = env.now

@@ -75,6 +75,10 @@ def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_pa
     assert meta["allreduce_algorithm"] == {"gloo": "direct" if shm else "ring", "mpi": "halving-doubling"}[backend]
     pair = trace[(trace["kind"] == 2) & (trace["phase"] == 3)]
     assert pair.size and set(np.unique(pair["nbytes"])) == {8 * 8 // 2}  # half the model per worker
+    # each step the node agrees on the sharded passive merges: a barrier record (the simulator prices it)
+    agree = trace[(trace["kind"] == 5) & (trace["phase"] == 1)]
+    # (on the fixed ring of 2 nodes one node answers every request: only its members agree)
+    assert agree.size == 2 * 16 and set(agree["rank"].tolist()) in ({0, 1}, {2, 3}) and np.all(agree["nbytes"] == 0)
 
 
 ASYNC_CASES = [

@@ -187,6 +187,29 @@ def test_adpsgd_exchange_overlaps_compute_and_hadpsgd_phases():
     assert set(ov["nbytes"].tolist()) == {math.ceil(cfg.workload.payload_bytes / 8)}  # sharded
 
 
+@pytest.mark.parametrize("schedule", ["ring", "direct"])
+def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
+    """After the gradient allreduce each node that answers sharded requests agrees on its passive
+    merges (the runtime's tiny allgather): one barrier record per rank and step, an allreduce of
+    no bytes over the node (its latency rounds). On the fixed ring of two nodes node 0 is always
+    the passive one; its steps are longer by exactly that."""
+    m, alpha = 4, 2e-4
+    p = flat_platform(nvlink=Link(latency_s=alpha, bandwidth_bytes_per_s=1e9), allreduce=schedule)
+    w = workload(compute="0.1", n_params=250_000)
+    res = simulate(make_algorithm("hadpsgd", n_workers=8, gpus_per_node=m), p, w, steps=10, gpus_per_node=8,
+                   until="all")
+    bar = res.trace[(res.trace["phase"] == PHASES["comm"]) & (res.trace["kind"] == 5)]
+    assert bar.size == 4 * 10 and set(bar["rank"].tolist()) == {0, 1, 2, 3} and np.all(bar["nbytes"] == 0)
+    rounds = 2 * (m - 1) if schedule == "ring" else 2
+    np.testing.assert_allclose(bar["end_s"] - bar["start_s"], rounds * alpha, rtol=1e-9)
+    grad = ring_allreduce_s(m, w.payload_bytes, 1e9, alpha) if schedule == "ring" else (
+        2 * (m - 1) / m * w.payload_bytes / 1e9 + 2 * alpha)
+    s = summarize(res.trace[res.trace["rank"] < 4], samples_per_step=32, warmup_steps=2)
+    assert s["step_time_s"] == pytest.approx(0.1 + grad + rounds * alpha, rel=1e-9)
+    unsharded = simulate(make_algorithm("adpsgd", n_workers=8), p, w, steps=10).trace
+    assert not np.any(unsharded["kind"] == 5)
+
+
 def test_slow_network_makes_adpsgd_comm_bound():
     w = workload("0.01", n_params=25_000_000)  # 100 MB at 1 GB/s = 0.1 s >> 0.01 s compute
     res = simulate(make_algorithm("adpsgd", n_workers=4), flat_platform(), w, steps=20)
