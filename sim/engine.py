@@ -282,6 +282,8 @@ class _Sim:
         timeout = env.timeout
         busy = self.busy
         agree = self._agreement(r)
+        plat = self.net.platform
+        merge_s = plat.mix_merge_s + plat.mix_merge_s_per_byte * self.S  # folding a pairwise average back
         for s in range(self.steps):
             t0 = env.now
             reads.append(self.merges_done(r, t0))
@@ -341,6 +343,8 @@ class _Sim:
                 now = env.now
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = self.merges_done(r, now) - read
+            if merge_s > 0.0 and any(type(ex) is PairwiseAverage for ex in exs):
+                yield timeout(merge_s)  # host work (no record: it is step overhead, as in the runtime)
             for ex in post:
                 T = type(ex)
                 if T is ServerExchange:

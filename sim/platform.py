@@ -193,6 +193,11 @@ class Platform:
         model, on top of the allreduce; with ``host_cpu`` it is CPU work of every member,
         stretched like an exchange's. Default 0 (the published presets: the filter runs on the
         accelerator, small beside the allreduce); ``psgdlab calibrate`` fits it from BMUF runs.
+    mix_merge_s, mix_merge_s_per_byte : float
+        Host work per step of a worker whose step has a pairwise average (AD-PSGD, H-ADPSGD):
+        merging the average back into its model, :math:`a + b S` seconds for ``S`` bytes of model,
+        after the gradient phase. Default 0 (the published presets); ``psgdlab calibrate`` fits
+        it from AD-PSGD runs (their step overhead beyond that of runs without pairwise averages).
     staging : {"direct", "host"}
         Whether weights travel GPU-direct or through host memory with CPU averaging.
     server : ServerSpec
@@ -216,6 +221,8 @@ class Platform:
     host_memory_bandwidth_bytes_per_s: float = 5e10
     model_average_s: float = 0.0
     model_average_s_per_byte: float = 0.0
+    mix_merge_s: float = 0.0
+    mix_merge_s_per_byte: float = 0.0
     staging: Literal["direct", "host"] = "direct"
     server: ServerSpec = field(default_factory=ServerSpec)
     host_cpu: HostCPU | None = None
@@ -232,7 +239,7 @@ class Platform:
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
         require(self.allreduce in ALLREDUCE_ALGORITHMS, "allreduce", self.allreduce,
                 f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
-        for name in ("model_average_s", "model_average_s_per_byte"):
+        for name in ("model_average_s", "model_average_s_per_byte", "mix_merge_s", "mix_merge_s_per_byte"):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
 

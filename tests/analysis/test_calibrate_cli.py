@@ -24,7 +24,7 @@ def ring_s(n, S, schedule="ring"):
 
 
 def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8,
-              mem_bw=None, algorithm="ssgd", fold=(0.0, 0.0), schedule=None):
+              mem_bw=None, algorithm="ssgd", fold=(0.0, 0.0), schedule=None, merge=(0.0, 0.0)):
     """A runtime-like run directory on a machine of CORES cores: compute records drawn from a
     lognormal law, exchanges of the exact cost model (allreduces over more workers than cores
     stretched by the CPU model) plus non-negative waiting (what the fit must see through)."""
@@ -53,7 +53,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
                     d += float(rng.exponential(2e-3)) if rng.random() < 0.3 else 0.0
                     tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=4, peer=-2, nbytes=S)
                     t += d
-                t += GAP
+                t += GAP + (merge[0] + merge[1] * S if pairwise else 0.0)  # folding the average back
     else:  # allreduce: every member leaves when the last has arrived plus the exchange's cost
         d = ring_s(workers, S, schedule or "ring") + max(0, workers / CORES - 1) * (
             allreduce_messages(workers, schedule or "ring") * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE)
@@ -115,6 +115,24 @@ def test_calibrate_recovers_the_cpu_work_of_oversubscribed_runs(runs, tmp_path):
         calibrate_runs(runs, cores=1)
     with pytest.raises(ConfigError, match="single payload size"):
         calibrate_runs(runs + busy[:1])
+
+
+def test_calibrate_separates_the_merge_of_pairwise_averages(runs, tmp_path):
+    """Runs with pairwise averages spend longer between steps (merging the average back): that
+    excess over the other runs' overhead line is the platform's mix merge, and the base step
+    overhead stays that of the runs without."""
+    merge = (3e-4, 2e-10)
+    mixing = [write_run(tmp_path / f"m{i}", n_params=n, pairwise=True, seed=20 + i, merge=merge)
+              for i, n in enumerate((10_000, 200_000))]
+    fit = calibrate_runs(runs[:2] + mixing + runs[4:])
+    assert fit["compute"]["step_overhead_s"] == pytest.approx(GAP, rel=1e-6)
+    assert fit["mix_merge"]["fixed_s"] == pytest.approx(merge[0], rel=1e-6)
+    assert fit["mix_merge"]["s_per_byte"] == pytest.approx(merge[1], rel=1e-6)
+    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    assert cfg.platform.mix_merge_s == pytest.approx(merge[0], rel=1e-6)
+    assert calibrate_runs(runs)["mix_merge"]["fixed_s"] == pytest.approx(0.0, abs=1e-12)  # no merge measured
+    only_pairwise = calibrate_runs(mixing)  # no run without pairwise averages: no base to measure it against
+    assert only_pairwise["mix_merge"] is None
 
 
 @pytest.mark.parametrize("schedule", ["direct", "halving-doubling"])

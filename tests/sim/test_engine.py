@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
+from psgdlab.core.errors import ConfigError
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, TRACE_DTYPE, summarize
@@ -208,6 +209,25 @@ def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
     assert s["step_time_s"] == pytest.approx(0.1 + grad + rounds * alpha, rel=1e-9)
     unsharded = simulate(make_algorithm("adpsgd", n_workers=8), p, w, steps=10).trace
     assert not np.any(unsharded["kind"] == 5)
+
+
+def test_mix_merge_is_host_work_of_every_step_with_a_pairwise_average():
+    """``mix_merge_s + mix_merge_s_per_byte * S`` lengthens each AD-PSGD step by exactly that (no
+    record: step overhead, as the runtime's) and leaves SSGD and the staleness alone."""
+    w = workload(compute="0.1", n_params=250_000)
+    merge = dict(mix_merge_s=1e-3, mix_merge_s_per_byte=1e-9)
+    extra = 1e-3 + 1e-9 * w.payload_bytes
+
+    def run(name, **kw):
+        res = simulate(make_algorithm(name, n_workers=4), flat_platform(**kw), w, steps=12)
+        return res.trace, summarize(res.trace, samples_per_step=32, warmup_steps=2)
+
+    (t0, a0), (t1, a1) = run("adpsgd"), run("adpsgd", **merge)
+    assert a1["step_time_s"] == pytest.approx(a0["step_time_s"] + extra, rel=1e-9)
+    assert a1["staleness_mean"] == a0["staleness_mean"] and t1.size == t0.size
+    assert run("ssgd", **merge)[1]["step_time_s"] == run("ssgd")[1]["step_time_s"]
+    with pytest.raises(ConfigError, match=r"mix_merge_s \(-1\) must be >= 0"):
+        flat_platform(mix_merge_s=-1)
 
 
 def test_slow_network_makes_adpsgd_comm_bound():
