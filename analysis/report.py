@@ -41,6 +41,9 @@ def markdown_report(result: dict[str, Any]) -> str:
         lines.append(f"- {n} workers: predicted {pred}; measured {' > '.join(r['measured'])}")
         for a, b, dp, dm in r["swaps"]:
             lines.append(f"  - swap: {a} predicted {_pct(dp)} over {b}, measured {_pct(dm)}")
+        for a, sp in (r.get("remeasured") or {}).items():
+            lines.append(f"  - {a} measured {len(sp['samples_per_s'])} times (a pair came out of the predicted "
+                         f"order): mean {_num(sp['mean'])} samples/s, standard error {_num(sp['se'])}")
     lines.append("")
     for key, label in (("missing_in_measured", "predicted but not measured"),
                        ("missing_in_predicted", "measured but not predicted")):

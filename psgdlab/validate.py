@@ -6,12 +6,16 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              half and 1.5 times the cases' size, default_calibration_dims; easgd
                              at both for the server, bmuf at both for the fold of the averaged
                              model; ssgd with twice as many
-                             workers as cores at the same two sizes, for the CPU work of
-                             communication, when a case has more workers than cores): never a
+                             workers as cores, and with the cases' largest worker count, at the
+                             same two sizes, for the CPU work of communication, when a case has
+                             more workers than cores: one oversubscription level fitted the
+                             4-worker allreduces and missed the 8-worker ones by 25 %): never a
                              validated case (other payload sizes)
     OUT/platform.toml        the fitted platform (psgdlab.analysis.calibrate)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
+    OUT/measured-repeats/    more runs of the cases of a pair measured out of the predicted order
+                             (``--remeasure``; the ranking then compares their mean samples/s)
     OUT/compare/             compare.json, report.md (psgdlab.analysis.report)
     OUT/validate.json        the case table, the targets, the load before every run
 
@@ -49,7 +53,8 @@ from typing import Any, Callable
 from psgdlab.core.errors import require
 from psgdlab.core.trace import atomic_write_json
 
-__all__ = ["ValidateConfig", "validate", "case_name", "default_calibration_dims", "ALGORITHM_CASES", "TARGETS"]
+__all__ = ["ValidateConfig", "validate", "case_name", "default_calibration_dims", "pooled_ranking", "ALGORITHM_CASES",
+           "TARGETS"]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
 ALGORITHM_CASES = {
@@ -84,6 +89,8 @@ class ValidateConfig:
     cores: int | None = None
     min_idle_cores: float = 0.0
     max_idle_wait_s: float = 300.0
+    #: runs more of each case of a pair measured out of the predicted order (0: none)
+    remeasure: int = 4
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -104,6 +111,8 @@ class ValidateConfig:
                 "must be an integer >= 1")
         require(self.min_idle_cores >= 0, "min_idle_cores", self.min_idle_cores, "must be >= 0")
         require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
+        require(isinstance(self.remeasure, int) and self.remeasure >= 0, "remeasure", self.remeasure,
+                "must be an integer >= 0")
 
 
 #: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
@@ -183,7 +192,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     if "bmuf" in vc.algorithms:  # the fold of the averaged model (block-momentum filter) beyond the allreduce
         plan += [("bmuf", 2, d) for d in dims]
     if max(vc.workers) > cores:  # the CPU work of communication, from runs that oversubscribe the cores
-        plan += [("ssgd", 2 * cores, d) for d in dims]
+        plan += [("ssgd", n, d) for n in sorted({2 * cores, max(vc.workers)}) for d in dims]
     for alg, n, dim in plan:
         d = out / "calibration" / f"{alg}-w{n}-d{dim}"
         say(f"calibration run {d.name}")
@@ -217,19 +226,14 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 d = meas_root / "runs" / f"{name}-w{n}"
                 cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
                                     straggler=straggler, steps=vc.steps, out=d)
-                label = case_name(name, n, straggler)
-                load[label] = _quiet(vc, say)
-                _launch(cfg)
-                stall = _stall(d)
-                if stall is not None:  # another process stopped the machine: measure the case once more
-                    say(f"  {label} was stalled ({stall}); measuring it again")
-                    load[label] = {**_quiet(vc, say), "repeated_after": stall, "first": load[label]}
-                    _launch(cfg)
-                _relabel(d, name)
+                _measure(vc, cfg, d, name, case_name(name, n, straggler), load, say)
         if pred_root.exists():
             shutil.rmtree(pred_root)
         write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
         result = compare_dirs(pred_root, meas_root)
+        if vc.remeasure and not result["ranking_identical"]:
+            _remeasure(vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler,
+                       load, say)
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
         for c in result["cases"]:
             table.append({**_case_row(c), "straggler": straggler})
@@ -263,6 +267,89 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     }
     atomic_write_json(out / "validate.json", summary)
     return summary
+
+
+def _measure(vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load: dict[str, Any],
+             say: Callable[[str], None]) -> None:
+    """One measured run of a case (measured once more if another process stalled it)."""
+    load[label] = _quiet(vc, say)
+    _launch(cfg)
+    stall = _stall(d)
+    if stall is not None:  # another process stopped the machine: measure the case once more
+        say(f"  {label} was stalled ({stall}); measuring it again")
+        load[label] = {**_quiet(vc, say), "repeated_after": stall, "first": load[label]}
+        _launch(cfg)
+    _relabel(d, name)
+
+
+def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_root: Path, straggler: str,
+               load: dict[str, Any], say: Callable[[str], None]) -> None:
+    """Measure each case of a swapped pair ``vc.remeasure`` more times (interleaved, into
+    ``rep_root``) and rank again on the mean samples/s of all its runs.
+
+    One run of a case varies by about 0.5 % in samples/s here, so two algorithms that run at the
+    same speed are measured in either order; more runs shrink that (the standard error of the
+    mean falls as one over the root of the runs) without changing the rule: the means must come
+    in the predicted order. ``result["ranking"]`` is replaced; each group that was re-measured
+    gets ``remeasured`` (per case: the samples/s of every run, their mean and standard error,
+    first run first) and every swap keeps being reported, with the means' difference.
+    """
+    from psgdlab.analysis.compare import compare_cases
+    from psgdlab.analysis.load import load_cases, load_run
+
+    involved = sorted({(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"]
+                       for name in (a, b)})
+    preds = load_cases(pred_root)
+    runs: dict[tuple[str, int], list[float]] = {
+        (c["algorithm"], c["workers"]): [c["samples_per_s"]["measured"]] for c in result["cases"]}
+    for i in range(vc.remeasure):
+        for name, n in involved:
+            algorithm, variant = ALGORITHM_CASES[name]
+            d = rep_root / f"{name}-w{n}-r{i + 1}"
+            label = f"{case_name(name, n, straggler)} run {i + 2}"
+            say(f"measure {label} (a pair came out of the predicted order)")
+            _measure(vc, _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
+                                       straggler=straggler, steps=vc.steps, out=d), d, name, label, load, say)
+            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
+            runs[(name, n)].append(got)
+    result["ranking"] = pooled_ranking(result["cases"], runs)
+    result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
+
+
+def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]]) -> dict[str, Any]:
+    """:func:`psgdlab.analysis.compare.ranking` of ``cases`` on the mean measured samples/s of
+    ``runs`` (``(algorithm, workers)`` -> the samples/s of each run, the cases' own first); a
+    group with a case of more than one run gets ``remeasured`` (:func:`_spread` per such case).
+
+    >>> cases = [{"algorithm": a, "workers": 4, "samples_per_s": {"predicted": p, "measured": m}}
+    ...          for a, p, m in (("easgd", 74.0, 73.5), ("bmuf", 73.0, 73.9))]
+    >>> r = pooled_ranking(cases, {("easgd", 4): [73.5, 74.4, 74.3], ("bmuf", 4): [73.9, 73.1, 73.3]})["4"]
+    >>> r["identical"], r["measured"], [round(r["remeasured"]["bmuf"]["mean"], 2)]
+    (True, ['easgd', 'bmuf'], [73.43])
+    """
+    import numpy as np
+
+    from psgdlab.analysis.compare import ranking
+
+    pooled = []
+    for c in cases:
+        values = np.array(runs.get((c["algorithm"], c["workers"]), [c["samples_per_s"]["measured"]]), dtype=float)
+        pooled.append({**c, "samples_per_s": {**c["samples_per_s"], "measured": float(values.mean())}})
+    ranked = {str(n): r for n, r in ranking(pooled).items()}
+    for n, r in ranked.items():
+        more = {a: _spread(v) for (a, m), v in sorted(runs.items()) if str(m) == n and len(v) > 1}
+        if more:
+            r["remeasured"] = more
+    return ranked
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    """The samples/s of every run of a case, their mean and the standard error of the mean."""
+    import numpy as np
+
+    v = np.array(values, dtype=float)
+    se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+    return {"samples_per_s": [round(float(x), 4) for x in v], "mean": float(v.mean()), "se": se}
 
 
 #: a step of any worker this much longer than the run's median step, and longer than a second,
@@ -374,8 +461,14 @@ def format_table(summary: dict[str, Any]) -> str:
                          f"measured {' > '.join(r['measured'])}")
             for a, b, dp, dm in r["swaps"]:
                 lines.append(f"    swap: {a} predicted {dp * 100:+.1f}% over {b}, measured {dm * 100:+.1f}%")
+            for a, sp in r.get("remeasured", {}).items():
+                lines.append(f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
+                             f"error of {len(sp['samples_per_s'])} runs: "
+                             f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})")
     calibration = summary.get("calibration", {})
-    for what, link in (("link", calibration.get("link")), ("allreduce", calibration.get("collective"))):
+    schedule = calibration.get("allreduce_algorithm") or "ring"
+    for what, link in (("link", calibration.get("link")),
+                       (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective"))):
         if not link:
             continue
         flag = link["max_rel_residual"] > MAX_REL_RESIDUAL

@@ -24,7 +24,35 @@ def test_validate_config_checks(tmp_path):
     assert ValidateConfig(out=str(tmp_path), dim=2_000).calibration_dims == (50_000, 500_000)  # latency-bound
     with pytest.raises(ConfigError, match="min_idle_cores"):
         ValidateConfig(out=str(tmp_path), min_idle_cores=-1)
+    with pytest.raises(ConfigError, match=r"remeasure \(-1\) must be an integer >= 0"):
+        ValidateConfig(out=str(tmp_path), remeasure=-1)
+    assert main(["validate", "--remeasure", "-1", "--out", str(tmp_path)]) == 2
     assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2
+
+
+def _case(algorithm, predicted, measured, workers=4):
+    return {"algorithm": algorithm, "workers": workers, "samples_per_s": {"predicted": predicted, "measured": measured}}
+
+
+def test_pooled_ranking_decides_on_the_mean_of_every_run():
+    """A pair measured once out of the predicted order is decided by the means of its runs, and
+    a pair whose means stay reversed is still a swap (with the means' difference): the rule is
+    the same, only the measurement is finer. Groups without repeats are ranked as before."""
+    from psgdlab.analysis.compare import ranking
+    from psgdlab.validate import pooled_ranking
+
+    cases = [_case("easgd", 74.0, 73.5), _case("bmuf", 73.0, 73.9), _case("ssgd", 70.0, 69.0),
+             _case("easgd", 37.0, 36.0, workers=2), _case("bmuf", 38.0, 37.0, workers=2)]
+    assert not ranking(cases)[4]["identical"]
+    fixed = pooled_ranking(cases, {("easgd", 4): [73.5, 74.4, 74.3], ("bmuf", 4): [73.9, 73.1, 73.3]})
+    assert fixed["4"]["identical"] and fixed["4"]["measured"] == ["easgd", "bmuf", "ssgd"]
+    assert fixed["4"]["remeasured"]["easgd"]["samples_per_s"] == [73.5, 74.4, 74.3]
+    assert fixed["4"]["remeasured"]["bmuf"]["se"] == pytest.approx(0.2404, abs=1e-4)
+    assert "remeasured" not in fixed["2"] and fixed["2"] == {**ranking(cases)[2]}
+    kept = pooled_ranking(cases, {("easgd", 4): [73.5, 73.6], ("bmuf", 4): [73.9, 73.8]})["4"]
+    assert not kept["identical"]
+    (a, b, dp, dm), = kept["swaps"]
+    assert (a, b) == ("easgd", "bmuf") and dm == pytest.approx(73.55 / 73.85 - 1)
 
 
 def test_stalled_runs_are_recognised(tmp_path):

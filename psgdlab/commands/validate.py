@@ -50,13 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "many; below 100000, 50000 and 500000)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
-                        "calibration also runs ssgd with twice as many workers as cores")
+                        "calibration also runs ssgd with twice as many workers as cores and with the "
+                        "largest worker count")
     p.add_argument("--min-idle-cores", type=float, default=0.0, metavar="C",
                    help="before each run, wait until C cores have been idle over 2 s (the machine is shared: "
                         "other work disturbs the timings); 0: do not wait")
     p.add_argument("--max-idle-wait", type=float, default=300.0, metavar="S",
                    help="longest wait for idle cores before a run, seconds (then it runs anyway; validate.json "
                         "records the idle cores before each run)")
+    p.add_argument("--remeasure", type=int, default=4, metavar="K",
+                   help="measure each case of a pair that came out of the predicted order K more times and rank "
+                        "on the mean samples/s of its runs (one run varies by ~0.5%% here: two algorithms of the "
+                        "same speed come out in either order); 0: one run per case")
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                         backend=args.backend, compute_time=None if args.real_compute else args.compute_time,
                         stragglers=("",) + ((straggler,) if straggler else ()), steps=args.steps, dim=args.dim,
                         cores=args.cores, min_idle_cores=args.min_idle_cores,
-                        max_idle_wait_s=args.max_idle_wait)
+                        max_idle_wait_s=args.max_idle_wait, remeasure=args.remeasure)
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
     if args.json:
