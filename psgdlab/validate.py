@@ -3,7 +3,7 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 ``psgdlab validate`` (and :func:`validate`) runs, into ``OUT/``::
 
     OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd with 2 workers at
-                             half and 1.5 times the cases' size, default_calibration_dims; easgd
+                             0.75 and 1.25 times the cases' size, default_calibration_dims; easgd
                              at both for the server, bmuf at both for the fold of the averaged
                              model; ssgd with twice as many
                              workers as cores, and with the cases' largest worker count, at the
@@ -91,6 +91,8 @@ class ValidateConfig:
     max_idle_wait_s: float = 300.0
     #: runs more of each case of a pair measured out of the predicted order (0: none)
     remeasure: int = 4
+    #: seeds each case is predicted with; the ranking compares their mean samples/s
+    prediction_seeds: int = 8
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -113,24 +115,28 @@ class ValidateConfig:
         require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
         require(isinstance(self.remeasure, int) and self.remeasure >= 0, "remeasure", self.remeasure,
                 "must be an integer >= 0")
+        require(isinstance(self.prediction_seeds, int) and self.prediction_seeds >= 1, "prediction_seeds",
+                self.prediction_seeds, "must be an integer >= 1")
 
 
-#: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
-#: and 1.5 times its size cannot separate bandwidth from latency (8 and 24 KB gave negative
-#: bandwidths), so the wide fixed pair is used
-MIN_BRACKETED_DIM = 100_000
+#: below this many parameters (1.6 MB of float64) a case is latency-bound: calibrating at 0.75
+#: and 1.25 times its size cannot separate bandwidth from latency (the sizes differ by less than
+#: 0.8 MB; at 8 and 24 KB the fits gave negative bandwidths), so the wide fixed pair is used
+MIN_BRACKETED_DIM = 200_000
 
 
 def default_calibration_dims(dim: int) -> tuple[int, int]:
-    """The calibration runs' sizes for cases of ``dim`` parameters: ``(dim // 2, 3 * dim // 2)``
-    -- exchange costs are not linear in the size on this machine (2-rank allreduce spans 0.5,
-    2.9 and 3.8 ms at 0.4, 2 and 4 MB), so the straight line the simulator takes is fitted close
-    around the cases' size -- or ``(50_000, 500_000)`` below :data:`MIN_BRACKETED_DIM`.
+    """The calibration runs' sizes for cases of ``dim`` parameters: ``(3 * dim // 4, 5 * dim // 4)``
+    -- exchange costs are convex in the size on this machine (a 2-worker easgd server exchange
+    took 5.5, 9.7 and 18.1 ms at 1, 2 and 3 MB), so the straight line the simulator takes is
+    fitted close around the cases' size: the chord through 1 and 3 MB over-predicted the 2 MB
+    exchange by 2 ms and easgd's samples/s by 1-2 % -- or ``(50_000, 500_000)`` below
+    :data:`MIN_BRACKETED_DIM`.
 
     >>> default_calibration_dims(250_000), default_calibration_dims(2_000)
-    ((125000, 375000), (50000, 500000))
+    ((187500, 312500), (50000, 500000))
     """
-    return (dim // 2, 3 * dim // 2) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
+    return (3 * dim // 4, 5 * dim // 4) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
 
 
 def case_name(name: str, workers: int, straggler: str) -> str:
@@ -211,6 +217,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     ranking_detail: dict[str, Any] = {}
     for straggler in vc.stragglers:
         preds = []
+        predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each seed's prediction
         meas_root = out / ("measured" if not straggler else "measured-straggler")
         pred_root = out / ("predicted" if not straggler else "predicted-straggler")
         for name in vc.algorithms:
@@ -222,6 +229,11 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                                 stragglers=straggler or None, seed=vc.seed, workers_per_host=n)
                 p.row["algorithm"] = name
                 preds.append(p)
+                predicted[(name, n)] = [_samples_per_s(p.result.trace, vc.batch)] + [
+                    _samples_per_s(predict_one(algorithm, n, config, steps=vc.steps, variant=variant, gpus_per_node=gpn,
+                                               stragglers=straggler or None, seed=vc.seed + k,
+                                               workers_per_host=n).result.trace, vc.batch)
+                    for k in range(1, vc.prediction_seeds)]
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
                 cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
@@ -231,9 +243,11 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             shutil.rmtree(pred_root)
         write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
         result = compare_dirs(pred_root, meas_root)
+        result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
+        result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
         if vc.remeasure and not result["ranking_identical"]:
             _remeasure(vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler,
-                       load, say)
+                       load, say, predicted)
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
         for c in result["cases"]:
             table.append({**_case_row(c), "straggler": straggler})
@@ -283,7 +297,8 @@ def _measure(vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load:
 
 
 def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_root: Path, straggler: str,
-               load: dict[str, Any], say: Callable[[str], None]) -> None:
+               load: dict[str, Any], say: Callable[[str], None],
+               predicted: dict[tuple[str, int], list[float]]) -> None:
     """Measure each case of a swapped pair ``vc.remeasure`` more times (interleaved, into
     ``rep_root``) and rank again on the mean samples/s of all its runs.
 
@@ -312,14 +327,22 @@ def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_
                                        straggler=straggler, steps=vc.steps, out=d), d, name, label, load, say)
             got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
             runs[(name, n)].append(got)
-    result["ranking"] = pooled_ranking(result["cases"], runs)
+    result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
     result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
 
 
-def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]]) -> dict[str, Any]:
+def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]],
+                   predicted: dict[tuple[str, int], list[float]] | None = None) -> dict[str, Any]:
     """:func:`psgdlab.analysis.compare.ranking` of ``cases`` on the mean measured samples/s of
-    ``runs`` (``(algorithm, workers)`` -> the samples/s of each run, the cases' own first); a
-    group with a case of more than one run gets ``remeasured`` (:func:`_spread` per such case).
+    ``runs`` (``(algorithm, workers)`` -> the samples/s of each run, the cases' own first) and
+    the mean predicted samples/s of ``predicted`` (the same, one entry per simulated seed); a
+    group with a case of more than one run gets ``remeasured`` (:func:`_spread` per such case),
+    one predicted over several seeds ``predicted_seeds``.
+
+    A prediction of 80 steps is one draw of the compute times and matchings: AD-PSGD's fixed and
+    random rings under a straggler came out 0.2 % apart either way from one seed to the next,
+    while 640 steps put them within 0.1 %, always in the same order. The mean over seeds is the
+    prediction's expected value; ties between algorithms that exchange alike stay exact.
 
     >>> cases = [{"algorithm": a, "workers": 4, "samples_per_s": {"predicted": p, "measured": m}}
     ...          for a, p, m in (("easgd", 74.0, 73.5), ("bmuf", 73.0, 73.9))]
@@ -331,16 +354,35 @@ def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list
 
     from psgdlab.analysis.compare import ranking
 
+    predicted = predicted or {}
     pooled = []
     for c in cases:
-        values = np.array(runs.get((c["algorithm"], c["workers"]), [c["samples_per_s"]["measured"]]), dtype=float)
-        pooled.append({**c, "samples_per_s": {**c["samples_per_s"], "measured": float(values.mean())}})
+        key, sp = (c["algorithm"], c["workers"]), c["samples_per_s"]
+        meas = np.array(runs.get(key, [sp["measured"]]), dtype=float)
+        pred = np.array(predicted.get(key, [sp["predicted"]]), dtype=float)
+        pooled.append({**c, "samples_per_s": {**sp, "measured": float(meas.mean()), "predicted": float(pred.mean())}})
     ranked = {str(n): r for n, r in ranking(pooled).items()}
     for n, r in ranked.items():
         more = {a: _spread(v) for (a, m), v in sorted(runs.items()) if str(m) == n and len(v) > 1}
         if more:
             r["remeasured"] = more
+        seeds = {len(v) for (a, m), v in predicted.items() if str(m) == n}
+        if seeds and max(seeds) > 1:
+            r["predicted_seeds"] = max(seeds)
     return ranked
+
+
+def _samples_per_s(trace: Any, samples_per_step: int) -> float:
+    """Samples/s of a predicted trace under the comparison's window (cut at the first worker's
+    finish, a tenth of the steps as warm-up: :func:`psgdlab.analysis.compare.windowed_summaries`
+    with a measured run of as many steps)."""
+    from psgdlab.analysis.compare import cut_at_first_finish
+    from psgdlab.core.trace import PHASES, summarize
+
+    cut = cut_at_first_finish(trace)
+    comp = cut[cut["phase"] == PHASES["compute"]]
+    steps = min(int((comp["rank"] == r).sum()) for r in set(comp["rank"].tolist()))
+    return float(summarize(cut, samples_per_step=samples_per_step, warmup_steps=max(1, steps // 10))["samples_per_s"])
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -457,10 +499,11 @@ def format_table(summary: dict[str, Any]) -> str:
     for straggler, per_n in summary.get("ranking", {}).items():
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
-            lines.append(f"  straggler {straggler}, {n} workers: predicted {pred}; "
+            seeds = f" (mean of {r['predicted_seeds']} seeds)" if r.get("predicted_seeds") else ""
+            lines.append(f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; "
                          f"measured {' > '.join(r['measured'])}")
             for a, b, dp, dm in r["swaps"]:
-                lines.append(f"    swap: {a} predicted {dp * 100:+.1f}% over {b}, measured {dm * 100:+.1f}%")
+                lines.append(f"    swap: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
             for a, sp in r.get("remeasured", {}).items():
                 lines.append(f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
                              f"error of {len(sp['samples_per_s'])} runs: "

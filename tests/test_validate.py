@@ -20,13 +20,16 @@ def test_validate_config_checks(tmp_path):
         ValidateConfig(out=str(tmp_path), calibration_dims=(10, 10))
     with pytest.raises(ConfigError, match=r"dim \(50000\) must differ from the calibration sizes"):
         ValidateConfig(out=str(tmp_path), dim=50_000, calibration_dims=(50_000, 500_000))
-    assert ValidateConfig(out=str(tmp_path), dim=250_000).calibration_dims == (125_000, 375_000)
+    assert ValidateConfig(out=str(tmp_path), dim=250_000).calibration_dims == (187_500, 312_500)
     assert ValidateConfig(out=str(tmp_path), dim=2_000).calibration_dims == (50_000, 500_000)  # latency-bound
+    assert ValidateConfig(out=str(tmp_path), dim=150_000).calibration_dims == (50_000, 500_000)
     with pytest.raises(ConfigError, match="min_idle_cores"):
         ValidateConfig(out=str(tmp_path), min_idle_cores=-1)
     with pytest.raises(ConfigError, match=r"remeasure \(-1\) must be an integer >= 0"):
         ValidateConfig(out=str(tmp_path), remeasure=-1)
     assert main(["validate", "--remeasure", "-1", "--out", str(tmp_path)]) == 2
+    with pytest.raises(ConfigError, match=r"prediction_seeds \(0\) must be an integer >= 1"):
+        ValidateConfig(out=str(tmp_path), prediction_seeds=0)
     assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2
 
 
@@ -49,6 +52,11 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
     assert fixed["4"]["remeasured"]["easgd"]["samples_per_s"] == [73.5, 74.4, 74.3]
     assert fixed["4"]["remeasured"]["bmuf"]["se"] == pytest.approx(0.2404, abs=1e-4)
     assert "remeasured" not in fixed["2"] and fixed["2"] == {**ranking(cases)[2]}
+    # the prediction's mean over seeds orders the pair too (here it turns the predicted order round)
+    turned = pooled_ranking(cases, {}, {("easgd", 4): [74.0, 72.0], ("bmuf", 4): [73.0, 73.2]})["4"]
+    assert turned["identical"] and turned["predicted"][0] == ["bmuf"] and turned["predicted_seeds"] == 2
+    tie = pooled_ranking(cases, {}, {("easgd", 4): [73.1, 73.3], ("bmuf", 4): [73.1, 73.3]})["4"]
+    assert tie["predicted"][0] == ["bmuf", "easgd"] and tie["identical"]  # exact ties stay one class
     kept = pooled_ranking(cases, {("easgd", 4): [73.5, 73.6], ("bmuf", 4): [73.9, 73.8]})["4"]
     assert not kept["identical"]
     (a, b, dp, dm), = kept["swaps"]

@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=80,
                    help="steps per worker of each case (about 4 s: one stall of another process weighs less)")
     p.add_argument("--dim", type=int, default=250_000,
-                   help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 times as "
-                        "many; below 100000, 50000 and 500000)")
+                   help="least-squares parameters (float64) of the cases (the calibration runs use 0.75 and 1.25 times "
+                        "as many; below 200000, 50000 and 500000)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
                         "calibration also runs ssgd with twice as many workers as cores and with the "
@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="measure each case of a pair that came out of the predicted order K more times and rank "
                         "on the mean samples/s of its runs (one run varies by ~0.5%% here: two algorithms of the "
                         "same speed come out in either order); 0: one run per case")
+    p.add_argument("--prediction-seeds", type=int, default=8, metavar="K",
+                   help="predict each case with K seeds and rank on their mean samples/s (one 80-step prediction "
+                        "is one draw of the compute times and matchings)")
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
                         backend=args.backend, compute_time=None if args.real_compute else args.compute_time,
                         stragglers=("",) + ((straggler,) if straggler else ()), steps=args.steps, dim=args.dim,
                         cores=args.cores, min_idle_cores=args.min_idle_cores,
-                        max_idle_wait_s=args.max_idle_wait, remeasure=args.remeasure)
+                        max_idle_wait_s=args.max_idle_wait, remeasure=args.remeasure,
+                        prediction_seeds=args.prediction_seeds)
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
     if args.json:
