@@ -3,7 +3,7 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 ``psgdlab validate`` (and :func:`validate`) runs, into ``OUT/``::
 
     OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd with 2 workers at
-                             0.75 and 1.25 times the cases' size, default_calibration_dims; easgd
+                             half and 1.5 times the cases' size, default_calibration_dims; easgd
                              at both for the server, bmuf at both for the fold of the averaged
                              model; ssgd with twice as many
                              workers as cores, and with the cases' largest worker count, at the
@@ -119,24 +119,27 @@ class ValidateConfig:
                 self.prediction_seeds, "must be an integer >= 1")
 
 
-#: below this many parameters (1.6 MB of float64) a case is latency-bound: calibrating at 0.75
-#: and 1.25 times its size cannot separate bandwidth from latency (the sizes differ by less than
-#: 0.8 MB; at 8 and 24 KB the fits gave negative bandwidths), so the wide fixed pair is used
-MIN_BRACKETED_DIM = 200_000
+#: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
+#: and 1.5 times its size cannot separate bandwidth from latency (8 and 24 KB gave negative
+#: bandwidths), so the wide fixed pair is used
+MIN_BRACKETED_DIM = 100_000
 
 
 def default_calibration_dims(dim: int) -> tuple[int, int]:
-    """The calibration runs' sizes for cases of ``dim`` parameters: ``(3 * dim // 4, 5 * dim // 4)``
-    -- exchange costs are convex in the size on this machine (a 2-worker easgd server exchange
-    took 5.5, 9.7 and 18.1 ms at 1, 2 and 3 MB), so the straight line the simulator takes is
-    fitted close around the cases' size: the chord through 1 and 3 MB over-predicted the 2 MB
-    exchange by 2 ms and easgd's samples/s by 1-2 % -- or ``(50_000, 500_000)`` below
-    :data:`MIN_BRACKETED_DIM`.
+    """The calibration runs' sizes for cases of ``dim`` parameters: ``(dim // 2, 3 * dim // 2)``
+    -- exchange costs are not linear in the size on this machine (2-rank allreduce spans 0.5,
+    2.9 and 3.8 ms at 0.4, 2 and 4 MB), so the straight line the simulator takes is fitted close
+    around the cases' size -- or ``(50_000, 500_000)`` below :data:`MIN_BRACKETED_DIM`. Not
+    closer: they are convex (a 2-worker easgd server exchange took 5.5, 9.7 and 18.1 ms at 1, 2
+    and 3 MB, so the chord over-predicts the middle by 2 ms), but at 0.75 and 1.25 times the
+    latency and bandwidth came apart badly (1.7 ms per round and 6.4 GB/s for the allreduce)
+    and the predictions of another run's measurements were worse: median |samples/s error|
+    1.1 % and max 6.9 % against 0.9 % and 2.9 %.
 
     >>> default_calibration_dims(250_000), default_calibration_dims(2_000)
-    ((187500, 312500), (50000, 500000))
+    ((125000, 375000), (50000, 500000))
     """
-    return (3 * dim // 4, 5 * dim // 4) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
+    return (dim // 2, 3 * dim // 2) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
 
 
 def case_name(name: str, workers: int, straggler: str) -> str:

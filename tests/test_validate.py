@@ -20,9 +20,9 @@ def test_validate_config_checks(tmp_path):
         ValidateConfig(out=str(tmp_path), calibration_dims=(10, 10))
     with pytest.raises(ConfigError, match=r"dim \(50000\) must differ from the calibration sizes"):
         ValidateConfig(out=str(tmp_path), dim=50_000, calibration_dims=(50_000, 500_000))
-    assert ValidateConfig(out=str(tmp_path), dim=250_000).calibration_dims == (187_500, 312_500)
+    assert ValidateConfig(out=str(tmp_path), dim=250_000).calibration_dims == (125_000, 375_000)
     assert ValidateConfig(out=str(tmp_path), dim=2_000).calibration_dims == (50_000, 500_000)  # latency-bound
-    assert ValidateConfig(out=str(tmp_path), dim=150_000).calibration_dims == (50_000, 500_000)
+    assert ValidateConfig(out=str(tmp_path), dim=150_000).calibration_dims == (75_000, 225_000)
     with pytest.raises(ConfigError, match="min_idle_cores"):
         ValidateConfig(out=str(tmp_path), min_idle_cores=-1)
     with pytest.raises(ConfigError, match=r"remeasure \(-1\) must be an integer >= 0"):

@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=80,
                    help="steps per worker of each case (about 4 s: one stall of another process weighs less)")
     p.add_argument("--dim", type=int, default=250_000,
-                   help="least-squares parameters (float64) of the cases (the calibration runs use 0.75 and 1.25 times "
-                        "as many; below 200000, 50000 and 500000)")
+                   help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 times as "
+                        "many; below 100000, 50000 and 500000)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
                         "calibration also runs ssgd with twice as many workers as cores and with the "
