@@ -264,8 +264,13 @@ class _Sim:
         (H-ADPSGD's passive nodes): every step, after the gradient allreduce, its node agrees on
         the passive merges every member has received, as the runtime does; ``None`` otherwise."""
         for s in range(self.steps):
-            for ex in self.alg.exchanges(s, r):
-                if type(ex) is PairwiseAverage and not ex.active and ex.n_shards > 1 and len(ex.gather_group) > 1:
+            pairs = [ex for ex in self.alg.exchanges(s, r) if type(ex) is PairwiseAverage]
+            if not pairs and s == 0:
+                return None  # the registry's pairwise algorithms exchange every step: none here
+            for ex in pairs:
+                if ex.n_shards <= 1 or len(ex.gather_group) <= 1:
+                    return None  # unsharded: the merges are the worker's own, nothing to agree on
+                if not ex.active:
                     return Barrier(group=ex.gather_group)
         return None
 
