@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
         if avg:
             print(f"model average (fold of the mean, beyond the allreduce): {avg['fixed_s'] * 1e3:.3g} ms + "
                   f"{avg['s_per_byte'] * 1e9:.3g} ns per byte ({avg['runs']} bmuf/bsp runs)")
+        mix = fit.get("mix_merge")
+        if mix:
+            print(f"pairwise merge (folding an average back, beyond the step overhead): "
+                  f"{mix['fixed_s'] * 1e3:.3g} ms + {mix['s_per_byte'] * 1e9:.3g} ns per byte "
+                  f"({mix['runs']} runs with pairwise averages)")
         if fit["server"]:
             print(f"server: service overhead {fit['server']['service_overhead_s'] * 1e3:.3g} ms")
         cpu = fit["host_cpu"]
