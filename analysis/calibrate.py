@@ -112,7 +112,7 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     else:
         n = np.asarray(group_sizes, dtype=float)
         pair = n <= 2 if pairwise is None else np.asarray(pairwise, dtype=bool)
-        rounds = np.array([allreduce_rounds(int(k), algorithm) if k > 1 else 0 for k in n], dtype=float)
+        rounds = np.array([allreduce_rounds(int(k), algorithm) for k in n], dtype=float)
         a_coef = np.where(pair, 1.0, rounds)
         b_coef = np.where(pair, S, 2 * (n - 1) / n * S)
     X = np.column_stack([a_coef, b_coef])
@@ -368,10 +368,15 @@ def _fit_mix_merge(points: list[tuple[float, float]], fixed: float, per_byte: fl
     AD-PSGD's active side, 0.9 on its passive side, 0.7 for SSGD. ``None`` without such runs."""
     if not points:
         return None
-    excess = [(S, max(g - (fixed + per_byte * S), 0.0)) for S, g in points]
-    a, b = fit_overhead_per_byte(excess)
+    return _overhead_line([(S, max(g - (fixed + per_byte * S), 0.0)) for S, g in points])
+
+
+def _overhead_line(points: list[tuple[float, float]]) -> dict[str, Any]:
+    """:func:`fit_overhead_per_byte` of ``(payload bytes, excess)`` per run, with the points
+    behind it (the fold of an averaged model, the merge of a pairwise one)."""
+    a, b = fit_overhead_per_byte(points)
     return {"fixed_s": a, "s_per_byte": b, "runs": len(points),
-            "excess_s": [round(x, 6) for _, x in sorted(excess)], "payloads_bytes": [int(S) for S, _ in sorted(excess)]}
+            "excess_s": [round(x, 6) for _, x in sorted(points)], "payloads_bytes": [int(S) for S, _ in sorted(points)]}
 
 
 def allreduce_algorithm_of(runs: list[Any]) -> str:
@@ -406,11 +411,7 @@ def _fit_model_average(runs: list[Any], link: dict[str, Any], *, algorithm: str 
                           warmup_steps=warmup_steps, algorithm=algorithm) if S else None
         if got is not None:
             pts.append((float(S), got[0]))
-    if not pts:
-        return None
-    fixed, per_byte = fit_overhead_per_byte(pts)
-    return {"fixed_s": fixed, "s_per_byte": per_byte, "runs": len(pts),
-            "excess_s": [round(x, 6) for _, x in sorted(pts)], "payloads_bytes": [int(s) for s, _ in sorted(pts)]}
+    return _overhead_line(pts) if pts else None
 
 
 def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
@@ -464,9 +465,10 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
     staging ``direct``; the server is the fitted link plus the fitted service overhead; with a
     ``host_cpu`` fit, ``[platform.host_cpu]`` (the host's cores and the CPU work of
     communication); with a ``collective`` fit, ``[platform.collective]`` (the allreduce's own
-    link); ``allreduce``, the runs' schedule (:func:`allreduce_algorithm_of`). The workload is ``n_params`` items of ``itemsize`` bytes (default: the
-    runs' payload) with the fitted compute distribution at ``batch``. The residuals are TOML
-    comments (the loader rejects unknown tables).
+    link); ``allreduce``, the runs' schedule (:func:`allreduce_algorithm_of`). The workload is
+    ``n_params`` items of ``itemsize`` bytes (default: the runs' payload) with the fitted compute
+    distribution at ``batch``. The residuals are TOML comments (the loader rejects unknown
+    tables).
     """
     comp, link, srv = calibration["compute"], calibration["link"], calibration["server"]
     cpu = calibration.get("host_cpu")

@@ -37,7 +37,7 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import PHASES, summarize
 
 __all__ = ["total_variation", "compare_cases", "compare_dirs", "cut_at_first_finish", "windowed_summaries",
-           "ranking", "METRICS", "TIE_REL"]
+           "window_summary", "ranking", "METRICS", "TIE_REL"]
 
 #: summary keys compared for every case
 METRICS = ("step_time_s", "samples_per_s", "comm_fraction", "idle_fraction", "staleness_mean")
@@ -92,9 +92,16 @@ def windowed_summaries(pred: Run, meas: Run) -> tuple[dict[str, Any], dict[str, 
     cut_p, cut_m = cut_at_first_finish(pred.trace), cut_at_first_finish(meas.trace)
     if not (cut_p["phase"] == PHASES["compute"]).any() or not (cut_m["phase"] == PHASES["compute"]).any():
         return pred.summary, meas.summary, False
-    warmup = max(1, min(_steps_per_worker(cut_p), _steps_per_worker(cut_m)) // 10)
-    return (summarize(cut_p, samples_per_step=sp, warmup_steps=warmup),
-            summarize(cut_m, samples_per_step=sm, warmup_steps=warmup), True)
+    steps = min(_steps_per_worker(cut_p), _steps_per_worker(cut_m))
+    return (window_summary(cut_p, samples_per_step=sp, steps=steps),
+            window_summary(cut_m, samples_per_step=sm, steps=steps), True)
+
+
+def window_summary(cut: np.ndarray, *, samples_per_step: int, steps: int | None = None) -> dict[str, Any]:
+    """``summarize`` of a trace cut at the first finish (:func:`cut_at_first_finish`) with the
+    comparison's warm-up: a tenth of ``steps`` (default: the cut trace's own steps per worker)."""
+    steps = _steps_per_worker(cut) if steps is None else steps
+    return summarize(cut, samples_per_step=samples_per_step, warmup_steps=max(1, steps // 10))
 
 
 def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:

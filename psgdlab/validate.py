@@ -247,10 +247,11 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
         result = compare_dirs(pred_root, meas_root)
         result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
+        if vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):
+            runs = _remeasure(vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler,
+                              load, say)
+            result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
         result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
-        if vc.remeasure and not result["ranking_identical"]:
-            _remeasure(vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler,
-                       load, say, predicted)
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
         for c in result["cases"]:
             table.append({**_case_row(c), "straggler": straggler})
@@ -300,17 +301,15 @@ def _measure(vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load:
 
 
 def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_root: Path, straggler: str,
-               load: dict[str, Any], say: Callable[[str], None],
-               predicted: dict[tuple[str, int], list[float]]) -> None:
-    """Measure each case of a swapped pair ``vc.remeasure`` more times (interleaved, into
-    ``rep_root``) and rank again on the mean samples/s of all its runs.
+               load: dict[str, Any], say: Callable[[str], None]) -> dict[tuple[str, int], list[float]]:
+    """Measure each case of a swapped pair of ``result["ranking"]`` ``vc.remeasure`` more times
+    (interleaved, into ``rep_root``); returns the samples/s of every run of every case, first run
+    first, for :func:`pooled_ranking` to rank again on their means.
 
     One run of a case varies by about 0.5 % in samples/s here, so two algorithms that run at the
     same speed are measured in either order; more runs shrink that (the standard error of the
     mean falls as one over the root of the runs) without changing the rule: the means must come
-    in the predicted order. ``result["ranking"]`` is replaced; each group that was re-measured
-    gets ``remeasured`` (per case: the samples/s of every run, their mean and standard error,
-    first run first) and every swap keeps being reported, with the means' difference.
+    in the predicted order.
     """
     from psgdlab.analysis.compare import compare_cases
     from psgdlab.analysis.load import load_cases, load_run
@@ -330,8 +329,7 @@ def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_
                                        straggler=straggler, steps=vc.steps, out=d), d, name, label, load, say)
             got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
             runs[(name, n)].append(got)
-    result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
-    result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
+    return runs
 
 
 def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]],
@@ -376,16 +374,11 @@ def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list
 
 
 def _samples_per_s(trace: Any, samples_per_step: int) -> float:
-    """Samples/s of a predicted trace under the comparison's window (cut at the first worker's
-    finish, a tenth of the steps as warm-up: :func:`psgdlab.analysis.compare.windowed_summaries`
-    with a measured run of as many steps)."""
-    from psgdlab.analysis.compare import cut_at_first_finish
-    from psgdlab.core.trace import PHASES, summarize
+    """Samples/s of a predicted trace under the comparison's window
+    (:func:`psgdlab.analysis.compare.window_summary`, as against a measured run of as many steps)."""
+    from psgdlab.analysis.compare import cut_at_first_finish, window_summary
 
-    cut = cut_at_first_finish(trace)
-    comp = cut[cut["phase"] == PHASES["compute"]]
-    steps = min(int((comp["rank"] == r).sum()) for r in set(comp["rank"].tolist()))
-    return float(summarize(cut, samples_per_step=samples_per_step, warmup_steps=max(1, steps // 10))["samples_per_s"])
+    return float(window_summary(cut_at_first_finish(trace), samples_per_step=samples_per_step)["samples_per_s"])
 
 
 def _spread(values: list[float]) -> dict[str, Any]:

@@ -297,9 +297,11 @@ class _Sim:
             late: list[Any] = []
             grad: list[Any] = []
             post: list[Any] = []
+            paired = False
             for ex in exs:
                 T = type(ex)
                 if T is PairwiseAverage:
+                    paired = True
                     if ex.blocking:
                         late.append(ex)
                     elif ex.active:
@@ -348,7 +350,7 @@ class _Sim:
                 now = env.now
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = self.merges_done(r, now) - read
-            if merge_s > 0.0 and any(type(ex) is PairwiseAverage for ex in exs):
+            if paired and merge_s > 0.0:
                 yield timeout(merge_s)  # host work (no record: it is step overhead, as in the runtime)
             for ex in post:
                 T = type(ex)

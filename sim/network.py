@@ -14,9 +14,9 @@ Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start)
   copy, the network leg, a CPU average (:math:`3S` bytes at host memory bandwidth) and a
   host-to-device copy, one after another.
 - allreduce over a group: :func:`~psgdlab.core.exchange.allreduce_s` with the platform's
-  ``allreduce`` schedule (ring by default) and the slowest link class on the ring: per-device share of each socket's PCIe (or NVLink), and each NIC
-  (shared with other flows) when the group spans hosts; a group inside one host uses
-  ``platform.collective`` instead when it is set.
+  ``allreduce`` schedule (ring by default) and the slowest link class on the ring: per-device
+  share of each socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group
+  spans hosts; a group inside one host uses ``platform.collective`` instead when it is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange):
   :math:`(m-1)/m \cdot S / B + R(m)/2 \cdot \alpha`, half the allreduce's rounds (ring: :math:`m-1`).
 - the fold of an averaged model into each member after a model allreduce:

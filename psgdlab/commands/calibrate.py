@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from psgdlab.analysis.calibrate import calibrate_runs, platform_toml, write_platform
     from psgdlab.core.errors import require
+    from psgdlab.core.exchange import allreduce_rounds
 
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
@@ -48,14 +49,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**fit, "out": args.out}, indent=2))
     else:
-        ROUNDS = {"ring": "2(n-1)", "halving-doubling": "2 ceil(log2 n)", "direct": "2"}
         c, lk = fit["compute"], fit["link"]
         print(f"compute: mean {c['mean_s']:.6g} s, cv {c['cv']:.3g}, p95 {c['p95_s']:.6g} s ({c['samples']} steps)")
         print(f"link: latency {lk['latency_s'] * 1e6:.1f} us, bandwidth {lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
               f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)")
         co = fit.get("collective")
-        print(f"allreduce schedule: {fit['allreduce_algorithm']} (latency rounds over n ranks: "
-              f"{ROUNDS[fit['allreduce_algorithm']]})")
+        schedule = fit["allreduce_algorithm"]
+        print(f"allreduce schedule: {schedule} (latency rounds over 2, 4, 8 ranks: "
+              f"{', '.join(str(allreduce_rounds(n, schedule)) for n in (2, 4, 8))})")
         print(f"allreduce (apart): latency {co['latency_s'] * 1e6:.1f} us per round, bandwidth "
               f"{co['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({co['samples']} allreduces, rms residual "
               f"{co['rms_residual_s'] * 1e3:.3g} ms)" if co else

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "validate",
         help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
         description=("Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
-                     "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more workers than cores for the CPU work of "
-                     "communication), predict every (algorithm, workers) case with the fitted platform, "
+                     "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more "
+                     "workers than cores for the CPU work of communication), predict every (algorithm, workers) case with the fitted platform, "
                      "measure the same cases with the runtime (emulated compute by default), and compare: step "
                      "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
                      "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=80,
                    help="steps per worker of each case (about 4 s: one stall of another process weighs less)")
     p.add_argument("--dim", type=int, default=250_000,
-                   help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 times as "
-                        "many; below 100000, 50000 and 500000)")
+                   help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 "
+                        "times as many; below 100000, 50000 and 500000)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
                         "calibration also runs ssgd with twice as many workers as cores and with the "
