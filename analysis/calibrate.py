@@ -37,7 +37,8 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS, allreduce_rounds
 from psgdlab.core.trace import PHASES
 
-__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "calibrate_runs", "platform_toml",
+__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "fit_step_overhead", "step_gaps",
+           "calibrate_runs", "platform_toml",
            "allreduce_algorithm_of",
            "write_platform", "MIN_RECORDS",
            "PAIRWISE_QUANTILE", "SERVER_QUANTILE"]
@@ -261,40 +262,40 @@ def fit_overhead_per_byte(points: list[tuple[float, float]]) -> tuple[float, flo
     return max(float(a), 0.0), float(b)
 
 
-def _with_overhead(compute: dict[str, Any], overhead: float) -> None:
-    """Set ``compute``'s spec to its fitted law moved by ``overhead`` (the same spread around a
-    larger mean) and record the overhead."""
-    mean = compute["mean_s"] + overhead
-    cv = compute["cv"] * compute["mean_s"] / mean
-    compute.update(step_overhead_s=overhead, spec=f"lognormal:{mean:.6g}:{cv:.6g}")
-
-
-def fit_step_overhead(trace: np.ndarray, *, warmup_steps: int = 2) -> float | None:
-    """Median host time per step outside compute and exchanges: from the end of a step's last
-    compute, comm or wait record to the start of the same worker's next compute (the update,
-    the snapshot of the weights, the loop). ``None`` without two consecutive steps."""
+def step_gaps(trace: np.ndarray, *, warmup_steps: int = 2) -> np.ndarray:
+    """``(rank, step, gap)`` rows: each worker's host time from the end of step ``step``'s last
+    compute, comm or wait record to the start of its next compute (the update, the snapshot of
+    the weights, the loop; the merge of an average the training thread folds back)."""
     keep = np.isin(trace["phase"], [PHASES["compute"], PHASES["comm"], PHASES["wait"]])
     tr = trace[keep & (trace["step"] >= warmup_steps)]
-    gaps = []
+    rows = []
     for r in np.unique(tr["rank"]):
         mine = tr[tr["rank"] == r]
         comp = mine[mine["phase"] == PHASES["compute"]]
         starts = dict(zip(comp["step"].tolist(), comp["start_s"].tolist()))
         for s in np.unique(mine["step"]):
             if int(s) + 1 in starts:
-                gaps.append(starts[int(s) + 1] - float(mine["end_s"][mine["step"] == s].max()))
-    return float(np.median(gaps)) if gaps else None
+                rows.append((int(r), int(s), starts[int(s) + 1] - float(mine["end_s"][mine["step"] == s].max())))
+    return np.array(rows, dtype=float).reshape(-1, 3)
+
+
+def fit_step_overhead(trace: np.ndarray, *, warmup_steps: int = 2) -> float | None:
+    """Median host time per step outside compute and exchanges (:func:`step_gaps`). ``None``
+    without two consecutive steps."""
+    gaps = step_gaps(trace, warmup_steps=warmup_steps)
+    return float(np.median(gaps[:, 2])) if gaps.size else None
 
 
 def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> dict[str, Any]:
     r"""Fit this machine's platform profile from runtime run directories.
 
     Runs with at most ``cores`` workers (every worker has a core) give ``compute``
-    (:func:`fit_compute_time` over their compute records, its mean raised by ``step_overhead_s``
-    -- :func:`fit_step_overhead` per run, :math:`a + bS` over the runs' payloads
-    (:func:`fit_overhead_per_byte`), which the simulator has no other place for; here at the
-    largest payload, in :func:`platform_toml` at the workload's; from the runs without pairwise
-    averages when there are some, the others giving ``mix_merge``, :func:`_fit_mix_merge`),
+    (:func:`fit_compute_time` over their compute records) with its ``step_overhead_fixed_s`` and
+    ``step_overhead_s_per_byte`` (``[platform] step_overhead_s``, ``_per_byte``: the median of
+    :func:`step_gaps` per run, :math:`a + bS` over the runs' payloads by
+    :func:`fit_overhead_per_byte`; ``step_overhead_s`` is its value at the largest payload), from
+    the runs whose training threads never fold an average back when there are some, the steps
+    that do giving ``mix_merge`` (:func:`_fit_mix_merge`),
     ``link`` and ``collective``
     (:func:`fit_links` over their allreduce and pairwise records, see :func:`_link_samples`) and
     ``server`` (service overhead: the :data:`SERVER_QUANTILE` of the server-exchange durations
@@ -321,16 +322,26 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         raise ConfigError(f"every run has more workers than the {cores} cores: the link and the compute time are "
                           f"fitted from runs with at most {cores} workers")
     compute = fit_compute_time(np.concatenate([r.trace for r in free]), warmup_steps=warmup_steps)
-    # the step overhead of runs without pairwise averages, and beyond it the merge of an average
-    gaps = [(r, float(_payload_of(r) or 0), g) for r in free
-            if (g := fit_step_overhead(r.trace, warmup_steps=warmup_steps)) is not None]
-    base = [(S, g) for r, S, g in gaps if not _has_pairwise(r)]
-    mixing = [(S, g) for r, S, g in gaps if _has_pairwise(r)]
-    fixed, per_byte = fit_overhead_per_byte(base or mixing)
-    mix_merge = _fit_mix_merge(mixing, fixed, per_byte) if base else None
-    largest = max((S for _, S, _ in gaps), default=0.0)
-    compute.update(step_overhead_fixed_s=fixed, step_overhead_s_per_byte=per_byte)
-    _with_overhead(compute, fixed + per_byte * largest)
+    # the step overhead of runs whose training threads never fold an average back, and beyond it
+    # that merge, from the steps that do it (an AD-PSGD run's active sides)
+    base, merging, passive, sizes = [], [], [], []
+    for r in free:
+        gaps = step_gaps(r.trace, warmup_steps=warmup_steps)
+        if not gaps.size:
+            continue
+        S = float(_payload_of(r) or 0)
+        sizes.append(S)
+        merges = _merging_steps(r, gaps)
+        if not merges.any():
+            base.append((S, float(np.median(gaps[:, 2]))))
+            continue
+        merging.append((S, float(np.median(gaps[merges, 2]))))
+        if not merges.all():
+            passive.append((S, float(np.median(gaps[~merges, 2]))))
+    fixed, per_byte = fit_overhead_per_byte(base or merging)
+    mix_merge = _fit_mix_merge(merging, passive, fixed, per_byte) if base else None
+    compute.update(step_overhead_fixed_s=fixed, step_overhead_s_per_byte=per_byte,
+                   step_overhead_s=fixed + per_byte * max(sizes, default=0.0))
     averaging = [r for r in free if _algorithm_of(r) in MODEL_AVERAGING]
     plain = [r for r in free if r not in averaging]
     if not plain:
@@ -355,20 +366,41 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             "batch": max(batches) or None, "max_workers": max(_workers_of(r) for r in runs)}
 
 
-def _has_pairwise(run: Any) -> bool:
+def _merging_steps(run: Any, gaps: np.ndarray) -> np.ndarray:
+    """For each ``(rank, step)`` row of ``gaps``, whether the run's training thread folded an
+    average back in that step (:func:`psgdlab.core.exchange.trainer_merges` of the schedule of
+    the algorithm in its resolved config). A run whose algorithm cannot be rebuilt counts every
+    step of a run with pairwise exchanges."""
+    from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.exchange import trainer_merges
+
+    params = run.config.get("algorithm")
+    if isinstance(params, dict) and params.get("algorithm"):
+        params = dict(params)
+        try:
+            alg = make_algorithm(params.pop("algorithm"), **params)
+        except ConfigError:
+            alg = None
+        if alg is not None:
+            return np.array([trainer_merges(alg.exchanges(int(s), int(r))) for r, s, _ in gaps], dtype=bool)
     tr = run.trace
-    return bool(np.any((tr["kind"] == _K_PAIR) & (tr["nbytes"] > 0)))
+    return np.full(len(gaps), bool(np.any((tr["kind"] == _K_PAIR) & (tr["nbytes"] > 0))))
 
 
-def _fit_mix_merge(points: list[tuple[float, float]], fixed: float, per_byte: float) -> dict[str, Any] | None:
-    r"""Host work of merging a pairwise average back (``[platform] mix_merge_s``,
-    ``mix_merge_s_per_byte``): the step overhead of runs with pairwise averages (``(payload,
-    overhead)`` per run) beyond the overhead line :math:`a + bS` of the runs without, then
-    :func:`fit_overhead_per_byte` over those excesses. Measured here at 2 MB: 1.3 ms a step on
-    AD-PSGD's active side, 0.9 on its passive side, 0.7 for SSGD. ``None`` without such runs."""
-    if not points:
+def _fit_mix_merge(merging: list[tuple[float, float]], passive: list[tuple[float, float]], fixed: float,
+                   per_byte: float) -> dict[str, Any] | None:
+    r"""Host work of the training thread folding an average back (``[platform] mix_merge_s``,
+    ``mix_merge_s_per_byte``): the median step overhead of the steps that do it (``(payload,
+    overhead)`` per run: :func:`_merging_steps`) beyond the overhead line :math:`a + bS` of the
+    runs without averages, then :func:`fit_overhead_per_byte` over those excesses. Measured here
+    at 2 MB: 1.2-1.4 ms a step on AD-PSGD's active side, 0.75-0.9 on its passive side (which
+    merges in its responder thread) and 0.7-0.9 for SSGD: the passive side's own excess
+    (``passive_excess_s``, per run) is reported, not priced. ``None`` without such runs."""
+    if not merging:
         return None
-    return _overhead_line([(S, max(g - (fixed + per_byte * S), 0.0)) for S, g in points])
+    out = _overhead_line([(S, max(g - (fixed + per_byte * S), 0.0)) for S, g in merging])
+    out["passive_excess_s"] = [round(g - (fixed + per_byte * S), 6) for S, g in sorted(passive)]
+    return out
 
 
 def _overhead_line(points: list[tuple[float, float]]) -> dict[str, Any]:
@@ -480,9 +512,8 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
             raise ConfigError("the runs do not record their payload (payload_bytes); give n_params")
         n_params = max(1, int(max(payloads)) // itemsize)
     batch = int(batch or calibration.get("batch") or 1)
-    if comp.get("step_overhead_s_per_byte"):  # the overhead at this workload's payload
-        comp = dict(comp)
-        _with_overhead(comp, comp["step_overhead_fixed_s"] + comp["step_overhead_s_per_byte"] * n_params * itemsize)
+    overhead = (comp.get("step_overhead_fixed_s", comp.get("step_overhead_s", 0.0)),
+                comp.get("step_overhead_s_per_byte", 0.0))
     lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
     coll_fit = calibration.get("collective")
     avg = calibration.get("model_average")
@@ -511,10 +542,13 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
         ("#   model average (the fold of an averaged model back, beyond the allreduce): " + (
             f"{avg['fixed_s']:.4g} s + {avg['s_per_byte']:.4g} s per byte from {avg['runs']} runs (excess "
             f"{avg['excess_s']} s at {avg['payloads_bytes']} B)" if avg else "no model-averaging runs: 0")),
-        f"#   step overhead (host work between a step's exchanges and the next compute, added to the compute "
-        f"mean): {comp.get('step_overhead_s', 0.0):.4g} s at {n_params * itemsize} B "
-        f"({comp.get('step_overhead_fixed_s', comp.get('step_overhead_s', 0.0)):.4g} s + "
-        f"{comp.get('step_overhead_s_per_byte', 0.0):.4g} s per byte of model)",
+        f"#   step overhead (host work between a step's exchanges and the next compute, apart from the compute: "
+        f"a straggler does not slow it): {overhead[0] + overhead[1] * n_params * itemsize:.4g} s at "
+        f"{n_params * itemsize} B ({overhead[0]:.4g} s + {overhead[1]:.4g} s per byte of model)",
+        ("#   merge of an average by the training thread: " + (
+            f"{mix['fixed_s']:.4g} s + {mix['s_per_byte']:.4g} s per byte from {mix['runs']} runs (excess "
+            f"{mix['excess_s']} s at {mix['payloads_bytes']} B; the passive sides' own excess, not priced: "
+            f"{mix.get('passive_excess_s', [])} s)" if mix else "no runs with pairwise averages: 0")),
         ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
                               f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
                               f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
@@ -535,6 +569,8 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
           if avg else []),
         *([f"mix_merge_s = {float(mix['fixed_s'])!r}", f"mix_merge_s_per_byte = {float(mix['s_per_byte'])!r}"]
           if mix else []),
+        f"step_overhead_s = {float(overhead[0])!r}",
+        f"step_overhead_s_per_byte = {float(overhead[1])!r}",
         f'allreduce = "{calibration.get("allreduce_algorithm") or "ring"}"',
         'staging = "direct"',
         "",

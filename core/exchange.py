@@ -31,7 +31,7 @@ Wire bytes (per rank, per exchange; ``S = n_params * itemsize``) are given by :f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, Sequence, TypeAlias
 
 from psgdlab.core.errors import require
 
@@ -45,6 +45,7 @@ __all__ = [
     "EXCHANGE_KINDS",
     "kind_name",
     "wire_bytes",
+    "trainer_merges",
     "ALLREDUCE_ALGORITHMS",
     "allreduce_rounds",
     "allreduce_messages",
@@ -208,6 +209,20 @@ def wire_bytes(exchange: Exchange, n_params: int, itemsize: int = 4) -> tuple[in
     if isinstance(exchange, ServerExchange):
         return size, size
     return 0, 0
+
+
+def trainer_merges(exchanges: Sequence[Exchange]) -> bool:
+    """Whether a rank's training thread folds an average back into its model in a step with
+    ``exchanges``: the active side of a pairwise average, every member of a node in a sharded one
+    (the passive members apply the allgathered merges after agreeing on them), a gossip step. A
+    passive side of an unsharded pairwise average merges in its responder thread instead, while
+    the training thread computes. Model allreduces (BMUF, BSP) fold their mean in the collective.
+
+    >>> trainer_merges([PairwiseAverage(peer=1, active=True)]), trainer_merges([PairwiseAverage(peer=0, active=False)])
+    (True, False)
+    """
+    return any((isinstance(ex, PairwiseAverage) and (ex.active or ex.n_shards > 1)) or isinstance(ex, Gossip)
+               for ex in exchanges)
 
 
 #: how an implementation's allreduce is scheduled, which sets how its latency grows with the group

@@ -64,7 +64,7 @@ from simpy.events import NORMAL
 
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import SimulationError, require
-from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
+from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange, trainer_merges
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
 from psgdlab.sim.network import Network
@@ -288,7 +288,8 @@ class _Sim:
         busy = self.busy
         agree = self._agreement(r)
         plat = self.net.platform
-        merge_s = plat.mix_merge_s + plat.mix_merge_s_per_byte * self.S  # folding a pairwise average back
+        merge_s = plat.mix_merge_s + plat.mix_merge_s_per_byte * self.S  # folding an average back
+        overhead_s = plat.step_overhead_s + plat.step_overhead_s_per_byte * self.S  # update, snapshot, loop
         for s in range(self.steps):
             t0 = env.now
             reads.append(self.merges_done(r, t0))
@@ -297,11 +298,9 @@ class _Sim:
             late: list[Any] = []
             grad: list[Any] = []
             post: list[Any] = []
-            paired = False
             for ex in exs:
                 T = type(ex)
                 if T is PairwiseAverage:
-                    paired = True
                     if ex.blocking:
                         late.append(ex)
                     elif ex.active:
@@ -350,8 +349,10 @@ class _Sim:
                 now = env.now
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = self.merges_done(r, now) - read
-            if paired and merge_s > 0.0:
-                yield timeout(merge_s)  # host work (no record: it is step overhead, as in the runtime)
+            if merge_s > 0.0 and trainer_merges(exs):
+                # host work of the training thread (no record: step overhead, as in the runtime);
+                # a passive side merges in its responder, off the step
+                yield timeout(merge_s)
             for ex in post:
                 T = type(ex)
                 if T is ServerExchange:
@@ -362,6 +363,8 @@ class _Sim:
                     yield from self.collective(r, s, ex, _K_BARRIER)
             if record:
                 rows.append((r, s, _COMPUTE, 0, t0, t_c, -1, 0, stale, _NAN))
+            if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
+                yield timeout(overhead_s)
 
 
 def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, steps: int, seed: int = 0,

@@ -194,10 +194,20 @@ class Platform:
         stretched like an exchange's. Default 0 (the published presets: the filter runs on the
         accelerator, small beside the allreduce); ``psgdlab calibrate`` fits it from BMUF runs.
     mix_merge_s, mix_merge_s_per_byte : float
-        Host work per step of a worker whose step has a pairwise average (AD-PSGD, H-ADPSGD):
-        merging the average back into its model, :math:`a + b S` seconds for ``S`` bytes of model,
-        after the gradient phase. Default 0 (the published presets); ``psgdlab calibrate`` fits
-        it from AD-PSGD runs (their step overhead beyond that of runs without pairwise averages).
+        Host work of the training thread in a step where it folds an average back into its model:
+        the active side of a pairwise average (AD-PSGD), every member of a node that takes part
+        in a sharded one (H-ADPSGD; a passive node's members apply the merges after agreeing on
+        them), a gossip step; :math:`a + b S` seconds for ``S`` bytes of model, after the gradient
+        phase. A passive AD-PSGD side merges in its responder thread, off its step (measured here
+        at 2 MB: 0.45 ms more per step on the active side than on the passive one, whose step
+        overhead is that of SSGD). Default 0 (the published presets); ``psgdlab calibrate`` fits it
+        from AD-PSGD runs (the active steps' overhead beyond that of runs without averages).
+    step_overhead_s, step_overhead_s_per_byte : float
+        Host work of every worker's step outside its compute and exchanges (the update, the
+        snapshot of the weights, the loop), :math:`a + b S` seconds for ``S`` bytes of model,
+        after the step's last exchange. It is not compute: a straggler's slowdown does not scale
+        it (the runtime's emulated straggler slows its compute only). Default 0 (the published
+        presets fold it into the compute time); ``psgdlab calibrate`` fits it.
     staging : {"direct", "host"}
         Whether weights travel GPU-direct or through host memory with CPU averaging.
     server : ServerSpec
@@ -223,6 +233,8 @@ class Platform:
     model_average_s_per_byte: float = 0.0
     mix_merge_s: float = 0.0
     mix_merge_s_per_byte: float = 0.0
+    step_overhead_s: float = 0.0
+    step_overhead_s_per_byte: float = 0.0
     staging: Literal["direct", "host"] = "direct"
     server: ServerSpec = field(default_factory=ServerSpec)
     host_cpu: HostCPU | None = None
@@ -239,7 +251,8 @@ class Platform:
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
         require(self.allreduce in ALLREDUCE_ALGORITHMS, "allreduce", self.allreduce,
                 f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
-        for name in ("model_average_s", "model_average_s_per_byte", "mix_merge_s", "mix_merge_s_per_byte"):
+        for name in ("model_average_s", "model_average_s_per_byte", "mix_merge_s", "mix_merge_s_per_byte",
+                     "step_overhead_s", "step_overhead_s_per_byte"):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
 

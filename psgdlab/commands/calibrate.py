@@ -65,11 +65,15 @@ def run(args: argparse.Namespace) -> int:
         if avg:
             print(f"model average (fold of the mean, beyond the allreduce): {avg['fixed_s'] * 1e3:.3g} ms + "
                   f"{avg['s_per_byte'] * 1e9:.3g} ns per byte ({avg['runs']} bmuf/bsp runs)")
+        print(f"step overhead (host work outside compute and exchanges, not slowed by a straggler): "
+              f"{c.get('step_overhead_fixed_s', 0.0) * 1e3:.3g} ms + "
+              f"{c.get('step_overhead_s_per_byte', 0.0) * 1e9:.3g} ns per byte")
         mix = fit.get("mix_merge")
         if mix:
-            print(f"pairwise merge (folding an average back, beyond the step overhead): "
+            print(f"merge of an average by the training thread (active sides; beyond the step overhead): "
                   f"{mix['fixed_s'] * 1e3:.3g} ms + {mix['s_per_byte'] * 1e9:.3g} ns per byte "
-                  f"({mix['runs']} runs with pairwise averages)")
+                  f"({mix['runs']} runs with pairwise averages; passive sides' own excess "
+                  f"{', '.join(f'{x * 1e3:.2g}' for x in mix.get('passive_excess_s', [])) or '-'} ms, not priced)")
         if fit["server"]:
             print(f"server: service overhead {fit['server']['service_overhead_s'] * 1e3:.3g} ms")
         cpu = fit["host_cpu"]

@@ -211,23 +211,65 @@ def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
     assert not np.any(unsharded["kind"] == 5)
 
 
-def test_mix_merge_is_host_work_of_every_step_with_a_pairwise_average():
-    """``mix_merge_s + mix_merge_s_per_byte * S`` lengthens each AD-PSGD step by exactly that (no
-    record: step overhead, as the runtime's) and leaves SSGD and the staleness alone."""
-    w = workload(compute="0.1", n_params=250_000)
+def _rank_steps(trace):
+    """Median interval between a rank's consecutive compute starts, per rank."""
+    comp = trace[trace["phase"] == PHASES["compute"]]
+    return np.array([np.median(np.diff(np.sort(comp["start_s"][comp["rank"] == r])))
+                     for r in np.unique(comp["rank"])])
+
+
+@pytest.mark.parametrize("name, kw, merging", [
+    ("adpsgd", {}, [False, True, False, True]),  # fixed ring: odd ranks active, passive ones merge off the step
+    ("dpsgd", {}, [True] * 4),  # gossip: every training thread folds the mix back
+    ("hadpsgd", {"gpus_per_node": 2}, [True] * 8),  # sharded: a passive node's members apply the merges too
+    ("ssgd", {}, [False] * 4),
+])
+def test_mix_merge_is_host_work_of_the_training_thread_that_folds_an_average_back(name, kw, merging):
+    """``mix_merge_s + mix_merge_s_per_byte * S`` lengthens exactly the steps of the ranks whose
+    training thread folds an average back (core.exchange.trainer_merges; no record: step
+    overhead, as the runtime's) and leaves the staleness alone."""
+    w = workload(compute="0.1", n_params=1000)  # exchanges of microseconds: no lock is ever contended
     merge = dict(mix_merge_s=1e-3, mix_merge_s_per_byte=1e-9)
     extra = 1e-3 + 1e-9 * w.payload_bytes
+    n = len(merging)
 
-    def run(name, **kw):
-        res = simulate(make_algorithm(name, n_workers=4), flat_platform(**kw), w, steps=12)
+    def run(**plat):
+        res = simulate(make_algorithm(name, n_workers=n, **kw), flat_platform(**plat), w, steps=12,
+                       gpus_per_node=8)  # every worker on the one host
         return res.trace, summarize(res.trace, samples_per_step=32, warmup_steps=2)
 
-    (t0, a0), (t1, a1) = run("adpsgd"), run("adpsgd", **merge)
-    assert a1["step_time_s"] == pytest.approx(a0["step_time_s"] + extra, rel=1e-9)
-    assert a1["staleness_mean"] == a0["staleness_mean"] and t1.size == t0.size
-    assert run("ssgd", **merge)[1]["step_time_s"] == run("ssgd")[1]["step_time_s"]
+    (t0, a0), (t1, a1) = run(), run(**merge)
+    np.testing.assert_allclose(_rank_steps(t1) - _rank_steps(t0), np.where(merging, extra, 0.0), atol=1e-12)
+    if name != "hadpsgd":  # there the active node's merges now land in the passive members' merge
+        assert a1["staleness_mean"] == a0["staleness_mean"]  # (after their update: stale for no gradient)
     with pytest.raises(ConfigError, match=r"mix_merge_s \(-1\) must be >= 0"):
         flat_platform(mix_merge_s=-1)
+
+
+def test_step_overhead_is_host_work_a_straggler_does_not_scale():
+    """``step_overhead_s + step_overhead_s_per_byte * S`` follows every step's exchanges on every
+    worker; a straggler's factor slows its compute only (as the runtime's emulated straggler):
+    SSGD with rank 1 twice as slow steps at 2 x compute + allreduce + overhead."""
+    w = workload(compute="0.1", n_params=250_000)
+    over = dict(step_overhead_s=2e-3, step_overhead_s_per_byte=1e-9)
+    extra = 2e-3 + 1e-9 * w.payload_bytes
+    slow = StragglerModel.parse("1:2", n_workers=4)
+
+    def step(name, **plat):
+        n = 1 if name == "sgd" else 4
+        res = simulate(make_algorithm(name, n_workers=n), flat_platform(**plat), w, steps=12,
+                       stragglers=slow if n > 1 else None)
+        return res.trace, summarize(res.trace, samples_per_step=32, warmup_steps=2)["step_time_s"]
+
+    t0, s0 = step("ssgd")
+    t1, s1 = step("ssgd", **over)
+    assert s0 == pytest.approx(0.2 + ring_allreduce_s(4, w.payload_bytes, 1e9, 1e-5), rel=1e-9)
+    assert s1 == pytest.approx(s0 + extra, rel=1e-9)
+    comp = lambda t: np.sort(t["end_s"] - t["start_s"])[t["phase"] == PHASES["compute"]]  # noqa: E731
+    np.testing.assert_allclose(comp(t1), comp(t0))  # the compute records leave the overhead out
+    np.testing.assert_allclose(_rank_steps(step("sgd", **over)[0]) - _rank_steps(step("sgd")[0]), extra, rtol=1e-9)
+    with pytest.raises(ConfigError, match=r"step_overhead_s_per_byte \(-1e-09\) must be >= 0"):
+        flat_platform(step_overhead_s_per_byte=-1e-9)
 
 
 def test_slow_network_makes_adpsgd_comm_bound():
