@@ -10,12 +10,16 @@ algorithm's name:
 =================  ===========================================================================
 exchange           simulated as
 =================  ===========================================================================
-PairwiseAverage    non-blocking (``"mix"``): the active side starts it with the step and it
-                   runs beside the compute (trace phase ``overlap``); the passive side answers
-                   from its *responder*, a capacity-1 lock per worker (atomic averaging),
-                   served in arrival order; a worker applies its gradient only when both its
-                   compute and its step's exchange are done (phase ``comm`` for the tail), and
-                   waits for its responder if an average is in flight (phase ``wait``).
+PairwiseAverage    non-blocking (``"mix"``): the active side starts it with the step from its
+                   communication thread and it runs beside the compute (trace phase
+                   ``overlap``); the passive side answers from its *responder*, one request at
+                   a time in arrival order, beside the worker's own active averages (two
+                   threads, as in the runtime); a worker applies its gradient only when both
+                   its compute and its step's exchange are done (phase ``comm`` for the tail).
+                   An average in flight on the responder does not hold the update back: the
+                   runtime's responder takes the model's lock only to copy it and to add the
+                   average's difference back (so an update in between is kept: the atomic
+                   average of ALGORITHMS.md §A.8, then the gradient).
                    ``blocking=True`` ones run after the compute (phase ``comm``).
 Gossip             blocking: after the compute, wait for the neighbours to reach the same step,
                    then exchange with all of them (phase ``comm``).
@@ -36,8 +40,8 @@ merges (pairwise averages on either side, gossip merges) whose completion falls 
 start of the step whose weights the gradient reads (``gradient_delay`` steps back) and the
 gradient's application; for server exchanges it is the server's staleness.
 
-The responder lock and the server queue are analytical FIFO queues (a ``busy_until`` time per
-resource): with service times known when a request is made, this gives exactly the schedule of
+The communication threads, the responders and the server queue are analytical FIFO queues (a
+``busy_until`` time per resource): with service times known when a request is made, this gives exactly the schedule of
 a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD learner step costs one or two
 simpy events.
 
@@ -140,8 +144,8 @@ class _Sim:
         self.n_params = workload.n_params
         self.steps = steps
         self.comp = [row.tolist() for row in comp]
-        self.busy = [0.0] * n  # responder lock: free from this time on
-        self.busy_from = [0.0] * n  # start of the latest average registered on the lock
+        self.comm_free = [0.0] * n  # a worker's communication thread: one active average at a time
+        self.resp_free = [0.0] * n  # a worker's responder: one passive average at a time
         self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
         self.mdone = [0] * n  # merges completed so far
         self.coll: dict[tuple[Any, ...], list[Any]] = {}
@@ -166,18 +170,16 @@ class _Sim:
 
     # ----- exchanges --------------------------------------------------------------------------
     def pair(self, r: int, ex: PairwiseAverage, t: float) -> tuple[float, float, int]:
-        """Start an active pairwise average at ``t`` (analytical FIFO on both responders)."""
+        """Start an active pairwise average at ``t`` (analytical FIFO on ``r``'s communication
+        thread and on the peer's responder)."""
         peer = ex.peer
-        busy = self.busy
-        start = max(t, busy[r], busy[peer])
+        start = max(t, self.comm_free[r], self.resp_free[peer])
         nbytes = -(-int(self.S) // ex.n_shards)
         dur = self.net.pair_average_s(r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1,
                                       model_bytes=self.S)
         end = start + dur
-        busy[r] = end
-        busy[peer] = end
-        self.busy_from[r] = start
-        self.busy_from[peer] = start
+        self.comm_free[r] = end
+        self.resp_free[peer] = end
         self.mq[r].append(end)
         self.mq[peer].append(end)
         return start, end, nbytes
@@ -285,7 +287,6 @@ class _Sim:
         mix_ends: deque[float] = deque()
         reads: deque[int] = deque()
         timeout = env.timeout
-        busy = self.busy
         agree = self._agreement(r)
         plat = self.net.platform
         merge_s = plat.mix_merge_s + plat.mix_merge_s_per_byte * self.S  # folding an average back
@@ -340,13 +341,6 @@ class _Sim:
                     rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
                 yield timeout(need - now)
                 now = need
-            if busy[r] > now and self.busy_from[r] < now:
-                # the responder is averaging this model: the update waits for the lock (an average
-                # that starts at this very instant goes after the update)
-                if record:
-                    rows.append((r, s, _WAIT, 0, now, busy[r], -1, 0, -1, _NAN))
-                yield timeout(busy[r] - now)
-                now = env.now
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = self.merges_done(r, now) - read
             if merge_s > 0.0 and trainer_merges(exs):

@@ -272,11 +272,14 @@ def test_step_overhead_is_host_work_a_straggler_does_not_scale():
         flat_platform(step_overhead_s_per_byte=-1e-9)
 
 
-def test_slow_network_makes_adpsgd_comm_bound():
+def test_slow_network_makes_adpsgd_comm_bound_on_the_active_side_only():
+    """Active workers (odd ranks of the fixed ring) wait for their 0.1 s average every step; the
+    passive ones answer from their responders beside the compute and are not held back (the
+    runtime's responder locks the model only to copy it and to add the average back)."""
     w = workload("0.01", n_params=25_000_000)  # 100 MB at 1 GB/s = 0.1 s >> 0.01 s compute
-    res = simulate(make_algorithm("adpsgd", n_workers=4), flat_platform(), w, steps=20)
-    s = summarize(res.trace, samples_per_step=32, warmup_steps=2)
-    assert s["step_time_s"] == pytest.approx(0.1 + 1e-5, rel=0.05)
-    # active workers are blocked in their exchange, passive ones wait for their responder's lock
-    assert s["comm_fraction"] > 0.4
-    assert s["compute_fraction"] < 0.15
+    res = simulate(make_algorithm("adpsgd", n_workers=4), flat_platform(), w, steps=20, until="all")
+    np.testing.assert_allclose(_rank_steps(res.trace), [0.01, 0.1 + 1e-5, 0.01, 0.1 + 1e-5], rtol=1e-6)
+    active = summarize(res.trace[res.trace["rank"] % 2 == 1], samples_per_step=32, warmup_steps=2)
+    passive = summarize(res.trace[res.trace["rank"] % 2 == 0], samples_per_step=32, warmup_steps=2)
+    assert active["comm_fraction"] > 0.85 and active["compute_fraction"] < 0.15
+    assert passive["compute_fraction"] == pytest.approx(1.0) and passive["comm_fraction"] == 0.0
