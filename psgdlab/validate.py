@@ -91,7 +91,8 @@ class ValidateConfig:
     max_idle_wait_s: float = 300.0
     #: runs more of each case of a pair measured out of the predicted order (0: none)
     remeasure: int = 4
-    #: seeds each case is predicted with; the ranking compares their mean samples/s
+    #: seeds each case is predicted with, each also with the workers relabelled; the ranking
+    #: compares the mean samples/s of those 2 x prediction_seeds predictions
     prediction_seeds: int = 8
 
     def __post_init__(self) -> None:
@@ -232,11 +233,12 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                                 stragglers=straggler or None, seed=vc.seed, workers_per_host=n)
                 p.row["algorithm"] = name
                 preds.append(p)
+                # every seed twice, the workers' compute-time streams in rank order and reversed
                 predicted[(name, n)] = [_samples_per_s(p.result.trace, vc.batch)] + [
                     _samples_per_s(predict_one(algorithm, n, config, steps=vc.steps, variant=variant, gpus_per_node=gpn,
-                                               stragglers=straggler or None, seed=vc.seed + k,
-                                               workers_per_host=n).result.trace, vc.batch)
-                    for k in range(1, vc.prediction_seeds)]
+                                               stragglers=straggler or None, seed=vc.seed + k, workers_per_host=n,
+                                               streams=order).result.trace, vc.batch)
+                    for k, order in _relabelled_seeds(n, vc.prediction_seeds)]
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
                 cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
@@ -332,18 +334,37 @@ def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_
     return runs
 
 
+def _relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
+    """The (seed offset, compute-time streams) of a case's predictions beyond its first (seed
+    offset 0 in rank order): every seed in rank order and with the streams reversed.
+
+    The workers' compute times are independent draws of one law, so relabelling whose stream
+    each worker takes changes no expectation; averaged over both orders, two configurations
+    that are one system with the workers renamed get the same figure. AD-PSGD's two rings with
+    2 workers are: the fixed ring's active side is rank 1, the random ring's the lower rank 0,
+    and without a straggler nothing else tells the ranks apart. Their 8-seed means came out
+    0.10 % apart (one 80-step prediction moves by 0.6 % from seed to seed), and the ranking
+    counted it as a claim that the measurement (0.05 % apart, 0.3 standard errors) could not
+    check. With a straggler on rank 1 they are two systems (the straggler is active on one ring,
+    passive on the other) and stay apart."""
+    reverse = list(range(n))[::-1]
+    return [(k, order) for k in range(seeds) for order in ((None, reverse) if k else (reverse,))]
+
+
 def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]],
                    predicted: dict[tuple[str, int], list[float]] | None = None) -> dict[str, Any]:
     """:func:`psgdlab.analysis.compare.ranking` of ``cases`` on the mean measured samples/s of
     ``runs`` (``(algorithm, workers)`` -> the samples/s of each run, the cases' own first) and
     the mean predicted samples/s of ``predicted`` (the same, one entry per simulated seed); a
     group with a case of more than one run gets ``remeasured`` (:func:`_spread` per such case),
-    one predicted over several seeds ``predicted_seeds``.
+    one predicted more than once ``predictions`` (how many).
 
     A prediction of 80 steps is one draw of the compute times and matchings: AD-PSGD's fixed and
     random rings under a straggler came out 0.2 % apart either way from one seed to the next,
-    while 640 steps put them within 0.1 %, always in the same order. The mean over seeds is the
-    prediction's expected value; ties between algorithms that exchange alike stay exact.
+    while 640 steps put them within 0.1 %, always in the same order. The mean over seeds (each
+    also with the workers' streams relabelled, :func:`_relabelled_seeds`) is the prediction's
+    expected value; ties between algorithms that exchange alike, also up to renaming the
+    workers, stay exact.
 
     >>> cases = [{"algorithm": a, "workers": 4, "samples_per_s": {"predicted": p, "measured": m}}
     ...          for a, p, m in (("easgd", 74.0, 73.5), ("bmuf", 73.0, 73.9))]
@@ -369,7 +390,7 @@ def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list
             r["remeasured"] = more
         seeds = {len(v) for (a, m), v in predicted.items() if str(m) == n}
         if seeds and max(seeds) > 1:
-            r["predicted_seeds"] = max(seeds)
+            r["predictions"] = max(seeds)
     return ranked
 
 
@@ -495,7 +516,7 @@ def format_table(summary: dict[str, Any]) -> str:
     for straggler, per_n in summary.get("ranking", {}).items():
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
-            seeds = f" (mean of {r['predicted_seeds']} seeds)" if r.get("predicted_seeds") else ""
+            seeds = f" (mean of {r['predictions']} predictions)" if r.get("predictions") else ""
             lines.append(f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; "
                          f"measured {' > '.join(r['measured'])}")
             for a, b, dp, dm in r["swaps"]:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import simpy
@@ -97,19 +97,25 @@ class SimResult:
 
 
 def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
-                  stragglers: StragglerModel | None = None, network: Network | None = None) -> np.ndarray:
+                  stragglers: StragglerModel | None = None, network: Network | None = None,
+                  streams: Sequence[int] | None = None) -> np.ndarray:
     """Per-(worker, step) compute times in seconds, drawn up front (shape ``(n, steps)``).
 
     Worker ``r`` draws from ``numpy.random.default_rng([seed, r])`` so adding workers does not
-    change the draws of the others; straggler terms multiply and pause; the input copy over the
+    change the draws of the others (``streams``, a permutation of the ranks: worker ``r`` takes
+    the streams of rank ``streams[r]``, the same law relabelled; straggler terms stay with the
+    rank they name); straggler terms multiply and pause; the input copy over the
     shared socket PCIe (``input_bytes_per_sample * batch``) and the blocking data-loader refills
     (:func:`~psgdlab.sim.workload.loader_pauses`, their own stream per worker) are added, so a
     step's compute record covers all three.
     """
     dist = workload.compute_time
+    order = list(range(n_workers)) if streams is None else [int(x) for x in streams]
+    require(sorted(order) == list(range(n_workers)), "streams", streams,
+            f"must be a permutation of the {n_workers} ranks")
     out = np.empty((n_workers, steps))
     for r in range(n_workers):
-        out[r] = dist.sample(np.random.default_rng([seed, r, 0x5EED]), steps)
+        out[r] = dist.sample(np.random.default_rng([seed, order[r], 0x5EED]), steps)
     if stragglers is not None and not stragglers.is_empty:
         for f in stragglers.fixed:
             out[f.rank] *= f.factor
@@ -121,7 +127,7 @@ def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
                     row[s] = only.compute_time(row[s], rank=r, step=s)
     if workload.loader_buffer_samples > 0 and workload.loader_s_per_sample > 0:
         for r in range(n_workers):
-            out[r] += loader_pauses(workload, steps, np.random.default_rng([seed, r, 0x10AD]))
+            out[r] += loader_pauses(workload, steps, np.random.default_rng([seed, order[r], 0x10AD]))
     if network is not None and workload.input_bytes_per_sample > 0:
         nbytes = workload.input_bytes_per_sample * workload.batch_per_worker
         for r in range(n_workers):
@@ -363,7 +369,7 @@ class _Sim:
 
 def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, steps: int, seed: int = 0,
              stragglers: StragglerModel | None = None, gpus_per_node: int | None = None,
-             record: bool = True, until: str = "first") -> SimResult:
+             record: bool = True, until: str = "first", streams: Sequence[int] | None = None) -> SimResult:
     """Simulate ``steps`` local steps of every worker of ``algorithm``.
 
     Parameters
@@ -386,6 +392,12 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         steps, so a straggler does not stretch it, and records ending later are dropped;
         ``"all"`` (the emulator): run until every worker has done all its steps, so every
         worker's steps 0 .. steps-1 are in the trace.
+    streams : sequence of int, optional
+        A permutation of the ranks: worker ``r`` draws its compute times from rank
+        ``streams[r]``'s random streams (:func:`compute_times`). The law is the same; a
+        prediction averaged over relabellings (:func:`psgdlab.sim.predict.predict_one`'s
+        ``streams``) gives two configurations that are one system with the workers renamed the
+        same figure.
 
     Returns
     -------
@@ -400,7 +412,7 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
     network = Network(platform, placement)
     if stragglers is not None:
         stragglers.validate(n)
-    comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network)
+    comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network, streams=streams)
     sim = _Sim(algorithm, network, workload, comp, steps, record)
     require(until in ("first", "all"), "until", until, "must be 'first' or 'all'")
     procs = [sim.env.process(sim.worker(r)) for r in range(n)]
@@ -425,6 +437,7 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         "steps_per_worker": steps,
         "window_end_s": t_stop,
         "seed": seed,
+        **({"streams": [int(x) for x in streams]} if streams is not None else {}),
         "gpus_per_node": placement.per_host,
         "hosts_used": placement.hosts_used,
         "stragglers": stragglers.spec() if stragglers is not None else "",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -108,12 +108,14 @@ def _prepare(name: str, n_workers: int, config: SimConfig, *, period: int | None
 def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | None = None,
                 period: int | None = None, variant: str | None = None, gpus_per_node: int | None = None,
                 stragglers: str | None = None, seed: int = 0, baseline_samples_per_s: float | None = None,
-                record: bool = True, workers_per_host: int | None = None) -> Prediction:
+                record: bool = True, workers_per_host: int | None = None,
+                streams: Sequence[int] | None = None) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring).
 
     ``workers_per_host`` places the workers on hosts independently of the algorithm's
     ``gpus_per_node`` (default: the same), e.g. H-ADPSGD's nodes of 2 as logical groups of one
-    machine's processes, as ``psgdlab validate`` runs them."""
+    machine's processes, as ``psgdlab validate`` runs them. ``streams`` relabels the workers'
+    compute-time streams (:func:`psgdlab.sim.engine.simulate`)."""
     workload = config.workload
     algorithm, model = _prepare(name, n_workers, config, period=period, variant=variant, gpus_per_node=gpus_per_node,
                                 stragglers=stragglers, seed=seed, workers_per_host=workers_per_host)
@@ -121,7 +123,7 @@ def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | No
     fixed_window = steps is not None
     while True:
         result = simulate(algorithm, config.platform, workload, steps=window, seed=seed, stragglers=model,
-                          gpus_per_node=workers_per_host or gpus_per_node, record=record)
+                          gpus_per_node=workers_per_host or gpus_per_node, record=record, streams=streams)
         warmup = max(1, window // 10)
         drift = _steadiness(result.trace, warmup)
         steady = drift < STEADY_TOLERANCE

@@ -63,8 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "on the mean samples/s of its runs (one run varies by ~0.5%% here: two algorithms of the "
                         "same speed come out in either order); 0: one run per case")
     p.add_argument("--prediction-seeds", type=int, default=8, metavar="K",
-                   help="predict each case with K seeds and rank on their mean samples/s (one 80-step prediction "
-                        "is one draw of the compute times and matchings)")
+                   help="predict each case with K seeds, each also with the workers' compute-time streams in "
+                        "reverse rank order, and rank on the mean samples/s of those 2K predictions (one 80-step "
+                        "prediction is one draw of the compute times and matchings)")
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")

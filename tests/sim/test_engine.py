@@ -283,3 +283,20 @@ def test_slow_network_makes_adpsgd_comm_bound_on_the_active_side_only():
     passive = summarize(res.trace[res.trace["rank"] % 2 == 0], samples_per_step=32, warmup_steps=2)
     assert active["comm_fraction"] > 0.85 and active["compute_fraction"] < 0.15
     assert passive["compute_fraction"] == pytest.approx(1.0) and passive["comm_fraction"] == 0.0
+
+
+def test_streams_relabel_the_workers_compute_times():
+    """``streams`` gives worker ``r`` the random streams of rank ``streams[r]`` (the rows of the
+    draws permuted, exactly); a straggler term stays with the rank it names; anything but a
+    permutation of the ranks is refused."""
+    from psgdlab.sim.engine import compute_times
+
+    w = workload(compute="lognormal:0.1:0.2")
+    base = compute_times(w, 4, 20, seed=3)
+    np.testing.assert_array_equal(compute_times(w, 4, 20, seed=3, streams=[3, 2, 1, 0]), base[::-1])
+    slow = StragglerModel.parse("1:2", n_workers=4)
+    relabelled = compute_times(w, 4, 20, seed=3, streams=[1, 0, 2, 3], stragglers=slow)
+    np.testing.assert_array_equal(relabelled[1], 2 * base[0])
+    np.testing.assert_array_equal(relabelled[0], base[1])
+    with pytest.raises(ConfigError, match=r"streams \(\[0, 0, 1, 2\]\) must be a permutation of the 4 ranks"):
+        simulate(make_algorithm("ssgd", n_workers=4), flat_platform(), w, steps=5, streams=[0, 0, 1, 2])
