@@ -37,6 +37,24 @@ def _case(algorithm, predicted, measured, workers=4):
     return {"algorithm": algorithm, "workers": workers, "samples_per_s": {"predicted": predicted, "measured": measured}}
 
 
+def test_calibration_plan_runs_bmuf_three_times_per_size_and_never_a_case(tmp_path):
+    """bmuf's fold is fitted on the median per size of three runs (one calibration in about nine
+    measured half the fold); every run has its own directory and none is a validated case."""
+    from psgdlab.validate import calibration_plan
+
+    vc = ValidateConfig(out=str(tmp_path), workers=(2, 4, 8))
+    plan = calibration_plan(vc, cores=2)
+    names = [name for *_, name in plan]
+    assert len(set(names)) == len(names)
+    assert sorted(name for name in names if name.startswith("bmuf")) == [
+        "bmuf-w2-d125000", "bmuf-w2-d125000-r2", "bmuf-w2-d125000-r3",
+        "bmuf-w2-d375000", "bmuf-w2-d375000-r2", "bmuf-w2-d375000-r3"]
+    assert {(a, n) for a, n, *_ in plan if a == "ssgd"} == {("ssgd", 2), ("ssgd", 4), ("ssgd", 8)}
+    assert all(dim != vc.dim for _, _, dim, _ in plan)
+    assert not any(a == "bmuf" for a, *_ in calibration_plan(ValidateConfig(out=str(tmp_path),
+                                                                             algorithms=("ssgd",)), cores=2))
+
+
 def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():
     """With 2 workers and no straggler AD-PSGD's fixed ring (rank 1 active) and random ring
     (rank 0 active) are one system with the workers renamed: averaged over the streams in rank
