@@ -37,7 +37,7 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS, allreduce_rounds
 from psgdlab.core.trace import PHASES
 
-__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "fit_step_overhead", "step_gaps",
+__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "step_gaps",
            "calibrate_runs", "platform_toml",
            "allreduce_algorithm_of",
            "write_platform", "MIN_RECORDS",
@@ -277,13 +277,6 @@ def step_gaps(trace: np.ndarray, *, warmup_steps: int = 2) -> np.ndarray:
             if int(s) + 1 in starts:
                 rows.append((int(r), int(s), starts[int(s) + 1] - float(mine["end_s"][mine["step"] == s].max())))
     return np.array(rows, dtype=float).reshape(-1, 3)
-
-
-def fit_step_overhead(trace: np.ndarray, *, warmup_steps: int = 2) -> float | None:
-    """Median host time per step outside compute and exchanges (:func:`step_gaps`). ``None``
-    without two consecutive steps."""
-    gaps = step_gaps(trace, warmup_steps=warmup_steps)
-    return float(np.median(gaps[:, 2])) if gaps.size else None
 
 
 def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> dict[str, Any]:

@@ -41,9 +41,9 @@ start of the step whose weights the gradient reads (``gradient_delay`` steps bac
 gradient's application; for server exchanges it is the server's staleness.
 
 The communication threads, the responders and the server queue are analytical FIFO queues (a
-``busy_until`` time per resource): with service times known when a request is made, this gives exactly the schedule of
-a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD learner step costs one or two
-simpy events.
+``busy_until`` time per resource): with service times known when a request is made, this gives
+exactly the schedule of a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD
+learner step costs one or two simpy events.
 
 Examples
 --------
