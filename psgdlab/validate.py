@@ -237,7 +237,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     ranking_detail: dict[str, Any] = {}
     for straggler in vc.stragglers:
         preds = []
-        predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each seed's prediction
+        predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each of a case's predictions
         meas_root = out / ("measured" if not straggler else "measured-straggler")
         pred_root = out / ("predicted" if not straggler else "predicted-straggler")
         for name in vc.algorithms:
@@ -245,16 +245,16 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             for n in vc.workers:
                 gpn = vc.gpus_per_node if algorithm == "hadpsgd" else None
                 say(f"predict {case_name(name, n, straggler)}")
-                p = predict_one(algorithm, n, config, steps=vc.steps, variant=variant, gpus_per_node=gpn,
-                                stragglers=straggler or None, seed=vc.seed, workers_per_host=n)
+                case = dict(steps=vc.steps, variant=variant, gpus_per_node=gpn, stragglers=straggler or None,
+                            workers_per_host=n)
+                # every seed twice, the workers' compute-time streams in rank order and reversed; the
+                # first (seed offset 0, rank order) is the case's prediction, written and compared
+                first, *more = _relabelled_seeds(n, vc.prediction_seeds)
+                p = predict_one(algorithm, n, config, seed=vc.seed + first[0], streams=first[1], **case)
                 p.row["algorithm"] = name
                 preds.append(p)
-                # every seed twice, the workers' compute-time streams in rank order and reversed
-                predicted[(name, n)] = [_samples_per_s(p.result.trace, vc.batch)] + [
-                    _samples_per_s(predict_one(algorithm, n, config, steps=vc.steps, variant=variant, gpus_per_node=gpn,
-                                               stragglers=straggler or None, seed=vc.seed + k, workers_per_host=n,
-                                               streams=order).result.trace, vc.batch)
-                    for k, order in _relabelled_seeds(n, vc.prediction_seeds)]
+                predicted[(name, n)] = [_samples_per_s(q.result.trace, vc.batch) for q in [p, *(
+                    predict_one(algorithm, n, config, seed=vc.seed + k, streams=order, **case) for k, order in more)]]
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
                 cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
@@ -351,8 +351,8 @@ def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_
 
 
 def _relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
-    """The (seed offset, compute-time streams) of a case's predictions beyond its first (seed
-    offset 0 in rank order): every seed in rank order and with the streams reversed.
+    """The (seed offset, compute-time streams) of a case's predictions: every seed in rank order
+    (``None``) and with the streams reversed, seed offset 0 in rank order first.
 
     The workers' compute times are independent draws of one law, so relabelling whose stream
     each worker takes changes no expectation; averaged over both orders, two configurations
@@ -364,7 +364,7 @@ def _relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
     check. With a straggler on rank 1 they are two systems (the straggler is active on one ring,
     passive on the other) and stay apart."""
     reverse = list(range(n))[::-1]
-    return [(k, order) for k in range(seeds) for order in ((None, reverse) if k else (reverse,))]
+    return [(k, order) for k in range(seeds) for order in (None, reverse)]
 
 
 def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]],
@@ -404,9 +404,9 @@ def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list
         more = {a: _spread(v) for (a, m), v in sorted(runs.items()) if str(m) == n and len(v) > 1}
         if more:
             r["remeasured"] = more
-        seeds = {len(v) for (a, m), v in predicted.items() if str(m) == n}
-        if seeds and max(seeds) > 1:
-            r["predictions"] = max(seeds)
+        counts = {len(v) for (a, m), v in predicted.items() if str(m) == n}
+        if counts and max(counts) > 1:
+            r["predictions"] = max(counts)
     return ranked
 
 
