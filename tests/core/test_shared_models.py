@@ -140,6 +140,29 @@ def test_summary_of_a_known_trace():
     assert s["loss_first"] == 10 and s["loss_last"] == 1
 
 
+@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.0, 5.0)), min_size=1, max_size=6),
+       st.integers(3, 30), st.integers(0, 2), st.integers(1, 16))
+def test_throughput_is_the_sum_of_the_workers_rates_whatever_their_start_offsets(workers, steps, warmup, batch):
+    """Workers of constant step times ``T_r`` that start at offsets ``o_r``: samples/s is exactly
+    ``batch * sum(1 / T_r)``, so launch offsets and drift do not bias it (one window over all
+    workers would, unless every worker starts together at one speed)."""
+    tb = TraceBuilder()
+    for r, (T, offset) in enumerate(workers):
+        for s in range(steps):
+            tb.add(rank=r, step=s, phase="compute", start_s=offset + s * T, end_s=offset + (s + 0.5) * T)
+    out = summarize(tb.array(), samples_per_step=batch, warmup_steps=warmup)
+    assert out["samples_per_s"] == pytest.approx(batch * sum(1.0 / T for T, _ in workers), rel=1e-9)
+
+
+def test_throughput_with_a_single_timed_step_falls_back_to_the_window():
+    tb = TraceBuilder()
+    for r in range(2):
+        tb.add(rank=r, step=0, phase="compute", start_s=0.0, end_s=0.5)
+        tb.add(rank=r, step=1, phase="compute", start_s=1.0, end_s=2.0)
+    out = summarize(tb.array(), samples_per_step=4, warmup_steps=1)
+    assert out["samples_per_s"] == pytest.approx(2 * 4 / 1.0)  # two timed steps in the window [1, 2]
+
+
 def test_trace_round_trip_and_chrome_export(tmp_path):
     trace = _toy_trace()
     write_trace(tmp_path / "t.npz", trace, {"source": "test", "n_workers": 2})
