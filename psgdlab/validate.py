@@ -4,13 +4,14 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 
     OUT/calibration/RUN/     calibration runs of the runtime (ssgd and adpsgd with 2 workers at
                              half and 1.5 times the cases' size, default_calibration_dims; easgd
-                             at both for the server, bmuf three times at both for the fold of the
-                             averaged model; ssgd with twice as many
+                             at both for the server, bmuf at both for the fold of the averaged
+                             model; ssgd with twice as many
                              workers as cores, and with the cases' largest worker count, at the
                              same two sizes, for the CPU work of communication, when a case has
                              more workers than cores: one oversubscription level fitted the
-                             4-worker allreduces and missed the 8-worker ones by 25 %): never a
-                             validated case (other payload sizes)
+                             4-worker allreduces and missed the 8-worker ones by 25 %), each
+                             ``--calibration-runs`` times (default 3, pooled by the fits): never
+                             a validated case (other payload sizes)
     OUT/platform.toml        the fitted platform (psgdlab.analysis.calibrate)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
@@ -54,10 +55,7 @@ from psgdlab.core.errors import require
 from psgdlab.core.trace import atomic_write_json
 
 __all__ = ["ValidateConfig", "validate", "calibration_plan", "case_name", "default_calibration_dims", "pooled_ranking",
-           "ALGORITHM_CASES", "BMUF_CALIBRATION_RUNS", "TARGETS"]
-
-#: calibration runs of bmuf per payload size (the fold's fit takes the median per size)
-BMUF_CALIBRATION_RUNS = 3
+           "ALGORITHM_CASES", "TARGETS"]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
 ALGORITHM_CASES = {
@@ -97,6 +95,9 @@ class ValidateConfig:
     #: seeds each case is predicted with, each also with the workers relabelled; the ranking
     #: compares the mean samples/s of those 2 x prediction_seeds predictions
     prediction_seeds: int = 8
+    #: runs of each calibration configuration (the fits pool them: calibrations moved between
+    #: runs by more than the gaps that order some algorithms)
+    calibration_runs: int = 3
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -121,6 +122,8 @@ class ValidateConfig:
                 "must be an integer >= 0")
         require(isinstance(self.prediction_seeds, int) and self.prediction_seeds >= 1, "prediction_seeds",
                 self.prediction_seeds, "must be an integer >= 1")
+        require(isinstance(self.calibration_runs, int) and self.calibration_runs >= 1, "calibration_runs",
+                self.calibration_runs, "must be an integer >= 1")
 
 
 #: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
@@ -186,16 +189,18 @@ def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int
     """The calibration runs of ``vc`` on ``cores`` cores, ``(algorithm, workers, dim, directory
     name)`` each (module docstring); never a validated case (other sizes)."""
     dims = vc.calibration_dims or ()  # set by ValidateConfig
-    plan = [("ssgd", 2, d) for d in dims] + [("adpsgd", 2, d) for d in dims]
+    kinds = [("ssgd", 2), ("adpsgd", 2)]
     if any(ALGORITHM_CASES[a][0] == "easgd" for a in vc.algorithms):
-        plan += [("easgd", 2, d) for d in dims]
-    if "bmuf" in vc.algorithms:
-        # the fold of the averaged model (block-momentum filter) beyond the allreduce, three runs per
-        # size: its fit takes the median per size, and one calibration run in about nine measured
-        # half the fold of the others (bmuf then predicted 2-4 % fast, two pairs of the ranking swapped)
-        plan += [("bmuf", 2, d) for _ in range(BMUF_CALIBRATION_RUNS) for d in dims]
+        kinds.append(("easgd", 2))
+    if "bmuf" in vc.algorithms:  # the fold of the averaged model (block-momentum filter) beyond the allreduce
+        kinds.append(("bmuf", 2))
     if max(vc.workers) > cores:  # the CPU work of communication, from runs that oversubscribe the cores
-        plan += [("ssgd", n, d) for n in sorted({2 * cores, max(vc.workers)}) for d in dims]
+        kinds += [("ssgd", n) for n in sorted({2 * cores, max(vc.workers)})]
+    # every configuration ``calibration_runs`` times, interleaved, and the fits pool the runs: one
+    # calibration moved between --full runs by more than some gaps of the ranking (bmuf's fold
+    # 3.4-8.2 ms at 2 MB, the server's overhead 1.2-4.9 ms); the pooled calibrations of three
+    # --full runs ordered the pairs that their own had swapped (docs/validation.md)
+    plan = [(alg, n, d) for _ in range(vc.calibration_runs) for alg, n in kinds for d in dims]
     out = []
     for i, (alg, n, dim) in enumerate(plan):
         again = sum(p == (alg, n, dim) for p in plan[:i])

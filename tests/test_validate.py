@@ -37,22 +37,30 @@ def _case(algorithm, predicted, measured, workers=4):
     return {"algorithm": algorithm, "workers": workers, "samples_per_s": {"predicted": predicted, "measured": measured}}
 
 
-def test_calibration_plan_runs_bmuf_three_times_per_size_and_never_a_case(tmp_path):
-    """bmuf's fold is fitted on the median per size of three runs (one calibration in about nine
-    measured half the fold); every run has its own directory and none is a validated case."""
+def test_calibration_plan_runs_every_configuration_k_times_interleaved_and_never_a_case(tmp_path):
+    """Each calibration configuration runs ``calibration_runs`` times (the fits pool them), one
+    round after another; every run has its own directory and none is a validated case."""
     from psgdlab.validate import calibration_plan
 
     vc = ValidateConfig(out=str(tmp_path), workers=(2, 4, 8))
     plan = calibration_plan(vc, cores=2)
     names = [name for *_, name in plan]
     assert len(set(names)) == len(names)
+    kinds = [("ssgd", 2), ("adpsgd", 2), ("easgd", 2), ("bmuf", 2), ("ssgd", 4), ("ssgd", 8)]
+    assert len(plan) == 3 * len(kinds) * 2
+    first = [(a, n) for a, n, *_ in plan[:len(plan) // 3]]
+    assert sorted(set(first)) == sorted(kinds) and plan[len(plan) // 3][3] == "ssgd-w2-d125000-r2"
     assert sorted(name for name in names if name.startswith("bmuf")) == [
         "bmuf-w2-d125000", "bmuf-w2-d125000-r2", "bmuf-w2-d125000-r3",
         "bmuf-w2-d375000", "bmuf-w2-d375000-r2", "bmuf-w2-d375000-r3"]
-    assert {(a, n) for a, n, *_ in plan if a == "ssgd"} == {("ssgd", 2), ("ssgd", 4), ("ssgd", 8)}
     assert all(dim != vc.dim for _, _, dim, _ in plan)
-    assert not any(a == "bmuf" for a, *_ in calibration_plan(ValidateConfig(out=str(tmp_path),
-                                                                             algorithms=("ssgd",)), cores=2))
+    one = calibration_plan(ValidateConfig(out=str(tmp_path), algorithms=("ssgd",), workers=(2,), calibration_runs=1),
+                           cores=2)
+    assert [name for *_, name in one] == ["ssgd-w2-d125000", "ssgd-w2-d375000", "adpsgd-w2-d125000",
+                                          "adpsgd-w2-d375000"]
+    with pytest.raises(ConfigError, match=r"calibration_runs \(0\) must be an integer >= 1"):
+        ValidateConfig(out=str(tmp_path), calibration_runs=0)
+    assert main(["validate", "--calibration-runs", "0", "--out", str(tmp_path)]) == 2
 
 
 def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():

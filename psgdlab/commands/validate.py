@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
         description=("Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
                      "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more "
-                     "workers than cores for the CPU work of communication), predict every (algorithm, workers) case with the fitted platform, "
+                     "workers than cores for the CPU work of communication; each --calibration-runs times), predict every (algorithm, workers) case with the fitted platform, "
                      "measure the same cases with the runtime (emulated compute by default), and compare: step "
                      "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
                      "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="predict each case with K seeds, each also with the workers' compute-time streams in "
                         "reverse rank order, and rank on the mean samples/s of those 2K predictions (one 80-step "
                         "prediction is one draw of the compute times and matchings)")
+    p.add_argument("--calibration-runs", type=int, default=3, metavar="K",
+                   help="run each calibration configuration K times and fit on all of them (one calibration "
+                        "moves between runs by more than the gaps that order some algorithms)")
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                         stragglers=("",) + ((straggler,) if straggler else ()), steps=args.steps, dim=args.dim,
                         cores=args.cores, min_idle_cores=args.min_idle_cores,
                         max_idle_wait_s=args.max_idle_wait, remeasure=args.remeasure,
-                        prediction_seeds=args.prediction_seeds)
+                        prediction_seeds=args.prediction_seeds, calibration_runs=args.calibration_runs)
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
     if args.json:
