@@ -246,19 +246,19 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
     t1 = float(window["end_s"].max())
     span = max(t1 - t0, 1e-300)
     ranks = np.unique(compute["rank"])
+    first_timed = timed["step"].min()  # the first step past the warm-up (every step when there is none)
     deltas: list[np.ndarray] = []
+    rates: list[float] | None = []  # None: some worker has fewer than two timed steps
     for r in ranks:
         starts = np.sort(compute["start_s"][compute["rank"] == r])
         steps = np.sort(compute["step"][compute["rank"] == r])
         d = np.diff(starts)[steps[1:] >= warmup_steps] if starts.size > 1 else np.array([])
         deltas.append(d)
-    rates: list[float] = []
-    for r in ranks:
-        starts = np.sort(timed["start_s"][timed["rank"] == r])
-        if starts.size < 2 or starts[-1] <= starts[0]:
-            rates = []
-            break
-        rates.append((starts.size - 1) / float(starts[-1] - starts[0]))
+        own = starts[steps >= first_timed]
+        if rates is not None and own.size > 1 and own[-1] > own[0]:
+            rates.append((own.size - 1) / float(own[-1] - own[0]))
+        else:
+            rates = None
     all_d = np.concatenate(deltas) if deltas else np.array([])
     if all_d.size == 0:  # one step each: use the compute durations plus blocking comm
         all_d = np.array([span])

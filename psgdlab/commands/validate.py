@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
         description=("Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
                      "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more "
-                     "workers than cores for the CPU work of communication; each --calibration-runs times), predict every (algorithm, workers) case with the fitted platform, "
+                     "workers than cores for the CPU work of communication; each --calibration-runs times), "
+                     "predict every (algorithm, workers) case with the fitted platform, "
                      "measure the same cases with the runtime (emulated compute by default), and compare: step "
                      "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
                      "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
