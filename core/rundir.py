@@ -6,7 +6,9 @@ Layout::
       config.resolved.json   the fully resolved configuration
       env.json               versions, git SHA, host, world size, source
       trace.npz              the trace (psgdlab.core.trace schema)
-      summary.json           figures from psgdlab.core.trace.summarize plus executor extras
+      summary.json           a :class:`Summary`: which case (source, algorithm, its parameters,
+                             workers, case name) and its figures (psgdlab.core.trace.summarize
+                             plus executor extras), flat in one JSON object
       timeline.json          Chrome/Perfetto timeline
       *.png                  plots
 
@@ -22,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,7 +32,9 @@ from typing import Any, Mapping
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import atomic_write_json
 
-__all__ = ["RunDir", "environment", "default_run_dir"]
+__all__ = ["RunDir", "Summary", "environment", "default_run_dir", "read_summary", "write_summary"]
+
+SUMMARY_FILE = "summary.json"
 
 
 def default_run_dir(kind: str) -> Path:
@@ -94,3 +99,97 @@ class RunDir:
         if not p.is_file():
             raise ConfigError(f"run directory {self.path} has no {name}")
         return json.loads(p.read_text())
+
+
+#: the keys of summary.json that say which case it is; everything else is a figure
+_CASE_KEYS = ("source", "algorithm", "algorithm_params", "workers", "case")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """What ``summary.json`` holds: which case a run is, and its figures.
+
+    Parameters
+    ----------
+    source : str
+        The executor that wrote it: ``"runtime"``, ``"simulator"`` or ``"emulator"``.
+    algorithm : str
+        The registry name of the algorithm (:data:`psgdlab.core.algorithms.ALGORITHMS`).
+    algorithm_params : dict
+        The algorithm's hyperparameters (:meth:`psgdlab.core.algorithms.Algorithm.params`).
+    workers : int
+        Number of workers.
+    case : str or None
+        A name that tells apart cases of one algorithm (``"adpsgd-random-w4"`` in a
+        validation), ``None`` where the algorithm's name and workers suffice.
+    figures : dict
+        Everything measured or predicted (:func:`psgdlab.core.trace.summarize` and the
+        executor's extras), JSON-able; written flat beside the case keys.
+
+    Examples
+    --------
+    >>> s = Summary(source="simulator", algorithm="ssgd", algorithm_params={"momentum": 0.0},
+    ...             workers=4, figures={"samples_per_s": 512.0})
+    >>> Summary.from_json(s.to_json()) == s
+    True
+    >>> s.to_json()["samples_per_s"]
+    512.0
+    """
+
+    source: str
+    algorithm: str
+    algorithm_params: dict[str, Any]
+    workers: int
+    case: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.algorithm, str) or not self.algorithm:
+            raise ConfigError(f"summary algorithm {self.algorithm!r} must be a registry name (a non-empty string)")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(f"summary workers {self.workers!r} must be an integer >= 1")
+        clash = sorted(set(self.figures) & set(_CASE_KEYS))
+        if clash:
+            raise ConfigError(f"summary figures {clash} clash with the case keys {list(_CASE_KEYS)}")
+
+    @property
+    def label(self) -> str:
+        """The case's name: ``case`` where given, else the algorithm's."""
+        return self.case or self.algorithm
+
+    def to_json(self) -> dict[str, Any]:
+        """One flat JSON object: the case keys, then the figures."""
+        head = {"source": self.source, "algorithm": self.algorithm,
+                "algorithm_params": dict(self.algorithm_params), "workers": self.workers, "case": self.case}
+        return {**head, **self.figures}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], *, where: Any = "summary") -> "Summary":
+        """The summary of a ``summary.json`` object (:class:`ConfigError` naming ``where`` if a
+        case key is missing)."""
+        missing = [k for k in ("source", "algorithm", "algorithm_params", "workers") if k not in obj]
+        if missing:
+            raise ConfigError(f"{where}: summary.json lacks {missing} (written by an older psgdlab?)")
+        figures = {k: v for k, v in obj.items() if k not in _CASE_KEYS}
+        return cls(source=str(obj["source"]), algorithm=obj["algorithm"],
+                   algorithm_params=dict(obj["algorithm_params"]), workers=int(obj["workers"]),
+                   case=obj.get("case"), figures=figures)
+
+
+def write_summary(run: RunDir | str | os.PathLike[str], summary: Summary) -> Path:
+    """Write ``summary`` as ``summary.json`` of ``run`` (atomically); the one writer of the file."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    return run.write_json(SUMMARY_FILE, summary.to_json())
+
+
+def read_summary(run: RunDir | str | os.PathLike[str]) -> Summary:
+    """The :class:`Summary` of ``run``'s ``summary.json``."""
+    path = run.path if isinstance(run, RunDir) else Path(run)
+    p = path / SUMMARY_FILE
+    if not p.is_file():
+        raise ConfigError(f"run directory {path} has no {SUMMARY_FILE} (is it a psgdlab run directory?)")
+    try:
+        obj = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p} is not valid JSON ({exc})") from None
+    return Summary.from_json(obj, where=path)

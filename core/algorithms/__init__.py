@@ -4,6 +4,12 @@
 ['adpsgd', 'asgd', 'bmuf', 'bsp', 'dpsgd', 'easgd', 'hadpsgd', 'sgd', 'ssgd']
 >>> make_algorithm("bmuf", n_workers=4, period=20).block_momentum
 0.75
+>>> algorithm_from_flags("bmuf", 4, period=5, variant=None).period
+5
+>>> algorithm_from_flags("ssgd", 4, period=5)
+Traceback (most recent call last):
+...
+psgdlab.core.errors.ConfigError: --period (5) does not apply to ssgd (its parameters: momentum)
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = [
     "ServerState",
     "is_sync_step",
     "make_algorithm",
+    "algorithm_from_flags",
     "algorithm_parameters",
     "SGD",
     "SSGD",
@@ -68,6 +75,56 @@ def make_algorithm(name: str, **params: Any) -> Algorithm:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"parameter {key!r} is not known to {name} (known: {', '.join(known)}){hint}")
     return cls(**{k: v for k, v in params.items() if v is not None})
+
+
+#: keyword parameters every algorithm takes that are not user flags
+_BOUND = ("n_workers", "seed")
+#: facts of the platform that an algorithm takes only where its schedule uses them
+_PLACEMENT = ("gpus_per_node",)
+
+
+def algorithm_from_flags(name: str, n_workers: int, *, seed: int = 0, **flags: Any) -> Algorithm:
+    """The algorithm ``name`` for ``n_workers`` from command-line flags: the one builder every
+    executor and command uses.
+
+    Flags that are ``None`` were not given and fall through to the algorithm's defaults. A given
+    flag that is not a parameter of ``name`` raises :class:`ConfigError` naming the flag and the
+    parameters ``name`` has. ``gpus_per_node`` is a fact of the platform, not an algorithm flag:
+    it goes to the algorithms whose schedule uses it (H-ADPSGD's nodes) and is ignored by the
+    rest.
+
+    Parameters
+    ----------
+    name : str
+        A registry name (:data:`ALGORITHMS`).
+    n_workers : int
+        Number of workers.
+    seed : int
+        Seed of the algorithm's random schedule (randomized rings).
+    **flags
+        Hyperparameters by name (``period``, ``variant``, ``momentum``, ...), ``None`` for
+        "not given".
+
+    Raises
+    ------
+    ConfigError
+        Unknown ``name``, a flag that does not apply, or a value the algorithm refuses.
+    """
+    known = algorithm_parameters(name)
+    params: dict[str, Any] = {"n_workers": n_workers, "seed": seed}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in _PLACEMENT:
+            if key in known:
+                params[key] = value
+            continue
+        if key not in known or key in _BOUND:
+            own = ", ".join(k for k in known if k not in _BOUND + _PLACEMENT) or "none"
+            raise ConfigError(f"--{key.replace('_', '-')} ({value!r}) does not apply to {name} "
+                              f"(its parameters: {own})")
+        params[key] = value
+    return make_algorithm(name, **params)
 
 
 def _lookup(name: str) -> type[Algorithm]:
