@@ -85,6 +85,7 @@ class ADPSGD(Algorithm):
     """
 
     name: ClassVar[str] = "adpsgd"
+    variants: ClassVar[tuple[str, ...]] = VARIANTS
     asynchronous: ClassVar[bool] = True
 
     variant: str = "fixed"

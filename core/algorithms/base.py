@@ -92,6 +92,8 @@ class Algorithm:
     name: ClassVar[str] = "base"
     #: True when workers run without a global barrier (gossip, parameter server)
     asynchronous: ClassVar[bool] = False
+    #: the values of the ``variant`` parameter, for algorithms that have one
+    variants: ClassVar[tuple[str, ...]] = ()
 
     n_workers: int = 1
     momentum: float = 0.0

@@ -70,6 +70,7 @@ class BMUF(Algorithm):
     """
 
     name: ClassVar[str] = "bmuf"
+    variants: ClassVar[tuple[str, ...]] = ("classical", "nesterov")
 
     period: int = 5
     block_momentum: float | None = None
@@ -83,7 +84,7 @@ class BMUF(Algorithm):
             object.__setattr__(self, "block_momentum", 1.0 - 1.0 / self.n_workers)
         require(0.0 <= self.block_momentum < 1.0, "block_momentum", self.block_momentum, "must be in [0, 1)")
         require(self.block_lr > 0.0, "block_lr", self.block_lr, "must be > 0")
-        require(self.variant in ("classical", "nesterov"), "variant", self.variant,
+        require(self.variant in self.variants, "variant", self.variant,
                 "must be 'classical' or 'nesterov'")
         if self.period == 1:
             warnings.warn("bmuf with period 1 filters after every step: it pays one model allreduce "

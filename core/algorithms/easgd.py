@@ -65,6 +65,7 @@ class EASGD(Algorithm):
     """
 
     name: ClassVar[str] = "easgd"
+    variants: ClassVar[tuple[str, ...]] = ("async", "sync")
 
     period: int = 4
     alpha: float | None = None
@@ -73,7 +74,7 @@ class EASGD(Algorithm):
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
         check_period(self.period)
-        require(self.variant in ("async", "sync"), "variant", self.variant, "must be 'async' or 'sync'")
+        require(self.variant in self.variants, "variant", self.variant, "must be 'async' or 'sync'")
         if self.alpha is None:
             object.__setattr__(self, "alpha", 0.9 / self.n_workers)
         require(0.0 <= self.alpha < 1.0, "alpha", self.alpha, "must be in [0, 1)")

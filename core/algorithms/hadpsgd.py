@@ -58,6 +58,7 @@ class HADPSGD(Algorithm):
     """
 
     name: ClassVar[str] = "hadpsgd"
+    variants: ClassVar[tuple[str, ...]] = ("fixed", "random")
     asynchronous: ClassVar[bool] = True
 
     gpus_per_node: int = 1
@@ -69,7 +70,7 @@ class HADPSGD(Algorithm):
         require(isinstance(m, int) and m >= 1, "gpus_per_node", m, "must be an integer >= 1")
         require(self.n_workers % m == 0, "workers", self.n_workers,
                 f"must be divisible by gpus_per_node ({m})", error=TopologyError)
-        require(self.variant in ("fixed", "random"), "variant", self.variant, "must be 'fixed' or 'random'")
+        require(self.variant in self.variants, "variant", self.variant, "must be 'fixed' or 'random'")
         if self.n_nodes > 1:
             check_even(self.n_nodes, "nodes (workers / gpus_per_node)")
 

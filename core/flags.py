@@ -1,0 +1,129 @@
+"""The command-line flags that several commands share, defined once.
+
+``psgdlab predict``, ``emulate``, ``train`` and ``validate`` describe the same things: an
+algorithm and its hyperparameters, a number of workers, a model's batch and learning rate, a
+straggler, a seed, an output directory. Each such flag is defined here, once: its name, type,
+metavar and help (the help of algorithm flags is written from the registry, so a new algorithm or
+variant shows up in every command without an edit). A command adds the flags it takes with
+:func:`add_flags` and may give its own default; the meaning never changes between commands.
+
+Examples
+--------
+>>> import argparse
+>>> parser = argparse.ArgumentParser()
+>>> add_flags(parser, "--algorithm", "--workers", "--period", many={"--workers"}, defaults={"--algorithm": "ssgd"})
+>>> ns = parser.parse_args(["--workers", "2,4"])
+>>> ns.algorithm, ns.workers, ns.period
+('ssgd', (2, 4), None)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
+
+from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
+from psgdlab.core.schedules import LR_SCHEDULE_NAMES
+
+__all__ = ["FLAGS", "add_flags", "int_list", "name_list"]
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)`` (argparse type)."""
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"{text!r} needs at least one integer")
+    return out
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """``"ssgd,adpsgd"`` -> ``("ssgd", "adpsgd")`` (argparse type)."""
+    out = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not out:
+        raise argparse.ArgumentTypeError(f"{text!r} needs at least one name")
+    return out
+
+
+def _taking(parameter: str) -> str:
+    """The registry's algorithms that take ``parameter``, comma-separated."""
+    return ", ".join(name for name in ALGORITHMS if parameter in algorithm_parameters(name))
+
+
+def _variants() -> str:
+    return "; ".join(f"{name} {'|'.join(cls.variants)}" for name, cls in ALGORITHMS.items() if cls.variants)
+
+
+#: flag -> argparse keywords (``type`` of a list flag is its element's; see :func:`add_flags`)
+FLAGS: dict[str, dict[str, Any]] = {
+    "--algorithm": dict(metavar="NAME", help=f"algorithm from the core registry: {', '.join(ALGORITHMS)}"),
+    "--workers": dict(type=int, metavar="N", help="number of workers (one per GPU or process)"),
+    "--gpus-per-node": dict(type=int, metavar="M",
+                            help="workers on each host (node); H-ADPSGD's super-learner size"),
+    "--period": dict(type=int, metavar="T", help=f"sync period in local steps ({_taking('period')})"),
+    "--variant": dict(metavar="V", help=f"algorithm variant ({_variants()})"),
+    "--momentum": dict(type=float, metavar="MU", help=f"local momentum ({_taking('momentum')})"),
+    "--model": dict(metavar="NAME", help="model preset (its recipe gives the default batch, lr and schedule)"),
+    "--data": dict(metavar="FILE", help="'synthetic' or an HDF5 corpus file (psgdlab data)"),
+    "--steps": dict(type=int, metavar="S", help="local steps per worker"),
+    "--epochs": dict(type=float, metavar="E", help="epochs over the training data"),
+    "--batch": dict(type=int, metavar="B", help="minibatch per worker per step, in the model's sample unit"),
+    "--lr": dict(type=float, metavar="LR", help="learning rate (the schedule's base rate)"),
+    "--lr-schedule": dict(choices=LR_SCHEDULE_NAMES, help="learning-rate schedule"),
+    "--straggler": dict(metavar="SPEC",
+                        help="slow workers: RANK:FACTOR (RANK computes FACTOR times slower), random:PROB:FACTOR, "
+                             "periodic:RANK:EVERY:PAUSE_S; comma-separated"),
+    "--seed": dict(type=int, metavar="K", default=0, help="seed of data order, schedules and compute-time draws"),
+    "--preset": dict(metavar="NAME", help="shipped platform+workload preset"),
+    "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
+    "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
+    "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+}
+_LIST_TYPES = {int: int_list, None: name_list}
+
+
+class _Parser(Protocol):
+    """An :class:`argparse.ArgumentParser` or one of its argument groups."""
+
+    def add_argument(self, *names: str, **kwargs: Any) -> Any: ...
+
+
+def add_flags(parser: _Parser, *names: str, many: Collection[str] = (), defaults: Mapping[str, Any] | None = None,
+              helps: Mapping[str, str] | None = None, dests: Mapping[str, str] | None = None) -> None:
+    """Add the shared flags ``names`` to ``parser``.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser or argument group
+    *names : str
+        Flags of :data:`FLAGS`.
+    many : collection of str
+        Flags that take a comma-separated list here (``--workers 2,4,8``).
+    defaults : mapping
+        The command's defaults (``None`` when not given: "not given" falls through to the
+        model's recipe or the algorithm's default).
+    helps : mapping
+        Text appended to a flag's help in this command (what its default is here, say).
+    dests : mapping
+        Attribute names other than argparse's (``{"--platform": "platform_file"}``).
+    """
+    defaults = defaults or {}
+    helps = helps or {}
+    dests = dests or {}
+    for name in names:
+        if name not in FLAGS:
+            raise KeyError(f"flag {name!r} is not a shared flag (known: {', '.join(FLAGS)})")
+        spec = dict(FLAGS[name])
+        if name in many:
+            spec["type"] = _LIST_TYPES[spec.get("type")]
+            spec["metavar"] = f"{spec.get('metavar', 'X')}[,...]"
+        if name in defaults:
+            spec["default"] = defaults[name]
+        if name in helps:
+            spec["help"] = f"{spec['help']}; {helps[name]}"
+        if name in dests:
+            spec["dest"] = dests[name]
+        parser.add_argument(name, **spec)
