@@ -176,7 +176,7 @@ def predicted_staleness_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
         xs = sorted(hist)
         ax.bar([x + (i - (len(algos) - 1) / 2) * width for x in xs], [hist[x] / total for x in xs], width=width,
                label=f"{a} ({r['workers']} workers)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("staleness (updates between reading the weights and applying the gradient)")
     ax.set_ylabel("fraction of steps")
     ax.set_title("predicted staleness")

@@ -59,8 +59,13 @@ def write_report(result: dict[str, Any], out_dir: str | Path, *, figures: bool =
     atomic_write_json(out / "compare.json", result)
     atomic_write_text(out / "report.md", markdown_report(result))
     if figures:
-        from psgdlab.analysis.figures import error_figure, save_figure, staleness_figure, step_time_figure, \
-            timeline_figure
+        from psgdlab.analysis.figures import (
+            error_figure,
+            save_figure,
+            staleness_figure,
+            step_time_figure,
+            timeline_figure,
+        )
 
         preds, meas = load_cases(result["predicted_dir"]), load_cases(result["measured_dir"])
         save_figure(error_figure(result), out / "step_time_error.png", dpi=110)

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("psgdlab.sim.engine")
 
 from psgdlab.cli import main  # noqa: E402
+from psgdlab.core.replicas import consensus_distance  # noqa: E402
 from psgdlab.runtime.data import load_corpus, synthetic_corpus  # noqa: E402
 from psgdlab.runtime.models import build_model  # noqa: E402
-from psgdlab.core.replicas import consensus_distance  # noqa: E402
 from psgdlab.runtime.replicas import TorchReplicas  # noqa: E402
 
 
