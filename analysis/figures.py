@@ -50,7 +50,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 100, ti
     ``tight`` crops the canvas to the drawn artists (``bbox_inches="tight"``).
     """
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, **({"bbox_inches": "tight"} if tight else {}))
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     return atomic_write_bytes(Path(path), buf.getvalue())
 
 

@@ -29,12 +29,15 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from psgdlab.core.errors import require
 from psgdlab.core.schedules import LR_SCHEDULE_NAMES
+
+if TYPE_CHECKING:
+    from psgdlab.sim.emulate import EmulationResult
 
 __all__ = ["EmulateConfig", "emulate", "write_run", "build_replicas", "SYNTHETIC"]
 
@@ -122,6 +125,8 @@ class EmulateConfig:
                 "must be an integer >= 1")
         require(self.epochs is None or self.epochs > 0, "epochs", self.epochs, "must be > 0")
         require(isinstance(self.batch, int) and self.batch >= 1, "batch", self.batch, "must be an integer >= 1")
+        require(isinstance(self.data, str) and self.data != "", "data", self.data,
+                f"must be a corpus file or {SYNTHETIC!r}")
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
         require(self.lr_schedule in LR_SCHEDULE_NAMES, "lr-schedule", self.lr_schedule,
                 f"must be one of {', '.join(LR_SCHEDULE_NAMES)}")
@@ -197,7 +202,7 @@ def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
                       "heldout_frames": int(heldout.n_frames) if heldout is not None else 0}
 
 
-def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[Any, dict[str, Any]]:
+def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResult, dict[str, Any]]:
     """Simulate ``cfg`` with the platform model and replay it on real replicas.
 
     ``replicas`` replaces the ones ``cfg`` names (anything with the
@@ -253,7 +258,8 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[Any, dict[str,
     return result, resolved
 
 
-def write_run(out: str | os.PathLike[str] | None, result: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+def write_run(out: str | os.PathLike[str] | None, result: EmulationResult,
+              resolved: Mapping[str, Any]) -> dict[str, Any]:
     """Write the run directory of an emulation (see the module docstring) and return its summary
     (``summary.json``'s object, with ``run_dir``)."""
     from psgdlab.analysis.figures import consensus_figure, emulation_loss_figure, save_figure
@@ -266,9 +272,10 @@ def write_run(out: str | os.PathLike[str] | None, result: Any, resolved: Mapping
     rd.write_json("env.json", environment(source="emulator", world_size=workers))
     write_trace(rd / "trace.npz", result.trace, result.meta)
     buf = io.BytesIO()
-    np.savez_compressed(buf, **{f"eval_{k}": v for k, v in result.evals.items()},
-                        **{f"round_{k}": v for k, v in result.rounds.items()},
-                        staleness=result.staleness, batch_loss=result.batch_loss)
+    curves: dict[str, Any] = {**{f"eval_{k}": v for k, v in result.evals.items()},
+                              **{f"round_{k}": v for k, v in result.rounds.items()},
+                              "staleness": result.staleness, "batch_loss": result.batch_loss}
+    np.savez_compressed(buf, **curves)
     atomic_write_bytes(rd / "curves.npz", buf.getvalue())
     to_chrome_trace(result.trace, rd / "timeline.json", meta={"source": "emulator"})
     params = dict(resolved.get("algorithm_params") or result.meta["algorithm"])

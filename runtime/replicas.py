@@ -200,7 +200,7 @@ class TorchReplicas:
         """Per-replica gradients ``(R, d)`` and losses ``(R,)`` of stacked parameters ``P``
         ``(R, d)`` on batches ``X`` ``(R, B, T, D)``, ``Y`` ``(R, B)``."""
         R = P.shape[0]
-        if self._roles is not None:
+        if self._roles is not None and self.blstm_layers is not None:
             Pg = P.detach().requires_grad_(True)
             named = self.unflatten(Pg)
             logits = batched_blstm_logits({role: named[name] for role, name in self._roles.items()}, X,
