@@ -1,17 +1,57 @@
-"""Figures comparing a prediction with a measurement. Each function returns a matplotlib
-``Figure`` (never shows it); callers save it. Use the Agg backend in scripts."""
+"""Every figure psgdlab draws. Each function returns a matplotlib ``Figure`` (never shows it,
+never switches the process's backend: :class:`matplotlib.figure.Figure` draws on the Agg canvas
+by itself); :func:`save_figure` writes one to a PNG atomically.
+
+- comparing a prediction with a measurement: :func:`step_time_figure`, :func:`staleness_figure`,
+  :func:`timeline_figure`, :func:`error_figure`;
+- a prediction (``psgdlab predict``'s rows): :func:`speedup_figure`,
+  :func:`predicted_staleness_figure`; :func:`write_prediction_figures` draws both for a run
+  directory;
+- an emulation (``psgdlab emulate``'s curves): :func:`emulation_loss_figure`,
+  :func:`consensus_figure`;
+- a training run (``psgdlab train``'s summary): :func:`training_loss_figure`.
+
+Examples
+--------
+>>> import tempfile, pathlib
+>>> fig = speedup_figure([{"algorithm": "ssgd", "workers": 1, "speedup": 1.0},
+...                       {"algorithm": "ssgd", "workers": 2, "speedup": 1.8}])
+>>> with tempfile.TemporaryDirectory() as tmp:
+...     path = save_figure(fig, pathlib.Path(tmp) / "speedup.png")
+...     path.read_bytes()[1:4]
+b'PNG'
+"""
 
 from __future__ import annotations
 
+import io
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from psgdlab.analysis.load import Run
-from psgdlab.core.trace import PHASE_NAMES, PHASES
+from psgdlab.core.rundir import RunDir
+from psgdlab.core.trace import PHASE_NAMES, PHASES, atomic_write_bytes
 
-__all__ = ["step_time_figure", "staleness_figure", "timeline_figure", "error_figure"]
+__all__ = ["save_figure", "step_time_figure", "staleness_figure", "timeline_figure", "error_figure",
+           "speedup_figure", "predicted_staleness_figure", "write_prediction_figures", "emulation_loss_figure",
+           "consensus_figure", "training_loss_figure"]
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 100, tight: bool = False) -> Path:
+    """Write ``fig`` as a PNG to ``path`` atomically (rendered in memory, written to a
+    temporary name, renamed: :func:`psgdlab.core.trace.atomic_write_bytes`); returns the path.
+
+    ``tight`` crops the canvas to the drawn artists (``bbox_inches="tight"``).
+    """
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
+    return atomic_write_bytes(Path(path), buf.getvalue())
 
 
 def _step_times(run: Run) -> np.ndarray:
@@ -95,4 +135,125 @@ def error_figure(result: dict[str, Any]) -> Figure:
         ax.axhline(lim, color="grey", ls="--", lw=0.8)
     ax.set_ylabel("step-time error (%)")
     ax.tick_params(axis="x", rotation=45)
+    return fig
+
+
+# ----- a prediction (psgdlab predict) ----------------------------------------------------------
+def speedup_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:
+    """Speedup against workers, one line per algorithm, with the ideal line (rows of
+    ``psgdlab predict``: ``algorithm``, ``workers``, ``speedup``)."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+    all_w = sorted({r["workers"] for r in rows})
+    ax.plot(all_w, all_w, color="0.7", ls="--", label="ideal")
+    for a in algos:
+        pts = sorted((r["workers"], r["speedup"]) for r in rows if r["algorithm"] == a)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
+    if len(all_w) > 1 and all_w[-1] / max(all_w[0], 1) >= 8:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("speedup over 1-worker SGD")
+    ax.set_title(title or "predicted speedup")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def predicted_staleness_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
+    """Staleness histogram (unit: updates) of each algorithm at its largest worker count (rows
+    of ``psgdlab predict``: ``staleness_hist`` maps a staleness to its count). Staleness is an
+    integer: the bars of one value are grouped around it and the ticks are integers."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+    width = 0.8 / max(len(algos), 1)
+    for i, a in enumerate(algos):
+        r = max((r for r in rows if r["algorithm"] == a), key=lambda r: r["workers"])
+        hist = {int(k): v for k, v in r["staleness_hist"].items()}
+        total = sum(hist.values()) or 1
+        xs = sorted(hist)
+        ax.bar([x + (i - (len(algos) - 1) / 2) * width for x in xs], [hist[x] / total for x in xs], width=width,
+               label=f"{a} ({r['workers']} workers)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.set_xlabel("staleness (updates between reading the weights and applying the gradient)")
+    ax.set_ylabel("fraction of steps")
+    ax.set_title("predicted staleness")
+    ax.legend()
+    return fig
+
+
+def write_prediction_figures(folder: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], *,
+                             title: str = "") -> list[Path]:
+    """``speedup.png`` and ``staleness.png`` of a prediction's rows, written into ``folder``."""
+    run = RunDir(folder)
+    return [save_figure(speedup_figure(rows, title=title), run / "speedup.png", dpi=110, tight=True),
+            save_figure(predicted_staleness_figure(rows), run / "staleness.png", dpi=110, tight=True)]
+
+
+# ----- an emulation (psgdlab emulate) ---------------------------------------------------------
+def emulation_loss_figure(evals: Mapping[str, Any], *, title: str = "") -> Figure:
+    """Held-out loss of the workers' mean model (and accuracy, when evaluated) against
+    simulated time and against epochs (``evals``: ``time_s``, ``epoch``, ``loss``, optional
+    ``accuracy``, as ``curves.npz``'s ``eval_*``)."""
+    fig = Figure(figsize=(10, 3.6))
+    axes = fig.subplots(1, 2)
+    for ax, x, label in ((axes[0], evals["time_s"], "simulated time (s)"), (axes[1], evals["epoch"], "epochs")):
+        ax.plot(x, evals["loss"], marker="o", ms=3, label="held-out loss (mean model)")
+        ax.set_xlabel(label)
+        ax.set_ylabel("loss")
+        if "accuracy" in evals:
+            ax2 = ax.twinx()
+            ax2.plot(x, evals["accuracy"], color="tab:green", ls="--", label="accuracy")
+            ax2.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def consensus_figure(rounds: Mapping[str, Any], *, title: str = "") -> Figure:
+    """Consensus distance of the workers' models against simulated time, log scale
+    (``rounds``: ``time_s``, ``consensus_distance``, as ``curves.npz``'s ``round_*``)."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.add_subplot()
+    if len(rounds["time_s"]):
+        ax.semilogy(rounds["time_s"], np.maximum(rounds["consensus_distance"], 1e-30))
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("consensus distance")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# ----- a training run (psgdlab train) ---------------------------------------------------------
+def training_loss_figure(loss_curve: Mapping[str, Sequence[float]], held_out: Sequence[Mapping[str, Any]] = (), *,
+                         title: str = "") -> Figure:
+    """Training minibatch loss against steps (``loss_curve``: ``step``, ``loss``, as in a
+    training summary) and, when the held-out evaluations carry speech scores
+    (``frame_accuracy``), the held-out loss and the WER / frame accuracy beside it."""
+    held = [e for e in held_out if "frame_accuracy" in e]  # speech scores only
+    fig = Figure(figsize=(11 if held else 6, 3.5))
+    axes = fig.subplots(1, 2 if held else 1, squeeze=False)
+    ax = axes[0, 0]
+    ax.plot(loss_curve["step"], loss_curve["loss"], lw=1, label="training minibatch (mean over workers)")
+    if held and "loss" in held[0]:
+        ax.plot([e["step"] for e in held], [e["loss"] for e in held], "o-", label="held-out (rank 0's model)")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (cross-entropy, nats)")
+    ax.set_title(title)
+    if held:
+        ax = axes[0, 1]
+        for key, label in (("wer_viterbi", "WER, HMM decoding"), ("wer_vote", "WER, majority vote"),
+                           ("wer", "WER"), ("frame_accuracy", "frame accuracy")):
+            if key in held[0] and not (key == "wer" and "wer_viterbi" in held[0]):
+                ax.plot([e["step"] for e in held], [100 * e[key] for e in held], "o-", label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("held-out, %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig

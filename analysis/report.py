@@ -59,23 +59,21 @@ def write_report(result: dict[str, Any], out_dir: str | Path, *, figures: bool =
     atomic_write_json(out / "compare.json", result)
     atomic_write_text(out / "report.md", markdown_report(result))
     if figures:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from psgdlab.analysis.figures import error_figure, staleness_figure, step_time_figure, timeline_figure
+        from psgdlab.analysis.figures import (
+            error_figure,
+            save_figure,
+            staleness_figure,
+            step_time_figure,
+            timeline_figure,
+        )
 
         preds, meas = load_cases(result["predicted_dir"]), load_cases(result["measured_dir"])
-        _save(error_figure(result), out / "step_time_error.png")
+        save_figure(error_figure(result), out / "step_time_error.png", dpi=110)
         for c in result["cases"]:
             key = (c["algorithm"], c["workers"])
             tag = f"{c['algorithm']}-w{c['workers']}"
-            _save(step_time_figure(preds[key], meas[key]), out / f"{tag}-step_time.png")
-            _save(staleness_figure(preds[key], meas[key]), out / f"{tag}-staleness.png")
-            _save(timeline_figure(preds[key], meas[key]), out / f"{tag}-timeline.png")
+            save_figure(step_time_figure(preds[key], meas[key]), out / f"{tag}-step_time.png", dpi=110)
+            save_figure(staleness_figure(preds[key], meas[key]), out / f"{tag}-staleness.png", dpi=110)
+            save_figure(timeline_figure(preds[key], meas[key]), out / f"{tag}-timeline.png", dpi=110)
     return out
 
-
-def _save(fig: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)

@@ -33,8 +33,9 @@ def main() -> None:
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.runtime.data import load_corpus, synthetic_corpus
     from psgdlab.runtime.models import build_model
-    from psgdlab.sim.emulate import _simulate, replay
-    from psgdlab.sim.replicas import TorchReplicas
+    from psgdlab.runtime.replicas import TorchReplicas
+    from psgdlab.sim.emulate import replay
+    from psgdlab.sim.engine import simulate
     from psgdlab.sim.workload import load_config
 
     n, steps = args.workers, args.steps
@@ -46,8 +47,8 @@ def main() -> None:
     alg = make_algorithm(args.algorithm, n_workers=n)
     cfg = load_config(preset="interspeech2019-v100")
     t0 = time.perf_counter()
-    trace, meta = _simulate(alg, cfg.platform, cfg.workload.with_batch(args.batch), steps=steps, seed=0,
-                            stragglers=None, gpus_per_node=None)
+    sim = simulate(alg, cfg.platform, cfg.workload.with_batch(args.batch), steps=steps, seed=0, until="all")
+    trace, meta = sim.trace, dict(sim.meta)
     t_sim = time.perf_counter() - t0
     # pre-draw the minibatches so both loops measure training, not sampling
     t0 = time.perf_counter()

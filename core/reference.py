@@ -48,9 +48,10 @@ from psgdlab.core.exchange import (
     ServerExchange,
     wire_bytes,
 )
+from psgdlab.core.replicas import NumpyArrays, consensus_distance
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 
-__all__ = ["LeastSquaresProblem", "ReferenceResult", "run_reference", "consensus_distance"]
+__all__ = ["LeastSquaresProblem", "LeastSquaresReplicas", "ReferenceResult", "run_reference", "consensus_distance"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,10 +128,37 @@ class _Bound:
         return float(0.5 * r @ r / len(r))
 
 
-def consensus_distance(models: Sequence[np.ndarray]) -> float:
-    r""":math:`C(\Theta) = \|\Theta - \bar\theta 1^\top\|_F^2`."""
-    X = np.stack(models)
-    return float(np.sum((X - X.mean(axis=0)) ** 2))
+class LeastSquaresReplicas(NumpyArrays):
+    """The problem's replicas for the emulator (:class:`psgdlab.core.replicas.Replicas`): numpy
+    float64, the reference executor's own gradient and reduction arithmetic, so a replay of
+    :func:`run_reference`'s trace equals it bit for bit.
+
+    Examples
+    --------
+    >>> reps = LeastSquaresReplicas(LeastSquaresProblem(n_samples=64, dim=3, n_shards=2, batch=4))
+    >>> [g.shape for g, _ in reps.gradients([(0, 0, reps.initial_point()), (1, 0, reps.initial_point())])]
+    [(3,), (3,)]
+    """
+
+    def __init__(self, problem: LeastSquaresProblem) -> None:
+        self.problem = problem
+        self._bound = _Bound(problem)
+        self.n_params = int(problem.dim)
+
+    def initial_point(self) -> np.ndarray:
+        return self.problem.initial_point()
+
+    def gradients(self, entries: Sequence[tuple[int, int, np.ndarray]]) -> list[tuple[np.ndarray, float]]:
+        """``(gradient, minibatch loss)`` of each ``(rank, step, params)`` entry."""
+        return [self._bound.gradient(x, r, s) for r, s, x in entries]
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        """Full-data loss of ``params`` (the reference's ``losses`` column)."""
+        return {"loss": self._bound.loss(params)}
+
+    def steps_per_epoch(self) -> int:
+        """Local steps in which a worker draws as many samples as its shard holds."""
+        return max(1, self.problem.n_samples // self.problem.n_shards // self.problem.batch)
 
 
 @dataclass(slots=True)

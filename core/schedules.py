@@ -15,6 +15,9 @@ r"""Learning-rate recipes (ALGORITHMS.md §C).
   of an asynchronous run agrees on it without communicating.
 - :func:`constant_lr`.
 
+:func:`lr_schedule` turns a name of :data:`LR_SCHEDULE_NAMES` into the step -> rate function
+every executor uses.
+
 Epochs are 1-based in the tables: ``ibm_lr(epoch=e)`` is the rate used during epoch ``e``;
 fractional epochs interpolate the warm-up per step when ``per_step=True``.
 
@@ -29,6 +32,7 @@ Examples
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from psgdlab.core.errors import require
@@ -89,6 +93,10 @@ class Newbob:
     stopped: bool = False
     best_loss: float = field(default=math.inf)
 
+    def __call__(self, step: int) -> float:
+        """The current rate (a schedule's interface: the rate does not depend on the step)."""
+        return self.lr
+
     def update(self, cv_loss: float) -> bool:
         """Feed one epoch's held-out loss; returns whether the epoch is accepted."""
         if not math.isfinite(self.best_loss):
@@ -108,18 +116,54 @@ class Newbob:
 
 
 def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int, total_steps: int | None = None,
-                lr_final: float | None = None):
-    """A step -> rate function for ``"ibm"``, ``"exp"`` (needs ``total_steps``; ``lr_final``
-    defaults to ``lr / 10``) or ``"const"`` (newbob needs held-out losses and is driven by the
-    training loop through :class:`Newbob`)."""
+                lr_final: float | None = None, warmup_epochs: int = 10) -> Callable[[int], float]:
+    """The step -> rate function of schedule ``name`` (one of :data:`LR_SCHEDULE_NAMES`).
+
+    Parameters
+    ----------
+    name : {"const", "ibm", "newbob", "exp"}
+    lr : float
+        The rate (``ibm``: the base rate of a 256-sample batch; ``exp``, ``newbob``: the
+        initial rate).
+    total_batch : int
+        Samples per step over all workers (``ibm`` scales its peak with it).
+    steps_per_epoch : int
+        Local steps per worker in one epoch (``ibm``'s epochs are of these steps).
+    total_steps : int or None
+        ``exp`` only (required): the steps of the whole run.
+    lr_final : float or None
+        ``exp`` only: the rate at the last step (default ``lr / 10``).
+    warmup_epochs : int
+        ``ibm`` only: epochs of linear warm-up (10 in the papers).
+
+    Returns
+    -------
+    callable
+        ``rate(step)``. For ``newbob`` a :class:`Newbob` (callable, the current rate whatever
+        the step): the executor feeds it each epoch's held-out loss with ``update``.
+
+    Examples
+    --------
+    >>> f = lr_schedule("ibm", lr=0.1, total_batch=2560, steps_per_epoch=10, warmup_epochs=2)
+    >>> [round(f(s), 3) for s in (0, 10, 20)]
+    [0.1, 1.0, 0.707]
+    >>> nb = lr_schedule("newbob", lr=0.1, total_batch=1, steps_per_epoch=1)
+    >>> nb(0), isinstance(nb, Newbob)
+    (0.1, True)
+    """
     require(name in LR_SCHEDULE_NAMES, "lr-schedule", name, "must be ibm, newbob, exp or const")
     require(steps_per_epoch >= 1, "steps_per_epoch", steps_per_epoch, "must be >= 1")
+    require(isinstance(warmup_epochs, int) and warmup_epochs >= 1, "warmup_epochs", warmup_epochs,
+            "must be an integer >= 1")
     if name == "ibm":
-        return lambda step: ibm_lr(step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr)
+        return lambda step: ibm_lr(step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr,
+                                   warmup_epochs=warmup_epochs)
     if name == "exp":
         require(total_steps is not None and total_steps >= 1, "total_steps", total_steps,
                 "must be given (>= 1) for the exp schedule")
         final = lr / 10 if lr_final is None else lr_final
         exp_lr(0, lr=lr, lr_final=final, total_steps=total_steps)  # validates
         return lambda step: exp_lr(step, lr=lr, lr_final=final, total_steps=total_steps)
+    if name == "newbob":
+        return Newbob(lr=lr)
     return lambda step: lr

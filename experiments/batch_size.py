@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=11)
     ap.add_argument("--algorithms", nargs="+", default=["ssgd", "adpsgd"])
     args = ap.parse_args()
-    from psgdlab.sim.emulate import EmulateConfig, emulate
+    from psgdlab.emulate import EmulateConfig, emulate
 
     n = args.workers
     print(f"{n} workers, tiny-blstm (window {args.window}), synthetic corpus of {args.utterances} utterances, "

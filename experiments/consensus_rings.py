@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--lr", type=float, default=0.2)
     args = ap.parse_args()
-    from psgdlab.sim.emulate import EmulateConfig, emulate
+    from psgdlab.emulate import EmulateConfig, emulate
 
     print(f"ADPSGD fixed vs random ring, tiny-blstm, batch {args.batch}/worker, lr {args.lr}, {args.steps} steps")
     for n in args.workers:

@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--variant", default="fixed")
     args = ap.parse_args()
-    from psgdlab.sim.emulate import EmulateConfig, emulate
+    from psgdlab.emulate import EmulateConfig, emulate
 
     runs = {
         "ADPSGD 32 flat": EmulateConfig(algorithm="adpsgd", variant=args.variant, workers=32, steps=args.steps,

@@ -212,6 +212,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     """Run the whole loop (module docstring) and return the comparison with the case table."""
     from psgdlab.analysis.calibrate import calibrate_runs, platform_toml, write_platform
     from psgdlab.analysis.compare import compare_dirs
+    from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.analysis.report import write_report
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
@@ -268,6 +269,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         if pred_root.exists():
             shutil.rmtree(pred_root)
         write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
+        write_prediction_figures(pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}")
         result = compare_dirs(pred_root, meas_root)
         result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
         if vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):

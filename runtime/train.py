@@ -5,7 +5,7 @@ it opens the transport from the launcher's environment, builds the workload (or 
 caller's), runs the worker loop (or the parameter server on rank ``n_workers``), gathers every
 rank's trace to rank 0 and writes the run directory there::
 
-    OUT/config.resolved.json  env.json  trace.npz  summary.json  timeline.json  loss.png
+    OUT/config.resolved.json  env.json  trace.npz  summary.json  timeline.json
     OUT/trajectory.npz        (with record_params: models after every step, for oracle checks)
     OUT/final_params.npz      (models up to 2 M parameters)
     OUT/checkpoints/...       (psgdlab.runtime.checkpoint)
@@ -321,7 +321,6 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
         _save_npz(run / "trajectory.npz", params=traj, start_step=np.array(start_step))
     if all(f is not None for f in finals):
         _save_npz(run / "final_params.npz", params=np.stack(finals))
-    _plot_loss(run / "loss.png", summary)
     run.write_json("summary.json", summary)
     return summary
 
@@ -348,43 +347,3 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     np.savez(buf, **arrays)
     atomic_write_bytes(path, buf.getvalue())
 
-
-def _plot_loss(path: Path, summary: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is a runtime dependency
-        return
-    import io
-
-    from psgdlab.core.trace import atomic_write_bytes
-
-    held = [e for e in summary.get("held_out", []) if "frame_accuracy" in e]  # speech scores only
-    fig, axes = plt.subplots(1, 2 if held else 1, figsize=(11 if held else 6, 3.5), squeeze=False)
-    ax = axes[0, 0]
-    curve = summary["loss_curve"]
-    ax.plot(curve["step"], curve["loss"], lw=1, label="training minibatch (mean over workers)")
-    if held and "loss" in held[0]:
-        ax.plot([e["step"] for e in held], [e["loss"] for e in held], "o-", label="held-out (rank 0's model)")
-        ax.legend(fontsize=8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (cross-entropy, nats)")
-    n = summary["workers"]
-    ax.set_title(f"{summary['algorithm']['algorithm']}, {n} worker{'s' if n != 1 else ''}, {summary['backend']}")
-    if held:
-        ax = axes[0, 1]
-        for key, label in (("wer_viterbi", "WER, HMM decoding"), ("wer_vote", "WER, majority vote"),
-                           ("wer", "WER"), ("frame_accuracy", "frame accuracy")):
-            if key in held[0] and not (key == "wer" and "wer_viterbi" in held[0]):
-                ax.plot([e["step"] for e in held], [100 * e[key] for e in held], "o-", label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("held-out, %")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())

@@ -34,7 +34,7 @@ allreduces, applies, post exchanges, reads, passive sends; then step, then rank.
 exchange took no time at all is moved after the sends of that instant. With this order a
 clock-less reference trace (step ``s`` computes from ``s`` to ``s+1``, every exchange at
 ``s+1``) replays the lock-step rounds exactly, so the replay of
-:func:`psgdlab.core.reference.run_reference`'s trace on :class:`~psgdlab.sim.replicas.LeastSquaresReplicas`
+:func:`psgdlab.core.reference.run_reference`'s trace on :class:`~psgdlab.core.reference.LeastSquaresReplicas`
 equals the reference executor bit for bit.
 
 **Staleness** of a gradient is counted as the core defines it: foreign merges applied to the
@@ -43,16 +43,21 @@ server exchanges), so it emerges from the platform model that produced the trace
 
 **Gradients are lazy and batched**: a read only records ``(rank, step, snapshot)``; when an
 apply or an allreduce needs a gradient that is not computed yet, every pending entry is
-computed in one batched call (:meth:`psgdlab.sim.replicas.TorchReplicas.gradients`).
+computed in one call of :meth:`~psgdlab.core.replicas.Replicas.gradients` (batched by the
+torch replicas, :class:`psgdlab.runtime.replicas.TorchReplicas`).
 
-:func:`emulate` runs the simulator (same platform model, seed and straggler model) and replays
-its trace on a torch model and a window corpus; ``psgdlab emulate`` is its command.
+**Structure.** :func:`index_trace` turns the trace into the emulator's events (each a
+:class:`ReplayEvent` of one :class:`EventKind`, dispatched on the record's exchange kind) in
+the order they are applied; :class:`Applier` holds the workers' state and has one method per
+event kind. Nothing here depends on the algorithm's name, nor on the replicas' array type:
+the replicas (:class:`psgdlab.core.replicas.Replicas`) do the array work the kernels cannot.
+The pipeline that simulates a configuration and replays it on a torch model is
+:mod:`psgdlab.emulate` (``psgdlab emulate``).
 
 Examples
 --------
 >>> from psgdlab.core.algorithms import make_algorithm
->>> from psgdlab.core.reference import LeastSquaresProblem, run_reference
->>> from psgdlab.sim.replicas import LeastSquaresReplicas
+>>> from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas, run_reference
 >>> alg = make_algorithm("adpsgd", n_workers=4)
 >>> problem = LeastSquaresProblem(n_samples=256, dim=4, n_shards=4, batch=8, seed=0)
 >>> ref = run_reference(alg, problem, steps=10, lr=0.05)
@@ -63,26 +68,62 @@ True
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState
-from psgdlab.core.errors import SimulationError, require
-from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
+from psgdlab.core.errors import SimulationError
+from psgdlab.core.exchange import EXCHANGE_KINDS, AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
+from psgdlab.core.replicas import Replicas
 from psgdlab.core.trace import PHASES, TRACE_DTYPE
 
-__all__ = ["EmulationResult", "replay", "EmulateConfig", "emulate", "write_run", "plot_curves"]
+__all__ = ["EmulationResult", "replay", "index_trace", "ReplayIndex", "ReplayEvent", "EventKind", "Applier"]
 
 Array = Any
 
 # tie-break phases at equal times (the reference executor's order, reads after posts)
 _MERGE, _GRAD, _APPLY, _POST, _READ, _PSEND, _LATE_MERGE = 0, 1, 2, 3, 4, 5, 6
-_K_ALLREDUCE, _K_PAIR, _K_GOSSIP, _K_SERVER, _K_BARRIER = 1, 2, 3, 4, 5
-_COMPUTE, _COMM, _WAIT, _OVERLAP = PHASES["compute"], PHASES["comm"], PHASES["wait"], PHASES["overlap"]
+_COMPUTE, _COMM, _WAIT = PHASES["compute"], PHASES["comm"], PHASES["wait"]
+
+
+class EventKind(enum.Enum):
+    """What the emulator does at an event (one :class:`Applier` method each)."""
+
+    READ = "read"                        # a compute record starts: snapshot, pending gradient
+    PAIR_SEND = "pair_send"              # the passive side of a pairwise exchange answers
+    PAIR_MERGE = "pair_merge"            # one side of a pairwise exchange merges
+    GOSSIP_MERGE = "gossip_merge"        # a gossip exchange merges the neighbours' models
+    GRAD_ALLREDUCE = "grad_allreduce"    # a group's gradients are averaged
+    APPLY = "apply"                      # local_update with the step's gradient
+    MODEL_ALLREDUCE = "model_allreduce"  # a group's models are averaged and combined
+    SERVER = "server"                    # a server exchange: message, server apply, combine
+
+
+class ReplayEvent(NamedTuple):
+    """One emulator event; events apply in the order of the first five fields."""
+
+    time_s: float
+    phase: int   # tie-break class at equal times (the reference executor's phase order)
+    step: int
+    rank: int
+    seq: int     # creation order: the last tie-break
+    kind: EventKind
+    data: Any = None
+
+
+class _Pair:
+    """One pairwise exchange (the active side's record stands for both sides)."""
+
+    __slots__ = ("active", "passive", "ex_a", "ex_p", "step", "sent_p")
+
+    def __init__(self, active: int, passive: int, ex_a: PairwiseAverage, ex_p: PairwiseAverage, step: int) -> None:
+        self.active, self.passive, self.ex_a, self.ex_p, self.step = active, passive, ex_a, ex_p, step
+        self.sent_p: Array = None
 
 
 @dataclass(slots=True)
@@ -129,30 +170,380 @@ class EmulationResult:
         return out
 
 
-class _Pair:
-    __slots__ = ("active", "passive", "ex_a", "ex_p", "step", "sent_p", "done")
+# ----- the indexer: trace records -> emulator events -------------------------------------------
+@dataclass(slots=True)
+class ReplayIndex:
+    """The events of a trace in application order, and the shape of the run."""
 
-    def __init__(self, active: int, passive: int, ex_a: PairwiseAverage, ex_p: PairwiseAverage, step: int) -> None:
-        self.active, self.passive, self.ex_a, self.ex_p, self.step = active, passive, ex_a, ex_p, step
-        self.sent_p: Array = None
-        self.done = False
-
-
-def _split(x: Array, n: int, i: int) -> Array:
-    if isinstance(x, np.ndarray):
-        return np.array_split(x, n)[i]
-    return x.tensor_split(n)[i]
+    n_workers: int
+    n_steps: int
+    events: list[ReplayEvent]
 
 
-def _concat(parts: Sequence[Array]) -> Array:
-    if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts)
-    import torch
+class _Indexer:
+    """Builds the events of one trace; one method per exchange kind of a non-compute record."""
 
-    return torch.cat(list(parts))
+    def __init__(self, algorithm: Algorithm, trace: np.ndarray, meta: Mapping[str, Any]) -> None:
+        self.algorithm = algorithm
+        n = self.n = algorithm.n_workers
+        compute = trace[trace["phase"] == _COMPUTE]
+        if compute.size == 0:
+            raise SimulationError("trace has no compute records to replay")
+        if int(compute["rank"].max()) >= n or int(compute["rank"].min()) < 0:
+            raise SimulationError(f"trace ranks [{compute['rank'].min()}, {compute['rank'].max()}] do not fit "
+                                  f"{algorithm.name} with {n} workers")
+        self.n_steps = int(compute["step"].max()) + 1
+        self.logical = meta.get("source") == "reference"
+        self.delay = int(algorithm.gradient_delay)
+        self.comp_start = np.full((n, self.n_steps), np.nan)
+        self.comp_end = np.full((n, self.n_steps), np.nan)
+        self.comp_start[compute["rank"], compute["step"]] = compute["start_s"]
+        self.comp_end[compute["rank"], compute["step"]] = compute["end_s"]
+        if np.isnan(self.comp_start).any():
+            r, s = np.argwhere(np.isnan(self.comp_start))[0]
+            raise SimulationError(f"trace has no compute record for rank {r} step {s} (steps must be contiguous)")
+        self.apply_t = self.comp_end.copy()  # when each step's gradient may be applied
+        self.events: list[ReplayEvent] = []
+        self._schedules: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self.ar_seen: dict[tuple[int, int], int] = {}
+        self.grad_ar: dict[tuple[tuple[int, ...], int], float] = {}
+        self.model_ar: dict[tuple[tuple[int, ...], int], tuple[float, AllReduce]] = {}
+        self.mix_end: dict[tuple[int, int], float] = {}
+        self.by_kind: dict[int, Callable[[int, int, int, float, float, int], None]] = {
+            EXCHANGE_KINDS[AllReduce]: self.allreduce,
+            EXCHANGE_KINDS[PairwiseAverage]: self.pairwise,
+            EXCHANGE_KINDS[Gossip]: self.gossip,
+            EXCHANGE_KINDS[ServerExchange]: self.server,
+            EXCHANGE_KINDS[Barrier]: self.barrier,
+        }
+
+    def schedule(self, s: int, r: int) -> tuple[Any, ...]:
+        out = self._schedules.get((s, r))
+        if out is None:
+            out = self._schedules[(s, r)] = self.algorithm.exchanges(s, r)
+        return out
+
+    def push(self, t: float, phase: int, step: int, rank: int, kind: EventKind, data: Any = None) -> None:
+        self.events.append(ReplayEvent(float(t), phase, step, rank, len(self.events), kind, data))
+
+    def extend_apply(self, r: int, s: int, t: float) -> None:
+        self.apply_t[r, s] = max(self.apply_t[r, s], t)
+
+    # ----- one method per exchange kind (records of rank r, step s, phase ph, [t0, t1]) ----------
+    def no_exchange(self, r: int, s: int, ph: int, t0: float, t1: float, peer: int) -> None:
+        if ph in (_COMM, _WAIT):
+            self.extend_apply(r, s, t1)
+
+    def allreduce(self, r: int, s: int, ph: int, t0: float, t1: float, peer: int) -> None:
+        ars = [e for e in self.schedule(s, r) if isinstance(e, AllReduce)]
+        ars.sort(key=lambda e: e.payload != "grad")
+        i = self.ar_seen.get((r, s), 0)
+        self.ar_seen[(r, s)] = i + 1
+        if i >= len(ars):
+            raise SimulationError(f"trace has an allreduce at rank {r} step {s} that {self.algorithm.name}'s "
+                                  f"schedule does not have")
+        ex = ars[i]
+        key = (ex.group, s)
+        if ex.payload == "grad":
+            self.grad_ar[key] = max(self.grad_ar.get(key, -math.inf), t1)
+            self.extend_apply(r, s, t1)
+        else:
+            prev = self.model_ar.get(key)
+            self.model_ar[key] = (max(prev[0] if prev else -math.inf, t1), ex)
+
+    def pairwise(self, r: int, s: int, ph: int, t0: float, t1: float, p: int) -> None:
+        if ph in (_COMM, _WAIT):
+            self.extend_apply(r, s, t1)
+        if p < 0:
+            return  # a wait for the step's averaging, not an exchange
+        ex = next((e for e in self.schedule(s, r) if isinstance(e, PairwiseAverage) and e.peer == p), None)
+        if ex is None:
+            raise SimulationError(f"trace has a pairwise exchange of rank {r} with {p} at step {s} that "
+                                  f"{self.algorithm.name}'s schedule does not have")
+        if not ex.active:
+            return  # the active side's record stands for the pair
+        back = next((e for e in self.schedule(s, p) if isinstance(e, PairwiseAverage) and e.peer == r), None)
+        if back is None or back.active:
+            raise SimulationError(f"schedule is inconsistent at step {s}: rank {p} does not answer rank {r}")
+        pair = _Pair(r, p, ex, back, s)
+        start = self.comp_start[r, s] if self.logical else t0
+        end = max(t1, start)
+        self.push(start, _PSEND, s, p, EventKind.PAIR_SEND, pair)
+        merge_phase = _LATE_MERGE if end <= start else _MERGE
+        self.push(end, merge_phase, s, r, EventKind.PAIR_MERGE, (pair, True))
+        self.push(end, merge_phase, s, p, EventKind.PAIR_MERGE, (pair, False))
+        self.mix_end[(r, s)] = max(self.mix_end.get((r, s), -math.inf), end)
+
+    def gossip(self, r: int, s: int, ph: int, t0: float, t1: float, peer: int) -> None:
+        ex = next((e for e in self.schedule(s, r) if isinstance(e, Gossip)), None)
+        if ex is None:
+            raise SimulationError(f"trace has a gossip at rank {r} step {s} that the schedule does not have")
+        start = self.comp_start[r, s]
+        end = max(t1, start)
+        self.push(end, _MERGE if end > start else _LATE_MERGE, s, r, EventKind.GOSSIP_MERGE, ex)
+        self.extend_apply(r, s, end)
+
+    def server(self, r: int, s: int, ph: int, t0: float, t1: float, peer: int) -> None:
+        if ph != _COMM:
+            return  # the server's waits hold nothing back: the exchange applies at its end
+        ex = next((e for e in self.schedule(s, r) if isinstance(e, ServerExchange)), None)
+        if ex is None:
+            raise SimulationError(f"trace has a server exchange at rank {r} step {s} that the schedule does not have")
+        self.push(t1, _POST, s, r, EventKind.SERVER, ex)
+
+    def barrier(self, r: int, s: int, ph: int, t0: float, t1: float, peer: int) -> None:
+        """A barrier moves no data; its end holds nothing back beyond the records around it."""
+
+    # ----- the whole trace --------------------------------------------------------------------
+    def index(self, trace: np.ndarray) -> ReplayIndex:
+        others = trace[trace["phase"] != _COMPUTE]
+        others = others[np.lexsort((others["start_s"], others["step"], others["rank"]))]
+        for rec in others:
+            s = int(rec["step"])
+            if s >= self.n_steps:
+                continue
+            handler = self.by_kind.get(int(rec["kind"]), self.no_exchange)
+            handler(int(rec["rank"]), s, int(rec["phase"]), float(rec["start_s"]), float(rec["end_s"]),
+                    int(rec["peer"]))
+        n, n_steps, apply_t = self.n, self.n_steps, self.apply_t
+        for (r, s), t in self.mix_end.items():  # the gradient of step s + D waits for the mix of step s
+            if s + self.delay < n_steps:
+                apply_t[r, s + self.delay] = max(apply_t[r, s + self.delay], t)
+        for (group, s), t in self.grad_ar.items():  # every member's gradient is ready, and the collective ended
+            t = max([t] + [self.comp_end[g, s] for g in group])
+            self.grad_ar[(group, s)] = t
+            for g in group:
+                apply_t[g, s] = max(apply_t[g, s], t)
+        for (group, s), (t, ex) in self.model_ar.items():
+            t = max([t] + [apply_t[g, s] for g in group])
+            self.push(t, _POST, s, group[0], EventKind.MODEL_ALLREDUCE, (group, ex))
+        for (group, s), t in self.grad_ar.items():
+            self.push(t, _GRAD, s, group[0], EventKind.GRAD_ALLREDUCE, group)
+        for r in range(n):
+            for s in range(n_steps):
+                self.push(self.comp_start[r, s], _READ, s, r, EventKind.READ)
+                self.push(apply_t[r, s], _APPLY, s, r, EventKind.APPLY)
+        events = sorted(self.events, key=lambda e: e[:5])
+        return ReplayIndex(n_workers=n, n_steps=n_steps, events=events)
 
 
-def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
+def index_trace(algorithm: Algorithm, trace: np.ndarray, meta: Mapping[str, Any] | None = None) -> ReplayIndex:
+    """The emulator's events for ``trace`` in the order they apply (see the module docstring).
+
+    Raises :class:`SimulationError` when the trace does not fit ``algorithm`` (ranks, missing
+    compute records, exchanges its schedule does not have).
+    """
+    if trace.dtype != TRACE_DTYPE:
+        raise SimulationError(f"trace dtype ({trace.dtype}) must be TRACE_DTYPE")
+    return _Indexer(algorithm, trace, dict(meta or {})).index(trace)
+
+
+# ----- the applier: events -> models -----------------------------------------------------------
+class Applier:
+    """The workers' models and counters under a replay; one method per :class:`EventKind`.
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+    replicas : Replicas
+    n_steps : int
+        Local steps per worker in the trace.
+    lr_of : callable
+        The learning rate of a local step.
+    x0 : array or None
+        Initial model (default: the replicas' initial point).
+    """
+
+    def __init__(self, algorithm: Algorithm, replicas: Replicas, *, n_steps: int, lr_of: Callable[[int], float],
+                 x0: Array | None = None) -> None:
+        n = self.n = algorithm.n_workers
+        self.algorithm, self.replicas, self.lr_of = algorithm, replicas, lr_of
+        self.delay = int(algorithm.gradient_delay)
+        x0 = replicas.initial_point() if x0 is None else x0
+        self.states = [algorithm.init_state(x0, r) for r in range(n)]
+        self.server_state = algorithm.server_init(x0) if algorithm.has_server else None
+        self.merges = np.zeros(n, dtype=np.int64)
+        self.reads: dict[tuple[int, int], tuple[Array, int]] = {}     # (r, s) -> (snapshot, merges)
+        self.step_start: dict[tuple[int, int], Array] = {}            # own mix sends: model at step start
+        self.pending: dict[tuple[int, int], Array] = {}               # gradients not computed yet
+        self.grads: dict[tuple[int, int], Array] = {}
+        self.read_merges: dict[tuple[int, int], int] = {}
+        self.shard_results: dict[tuple[int, int], Array] = {}
+        self.staleness = np.full((n, n_steps), -1, dtype=np.int64)
+        self.batch_loss = np.full((n, n_steps), np.nan)
+        self.batches: list[int] = []
+        self.applied = 0
+        self.handlers: dict[EventKind, Callable[[ReplayEvent], None]] = {
+            kind: getattr(self, kind.value) for kind in EventKind}
+
+    def __call__(self, event: ReplayEvent) -> None:
+        self.handlers[event.kind](event)
+
+    @property
+    def models(self) -> list[Array]:
+        return [st.params for st in self.states]
+
+    # ----- gradients ----------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Compute every pending gradient in one call."""
+        if not self.pending:
+            return
+        entries = [(r, s, x) for (r, s), x in self.pending.items()]
+        self.batches.append(len(entries))
+        for (r, s, _), (g, loss) in zip(entries, self.replicas.gradients(entries)):
+            self.grads[(r, s)] = g
+            self.batch_loss[r, s] = loss
+        self.pending.clear()
+
+    def gradient(self, r: int, s: int) -> Array:
+        if (r, s) not in self.grads:
+            if (r, s) not in self.pending:
+                raise SimulationError(f"gradient of rank {r} step {s} is needed before its read")
+            self.flush()
+        return self.grads[(r, s)]
+
+    def merge(self, r: int, sent: Array, mixed: Array) -> None:
+        """``params <- params + (mixed - sent)``: local changes made meanwhile are kept."""
+        params = self.states[r].params
+        new = mixed if params is sent else params + (mixed - sent)
+        self.states[r] = self.states[r].replace(params=new)
+        self.merges[r] += 1
+
+    # ----- one method per event kind --------------------------------------------------------------
+    def read(self, ev: ReplayEvent) -> None:
+        r, s, delay = ev.rank, ev.step, self.delay
+        params, merges = self.states[r].params, int(self.merges[r])
+        src = max(s - delay, 0)
+        snap, snap_merges = (params, merges) if src == s else self.reads[(r, src)]
+        self.reads[(r, s)] = (params, merges)
+        self.step_start[(r, s)] = params
+        self.read_merges[(r, s)] = int(snap_merges)
+        self.pending[(r, s)] = snap
+        self.reads.pop((r, s - delay - 1), None)
+        self.step_start.pop((r, s - 4 - delay), None)
+
+    def pair_send(self, ev: ReplayEvent) -> None:
+        pair: _Pair = ev.data
+        pair.sent_p = self.states[pair.passive].params
+        if pair.ex_a.n_shards > 1:
+            split, mix = self.replicas.split, self.algorithm.mix
+            a_sent = self.step_start[(pair.active, pair.step)]
+            k, sh = pair.ex_a.n_shards, pair.ex_a.shard
+            self.shard_results[(pair.active, pair.step)] = mix(pair.ex_a, split(a_sent, k, sh), split(pair.sent_p, k, sh))
+            k, sh = pair.ex_p.n_shards, pair.ex_p.shard
+            self.shard_results[(pair.passive, pair.step)] = mix(pair.ex_p, split(pair.sent_p, k, sh),
+                                                                split(a_sent, k, sh))
+
+    def pair_merge(self, ev: ReplayEvent) -> None:
+        pair, active_side = ev.data
+        r = pair.active if active_side else pair.passive
+        ex = pair.ex_a if active_side else pair.ex_p
+        own_sent = self.step_start.get((pair.active, pair.step)) if active_side else pair.sent_p
+        if own_sent is None or pair.sent_p is None:
+            raise SimulationError(f"pairwise exchange of ranks {pair.active}/{pair.passive} at step {pair.step} "
+                                  f"merges before it was sent")
+        if ex.n_shards == 1:
+            other = pair.sent_p if active_side else self.step_start[(pair.active, pair.step)]
+            self.merge(r, own_sent, self.algorithm.mix(ex, own_sent, other))
+            return
+        parts = []
+        for g in ex.gather_group:
+            part = self.shard_results.get((g, pair.step))
+            if part is None:
+                raise SimulationError(f"rank {r} merges the sharded exchange of step {pair.step} before member "
+                                      f"{g} averaged its slice")
+            parts.append(part)
+        self.merge(r, own_sent, self.replicas.concat(parts))
+
+    def gossip_merge(self, ev: ReplayEvent) -> None:
+        r, s, ex = ev.rank, ev.step, ev.data
+        try:
+            received = [self.step_start[(j, s)] for j in ex.peers]
+        except KeyError:
+            raise SimulationError(f"gossip of rank {r} at step {s} merges before a neighbour started "
+                                  f"step {s}") from None
+        own = self.step_start[(r, s)]
+        self.merge(r, own, self.algorithm.mix(ex, own, received))
+
+    def grad_allreduce(self, ev: ReplayEvent) -> None:
+        group, s = ev.data, ev.step
+        mean = self.replicas.mean([self.gradient(g, s) for g in group])
+        for g in group:
+            self.grads[(g, s)] = mean
+
+    def apply(self, ev: ReplayEvent) -> None:
+        r, s = ev.rank, ev.step
+        g = self.gradient(r, s)
+        self.staleness[r, s] = self.merges[r] - self.read_merges.pop((r, s))
+        self.states[r] = self.algorithm.local_update(self.states[r], g, self.lr_of(s))
+        del self.grads[(r, s)]
+        self.applied += 1
+
+    def model_allreduce(self, ev: ReplayEvent) -> None:
+        group, ex = ev.data
+        mean = self.replicas.mean([self.states[g].params for g in group])
+        for g in group:
+            self.states[g] = self.algorithm.combine(self.states[g], ex, mean)
+
+    def server(self, ev: ReplayEvent) -> None:
+        r = ev.rank
+        if self.server_state is None:
+            raise SimulationError(f"{self.algorithm.name} has a server exchange in the trace but no server role")
+        message = self.algorithm.server_message(self.states[r])
+        self.server_state, reply, st = self.algorithm.server_apply(self.server_state, message, r)
+        self.states[r] = self.algorithm.combine(self.states[r], ev.data, reply)
+        self.staleness[r, ev.step] = st
+
+
+# ----- the replay: apply the events, record rounds and evaluations ----------------------------
+class _Recorder:
+    """Rounds (every ``n`` applied gradients) and evaluations of the mean model."""
+
+    def __init__(self, applier: Applier, *, n_steps: int, steps_per_epoch: float | None,
+                 eval_every_rounds: int | None, eval_points: int,
+                 on_epoch: Callable[[int, dict[str, float]], None] | None) -> None:
+        self.applier, self.n, self.n_steps, self.on_epoch = applier, applier.n, n_steps, on_epoch
+        self.spe = float(steps_per_epoch) if steps_per_epoch else float(n_steps)
+        self.every = eval_every_rounds or max(1, n_steps // max(eval_points, 1))
+        self.rounds: dict[str, list[float]] = {"time_s": [], "epoch": [], "consensus_distance": []}
+        self.evals: dict[str, list[float]] = {"time_s": [], "epoch": [], "loss": [], "consensus_distance": []}
+        self.next_epoch = 1
+
+    def epoch(self, applied: int) -> float:
+        return applied / (self.n * self.spe)
+
+    def evaluate(self, t: float) -> dict[str, float]:
+        models = self.applier.models
+        replicas = self.applier.replicas
+        res = replicas.evaluate(replicas.mean(models))
+        self.evals["time_s"].append(t)
+        self.evals["epoch"].append(self.epoch(self.applier.applied))  # evaluation happens at the end of an instant
+        self.evals["consensus_distance"].append(replicas.consensus_distance(models))
+        for k, v in res.items():
+            self.evals.setdefault(k, []).append(v)
+        return res
+
+    def end_round(self, t: float, done: int) -> None:
+        n = self.n
+        k = done // n
+        self.rounds["time_s"].append(t)
+        self.rounds["epoch"].append(self.epoch(done))
+        self.rounds["consensus_distance"].append(self.applier.replicas.consensus_distance(self.applier.models))
+        epoch_done = self.epoch(done) >= self.next_epoch - 1e-12
+        if epoch_done or (k % self.every == 0 and done < n * self.n_steps):
+            res = self.evaluate(t)
+            if epoch_done:
+                if self.on_epoch is not None:
+                    self.on_epoch(self.next_epoch, res)
+                self.next_epoch += 1
+
+    def finish(self, last_t: float) -> None:
+        ev = self.evals
+        if not ev["time_s"] or ev["time_s"][-1] != last_t or ev["epoch"][-1] != self.epoch(self.applier.applied):
+            self.evaluate(last_t)
+
+
+def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Replicas, *,
            lr: float | Callable[[int], float] = 0.05, meta: Mapping[str, Any] | None = None,
            x0: Array | None = None, steps_per_epoch: float | None = None, eval_every_rounds: int | None = None,
            eval_points: int = 20, on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> EmulationResult:
@@ -164,13 +555,15 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
         The algorithm whose schedule produced the trace (its exchanges are looked up per
         (step, rank) to give the records their meaning).
     trace : structured array of TRACE_DTYPE
-    replicas : LeastSquaresReplicas or TorchReplicas (anything with ``initial_point``,
-        ``gradients``, ``mean``, ``evaluate``)
+    replicas : Replicas
+        The model replicas (:class:`psgdlab.core.replicas.Replicas`).
     lr : float or callable
         Learning rate, or a function of the worker's local step.
     meta : mapping
         The trace's metadata; ``source == "reference"`` marks a clock-less trace whose
         ``"mix"`` exchanges start with their step.
+    x0 : array or None
+        Initial model of every worker (default: ``replicas.initial_point()``).
     steps_per_epoch : float or None
         Local steps per worker that make one epoch (for the epoch axis); default: every
         worker's steps make one epoch.
@@ -182,582 +575,35 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Any, *,
         (after an evaluation of the mean model); a Newbob schedule hooks in here.
     """
     meta = dict(meta or {})
-    if trace.dtype != TRACE_DTYPE:
-        raise SimulationError(f"trace dtype ({trace.dtype}) must be TRACE_DTYPE")
-    n = algorithm.n_workers
-    compute = trace[trace["phase"] == _COMPUTE]
-    if compute.size == 0:
-        raise SimulationError("trace has no compute records to replay")
-    if int(compute["rank"].max()) >= n or int(compute["rank"].min()) < 0:
-        raise SimulationError(f"trace ranks [{compute['rank'].min()}, {compute['rank'].max()}] do not fit "
-                              f"{algorithm.name} with {n} workers")
-    n_steps = int(compute["step"].max()) + 1
-    logical = meta.get("source") == "reference"
+    index = index_trace(algorithm, trace, meta)
+    n, n_steps = index.n_workers, index.n_steps
     lr_of = lr if callable(lr) else (lambda _s, _v=float(lr): _v)
-    delay = int(algorithm.gradient_delay)
-
-    # ----- index the records ----------------------------------------------------------------
-    comp_start = np.full((n, n_steps), np.nan)
-    comp_end = np.full((n, n_steps), np.nan)
-    comp_start[compute["rank"], compute["step"]] = compute["start_s"]
-    comp_end[compute["rank"], compute["step"]] = compute["end_s"]
-    if np.isnan(comp_start).any():
-        r, s = np.argwhere(np.isnan(comp_start))[0]
-        raise SimulationError(f"trace has no compute record for rank {r} step {s} (steps must be contiguous)")
-    apply_t = comp_end.copy()
-    schedule_cache: dict[tuple[int, int], tuple[Any, ...]] = {}
-
-    def sched(s: int, r: int) -> tuple[Any, ...]:
-        key = (s, r)
-        out = schedule_cache.get(key)
-        if out is None:
-            out = schedule_cache[key] = algorithm.exchanges(s, r)
-        return out
-
-    events: list[tuple[float, int, int, int, int, int, Any]] = []
-    seq = 0
-
-    def push(t: float, phase: int, step: int, rank: int, op: str, data: Any = None) -> None:
-        nonlocal seq
-        events.append((float(t), phase, step, rank, seq, op, data))  # type: ignore[arg-type]
-        seq += 1
-
-    others = trace[(trace["phase"] != _COMPUTE)]
-    order = np.lexsort((others["start_s"], others["step"], others["rank"]))
-    others = others[order]
-    ar_seen: dict[tuple[int, int], int] = {}
-    grad_ar: dict[tuple[tuple[int, ...], int], float] = {}
-    model_ar: dict[tuple[tuple[int, ...], int], tuple[float, AllReduce]] = {}
-    mix_end: dict[tuple[int, int], float] = {}
-    pairs: list[_Pair] = []
-    gossips: dict[tuple[int, int], Gossip] = {}
-    for rec in others:
-        r, s, kind, ph = int(rec["rank"]), int(rec["step"]), int(rec["kind"]), int(rec["phase"])
-        t0, t1 = float(rec["start_s"]), float(rec["end_s"])
-        if s >= n_steps:
-            continue
-        if kind == _K_ALLREDUCE:
-            ars = [e for e in sched(s, r) if isinstance(e, AllReduce)]
-            ars.sort(key=lambda e: e.payload != "grad")
-            i = ar_seen.get((r, s), 0)
-            ar_seen[(r, s)] = i + 1
-            if i >= len(ars):
-                raise SimulationError(f"trace has an allreduce at rank {r} step {s} that {algorithm.name}'s "
-                                      f"schedule does not have")
-            ex = ars[i]
-            if ex.payload == "grad":
-                key = (ex.group, s)
-                grad_ar[key] = max(grad_ar.get(key, -math.inf), t1)
-                apply_t[r, s] = max(apply_t[r, s], t1)
-            else:
-                key = (ex.group, s)
-                prev = model_ar.get(key)
-                model_ar[key] = (max(prev[0] if prev else -math.inf, t1), ex)
-        elif kind == _K_PAIR:
-            if ph in (_COMM, _WAIT):
-                apply_t[r, s] = max(apply_t[r, s], t1)
-            if int(rec["peer"]) < 0:
-                continue  # a wait for the step's averaging, not an exchange
-            p = int(rec["peer"])
-            ex = next((e for e in sched(s, r) if isinstance(e, PairwiseAverage) and e.peer == p), None)
-            if ex is None:
-                raise SimulationError(f"trace has a pairwise exchange of rank {r} with {p} at step {s} that "
-                                      f"{algorithm.name}'s schedule does not have")
-            if not ex.active:
-                continue  # the active side's record stands for the pair
-            back = next((e for e in sched(s, p) if isinstance(e, PairwiseAverage) and e.peer == r), None)
-            if back is None or back.active:
-                raise SimulationError(f"schedule is inconsistent at step {s}: rank {p} does not answer rank {r}")
-            pair = _Pair(r, p, ex, back, s)
-            pairs.append(pair)
-            start = comp_start[r, s] if logical else t0
-            end = max(t1, start)
-            push(start, _PSEND, s, p, "psend", pair)
-            merge_phase = _LATE_MERGE if end <= start else _MERGE
-            push(end, merge_phase, s, r, "merge_pair", (pair, True))
-            push(end, merge_phase, s, p, "merge_pair", (pair, False))
-            mix_end[(r, s)] = max(mix_end.get((r, s), -math.inf), end)
-        elif kind == _K_GOSSIP:
-            ex = next((e for e in sched(s, r) if isinstance(e, Gossip)), None)
-            if ex is None:
-                raise SimulationError(f"trace has a gossip at rank {r} step {s} that the schedule does not have")
-            gossips[(r, s)] = ex
-            end = max(t1, comp_start[r, s])
-            push(end, _MERGE if end > comp_start[r, s] else _LATE_MERGE, s, r, "merge_gossip", ex)
-            apply_t[r, s] = max(apply_t[r, s], end)
-        elif kind in (_K_SERVER, _K_BARRIER):
-            if kind == _K_SERVER and ph == _COMM:
-                ex = next((e for e in sched(s, r) if isinstance(e, ServerExchange)), None)
-                if ex is None:
-                    raise SimulationError(f"trace has a server exchange at rank {r} step {s} that the "
-                                          f"schedule does not have")
-                push(t1, _POST, s, r, "server", ex)
-        elif ph in (_COMM, _WAIT):
-            apply_t[r, s] = max(apply_t[r, s], t1)
-    for (r, s), t in mix_end.items():  # the gradient of step s + D waits for the mix of step s
-        if s + delay < n_steps:
-            apply_t[r, s + delay] = max(apply_t[r, s + delay], t)
-    for (group, s), t in grad_ar.items():  # every member's gradient is ready, and the collective ended
-        t = max([t] + [comp_end[g, s] for g in group])
-        grad_ar[(group, s)] = t
-        for g in group:
-            apply_t[g, s] = max(apply_t[g, s], t)
-    for (group, s), (t, ex) in model_ar.items():
-        t = max([t] + [apply_t[g, s] for g in group])
-        push(t, _POST, s, group[0], "model_ar", (group, ex))
-    for (group, s), t in grad_ar.items():
-        push(t, _GRAD, s, group[0], "grad_ar", group)
-    for r in range(n):
-        for s in range(n_steps):
-            push(comp_start[r, s], _READ, s, r, "read")
-            push(apply_t[r, s], _APPLY, s, r, "apply")
-    events.sort(key=lambda e: e[:5])
-
-    # ----- state ------------------------------------------------------------------------------
-    x0 = replicas.initial_point() if x0 is None else x0
-    states = [algorithm.init_state(x0, r) for r in range(n)]
-    server = algorithm.server_init(x0) if algorithm.has_server else None
-    merges = np.zeros(n, dtype=np.int64)
-    reads: dict[tuple[int, int], tuple[Array, int]] = {}     # (r, s) -> (snapshot, merges)
-    step_start: dict[tuple[int, int], Array] = {}            # own mix sends: model at step start
-    pending: dict[tuple[int, int], Array] = {}               # gradients not computed yet
-    grads: dict[tuple[int, int], Array] = {}
-    read_merges: dict[tuple[int, int], int] = {}
-    shard_results: dict[tuple[int, int], Array] = {}
-    staleness = np.full((n, n_steps), -1, dtype=np.int64)
-    batch_loss = np.full((n, n_steps), np.nan)
-    batches: list[int] = []
-    spe = float(steps_per_epoch) if steps_per_epoch else float(n_steps)
-    total_rounds = n_steps
-    every = eval_every_rounds or max(1, total_rounds // max(eval_points, 1))
-    rounds: dict[str, list[float]] = {"time_s": [], "epoch": [], "consensus_distance": []}
-    evals: dict[str, list[float]] = {"time_s": [], "epoch": [], "loss": [], "consensus_distance": []}
-    applied = 0
-    next_epoch = 1
-
-    def flush() -> None:
-        if not pending:
-            return
-        entries = [(r, s, x) for (r, s), x in pending.items()]
-        batches.append(len(entries))
-        for (r, s, _), (g, loss) in zip(entries, replicas.gradients(entries)):
-            grads[(r, s)] = g
-            batch_loss[r, s] = loss
-        pending.clear()
-
-    def gradient(r: int, s: int) -> Array:
-        if (r, s) not in grads:
-            if (r, s) not in pending:
-                raise SimulationError(f"gradient of rank {r} step {s} is needed before its read")
-            flush()
-        return grads[(r, s)]
-
-    def merge(r: int, sent: Array, mixed: Array) -> None:
-        params = states[r].params
-        new = mixed if params is sent else params + (mixed - sent)
-        states[r] = states[r].replace(params=new)
-        merges[r] += 1
-
-    def pair_mixed(pair: _Pair, active_side: bool) -> tuple[Array, Array]:
-        r = pair.active if active_side else pair.passive
-        ex = pair.ex_a if active_side else pair.ex_p
-        own_sent = step_start.get((pair.active, pair.step)) if active_side else pair.sent_p
-        if own_sent is None or pair.sent_p is None:
-            raise SimulationError(f"pairwise exchange of ranks {pair.active}/{pair.passive} at step {pair.step} "
-                                  f"merges before it was sent")
-        if ex.n_shards == 1:
-            other = pair.sent_p if active_side else step_start[(pair.active, pair.step)]
-            return own_sent, algorithm.mix(ex, own_sent, other)
-        parts = []
-        for g in ex.gather_group:
-            part = shard_results.get((g, pair.step))
-            if part is None:
-                raise SimulationError(f"rank {r} merges the sharded exchange of step {pair.step} before member "
-                                      f"{g} averaged its slice")
-            parts.append(part)
-        return own_sent, _concat(parts)
-
-    def evaluate(t: float) -> dict[str, float]:
-        models = [st.params for st in states]
-        from psgdlab.sim.replicas import consensus_distance
-
-        res = replicas.evaluate(replicas.mean(models))
-        evals["time_s"].append(t)
-        evals["epoch"].append(applied / (n * spe))  # evaluation happens at the end of an instant
-        evals["consensus_distance"].append(consensus_distance(models))
-        for k, v in res.items():
-            evals.setdefault(k, []).append(v)
-        return res
-
-    def end_round(t: float, done: int) -> None:
-        nonlocal next_epoch
-        from psgdlab.sim.replicas import consensus_distance
-
-        k = done // n
-        rounds["time_s"].append(t)
-        rounds["epoch"].append(done / (n * spe))
-        rounds["consensus_distance"].append(consensus_distance([st.params for st in states]))
-        epoch_done = done / (n * spe) >= next_epoch - 1e-12
-        if epoch_done or (k % every == 0 and done < n * n_steps):
-            res = evaluate(t)
-            if epoch_done:
-                if on_epoch is not None:
-                    on_epoch(next_epoch, res)
-                next_epoch += 1
-
+    applier = Applier(algorithm, replicas, n_steps=n_steps, lr_of=lr_of, x0=x0)
+    recorder = _Recorder(applier, n_steps=n_steps, steps_per_epoch=steps_per_epoch,
+                         eval_every_rounds=eval_every_rounds, eval_points=eval_points, on_epoch=on_epoch)
     last_t = 0.0
-    round_due: tuple[float, int] | None = None
-    for t, phase, s, r, _, op, data in events:
-        if round_due is not None and (t > round_due[0] or phase >= _READ):
-            end_round(*round_due)
+    round_due: tuple[float, int] | None = None  # recorded once this instant's post exchanges are done
+    for ev in index.events:
+        if round_due is not None and (ev.time_s > round_due[0] or ev.phase >= _READ):
+            recorder.end_round(*round_due)
             round_due = None
-        last_t = t
-        if op == "read":
-            src = max(s - delay, 0)
-            snap = states[r].params if src == s else reads[(r, src)][0]
-            snap_merges = merges[r] if src == s else reads[(r, src)][1]
-            reads[(r, s)] = (states[r].params, int(merges[r]))
-            step_start[(r, s)] = states[r].params
-            read_merges[(r, s)] = int(snap_merges)
-            pending[(r, s)] = snap
-            reads.pop((r, s - delay - 1), None)
-            step_start.pop((r, s - 4 - delay), None)
-        elif op == "psend":
-            pair = data
-            pair.sent_p = states[pair.passive].params
-            if pair.ex_a.n_shards > 1:
-                a_sent = step_start[(pair.active, pair.step)]
-                k, sh = pair.ex_a.n_shards, pair.ex_a.shard
-                mine, theirs = _split(a_sent, k, sh), _split(pair.sent_p, k, sh)
-                shard_results[(pair.active, pair.step)] = algorithm.mix(pair.ex_a, mine, theirs)
-                k, sh = pair.ex_p.n_shards, pair.ex_p.shard
-                shard_results[(pair.passive, pair.step)] = algorithm.mix(
-                    pair.ex_p, _split(pair.sent_p, k, sh), _split(a_sent, k, sh))
-        elif op == "merge_pair":
-            pair, active_side = data
-            sent, mixed = pair_mixed(pair, active_side)
-            merge(pair.active if active_side else pair.passive, sent, mixed)
-        elif op == "merge_gossip":
-            ex = data
-            try:
-                received = [step_start[(j, s)] for j in ex.peers]
-            except KeyError:
-                raise SimulationError(f"gossip of rank {r} at step {s} merges before a neighbour started "
-                                      f"step {s}") from None
-            own = step_start[(r, s)]
-            merge(r, own, algorithm.mix(ex, own, received))
-        elif op == "grad_ar":
-            group = data
-            mean = replicas.mean([gradient(g, s) for g in group])
-            for g in group:
-                grads[(g, s)] = mean
-        elif op == "apply":
-            g = gradient(r, s)
-            staleness[r, s] = merges[r] - read_merges.pop((r, s))
-            states[r] = algorithm.local_update(states[r], g, lr_of(s))
-            del grads[(r, s)]
-            applied += 1
-            if applied % n == 0:
-                round_due = (t, applied)  # recorded once this instant's post exchanges are done
-        elif op == "model_ar":
-            group, ex = data
-            mean = replicas.mean([states[g].params for g in group])
-            for g in group:
-                states[g] = algorithm.combine(states[g], ex, mean)
-        elif op == "server":
-            if server is None:
-                raise SimulationError(f"{algorithm.name} has a server exchange in the trace but no server role")
-            message = algorithm.server_message(states[r])
-            server, reply, st = algorithm.server_apply(server, message, r)
-            states[r] = algorithm.combine(states[r], data, reply)
-            staleness[r, s] = st
-        else:  # pragma: no cover - internal
-            raise SimulationError(f"unknown emulator event {op!r}")
+        last_t = ev.time_s
+        applier(ev)
+        if ev.kind is EventKind.APPLY and applier.applied % n == 0:
+            round_due = (ev.time_s, applier.applied)
     if round_due is not None:
-        end_round(*round_due)
-    if not evals["time_s"] or evals["time_s"][-1] != last_t or evals["epoch"][-1] != applied / (n * spe):
-        evaluate(last_t)
+        recorder.end_round(*round_due)
+    recorder.finish(last_t)
 
     out_trace = trace.copy()
     sel = out_trace["phase"] == _COMPUTE
     rr, ss = out_trace["rank"][sel], out_trace["step"][sel]
-    out_trace["staleness"][sel] = staleness[rr, ss]
-    out_trace["loss"][sel] = batch_loss[rr, ss].astype(np.float32)
+    out_trace["staleness"][sel] = applier.staleness[rr, ss]
+    out_trace["loss"][sel] = applier.batch_loss[rr, ss].astype(np.float32)
     out_meta = {**meta, "source": "emulator", "replayed_source": meta.get("source"), "n_workers": n,
                 "algorithm": algorithm.params()}
     return EmulationResult(
-        params=[st.params for st in states], staleness=staleness, batch_loss=batch_loss,
-        rounds={k: np.asarray(v) for k, v in rounds.items()},
-        evals={k: np.asarray(v) for k, v in evals.items()},
-        trace=out_trace, meta=out_meta, server=server, gradient_batches=batches)
-
-
-# ----- the full pipeline: simulate, then replay on a torch model ------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EmulateConfig:
-    """One emulation (the flags of ``psgdlab emulate``).
-
-    Parameters
-    ----------
-    algorithm, variant, workers, gpus_per_node : str, str or None, int, int or None
-        The algorithm (``make_algorithm``), its ring variant, the number of virtual workers and
-        the workers per node (H-ADPSGD's super-learner size; also the placement).
-    preset, platform_file : str or None
-        Platform model and workload timing (one of them; default preset
-        ``interspeech2019-v100``).
-    model : str
-        A ``psgdlab.runtime.models`` preset (default ``tiny-blstm``).
-    data : str or None
-        A corpus file (``psgdlab data`` layout); ``None`` writes a small synthetic corpus.
-    epochs, steps : float or None, int or None
-        Length: local steps per worker, or epochs of the training corpus (one of them).
-    batch : int
-        Windows per worker per step.
-    lr, lr_schedule : float, {"const", "ibm", "newbob"}
-        Learning rate (for ``ibm``: the base rate of a 256-sample batch; the peak is
-        ``lr * workers * batch / 256``).
-    straggler : str
-        A :class:`psgdlab.core.stragglers.StragglerModel` spec.
-    seed : int
-        Seeds the simulator, the data, the model initialisation and randomised schedules.
-    window : int
-        Frames per window.
-    eval_points : int
-        Evaluations of the mean model over the run.
-    heldout_speakers : int
-        Speakers of the corpus held out for evaluation (the last ones in sorted order).
-    synthetic_utterances : int
-        Size of the synthetic corpus when ``data`` is None.
-    warmup_epochs : int
-        Warm-up epochs of the IBM recipe (10 in the paper; shorter for small experiments).
-    workdir : str or None
-        Where the synthetic corpus is cached.
-    """
-
-    algorithm: str = "adpsgd"
-    variant: str | None = None
-    workers: int = 8
-    gpus_per_node: int | None = None
-    preset: str | None = None
-    platform_file: str | None = None
-    model: str = "tiny-blstm"
-    data: str | None = None
-    epochs: float | None = None
-    steps: int | None = None
-    batch: int = 32
-    lr: float = 0.1
-    lr_schedule: str = "const"
-    straggler: str = ""
-    seed: int = 0
-    window: int = 21
-    eval_points: int = 20
-    heldout_speakers: int = 1
-    synthetic_utterances: int = 1000
-    warmup_epochs: int = 10
-    workdir: str | None = None
-
-    def __post_init__(self) -> None:
-        require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
-        require(self.preset is None or self.platform_file is None, "platform", self.platform_file,
-                "cannot be given together with --preset")
-        require(self.epochs is None or self.steps is None, "steps", self.steps, "cannot be given together with --epochs")
-        require(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1), "steps", self.steps,
-                "must be an integer >= 1")
-        require(self.epochs is None or self.epochs > 0, "epochs", self.epochs, "must be > 0")
-        require(isinstance(self.batch, int) and self.batch >= 1, "batch", self.batch, "must be an integer >= 1")
-        require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        require(self.lr_schedule in ("const", "ibm", "newbob"), "lr-schedule", self.lr_schedule,
-                "must be ibm, newbob or const")
-        require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
-        require(self.eval_points >= 1, "eval_points", self.eval_points, "must be >= 1")
-        require(self.heldout_speakers >= 0, "heldout_speakers", self.heldout_speakers, "must be >= 0")
-        require(isinstance(self.warmup_epochs, int) and self.warmup_epochs >= 1, "warmup_epochs",
-                self.warmup_epochs, "must be an integer >= 1")
-
-
-def build_algorithm(cfg: EmulateConfig) -> Algorithm:
-    from psgdlab.core.algorithms import algorithm_parameters, make_algorithm
-
-    params: dict[str, Any] = {"n_workers": cfg.workers, "seed": cfg.seed}
-    known = algorithm_parameters(cfg.algorithm)
-    if cfg.variant is not None:
-        require("variant" in known, "variant", cfg.variant, f"does not apply to {cfg.algorithm}")
-        params["variant"] = cfg.variant
-    if cfg.gpus_per_node is not None and "gpus_per_node" in known:
-        params["gpus_per_node"] = cfg.gpus_per_node
-    return make_algorithm(cfg.algorithm, **params)
-
-
-def _load_data(cfg: EmulateConfig, workdir: str) -> tuple[Any, Any]:
-    from pathlib import Path
-
-    from psgdlab.runtime.data import load_corpus, synthetic_corpus
-
-    if cfg.data is None:
-        path = Path(workdir) / f"synthetic-{cfg.seed}-{cfg.synthetic_utterances}.h5"
-        if not path.exists():
-            synthetic_corpus(path, n_utterances=cfg.synthetic_utterances, frames_per_utt=100, input_dim=40,
-                             n_classes=10, seed=cfg.seed, n_speakers=5)
-    else:
-        path = Path(cfg.data)
-        if not path.exists():
-            raise FileNotFoundError(f"data file {path} does not exist")
-    full = load_corpus(path)
-    speakers = sorted(set(full.speakers))
-    if cfg.heldout_speakers == 0 or len(speakers) <= cfg.heldout_speakers:
-        return full, None
-    held = speakers[-cfg.heldout_speakers:]
-    return load_corpus(path, exclude_speakers=held), load_corpus(path, speakers=held)
-
-
-def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResult, dict[str, Any]]:
-    """Simulate ``cfg`` with the platform model and replay it on real replicas.
-
-    Returns the result and the resolved configuration (JSON-able).
-    """
-    import os
-    import tempfile
-
-    import torch
-
-    from psgdlab.core.schedules import Newbob, ibm_lr, lr_schedule
-    from psgdlab.core.stragglers import StragglerModel
-    from psgdlab.runtime.models import build_model
-    from psgdlab.sim.replicas import TorchReplicas, check_model_name
-    from psgdlab.sim.workload import load_config
-
-    torch.set_num_threads(1)
-    check_model_name(cfg.model)
-    algorithm = build_algorithm(cfg)
-    stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
-    sim_cfg = load_config(path=cfg.platform_file) if cfg.platform_file else \
-        load_config(preset=cfg.preset or "interspeech2019-v100")
-    workload = sim_cfg.workload.with_batch(cfg.batch)
-    workdir = cfg.workdir or os.path.join(tempfile.gettempdir(), "psgdlab-emulate-data")  # reused cache
-    os.makedirs(workdir, exist_ok=True)
-    train, heldout = _load_data(cfg, workdir)
-    if replicas is None:
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, input_dim=train.input_dim, n_classes=train.n_classes, window=cfg.window)
-        replicas = TorchReplicas(model, train, n_workers=cfg.workers, window=cfg.window, batch=cfg.batch,
-                                 seed=cfg.seed, heldout=heldout)
-    spe = replicas.samplers[0].steps_per_epoch()
-    steps = cfg.steps if cfg.steps is not None else max(1, math.ceil((cfg.epochs or 1.0) * spe))
-    sim = _simulate(algorithm, sim_cfg.platform, workload, steps=steps, seed=cfg.seed, stragglers=stragglers,
-                    gpus_per_node=cfg.gpus_per_node)
-    trace, sim_meta = sim
-    total_batch = cfg.workers * cfg.batch
-    on_epoch = None
-    if cfg.lr_schedule == "newbob":
-        newbob = Newbob(lr=cfg.lr)
-        lr_fn: Callable[[int], float] = lambda _s: newbob.lr  # noqa: E731
-
-        def on_epoch(_epoch: int, res: dict[str, float]) -> None:
-            newbob.update(res["loss"])
-    elif cfg.lr_schedule == "ibm":
-        def lr_fn(step: int) -> float:
-            return ibm_lr(step / spe + 1e-12, total_batch=total_batch, base_lr=cfg.lr,
-                          warmup_epochs=cfg.warmup_epochs)
-    else:
-        lr_fn = lr_schedule(cfg.lr_schedule, lr=cfg.lr, total_batch=total_batch, steps_per_epoch=spe)
-    result = replay(algorithm, trace, replicas, lr=lr_fn, meta=sim_meta, steps_per_epoch=spe,
-                    eval_points=cfg.eval_points, on_epoch=on_epoch)
-    resolved = {
-        "command": "emulate",
-        **{k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
-        "algorithm_params": algorithm.params(),
-        "platform": sim_cfg.platform.name,
-        "workload": workload.name,
-        "workload_n_params": workload.n_params,
-        "model_n_params": replicas.n_params,
-        "steps_per_worker": steps,
-        "steps_per_epoch": spe,
-        "total_batch": total_batch,
-        "train_frames": int(train.n_frames),
-        "heldout_frames": int(heldout.n_frames) if heldout is not None else 0,
-    }
-    result.meta.update({"samples_per_step": cfg.batch, "model": cfg.model})
-    return result, resolved
-
-
-def _simulate(algorithm: Algorithm, platform: Any, workload: Any, *, steps: int, seed: int, stragglers: Any,
-              gpus_per_node: int | None) -> tuple[np.ndarray, dict[str, Any]]:
-    """The simulator's trace for this configuration (the one place the emulator calls it)."""
-    from psgdlab.sim.engine import simulate
-
-    res = simulate(algorithm, platform, workload, steps=steps, seed=seed, stragglers=stragglers,
-                   gpus_per_node=gpus_per_node, until="all")
-    return res.trace, dict(res.meta)
-
-
-def write_run(out: str | None, result: EmulationResult, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """Write the run directory of an emulation and return its summary (with ``run_dir``)."""
-    import io
-
-    from psgdlab.core.rundir import RunDir, default_run_dir, environment
-    from psgdlab.core.trace import atomic_write_bytes, summarize, to_chrome_trace, write_trace
-
-    rd = RunDir(out if out is not None else default_run_dir("emulate"))
-    rd.write_json("config.resolved.json", dict(resolved))
-    rd.write_json("env.json", environment(source="emulator", world_size=result.meta.get("n_workers")))
-    write_trace(rd / "trace.npz", result.trace, result.meta)
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{f"eval_{k}": v for k, v in result.evals.items()},
-                        **{f"round_{k}": v for k, v in result.rounds.items()},
-                        staleness=result.staleness, batch_loss=result.batch_loss)
-    atomic_write_bytes(rd / "curves.npz", buf.getvalue())
-    to_chrome_trace(result.trace, rd / "timeline.json", meta={"source": "emulator"})
-    summary = {**result.summary(),
-               "timing": summarize(result.trace, samples_per_step=int(result.meta.get("samples_per_step", 1))),
-               "algorithm": resolved.get("algorithm"), "workers": result.meta.get("n_workers"),
-               "run_dir": str(rd.path)}
-    rd.write_json("summary.json", summary)
-    plot_curves(result, rd.path, title=f"{resolved.get('algorithm')} x {result.meta.get('n_workers')}")
-    return summary
-
-
-def plot_curves(result: EmulationResult, folder: Any, *, title: str = "") -> list[Any]:
-    """``loss.png`` (held-out loss and accuracy against simulated time and epochs) and
-    ``consensus.png`` (consensus distance against simulated time); matplotlib Agg, atomic."""
-    import io
-    from pathlib import Path
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from psgdlab.core.trace import atomic_write_bytes
-
-    folder = Path(folder)
-    ev, ro = result.evals, result.rounds
-    written = []
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, x, label in ((axes[0], ev["time_s"], "simulated time (s)"), (axes[1], ev["epoch"], "epochs")):
-        ax.plot(x, ev["loss"], marker="o", ms=3, label="held-out loss (mean model)")
-        ax.set_xlabel(label)
-        ax.set_ylabel("loss")
-        if "accuracy" in ev:
-            ax2 = ax.twinx()
-            ax2.plot(x, ev["accuracy"], color="tab:green", ls="--", label="accuracy")
-            ax2.set_ylabel("accuracy")
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    written.append(atomic_write_bytes(folder / "loss.png", buf.getvalue()))
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    if len(ro["time_s"]):
-        ax.semilogy(ro["time_s"], np.maximum(ro["consensus_distance"], 1e-30))
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("consensus distance")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    written.append(atomic_write_bytes(folder / "consensus.png", buf.getvalue()))
-    return written
+        params=applier.models, staleness=applier.staleness, batch_loss=applier.batch_loss,
+        rounds={k: np.asarray(v) for k, v in recorder.rounds.items()},
+        evals={k: np.asarray(v) for k, v in recorder.evals.items()},
+        trace=out_trace, meta=out_meta, server=applier.server_state, gradient_batches=applier.batches)

@@ -1,4 +1,4 @@
-"""Writing predictions: run directories, plots (matplotlib Agg) and the stdout table.
+"""Writing predictions: run directories and the stdout table.
 
 Layout written by :func:`write_prediction` (every file atomic)::
 
@@ -6,8 +6,8 @@ Layout written by :func:`write_prediction` (every file atomic)::
       config.resolved.json    platform, workload and request, fully resolved
       env.json                versions, git SHA, host (psgdlab.core.rundir.environment)
       summary.json            {"rows": [...], ...} one row per (algorithm, workers)
-      speedup.png             speedup against workers, one line per algorithm
-      staleness.png           staleness histograms (largest worker count of each algorithm)
+      speedup.png             (drawn by the command from the rows:
+      staleness.png            psgdlab.analysis.figures.write_prediction_figures)
       trace.npz, timeline.json  only when the request is a single configuration
       runs/ALG-wN/            one run directory per configuration: config.resolved.json,
                               env.json, trace.npz, summary.json, timeline.json (first events)
@@ -16,16 +16,15 @@ Layout written by :func:`write_prediction` (every file atomic)::
 from __future__ import annotations
 
 import dataclasses
-import io
 from pathlib import Path
 from typing import Any, Sequence
 
 from psgdlab.core.rundir import RunDir, environment
-from psgdlab.core.trace import atomic_write_bytes, to_chrome_trace, write_trace
+from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["write_prediction", "format_table", "plot_speedup", "plot_staleness"]
+__all__ = ["write_prediction", "format_table"]
 
 TIMELINE_EVENTS = 4000
 
@@ -77,68 +76,7 @@ def write_prediction(out: str | Path, config: SimConfig, predictions: Sequence[P
         p = predictions[0]
         write_trace(run / "trace.npz", p.result.trace, p.result.meta)
         to_chrome_trace(p.result.trace, run / "timeline.json", meta=p.result.meta, max_events=50_000)
-    plot_speedup(rows, run / "speedup.png", title=f"{config.platform.name}: {w.name}")
-    plot_staleness(rows, run / "staleness.png")
     return run
-
-
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_speedup(rows: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> None:
-    """Speedup against workers, one line per algorithm, with the ideal line."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
-    all_w = sorted({r["workers"] for r in rows})
-    ax.plot(all_w, all_w, color="0.7", ls="--", label="ideal")
-    for a in algos:
-        pts = sorted((r["workers"], r["speedup"]) for r in rows if r["algorithm"] == a)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
-    if len(all_w) > 1 and all_w[-1] / max(all_w[0], 1) >= 8:
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-    ax.set_xlabel("workers")
-    ax.set_ylabel("speedup over 1-worker SGD")
-    ax.set_title(title or "predicted speedup")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    _save(fig, path)
-
-
-def plot_staleness(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Staleness histogram (unit: updates) of each algorithm at its largest worker count."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
-    width = 0.8 / max(len(algos), 1)
-    for i, a in enumerate(algos):
-        r = max((r for r in rows if r["algorithm"] == a), key=lambda r: r["workers"])
-        hist = {int(k): v for k, v in r["staleness_hist"].items()}
-        total = sum(hist.values()) or 1
-        xs = sorted(hist)
-        ax.bar([x + i * width for x in xs], [hist[x] / total for x in xs], width=width,
-               label=f"{a} ({r['workers']} workers)")
-    ax.set_xlabel("staleness (updates between reading the weights and applying the gradient)")
-    ax.set_ylabel("fraction of steps")
-    ax.set_title("predicted staleness")
-    ax.legend()
-    _save(fig, path)
 
 
 def _hms(seconds: float) -> str:

@@ -84,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.rundir import default_run_dir
     from psgdlab.sim.predict import predict_sweep
@@ -131,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     out = args.out or default_run_dir("predict")
     run_dir = write_prediction(out, config, predictions, request)
-    wall = time.perf_counter() - t_start
     rows = [p.row for p in predictions]
+    write_prediction_figures(run_dir.path, rows, title=f"{config.platform.name}: {config.workload.name}")
+    wall = time.perf_counter() - t_start
     if args.json:
         print(json.dumps({"run_dir": str(run_dir.path), "platform": config.platform.name,
                           "workload": config.workload.name, "wall_s": wall, "rows": rows},

@@ -89,6 +89,18 @@ def config_from_args(args: argparse.Namespace) -> Any:
         lsq_dim=args.lsq_dim)
 
 
+def _draw_loss(config: Any, summary: dict[str, Any]) -> None:
+    """``loss.png`` of the run directory, from the summary the run wrote."""
+    from pathlib import Path
+
+    from psgdlab.analysis.figures import save_figure, training_loss_figure
+
+    n = config.workers
+    title = f"{config.algorithm}, {n} worker{'s' if n != 1 else ''}, {config.backend}"
+    fig = training_loss_figure(summary["loss_curve"], summary.get("held_out", []), title=title)
+    save_figure(fig, Path(config.out) / "loss.png")
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("train", help="real distributed training (gloo, nccl, mpi)",
                                    description=__doc__.split("\n\n")[0])
@@ -103,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     summary = launch(config)
+    _draw_loss(config, summary)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0

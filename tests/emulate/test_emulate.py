@@ -10,10 +10,9 @@ import pytest
 
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.errors import SimulationError
-from psgdlab.core.reference import LeastSquaresProblem, run_reference
+from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas, run_reference
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.sim.emulate import replay
-from psgdlab.sim.replicas import LeastSquaresReplicas
 
 N = 8
 EXACT_CASES = [

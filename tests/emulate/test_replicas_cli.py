@@ -11,9 +11,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("psgdlab.sim.engine")
 
 from psgdlab.cli import main  # noqa: E402
+from psgdlab.core.replicas import consensus_distance  # noqa: E402
 from psgdlab.runtime.data import load_corpus, synthetic_corpus  # noqa: E402
 from psgdlab.runtime.models import build_model  # noqa: E402
-from psgdlab.sim.replicas import TorchReplicas, consensus_distance  # noqa: E402
+from psgdlab.runtime.replicas import TorchReplicas  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_consensus_distance_numpy_and_torch_agree():
     X = np.stack(models)
     expected = float(((X - X.mean(0)) ** 2).sum())
     assert consensus_distance(models) == pytest.approx(expected)
-    assert consensus_distance([torch.from_numpy(m) for m in models]) == pytest.approx(expected)
+    assert TorchReplicas.consensus_distance([torch.from_numpy(m) for m in models]) == pytest.approx(expected)
 
 
 def test_cli_json_summary_and_run_directory(tmp_path, capsys):

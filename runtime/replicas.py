@@ -1,35 +1,23 @@
-r"""Model replicas for the emulator: flat parameters, gradients computed in batches.
+r"""Torch model replicas for the emulator: flat parameters, gradients computed in batches.
 
-The emulator (:mod:`psgdlab.sim.emulate`) holds one flat parameter vector per virtual worker
-and asks a *replica set* for the minibatch gradients of many ``(rank, step, params)`` entries
-at once. Two replica sets ship:
+:class:`TorchReplicas` implements :class:`psgdlab.core.replicas.Replicas` for a torch model
+(``psgdlab.runtime.models``) on a window corpus (``psgdlab.runtime.data``). The emulator
+(:func:`psgdlab.sim.emulate.replay`) holds one flat parameter vector per virtual worker; the
+``R`` pending ``(rank, step, params)`` entries are stacked into one ``(R, d)`` tensor and
+differentiated in one batched forward/backward:
 
-:class:`LeastSquaresReplicas`
-    the reference executor's least-squares problem in numpy float64, gradient by gradient with
-    the reference's own arithmetic, so a replay can equal
-    :func:`psgdlab.core.reference.run_reference` bit for bit;
-:class:`TorchReplicas`
-    a torch model (``psgdlab.runtime.models``) on a window corpus (``psgdlab.runtime.data``).
-    The ``R`` pending entries are stacked into one ``(R, d)`` tensor and differentiated in one
-    batched forward/backward:
+- for :class:`~psgdlab.runtime.models.BLSTMAcousticModel` by a replica-batched BiLSTM
+  (:func:`batched_blstm_logits`): both directions of all replicas advance together, one
+  ``baddbmm`` per time step, and autograd of :math:`\sum_r L_r` with respect to the stacked
+  parameters gives every replica's own gradient (the replicas do not interact);
+- for any other model by ``torch.func.vmap(torch.func.grad(loss))`` over the replica
+  dimension with ``torch.func.functional_call``.
 
-    - for :class:`~psgdlab.runtime.models.BLSTMAcousticModel` by a replica-batched BiLSTM
-      (:func:`batched_blstm_logits`): both directions of all replicas advance together, one
-      ``baddbmm`` per time step, and autograd of :math:`\sum_r L_r` with respect to the stacked
-      parameters gives every replica's own gradient (the replicas do not interact);
-    - for any other model by ``torch.func.vmap(torch.func.grad(loss))`` over the replica
-      dimension with ``torch.func.functional_call``.
-
-    ``nn.LSTM`` itself runs under ``vmap`` only through PyTorch's per-sample fallback
-    (``aten::mkldnn_rnn_layer`` has no batching rule: a loop over replicas, slower than the
-    plain loop), which is why the BiLSTM has its own batched form.
-
-Examples
---------
->>> from psgdlab.core.reference import LeastSquaresProblem
->>> reps = LeastSquaresReplicas(LeastSquaresProblem(n_samples=64, dim=3, n_shards=2, batch=4))
->>> [g.shape for g, _ in reps.gradients([(0, 0, reps.initial_point()), (1, 0, reps.initial_point())])]
-[(3,), (3,)]
+``nn.LSTM`` itself runs under ``vmap`` only through PyTorch's per-sample fallback
+(``aten::mkldnn_rnn_layer`` has no batching rule: a loop over replicas, slower than the plain
+loop), which is why the BiLSTM has its own batched form. Its parameters are found by asking the
+model's modules (``model.lstm``, ``model.projection``, ``model.output``) for their tensors, not
+by their names in the state dict.
 """
 
 from __future__ import annotations
@@ -39,59 +27,46 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
 
-from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.errors import require
+from psgdlab.runtime.data import WindowSampler, eval_windows
+from psgdlab.runtime.models import BLSTMAcousticModel
 
-__all__ = ["LeastSquaresReplicas", "TorchReplicas", "batched_blstm_logits", "consensus_distance"]
+__all__ = ["TorchReplicas", "batched_blstm_logits", "blstm_roles"]
 
-Array = Any
-
-
-def consensus_distance(models: Sequence[Array]) -> float:
-    r""":math:`C(\Theta) = \|\Theta - \bar\theta 1^\top\|_F^2` for numpy arrays or torch tensors."""
-    first = models[0]
-    if isinstance(first, np.ndarray):
-        X = np.stack(models)
-        return float(np.sum((X - X.mean(axis=0)) ** 2))
-    import torch
-
-    X = torch.stack(list(models)).double()
-    return float(((X - X.mean(0)) ** 2).sum())
+_LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+_DIRECTIONS = ("", "_reverse")
 
 
-class LeastSquaresReplicas:
-    """The reference executor's least-squares problem (numpy float64), for exact replays."""
+def blstm_roles(model: BLSTMAcousticModel) -> dict[str, str]:
+    """Map the roles :func:`batched_blstm_logits` uses to the model's parameter names.
 
-    def __init__(self, problem: Any) -> None:
-        from psgdlab.core.reference import _Bound  # the reference's own gradient arithmetic
-
-        self.problem = problem
-        self._bound = _Bound(problem)
-        self.n_params = int(problem.dim)
-
-    def initial_point(self) -> np.ndarray:
-        return self.problem.initial_point()
-
-    def gradients(self, entries: Sequence[tuple[int, int, np.ndarray]]) -> list[tuple[np.ndarray, float]]:
-        """``(gradient, minibatch loss)`` of each ``(rank, step, params)`` entry."""
-        return [self._bound.gradient(x, r, s) for r, s, x in entries]
-
-    @staticmethod
-    def mean(arrays: Sequence[np.ndarray]) -> np.ndarray:
-        return np.mean(arrays, axis=0)  # the reference executor's reduction, bit for bit
-
-    def evaluate(self, params: np.ndarray) -> dict[str, float]:
-        """Full-data loss of ``params`` (the reference's ``losses`` column)."""
-        return {"loss": self._bound.loss(params)}
+    Roles: ``nn.LSTM``'s own attribute names (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...)
+    and ``projection.weight``, ``projection.bias``, ``output.weight``, ``output.bias``. The
+    names come from the modules' tensors (by identity), so the map follows the model however
+    its state dict names them.
+    """
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    lstm = model.lstm
+    require(lstm.bias and lstm.batch_first and lstm.bidirectional, "model", type(model).__name__,
+            "must have a bidirectional, batch-first LSTM with biases to be batched")
+    require(lstm.proj_size == 0, "model", "BLSTM with proj_size", "is not supported batched")
+    roles = {f"{w}_l{layer}{sfx}": name_of[id(getattr(lstm, f"{w}_l{layer}{sfx}"))]
+             for layer in range(lstm.num_layers) for sfx in _DIRECTIONS for w in _LSTM_WEIGHTS}
+    for part in ("projection", "output"):
+        module = getattr(model, part)
+        roles[f"{part}.weight"] = name_of[id(module.weight)]
+        roles[f"{part}.bias"] = name_of[id(module.bias)]
+    return roles
 
 
-# ----- torch ------------------------------------------------------------------------------------
 def _bilstm_layer(h: Any, p: dict[str, Any], layer: int) -> Any:
     """One bidirectional layer for ``R`` replicas: ``h`` (R, B, T, D) -> (R, B, T, 2H)."""
-    import torch
-
-    names = [f"lstm.{w}_l{layer}{sfx}" for sfx in ("", "_reverse") for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-    wi_f, wh_f, bi_f, bh_f, wi_r, wh_r, bi_r, bh_r = (p[n] for n in names)
+    roles = [f"{w}_l{layer}{sfx}" for sfx in _DIRECTIONS for w in _LSTM_WEIGHTS]
+    wi_f, wh_f, bi_f, bh_f, wi_r, wh_r, bi_r, bh_r = (p[n] for n in roles)
     R, B, T, D = h.shape
     H = wh_f.shape[-1]
     wi = torch.stack([wi_f, wi_r], 1)                                      # (R, 2, 4H, D)
@@ -120,12 +95,10 @@ def _bilstm_layer(h: Any, p: dict[str, Any], layer: int) -> Any:
 def batched_blstm_logits(params: dict[str, Any], x: Any, layers: int) -> Any:
     r"""Logits of ``R`` replicas of :class:`~psgdlab.runtime.models.BLSTMAcousticModel`.
 
-    ``params`` maps the module's parameter names to tensors with a leading replica dimension
-    ``R``; ``x`` is ``(R, B, T, D)``. Returns ``(R, B, n_classes)``; equal (to float rounding)
-    to calling the module on each replica's parameters and batch.
+    ``params`` maps the roles of :func:`blstm_roles` to tensors with a leading replica
+    dimension ``R``; ``x`` is ``(R, B, T, D)``. Returns ``(R, B, n_classes)``; equal (to float
+    rounding) to calling the module on each replica's parameters and batch.
     """
-    import torch
-
     h = x
     for layer in range(layers):
         h = _bilstm_layer(h, params, layer)
@@ -153,11 +126,6 @@ class TorchReplicas:
 
     def __init__(self, model: Any, corpus: Any, *, n_workers: int, window: int, batch: int, seed: int = 0,
                  heldout: Any = None, max_replicas: int = 64, eval_windows: int = 4096) -> None:
-        import torch
-
-        from psgdlab.runtime.data import WindowSampler
-        from psgdlab.runtime.models import BLSTMAcousticModel
-
         require(isinstance(max_replicas, int) and max_replicas >= 1, "max_replicas", max_replicas, "must be >= 1")
         self.model = model
         self.names = [n for n, _ in model.named_parameters()]
@@ -169,14 +137,17 @@ class TorchReplicas:
                          for r in range(n_workers)]
         self.batch = batch
         self.max_replicas = max_replicas
-        self.blstm_layers = model.lstm.num_layers if isinstance(model, BLSTMAcousticModel) else None
-        if self.blstm_layers is not None:
-            require(model.lstm.proj_size == 0, "model", "BLSTM with proj_size", "is not supported batched")
+        self._roles = blstm_roles(model) if isinstance(model, BLSTMAcousticModel) else None
+        self.blstm_layers = model.lstm.num_layers if self._roles is not None else None
         self._eval = self._eval_set(heldout if heldout is not None else corpus, window, eval_windows, seed)
 
     # ----- layout ---------------------------------------------------------------------------
     def initial_point(self) -> Any:
         return self._x0.clone()
+
+    def steps_per_epoch(self) -> int:
+        """Local steps in which a worker samples as many windows as its shard holds."""
+        return self.samplers[0].steps_per_epoch()
 
     def unflatten(self, flat: Any) -> dict[str, Any]:
         """Views of a flat ``(d,)`` or stacked ``(R, d)`` tensor, shaped like the parameters."""
@@ -189,9 +160,21 @@ class TorchReplicas:
 
     @staticmethod
     def mean(arrays: Sequence[Any]) -> Any:
-        import torch
-
         return torch.stack(list(arrays)).mean(0)
+
+    @staticmethod
+    def split(x: Any, n_shards: int, shard: int) -> Any:
+        return x.tensor_split(n_shards)[shard]
+
+    @staticmethod
+    def concat(parts: Sequence[Any]) -> Any:
+        return torch.cat(list(parts))
+
+    @staticmethod
+    def consensus_distance(models: Sequence[Any]) -> float:
+        r""":math:`C(\Theta) = \|\Theta - \bar\theta 1^\top\|_F^2` (in float64)."""
+        X = torch.stack(list(models)).double()
+        return float(((X - X.mean(0)) ** 2).sum())
 
     # ----- gradients ------------------------------------------------------------------------
     def batch_of(self, rank: int, step: int) -> tuple[Any, Any]:
@@ -206,8 +189,6 @@ class TorchReplicas:
         return out
 
     def _gradients(self, entries: Sequence[tuple[int, int, Any]]) -> list[tuple[Any, float]]:
-        import torch
-
         batches = [self.batch_of(r, s) for r, s, _ in entries]
         X = torch.stack([b[0] for b in batches])
         Y = torch.stack([b[1] for b in batches])
@@ -218,19 +199,16 @@ class TorchReplicas:
     def stacked_gradients(self, P: Any, X: Any, Y: Any) -> tuple[Any, Any]:
         """Per-replica gradients ``(R, d)`` and losses ``(R,)`` of stacked parameters ``P``
         ``(R, d)`` on batches ``X`` ``(R, B, T, D)``, ``Y`` ``(R, B)``."""
-        import torch
-        import torch.nn.functional as F
-
         R = P.shape[0]
-        if self.blstm_layers is not None:
+        if self._roles is not None and self.blstm_layers is not None:
             Pg = P.detach().requires_grad_(True)
-            logits = batched_blstm_logits(self.unflatten(Pg), X, self.blstm_layers)
+            named = self.unflatten(Pg)
+            logits = batched_blstm_logits({role: named[name] for role, name in self._roles.items()}, X,
+                                          self.blstm_layers)
             losses = F.cross_entropy(logits.reshape(R * Y.shape[1], -1), Y.reshape(-1),
                                      reduction="none").reshape(R, -1).mean(1)
             (grads,) = torch.autograd.grad(losses.sum(), Pg)
             return grads, losses.detach()
-        from torch.func import functional_call, grad, vmap
-
         model = self.model
 
         def loss(flat: Any, x: Any, y: Any) -> Any:
@@ -243,10 +221,6 @@ class TorchReplicas:
     def replica_gradient(self, params: Any, rank: int, step: int) -> tuple[Any, float]:
         """One replica's gradient by the plain module (``functional_call`` + autograd): the
         yardstick the batched path is tested against."""
-        import torch
-        import torch.nn.functional as F
-        from torch.func import functional_call
-
         x, y = self.batch_of(rank, step)
         flat = params.detach().clone().requires_grad_(True)
         value = F.cross_entropy(functional_call(self.model, self.unflatten(flat), (x,)), y)
@@ -256,16 +230,10 @@ class TorchReplicas:
     # ----- evaluation -----------------------------------------------------------------------
     @staticmethod
     def _eval_set(corpus: Any, window: int, n: int, seed: int) -> tuple[Any, Any]:
-        import torch
-
-        from psgdlab.runtime.data import eval_windows
-
         xs, ys = [], []
-        total = 0
         for x, y in eval_windows(corpus, window, batch=1024):
             xs.append(x)
             ys.append(y)
-            total += len(y)
         X, Y = torch.cat(xs), torch.cat(ys)
         if len(Y) > n:  # a fixed, seeded subset keeps evaluation cheap
             idx = np.sort(np.random.default_rng([seed, 0xE7A1]).choice(len(Y), size=n, replace=False))
@@ -274,10 +242,6 @@ class TorchReplicas:
 
     def evaluate(self, params: Any) -> dict[str, float]:
         """Held-out cross-entropy and frame accuracy of one model."""
-        import torch
-        import torch.nn.functional as F
-        from torch.func import functional_call
-
         X, Y = self._eval
         with torch.no_grad():
             logits = functional_call(self.model, self.unflatten(params), (X,))
@@ -286,14 +250,3 @@ class TorchReplicas:
         if not math.isfinite(loss):
             loss = math.inf
         return {"loss": loss, "accuracy": acc}
-
-
-def check_model_name(name: str) -> None:
-    from psgdlab.runtime.models import MODEL_NAMES
-
-    if name not in MODEL_NAMES:
-        import difflib
-
-        close = difflib.get_close_matches(name, MODEL_NAMES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"model ({name!r}) is not a known model (known: {', '.join(MODEL_NAMES)}){hint}")
