@@ -33,12 +33,21 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from psgdlab.core.errors import ConfigError
-from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS, allreduce_rounds
+from psgdlab.core.cost import (
+    ALLREDUCE_ALGORITHMS,
+    HOST_AVERAGE_TRAFFIC,
+    allreduce_group_size,
+    allreduce_terms,
+    transfer_s,
+    transfer_terms,
+)
+from psgdlab.core.errors import ConfigError, TestbedError
+from psgdlab.core.exchange import ExchangeKind, folds_model, trainer_merges
+from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Workload
 from psgdlab.core.trace import PHASES
 
 __all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "step_gaps",
-           "calibrate_runs", "platform_toml",
+           "calibrate_runs", "platform_profile", "platform_toml",
            "allreduce_algorithm_of",
            "write_platform", "MIN_RECORDS",
            "PAIRWISE_QUANTILE", "SERVER_QUANTILE"]
@@ -109,13 +118,13 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
         raise ConfigError("cannot separate latency from bandwidth with a single payload size; "
                           "measure exchanges of at least two sizes")
     if group_sizes is None:
-        a_coef, b_coef = np.ones_like(S), S
+        a_coef, b_coef = transfer_terms(S)
     else:
         n = np.asarray(group_sizes, dtype=float)
         pair = n <= 2 if pairwise is None else np.asarray(pairwise, dtype=bool)
-        rounds = np.array([allreduce_rounds(int(k), algorithm) for k in n], dtype=float)
-        a_coef = np.where(pair, 1.0, rounds)
-        b_coef = np.where(pair, S, 2 * (n - 1) / n * S)
+        rounds, sent = allreduce_terms(n, S, algorithm)
+        a_coef = np.where(pair, transfer_terms(S)[0], rounds)
+        b_coef = np.where(pair, transfer_terms(S)[1], sent)
     X = np.column_stack([a_coef, b_coef])
     (alpha, inv_beta), *_ = np.linalg.lstsq(X, t, rcond=None)
     if inv_beta <= 0:
@@ -129,7 +138,6 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
 
 
 # ----- calibration from run directories -----------------------------------------------------------
-_K_ALLREDUCE, _K_PAIR, _K_SERVER = 1, 2, 4
 
 
 def _payload_of(run: Any) -> int | None:
@@ -139,13 +147,42 @@ def _payload_of(run: Any) -> int | None:
     return None
 
 
-#: algorithms whose allreduces average the model and fold it back (the record holds both)
-MODEL_AVERAGING = ("bmuf", "bsp")
-
-
 def _algorithm_of(run: Any) -> str:
     a = run.summary.get("algorithm") or run.meta.get("algorithm") or ""
     return str(a.get("algorithm", "") if isinstance(a, dict) else a)
+
+
+def _resolved_algorithm(run: Any) -> Any:
+    """The run's algorithm rebuilt from its resolved config (``config.resolved.json``'s
+    ``algorithm`` table, as the runtime writes it); ``None`` where there is none or it does not
+    build."""
+    from psgdlab.core.algorithms import make_algorithm
+
+    params = run.config.get("algorithm")
+    if not (isinstance(params, dict) and params.get("algorithm")):
+        return None
+    params = dict(params)
+    try:
+        return make_algorithm(params.pop("algorithm"), **params)
+    except (TestbedError, TypeError):
+        return None
+
+
+def _averages_model(run: Any) -> bool:
+    """Whether the run's algorithm allreduces the model at one of the run's steps
+    (:func:`psgdlab.core.exchange.folds_model` of its schedule): its allreduce records then also
+    hold folding the mean back. The algorithm comes from the resolved config, else from the name
+    the run records with its default parameters; one that cannot be rebuilt does not average."""
+    from psgdlab.core.algorithms import make_algorithm
+
+    alg = _resolved_algorithm(run)
+    if alg is None:
+        try:
+            alg = make_algorithm(_algorithm_of(run), n_workers=_workers_of(run))
+        except (TestbedError, TypeError):
+            return False
+    steps = np.unique(run.trace["step"]) if run.trace is not None else ()
+    return any(folds_model(alg.exchanges(int(s), 0)) for s in steps)
 
 
 def _workers_of(run: Any) -> int:
@@ -160,22 +197,22 @@ def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
     The cost of an allreduce over all the run's workers is its *span*, last end minus last
     arrival: what it adds to the step of the slowest member (the last to arrive waits least, but
-    the members do not leave together -- by up to ~2 ms on loopback gloo, 13 ms with 8 ranks on 2
-    cores). For a smaller group (the groups are not recorded) it is the shortest member's
+    the members need not leave together; docs/measurements.md). For a smaller group (the groups
+    are not recorded) it is the shortest member's
     duration. Group sizes come from ``wire = 2 (n-1)/n S`` and the run's payload.
     """
     tr = run.trace
     n_workers = _workers_of(run)
     S_model = _payload_of(run)
-    ar = tr[(tr["kind"] == _K_ALLREDUCE) & (tr["phase"] == PHASES["comm"]) & (tr["nbytes"] > 0)]
+    ar = tr[(tr["kind"] == ExchangeKind.ALLREDUCE) & (tr["phase"] == PHASES["comm"]) & (tr["nbytes"] > 0)]
     if ar.size == 0:
         return (np.array([], dtype=int),) + (np.array([]),) * 3
     keys = np.stack([ar["step"], ar["nbytes"]], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = np.asarray(inv).reshape(-1)
     wire = uniq[:, 1].astype(float)
-    if S_model:  # wire = 2 (n-1)/n S  ->  n = 2 / (2 - wire/S)
-        n = np.rint(2.0 / np.maximum(2.0 - wire / S_model, 1e-9)).clip(2, None)
+    if S_model:
+        n = allreduce_group_size(wire, S_model)
     else:
         n = np.full(wire.shape, float(n_workers))
     cost = np.empty(len(uniq))
@@ -207,7 +244,7 @@ def _link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
         n_w = float(n[sel][0])
         S = float(S_model) if S_model else w * n_w / (2 * (n_w - 1))
         pts.append((float(np.median(cost[sel])), S, n_w, False, int(np.count_nonzero(sel))))
-    pw = tr[(tr["kind"] == _K_PAIR) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
+    pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
     for size in np.unique(pw["nbytes"]):
         dur = (pw["end_s"] - pw["start_s"])[pw["nbytes"] == size].astype(float)
         pts.append((float(np.quantile(dur, PAIRWISE_QUANTILE)), float(size), 2.0, True, int(dur.size)))
@@ -220,9 +257,9 @@ def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
     points of :func:`_link_samples` (durations, payloads, group sizes, pairwise mask, records).
 
-    An implementation's allreduce need not move bytes as its point-to-point transfers do (on
-    loopback gloo the ring allreduce ran 2.5 times faster than two ``isend``/``irecv`` of the
-    same bytes): with at least two payload sizes and :data:`MIN_RECORDS` records of each kind,
+    An implementation's allreduce need not move bytes as its point-to-point transfers do (gloo's
+    ring against its ``isend``/``irecv``, docs/measurements.md): with at least two payload sizes
+    and :data:`MIN_RECORDS` records of each kind,
     the pairwise points fit the link and the allreduce points the collective; otherwise one fit
     over every point is the link and the collective is ``None`` (the simulator then derives it
     from the link). ``algorithm``: the allreduces' schedule, as in :func:`fit_link`.
@@ -245,8 +282,8 @@ def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec
 
 def fit_overhead_per_byte(points: list[tuple[float, float]]) -> tuple[float, float]:
     """``(a, b)`` of the step overhead :math:`a + bS` from ``(payload bytes, overhead)`` per run:
-    the update and the weight snapshots pass over the model, so the host work grows with it
-    (measured here: 0.4 ms per step at 0.4 MB, 4-7 ms at 4 MB). The median per payload size,
+    the update and the weight snapshots pass over the model, so the host work grows with it.
+    The median per payload size,
     then a line through those medians (``b >= 0``); one size gives ``(median, 0)``."""
     if not points:
         return 0.0, 0.0
@@ -335,11 +372,12 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     mix_merge = _fit_mix_merge(merging, passive, fixed, per_byte) if base else None
     compute.update(step_overhead_fixed_s=fixed, step_overhead_s_per_byte=per_byte,
                    step_overhead_s=fixed + per_byte * max(sizes, default=0.0))
-    averaging = [r for r in free if _algorithm_of(r) in MODEL_AVERAGING]
+    averaging = [r for r in free if _averages_model(r)]
     plain = [r for r in free if r not in averaging]
     if not plain:
-        raise ConfigError("the link is fitted from runs without model averaging (ssgd, adpsgd, easgd, ...); "
-                          f"every run with at most {cores} workers is {'/'.join(MODEL_AVERAGING)}")
+        names = ", ".join(_algorithm_of(r) for r in free)
+        raise ConfigError("the link is fitted from runs without model averaging (ssgd, adpsgd, ...); every run "
+                          f"with at most {cores} workers allreduces the model ({names})")
     algorithm = allreduce_algorithm_of(runs)
     parts = [_link_samples(r, warmup_steps=warmup_steps) for r in plain]
     link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)), algorithm=algorithm)
@@ -364,20 +402,11 @@ def _merging_steps(run: Any, gaps: np.ndarray) -> np.ndarray:
     average back in that step (:func:`psgdlab.core.exchange.trainer_merges` of the schedule of
     the algorithm in its resolved config). A run whose algorithm cannot be rebuilt counts every
     step of a run with pairwise exchanges."""
-    from psgdlab.core.algorithms import make_algorithm
-    from psgdlab.core.exchange import trainer_merges
-
-    params = run.config.get("algorithm")
-    if isinstance(params, dict) and params.get("algorithm"):
-        params = dict(params)
-        try:
-            alg = make_algorithm(params.pop("algorithm"), **params)
-        except ConfigError:
-            alg = None
-        if alg is not None:
-            return np.array([trainer_merges(alg.exchanges(int(s), int(r))) for r, s, _ in gaps], dtype=bool)
+    alg = _resolved_algorithm(run)
+    if alg is not None:
+        return np.array([trainer_merges(alg.exchanges(int(s), int(r))) for r, s, _ in gaps], dtype=bool)
     tr = run.trace
-    return np.full(len(gaps), bool(np.any((tr["kind"] == _K_PAIR) & (tr["nbytes"] > 0))))
+    return np.full(len(gaps), bool(np.any((tr["kind"] == ExchangeKind.PAIRWISE) & (tr["nbytes"] > 0))))
 
 
 def _fit_mix_merge(merging: list[tuple[float, float]], passive: list[tuple[float, float]], fixed: float,
@@ -385,10 +414,9 @@ def _fit_mix_merge(merging: list[tuple[float, float]], passive: list[tuple[float
     r"""Host work of the training thread folding an average back (``[platform] mix_merge_s``,
     ``mix_merge_s_per_byte``): the median step overhead of the steps that do it (``(payload,
     overhead)`` per run: :func:`_merging_steps`) beyond the overhead line :math:`a + bS` of the
-    runs without averages, then :func:`fit_overhead_per_byte` over those excesses. Measured here
-    at 2 MB: 1.2-1.4 ms a step on AD-PSGD's active side, 0.75-0.9 on its passive side (which
-    merges in its responder thread) and 0.7-0.9 for SSGD: the passive side's own excess
-    (``passive_excess_s``, per run) is reported, not priced. ``None`` without such runs."""
+    runs without averages, then :func:`fit_overhead_per_byte` over those excesses. A passive
+    side merges in its responder thread, off its step: its own excess (``passive_excess_s``, per
+    run) is reported, not priced. ``None`` without such runs."""
     if not merging:
         return None
     out = _overhead_line([(S, max(g - (fixed + per_byte * S), 0.0)) for S, g in merging])
@@ -423,7 +451,7 @@ def allreduce_algorithm_of(runs: list[Any]) -> str:
 def _fit_model_average(runs: list[Any], link: dict[str, Any], *, algorithm: str = "ring",
                        warmup_steps: int) -> dict[str, Any] | None:
     r"""Host work of folding an averaged model back (``[platform] model_average_s``, ``_s_per_byte``)
-    from model-averaging runs (:data:`MODEL_AVERAGING`): their allreduce records hold the clone,
+    from model-averaging runs (:func:`_averages_model`): their allreduce records hold the clone,
     the allreduce and the algorithm's combine, so per run the median span beyond the ring model
     of ``link`` (:func:`psgdlab.analysis.cores.span_excess`), then :math:`a + bS` over the runs'
     payloads (:func:`fit_overhead_per_byte`). ``None`` without such runs."""
@@ -447,19 +475,20 @@ def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
     srv_d, srv_s = [], []
     for r in runs:
         tr = r.trace
-        sel = tr[(tr["kind"] == _K_SERVER) & (tr["phase"] == PHASES["comm"]) & (tr["nbytes"] > 0)]
+        sel = tr[(tr["kind"] == ExchangeKind.SERVER) & (tr["phase"] == PHASES["comm"]) & (tr["nbytes"] > 0)]
         srv_d.append((sel["end_s"] - sel["start_s"]).astype(float))
         srv_s.append(sel["nbytes"].astype(float))
     sd, ss = np.concatenate(srv_d), np.concatenate(srv_s)
     if sd.size < MIN_RECORDS:
         return None
-    excess = sd - (link["latency_s"] + ss / link["bandwidth_bytes_per_s"])
+    excess = sd - transfer_s(ss, link["bandwidth_bytes_per_s"], link["latency_s"])
     sizes = np.unique(ss)
     per_size = np.array([np.quantile(excess[ss == x], SERVER_QUANTILE) for x in sizes])
     out = {"samples": int(sd.size), "median_excess_s": float(np.median(excess)), "memory_bandwidth_bytes_per_s": None}
-    slope = np.polyfit(3 * sizes, per_size, 1)[0] if sizes.size >= 2 else 0.0
+    traffic = HOST_AVERAGE_TRAFFIC * sizes  # the update's memory traffic (core.cost.host_average_s)
+    slope = np.polyfit(traffic, per_size, 1)[0] if sizes.size >= 2 else 0.0
     if slope > 0:
-        overhead = float(np.mean(per_size - slope * 3 * sizes))
+        overhead = float(np.mean(per_size - slope * traffic))
         out["memory_bandwidth_bytes_per_s"] = float(1.0 / slope)
     else:
         overhead = float(np.quantile(excess, SERVER_QUANTILE))
@@ -467,33 +496,21 @@ def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, float):
-        return repr(float(v))
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devices: int | None = None,
-                  n_params: int | None = None, itemsize: int | None = None, batch: int | None = None,
-                  workers: tuple[int, ...] | None = None) -> str:
-    """The simulator configuration (``sim/presets`` TOML format) of a :func:`calibrate_runs` fit.
+def platform_profile(calibration: dict[str, Any], *, name: str = "calibrated", devices: int | None = None,
+                     n_params: int | None = None, itemsize: int | None = None, batch: int | None = None,
+                     workers: tuple[int, ...] | None = None) -> Profile:
+    """The simulator's platform profile (:class:`psgdlab.core.profile.Profile`) of a
+    :func:`calibrate_runs` fit, with the fit's residuals as its notes.
 
     One host (this machine) of ``devices`` devices (default: the largest worker count of the
     runs), each behind its own link (``sockets_per_host = devices``: the fitted link already is
     what one worker gets, it is not shared again); the fitted link is both ``pcie`` and ``nic``,
     staging ``direct``; the server is the fitted link plus the fitted service overhead; with a
-    ``host_cpu`` fit, ``[platform.host_cpu]`` (the host's cores and the CPU work of
-    communication); with a ``collective`` fit, ``[platform.collective]`` (the allreduce's own
-    link); ``allreduce``, the runs' schedule (:func:`allreduce_algorithm_of`). The workload is
-    ``n_params`` items of ``itemsize`` bytes (default: the runs' payload) with the fitted compute
-    distribution at ``batch``. The residuals are TOML comments (the loader rejects unknown
-    tables).
+    ``host_cpu`` fit, ``host_cpu`` (the host's cores and the CPU work of communication); with a
+    ``collective`` fit, ``collective`` (the allreduce's own link); ``allreduce``, the runs'
+    schedule (:func:`allreduce_algorithm_of`). The workload is ``n_params`` items of ``itemsize``
+    bytes (default: the runs' payload) with the fitted compute distribution at ``batch``;
+    ``workers``, the sweep's default worker counts.
     """
     comp, link, srv = calibration["compute"], calibration["link"], calibration["server"]
     cpu = calibration.get("host_cpu")
@@ -511,84 +528,75 @@ def platform_toml(calibration: dict[str, Any], *, name: str = "calibrated", devi
     coll_fit = calibration.get("collective")
     avg = calibration.get("model_average")
     mix = calibration.get("mix_merge")
-    lines = [
-        f"# Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
-        *[f"#   {r}" for r in calibration["runs"]],
-        "# Residuals of the fit:",
-        f"#   compute: lognormal mean {comp['mean_s']:.6g} s, cv {comp['cv']:.4g} (sample mean "
+    mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
+    fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw))
+    platform = Platform(
+        name=name, description="this machine, fitted from measured runs (loopback transport, emulated devices)",
+        hosts=1, devices_per_host=devices, sockets_per_host=devices, device="cpu-process",
+        pcie=fitted_link, nic=fitted_link,
+        collective=Link(latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(
+            coll_fit["bandwidth_bytes_per_s"])) if coll_fit else None,
+        allreduce=calibration.get("allreduce_algorithm") or "ring",
+        **({"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}),
+        model_average_s=float(avg["fixed_s"]) if avg else 0.0,
+        model_average_s_per_byte=float(avg["s_per_byte"]) if avg else 0.0,
+        mix_merge_s=float(mix["fixed_s"]) if mix else 0.0,
+        mix_merge_s_per_byte=float(mix["s_per_byte"]) if mix else 0.0,
+        step_overhead_s=float(overhead[0]), step_overhead_s_per_byte=float(overhead[1]), staging="direct",
+        server=ServerSpec(latency_s=float(lat), bandwidth_bytes_per_s=float(bw),
+                          service_overhead_s=float(srv["service_overhead_s"]) if srv else 0.0,
+                          apply_on_host=bool(mem_bw)),
+        host_cpu=HostCPU(cores_per_host=int(cpu["cores_per_host"]), work_per_message_s=float(cpu["work_per_message_s"]),
+                         work_per_byte_s=float(cpu["work_per_byte_s"])) if cpu else None,
+    )
+    workload = Workload(name=name + "-workload", description="the calibration runs' model", n_params=int(n_params),
+                        itemsize=itemsize, compute=comp["spec"], reference_batch=batch, batch_per_worker=batch)
+    defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
+    notes = [
+        f"Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
+        *[f"  {r}" for r in calibration["runs"]],
+        "Residuals of the fit:",
+        f"  compute: lognormal mean {comp['mean_s']:.6g} s, cv {comp['cv']:.4g} (sample mean "
         f"{comp.get('sample_mean_s', comp['mean_s']):.6g} s), median {comp['p50_s']:.6g} s, "
         f"p95 {comp['p95_s']:.6g} s, {comp['samples']} records, Kolmogorov-Smirnov distance {comp['ks_distance']:.4g}",
-        f"#   link: {link['samples']} exchanges ({link['allreduce_samples']} allreduce, {link['pairwise_samples']} "
+        f"  link: {link['samples']} exchanges ({link['allreduce_samples']} allreduce, {link['pairwise_samples']} "
         f"pairwise) of sizes {link['payload_sizes_bytes']} B in {link['points']} points (median allreduce span, "
         f"low quantile of pairwise durations per run and size), rms residual {link['rms_residual_s']:.4g} s, "
         f"max relative residual {link['max_rel_residual']:.4g}",
-        ("#   collective (allreduce, fitted apart from the pairwise exchanges): " + (
+        ("  collective (allreduce, fitted apart from the pairwise exchanges): " + (
             f"{coll_fit['latency_s']:.4g} s + S / {coll_fit['bandwidth_bytes_per_s']:.4g} B/s from "
             f"{coll_fit['samples']} allreduces, rms residual {coll_fit['rms_residual_s']:.4g} s, max relative "
             f"residual {coll_fit['max_rel_residual']:.4g}" if coll_fit else
             "not fitted apart (too few allreduce or pairwise sizes): the link's")),
-        ("#   server: " + (f"service overhead {srv['service_overhead_s']:.4g} s, update at "
+        ("  server: " + (f"service overhead {srv['service_overhead_s']:.4g} s, update at "
                           f"{srv['memory_bandwidth_bytes_per_s'] or 0:.4g} B/s of memory (0: not fitted) from "
                           f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
                           if srv else
                           "no server exchanges measured; overhead 0")),
-        ("#   model average (the fold of an averaged model back, beyond the allreduce): " + (
+        ("  model average (the fold of an averaged model back, beyond the allreduce): " + (
             f"{avg['fixed_s']:.4g} s + {avg['s_per_byte']:.4g} s per byte from {avg['runs']} runs (excess "
             f"{avg['excess_s']} s at {avg['payloads_bytes']} B)" if avg else "no model-averaging runs: 0")),
-        f"#   step overhead (host work between a step's exchanges and the next compute, apart from the compute: "
+        f"  step overhead (host work between a step's exchanges and the next compute, apart from the compute: "
         f"a straggler does not slow it): {overhead[0] + overhead[1] * n_params * itemsize:.4g} s at "
         f"{n_params * itemsize} B ({overhead[0]:.4g} s + {overhead[1]:.4g} s per byte of model)",
-        ("#   merge of an average by the training thread: " + (
+        ("  merge of an average by the training thread: " + (
             f"{mix['fixed_s']:.4g} s + {mix['s_per_byte']:.4g} s per byte from {mix['runs']} runs (excess "
             f"{mix['excess_s']} s at {mix['payloads_bytes']} B; the passive sides' own excess, not priced: "
             f"{mix.get('passive_excess_s', [])} s)" if mix else "no runs with pairwise averages: 0")),
-        ("#   host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
+        ("  host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
                               f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
                               f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
                               f"rms residual "
                               f"{cpu['rms_residual_s']:.4g} s)" if cpu else
                               "no run had more workers than cores: the cores are not modelled")),
-        "",
-        "[platform]",
-        f"name = {_toml_value(name)}",
-        'description = "this machine, fitted from measured runs (loopback transport, emulated devices)"',
-        "hosts = 1",
-        f"devices_per_host = {devices}",
-        f"sockets_per_host = {devices}",
-        'device = "cpu-process"',
-        *([f"host_memory_bandwidth_bytes_per_s = {float(srv['memory_bandwidth_bytes_per_s'])!r}"]
-          if srv and srv.get("memory_bandwidth_bytes_per_s") else []),
-        *([f"model_average_s = {float(avg['fixed_s'])!r}", f"model_average_s_per_byte = {float(avg['s_per_byte'])!r}"]
-          if avg else []),
-        *([f"mix_merge_s = {float(mix['fixed_s'])!r}", f"mix_merge_s_per_byte = {float(mix['s_per_byte'])!r}"]
-          if mix else []),
-        f"step_overhead_s = {float(overhead[0])!r}",
-        f"step_overhead_s_per_byte = {float(overhead[1])!r}",
-        f'allreduce = "{calibration.get("allreduce_algorithm") or "ring"}"',
-        'staging = "direct"',
-        "",
     ]
-    for table in ("pcie", "nic"):
-        lines += [f"[platform.{table}]", f"latency_s = {lat!r}", f"bandwidth_bytes_per_s = {bw!r}", ""]
-    coll = calibration.get("collective")
-    if coll:
-        lines += ["[platform.collective]", f"latency_s = {coll['latency_s']!r}",
-                  f"bandwidth_bytes_per_s = {coll['bandwidth_bytes_per_s']!r}", ""]
-    lines += ["[platform.server]", f"latency_s = {lat!r}", f"bandwidth_bytes_per_s = {bw!r}",
-              f"service_overhead_s = {float(srv['service_overhead_s']) if srv else 0.0!r}",
-              f"apply_on_host = {'true' if srv and srv.get('memory_bandwidth_bytes_per_s') else 'false'}", ""]
-    if cpu:
-        lines += ["[platform.host_cpu]", f"cores_per_host = {int(cpu['cores_per_host'])}",
-                  f"work_per_message_s = {float(cpu['work_per_message_s'])!r}",
-                  f"work_per_byte_s = {float(cpu['work_per_byte_s'])!r}", ""]
-    lines += ["[workload]", f"name = {_toml_value(name + '-workload')}",
-              'description = "the calibration runs\' model"',
-              f"n_params = {int(n_params)}", f"itemsize = {itemsize}",
-              f"compute = {_toml_value(comp['spec'])}",
-              f"reference_batch = {batch}", f"batch_per_worker = {batch}", ""]
-    if workers:
-        lines += ["[defaults]", f"workers = {_toml_value(list(workers))}", ""]
-    return "\n".join(lines)
+    return Profile(platform=platform, workload=workload, defaults=defaults, notes=tuple(notes))
+
+
+def platform_toml(calibration: dict[str, Any], **kwargs: Any) -> str:
+    """:func:`platform_profile`'s TOML document (the ``sim/presets`` format, the fit's residuals
+    as comments)."""
+    return platform_profile(calibration, **kwargs).to_toml()
 
 
 def write_platform(path: Any, text: str) -> Any:

@@ -10,7 +10,7 @@ the links when every worker has a core, takes
 
 when its ``n`` workers share the ``c`` cores, with :math:`w_m` the CPU work per message sent
 (``work_per_message_s``), :math:`M(n)` the messages of the schedule (:math:`2(n-1)` for a ring,
-:func:`psgdlab.core.exchange.allreduce_messages`) and :math:`w_b` per byte sent
+:func:`psgdlab.core.cost.allreduce_messages`) and :math:`w_b` per byte sent
 (``work_per_byte_s``).
 :func:`fit_host_cpu` measures them: in runs with more workers than cores, the excess of each
 allreduce's span over the link model :math:`T` (fitted from runs with at most ``c`` workers) is
@@ -35,8 +35,8 @@ from typing import Any, Callable
 import numpy as np
 from scipy.optimize import nnls
 
+from psgdlab.core.cost import allreduce_s, cpu_stretch_terms
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.exchange import allreduce_messages, allreduce_s
 
 __all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of", "span_excess"]
 
@@ -55,7 +55,7 @@ def span_excess(run: Any, spans: Callable[[Any], tuple], *, n_workers: int, payl
                 link: dict[str, Any], warmup_steps: int, algorithm: str = "ring") -> tuple[float, int] | None:
     r"""How much the median allreduce over all ``n_workers`` of ``run`` (after ``warmup_steps``)
     outlasts the model of ``link``, :math:`R(n)\alpha + 2(n-1)/n \cdot S/\beta` with :math:`R` the
-    rounds of ``algorithm`` (:func:`psgdlab.core.exchange.allreduce_s`; at least 0), and the
+    rounds of ``algorithm`` (:func:`psgdlab.core.cost.allreduce_s`; at least 0), and the
     allreduces behind it; ``None`` without such allreduces. ``spans`` as in :func:`fit_host_cpu`."""
     step, _, n, span = spans(run)
     sel = (step >= warmup_steps) & (n == n_workers)
@@ -69,8 +69,8 @@ def span_excess(run: Any, spans: Callable[[Any], tuple], *, n_workers: int, payl
 def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int,
                    algorithm: str = "ring") -> dict[str, Any]:
     r"""Non-negative least squares of ``excess = max(0, n/c - 1) W(n, S)`` for :math:`(w_m, w_b)`
-    (the messages of ``algorithm``'s schedule in place of :math:`2(n-1)`,
-    :func:`psgdlab.core.exchange.allreduce_messages`)."""
+    (the coefficients are :func:`psgdlab.core.cost.cpu_stretch_terms`, with the messages of
+    ``algorithm``'s schedule)."""
     n, S, y = (np.asarray(x, dtype=float) for x in (n, payload_bytes, excess_s))
     over = n / cores - 1.0
     if np.any(over <= 0):
@@ -79,8 +79,7 @@ def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarra
     if np.unique(S).size < 2:
         raise ConfigError("cannot separate the CPU work per message from the work per byte with a single payload "
                           "size; run the oversubscribed calibration at two sizes")
-    messages = np.array([allreduce_messages(int(k), algorithm) for k in n], dtype=float)
-    X = np.column_stack([over * messages, over * 2 * (n - 1) / n * S])
+    X = np.column_stack(cpu_stretch_terms(n, S, cores, algorithm))
     scale = X.max(axis=0)
     coef, _ = nnls(X / scale, y)
     coef = coef / scale

@@ -25,12 +25,14 @@ each pairwise average (active or passive side), each gossip merge counts one; fo
 algorithms it is the number of other workers' updates the server applied between this worker's
 last pull and its push. Unit: *updates* (an integer per step).
 
-Wire bytes (per rank, per exchange; ``S = n_params * itemsize``) are given by :func:`wire_bytes`.
+Wire bytes (per rank, per exchange; ``S = n_params * itemsize``) are given by :func:`wire_bytes`,
+their time on a platform by :mod:`psgdlab.core.cost`; traces name kinds by :class:`ExchangeKind`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Literal, Sequence, TypeAlias
 
 from psgdlab.core.errors import require
@@ -42,14 +44,13 @@ __all__ = [
     "ServerExchange",
     "Barrier",
     "Exchange",
+    "ExchangeKind",
     "EXCHANGE_KINDS",
+    "kind_of",
     "kind_name",
     "wire_bytes",
     "trainer_merges",
-    "ALLREDUCE_ALGORITHMS",
-    "allreduce_rounds",
-    "allreduce_messages",
-    "allreduce_s",
+    "folds_model",
 ]
 
 Phase: TypeAlias = Literal["grad", "mix", "post"]
@@ -167,14 +168,40 @@ class Barrier:
 
 Exchange: TypeAlias = AllReduce | PairwiseAverage | Gossip | ServerExchange | Barrier
 
-#: integer codes used in traces (``kind`` column); 0 means "no exchange"
-EXCHANGE_KINDS: dict[type, int] = {AllReduce: 1, PairwiseAverage: 2, Gossip: 3, ServerExchange: 4, Barrier: 5}
-_KIND_NAMES = {0: "none", 1: "allreduce", 2: "pairwise", 3: "gossip", 4: "server", 5: "barrier"}
+class ExchangeKind(IntEnum):
+    """Integer code of an exchange kind in traces (the ``kind`` column); ``NONE`` (0) marks
+    records of no exchange (compute). The codes are stored on disk: never renumber them."""
+
+    NONE = 0
+    ALLREDUCE = 1
+    PAIRWISE = 2
+    GOSSIP = 3
+    SERVER = 4
+    BARRIER = 5
+
+
+#: the kind of each exchange record type
+EXCHANGE_KINDS: dict[type, ExchangeKind] = {AllReduce: ExchangeKind.ALLREDUCE, PairwiseAverage: ExchangeKind.PAIRWISE,
+                                            Gossip: ExchangeKind.GOSSIP, ServerExchange: ExchangeKind.SERVER,
+                                            Barrier: ExchangeKind.BARRIER}
+
+
+def kind_of(exchange: Exchange) -> ExchangeKind:
+    """The trace kind of ``exchange``.
+
+    >>> kind_of(Barrier(group=(0, 1)))
+    <ExchangeKind.BARRIER: 5>
+    """
+    return EXCHANGE_KINDS[type(exchange)]
 
 
 def kind_name(code: int) -> str:
-    """Name of a trace ``kind`` code (``0 -> "none"``, ``1 -> "allreduce"``, ...)."""
-    return _KIND_NAMES[int(code)]
+    """Name of a trace ``kind`` code (``0 -> "none"``, ``1 -> "allreduce"``, ...).
+
+    >>> [kind_name(k) for k in ExchangeKind]
+    ['none', 'allreduce', 'pairwise', 'gossip', 'server', 'barrier']
+    """
+    return ExchangeKind(int(code)).name.lower()
 
 
 def wire_bytes(exchange: Exchange, n_params: int, itemsize: int = 4) -> tuple[int, int]:
@@ -216,7 +243,8 @@ def trainer_merges(exchanges: Sequence[Exchange]) -> bool:
     ``exchanges``: the active side of a pairwise average, every member of a node in a sharded one
     (the passive members apply the allgathered merges after agreeing on them), a gossip step. A
     passive side of an unsharded pairwise average merges in its responder thread instead, while
-    the training thread computes. Model allreduces (BMUF, BSP) fold their mean in the collective.
+    the training thread computes. Model allreduces (BMUF, BSP, synchronous EASGD) fold their mean in the collective
+    (:func:`folds_model`).
 
     >>> trainer_merges([PairwiseAverage(peer=1, active=True)]), trainer_merges([PairwiseAverage(peer=0, active=False)])
     (True, False)
@@ -225,57 +253,12 @@ def trainer_merges(exchanges: Sequence[Exchange]) -> bool:
                for ex in exchanges)
 
 
-#: how an implementation's allreduce is scheduled, which sets how its latency grows with the group
-#: (every one moves :math:`2(n-1)/n \cdot S` per rank, :func:`wire_bytes`):
-#: ``ring`` -- reduce-scatter then allgather around a ring, :math:`2(n-1)` rounds (NCCL's ring,
-#: gloo's allreduce); ``halving-doubling`` -- recursive halving then doubling (Rabenseifner; MPICH
-#: and Open MPI for large messages), :math:`2\lceil\log_2 n\rceil` rounds; ``direct`` -- every member
-#: reads its chunk of every other member's buffer and then the others' reduced chunks, two rounds
-#: whatever ``n`` (one host's shared memory: psgdlab's data plane, ASTRA-sim's "direct")
-ALLREDUCE_ALGORITHMS = ("ring", "halving-doubling", "direct")
+def folds_model(exchanges: Sequence[Exchange]) -> bool:
+    """Whether a step with ``exchanges`` allreduces the *model* (not the gradient) and folds the
+    mean back into each member (BSP, BMUF, synchronous EASGD): the allreduce record of such a
+    step also holds the fold, which the calibration prices apart (``[platform] model_average_s``).
 
-
-def allreduce_rounds(n: int, algorithm: str = "ring") -> int:
-    """Latency rounds of an allreduce over ``n`` ranks (:data:`ALLREDUCE_ALGORITHMS`; 0 for one).
-
-    >>> [allreduce_rounds(8, a) for a in ALLREDUCE_ALGORITHMS]
-    [14, 6, 2]
-    >>> {allreduce_rounds(2, a) for a in ALLREDUCE_ALGORITHMS}  # alike for a pair
-    {2}
+    >>> folds_model([AllReduce(group=(0, 1), payload="model")]), folds_model([AllReduce(group=(0, 1), payload="grad")])
+    (True, False)
     """
-    require(algorithm in ALLREDUCE_ALGORITHMS, "allreduce algorithm", algorithm,
-            f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
-    if n <= 1:
-        return 0
-    if algorithm == "ring":
-        return 2 * (n - 1)
-    if algorithm == "halving-doubling":
-        return 2 * (n - 1).bit_length()  # 2 ceil(log2 n)
-    return 2
-
-
-def allreduce_messages(n: int, algorithm: str = "ring") -> int:
-    """Messages one rank sends (or, ``direct``, reads) in an allreduce over ``n`` ranks: the
-    rounds, except ``direct``, which reads from each of the other :math:`n-1` members twice.
-
-    >>> [allreduce_messages(8, a) for a in ALLREDUCE_ALGORITHMS]
-    [14, 6, 14]
-    """
-    rounds = allreduce_rounds(n, algorithm)
-    return 2 * (n - 1) if algorithm == "direct" else rounds
-
-
-def allreduce_s(n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float,
-                algorithm: str = "ring") -> float:
-    r"""Allreduce time :math:`2(n-1)/n \cdot S/B + R(n)\,\alpha` with :math:`R` =
-    :func:`allreduce_rounds` (0 for one member).
-
-    >>> round(allreduce_s(8, 172.5e6, 12.5e9, 0.0) * 1e3, 1)  # ALGORITHMS.md D.4: 24.2 ms
-    24.2
-    >>> round(allreduce_s(4, 0.0, 1e9, 1e-3, "direct") * 1e3, 1), round(allreduce_s(4, 0.0, 1e9, 1e-3) * 1e3, 1)
-    (2.0, 6.0)
-    """
-    rounds = allreduce_rounds(n, algorithm)
-    if rounds == 0:
-        return 0.0
-    return 2.0 * (n - 1) / n * payload_bytes / bandwidth_bytes_per_s + rounds * latency_s
+    return any(isinstance(ex, AllReduce) and ex.payload == "model" for ex in exchanges)

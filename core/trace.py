@@ -34,7 +34,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,17 @@ class TraceBuilder:
     def add_raw(self, row: tuple[Any, ...]) -> None:
         """Append a row already in :data:`TRACE_DTYPE` column order (phase as its code)."""
         self._rows.append(row)
+
+    def extend(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        """Append rows already in :data:`TRACE_DTYPE` column order (phase as its code), as
+        :meth:`add_raw` does one at a time.
+
+        >>> tb = TraceBuilder()
+        >>> tb.extend([(1, 0, 0, 0, 0.0, 0.5, -1, 0, 0, 1.0), (0, 0, 0, 0, 0.0, 0.4, -1, 0, 0, 1.0)])
+        >>> tb.array()["rank"].tolist()
+        [0, 1]
+        """
+        self._rows.extend(rows)
 
     def __len__(self) -> int:
         return len(self._rows)

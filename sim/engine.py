@@ -64,11 +64,20 @@ from typing import Any, Sequence
 
 import numpy as np
 import simpy
-from simpy.events import NORMAL
 
 from psgdlab.core.algorithms.base import Algorithm
+from psgdlab.core.cost import host_work_s
 from psgdlab.core.errors import SimulationError, require
-from psgdlab.core.exchange import AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange, trainer_merges
+from psgdlab.core.exchange import (
+    AllReduce,
+    Barrier,
+    ExchangeKind,
+    Gossip,
+    PairwiseAverage,
+    ServerExchange,
+    trainer_merges,
+    wire_bytes,
+)
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
 from psgdlab.sim.network import Network
@@ -82,7 +91,9 @@ _COMM = PHASES["comm"]
 _WAIT = PHASES["wait"]
 _OVERLAP = PHASES["overlap"]
 _NAN = math.nan
-_K_ALLREDUCE, _K_PAIR, _K_GOSSIP, _K_SERVER, _K_BARRIER = 1, 2, 3, 4, 5
+_K_NONE, _K_ALLREDUCE, _K_PAIR, _K_GOSSIP, _K_SERVER, _K_BARRIER = (
+    int(ExchangeKind.NONE), int(ExchangeKind.ALLREDUCE), int(ExchangeKind.PAIRWISE), int(ExchangeKind.GOSSIP),
+    int(ExchangeKind.SERVER), int(ExchangeKind.BARRIER))  # plain ints in the hot loop
 
 
 @dataclass(slots=True)
@@ -135,12 +146,38 @@ def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
     return out
 
 
+_schedule = simpy.Environment.schedule
+
+
+class _CountingEnvironment(simpy.Environment):
+    """A simpy environment that counts the events it schedules (:attr:`SimResult.events`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event: simpy.Event, priority: int = simpy.events.NORMAL, delay: float = 0) -> None:
+        self.scheduled += 1
+        _schedule(self, event, priority, delay)
+
+
+def _release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) -> simpy.Event:
+    """A timeout ``delay`` from now that resumes, in the order they began to wait, the processes
+    waiting on ``waiting`` (the group's earlier arrivals), then whoever yields it (the last one):
+    one event for the whole group, scheduled now, so the group leaves at the same place among
+    simultaneous events as a timeout of the last arrival's would."""
+    timeout = env.timeout(delay)
+    timeout.callbacks.extend(waiting.callbacks)
+    waiting.callbacks.clear()
+    return timeout
+
+
 class _Sim:
     """One simulation's state; :meth:`worker` is the simpy process of one worker."""
 
     def __init__(self, algorithm: Algorithm, network: Network, workload: Workload, comp: np.ndarray,
                  steps: int, record: bool) -> None:
-        self.env = simpy.Environment()
+        self.env = _CountingEnvironment()
         self.alg = algorithm
         self.net = network
         n = algorithm.n_workers
@@ -163,6 +200,7 @@ class _Sim:
         self.delay = int(algorithm.gradient_delay)
         self.rows: list[tuple[Any, ...]] = []
         self.record = record
+        self.pair_bytes: dict[int, int] = {}  # wire bytes of a pairwise average by its number of shards
 
     # ----- staleness bookkeeping --------------------------------------------------------------
     def merges_done(self, r: int, t: float) -> int:
@@ -180,7 +218,9 @@ class _Sim:
         thread and on the peer's responder)."""
         peer = ex.peer
         start = max(t, self.comm_free[r], self.resp_free[peer])
-        nbytes = -(-int(self.S) // ex.n_shards)
+        nbytes = self.pair_bytes.get(ex.n_shards)
+        if nbytes is None:
+            nbytes = self.pair_bytes[ex.n_shards] = wire_bytes(ex, self.n_params, self.itemsize)[0]
         dur = self.net.pair_average_s(r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1,
                                       model_bytes=self.S)
         end = start + dur
@@ -203,19 +243,13 @@ class _Sim:
         entry[1] += 1
         t_arr = env.now
         ev = entry[0]
-        nbytes = 0
-        if kind == _K_ALLREDUCE:
-            n = len(group)
-            nbytes = (2 * (n - 1) * self.n_params * self.itemsize) // n
+        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
         if entry[1] == len(group):
             del self.coll[key]
             dur = self.net.allreduce_s(group, self.S if kind == _K_ALLREDUCE else 0.0, env.now)
             if kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "model":  # fold the mean into each member
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
-            # trigger the shared completion event ``dur`` from now: one event for the whole group
-            ev._ok = True
-            ev._value = None
-            env.schedule(ev, NORMAL, dur)
+            ev = _release_after(env, ev, dur)
         yield ev
         if self.record:
             self.rows.append((r, s, _COMM, kind, t_arr, env.now, -1, nbytes, -1, _NAN))
@@ -248,7 +282,8 @@ class _Sim:
         self.mq[r].append(env.now)
         self.arrive.pop((r, s - 2), None)
         if self.record:
-            self.rows.append((r, s, _COMM, _K_GOSSIP, t_arr, env.now, -1, int(len(ex.peers) * self.S), -1, _NAN))
+            sent = wire_bytes(ex, self.n_params, self.itemsize)[0]
+            self.rows.append((r, s, _COMM, _K_GOSSIP, t_arr, env.now, -1, sent, -1, _NAN))
 
     def server(self, r: int, s: int):
         env = self.env
@@ -295,8 +330,8 @@ class _Sim:
         timeout = env.timeout
         agree = self._agreement(r)
         plat = self.net.platform
-        merge_s = plat.mix_merge_s + plat.mix_merge_s_per_byte * self.S  # folding an average back
-        overhead_s = plat.step_overhead_s + plat.step_overhead_s_per_byte * self.S  # update, snapshot, loop
+        merge_s = host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, self.S)  # folding an average back
+        overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, self.S)  # update, snapshot, loop
         for s in range(self.steps):
             t0 = env.now
             reads.append(self.merges_done(r, t0))
@@ -362,7 +397,7 @@ class _Sim:
                 else:
                     yield from self.collective(r, s, ex, _K_BARRIER)
             if record:
-                rows.append((r, s, _COMPUTE, 0, t0, t_c, -1, 0, stale, _NAN))
+                rows.append((r, s, _COMPUTE, _K_NONE, t0, t_c, -1, 0, stale, _NAN))
             if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
                 yield timeout(overhead_s)
 
@@ -425,7 +460,7 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
                               f"waiting for members: the schedule is inconsistent ({exc})") from None
     t_stop = sim.env.now
     tb = TraceBuilder()
-    tb._rows = [row for row in sim.rows if row[5] <= t_stop]  # tuples already in TRACE_DTYPE order
+    tb.extend(row for row in sim.rows if row[5] <= t_stop)  # tuples already in TRACE_DTYPE order
     trace = tb.array()
     meta = {
         "source": "simulator",
@@ -443,4 +478,4 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
         "stragglers": stragglers.spec() if stragglers is not None else "",
         "payload_bytes": workload.payload_bytes,
     }
-    return SimResult(trace=trace, meta=meta, events=next(sim.env._eid), placement=placement)
+    return SimResult(trace=trace, meta=meta, events=sim.env.scheduled, placement=placement)

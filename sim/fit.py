@@ -48,16 +48,14 @@ entry within 5 %.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from psgdlab.core.trace import atomic_write_text
+from psgdlab.core.profile import Defaults, Link, Platform, Profile, ServerSpec, Workload
 
-__all__ = ["TABLE_TARGETS", "COMPUTE_4096_S", "LOADER_BUFFER_CV", "PARAM_NAMES", "FitResult", "gtx1080_config",
+__all__ = ["TABLE_TARGETS", "COMPUTE_4096_S", "LOADER_BUFFER_CV", "PARAM_NAMES", "FitResult", "gtx1080_profile",
            "simulated_speedups", "fit_gtx1080", "write_preset"]
 
 #: (algorithm, minibatch frames, period) -> published speedup on 4 GPUs (ALGORITHMS.md §D.3,
@@ -106,34 +104,37 @@ class FitResult:
         return max(abs(e) for e in self.relative_errors.values())
 
 
-def gtx1080_config(params: dict[str, float]) -> dict[str, Any]:
-    """The preset as a dict (TOML layout) for the given fitted parameters."""
-    return {
-        "platform": {
-            "name": "librispeech-gtx1080",
-            "description": "one node of 8 GTX1080, Kaldi + OpenMPI (Li et al. 2017), calibrated on Tables 4-5",
-            "hosts": 1, "devices_per_host": 8, "sockets_per_host": 2, "device": "GTX1080",
-            "host_memory_bandwidth_bytes_per_s": 2.0e10, "staging": "host",
-            "pcie": {"latency_s": 1.0e-5, "bandwidth_bytes_per_s": float(params["pcie_bandwidth_bytes_per_s"])},
-            "nic": {"latency_s": 2.0e-5, "bandwidth_bytes_per_s": 1.25e9},
-            "server": {"latency_s": 1.0e-5, "bandwidth_bytes_per_s": float(params["server_bandwidth_bytes_per_s"]),
-                       "service_overhead_s": float(params["service_overhead_s"]), "apply_on_host": True},
-        },
-        "workload": {
-            "name": "dnn-13.5m", "description": "6x1024 ReLU DNN, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
-            "n_params": 13_500_000, "itemsize": 4,
-            "compute": f"lognormal:{COMPUTE_4096_S}:{float(params['cv']):.6g}",
-            "reference_batch": 4096, "batch_per_worker": 4096,
-            "compute_fixed_s": float(params["compute_fixed_s"]),
-            "input_bytes_per_sample": float(params["input_bytes_per_sample"]),
-            "loader_buffer_samples": float(params["loader_buffer_samples"]),
-            "loader_s_per_sample": float(params["loader_s_per_sample"]),
-            "loader_buffer_cv": LOADER_BUFFER_CV,
-            "samples_per_epoch": 3.46e8, "epochs": 10.0,
-            "sample_unit": "frames",
-        },
-        "defaults": {"algorithms": ["bmuf", "asgd", "bsp", "easgd"], "workers": [1, 2, 4, 8], "period": 5},
-    }
+def gtx1080_profile(params: dict[str, float], *, notes: tuple[str, ...] = (),
+                    provenance: dict[str, str] | None = None) -> Profile:
+    """The preset as a profile for the given fitted parameters (``notes`` and ``provenance``: the
+    comments it writes, :mod:`psgdlab.core.profile`)."""
+    return Profile(
+        platform=Platform(
+            name="librispeech-gtx1080",
+            description="one node of 8 GTX1080, Kaldi + OpenMPI (Li et al. 2017), calibrated on Tables 4-5",
+            hosts=1, devices_per_host=8, sockets_per_host=2, device="GTX1080",
+            host_memory_bandwidth_bytes_per_s=2.0e10, staging="host",
+            pcie=Link(latency_s=1.0e-5, bandwidth_bytes_per_s=float(params["pcie_bandwidth_bytes_per_s"])),
+            nic=Link(latency_s=2.0e-5, bandwidth_bytes_per_s=1.25e9),
+            server=ServerSpec(latency_s=1.0e-5, bandwidth_bytes_per_s=float(params["server_bandwidth_bytes_per_s"]),
+                              service_overhead_s=float(params["service_overhead_s"]), apply_on_host=True),
+        ),
+        workload=Workload(
+            name="dnn-13.5m", description="6x1024 ReLU DNN, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
+            n_params=13_500_000, itemsize=4,
+            compute=f"lognormal:{COMPUTE_4096_S}:{float(params['cv']):.6g}",
+            reference_batch=4096, batch_per_worker=4096,
+            compute_fixed_s=float(params["compute_fixed_s"]),
+            input_bytes_per_sample=float(params["input_bytes_per_sample"]),
+            loader_buffer_samples=float(params["loader_buffer_samples"]),
+            loader_s_per_sample=float(params["loader_s_per_sample"]),
+            loader_buffer_cv=LOADER_BUFFER_CV,
+            samples_per_epoch=3.46e8, epochs=10.0,
+            sample_unit="frames",
+        ),
+        defaults=Defaults(algorithms=("bmuf", "asgd", "bsp", "easgd"), workers=(1, 2, 4, 8), period=5),
+        source="sim/fit.py", notes=notes, provenance=dict(provenance or {}),
+    )
 
 
 def simulated_speedups(params: dict[str, float], *, seeds: tuple[int, ...] = FIT_SEEDS, blocks: int = FIT_BLOCKS,
@@ -142,9 +143,8 @@ def simulated_speedups(params: dict[str, float], *, seeds: tuple[int, ...] = FIT
     mean over ``seeds`` of :func:`~psgdlab.sim.predict.predict_one` with a window of ``blocks``
     sync periods (at least ``MIN_STEPS`` steps), as ``psgdlab predict --steps`` runs them."""
     from psgdlab.sim.predict import predict_one
-    from psgdlab.sim.workload import load_config
 
-    config = load_config(data=gtx1080_config(params))
+    config = gtx1080_profile(params)
     out = {}
     for (alg, batch, period) in targets:
         cfg = replace(config, workload=config.workload.with_batch(batch))
@@ -216,18 +216,6 @@ def _refit_server(params: dict[str, float], *, seeds: tuple[int, ...] = FIT_SEED
     return {**params, "server_bandwidth_bytes_per_s": float(sol.x[0] * 1e9), "service_overhead_s": float(sol.x[1] * 1e-2)}
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace('"', '\\"') + '"'
-    if isinstance(v, float):
-        return repr(float(f"{v:.6g}")) if math.isfinite(v) else "nan"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return str(v)
-
-
 #: provenance of each preset value (ALGORITHMS.md tags; "fitted" = set by :func:`fit_gtx1080`)
 _TAGS = {
     "platform.hosts": "[S003] one node", "platform.devices_per_host": "[S003] 8 GTX1080",
@@ -250,50 +238,33 @@ _TAGS = {
 }
 
 
-def _toml_line(dotted: str, value: Any) -> str:
-    line = f"{dotted.rsplit('.', 1)[1]} = {_toml_value(value)}"
-    tag = _TAGS.get(dotted)
-    return f"{line:<40} # {tag}" if tag else line
-
-
 def write_preset(result: FitResult, path: str | Path | None = None) -> Path:
-    """Write the fitted preset TOML (with the fit's residuals as comments), atomically."""
+    """Write the fitted preset (its parameters to 6 significant digits, the fit's residuals as
+    notes, :data:`_TAGS` as provenance), atomically."""
     if path is None:
         path = Path(__file__).resolve().parent / "presets" / "librispeech-gtx1080.toml"
-    cfg = gtx1080_config(result.params)
-    lines = [
-        "# Li, Zhang, Xie, Yu, \"Empirical Evaluation of Parallel Training Algorithms on Acoustic Modeling\"",
-        "# (arXiv 1703.05880; ALGORITHMS.md §D.3): one node of 8 GTX1080, 13.5M-parameter DNN, LibriSpeech.",
-        "# GENERATED by `python -m psgdlab.sim.fit` (sim/fit.py); do not edit by hand. Fitted to the",
-        "# simulated speedups of Tables 4 and 5 (4 GPUs): compute_fixed_s, the compute CV, the effective",
-        "# PCIe bandwidth and input bytes per frame, the data loader's buffer size and cost per frame, and",
-        "# the parameter server's bandwidth and overhead; everything else is physical [DER] or assumed [INF]",
-        "# (sim/fit.py and sim/workload.py say what each parameter models).",
-        "# Fitted parameters: " + ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
-        f"# Simulated (mean of seeds {', '.join(map(str, FIT_SEEDS))}; windows of {FIT_BLOCKS} periods, >= {MIN_STEPS} "
+    notes = [
+        "Li, Zhang, Xie, Yu, \"Empirical Evaluation of Parallel Training Algorithms on Acoustic Modeling\"",
+        "(arXiv 1703.05880; ALGORITHMS.md §D.3): one node of 8 GTX1080, 13.5M-parameter DNN, LibriSpeech.",
+        "GENERATED by `python -m psgdlab.sim.fit` (sim/fit.py); do not edit by hand. Fitted to the",
+        "simulated speedups of Tables 4 and 5 (4 GPUs): compute_fixed_s, the compute CV, the effective",
+        "PCIe bandwidth and input bytes per frame, the data loader's buffer size and cost per frame, and",
+        "the parameter server's bandwidth and overhead; everything else is physical [DER] or assumed [INF]",
+        "(sim/fit.py and sim/workload.py say what each parameter models).",
+        "Fitted parameters: " + ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
+        f"Simulated (mean of seeds {', '.join(map(str, FIT_SEEDS))}; windows of {FIT_BLOCKS} periods, >= {MIN_STEPS} "
         "steps) vs published speedup:",
     ]
     for k, v in result.speedups.items():
-        lines.append(f"#   {k[0]} mb={k[1]} period={k[2]}: {v:.3f} vs {TABLE_TARGETS[k]:.2f} "
+        notes.append(f"  {k[0]} mb={k[1]} period={k[2]}: {v:.3f} vs {TABLE_TARGETS[k]:.2f} "
                      f"({100 * result.relative_errors[k]:+.1f} %)")
     if result.heldout_max_errors:
-        lines.append("# Largest error with one held-out seed alone: " + ", ".join(
+        notes.append("Largest error with one held-out seed alone: " + ", ".join(
             f"seed {s}: {100 * e:.1f} %" for s, e in result.heldout_max_errors.items()))
-    for table in ("platform", "workload", "defaults"):
-        body = cfg[table]
-        lines.append("")
-        lines.append(f"[{table}]")
-        subs = []
-        for k, v in body.items():
-            if isinstance(v, dict):
-                subs.append((k, v))
-            else:
-                lines.append(_toml_line(f"{table}.{k}", v))
-        for k, sub in subs:
-            lines.append("")
-            lines.append(f"[{table}.{k}]")
-            lines.extend(_toml_line(f"{table}.{k}.{kk}", vv) for kk, vv in sub.items())
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+    notes += ["[platform.host_cpu] (cores_per_host, work_per_message_s, work_per_byte_s) is left out: no source gives",
+              "the CPU work of communication on this system, and GPU-direct transfers do not hold host cores."]
+    rounded = {k: float(f"{v:.6g}") for k, v in result.params.items()}
+    return gtx1080_profile(rounded, notes=tuple(notes), provenance=_TAGS).write(path)
 
 
 def main() -> None:  # pragma: no cover - a calibration script

@@ -6,26 +6,29 @@ duration, so later transfers see the link shared (snapshot fair share, see
 :mod:`psgdlab.sim.platform`). Link identifiers: host ``h``'s NIC is ``h``; global socket ``k``'s
 PCIe link is ``hosts + k``. NVLink is per device and not shared.
 
-Costs (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start):
+The laws are core's (:mod:`psgdlab.core.cost`); this module picks their links and bandwidth
+shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start):
 
-- point to point: :math:`\alpha_\text{path} + S / \min_l (B_l / (k_l + 1))`; the path is the
-  sender's socket PCIe (and, between hosts, both NICs and the receiver's socket PCIe); inside a
-  host NVLink when present. With ``staging = "host"`` the pairwise average is a device-to-host
-  copy, the network leg, a CPU average (:math:`3S` bytes at host memory bandwidth) and a
-  host-to-device copy, one after another.
-- allreduce over a group: :func:`~psgdlab.core.exchange.allreduce_s` with the platform's
-  ``allreduce`` schedule (ring by default) and the slowest link class on the ring: per-device
-  share of each socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group
-  spans hosts; a group inside one host uses ``platform.collective`` instead when it is set.
-- allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange):
-  :math:`(m-1)/m \cdot S / B + R(m)/2 \cdot \alpha`, half the allreduce's rounds (ring: :math:`m-1`).
-- the fold of an averaged model into each member after a model allreduce:
-  ``model_average_s + model_average_s_per_byte * S`` (CPU work of every member with ``host_cpu``);
-- parameter server: ``latency + S/B + service_overhead`` (+ :math:`3S` at memory bandwidth
-  when it applies updates on the host), served one request at a time.
+- point to point (:func:`~psgdlab.core.cost.transfer_s`) at :math:`\min_l (B_l / (k_l + 1))`
+  with the path's latency; the path is the sender's socket PCIe (and, between hosts, both NICs
+  and the receiver's socket PCIe); inside a host NVLink when present. With
+  ``staging = "host"`` the pairwise average is a device-to-host copy, the network leg, a CPU
+  average (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after
+  another.
+- allreduce over a group (:func:`~psgdlab.core.cost.allreduce_s`) with the platform's
+  ``allreduce`` schedule and the slowest link class on the ring: per-device share of each
+  socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts;
+  a group inside one host uses ``platform.collective`` instead when it is set.
+- allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
+  :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
+- the fold of an averaged model into each member after a model allreduce
+  (:func:`~psgdlab.core.cost.host_work_s` of ``model_average_s``, ``model_average_s_per_byte``;
+  CPU work of every member with ``host_cpu``);
+- parameter server (:func:`~psgdlab.core.cost.server_s`, with the host update when
+  ``apply_on_host``), served one request at a time.
 
 With ``platform.host_cpu`` set, point-to-point transfers (both ends) and allreduces (every
-member) also hold CPU work on their hosts, and take :math:`\max(0, k/c - 1) W` longer when
+member) also hold CPU work on their hosts, and take :func:`~psgdlab.core.cost.cpu_stretch_s` longer when
 ``k`` processes of a host hold CPU work at their start (see *Host cores* in
 :mod:`psgdlab.sim.platform`); so do parameter-server requests (the worker, and the server on
 host 0, with its update). The allgather after a sharded exchange is not counted.
@@ -35,7 +38,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from psgdlab.core.exchange import allreduce_messages, allreduce_rounds, allreduce_s
+from psgdlab.core.cost import (
+    allgather_s,
+    allreduce_bytes,
+    allreduce_messages,
+    allreduce_s,
+    cpu_stretch_s,
+    host_average_s,
+    host_work_s,
+    server_s,
+    transfer_s,
+)
 from psgdlab.sim.platform import Placement, Platform
 
 __all__ = ["Network"]
@@ -104,8 +117,7 @@ class Network:
             return dur
         extra = 0.0
         for host, count in members.items():
-            k = count + self._cpu_holders(host, start)
-            extra = max(extra, (k / cpu.cores_per_host - 1.0) * work_s)
+            extra = max(extra, cpu_stretch_s(count + self._cpu_holders(host, start), cpu.cores_per_host, work_s))
         dur += extra
         for host, count in members.items():
             self._cpu_flows.setdefault(host, []).append([start, start + dur, float(count)])
@@ -129,7 +141,7 @@ class Network:
         """Time to move ``nbytes`` from worker ``a`` to ``b`` (each way, full duplex)."""
         links, caps, lat, _ = self._path(a, b)
         bw = self._share(links, caps, start) if links else self._intra_bw
-        dur = lat + nbytes / bw
+        dur = transfer_s(nbytes, bw, lat)
         if self._cpu is not None:
             dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
         if links:
@@ -147,18 +159,19 @@ class Network:
             sa, sb = self._socket[a], self._socket[b]
             # device -> host over the sender's socket PCIe (both sides copy in parallel)
             copy_links = (H + sa, H + sb) if sa != sb else (H + sa,)
-            d2h = self._pcie_lat() + nbytes / self._share(copy_links, (self._pcie_bw,) * len(copy_links), start)
+            caps = (self._pcie_bw,) * len(copy_links)
+            d2h = transfer_s(nbytes, self._share(copy_links, caps, start), self._pcie_lat())
             self._register(copy_links, start, start + d2h)
             t = start + d2h
             net = 0.0
             if self._host[a] != self._host[b]:
                 nics = (self._host[a], self._host[b])
-                net = self.platform.nic.latency_s + nbytes / self._share(nics, (self._nic_bw,) * 2, t)
+                net = transfer_s(nbytes, self._share(nics, (self._nic_bw,) * 2, t), self.platform.nic.latency_s)
                 self._register(nics, t, t + net)
             t += net
-            cpu = 3.0 * nbytes / self._mem_bw
+            cpu = host_average_s(nbytes, self._mem_bw)
             t += cpu
-            h2d = self._pcie_lat() + nbytes / self._share(copy_links, (self._pcie_bw,) * len(copy_links), t)
+            h2d = transfer_s(nbytes, self._share(copy_links, caps, t), self._pcie_lat())
             self._register(copy_links, t, t + h2d)
             dur = d2h + net + cpu + h2d
             if self._cpu is not None:
@@ -185,9 +198,7 @@ class Network:
         """Allgather of ``m`` shards of a ``model_bytes`` model among ``rank``'s host mates."""
         host = self._host[rank]
         members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
-        bw = self._intra_share_bw(members)
-        rounds = allreduce_rounds(m, self.platform.allreduce) // 2  # the allgather half of an allreduce
-        return (m - 1) / m * model_bytes / bw + rounds * self._intra_lat
+        return allgather_s(m, model_bytes, self._intra_share_bw(members), self._intra_lat, self.platform.allreduce)
 
     # ----- collectives ------------------------------------------------------------------------
     def allreduce_s(self, group: tuple[int, ...], nbytes: float, start: float) -> float:
@@ -225,7 +236,7 @@ class Network:
         algorithm = self.platform.allreduce
         dur = allreduce_s(n, nbytes, bw, lat, algorithm)
         if self._cpu is not None:
-            work = self._cpu.work_s(allreduce_messages(n, algorithm), 2 * (n - 1) / n * nbytes)
+            work = self._cpu.work_s(allreduce_messages(n, algorithm), allreduce_bytes(n, nbytes))
             dur = self._cpu_wait(members, work, start, dur)
         self._register(links, start, start + dur)
         return dur
@@ -234,7 +245,7 @@ class Network:
         """Host work of folding the averaged model into every member of ``group`` (after a model
         allreduce ending at ``start``): :math:`a + bS`, stretched on oversubscribed hosts."""
         p = self.platform
-        work = p.model_average_s + p.model_average_s_per_byte * nbytes
+        work = host_work_s(p.model_average_s, p.model_average_s_per_byte, nbytes)
         if work <= 0.0 or self._cpu is None:
             return work
         return self._cpu_wait(self._per_host(group), work, start, work)
@@ -248,8 +259,8 @@ class Network:
         (:math:`3S` at memory bandwidth when ``apply_on_host``) -- stretched as in
         :meth:`_cpu_wait`."""
         srv = self.platform.server
-        update = 3.0 * nbytes / self._mem_bw if srv.apply_on_host else 0.0
-        t = srv.latency_s + nbytes / srv.bandwidth_bytes_per_s + srv.service_overhead_s + update
+        update = host_average_s(nbytes, self._mem_bw) if srv.apply_on_host else 0.0
+        t = server_s(nbytes, srv.bandwidth_bytes_per_s, srv.latency_s, srv.service_overhead_s, update)
         if self._cpu is None or rank is None or start is None:
             return t
         members = {0: 1}
@@ -261,7 +272,7 @@ class Network:
         if nbytes <= 0:
             return 0.0
         share = self._pcie_bw / self._per_socket[self._socket[rank]]
-        return self.platform.pcie.latency_s + nbytes / share
+        return transfer_s(nbytes, share, self.platform.pcie.latency_s)
 
 
 def _running(flows: list[list[float]] | None, t: float, *, keep: int) -> float:

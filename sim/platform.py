@@ -1,19 +1,10 @@
-r"""The platform model: hosts with devices, link classes, and the cost of moving bytes.
+r"""The platform model as the simulator uses it: placement of workers, shared links, host cores.
 
-A :class:`Platform` is ``hosts`` machines of ``devices_per_host`` accelerators split evenly over
-``sockets_per_host`` CPU sockets. Link classes, each with a latency and a bandwidth per
-direction (:class:`Link`):
-
-- ``pcie`` -- one per socket, **shared** by the devices behind that socket (PCIe Gen3 x16 is
-  16 GB/s per direction per socket on the IBM servers);
-- ``nvlink`` -- optional, per device, not shared (peer-to-peer inside a host);
-- ``nic`` -- one per host (100 Gb/s Ethernet = 12.5 GB/s per direction);
-- ``collective`` -- optional: what a ring allreduce *inside a host* runs at, per device, when the
-  implementation's collective moves bytes otherwise than its point-to-point transfers (gloo's
-  TCP ring against its send/recv, a shared-memory reduction, NCCL's allreduce bus bandwidth
-  against its peer-to-peer); ``None``: the per-device share of PCIe (or NVLink);
-- ``server`` -- the link of the parameter-server role (its NIC), with a per-request
-  ``service_overhead_s``.
+The profile schema (:class:`Platform`, :class:`Link`, :class:`ServerSpec`, :class:`HostCPU`) is
+core's (:mod:`psgdlab.core.profile`, re-exported here), and so are the cost laws
+(:mod:`psgdlab.core.cost`); this module adds where workers run (:class:`Placement`) and says how
+the simulator applies the profile (the link classes, ``pcie`` per socket, ``nic`` per host,
+``nvlink`` and ``collective`` optional, ``server``, are described in :mod:`psgdlab.core.profile`).
 
 Transfers that share a link share its bandwidth: each transfer registers one *flow* on every
 link of its path for its duration, and gets
@@ -60,211 +51,25 @@ NIC or by the per-device share of a socket's PCIe, whichever is smaller) and :ma
 largest latency.
 Other schedules (``allreduce``) move the same bytes in other numbers of latency rounds:
 :math:`2\lceil\log_2 n\rceil\alpha` for ``halving-doubling``, :math:`2\alpha` for ``direct``
-(one host's shared memory: measured here, a 4-rank allreduce's fixed cost was no larger than a
-2-rank one's, where the ring formula triples it).
+(one host's shared memory, where every member reads from the others at once).
 
 Examples
 --------
 >>> p = Platform(hosts=8, devices_per_host=8, sockets_per_host=2,
 ...              pcie=Link(latency_s=0.0, bandwidth_bytes_per_s=16e9),
 ...              nic=Link(latency_s=0.0, bandwidth_bytes_per_s=12.5e9))
->>> round(ring_allreduce_s(8, 172.5e6, 12.5e9, 0.0) * 1e3, 1)  # ALGORITHMS.md D.4: 24.2 ms
-24.2
+>>> Placement.pack(p, 16).host[-1], Placement.pack(p, 16, per_host=4).hosts_used
+(1, 4)
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS, allreduce_s
+from psgdlab.core.profile import HostCPU, Link, Platform, ServerSpec
 
-__all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Placement", "ring_allreduce_s"]
-
-
-def _finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
-    """One link class: latency (seconds) and bandwidth (bytes per second, per direction)."""
-
-    latency_s: float = 0.0
-    bandwidth_bytes_per_s: float = 1e9
-
-    def __post_init__(self) -> None:
-        require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0 seconds")
-        require(_finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0, "bandwidth_bytes_per_s",
-                self.bandwidth_bytes_per_s, "must be a positive number of bytes per second")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServerSpec:
-    """The parameter-server role: its link and a fixed cost per request it serves.
-
-    Requests are served one at a time in arrival order. One request costs
-    ``latency_s + S / bandwidth_bytes_per_s + service_overhead_s`` (message and reply overlap:
-    full duplex, like MPI_Sendrecv) plus, with ``apply_on_host``, the server's update at host
-    memory bandwidth (:math:`3S` bytes: read model and message, write model).
-    """
-
-    latency_s: float = 0.0
-    bandwidth_bytes_per_s: float = 12.5e9
-    service_overhead_s: float = 0.0
-    apply_on_host: bool = True
-
-    def __post_init__(self) -> None:
-        Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
-        require(_finite(self.service_overhead_s) and self.service_overhead_s >= 0, "service_overhead_s",
-                self.service_overhead_s, "must be >= 0 seconds")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostCPU:
-    """The CPU cores of a host and the CPU work of communication (module docstring, *Host cores*).
-
-    Parameters
-    ----------
-    cores_per_host : int
-        Cores the workers' processes of one host share, ``>= 1``.
-    work_per_message_s : float
-        CPU seconds one worker spends per message it sends (system calls, wake-ups, copies of
-        headers), ``>= 0``.
-    work_per_byte_s : float
-        CPU seconds one worker spends per byte it sends (copies, reductions), ``>= 0``.
-    """
-
-    cores_per_host: int = 1
-    work_per_message_s: float = 0.0
-    work_per_byte_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        v = self.cores_per_host
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "cores_per_host", v,
-                "must be an integer >= 1")
-        for name in ("work_per_message_s", "work_per_byte_s"):
-            x = getattr(self, name)
-            require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
-
-    def work_s(self, messages: float, nbytes: float) -> float:
-        """CPU work of one worker that sends ``messages`` messages of ``nbytes`` bytes in all."""
-        return messages * self.work_per_message_s + nbytes * self.work_per_byte_s
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Platform:
-    r"""A described cluster (see the module docstring).
-
-    Parameters
-    ----------
-    name, description : str
-    hosts : int
-        Number of machines, ``>= 1``.
-    devices_per_host : int
-        Accelerators per machine.
-    sockets_per_host : int
-        CPU sockets per machine; devices are split evenly over them and share their PCIe link.
-    device : str
-        Accelerator name (documentation only).
-    pcie : Link
-        Per socket, per direction; shared by the devices behind the socket.
-    nic : Link
-        Per host, per direction.
-    nvlink : Link or None
-        Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
-    collective : Link or None
-        Per device latency (per round) and bandwidth of an allreduce whose group is
-        inside one host; ``None`` (default): the point-to-point links' (``nvlink``, or the
-        per-device share of ``pcie``). ``psgdlab calibrate`` fits it when the measured
-        allreduces and pairwise exchanges disagree.
-    allreduce : {"ring", "halving-doubling", "direct"}
-        How the implementation schedules an allreduce, which sets its latency rounds over ``n``
-        members (:func:`psgdlab.core.exchange.allreduce_rounds`: :math:`2(n-1)`,
-        :math:`2\lceil\log_2 n\rceil`, 2). Default ``"ring"`` (NCCL, gloo); ``psgdlab calibrate``
-        takes it from the runs (``direct`` for psgdlab's shared-memory data plane).
-    host_memory_bandwidth_bytes_per_s : float
-        Host memory bandwidth for CPU averaging and staging.
-    model_average_s, model_average_s_per_byte : float
-        Host work of folding an averaged model back into a worker after a *model* allreduce
-        (BMUF's block-momentum filter, BSP's copy), :math:`a + b S` seconds for ``S`` bytes of
-        model, on top of the allreduce; with ``host_cpu`` it is CPU work of every member,
-        stretched like an exchange's. Default 0 (the published presets: the filter runs on the
-        accelerator, small beside the allreduce); ``psgdlab calibrate`` fits it from BMUF runs.
-    mix_merge_s, mix_merge_s_per_byte : float
-        Host work of the training thread in a step where it folds an average back into its model:
-        the active side of a pairwise average (AD-PSGD), every member of a node that takes part
-        in a sharded one (H-ADPSGD; a passive node's members apply the merges after agreeing on
-        them), a gossip step; :math:`a + b S` seconds for ``S`` bytes of model, after the gradient
-        phase. A passive AD-PSGD side merges in its responder thread, off its step (measured here
-        at 2 MB: 0.45 ms more per step on the active side than on the passive one, whose step
-        overhead is that of SSGD). Default 0 (the published presets); ``psgdlab calibrate`` fits it
-        from AD-PSGD runs (the active steps' overhead beyond that of runs without averages).
-    step_overhead_s, step_overhead_s_per_byte : float
-        Host work of every worker's step outside its compute and exchanges (the update, the
-        snapshot of the weights, the loop), :math:`a + b S` seconds for ``S`` bytes of model,
-        after the step's last exchange. It is not compute: a straggler's slowdown does not scale
-        it (the runtime's emulated straggler slows its compute only). Default 0 (the published
-        presets fold it into the compute time); ``psgdlab calibrate`` fits it.
-    staging : {"direct", "host"}
-        Whether weights travel GPU-direct or through host memory with CPU averaging.
-    server : ServerSpec
-        The parameter-server role.
-    host_cpu : HostCPU or None
-        The hosts' cores and the CPU work of communication; ``None`` (default): cores are never
-        the bottleneck.
-    """
-
-    name: str = "custom"
-    description: str = ""
-    hosts: int = 1
-    devices_per_host: int = 1
-    sockets_per_host: int = 1
-    device: str = "gpu"
-    pcie: Link = field(default_factory=lambda: Link(latency_s=5e-6, bandwidth_bytes_per_s=16e9))
-    nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
-    nvlink: Link | None = None
-    collective: Link | None = None
-    allreduce: Literal["ring", "halving-doubling", "direct"] = "ring"
-    host_memory_bandwidth_bytes_per_s: float = 5e10
-    model_average_s: float = 0.0
-    model_average_s_per_byte: float = 0.0
-    mix_merge_s: float = 0.0
-    mix_merge_s_per_byte: float = 0.0
-    step_overhead_s: float = 0.0
-    step_overhead_s_per_byte: float = 0.0
-    staging: Literal["direct", "host"] = "direct"
-    server: ServerSpec = field(default_factory=ServerSpec)
-    host_cpu: HostCPU | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("hosts", "devices_per_host", "sockets_per_host"):
-            v = getattr(self, name)
-            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
-        require(self.devices_per_host % self.sockets_per_host == 0, "devices_per_host", self.devices_per_host,
-                f"must be a multiple of sockets_per_host ({self.sockets_per_host})")
-        require(_finite(self.host_memory_bandwidth_bytes_per_s) and self.host_memory_bandwidth_bytes_per_s > 0,
-                "host_memory_bandwidth_bytes_per_s", self.host_memory_bandwidth_bytes_per_s,
-                "must be a positive number of bytes per second")
-        require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
-        require(self.allreduce in ALLREDUCE_ALGORITHMS, "allreduce", self.allreduce,
-                f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
-        for name in ("model_average_s", "model_average_s_per_byte", "mix_merge_s", "mix_merge_s_per_byte",
-                     "step_overhead_s", "step_overhead_s_per_byte"):
-            x = getattr(self, name)
-            require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
-
-    @property
-    def total_devices(self) -> int:
-        return self.hosts * self.devices_per_host
-
-
-def ring_allreduce_s(n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
-    r"""Ring allreduce time :math:`2(n-1)/n \cdot S/B + 2(n-1)\alpha` (0 for one member);
-    other schedules: :func:`psgdlab.core.exchange.allreduce_s`."""
-    return allreduce_s(n, payload_bytes, bandwidth_bytes_per_s, latency_s, "ring")
+__all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Placement"]
 
 
 @dataclass(frozen=True, slots=True)

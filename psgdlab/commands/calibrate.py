@@ -36,16 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.analysis.calibrate import calibrate_runs, platform_toml, write_platform
+    from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
+    from psgdlab.core.cost import allreduce_rounds
     from psgdlab.core.errors import require
-    from psgdlab.core.exchange import allreduce_rounds
 
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
     require(args.cores is None or args.cores >= 1, "cores", args.cores, "must be >= 1")
     fit = calibrate_runs(args.run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
-    text = platform_toml(fit, name=args.name, devices=args.devices, n_params=args.n_params)
-    write_platform(args.out, text)
+    platform_profile(fit, name=args.name, devices=args.devices, n_params=args.n_params).write(args.out)
     if args.json:
         print(json.dumps({**fit, "out": args.out}, indent=2))
     else:
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         avg = fit.get("model_average")
         if avg:
             print(f"model average (fold of the mean, beyond the allreduce): {avg['fixed_s'] * 1e3:.3g} ms + "
-                  f"{avg['s_per_byte'] * 1e9:.3g} ns per byte ({avg['runs']} bmuf/bsp runs)")
+                  f"{avg['s_per_byte'] * 1e9:.3g} ns per byte ({avg['runs']} model-averaging runs)")
         print(f"step overhead (host work outside compute and exchanges, not slowed by a straggler): "
               f"{c.get('step_overhead_fixed_s', 0.0) * 1e3:.3g} ms + "
               f"{c.get('step_overhead_s_per_byte', 0.0) * 1e9:.3g} ns per byte")

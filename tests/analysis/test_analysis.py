@@ -12,6 +12,7 @@ from psgdlab.analysis.compare import ranking
 from psgdlab.analysis.report import write_report
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import ExchangeKind
 from psgdlab.core.rundir import RunDir
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 
@@ -24,7 +25,8 @@ def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, ste
         for s in range(steps):
             c = step_s - comm_s + jitter * rng.standard_normal()
             tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + c, staleness=staleness, loss=1.0 / (s + 1))
-            tb.add(rank=r, step=s, phase="comm", start_s=t + c, end_s=t + c + comm_s, kind=1, nbytes=1000)
+            tb.add(rank=r, step=s, phase="comm", start_s=t + c, end_s=t + c + comm_s, kind=ExchangeKind.ALLREDUCE,
+                   nbytes=1000)
             t += c + comm_s
     trace = tb.array()
     rd = RunDir(path)

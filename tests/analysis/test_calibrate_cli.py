@@ -7,9 +7,10 @@ import pytest
 
 from psgdlab.analysis.calibrate import calibrate_runs, platform_toml
 from psgdlab.cli import main
-from psgdlab.core.errors import ConfigError
 from psgdlab.core.algorithms import make_algorithm
-from psgdlab.core.exchange import allreduce_messages, allreduce_rounds, trainer_merges
+from psgdlab.core.cost import allreduce_messages, allreduce_rounds
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import ExchangeKind, trainer_merges
 from psgdlab.core.rundir import RunDir
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
@@ -51,12 +52,13 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
                 t += c
                 if pairwise:
                     d = ALPHA + S / BETA + (0.0 if rng.random() < 0.5 else float(rng.exponential(0.01)))
-                    tb.add(rank=r, step=s, phase="overlap", start_s=t - c, end_s=t - c + d, kind=2, peer=1 - r,
-                           nbytes=S)
+                    tb.add(rank=r, step=s, phase="overlap", start_s=t - c, end_s=t - c + d,
+                           kind=ExchangeKind.PAIRWISE, peer=1 - r, nbytes=S)
                 else:
                     d = ALPHA + S / BETA + 1e-3 + (3 * S / mem_bw if mem_bw else 0.0)
                     d += float(rng.exponential(2e-3)) if rng.random() < 0.3 else 0.0
-                    tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=4, peer=-2, nbytes=S)
+                    tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=ExchangeKind.SERVER, peer=-2,
+                           nbytes=S)
                     t += d
                 merges = pairwise and (alg is None or trainer_merges(alg.exchanges(s, r)))
                 t += GAP + (merge[0] + merge[1] * S if merges else 0.0)  # folding the average back
@@ -69,7 +71,7 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
             arrive = t + [compute(r, s, t[r]) for r in range(workers)]
             end = arrive.max() + d
             for r in range(workers):
-                tb.add(rank=r, step=s, phase="comm", start_s=arrive[r], end_s=end, kind=1,
+                tb.add(rank=r, step=s, phase="comm", start_s=arrive[r], end_s=end, kind=ExchangeKind.ALLREDUCE,
                        nbytes=2 * (workers - 1) * S // workers)
             t = np.full(workers, end + GAP)
     trace = tb.array()
@@ -289,3 +291,29 @@ def test_model_averaging_runs_fit_the_fold_and_stay_out_of_the_links(runs, tmp_p
     assert calibrate_runs(runs)["model_average"] is None
     with pytest.raises(ConfigError, match="without model averaging"):
         calibrate_runs(avg)
+
+
+@pytest.mark.parametrize("variant, averages", [("sync", True), ("async", False)])
+def test_model_averaging_is_asked_of_the_schedule_not_the_name(runs, tmp_path, variant, averages):
+    """Synchronous EASGD allreduces the model (core.exchange.folds_model of its schedule) and is
+    priced like BMUF; a run whose algorithm never allreduces the model is not, whatever its name."""
+    fold = (6e-4, 1.5e-9)
+    easgd = [write_run(tmp_path / f"easgd{i}", n_params=n, seed=40 + i, algorithm="easgd", fold=fold,
+                       resolved={"algorithm": "easgd", "n_workers": 2, "variant": variant, "period": 1})
+             for i, n in enumerate((10_000, 200_000))]
+    fit = calibrate_runs(runs + easgd)
+    if averages:
+        assert (fit["model_average"]["fixed_s"], fit["model_average"]["s_per_byte"]) == pytest.approx(fold, rel=1e-6)
+        assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)
+    else:
+        assert fit["model_average"] is None
+
+
+def test_calibrate_writes_a_profile_that_reads_back(runs, tmp_path):
+    from psgdlab.analysis.calibrate import platform_profile
+    from psgdlab.core.profile import Profile
+
+    profile = platform_profile(calibrate_runs(runs), n_params=50_000, workers=(1, 2))
+    back = Profile.read(profile.write(tmp_path / "p.toml"))
+    assert back == profile and back.notes[0].startswith("Platform profile fitted by `psgdlab calibrate`")
+    assert back.defaults.workers == (1, 2) and back.platform.pcie == back.platform.nic

@@ -96,6 +96,18 @@ def test_platform_file_round_trips_the_preset(tmp_path):
     assert load_config(path=copy).platform == load_config(preset="interspeech2019-v100").platform
 
 
+@pytest.mark.parametrize("name", ["interspeech2019-v100", "librispeech-gtx1080"])
+def test_every_preset_rewritten_by_the_profile_writer_loads_the_same(tmp_path, name):
+    """The hand-written preset and the generated one alike: values (floats exactly), head notes and
+    end-of-line provenance survive the one writer; the generated one is byte for byte its output."""
+    shipped = load_config(preset=name)
+    again = load_config(path=shipped.write(tmp_path / f"{name}.toml"))
+    assert again == shipped and repr(again.platform) == repr(shipped.platform)
+    assert repr(again.workload) == repr(shipped.workload) and shipped.provenance
+    if name == "librispeech-gtx1080":
+        assert (tmp_path / f"{name}.toml").read_text() == preset_path(name).read_text()
+
+
 def test_hadpsgd_nodes_as_groups_of_one_host(tmp_path, capsys):
     """A calibrated this-machine platform is one host: H-ADPSGD's nodes of 2 fit only as groups."""
     one = tmp_path / "one.toml"

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
+from psgdlab.core.cost import allreduce_s
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import ExchangeKind
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, TRACE_DTYPE, summarize
 from psgdlab.sim.engine import simulate
-from psgdlab.sim.platform import Link, Platform, ServerSpec, ring_allreduce_s
+from psgdlab.sim.platform import Link, Platform, ServerSpec
 from psgdlab.sim.workload import Workload, load_config
 
 MB = 1e6
@@ -64,7 +66,7 @@ def test_ring_allreduce_matches_formula(n):
     res = simulate(make_algorithm("ssgd", n_workers=n), p, w, steps=10)
     comm = res.trace[res.trace["phase"] == PHASES["comm"]]
     expected = 2 * (n - 1) / n * w.payload_bytes / 1e9 + 2 * (n - 1) * 1e-5
-    assert expected == pytest.approx(ring_allreduce_s(n, w.payload_bytes, 1e9, 1e-5))
+    assert expected == pytest.approx(allreduce_s(n, w.payload_bytes, 1e9, 1e-5))
     np.testing.assert_allclose(comm["end_s"] - comm["start_s"], expected, rtol=1e-9)
     s = summarize(res.trace, samples_per_step=32, warmup_steps=1)
     assert s["step_time_s"] == pytest.approx(0.1 + expected)
@@ -98,7 +100,7 @@ def test_ssgd_step_time_follows_the_slowest_worker():
     fast = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30).trace, samples_per_step=32)
     slow = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30,
                               stragglers=StragglerModel.parse("3:2")).trace, samples_per_step=32)
-    ar = ring_allreduce_s(8, w.payload_bytes, 1e9, 1e-5)
+    ar = allreduce_s(8, w.payload_bytes, 1e9, 1e-5)
     assert fast["step_time_s"] == pytest.approx(0.1 + ar)
     assert slow["step_time_s"] == pytest.approx(0.2 + ar)
 
@@ -199,16 +201,16 @@ def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
     w = workload(compute="0.1", n_params=250_000)
     res = simulate(make_algorithm("hadpsgd", n_workers=8, gpus_per_node=m), p, w, steps=10, gpus_per_node=8,
                    until="all")
-    bar = res.trace[(res.trace["phase"] == PHASES["comm"]) & (res.trace["kind"] == 5)]
+    bar = res.trace[(res.trace["phase"] == PHASES["comm"]) & (res.trace["kind"] == ExchangeKind.BARRIER)]
     assert bar.size == 4 * 10 and set(bar["rank"].tolist()) == {0, 1, 2, 3} and np.all(bar["nbytes"] == 0)
     rounds = 2 * (m - 1) if schedule == "ring" else 2
     np.testing.assert_allclose(bar["end_s"] - bar["start_s"], rounds * alpha, rtol=1e-9)
-    grad = ring_allreduce_s(m, w.payload_bytes, 1e9, alpha) if schedule == "ring" else (
+    grad = allreduce_s(m, w.payload_bytes, 1e9, alpha) if schedule == "ring" else (
         2 * (m - 1) / m * w.payload_bytes / 1e9 + 2 * alpha)
     s = summarize(res.trace[res.trace["rank"] < 4], samples_per_step=32, warmup_steps=2)
     assert s["step_time_s"] == pytest.approx(0.1 + grad + rounds * alpha, rel=1e-9)
     unsharded = simulate(make_algorithm("adpsgd", n_workers=8), p, w, steps=10).trace
-    assert not np.any(unsharded["kind"] == 5)
+    assert not np.any(unsharded["kind"] == ExchangeKind.BARRIER)
 
 
 def _rank_steps(trace):
@@ -263,7 +265,7 @@ def test_step_overhead_is_host_work_a_straggler_does_not_scale():
 
     t0, s0 = step("ssgd")
     t1, s1 = step("ssgd", **over)
-    assert s0 == pytest.approx(0.2 + ring_allreduce_s(4, w.payload_bytes, 1e9, 1e-5), rel=1e-9)
+    assert s0 == pytest.approx(0.2 + allreduce_s(4, w.payload_bytes, 1e9, 1e-5), rel=1e-9)
     assert s1 == pytest.approx(s0 + extra, rel=1e-9)
     comp = lambda t: np.sort(t["end_s"] - t["start_s"])[t["phase"] == PHASES["compute"]]  # noqa: E731
     np.testing.assert_allclose(comp(t1), comp(t0))  # the compute records leave the overhead out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from psgdlab.sim.fit import PARAM_NAMES, TABLE_TARGETS, gtx1080_config, simulated_speedups
+from psgdlab.sim.fit import PARAM_NAMES, TABLE_TARGETS, gtx1080_profile, simulated_speedups
 from psgdlab.sim.workload import load_config
 
 
@@ -29,9 +29,10 @@ def _fitted_params() -> dict[str, float]:
 def test_preset_is_the_fit_layout():
     params = _fitted_params()
     assert set(params) == set(PARAM_NAMES)
-    fitted, shipped = load_config(data=gtx1080_config(params)), load_config(preset="librispeech-gtx1080")
+    fitted, shipped = gtx1080_profile(params), load_config(preset="librispeech-gtx1080")
     assert fitted.platform == shipped.platform
     assert fitted.workload == shipped.workload
+    assert fitted.defaults == shipped.defaults
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import make_algorithm
+from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_s
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.exchange import ALLREDUCE_ALGORITHMS
 from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import simulate
 from psgdlab.sim.network import Network
-from psgdlab.sim.platform import HostCPU, Link, Placement, Platform, ring_allreduce_s
+from psgdlab.sim.platform import HostCPU, Link, Placement, Platform
 from psgdlab.sim.workload import Workload, load_config, preset_names
 
 LINK = Link(latency_s=1e-3, bandwidth_bytes_per_s=5e8)
@@ -33,7 +33,7 @@ def test_allreduce_stretches_by_the_oversubscribed_cpu_work(n, cores, w_m, w_b, 
     cpu = HostCPU(cores_per_host=cores, work_per_message_s=w_m, work_per_byte_s=w_b)
     p = one_host(n, cpu)
     net = Network(p, Placement.pack(p, n))
-    ring = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    ring = allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
     work = 2 * (n - 1) * w_m + 2 * (n - 1) / n * S * w_b
     expected = ring + max(0.0, n / cores - 1.0) * work
     assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
@@ -53,7 +53,7 @@ def test_allreduce_follows_the_platform_schedule(n, cores, w_m, w_b, S, schedule
                 + max(0.0, n / cores - 1.0) * (messages * w_m + 2 * (n - 1) / n * S * w_b))
     assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
     if n == 2:
-        assert expected == pytest.approx(ring_allreduce_s(2, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+        assert expected == pytest.approx(allreduce_s(2, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
                                          + max(0.0, 2 / cores - 1.0) * (2 * w_m + S * w_b))
 
 
@@ -69,7 +69,7 @@ def test_allreduce_schedule_loads_from_toml_and_bad_names_are_refused(tmp_path):
 
 def test_no_host_cpu_and_enough_cores_cost_nothing_extra():
     S, n = 4e6, 4
-    ring = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    ring = allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
     for cpu in (None, HostCPU(cores_per_host=4, work_per_message_s=1.0, work_per_byte_s=1.0)):
         p = one_host(n, cpu)
         assert Network(p, Placement.pack(p, n)).allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(ring)
@@ -111,7 +111,7 @@ def test_ssgd_step_time_includes_the_cpu_stretch():
     w = Workload(n_params=250_000, itemsize=8, compute="0.05", reference_batch=8, batch_per_worker=8)
     res = simulate(make_algorithm("ssgd", n_workers=n), one_host(n, cpu), w, steps=20)
     S = w.payload_bytes
-    comm = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s) + (n / cores - 1) * (
+    comm = allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s) + (n / cores - 1) * (
         2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * S * 2e-9)
     s = summarize(res.trace, samples_per_step=8, warmup_steps=2)
     assert s["step_time_s"] == pytest.approx(0.05 + comm, rel=1e-9)
@@ -151,7 +151,7 @@ def test_collective_link_prices_allreduces_inside_a_host_only():
     p = Platform(hosts=2, devices_per_host=4, sockets_per_host=4, pcie=LINK, nic=LINK, collective=coll)
     net = Network(p, Placement.pack(p, 8))
     S = 4e6
-    assert net.allreduce_s((0, 1, 2, 3), S, 0.0) == pytest.approx(ring_allreduce_s(4, S, 4e9, 2e-5))
+    assert net.allreduce_s((0, 1, 2, 3), S, 0.0) == pytest.approx(allreduce_s(4, S, 4e9, 2e-5))
     plain = Network(Platform(hosts=2, devices_per_host=4, sockets_per_host=4, pcie=LINK, nic=LINK),
                     Placement.pack(p, 8))
     assert net.allreduce_s(tuple(range(8)), S, 10.0) == pytest.approx(plain.allreduce_s(tuple(range(8)), S, 10.0))
@@ -169,7 +169,7 @@ def test_bmuf_model_allreduce_adds_the_fold_of_the_average(cpu):
     p = dataclasses.replace(one_host(n, cpu), model_average_s=a, model_average_s_per_byte=b)
     w = Workload(n_params=250_000, itemsize=8, compute="0.05", reference_batch=8, batch_per_worker=8)
     S = w.payload_bytes
-    ring = ring_allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    ring = allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
     fold = (a + b * S) * (1.0 if cpu is None else n / 2)
     res = simulate(make_algorithm("bmuf", n_workers=n, period=4), p, w, steps=12)
     c = res.trace[res.trace["phase"] == PHASES["comm"]]

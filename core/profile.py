@@ -1,0 +1,551 @@
+r"""The platform profile: a cluster (links, host CPU, parameter server) and a workload, as data.
+
+One schema for every profile the testbed reads or writes: the shipped presets
+(``sim/presets/*.toml``), the profile ``psgdlab calibrate`` fits from measured runs, and the one
+``python -m psgdlab.sim.fit`` fits to published tables. The simulator prices exchanges on it
+(:mod:`psgdlab.core.cost` holds the laws); what follows says what each parameter means.
+
+A :class:`Platform` is ``hosts`` machines of ``devices_per_host`` accelerators split evenly over
+``sockets_per_host`` CPU sockets. Link classes, each with a latency and a bandwidth per
+direction (:class:`Link`):
+
+- ``pcie`` -- one per socket, **shared** by the devices behind that socket;
+- ``nvlink`` -- optional, per device, not shared (peer-to-peer inside a host);
+- ``nic`` -- one per host;
+- ``collective`` -- optional: what an allreduce *inside a host* runs at, per device, when the
+  implementation's collective moves bytes otherwise than its point-to-point transfers (gloo's
+  TCP ring against its send/recv, a shared-memory reduction, NCCL's allreduce bus bandwidth
+  against its peer-to-peer); ``None``: the per-device share of PCIe (or NVLink);
+- ``server`` (:class:`ServerSpec`) -- the link of the parameter-server role, with a per-request
+  ``service_overhead_s``.
+
+``host_cpu`` (:class:`HostCPU`, optional) gives the hosts' cores and the CPU work one worker
+spends on an exchange, for hosts whose worker processes outnumber their cores
+(:func:`psgdlab.core.cost.cpu_stretch_s`). A :class:`Workload` is what one training job asks of
+the platform; :class:`Defaults` the sweep a file suggests.
+
+TOML layout
+-----------
+A :class:`Profile` reads and writes one TOML document with the tables ``[platform]`` (sub-tables
+``pcie``, ``nic``, ``nvlink``, ``collective``, ``server``, ``host_cpu``), ``[workload]`` and
+``[defaults]``; keys are the dataclass fields (unknown keys are rejected with the closest valid
+key suggested, :func:`psgdlab.core.config.load_dataclass`). Two kinds of comment travel with the
+values: ``notes``, the comment lines at the head of the file (where a profile came from, a fit's
+residuals; comment lines elsewhere in a hand-written file join them), and ``provenance``, the
+comment at the end of a key's or a table's line (``"platform.pcie.latency_s" -> "[INF]"``).
+:meth:`Profile.to_toml` writes every field that is not ``None`` (floats by ``repr``, so they read
+back exactly); :meth:`Profile.from_toml` of its output gives the same profile.
+
+Examples
+--------
+>>> p = Profile(platform=Platform(hosts=2), workload=Workload(n_params=10), notes=("a test",),
+...             provenance={"platform.hosts": "[INF]"})
+>>> text = p.to_toml()
+>>> print(text.splitlines()[0]); print(text.splitlines()[5])
+# a test
+hosts = 2                                # [INF]
+>>> Profile.from_toml(text) == p
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Mapping
+
+from psgdlab.core.config import check_keys, closest, load_dataclass
+from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work_s
+from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.timing import ComputeTime
+
+__all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Workload", "Defaults", "Profile", "TABLES"]
+
+#: the top-level tables of a profile document
+TABLES = ("platform", "workload", "defaults")
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """One link class: latency (seconds) and bandwidth (bytes per second, per direction)."""
+
+    latency_s: float = 0.0
+    bandwidth_bytes_per_s: float = 1e9
+
+    def __post_init__(self) -> None:
+        require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0 seconds")
+        require(_finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0, "bandwidth_bytes_per_s",
+                self.bandwidth_bytes_per_s, "must be a positive number of bytes per second")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSpec:
+    """The parameter-server role: its link and a fixed cost per request it serves.
+
+    Requests are served one at a time in arrival order. One request costs
+    ``latency_s + S / bandwidth_bytes_per_s + service_overhead_s`` (message and reply overlap:
+    full duplex, like MPI_Sendrecv) plus, with ``apply_on_host``, the server's update at host
+    memory bandwidth (:math:`3S` bytes: read model and message, write model).
+    """
+
+    latency_s: float = 0.0
+    bandwidth_bytes_per_s: float = 12.5e9
+    service_overhead_s: float = 0.0
+    apply_on_host: bool = True
+
+    def __post_init__(self) -> None:
+        Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
+        require(_finite(self.service_overhead_s) and self.service_overhead_s >= 0, "service_overhead_s",
+                self.service_overhead_s, "must be >= 0 seconds")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCPU:
+    """The CPU cores of a host and the CPU work of communication (the *Host cores* section of
+    :mod:`psgdlab.sim.platform` says how the simulator applies it).
+
+    Parameters
+    ----------
+    cores_per_host : int
+        Cores the workers' processes of one host share, ``>= 1``.
+    work_per_message_s : float
+        CPU seconds one worker spends per message it sends (system calls, wake-ups, copies of
+        headers), ``>= 0``.
+    work_per_byte_s : float
+        CPU seconds one worker spends per byte it sends (copies, reductions), ``>= 0``.
+    """
+
+    cores_per_host: int = 1
+    work_per_message_s: float = 0.0
+    work_per_byte_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        v = self.cores_per_host
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "cores_per_host", v,
+                "must be an integer >= 1")
+        for name in ("work_per_message_s", "work_per_byte_s"):
+            x = getattr(self, name)
+            require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
+
+    def work_s(self, messages: float, nbytes: float) -> float:
+        """CPU work of one worker that sends ``messages`` messages of ``nbytes`` bytes in all."""
+        return cpu_work_s(messages, nbytes, self.work_per_message_s, self.work_per_byte_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Platform:
+    r"""A described cluster (see the module docstring).
+
+    Parameters
+    ----------
+    name, description : str
+    hosts : int
+        Number of machines, ``>= 1``.
+    devices_per_host : int
+        Accelerators per machine.
+    sockets_per_host : int
+        CPU sockets per machine; devices are split evenly over them and share their PCIe link.
+    device : str
+        Accelerator name (documentation only).
+    pcie : Link
+        Per socket, per direction; shared by the devices behind the socket.
+    nic : Link
+        Per host, per direction.
+    nvlink : Link or None
+        Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
+    collective : Link or None
+        Per device latency (per round) and bandwidth of an allreduce whose group is
+        inside one host; ``None`` (default): the point-to-point links' (``nvlink``, or the
+        per-device share of ``pcie``). ``psgdlab calibrate`` fits it when the measured
+        allreduces and pairwise exchanges disagree.
+    allreduce : {"ring", "halving-doubling", "direct"}
+        How the implementation schedules an allreduce, which sets its latency rounds over ``n``
+        members (:func:`psgdlab.core.exchange.allreduce_rounds`: :math:`2(n-1)`,
+        :math:`2\lceil\log_2 n\rceil`, 2). Default ``"ring"`` (NCCL, gloo); ``psgdlab calibrate``
+        takes it from the runs (``direct`` for psgdlab's shared-memory data plane).
+    host_memory_bandwidth_bytes_per_s : float
+        Host memory bandwidth for CPU averaging and staging.
+    model_average_s, model_average_s_per_byte : float
+        Host work of folding an averaged model back into a worker after a *model* allreduce
+        (BMUF's block-momentum filter, BSP's copy), :math:`a + b S` seconds for ``S`` bytes of
+        model, on top of the allreduce; with ``host_cpu`` it is CPU work of every member,
+        stretched like an exchange's. Default 0 (the published presets: the filter runs on the
+        accelerator, small beside the allreduce); ``psgdlab calibrate`` fits it from BMUF runs.
+    mix_merge_s, mix_merge_s_per_byte : float
+        Host work of the training thread in a step where it folds an average back into its model:
+        the active side of a pairwise average (AD-PSGD), every member of a node that takes part
+        in a sharded one (H-ADPSGD; a passive node's members apply the merges after agreeing on
+        them), a gossip step; :math:`a + b S` seconds for ``S`` bytes of model, after the gradient
+        phase. A passive AD-PSGD side merges in its responder thread, off its step. Default 0 (the
+        published presets); ``psgdlab calibrate`` fits it from AD-PSGD runs (the active steps'
+        overhead beyond that of runs without averages).
+    step_overhead_s, step_overhead_s_per_byte : float
+        Host work of every worker's step outside its compute and exchanges (the update, the
+        snapshot of the weights, the loop), :math:`a + b S` seconds for ``S`` bytes of model,
+        after the step's last exchange. It is not compute: a straggler's slowdown does not scale
+        it (the runtime's emulated straggler slows its compute only). Default 0 (the published
+        presets fold it into the compute time); ``psgdlab calibrate`` fits it.
+    staging : {"direct", "host"}
+        Whether weights travel GPU-direct or through host memory with CPU averaging.
+    server : ServerSpec
+        The parameter-server role.
+    host_cpu : HostCPU or None
+        The hosts' cores and the CPU work of communication; ``None`` (default): cores are never
+        the bottleneck.
+    """
+
+    name: str = "custom"
+    description: str = ""
+    hosts: int = 1
+    devices_per_host: int = 1
+    sockets_per_host: int = 1
+    device: str = "gpu"
+    pcie: Link = field(default_factory=lambda: Link(latency_s=5e-6, bandwidth_bytes_per_s=16e9))
+    nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
+    nvlink: Link | None = None
+    collective: Link | None = None
+    allreduce: AllreduceAlgorithm = "ring"
+    host_memory_bandwidth_bytes_per_s: float = 5e10
+    model_average_s: float = 0.0
+    model_average_s_per_byte: float = 0.0
+    mix_merge_s: float = 0.0
+    mix_merge_s_per_byte: float = 0.0
+    step_overhead_s: float = 0.0
+    step_overhead_s_per_byte: float = 0.0
+    staging: Literal["direct", "host"] = "direct"
+    server: ServerSpec = field(default_factory=ServerSpec)
+    host_cpu: HostCPU | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hosts", "devices_per_host", "sockets_per_host"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
+        require(self.devices_per_host % self.sockets_per_host == 0, "devices_per_host", self.devices_per_host,
+                f"must be a multiple of sockets_per_host ({self.sockets_per_host})")
+        require(_finite(self.host_memory_bandwidth_bytes_per_s) and self.host_memory_bandwidth_bytes_per_s > 0,
+                "host_memory_bandwidth_bytes_per_s", self.host_memory_bandwidth_bytes_per_s,
+                "must be a positive number of bytes per second")
+        require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
+        require(self.allreduce in ALLREDUCE_ALGORITHMS, "allreduce", self.allreduce,
+                f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+        for name in ("model_average_s", "model_average_s_per_byte", "mix_merge_s", "mix_merge_s_per_byte",
+                     "step_overhead_s", "step_overhead_s_per_byte"):
+            x = getattr(self, name)
+            require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
+
+    @property
+    def total_devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    r"""A training job: what one worker asks of the platform each step.
+
+    - ``n_params`` and ``itemsize`` -- the payload :math:`S` = ``n_params * itemsize`` bytes of
+      every model or gradient exchange;
+    - ``compute`` -- the compute time of one step at ``reference_batch`` samples per worker, a
+      distribution (:class:`psgdlab.core.timing.ComputeTime` spec: ``"0.171"``,
+      ``"lognormal:0.171:0.05"``, ...). At another batch ``b`` the time is scaled affinely:
+      :math:`t(b) = t_0 + (\bar t - t_0)\, b / b_\text{ref}` with :math:`t_0` =
+      ``compute_fixed_s`` (the part of a step that does not depend on the batch); the spread is
+      scaled with it, plus an absolute jitter ``compute_jitter_s`` (seconds of standard deviation
+      that do not shrink with the batch: CV :math:`\sqrt{cv^2 + (j/t(b))^2}`);
+    - ``input_bytes_per_sample`` -- features copied to the device each step over the socket's PCIe
+      link, which the devices behind a socket share (0 to ignore);
+    - ``loader_buffer_samples``, ``loader_s_per_sample`` and ``loader_buffer_cv`` -- a host-side
+      data loader that prepares features a buffer at a time: when a worker's buffer runs out, the
+      worker blocks while the next one is read and prepared, ``loader_s_per_sample`` seconds per
+      sample of that buffer; buffer sizes are gamma-distributed with mean
+      ``loader_buffer_samples`` and CV ``loader_buffer_cv``; 0 samples means a streaming loader
+      that never blocks (:func:`psgdlab.sim.workload.loader_pauses`);
+    - ``samples_per_epoch``, ``epochs``, ``batch_per_worker`` and ``sample_unit`` (what one sample
+      is: a 21-frame BLSTM chunk, one frame, ...).
+    """
+
+    name: str = "model"
+    description: str = ""
+    n_params: int = 1_000_000
+    itemsize: int = 4
+    compute: str = "0.1"
+    reference_batch: int = 128
+    batch_per_worker: int = 128
+    compute_fixed_s: float = 0.0
+    compute_jitter_s: float = 0.0
+    input_bytes_per_sample: float = 0.0
+    loader_buffer_samples: float = 0.0
+    loader_s_per_sample: float = 0.0
+    loader_buffer_cv: float = 0.0
+    samples_per_epoch: float = 1e6
+    epochs: float = 1.0
+    sample_unit: str = "samples"
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.n_params, int) and self.n_params >= 1, "n_params", self.n_params,
+                "must be an integer >= 1")
+        require(self.itemsize in (1, 2, 4, 8), "itemsize", self.itemsize, "must be 1, 2, 4 or 8 bytes")
+        dist = ComputeTime.parse(self.compute)
+        for name in ("reference_batch", "batch_per_worker"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
+        require(math.isfinite(self.compute_fixed_s) and 0 <= self.compute_fixed_s <= dist.mean_s, "compute_fixed_s",
+                self.compute_fixed_s, f"must be in [0, the mean compute time {dist.mean_s:g} s]")
+        require(math.isfinite(self.compute_jitter_s) and self.compute_jitter_s >= 0, "compute_jitter_s",
+                self.compute_jitter_s, "must be >= 0 seconds")
+        require(math.isfinite(self.input_bytes_per_sample) and self.input_bytes_per_sample >= 0,
+                "input_bytes_per_sample", self.input_bytes_per_sample, "must be >= 0")
+        require(math.isfinite(self.loader_buffer_samples) and (self.loader_buffer_samples == 0
+                                                               or self.loader_buffer_samples >= 1),
+                "loader_buffer_samples", self.loader_buffer_samples, "must be 0 (streaming) or >= 1 samples")
+        require(math.isfinite(self.loader_s_per_sample) and self.loader_s_per_sample >= 0, "loader_s_per_sample",
+                self.loader_s_per_sample, "must be >= 0 seconds")
+        require(math.isfinite(self.loader_buffer_cv) and 0 <= self.loader_buffer_cv <= 10, "loader_buffer_cv",
+                self.loader_buffer_cv, "must be in [0, 10]")
+        require(self.samples_per_epoch > 0, "samples_per_epoch", self.samples_per_epoch, "must be > 0")
+        require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.n_params * self.itemsize
+
+    @property
+    def compute_time(self) -> ComputeTime:
+        """The compute-time distribution at ``batch_per_worker`` (scaled from the reference)."""
+        dist = ComputeTime.parse(self.compute)
+        mean = self.mean_compute_s(self.batch_per_worker)
+        if mean == dist.mean_s and self.compute_jitter_s == 0:
+            return dist
+        j = self.compute_jitter_s
+        if dist.kind == "normal":
+            spread = math.hypot(dist.spread * mean / dist.mean_s, j)
+        else:
+            spread = math.hypot(dist.spread, j / mean)
+        kind = "lognormal" if dist.kind == "const" and j > 0 else dist.kind
+        return ComputeTime(kind=kind, mean_s=mean, spread=spread)
+
+    def mean_compute_s(self, batch: int) -> float:
+        t_ref = ComputeTime.parse(self.compute).mean_s
+        t0 = self.compute_fixed_s
+        return t0 + (t_ref - t0) * batch / self.reference_batch
+
+    def with_batch(self, batch: int | None) -> "Workload":
+        if batch is None:
+            return self
+        return dataclasses.replace(self, batch_per_worker=batch)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Defaults:
+    """Sweep defaults a configuration file may set."""
+
+    algorithms: tuple[str, ...] = ("ssgd", "adpsgd", "hadpsgd")
+    workers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    period: int | None = None
+
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """A platform, a workload and sweep defaults, with the comments that say where they come from
+    (module docstring, *TOML layout*).
+
+    Parameters
+    ----------
+    platform : Platform
+    workload : Workload
+    defaults : Defaults
+    source : str
+        Where it was read from (a path, ``"<dict>"``); not compared.
+    notes : tuple of str
+        Comment lines at the head of the TOML document, one line each, no trailing whitespace.
+    provenance : dict of str to str
+        A comment for the line of a key or table, by dotted path (``"platform.pcie"``,
+        ``"workload.n_params"``); each path must be one the document has.
+    """
+
+    platform: Platform
+    workload: Workload
+    defaults: Defaults = field(default_factory=Defaults)
+    source: str = field(default="", compare=False)
+    notes: tuple[str, ...] = ()
+    provenance: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for line in self.notes:
+            require(isinstance(line, str) and _comment_ok(line), "note", line,
+                    "must be one line without control characters or trailing whitespace")
+        paths = set(self.paths())
+        for key, text in self.provenance.items():
+            require(key in paths, "provenance key", key, "must name a key or table the profile writes"
+                    + _closest(key, paths))
+            require(isinstance(text, str) and text != "" and _comment_ok(text), f"provenance of {key}", text,
+                    "must be one non-empty line without control characters or trailing whitespace")
+
+    # ----- reading ----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", notes: tuple[str, ...] = (),
+                  provenance: Mapping[str, str] | None = None) -> "Profile":
+        """Build a profile from nested tables (``{"platform": {...}, "workload": {...}}``),
+        strictly: unknown keys are rejected with the closest valid key suggested."""
+        check_keys(data, TABLES, where=source)
+        if "platform" not in data or "workload" not in data:
+            raise ConfigError(f"{source}: needs both a [platform] and a [workload] table")
+        return cls(platform=load_dataclass(Platform, data["platform"], where="platform"),
+                   workload=load_dataclass(Workload, data["workload"], where="workload"),
+                   defaults=load_dataclass(Defaults, data.get("defaults", {}), where="defaults"),
+                   source=source, notes=tuple(notes), provenance=dict(provenance or {}))
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str = "<string>") -> "Profile":
+        """Read a TOML document (module docstring): the values with :mod:`tomllib`, the head
+        comments as ``notes`` and the end-of-line comments as ``provenance``."""
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {source} is not valid TOML: {exc}") from None
+        notes, comments = _read_comments(text)
+        profile = cls.from_dict(data, source=source, notes=notes)
+        paths = set(profile.paths())
+        return dataclasses.replace(profile, provenance={k: v for k, v in comments.items() if k in paths})
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> "Profile":
+        """:meth:`from_toml` of a file; a missing file is a one-line :class:`ConfigError`."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        return cls.from_toml(path.read_text(encoding="utf-8"), source=str(path))
+
+    # ----- writing ----------------------------------------------------------------------------
+    def tables(self) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+        """``(dotted table name, [(key, value), ...])`` in the order :meth:`to_toml` writes them:
+        each table's plain values, then its sub-tables; ``None`` values are left out."""
+        for name in TABLES:
+            yield from _tables(name, getattr(self, name))
+
+    def paths(self) -> Iterator[str]:
+        """Every dotted table and key path the TOML document of this profile has."""
+        for table, items in self.tables():
+            yield table
+            for key, _ in items:
+                yield f"{table}.{key}"
+
+    def to_toml(self) -> str:
+        """The TOML document (module docstring); :meth:`from_toml` reads it back to an equal profile."""
+        lines = [f"# {line}" if line else "#" for line in self.notes]
+        for table, items in self.tables():
+            if lines:
+                lines.append("")
+            lines.append(self._line(f"[{table}]", table))
+            lines.extend(self._line(f"{key} = {_toml_value(value)}", f"{table}.{key}") for key, value in items)
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_toml` to ``path`` atomically (temporary file, then rename)."""
+        from psgdlab.core.trace import atomic_write_text
+
+        return atomic_write_text(path, self.to_toml())
+
+    def _line(self, text: str, path: str) -> str:
+        note = self.provenance.get(path)
+        return f"{text:<40} # {note}" if note else text
+
+
+def _tables(name: str, obj: Any) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+    items: list[tuple[str, Any]] = []
+    subs: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        (subs if dataclasses.is_dataclass(value) else items).append((f.name, value))
+    yield name, items
+    for key, sub in subs:
+        yield from _tables(f"{name}.{key}", sub)
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_value(v: Any) -> str:
+    """One TOML value: booleans, integers, floats by ``repr`` (exact), basic strings, arrays."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)  # shortest repr that reads back to the same float; 'inf', 'nan' are TOML too
+    if isinstance(v, str):
+        return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
+                             for c in v) + '"'
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write a value of type {type(v).__name__} to TOML: {v!r}")
+
+
+def _comment_ok(text: str) -> bool:
+    """TOML comments hold no control characters but tab; a line read back loses trailing blanks."""
+    return text == text.rstrip() and not any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in text)
+
+
+def _closest(key: str, known: set[str]) -> str:
+    return closest(key, sorted(known))
+
+
+def _read_comments(text: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Comment lines (``notes``) and end-of-line comments by dotted path of a TOML document."""
+    notes: list[str] = []
+    by_path: dict[str, str] = {}
+    table = ""
+    for raw in text.split("\n"):  # TOML's newlines only (str.splitlines also breaks at U+0085, U+2028, ...)
+        line = raw.strip(" \t\r")
+        if not line:
+            continue
+        if line.startswith("#"):
+            notes.append(_comment_text(line))
+            continue
+        code, comment = _split_comment(line)
+        if code.startswith("[") and not code.startswith("[["):
+            table = code.strip("[] \t")
+            path = table
+        elif "=" in code:
+            key = ".".join(part.strip() for part in code.split("=", 1)[0].split("."))
+            path = f"{table}.{key}" if table else key
+        else:
+            continue
+        if comment is not None and _comment_text(comment):
+            by_path[path] = _comment_text(comment)
+    return tuple(notes), by_path
+
+
+def _comment_text(comment: str) -> str:
+    text = comment[1:]
+    return (text[1:] if text.startswith(" ") else text).rstrip()
+
+
+def _split_comment(line: str) -> tuple[str, str | None]:
+    """``(code, comment)`` of one line: the comment starts at the first ``#`` outside a string."""
+    quote = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote is None:
+            if c in "\"'":
+                quote = c
+            elif c == "#":
+                return line[:i].rstrip(), line[i:]
+        elif c == "\\" and quote == '"':
+            i += 1
+        elif c == quote:
+            quote = None
+        i += 1
+    return line, None

@@ -1,0 +1,130 @@
+"""The cost model (core.cost) read forward and backward, and the exchange kinds it prices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
+from psgdlab.core.cost import (
+    ALLREDUCE_ALGORITHMS,
+    allgather_s,
+    allreduce_bytes,
+    allreduce_group_size,
+    allreduce_messages,
+    allreduce_rounds,
+    allreduce_s,
+    allreduce_terms,
+    cpu_stretch_s,
+    cpu_stretch_terms,
+    cpu_work_s,
+    transfer_s,
+    transfer_terms,
+)
+from psgdlab.core.exchange import (
+    EXCHANGE_KINDS,
+    AllReduce,
+    Barrier,
+    ExchangeKind,
+    Gossip,
+    PairwiseAverage,
+    ServerExchange,
+    folds_model,
+    kind_name,
+    kind_of,
+    wire_bytes,
+)
+
+sizes = st.floats(1.0, 1e9)
+latencies = st.floats(0.0, 1e-2)
+bandwidths = st.floats(1e6, 1e11)
+schedules = st.sampled_from(ALLREDUCE_ALGORITHMS)
+
+
+@given(n=st.integers(1, 512), S=sizes, beta=bandwidths, alpha=latencies, schedule=schedules)
+def test_allreduce_terms_are_the_forward_law(n, S, beta, alpha, schedule):
+    """The fit's design row, dotted with (alpha, 1/beta), is the simulator's allreduce time."""
+    rounds, sent = allreduce_terms(n, S, schedule)
+    assert rounds * alpha + sent / beta == pytest.approx(allreduce_s(n, S, beta, alpha, schedule), rel=1e-12, abs=0)
+    if n == 1:
+        assert allreduce_s(n, S, beta, alpha, schedule) == 0.0
+
+
+@given(n=st.lists(st.integers(2, 256), min_size=1, max_size=8), S=st.floats(1e3, 1e9), schedule=schedules)
+def test_allreduce_terms_broadcast_over_group_sizes(n, S, schedule):
+    rounds, sent = allreduce_terms(np.array(n, dtype=float), S, schedule)
+    assert rounds.tolist() == [allreduce_rounds(k, schedule) for k in n]
+    assert sent == pytest.approx([allreduce_bytes(k, S) for k in n], rel=1e-15)
+
+
+@given(n=st.integers(2, 4096), n_params=st.integers(1, 10**8), itemsize=st.sampled_from([1, 2, 4, 8]))
+def test_group_size_is_recovered_from_the_bytes_a_rank_sent(n, n_params, itemsize):
+    S = n_params * itemsize
+    sent, _ = wire_bytes(AllReduce(group=tuple(range(n)), payload="grad"), n_params, itemsize)
+    if S * 2 >= 4 * n * n:  # the integer wire count tells groups apart only when S is large beside n^2
+        assert allreduce_group_size(float(sent), float(S)) == n
+    assert abs(allreduce_bytes(n, S) - sent) < 1.0
+
+
+@given(S=sizes, beta=bandwidths, alpha=latencies)
+def test_transfer_terms_are_the_forward_law(S, beta, alpha):
+    a, b = transfer_terms(S)
+    assert a * alpha + b / beta == transfer_s(S, beta, alpha)
+
+
+@given(n=st.integers(2, 64), cores=st.integers(1, 16), S=sizes, w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8),
+       schedule=schedules)
+def test_cpu_stretch_terms_are_the_forward_law(n, cores, S, w_m, w_b, schedule):
+    """The host-CPU fit's design row, dotted with (w_m, w_b), is the stretch the simulator adds."""
+    work = cpu_work_s(allreduce_messages(n, schedule), allreduce_bytes(n, S), w_m, w_b)
+    a, b = cpu_stretch_terms(np.array([n]), S, cores, schedule)
+    expected = cpu_stretch_s(n, cores, work)
+    got = float(a[0] * w_m + b[0] * w_b)
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-300) if n > cores else got <= 0.0 and expected == 0.0
+
+
+def test_allgather_is_the_allgather_half_of_an_allreduce():
+    for schedule in ALLREDUCE_ALGORITHMS:
+        assert allgather_s(8, 8e6, 1e9, 1e-5, schedule) == pytest.approx(
+            allreduce_s(8, 8e6, 1e9, 1e-5, schedule) / 2, rel=1e-12)
+
+
+def test_unknown_schedule_is_a_one_line_error():
+    with pytest.raises(ValueError, match="allreduce algorithm"):
+        allreduce_s(4, 1.0, 1.0, 1.0, "tree")
+
+
+def test_exchange_kind_codes_are_the_trace_codes():
+    """Traces on disk store these integers: the enum must never renumber them."""
+    assert {k.name: int(k) for k in ExchangeKind} == {"NONE": 0, "ALLREDUCE": 1, "PAIRWISE": 2, "GOSSIP": 3,
+                                                      "SERVER": 4, "BARRIER": 5}
+    assert EXCHANGE_KINDS == {AllReduce: 1, PairwiseAverage: 2, Gossip: 3, ServerExchange: 4, Barrier: 5}
+    assert [kind_name(k) for k in range(6)] == ["none", "allreduce", "pairwise", "gossip", "server", "barrier"]
+    assert kind_of(ServerExchange(op="delta")) is ExchangeKind.SERVER
+
+
+#: (registry name, parameters) of every algorithm and variant, and whether its schedule allreduces the model
+CASES = [
+    ("sgd", {}, False), ("ssgd", {}, False), ("asgd", {}, False), ("bsp", {}, True),
+    ("bmuf", {}, True), ("bmuf", {"variant": "nesterov"}, True),
+    ("easgd", {"variant": "async"}, False), ("easgd", {"variant": "sync"}, True),
+    ("dpsgd", {}, False), ("adpsgd", {}, False), ("adpsgd", {"variant": "random"}, False),
+    ("hadpsgd", {"gpus_per_node": 2}, False),
+]
+
+
+def test_cases_cover_the_registry():
+    assert {name for name, _, _ in CASES} == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("name, params, expected", CASES, ids=lambda x: str(x))
+def test_folds_model_is_true_exactly_for_model_allreducing_schedules(name, params, expected):
+    n = 1 if name == "sgd" else 4
+    alg = make_algorithm(name, n_workers=n, **params)
+    steps = [alg.exchanges(s, r) for s in range(20) for r in range(n)]
+    assert any(folds_model(exs) for exs in steps) is expected
+    # the question is the schedule's: a model allreduce in some step, and only then
+    assert all(folds_model(exs) == any(type(ex) is AllReduce and ex.payload == "model" for ex in exs)
+               for exs in steps)
