@@ -78,7 +78,7 @@ import numpy as np
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState
 from psgdlab.core.errors import SimulationError
-from psgdlab.core.exchange import EXCHANGE_KINDS, AllReduce, Barrier, Gossip, PairwiseAverage, ServerExchange
+from psgdlab.core.exchange import AllReduce, ExchangeKind, Gossip, PairwiseAverage, ServerExchange
 from psgdlab.core.replicas import Replicas
 from psgdlab.core.trace import PHASES, TRACE_DTYPE
 
@@ -210,11 +210,11 @@ class _Indexer:
         self.model_ar: dict[tuple[tuple[int, ...], int], tuple[float, AllReduce]] = {}
         self.mix_end: dict[tuple[int, int], float] = {}
         self.by_kind: dict[int, Callable[[int, int, int, float, float, int], None]] = {
-            EXCHANGE_KINDS[AllReduce]: self.allreduce,
-            EXCHANGE_KINDS[PairwiseAverage]: self.pairwise,
-            EXCHANGE_KINDS[Gossip]: self.gossip,
-            EXCHANGE_KINDS[ServerExchange]: self.server,
-            EXCHANGE_KINDS[Barrier]: self.barrier,
+            ExchangeKind.ALLREDUCE: self.allreduce,
+            ExchangeKind.PAIRWISE: self.pairwise,
+            ExchangeKind.GOSSIP: self.gossip,
+            ExchangeKind.SERVER: self.server,
+            ExchangeKind.BARRIER: self.barrier,
         }
 
     def schedule(self, s: int, r: int) -> tuple[Any, ...]:
