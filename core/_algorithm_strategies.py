@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -77,7 +78,7 @@ def _one(name: str, lo: int, hi: int, evens: list[int]) -> st.SearchStrategy[Alg
     raise InvalidArgument(f"no strategy for algorithm {name!r}")  # a new registry entry needs one
 
 
-def _make(name: str, **params) -> Algorithm:
+def _make(name: str, **params: Any) -> Algorithm:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TestbedWarning)
         return make_algorithm(name, **params)

@@ -89,7 +89,7 @@ def _convert(hint: Any, value: Any, *, where: str) -> Any:
         return float(value)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         for arg in args:
-            if dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
+            if isinstance(arg, type) and dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
                 return load_dataclass(arg, value, where=where)
         if float in args and isinstance(value, int) and not isinstance(value, bool):
             return float(value)

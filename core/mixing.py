@@ -204,7 +204,7 @@ def metropolis_hastings_weights(adjacency: ArrayLike) -> NDArray[np.float64]:
     deg = A.sum(axis=1)
     W = A / (1.0 + np.maximum.outer(deg, deg))
     np.fill_diagonal(W, 1.0 - W.sum(axis=1))
-    return W
+    return np.asarray(W, dtype=float)
 
 
 def uniform_weights(adjacency: ArrayLike) -> NDArray[np.float64]:

@@ -261,9 +261,9 @@ def _mix_phase(algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], model
                 mixed[r] = algorithm.mix(ex, models[r], [models[j] for j in ex.peers])
                 merges[r] += 1
     for r in range(n):  # sharded exchanges: allgather the averaged slices inside the node
-        ex = next((e for e in schedule[r] if isinstance(e, PairwiseAverage) and e.n_shards > 1), None)
-        if ex is not None:
-            mixed[r] = np.concatenate([shard_results[g] for g in ex.gather_group])
+        sharded = next((e for e in schedule[r] if isinstance(e, PairwiseAverage) and e.n_shards > 1), None)
+        if sharded is not None:
+            mixed[r] = np.concatenate([shard_results[g] for g in sharded.gather_group])
     return mixed
 
 

@@ -96,7 +96,7 @@ class NumpyArrays:
 
     @staticmethod
     def mean(arrays: Sequence[np.ndarray]) -> np.ndarray:
-        return np.mean(arrays, axis=0)  # the reference executor's reduction, bit for bit
+        return np.asarray(np.mean(arrays, axis=0))  # the reference executor's reduction, bit for bit
 
     @staticmethod
     def split(x: np.ndarray, n_shards: int, shard: int) -> np.ndarray:

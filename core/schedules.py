@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from psgdlab.core.errors import require
+from psgdlab.core.errors import ConfigError, require
 
 __all__ = ["ibm_lr", "exp_lr", "constant_lr", "Newbob", "lr_schedule", "LR_SCHEDULE_NAMES"]
 
@@ -69,7 +69,7 @@ def exp_lr(step: int, *, lr: float, lr_final: float, total_steps: int) -> float:
     require(lr > 0, "lr", lr, "must be > 0")
     require(0 < lr_final <= lr, "lr-final", lr_final, f"must be in (0, lr = {lr}]")
     require(total_steps >= 1, "total_steps", total_steps, "must be >= 1")
-    return lr * (lr_final / lr) ** (min(max(step, 0), total_steps - 1) / max(total_steps - 1, 1))
+    return float(lr * (lr_final / lr) ** (min(max(step, 0), total_steps - 1) / max(total_steps - 1, 1)))
 
 
 def constant_lr(epoch: float, *, lr: float) -> float:
@@ -159,11 +159,12 @@ def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int,
         return lambda step: ibm_lr(step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr,
                                    warmup_epochs=warmup_epochs)
     if name == "exp":
-        require(total_steps is not None and total_steps >= 1, "total_steps", total_steps,
-                "must be given (>= 1) for the exp schedule")
+        if total_steps is None:
+            raise ConfigError("total_steps (None) must be given (>= 1) for the exp schedule")
+        steps: int = total_steps
         final = lr / 10 if lr_final is None else lr_final
-        exp_lr(0, lr=lr, lr_final=final, total_steps=total_steps)  # validates
-        return lambda step: exp_lr(step, lr=lr, lr_final=final, total_steps=total_steps)
+        exp_lr(0, lr=lr, lr_final=final, total_steps=steps)  # validates
+        return lambda step: exp_lr(step, lr=lr, lr_final=final, total_steps=steps)
     if name == "newbob":
         return Newbob(lr=lr)
     return lambda step: lr

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from psgdlab.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from psgdlab.core.topology import Topology
 
 __all__ = ["partner", "mixing_column"]
 
 
 @lru_cache(maxsize=256)
-def _topology(kind: str, n: int, seed: int):
+def _topology(kind: str, n: int, seed: int) -> Topology:
     from psgdlab.core.topology import build_topology
 
     return build_topology(kind, n, seed=seed)
@@ -18,7 +24,10 @@ def _topology(kind: str, n: int, seed: int):
 
 @lru_cache(maxsize=8192)
 def _matching(kind: str, n: int, seed: int, round_: int) -> tuple[int, ...]:
-    return tuple(int(p) for p in _topology(kind, n, seed).matching(round_))
+    perm = _topology(kind, n, seed).matching(round_)
+    if perm is None:
+        raise ConfigError(f"topology {kind!r} has no matching schedule (a static kind)")
+    return tuple(int(p) for p in perm)
 
 
 def partner(kind: str, n: int, seed: int, round_: int, rank: int) -> int:
@@ -34,7 +43,7 @@ def partner(kind: str, n: int, seed: int, round_: int, rank: int) -> int:
 
 @lru_cache(maxsize=256)
 def _matrix(kind: str, n: int, seed: int) -> np.ndarray:
-    W = _topology(kind, n, seed).matrix(0)
+    W = np.asarray(_topology(kind, n, seed).matrix(0))
     W.setflags(write=False)
     return W
 

@@ -80,9 +80,9 @@ class BMUF(Algorithm):
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
         check_period(self.period)
-        if self.block_momentum is None:
-            object.__setattr__(self, "block_momentum", 1.0 - 1.0 / self.n_workers)
-        require(0.0 <= self.block_momentum < 1.0, "block_momentum", self.block_momentum, "must be in [0, 1)")
+        momentum = 1.0 - 1.0 / self.n_workers if self.block_momentum is None else self.block_momentum
+        object.__setattr__(self, "block_momentum", momentum)
+        require(0.0 <= momentum < 1.0, "block_momentum", momentum, "must be in [0, 1)")
         require(self.block_lr > 0.0, "block_lr", self.block_lr, "must be > 0")
         require(self.variant in self.variants, "variant", self.variant,
                 "must be 'classical' or 'nesterov'")
@@ -103,7 +103,7 @@ class BMUF(Algorithm):
             return Algorithm.combine(self, state, exchange, received)
         new_global, new_delta = kernels.bmuf_filter(
             received, state.extras["global"], state.extras["delta"],
-            block_momentum=float(self.block_momentum), block_lr=self.block_lr,
+            block_momentum=float(self.block_momentum or 0.0), block_lr=self.block_lr,
             nesterov=self.variant == "nesterov")
         return WorkerState(params=kernels.clone(new_global), momentum=None,
                            extras={"global": new_global, "delta": new_delta})

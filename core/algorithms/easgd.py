@@ -75,11 +75,11 @@ class EASGD(Algorithm):
         Algorithm.__post_init__(self)
         check_period(self.period)
         require(self.variant in self.variants, "variant", self.variant, "must be 'async' or 'sync'")
-        if self.alpha is None:
-            object.__setattr__(self, "alpha", 0.9 / self.n_workers)
-        require(0.0 <= self.alpha < 1.0, "alpha", self.alpha, "must be in [0, 1)")
+        alpha = 0.9 / self.n_workers if self.alpha is None else self.alpha
+        object.__setattr__(self, "alpha", alpha)
+        require(0.0 <= alpha < 1.0, "alpha", alpha, "must be in [0, 1)")
         if self.variant == "sync":
-            require(self.n_workers * self.alpha <= 1.0 + 1e-12, "alpha", self.alpha,
+            require(self.n_workers * alpha <= 1.0 + 1e-12, "alpha", alpha,
                     f"must satisfy workers * alpha <= 1 for sync easgd (workers={self.n_workers})",
                     hint="otherwise the elastic step is not doubly stochastic and the centre overshoots")
 
@@ -103,7 +103,7 @@ class EASGD(Algorithm):
         return (AllReduce(group=self.all_ranks, payload="model"),)
 
     def combine(self, state: WorkerState, exchange: Exchange, received: Any) -> WorkerState:
-        a = float(self.alpha)
+        a = float(self.alpha or 0.0)
         if isinstance(exchange, AllReduce):
             worker, centre = kernels.elastic_sync(state.params, state.extras["centre"], received, a,
                                                   self.n_workers)
@@ -118,7 +118,7 @@ class EASGD(Algorithm):
         return state.params
 
     def server_apply(self, server: ServerState, message: Any, rank: int) -> tuple[ServerState, Any, int]:
-        _, centre = kernels.elastic_pair(message, server.params, float(self.alpha))
+        _, centre = kernels.elastic_pair(message, server.params, float(self.alpha or 0.0))
         staleness = server.version - server.last_pull.get(rank, 0)
         version = server.version + 1
         last_pull = {**server.last_pull, rank: version}
