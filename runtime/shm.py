@@ -86,9 +86,10 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime import shm_sys
+from psgdlab.runtime.transport import CHANNELS
 
 __all__ = ["SharedMemoryPlane", "open_plane", "shm_settings", "segment_prefix", "SHM_ENV",
-           "SHM_BYTES_ENV", "DEFAULT_CAPACITY_BYTES", "CHANNELS"]
+           "SHM_BYTES_ENV", "DEFAULT_CAPACITY_BYTES", "SUM_DTYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +98,12 @@ SHM_ENV = "PSGDLAB_SHM"
 #: size of each channel's data region in bytes; larger payloads go over gloo
 SHM_BYTES_ENV = "PSGDLAB_SHM_BYTES"
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
-#: the channels, in the order of their regions and slots
-CHANNELS = ("main", "comm", "responder")
 SHM_DIR = Path("/dev/shm")
 _PAGE = 4096
 _SPIN = 64  # polls of a word before sleeping on it
 _CHECK_S = 0.5  # liveness check period of a sleeping wait
-_SUM_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+#: the dtypes whose allreduce goes through shared memory (others stay on gloo)
+SUM_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                          torch.int16, torch.int32, torch.int64})
 
 

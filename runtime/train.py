@@ -41,9 +41,10 @@ from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import empty_trace, read_trace, summarize, to_chrome_trace, write_trace
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, collect_groups, run_server, run_worker
-from psgdlab.runtime.transport import LaunchEnv, launch_env, open_channels
+from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
 __all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]

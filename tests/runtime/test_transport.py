@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 CHECK = r'''
 import torch
-from psgdlab.runtime.transport import launch_env, open_channels, Tags
+from psgdlab.runtime.channels import open_channels
+from psgdlab.runtime.transport import launch_env, Tags
 env = launch_env()
 r, n = env.rank, env.world_size
 ch = open_channels("{backend}", env=env, groups=[(0, 1), (2, 3), (0, 1, 2, 3)], timeout_s=60)
