@@ -80,7 +80,7 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
     if config.model == LSQ_MODEL:
         problem = _lsq_problem(config)
         return LeastSquaresWorkload(problem, device=device), max(1, config.lsq_samples_per_worker // config.batch)
-    from psgdlab.runtime.data import WindowSampler
+    from psgdlab.runtime.batches import WindowSampler
     from psgdlab.runtime.models import build_model
     from psgdlab.runtime.scoring import score_corpus, state_priors
 

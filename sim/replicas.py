@@ -143,7 +143,7 @@ class TorchReplicas:
         Maps ``(batch, window, input_dim)`` to logits; its parameters are the initial point.
     corpus : psgdlab.runtime.data.Corpus
         Training corpus; rank ``r`` of ``n_workers`` samples its shard with
-        :class:`~psgdlab.runtime.data.WindowSampler` (``seed``, window, batch).
+        :class:`~psgdlab.runtime.batches.WindowSampler` (``seed``, window, batch).
     heldout : Corpus or None
         Held-out corpus for :meth:`evaluate` (cross-entropy and frame accuracy of a model);
         ``None`` evaluates on ``eval_windows`` windows of the training corpus.
@@ -155,7 +155,7 @@ class TorchReplicas:
                  heldout: Any = None, max_replicas: int = 64, eval_windows: int = 4096) -> None:
         import torch
 
-        from psgdlab.runtime.data import WindowSampler
+        from psgdlab.runtime.batches import WindowSampler
         from psgdlab.runtime.models import BLSTMAcousticModel
 
         require(isinstance(max_replicas, int) and max_replicas >= 1, "max_replicas", max_replicas, "must be >= 1")
@@ -258,7 +258,7 @@ class TorchReplicas:
     def _eval_set(corpus: Any, window: int, n: int, seed: int) -> tuple[Any, Any]:
         import torch
 
-        from psgdlab.runtime.data import eval_windows
+        from psgdlab.runtime.batches import eval_windows
 
         xs, ys = [], []
         total = 0
