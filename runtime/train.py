@@ -43,7 +43,9 @@ from psgdlab.core.trace import empty_trace, read_trace, summarize, to_chrome_tra
 from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
-from psgdlab.runtime.driver import DriverOptions, RankResult, collect_groups, run_server, run_worker
+from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.scan import collect_groups
+from psgdlab.runtime.server import run_server
 from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
