@@ -34,7 +34,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_co
 
 CHECK = r'''
 import torch
-from psgdlab.runtime.models import flat_gradients
+from psgdlab.runtime.flat import flat_gradients
 from psgdlab.runtime.overlap import OverlappedAllreduce
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.transport import Tags, launch_env
