@@ -36,9 +36,9 @@ class SharedMemoryTransport(TorchTransport):
     def allreduce_algorithm(self) -> str:
         """``direct`` when the world's allreduces go through shared memory: every member reads its
         chunk from each other member, then the reduced chunks, three barriers whatever the group
-        size (a 4-rank allreduce's fixed cost measured no larger than a 2-rank one's); gloo's
-        ring when some rank is on another host. (Tensors over a region in two-copy mode also
-        take the ring.)"""
+        size (so the fixed cost does not grow with the group as a ring's does; docs/measurements.md);
+        gloo's ring when some rank is on another host. (Tensors over a region in two-copy mode
+        also take the ring.)"""
         return "direct" if tuple(range(self.world_size)) in self.plane.groups else "ring"
 
     # --- what goes through shared memory: decided from what both sides know ---

@@ -176,8 +176,8 @@ def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[s
     threshold_db : float
         VAD threshold of :func:`vad_labels`.
     speed_factors : sequence of float
-        Speed perturbation (:func:`~psgdlab.runtime.frontend.speed_perturb`): each recording is imported once per factor.
-        Copies with factor ``f != 1`` get the Kaldi-style id ``sp{f}-{utt}`` and speaker
+        Speed perturbation (:func:`~psgdlab.runtime.frontend.speed_perturb`): each recording is
+        imported once per factor. Copies with factor ``f != 1`` get the Kaldi-style id ``sp{f}-{utt}`` and speaker
         ``sp{f}-{speaker}`` (a perturbed voice counts as another speaker), so held-out splits must
         exclude them too (:func:`base_speaker` maps them back).
 

@@ -2,11 +2,11 @@
 
 Every channel gets its own process group per sub-group (``dist.new_group``, created in one
 order on every rank by :func:`psgdlab.runtime.channels.open_channels`), so the training thread
-and the communication threads never drive one gloo group concurrently. Point-to-point messages use one shared group (``p2p``); with NCCL the
-small control headers (and any-source receives, which NCCL lacks) go over a gloo group and the
-payloads over NCCL, each on its own group (and so its own CUDA stream). On gloo, the payloads
-between ranks of one host go through shared memory instead (:mod:`psgdlab.runtime.shm`; off
-with ``PSGDLAB_SHM=0``).
+and the communication threads never drive one gloo group concurrently. Point-to-point messages
+use one shared group (``p2p``); with NCCL the small control headers (and any-source receives,
+which NCCL lacks) go over a gloo group and the payloads over NCCL, each on its own group (and so
+its own CUDA stream). On gloo, the payloads between ranks of one host go through shared memory
+instead (:mod:`psgdlab.runtime.shm`; off with ``PSGDLAB_SHM=0``).
 """
 
 from __future__ import annotations

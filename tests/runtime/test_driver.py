@@ -245,8 +245,9 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
 
     workload = LeastSquaresWorkload(LeastSquaresProblem(n_samples=8, dim=2, n_shards=1, batch=2))
     channel = types.SimpleNamespace(device=torch.device("cpu"))
-    worker = _Worker(make_algorithm("sgd", n_workers=1), workload, dict.fromkeys(("main", "comm", "responder"), channel),
-                     rank=0, options=DriverOptions(steps=1, lr_of=lambda s: 0.1), origin=0.0, state=None, merges=0)
+    channels = dict.fromkeys(("main", "comm", "responder"), channel)
+    worker = _Worker(make_algorithm("sgd", n_workers=1), workload, channels, rank=0,
+                     options=DriverOptions(steps=1, lr_of=lambda s: 0.1), origin=0.0, state=None, merges=0)
     step = _Step(step=0, snapshot=workload.initial_params())
     worker._run_phase("mix", (Teleport(),), step)  # another phase: not looked up
     with pytest.raises(ConfigError, match=r"exchange Teleport has no handler in the runtime"):
