@@ -34,7 +34,8 @@ def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, b
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from psgdlab.runtime.data import WindowSampler, load_corpus
+    from psgdlab.runtime.batches import WindowSampler
+    from psgdlab.runtime.data import load_corpus
     from psgdlab.runtime.models import build_model
 
     corpus = load_corpus(data)

@@ -59,10 +59,11 @@ def main() -> None:
 
     import torch.distributed as dist
 
+    from psgdlab.runtime.channels import open_channels
     from psgdlab.runtime.launch import free_port
     from psgdlab.runtime.shm import SHM_ENV
     from psgdlab.runtime.shm_transport import SharedMemoryTransport
-    from psgdlab.runtime.transport import launch_env, open_channels
+    from psgdlab.runtime.transport import launch_env
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

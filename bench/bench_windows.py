@@ -37,7 +37,8 @@ def main() -> None:
 
     import torch
 
-    from psgdlab.runtime.data import WindowSampler, load_corpus
+    from psgdlab.runtime.batches import WindowSampler
+    from psgdlab.runtime.data import load_corpus
     from psgdlab.runtime.speech import import_fsdd
 
     torch.set_num_threads(1)

@@ -51,7 +51,8 @@ from pathlib import Path
 
 import torch
 
-from psgdlab.runtime.data import WindowSampler, inspect_corpus, load_corpus
+from psgdlab.runtime.batches import WindowSampler
+from psgdlab.runtime.data import inspect_corpus, load_corpus
 from psgdlab.runtime.models import build_model, count_parameters
 from psgdlab.runtime.scoring import score_corpus, state_priors
 from psgdlab.runtime.speech import base_speaker, import_fsdd

@@ -23,8 +23,11 @@ name                kind          content
 Every utterance has at least one frame. :func:`write_corpus` writes a temporary file in the
 target's folder and renames it, so a failed import never leaves a partial file.
 :func:`load_corpus` validates the layout, loads everything into memory as float32, appends
-Δ/ΔΔ when asked and normalises. :class:`WindowSampler` shards utterances across workers and draws
-random frame windows with the centre frame's label; :func:`eval_windows` walks every frame in order.
+Δ/ΔΔ when asked and normalises. :func:`shard_utterances` deals the utterances to the workers.
+
+This module needs h5py and numpy only; the torch batches drawn from a corpus
+(:class:`~psgdlab.runtime.batches.WindowSampler`, :func:`~psgdlab.runtime.batches.eval_windows`)
+are in :mod:`psgdlab.runtime.batches`.
 """
 
 from __future__ import annotations
@@ -32,14 +35,13 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import h5py
 import numpy as np
-import torch
 
 from psgdlab.core.errors import ConfigError, require
 
@@ -53,8 +55,7 @@ __all__ = [
     "append_deltas",
     "synthetic_corpus",
     "shard_utterances",
-    "WindowSampler",
-    "eval_windows",
+    "frame_bounds",
 ]
 
 FORMAT_VERSION = 1
@@ -366,8 +367,12 @@ def _select(spk: tuple[str, ...], speakers: Sequence[str] | None,
     return keep
 
 
-def _frame_bounds(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """First and last frame index of each frame's utterance, ``(T,)`` each."""
+def frame_bounds(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First and last frame index of each frame's utterance, ``(T,)`` each.
+
+    >>> frame_bounds(np.array([0, 2, 5]))
+    (array([0, 0, 2, 2, 2]), array([1, 1, 4, 4, 4]))
+    """
     lengths = np.diff(offsets)
     return np.repeat(offsets[:-1], lengths), np.repeat(offsets[1:] - 1, lengths)
 
@@ -395,7 +400,7 @@ def append_deltas(features: np.ndarray, offsets: np.ndarray, *, width: int = 2) 
     computed within each utterance, with the first and last frame repeated beyond its edges.
     """
     require(isinstance(width, int) and width >= 1, "width", width, "must be a positive integer")
-    first, last = _frame_bounds(np.asarray(offsets, dtype=np.int64))
+    first, last = frame_bounds(np.asarray(offsets, dtype=np.int64))
     d1 = _delta(features, first, last, width)
     d2 = _delta(d1, first, last, width)
     return np.concatenate([features, d1, d2], axis=1).astype(np.float32, copy=False)
@@ -465,7 +470,7 @@ def synthetic_corpus(path: str | os.PathLike[str], *, n_utterances: int = 200,
                         source=f"psgdlab synthetic_corpus(seed={seed})")
 
 
-# --------------------------------------------------------------------------- sampling
+# --------------------------------------------------------------------------- sharding
 
 
 def shard_utterances(lengths: np.ndarray, *, rank: int, world_size: int) -> np.ndarray:
@@ -496,90 +501,3 @@ def shard_utterances(lengths: np.ndarray, *, rank: int, world_size: int) -> np.n
         owner[u] = r
         heapq.heappush(heap, (frames + int(lengths[u]), r))
     return np.flatnonzero(owner == rank)
-
-
-def _windows(features: np.ndarray, centres: np.ndarray, first: np.ndarray, last: np.ndarray,
-             window: int) -> np.ndarray:
-    half = window // 2
-    idx = centres[:, None] + np.arange(-half, half + 1)[None, :]
-    np.clip(idx, first[:, None], last[:, None], out=idx)
-    return features[idx]
-
-
-class WindowSampler:
-    """Random ``window``-frame windows from one worker's shard, labelled by their centre frame.
-
-    Parameters
-    ----------
-    corpus : Corpus
-        The loaded corpus (all workers load the same file).
-    window : int
-        Frames per window, odd (21 as in the IBM setup).
-    batch : int
-        Windows per :meth:`sample`.
-    rank, world_size : int
-        This worker's shard (:func:`shard_utterances`: no overlap, all utterances covered).
-    seed : int
-        Stream seed shared by all ranks; step ``k`` of rank ``r`` uses
-        ``default_rng(SeedSequence([seed, r, k]))``, so a run is reproducible and resumes exactly
-        from any step without replaying earlier ones.
-
-    Notes
-    -----
-    A batch's centres are drawn uniformly (with replacement) over the shard's frames, so every
-    frame is equally likely to be the labelled centre; frames beyond an utterance's edge are
-    filled by repeating its first or last frame. An *epoch* is
-    ``samples_per_epoch = shard_frames // window`` windows: as many as the shard's
-    non-overlapping ``window``-frame subsequences (the IBM definition; ALGORITHMS §D.4).
-    """
-
-    def __init__(self, corpus: Corpus, *, window: int = 21, batch: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0) -> None:
-        require(isinstance(window, int) and window >= 1 and window % 2 == 1, "window", window,
-                "must be an odd positive integer")
-        require(isinstance(batch, int) and batch >= 1, "batch", batch, "must be a positive integer")
-        require(isinstance(seed, int) and seed >= 0, "seed", seed, "must be a non-negative integer")
-        self.corpus, self.window, self.batch, self.seed = corpus, window, batch, seed
-        self.rank, self.world_size = rank, world_size
-        self.utterances = shard_utterances(corpus.lengths, rank=rank, world_size=world_size)
-        self._starts = corpus.offsets[self.utterances]
-        self._ends = corpus.offsets[self.utterances + 1]
-        self._cum = np.concatenate([[0], np.cumsum(self._ends - self._starts)])
-        self.n_frames = int(self._cum[-1])
-
-    @property
-    def samples_per_epoch(self) -> int:
-        """Windows per epoch on this shard: its non-overlapping ``window``-frame subsequences."""
-        return max(1, self.n_frames // self.window)
-
-    def steps_per_epoch(self, batch: int | None = None) -> int:
-        """``ceil(samples_per_epoch / batch)`` (``batch`` defaults to the sampler's)."""
-        return math.ceil(self.samples_per_epoch / (self.batch if batch is None else batch))
-
-    def sample(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch of step ``step``: ``x`` float32 ``(batch, window, D)``, ``y`` int64 ``(batch,)``."""
-        require(isinstance(step, int | np.integer) and step >= 0, "step", step,
-                "must be a non-negative integer")
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rank, int(step)]))
-        r = rng.integers(0, self.n_frames, size=self.batch)
-        u = np.searchsorted(self._cum, r, side="right") - 1
-        centres = self._starts[u] + (r - self._cum[u])
-        x = _windows(self.corpus.features, centres, self._starts[u], self._ends[u] - 1, self.window)
-        return torch.from_numpy(x), torch.from_numpy(self.corpus.labels[centres])
-
-
-def eval_windows(corpus: Corpus, window: int, *, batch: int = 4096
-                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Every frame of every utterance, in order, as windows: yields ``(x, y)`` batches.
-
-    Concatenating the batches gives ``corpus.n_frames`` windows whose centres are frames
-    ``0, 1, ..., T-1``, so predictions line up with ``corpus.labels`` and ``corpus.offsets``.
-    """
-    require(isinstance(window, int) and window >= 1 and window % 2 == 1, "window", window,
-            "must be an odd positive integer")
-    require(isinstance(batch, int) and batch >= 1, "batch", batch, "must be a positive integer")
-    first, last = _frame_bounds(corpus.offsets)
-    for start in range(0, corpus.n_frames, batch):
-        centres = np.arange(start, min(start + batch, corpus.n_frames))
-        x = _windows(corpus.features, centres, first[centres], last[centres], window)
-        yield torch.from_numpy(x), torch.from_numpy(corpus.labels[centres])

@@ -1,7 +1,10 @@
 r"""The training loop of one rank: any algorithm of the core registry over a :class:`Transport`.
 
 The driver dispatches on exchange kinds (:mod:`psgdlab.core.exchange`), never on algorithm
-names, and follows the shared step semantics. One step of worker ``r`` at local step ``s``:
+names: :data:`EXCHANGE_HANDLERS` maps the class of each exchange record to its handler, which
+the loop calls in the phase the record names (``ex.phase``: ``"mix"`` before the compute,
+``"grad"`` after it, ``"post"`` after the local update). It follows the shared step semantics.
+One step of worker ``r`` at local step ``s``:
 
 1. under the model lock, take the model (what ``"mix"`` exchanges send) and the count of
    foreign merges -- no copy: the core kernels never modify an array in place, every update
@@ -28,7 +31,8 @@ names, and follows the shared step semantics. One step of worker ``r`` at local 
    ``server_apply``); barriers.
 
 Where things live: the parameter server of ASGD / asynchronous EASGD is an extra process, rank
-``n_workers`` (the last rank); workers are ranks ``0 .. n_workers-1``. H-ADPSGD's intra-node
+``n_workers`` (the last rank; :mod:`psgdlab.runtime.server`, which also holds the worker's side
+of its exchange); workers are ranks ``0 .. n_workers-1``. H-ADPSGD's intra-node
 groups are ``HADPSGD.node_group``; a sharded inter-node exchange allgathers the averaged
 *differences* ``mixed - sent`` of the node's members, and a node applies them at the same point
 of its lock-stepped loop on every member (the training threads agree on how many passive merges
@@ -60,8 +64,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from psgdlab.core.algorithms.base import Algorithm, ServerState, WorkerState
-from psgdlab.core.errors import TestbedWarning, TransportError
+from psgdlab.core.algorithms.base import Algorithm, WorkerState
+from psgdlab.core.errors import ConfigError, TestbedWarning, TransportError
 from psgdlab.core.exchange import (
     EXCHANGE_KINDS,
     AllReduce,
@@ -76,11 +80,12 @@ from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime import checkpoint as ckpt
-from psgdlab.runtime.scan import collect_groups, count_passive, count_server_requests, overlap_group, shard_bounds
+from psgdlab.runtime.scan import count_passive, overlap_group, shard_bounds
+from psgdlab.runtime.server import server_exchange
 from psgdlab.runtime.transport import Tags, Transport
 
-__all__ = ["DriverOptions", "RankResult", "run_worker", "run_server", "collect_groups", "count_passive",
-           "count_server_requests", "CRASH_ENV"]
+__all__ = ["DriverOptions", "RankResult", "run_worker", "EXCHANGE_HANDLERS", "CRASH_ENV", "OVERLAP_ENV",
+           "STOP_CHECK_EVERY"]
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +97,8 @@ JITTER_ENV = "PSGDLAB_TEST_JITTER"
 #: ``"0"``: no bucketed gradient-allreduce overlap; ``"1"``: overlap on every transport; unset:
 #: overlap where the asynchronous allreduce takes no CPU from the compute
 #: (:attr:`Transport.async_progress`: NCCL). On CPUs the allreduce's reductions and copies (gloo's
-#: threads, the MPI helper thread's polling) compete with the backward pass for the same cores:
-#: on 2 cores with 2 ranks the overlapped runs were slower (bench/bench_ssgd_ddp.py)
+#: threads, the MPI helper thread's polling) compete with the backward pass for the same cores
+#: (docs/measurements.md: overlap on CPUs)
 OVERLAP_ENV = "PSGDLAB_OVERLAP"
 
 #: synchronous runs agree on a SIGTERM stop (a tiny allreduce) every this many steps
@@ -170,6 +175,19 @@ class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was written."""
 
 
+@dataclass(slots=True)
+class _Step:
+    """What the phases of one step hand each other (the exchange handlers read and update it)."""
+
+    step: int
+    snapshot: torch.Tensor  # the model the "mix" exchanges send (never modified in place)
+    jobs: list[tuple[int, Future]] = field(default_factory=list)  # (trace kind, job) on the comm thread
+    grad: Any = None
+    scale: float = 1.0  # the gradient to apply is scale * grad
+    compute_end_s: float = 0.0
+    staleness: int = 0
+
+
 # ----- the worker -----------------------------------------------------------------------------------
 class _Worker:
     def __init__(self, algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, rank: int,
@@ -194,6 +212,8 @@ class _Worker:
         self.pending: deque[torch.Tensor] = deque()  # sharded passive deltas awaiting the node's agreement
         self.applied_passive = 0
         self.errors: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
+        self.pool: ThreadPoolExecutor | None = None  # the communication thread (during run)
+        self.reducer: Any = None  # the bucketed gradient allreduce overlapped with the backward pass
         self._overrun_warned = False
         self.overruns = 0  # steps whose real compute outlasted the emulated compute time
         self.stop_requested = False
@@ -345,7 +365,7 @@ class _Worker:
             responder = threading.Thread(target=self.serve, args=(n_passive, example), daemon=True,
                                          name=f"psgdlab-responder-{self.rank}")
             responder.start()
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"psgdlab-comm-{self.rank}")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"psgdlab-comm-{self.rank}")
         history: deque[tuple[torch.Tensor, int]] = deque(maxlen=alg.gradient_delay + 1)
         trajectory: list[np.ndarray] = []
         snapshots: list[tuple[int, torch.Tensor]] = []
@@ -353,12 +373,11 @@ class _Worker:
         t_prev = None
         sync = not alg.asynchronous and alg.n_workers > 1
         preempted = False
-        reducer = None
         choice = os.environ.get(OVERLAP_ENV, "")
         wanted = opt.compute_time is None and (choice == "1" or (choice != "0" and self.main.async_progress))
         group = overlap_group(alg, self.rank, opt.start_step, opt.steps) if wanted else None
         if group is not None and hasattr(self.workload, "overlap_allreduce"):
-            reducer = self.workload.overlap_allreduce(self.main, group)
+            self.reducer = self.workload.overlap_allreduce(self.main, group)
         try:
             for s in range(opt.start_step, opt.steps):
                 self.step = s
@@ -371,59 +390,34 @@ class _Worker:
                     snapshot = self.state.params  # never modified in place (step 1 of the docstring)
                     history.append((snapshot, self.merges))
                 read_w, read_merges = history[0]
-                jobs: list[Future] = []
-                for ex in exchanges:
-                    if isinstance(ex, PairwiseAverage) and ex.active:
-                        jobs.append(pool.submit(self._active_pairwise, ex, snapshot, s))
-                    elif isinstance(ex, Gossip):
-                        jobs.append(pool.submit(self._gossip, ex, snapshot))
+                st = _Step(step=s, snapshot=snapshot)
+                self._run_phase("mix", exchanges, st)
                 t_c0 = self.now()
-                grad, loss = self._compute(read_w, s)
-                t_c1 = self.now()
+                st.grad, loss = self._compute(read_w, s)
+                t_c1 = st.compute_end_s = self.now()
                 deltas = []
-                for job in jobs:
+                for _, job in st.jobs:
                     delta, rows = job.result()
                     deltas.append(delta)
                     for row in rows:
                         self.trace.add(rank=self.rank, step=s, **row)
-                if jobs:
+                if st.jobs:
                     t_j = self.now()
                     if t_j > t_c1:
-                        self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_j,
-                                       kind=_PAIR if any(isinstance(e, PairwiseAverage) for e in exchanges) else _GOSSIP)
-                scale = 1.0  # the gradient to apply is scale * grad
-                for ex in exchanges:
-                    if isinstance(ex, AllReduce) and ex.payload == "grad":
-                        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
-                        if reducer is not None and tuple(ex.group) == reducer.group:
-                            grad = reducer.finish()
-                            t_end = self.now()
-                            started = reducer.first_start_s - self.origin if reducer.first_start_s else t_c1
-                            self.trace.add(rank=self.rank, step=s, phase="overlap", start_s=min(started, t_end),
-                                           end_s=t_end, kind=_ALLREDUCE, nbytes=nbytes)
-                            if t_end > t_c1:
-                                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_end,
-                                               kind=_ALLREDUCE)
-                        else:
-                            if scale != 1.0:
-                                grad = grad * scale
-                            t0 = self.now()
-                            self._sleep_jitter()
-                            self.main.allreduce_sum(grad, ex.group)
-                            self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
-                                           kind=_ALLREDUCE, nbytes=nbytes)
-                        scale = 1.0 / len(ex.group)
+                        kind = _PAIR if any(k == _PAIR for k, _ in st.jobs) else _GOSSIP
+                        self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_j, kind=kind)
+                self._run_phase("grad", exchanges, st)
                 if sharded_group is not None:
                     self._merge_pending(sharded_group, s)
                 with self.lock:
                     for delta in deltas:
                         self.state = self.state.replace(params=self.state.params + delta)
                         self.merges += 1
-                    staleness = self.merges - read_merges
-                    self.state = alg.local_update(self.state, grad, opt.lr_of(s), grad_scale=scale)
-                staleness = self._post_phase(exchanges, s, staleness)
+                    st.staleness = self.merges - read_merges
+                    self.state = alg.local_update(self.state, st.grad, opt.lr_of(s), grad_scale=st.scale)
+                self._run_phase("post", exchanges, st)
                 self.trace.add(rank=self.rank, step=s, phase="compute", start_s=t_c0, end_s=t_c1,
-                               staleness=int(staleness), loss=loss)
+                               staleness=int(st.staleness), loss=loss)
                 if opt.record_params:
                     trajectory.append(self.state.params.detach().cpu().numpy().copy())
                 if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0:
@@ -455,8 +449,8 @@ class _Worker:
                     self._check_errors()
             self._check_errors()
         finally:
-            pool.shutdown(wait=True)
-            if reducer is not None:
+            self.pool.shutdown(wait=True)
+            if self.reducer is not None:
                 self.workload.end_overlap()
             self.main.close()
         final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
@@ -466,41 +460,88 @@ class _Worker:
                                                           "allreduce_algorithm": self.main.allreduce_algorithm},
                           snapshots=snapshots)
 
-    def _post_phase(self, exchanges: tuple[Exchange, ...], s: int, staleness: int) -> int:
+    # --- the exchange handlers (EXCHANGE_HANDLERS), each called in the phase its record names ---
+    def _run_phase(self, phase: str, exchanges: tuple[Exchange, ...], st: _Step) -> None:
+        """Call the handler of every exchange of ``phase``, in schedule order."""
         for ex in exchanges:
-            if isinstance(ex, AllReduce) and ex.payload == "model":
-                t0 = self.now()
-                self._sleep_jitter()
-                with self.lock:
-                    mean = self.state.params.clone()
-                self.main.allreduce_mean(mean, ex.group)
-                with self.lock:
-                    self.state = self.alg.combine(self.state, ex, mean)
-                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE,
-                               nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
-            elif isinstance(ex, ServerExchange):
-                t0 = self.now()
-                self._sleep_jitter()
-                server = self.alg.n_workers
-                with self.lock:
-                    message = self.alg.server_message(self.state).contiguous()
-                header = torch.tensor([s, self.rank, 0, 0], dtype=torch.int64)
-                self.main.send(header, server, Tags.SERVER_HEADER)
-                self.main.send(message, server, Tags.SERVER_PAYLOAD)
-                reply_header = torch.zeros(2, dtype=torch.int64)
-                self.main.recv(reply_header, server, Tags.SERVER_REPLY_HEADER)
-                reply = torch.empty_like(message)
-                self.main.recv(reply, server, Tags.SERVER_REPLY)
-                with self.lock:
-                    self.state = self.alg.combine(self.state, ex, reply)
-                staleness = int(reply_header[0])
-                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_SERVER,
-                               peer=SERVER_PEER, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
-            elif isinstance(ex, Barrier):
-                t0 = self.now()
-                self.main.barrier(ex.group)
-                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
-        return staleness
+            if ex.phase != phase:
+                continue
+            handler = EXCHANGE_HANDLERS.get(type(ex))
+            if handler is None:
+                raise ConfigError(f"exchange {type(ex).__name__} has no handler in the runtime "
+                                  f"(psgdlab.runtime.driver.EXCHANGE_HANDLERS)")
+            handler(self, ex, st)
+
+    def _on_pairwise(self, ex: PairwiseAverage, st: _Step) -> None:
+        """Mix: the active side runs on the communication thread during the compute; the
+        responder thread answers the passive side whenever its peer asks."""
+        if ex.active:
+            st.jobs.append((_PAIR, self.pool.submit(self._active_pairwise, ex, st.snapshot, st.step)))
+
+    def _on_gossip(self, ex: Gossip, st: _Step) -> None:
+        """Mix: on the communication thread during the compute."""
+        st.jobs.append((_GOSSIP, self.pool.submit(self._gossip, ex, st.snapshot)))
+
+    def _on_allreduce(self, ex: AllReduce, st: _Step) -> None:
+        """Grad: sum the gradient over the group; post: average the model and ``combine`` it."""
+        if ex.payload == "grad":
+            self._gradient_allreduce(ex, st)
+        else:
+            self._model_allreduce(ex, st)
+
+    def _gradient_allreduce(self, ex: AllReduce, st: _Step) -> None:
+        """The gradient's sum over the group; its ``1/n`` goes to ``st.scale`` (folded into the update)."""
+        s, t_c1 = st.step, st.compute_end_s
+        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
+        reducer = self.reducer
+        if reducer is not None and tuple(ex.group) == reducer.group:
+            st.grad = reducer.finish()
+            t_end = self.now()
+            started = reducer.first_start_s - self.origin if reducer.first_start_s else t_c1
+            self.trace.add(rank=self.rank, step=s, phase="overlap", start_s=min(started, t_end),
+                           end_s=t_end, kind=_ALLREDUCE, nbytes=nbytes)
+            if t_end > t_c1:
+                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_end,
+                               kind=_ALLREDUCE)
+        else:
+            if st.scale != 1.0:
+                st.grad = st.grad * st.scale
+            t0 = self.now()
+            self._sleep_jitter()
+            self.main.allreduce_sum(st.grad, ex.group)
+            self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
+                           kind=_ALLREDUCE, nbytes=nbytes)
+        st.scale = 1.0 / len(ex.group)
+
+    def _model_allreduce(self, ex: AllReduce, st: _Step) -> None:
+        t0 = self.now()
+        self._sleep_jitter()
+        with self.lock:
+            mean = self.state.params.clone()
+        self.main.allreduce_mean(mean, ex.group)
+        with self.lock:
+            self.state = self.alg.combine(self.state, ex, mean)
+        self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE,
+                       nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+
+    def _on_server(self, ex: ServerExchange, st: _Step) -> None:
+        """Post: push to the parameter server and ``combine`` its reply; the step's staleness is
+        then the server's."""
+        t0 = self.now()
+        self._sleep_jitter()
+        with self.lock:
+            message = self.alg.server_message(self.state).contiguous()
+        reply, st.staleness = server_exchange(self.main, self.alg.n_workers, step=st.step, rank=self.rank,
+                                              message=message)
+        with self.lock:
+            self.state = self.alg.combine(self.state, ex, reply)
+        self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_SERVER,
+                       peer=SERVER_PEER, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+
+    def _on_barrier(self, ex: Barrier, st: _Step) -> None:
+        t0 = self.now()
+        self.main.barrier(ex.group)
+        self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
 
     def _save(self, done: int) -> None:
         with self.lock:
@@ -508,6 +549,17 @@ class _Worker:
             payload = {"step": done, "rank": self.rank, "params": st.params, "momentum": st.momentum,
                        "extras": dict(st.extras), "merges": self.merges, "algorithm": self.alg.params()}
         ckpt.save_checkpoint(self.opt.run_dir, step=done, rank=self.rank, payload=payload)  # type: ignore[arg-type]
+
+
+#: the handler of each exchange kind, keyed by the class of its record (:mod:`psgdlab.core.exchange`);
+#: :meth:`_Worker._run_phase` calls it in the phase the record names (``ex.phase``)
+EXCHANGE_HANDLERS: dict[type, Callable[[_Worker, Any, _Step], None]] = {
+    PairwiseAverage: _Worker._on_pairwise,
+    Gossip: _Worker._on_gossip,
+    AllReduce: _Worker._on_allreduce,
+    ServerExchange: _Worker._on_server,
+    Barrier: _Worker._on_barrier,
+}
 
 
 def state_from_checkpoint(payload: dict[str, Any], device: torch.device) -> tuple[WorkerState, int]:
@@ -542,44 +594,3 @@ def run_worker(algorithm: Algorithm, workload: Any, channels: dict[str, Transpor
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-
-
-def run_server(algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, options: DriverOptions,
-               resume_payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Serve every worker's server exchange, one at a time in arrival order (rank ``n_workers``)."""
-    main = channels["main"]
-    x0 = workload.initial_params().to(main.device)
-    if resume_payload is not None:
-        server = ServerState(params=resume_payload["params"].to(main.device), version=int(resume_payload["version"]),
-                             last_pull=dict(resume_payload["last_pull"]))
-    else:
-        server = algorithm.server_init(x0)
-    n_requests = count_server_requests(algorithm, options.start_step, options.steps)
-    stop = {"flag": False}
-
-    def _on_term(signum: int, frame: Any) -> None:
-        stop["flag"] = True
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_term)
-    busy = 0.0
-    t_start = time.perf_counter()
-    every = max(options.checkpoint_every, 1) * algorithm.n_workers
-    for i in range(n_requests):
-        header = torch.zeros(4, dtype=torch.int64)
-        src = main.recv(header, None, Tags.SERVER_HEADER)
-        t0 = time.perf_counter()
-        message = torch.empty(x0.numel(), dtype=x0.dtype, device=main.device)
-        main.recv(message, src, Tags.SERVER_PAYLOAD)
-        server, reply, staleness = algorithm.server_apply(server, message, src)
-        main.send(torch.tensor([staleness, server.version], dtype=torch.int64), src, Tags.SERVER_REPLY_HEADER)
-        main.send(reply.contiguous(), src, Tags.SERVER_REPLY)
-        busy += time.perf_counter() - t0
-        if options.run_dir is not None and ((options.checkpoint_every and (i + 1) % every == 0) or stop["flag"]
-                                            or i + 1 == n_requests):
-            ckpt.save_server(options.run_dir, {"params": server.params, "version": server.version,
-                                               "last_pull": dict(server.last_pull)})
-        if stop["flag"]:
-            break
-    span = max(time.perf_counter() - t_start, 1e-9)
-    return {"requests": n_requests, "version": server.version, "busy_fraction": busy / span}

@@ -1,9 +1,9 @@
 """The mpi4py transport (thread level ``MULTIPLE``; CPU tensors go through the buffer protocol).
 
 Each channel owns duplicates of ``COMM_WORLD`` and of every sub-group communicator, created
-collectively in one order on every rank; the point-to-point communicator is shared by the
-``comm`` and ``responder`` channels (MPI matches by source and tag, and ``MULTIPLE`` makes
-concurrent calls safe).
+collectively in one order on every rank by :func:`psgdlab.runtime.channels.open_channels`; the
+point-to-point communicator is shared by the ``comm`` and ``responder`` channels (MPI matches by
+source and tag, and ``MULTIPLE`` makes concurrent calls safe).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from psgdlab.core.errors import TransportError
-from psgdlab.runtime.transport import LaunchEnv, Transport
+from psgdlab.runtime.transport import Transport
 
-__all__ = ["MPITransport", "open_mpi_channels"]
+__all__ = ["MPITransport", "mpi_module"]
 
 
-def _mpi() -> Any:
+def mpi_module() -> Any:
+    """``mpi4py.MPI``, imported on first use with thread level ``MULTIPLE`` requested."""
     import mpi4py
 
     mpi4py.rc.thread_level = "multiple"
@@ -93,29 +94,3 @@ class MPITransport(Transport):
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         return self._world.gather(obj, root=root)
-
-
-def open_mpi_channels(*, env: LaunchEnv, groups: Sequence[tuple[int, ...]]) -> dict[str, Transport]:
-    """Duplicate ``COMM_WORLD`` per channel and create every sub-group communicator."""
-    MPI = _mpi()
-    if not MPI.Is_initialized():
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    provided = MPI.Query_thread()
-    if provided < MPI.THREAD_MULTIPLE:
-        raise TransportError(f"rank {env.rank}: MPI provides thread level {provided}, the runtime needs "
-                             f"MPI_THREAD_MULTIPLE ({MPI.THREAD_MULTIPLE})")
-    base = MPI.COMM_WORLD
-    if base.Get_size() != env.world_size:
-        raise TransportError(f"MPI world size ({base.Get_size()}) differs from the launcher's ({env.world_size})")
-    p2p = base.Dup()
-    unique = sorted({tuple(g) for g in groups if 1 < len(g) < base.Get_size()})
-    channels: dict[str, Transport] = {}
-    for name in ("main", "comm", "responder"):
-        world = base.Dup()
-        subgroups = {}
-        for g in unique:
-            comm = world.Create(world.Get_group().Incl(list(g)))
-            if comm != MPI.COMM_NULL:
-                subgroups[g] = comm
-        channels[name] = MPITransport(MPI=MPI, world=world, p2p=p2p, groups=subgroups)
-    return channels

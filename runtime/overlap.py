@@ -67,7 +67,7 @@ class OverlappedAllreduce:
         spans = []
         for p in params:
             if p.grad is None or p.grad.data_ptr() < base:
-                raise ValueError("every p.grad must be a view into flat_grad (runtime.models.flat_gradients)")
+                raise ValueError("every p.grad must be a view into flat_grad (runtime.flat.flat_gradients)")
             lo = (p.grad.data_ptr() - base) // item
             spans.append((lo, lo + p.numel(), p))
         spans.sort(key=lambda s: s[0], reverse=True)  # backward starts at the last layers

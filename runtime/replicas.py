@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from psgdlab.core.errors import require
-from psgdlab.runtime.data import WindowSampler, eval_windows
+from psgdlab.runtime.batches import WindowSampler, eval_windows
 from psgdlab.runtime.models import BLSTMAcousticModel
 
 __all__ = ["TorchReplicas", "batched_blstm_logits", "blstm_roles"]
@@ -116,7 +116,7 @@ class TorchReplicas:
         Maps ``(batch, window, input_dim)`` to logits; its parameters are the initial point.
     corpus : psgdlab.runtime.data.Corpus
         Training corpus; rank ``r`` of ``n_workers`` samples its shard with
-        :class:`~psgdlab.runtime.data.WindowSampler` (``seed``, window, batch).
+        :class:`~psgdlab.runtime.batches.WindowSampler` (``seed``, window, batch).
     heldout : Corpus or None
         Held-out corpus for :meth:`evaluate` (cross-entropy and frame accuracy of a model);
         ``None`` evaluates on ``eval_windows`` windows of the training corpus.

@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from psgdlab.core.errors import require
-from psgdlab.runtime.data import Corpus, eval_windows
+from psgdlab.runtime.batches import eval_windows
+from psgdlab.runtime.data import Corpus
 from psgdlab.runtime.speech import DIGIT_WORDS, STATES_PER_WORD
 
 __all__ = ["frame_accuracy", "utterance_words", "word_error_rate", "state_priors", "word_state_classes",

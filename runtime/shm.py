@@ -1,9 +1,9 @@
 r"""A shared-memory data plane for the gloo transport's co-located ranks (what NCCL does in a node).
 
 gloo moves every payload through TCP sockets, also between processes of one host, where MPICH
-uses shared memory: on loopback gloo reached 0.35-0.45 of MPICH's bandwidth
-(``bench/bench_transport.py``). Here pairwise exchanges and allreduces between ranks of one host
-bypass the sockets; every other operation, and every peer elsewhere, stays on gloo.
+uses shared memory (``bench/bench_transport.py`` compares them; docs/measurements.md). Here
+pairwise exchanges and allreduces between ranks of one host bypass the sockets; every other
+operation, and every peer elsewhere, stays on gloo.
 
 Segments
     At channel setup every rank creates one segment in ``/dev/shm``: a header of control words
@@ -21,10 +21,10 @@ Segments
 Control words, not gloo tokens
     Control travels through words of the header, each written by one process only, which waits
     on a peer's word with a futex (the thread sleeps in the kernel and wakes when the word
-    changes; :mod:`psgdlab.runtime.shm_sys`). gloo tokens were the first design: on this 2-core
-    host every small gloo message cost about 1 ms inside an exchange (ProcessGroupGloo hands each
-    operation to a worker thread), more than the copy of 16 MiB. Waits check every 0.5 s that the
-    awaited process still runs and give up after the channel's timeout, naming the rank.
+    changes; :mod:`psgdlab.runtime.shm_sys`), not through gloo messages: ProcessGroupGloo hands
+    each operation to a worker thread, so a small gloo message inside an exchange can cost more
+    than the payload's copy (docs/measurements.md). Waits check every 0.5 s that the awaited
+    process still runs and give up after the channel's timeout, naming the rank.
 
 Pairwise exchange (``sendrecv``, ``multi_exchange`` of :class:`~psgdlab.runtime.shm_transport.SharedMemoryTransport`)
     The writer fills its slot for the reader (tag, address, size, then a sequence number) and
@@ -86,9 +86,10 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime import shm_sys
+from psgdlab.runtime.transport import CHANNELS
 
 __all__ = ["SharedMemoryPlane", "open_plane", "shm_settings", "segment_prefix", "SHM_ENV",
-           "SHM_BYTES_ENV", "DEFAULT_CAPACITY_BYTES", "CHANNELS"]
+           "SHM_BYTES_ENV", "DEFAULT_CAPACITY_BYTES", "SUM_DTYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +98,12 @@ SHM_ENV = "PSGDLAB_SHM"
 #: size of each channel's data region in bytes; larger payloads go over gloo
 SHM_BYTES_ENV = "PSGDLAB_SHM_BYTES"
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
-#: the channels, in the order of their regions and slots
-CHANNELS = ("main", "comm", "responder")
 SHM_DIR = Path("/dev/shm")
 _PAGE = 4096
 _SPIN = 64  # polls of a word before sleeping on it
 _CHECK_S = 0.5  # liveness check period of a sleeping wait
-_SUM_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+#: the dtypes whose allreduce goes through shared memory (others stay on gloo)
+SUM_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
                          torch.int16, torch.int32, torch.int64})
 
 

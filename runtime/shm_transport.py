@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import TransportError
 from psgdlab.runtime import shm_sys
-from psgdlab.runtime.shm import _SUM_DTYPES, CHANNELS, SharedMemoryPlane
+from psgdlab.runtime.shm import SUM_DTYPES, SharedMemoryPlane
 from psgdlab.runtime.torch_dist import TorchTransport
+from psgdlab.runtime.transport import CHANNELS
 
 __all__ = ["SharedMemoryTransport"]
 
@@ -21,7 +22,7 @@ class SharedMemoryTransport(TorchTransport):
     """A gloo channel (:class:`TorchTransport`) with a shared-memory data plane.
 
     Parameters are those of :class:`TorchTransport`, plus ``plane`` (:func:`~psgdlab.runtime.shm.open_plane`,
-    shared by the process's channels) and ``channel`` (its index in :data:`~psgdlab.runtime.shm.CHANNELS`).
+    shared by the process's channels) and ``channel`` (its index in :data:`~psgdlab.runtime.transport.CHANNELS`).
     ``shm_ops`` counts the operations this channel moved through shared memory.
     """
 
@@ -35,9 +36,9 @@ class SharedMemoryTransport(TorchTransport):
     def allreduce_algorithm(self) -> str:
         """``direct`` when the world's allreduces go through shared memory: every member reads its
         chunk from each other member, then the reduced chunks, three barriers whatever the group
-        size (a 4-rank allreduce's fixed cost measured no larger than a 2-rank one's); gloo's
-        ring when some rank is on another host. (Tensors over a region in two-copy mode also
-        take the ring.)"""
+        size (so the fixed cost does not grow with the group as a ring's does; docs/measurements.md);
+        gloo's ring when some rank is on another host. (Tensors over a region in two-copy mode
+        also take the ring.)"""
         return "direct" if tuple(range(self.world_size)) in self.plane.groups else "ring"
 
     # --- what goes through shared memory: decided from what both sides know ---
@@ -158,7 +159,7 @@ class SharedMemoryTransport(TorchTransport):
 
     def _reduces(self, tensor: torch.Tensor, group: Sequence[int]) -> bool:
         """Whether an allreduce of ``tensor`` over ``group`` goes through shared memory."""
-        return tuple(group) in self.plane.groups and tensor.dtype in _SUM_DTYPES and self._fits(tensor)
+        return tuple(group) in self.plane.groups and tensor.dtype in SUM_DTYPES and self._fits(tensor)
 
     def _allreduce(self, tensor: torch.Tensor, group: tuple[int, ...], *, mean: bool) -> None:
         work = tensor if tensor.is_contiguous() else tensor.contiguous()

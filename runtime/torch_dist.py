@@ -1,26 +1,24 @@
 """The torch.distributed transport: gloo on CPUs, NCCL on GPUs.
 
 Every channel gets its own process group per sub-group (``dist.new_group``, created in one
-order on every rank), so the training thread and the communication threads never drive one
-gloo group concurrently. Point-to-point messages use one shared group (``p2p``); with NCCL the
-small control headers (and any-source receives, which NCCL lacks) go over a gloo group and the
-payloads over NCCL, each on its own group (and so its own CUDA stream). On gloo, the payloads
-between ranks of one host go through shared memory instead (:mod:`psgdlab.runtime.shm`; off
-with ``PSGDLAB_SHM=0``).
+order on every rank by :func:`psgdlab.runtime.channels.open_channels`), so the training thread
+and the communication threads never drive one gloo group concurrently. Point-to-point messages
+use one shared group (``p2p``); with NCCL the small control headers (and any-source receives,
+which NCCL lacks) go over a gloo group and the payloads over NCCL, each on its own group (and so
+its own CUDA stream). On gloo, the payloads between ranks of one host go through shared memory
+instead (:mod:`psgdlab.runtime.shm`; off with ``PSGDLAB_SHM=0``).
 """
 
 from __future__ import annotations
 
-import datetime
-import os
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-from psgdlab.runtime.transport import LaunchEnv, Transport
+from psgdlab.runtime.transport import Transport
 
-__all__ = ["TorchTransport", "open_torch_channels"]
+__all__ = ["TorchTransport"]
 
 
 class TorchTransport(Transport):
@@ -37,7 +35,7 @@ class TorchTransport(Transport):
         self._groups = groups
         self._backend = backend
         # NCCL reduces on the GPU; gloo's reductions and socket copies need the CPU cores the
-        # backward pass runs on (measured slower overlapped on 2 cores: bench_ssgd_ddp.py)
+        # backward pass runs on (docs/measurements.md: overlap on CPUs)
         self.async_progress = device.type == "cuda"
 
     def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
@@ -106,49 +104,3 @@ class _Done:
 
     def wait(self) -> bool:
         return True
-
-
-def open_torch_channels(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...]], timeout_s: float,
-                        device: torch.device | None, master: tuple[str, int] | None) -> dict[str, Transport]:
-    """Initialise the default process group and build the three channels."""
-    if master is not None:
-        os.environ.setdefault("MASTER_ADDR", master[0])
-        os.environ.setdefault("MASTER_PORT", str(master[1]))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if device is None:
-        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1)) \
-            if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                                **({"device_id": device} if backend == "nccl" else {}))
-    world_ranks = list(range(env.world_size))
-    # control (headers, any-source receives, objects): always gloo; payload p2p: the backend
-    ctrl = dist.new_group(world_ranks, timeout=timeout, backend="gloo")
-    p2p = dist.new_group(world_ranks, timeout=timeout, backend=backend) if backend == "nccl" else ctrl
-    plane = None
-    if backend == "gloo" and device.type == "cpu":
-        from psgdlab.runtime.shm import open_plane
-
-        plane = open_plane(ctrl, rank=env.rank, world_size=env.world_size, groups=groups, timeout_s=timeout_s)
-    unique = sorted({tuple(g) for g in groups if 1 < len(g) < env.world_size})
-    channels: dict[str, Transport] = {}
-    for index, name in enumerate(("main", "comm", "responder")):
-        world = dist.group.WORLD if name == "main" else dist.new_group(world_ranks, timeout=timeout, backend=backend)
-        subgroups = {}
-        for g in unique:
-            pg = dist.new_group(list(g), timeout=timeout, backend=backend)
-            if env.rank in g:
-                subgroups[g] = pg
-        kw = dict(rank=env.rank, world_size=env.world_size, device=device, p2p=p2p, ctrl=ctrl, world=world,
-                  groups=subgroups, backend=backend)
-        if plane is None:
-            channels[name] = TorchTransport(**kw)
-        else:
-            from psgdlab.runtime.shm_transport import SharedMemoryTransport
-
-            channels[name] = SharedMemoryTransport(plane=plane, channel=index, **kw)
-    return channels

@@ -41,9 +41,12 @@ from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import empty_trace, read_trace, summarize, to_chrome_trace, write_trace
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
-from psgdlab.runtime.driver import DriverOptions, RankResult, collect_groups, run_server, run_worker
-from psgdlab.runtime.transport import LaunchEnv, launch_env, open_channels
+from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.scan import collect_groups
+from psgdlab.runtime.server import run_server
+from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
 __all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]
@@ -79,7 +82,7 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
     if config.model == LSQ_MODEL:
         problem = _lsq_problem(config)
         return LeastSquaresWorkload(problem, device=device), max(1, config.lsq_samples_per_worker // config.batch)
-    from psgdlab.runtime.data import WindowSampler
+    from psgdlab.runtime.batches import WindowSampler
     from psgdlab.runtime.models import build_model
     from psgdlab.runtime.scoring import score_corpus, state_priors
 

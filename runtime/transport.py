@@ -1,7 +1,8 @@
 r"""The one small interface every runtime transport implements, and the launcher environment.
 
 A :class:`Transport` is one *channel* of a process: the communicators one thread uses. The
-driver opens several channels on the same processes (:func:`open_channels`) so that no
+driver opens several channels on the same processes
+(:func:`psgdlab.runtime.channels.open_channels`) so that no
 communicator is shared by two threads for collectives -- gloo process groups are not safe to
 drive from two threads at once, and collectives issued from two threads could interleave
 differently on different ranks:
@@ -33,7 +34,8 @@ Operations (all blocking; tensors are flat, contiguous, on the transport's devic
 Implementations: :mod:`psgdlab.runtime.torch_dist` (torch.distributed, NCCL on GPUs and gloo on
 CPUs; on gloo, the pairwise exchanges and allreduces of ranks on one host go through the
 shared-memory data plane of :mod:`psgdlab.runtime.shm`) and :mod:`psgdlab.runtime.mpi` (mpi4py;
-tensors go through the buffer protocol).
+tensors go through the buffer protocol). They import this module and this module imports none
+of them; :mod:`psgdlab.runtime.channels` (the factory) imports them all.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ from typing import Any, Sequence
 
 import torch
 
-from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.errors import ConfigError
 
-__all__ = ["Transport", "LaunchEnv", "launch_env", "open_channels", "BACKENDS", "Tags"]
+__all__ = ["Transport", "LaunchEnv", "launch_env", "Tags", "CHANNELS"]
 
-BACKENDS = ("gloo", "nccl", "mpi")
+#: the channels of a process (module docstring), in the order of their shared-memory regions and slots
+CHANNELS = ("main", "comm", "responder")
 
 
 class Tags:
@@ -201,39 +204,3 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
                                   f"are not integers") from None
             return LaunchEnv(rank=rank, world_size=size, local_rank=local, launcher=launcher)
     return LaunchEnv(rank=0, world_size=1, local_rank=0, launcher="single")
-
-
-def open_channels(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...]],
-                  timeout_s: float, device: torch.device | None = None,
-                  master: tuple[str, int] | None = None) -> dict[str, Transport]:
-    """Initialise ``backend`` and open the ``main``, ``comm`` and ``responder`` channels.
-
-    Parameters
-    ----------
-    backend : {"gloo", "nccl", "mpi"}
-    env : LaunchEnv
-        This process's place in the job.
-    groups : sequence of tuple of int
-        Every sub-group any collective will use (sorted rank tuples); each channel gets its own
-        communicator for each, created collectively here in one order on every rank.
-    timeout_s : float
-        Collective and point-to-point timeout of the torch process groups; a peer that died
-        makes the survivors fail within it instead of hanging.
-    master : (host, port), optional
-        Rendezvous for torch.distributed when ``MASTER_ADDR``/``MASTER_PORT`` are not set.
-    """
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
-    if backend == "mpi":
-        from psgdlab.runtime.mpi import open_mpi_channels
-
-        return open_mpi_channels(env=env, groups=groups)
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("backend ('nccl') needs CUDA, which this machine does not have; use --backend gloo")
-    from psgdlab.runtime.torch_dist import open_torch_channels
-
-    try:
-        return open_torch_channels(backend, env=env, groups=groups, timeout_s=timeout_s, device=device,
-                                   master=master)
-    except RuntimeError as exc:
-        raise TransportError(f"rank {env.rank}: could not initialise {backend}: {exc}") from exc

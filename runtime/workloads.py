@@ -105,7 +105,7 @@ class ModuleWorkload:
         torch.manual_seed(seed)
         self.device = device or torch.device("cpu")
         self.model = model_factory().to(self.device)
-        from psgdlab.runtime.models import flat_gradients, flat_parameters
+        from psgdlab.runtime.flat import flat_gradients, flat_parameters
 
         self.flat = flat_parameters(self.model)
         self.flat_grad = flat_gradients(self.model)

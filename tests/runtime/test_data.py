@@ -11,11 +11,10 @@ torch = pytest.importorskip("torch")
 h5py = pytest.importorskip("h5py")
 
 from psgdlab.core.errors import ConfigError  # noqa: E402
+from psgdlab.runtime.batches import WindowSampler, eval_windows  # noqa: E402
 from psgdlab.runtime.data import (  # noqa: E402
     DATASETS,
-    WindowSampler,
     append_deltas,
-    eval_windows,
     inspect_corpus,
     load_corpus,
     shard_utterances,
@@ -372,3 +371,17 @@ def test_tiny_model_loss_falls_on_synthetic_data(tmp_path):
         losses.append(loss.item())
     assert np.mean(losses[:5]) > np.log(5) * 0.9  # starts near chance
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+def test_corpus_format_and_io_need_no_torch():
+    """runtime.data reads and writes corpora with h5py and numpy; torch batches are runtime.batches'."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    code = "import sys, psgdlab.runtime.data; assert 'torch' not in sys.modules, 'runtime.data imported torch'"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -219,3 +219,36 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
     summary = _launch(config.replace(resume=True))
     assert summary["steps"] == 2 * 70
     np.testing.assert_allclose(trajectory(config)[-1], reference_for(config)[-1], rtol=0, atol=TRAJECTORY_ATOL)
+
+
+def test_every_exchange_kind_of_core_has_one_runtime_handler():
+    """The driver dispatches through one table keyed by the exchange record's class."""
+    from psgdlab.core.exchange import EXCHANGE_KINDS
+    from psgdlab.runtime.driver import EXCHANGE_HANDLERS
+
+    assert set(EXCHANGE_HANDLERS) == set(EXCHANGE_KINDS)
+
+
+def test_an_exchange_without_a_handler_is_refused_by_name():
+    import types
+
+    import torch
+
+    from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.core.reference import LeastSquaresProblem
+    from psgdlab.runtime.driver import DriverOptions, _Step, _Worker
+    from psgdlab.runtime.workloads import LeastSquaresWorkload
+
+    class Teleport:
+        phase = "post"
+
+    workload = LeastSquaresWorkload(LeastSquaresProblem(n_samples=8, dim=2, n_shards=1, batch=2))
+    channel = types.SimpleNamespace(device=torch.device("cpu"))
+    channels = dict.fromkeys(("main", "comm", "responder"), channel)
+    worker = _Worker(make_algorithm("sgd", n_workers=1), workload, channels, rank=0,
+                     options=DriverOptions(steps=1, lr_of=lambda s: 0.1), origin=0.0, state=None, merges=0)
+    step = _Step(step=0, snapshot=workload.initial_params())
+    worker._run_phase("mix", (Teleport(),), step)  # another phase: not looked up
+    with pytest.raises(ConfigError, match=r"exchange Teleport has no handler in the runtime"):
+        worker._run_phase("post", (Teleport(),), step)

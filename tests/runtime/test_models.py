@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from psgdlab.core.errors import ConfigError  # noqa: E402
+from psgdlab.runtime.flat import flat_gradients, flat_order, flat_parameters  # noqa: E402
 from psgdlab.runtime.models import (  # noqa: E402
     MODEL_NAMES,
     BLSTMAcousticModel,
@@ -15,9 +16,6 @@ from psgdlab.runtime.models import (  # noqa: E402
     DNNAcousticModel,
     build_model,
     count_parameters,
-    flat_gradients,
-    flat_order,
-    flat_parameters,
 )
 
 

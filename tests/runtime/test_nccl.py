@@ -34,9 +34,10 @@ two_gpus = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_co
 
 CHECK = r'''
 import torch
-from psgdlab.runtime.models import flat_gradients
+from psgdlab.runtime.flat import flat_gradients
 from psgdlab.runtime.overlap import OverlappedAllreduce
-from psgdlab.runtime.transport import Tags, launch_env, open_channels
+from psgdlab.runtime.channels import open_channels
+from psgdlab.runtime.transport import Tags, launch_env
 env = launch_env()
 r = env.rank
 ch = open_channels("nccl", env=env, groups=[], timeout_s=60)

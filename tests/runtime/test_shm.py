@@ -21,7 +21,8 @@ import glob, os, random, threading, time
 import torch, torch.distributed as dist
 from psgdlab.runtime.shm import segment_prefix
 from psgdlab.runtime.shm_transport import SharedMemoryTransport
-from psgdlab.runtime.transport import launch_env, open_channels, Tags
+from psgdlab.runtime.channels import open_channels
+from psgdlab.runtime.transport import launch_env, Tags
 torch.set_num_threads(1)
 env = launch_env(); r, n = env.rank, env.world_size
 world, pair = (0, 1, 2, 3), ((0, 1) if r < 2 else (2, 3))
@@ -134,7 +135,8 @@ DEATH = r'''
 import os, signal, threading, time
 import torch
 from psgdlab.core.errors import TransportError
-from psgdlab.runtime.transport import launch_env, open_channels, Tags
+from psgdlab.runtime.channels import open_channels
+from psgdlab.runtime.transport import launch_env, Tags
 env = launch_env(); r = env.rank
 ch = open_channels("gloo", env=env, groups=[], timeout_s=60)
 if r == 1:

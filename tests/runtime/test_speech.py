@@ -22,17 +22,14 @@ from psgdlab.runtime.scoring import (  # noqa: E402
     utterance_words,
     word_error_rate,
 )
-from psgdlab.runtime.speech import (  # noqa: E402
+from psgdlab.runtime.frontend import (  # noqa: E402
     frame_energy_db,
-    import_fsdd,
-    import_kaldi,
     log_mel_filterbank,
     mel_band_centres_hz,
-    base_speaker,
     mel_filterbank,
     speed_perturb,
-    vad_labels,
 )
+from psgdlab.runtime.speech import base_speaker, import_fsdd, import_kaldi, vad_labels  # noqa: E402
 from psgdlab.tests.conftest import FSDD_DIR  # noqa: E402
 
 

@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 CHECK = r'''
 import torch
-from psgdlab.runtime.transport import launch_env, open_channels, Tags
+from psgdlab.runtime.channels import open_channels
+from psgdlab.runtime.transport import launch_env, Tags
 env = launch_env()
 r, n = env.rank, env.world_size
 ch = open_channels("{backend}", env=env, groups=[(0, 1), (2, 3), (0, 1, 2, 3)], timeout_s=60)
@@ -59,7 +60,7 @@ for h in [main.allreduce_sum_async(x, (0, 1, 2, 3)) for x in ts]:
     h.wait()
 assert [x[0].item() for x in ts] == [6.0, 10.0, 14.0], ts
 # bucketed gradient sum from backward hooks (tiny buckets: several) = sum of the whole buffer
-from psgdlab.runtime.models import flat_gradients
+from psgdlab.runtime.flat import flat_gradients
 from psgdlab.runtime.overlap import OverlappedAllreduce
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
