@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from psgdlab.core.algorithms import Algorithm, algorithm_parameters, make_algorithm
+from psgdlab.core.algorithms import ALGORITHMS, Algorithm, algorithm_from_flags, algorithm_parameters, check_flags
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, summarize
@@ -52,20 +52,35 @@ class Prediction:
 
 def build_algorithm(name: str, n_workers: int, config: SimConfig, *, period: int | None = None,
                     variant: str | None = None, gpus_per_node: int | None = None, seed: int = 0) -> Algorithm:
-    """The registry algorithm ``name`` for ``n_workers``; ``period``/``variant`` only go to the
-    algorithms that have them; H-ADPSGD's ``gpus_per_node`` defaults to the platform's devices
-    per host, capped by the number of workers. One worker of any algorithm is plain SGD."""
-    known = algorithm_parameters(name)  # validates the name (ConfigError with a suggestion)
+    """The algorithm ``name`` for ``n_workers``, built by
+    :func:`~psgdlab.core.algorithms.algorithm_from_flags` (a flag ``name`` does not take is an
+    error).
+
+    Two rules of a prediction on top: a ``period`` not given is the platform file's
+    ``[defaults] period`` for algorithms that have one; H-ADPSGD's ``gpus_per_node`` not given is
+    the platform's devices per host, capped by the number of workers. The 1-worker point of a
+    sweep is single-worker SGD, the speedup baseline, whatever ``name`` is (after ``name``'s flags
+    are checked)."""
+    if period is None and "period" in algorithm_parameters(name):
+        period = config.defaults.period
     if n_workers == 1:
-        return make_algorithm("sgd", n_workers=1, seed=seed)
-    params: dict[str, Any] = {"n_workers": n_workers, "seed": seed}
-    if "period" in known:
-        params["period"] = period if period is not None else config.defaults.period
-    if "variant" in known and variant is not None:
-        params["variant"] = variant
-    if "gpus_per_node" in known:
-        params["gpus_per_node"] = gpus_per_node or min(config.platform.devices_per_host, n_workers)
-    return make_algorithm(name, **params)
+        check_flags(name, period=period, variant=variant)
+        return algorithm_from_flags("sgd", 1, seed=seed)
+    if gpus_per_node is None:
+        gpus_per_node = min(config.platform.devices_per_host, n_workers)
+    return algorithm_from_flags(name, n_workers, seed=seed, period=period, variant=variant,
+                                gpus_per_node=gpus_per_node)
+
+
+def sweep_flags(name: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags of a sweep that go to ``name``: a sweep's ``period`` and ``variant`` go to the
+    algorithms of the sweep that take them (``--algorithm bmuf,asgd --period 20`` with ssgd in
+    the sweep too); :func:`predict_sweep` refuses one that no algorithm of the sweep takes."""
+    known = algorithm_parameters(name)
+    return {k: v for k, v in flags.items() if k not in _SWEEP_FLAGS or k in known}
+
+
+_SWEEP_FLAGS = ("period", "variant")
 
 
 def _steadiness(trace: np.ndarray, warmup: int) -> float:
@@ -186,7 +201,7 @@ def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> f
     """Samples per second of single-worker SGD on the same platform and workload (cached)."""
     key = (config.platform, config.workload, steps, seed)
     if key not in _BASELINES:
-        algorithm = make_algorithm("sgd", n_workers=1, seed=seed)
+        algorithm = algorithm_from_flags("sgd", 1, seed=seed)
         window = _window(algorithm, steps)
         res = simulate(algorithm, config.platform, config.workload, steps=window, seed=seed)
         _BASELINES[key] = summarize(res.trace, samples_per_step=config.workload.batch_per_worker,
@@ -206,22 +221,22 @@ def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple
     if batch is not None:
         require(isinstance(batch, int) and batch >= 1, "batch", batch, "must be an integer >= 1")
         config = replace(config, workload=config.workload.with_batch(batch))
-    for key in ("period", "variant"):
+    for key in _SWEEP_FLAGS:
         if kwargs.get(key) is not None and not any(key in algorithm_parameters(a) for a in algorithms):
-            takers = sorted(a for a in ("asgd", "bsp", "bmuf", "easgd", "adpsgd", "hadpsgd")
-                            if key in algorithm_parameters(a))
+            takers = sorted(a for a in ALGORITHMS if key in algorithm_parameters(a))
             raise ConfigError(f"--{key} ({kwargs[key]!r}) applies to none of {', '.join(algorithms)}; "
                               f"it is a parameter of {', '.join(takers)}")
     for name in algorithms:  # a bad configuration fails before the sweep has simulated anything
+        flags = sweep_flags(name, kwargs)
         for n in workers:
-            _prepare(name, n, config, period=kwargs.get("period"), variant=kwargs.get("variant"),
-                     gpus_per_node=kwargs.get("gpus_per_node"), stragglers=kwargs.get("stragglers"),
-                     seed=kwargs.get("seed", 0), workers_per_host=kwargs.get("workers_per_host"))
+            _prepare(name, n, config, period=flags.get("period"), variant=flags.get("variant"),
+                     gpus_per_node=flags.get("gpus_per_node"), stragglers=flags.get("stragglers"),
+                     seed=flags.get("seed", 0), workers_per_host=flags.get("workers_per_host"))
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     out = []
     for name in algorithms:
         for n in workers:
-            out.append(predict_one(name, n, config, baseline_samples_per_s=base, **kwargs))
+            out.append(predict_one(name, n, config, baseline_samples_per_s=base, **sweep_flags(name, kwargs)))
             if progress is not None:
                 progress(f"{name} x {n}")
     return out

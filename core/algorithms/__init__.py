@@ -38,6 +38,7 @@ __all__ = [
     "is_sync_step",
     "make_algorithm",
     "algorithm_from_flags",
+    "check_flags",
     "algorithm_parameters",
     "SGD",
     "SSGD",
@@ -110,21 +111,28 @@ def algorithm_from_flags(name: str, n_workers: int, *, seed: int = 0, **flags: A
     ConfigError
         Unknown ``name``, a flag that does not apply, or a value the algorithm refuses.
     """
-    known = algorithm_parameters(name)
+    known = check_flags(name, **flags)
     params: dict[str, Any] = {"n_workers": n_workers, "seed": seed}
+    params.update({k: v for k, v in flags.items() if v is not None and k in known})
+    return make_algorithm(name, **params)
+
+
+def check_flags(name: str, **flags: Any) -> tuple[str, ...]:
+    """Check that every given (not ``None``) flag applies to ``name``, as
+    :func:`algorithm_from_flags` does, without building it; returns ``name``'s parameters.
+
+    >>> check_flags("adpsgd", variant="random", period=None)[:2]
+    ('n_workers', 'momentum')
+    """
+    known = algorithm_parameters(name)
     for key, value in flags.items():
-        if value is None:
-            continue
-        if key in _PLACEMENT:
-            if key in known:
-                params[key] = value
+        if value is None or key in _PLACEMENT:
             continue
         if key not in known or key in _BOUND:
             own = ", ".join(k for k in known if k not in _BOUND + _PLACEMENT) or "none"
             raise ConfigError(f"--{key.replace('_', '-')} ({value!r}) does not apply to {name} "
                               f"(its parameters: {own})")
-        params[key] = value
-    return make_algorithm(name, **params)
+    return known
 
 
 def _lookup(name: str) -> type[Algorithm]:
