@@ -72,10 +72,15 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--epochs": dict(type=float, metavar="E", help="epochs over the training data"),
     "--batch": dict(type=int, metavar="B", help="minibatch per worker per step, in the model's sample unit"),
     "--lr": dict(type=float, metavar="LR", help="learning rate (the schedule's base rate)"),
-    "--lr-schedule": dict(choices=LR_SCHEDULE_NAMES, help="learning-rate schedule"),
+    "--lr-schedule": dict(choices=LR_SCHEDULE_NAMES,
+                          help="learning-rate schedule: const; ibm (the IBM papers' warm-up and decay, --lr is the "
+                               "rate of a 256 batch); newbob (halve on held-out plateaus); exp (--lr to --lr-final)"),
+    "--lr-final": dict(type=float, metavar="LR", help="exp schedule: rate at the last step (default lr / 10)"),
+    "--lsq-dim": dict(type=int, metavar="D", help="least-squares model: number of parameters"),
     "--straggler": dict(metavar="SPEC",
                         help="slow workers: RANK:FACTOR (RANK computes FACTOR times slower), random:PROB:FACTOR, "
-                             "periodic:RANK:EVERY:PAUSE_S; comma-separated"),
+                             "periodic:RANK:EVERY:PAUSE_S (a pause of PAUSE_S seconds every EVERY steps); "
+                             "comma-separated"),
     "--seed": dict(type=int, metavar="K", default=0, help="seed of data order, schedules and compute-time draws"),
     "--preset": dict(metavar="NAME", help="shipped platform+workload preset"),
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
@@ -91,8 +96,9 @@ class _Parser(Protocol):
     def add_argument(self, *names: str, **kwargs: Any) -> Any: ...
 
 
-def add_flags(parser: _Parser, *names: str, many: Collection[str] = (), defaults: Mapping[str, Any] | None = None,
-              helps: Mapping[str, str] | None = None, dests: Mapping[str, str] | None = None) -> None:
+def add_flags(parser: _Parser, *names: str, many: Collection[str] = (), required: Collection[str] = (),
+              defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
+              dests: Mapping[str, str] | None = None) -> None:
     """Add the shared flags ``names`` to ``parser``.
 
     Parameters
@@ -102,6 +108,8 @@ def add_flags(parser: _Parser, *names: str, many: Collection[str] = (), defaults
         Flags of :data:`FLAGS`.
     many : collection of str
         Flags that take a comma-separated list here (``--workers 2,4,8``).
+    required : collection of str
+        Flags this command cannot do without.
     defaults : mapping
         The command's defaults (``None`` when not given: "not given" falls through to the
         model's recipe or the algorithm's default).
@@ -126,4 +134,6 @@ def add_flags(parser: _Parser, *names: str, many: Collection[str] = (), defaults
             spec["help"] = f"{spec['help']}; {helps[name]}"
         if name in dests:
             spec["dest"] = dests[name]
+        if name in required:
+            spec["required"] = True
         parser.add_argument(name, **spec)

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from psgdlab.core.schedules import LR_SCHEDULE_NAMES
+from psgdlab.core.flags import add_flags
 
 __all__ = ["register", "run"]
 
@@ -23,32 +23,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "emulate", help="predict convergence: real replicas replayed at simulated event times",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--preset", default=None, help="platform/workload preset (default interspeech2019-v100)")
-    where.add_argument("--platform", dest="platform_file", default=None, metavar="FILE",
-                       help="platform/workload TOML file (the presets' format)")
-    p.add_argument("--algorithm", required=True, help="ssgd, adpsgd, hadpsgd, bsp, bmuf, easgd, asgd, dpsgd")
-    p.add_argument("--variant", default=None, help="algorithm variant (adpsgd: fixed, random, delay; ...)")
-    p.add_argument("--period", type=int, default=None, help="sync period tau (asgd, bsp, bmuf, easgd)")
-    p.add_argument("--workers", type=int, required=True, help="virtual workers")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="workers per node (H-ADPSGD super-learner size)")
-    p.add_argument("--model", default="tiny-blstm",
-                   help="model preset (tiny-blstm, blstm-small, blstm, dnn, dnn-small, cldnn) or least-squares")
-    p.add_argument("--data", default="synthetic", metavar="FILE",
-                   help="'synthetic' (default, as psgdlab train) or a corpus file (psgdlab data layout)")
+    add_flags(where, "--preset", "--platform", dests={"--platform": "platform_file"},
+              helps={"--preset": "default interspeech2019-v100"})
+    add_flags(p, "--algorithm", "--variant", "--period", "--workers", "--gpus-per-node", "--model", "--data",
+              required={"--algorithm", "--workers"}, defaults={"--model": "tiny-blstm", "--data": "synthetic"},
+              helps={"--workers": "virtual workers", "--model": "tiny-blstm, blstm-small, blstm, dnn, dnn-small, "
+                                                                 "cldnn or least-squares"})
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=float, default=None, help="epochs of the training corpus")
-    length.add_argument("--steps", type=int, default=None, help="local steps per worker (default 100)")
-    p.add_argument("--batch", type=int, default=32, help="windows per worker per step (default 32)")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate (ibm: base rate of a 256 batch)")
-    p.add_argument("--lr-schedule", choices=LR_SCHEDULE_NAMES, default="const",
-                   help="exp: decay from --lr to --lr-final; ibm: the IBM papers' schedule; newbob: halve on "
-                        "held-out plateaus")
-    p.add_argument("--lr-final", type=float, default=None, help="exp schedule: rate at the last step (default lr / 10)")
-    p.add_argument("--lsq-dim", type=int, default=16, help="least-squares: parameters")
-    p.add_argument("--straggler", default="", help="straggler spec (RANK:FACTOR, random:P:F, periodic:R:EVERY:S)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, metavar="DIR", help="run directory (default runs/emulate-<time>)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_flags(length, "--epochs", "--steps", helps={"--steps": "default 100"})
+    add_flags(p, "--batch", "--lr", "--lr-schedule", defaults={"--batch": 32, "--lr": 0.1, "--lr-schedule": "const"})
+    add_flags(p, "--lr-final", "--lsq-dim", defaults={"--lsq-dim": 16})
+    add_flags(p, "--straggler", "--seed", "--out", "--json", defaults={"--straggler": ""})
     p.set_defaults(func=run)
 
 

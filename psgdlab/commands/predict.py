@@ -11,24 +11,9 @@ import argparse
 import sys
 import time
 
+from psgdlab.core.flags import add_flags
+
 DEFAULT_PRESET = "interspeech2019-v100"
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not out:
-        raise argparse.ArgumentTypeError("needs at least one integer")
-    return out
-
-
-def _name_list(text: str) -> tuple[str, ...]:
-    out = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not out:
-        raise argparse.ArgumentTypeError("needs at least one name")
-    return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,41 +28,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "ssgd,adpsgd,hadpsgd, workers 1,2,4,8,16,32,64."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", metavar="NAME", default=None,
-                     help=f"shipped platform+workload preset (interspeech2019-v100, librispeech-gtx1080); "
-                          f"default {DEFAULT_PRESET}")
-    src.add_argument("--platform", metavar="FILE.toml", default=None,
-                     help="platform+workload TOML file in the preset format (copy a preset from sim/presets/)")
-    p.add_argument("--algorithm", metavar="A[,B...]", type=_name_list, default=None,
-                   help="algorithms from the core registry (sgd, ssgd, asgd, bsp, bmuf, easgd, dpsgd, adpsgd, "
-                        "hadpsgd); default: the file's [defaults] or ssgd,adpsgd,hadpsgd")
-    p.add_argument("--workers", metavar="N[,M...]", type=_int_list, default=None,
-                   help="worker (GPU) counts; default: the file's [defaults] or 1,2,4,8,16,32,64")
-    p.add_argument("--gpus-per-node", metavar="M", type=int, default=None,
-                   help="workers placed on each host (and H-ADPSGD's super-learner size); default: the "
-                        "platform's devices per host, capped by the number of workers")
+    add_flags(src, "--preset", "--platform",
+              helps={"--preset": f"interspeech2019-v100 or librispeech-gtx1080; default {DEFAULT_PRESET}",
+                     "--platform": "copy a preset from sim/presets/"})
+    add_flags(p, "--algorithm", "--workers", many={"--algorithm", "--workers"},
+              helps={"--algorithm": "default: the file's [defaults] or ssgd,adpsgd,hadpsgd",
+                     "--workers": "default: the file's [defaults] or 1,2,4,8,16,32,64"})
+    add_flags(p, "--gpus-per-node", helps={"--gpus-per-node": "default: the platform's devices per host, capped by "
+                                                              "the number of workers"})
     p.add_argument("--workers-per-host", metavar="K", type=int, default=None,
                    help="place K workers on each host whatever the super-learner size (e.g. H-ADPSGD nodes of "
                         "--gpus-per-node 2 as groups of one machine's processes on a calibrated this-machine "
                         "platform); default: --gpus-per-node")
-    p.add_argument("--batch", metavar="B", type=int, default=None,
-                   help="minibatch per worker, in the preset's sample unit (21-frame samples for the BLSTM, "
-                        "frames for the LibriSpeech DNN); compute time scales with it")
-    p.add_argument("--period", metavar="T", type=int, default=None,
-                   help="sync period in local steps of asgd, bsp, bmuf and easgd")
-    p.add_argument("--variant", metavar="V", default=None,
-                   help="algorithm variant: adpsgd fixed|random|delay, hadpsgd fixed|random, bmuf "
-                        "classical|nesterov, easgd async|sync")
-    p.add_argument("--steps", metavar="S", type=int, default=None,
-                   help="simulated window in local steps per worker (default: 200, or 10 sync periods, "
-                        "extended until steady)")
-    p.add_argument("--straggler", metavar="SPEC", default=None,
-                   help="slow workers, the same spec as `psgdlab train`: RANK:FACTOR (rank computes FACTOR "
-                        "times slower), random:PROB:FACTOR, periodic:RANK:EVERY:PAUSE_S (seconds); "
-                        "comma-separated")
-    p.add_argument("--seed", metavar="K", type=int, default=0, help="seed of compute-time draws and stragglers")
-    p.add_argument("--out", metavar="DIR", default=None, help="run directory (default runs/predict-TIMESTAMP)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with a list `rows` instead of a table")
+    add_flags(p, "--batch", "--period", "--variant", "--steps", "--straggler", "--seed", "--out", "--json",
+              helps={"--batch": "default: the workload's; compute time scales with it",
+                     "--period": "default: the file's [defaults] period",
+                     "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
+                     "--json": "with a list `rows`"})
     p.set_defaults(func=run)
 
 
