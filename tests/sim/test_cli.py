@@ -133,7 +133,7 @@ def test_odd_nodes_for_hadpsgd_is_a_topology_error():
 def test_help_explains_units(capsys):
     with pytest.raises(SystemExit):
         main(["predict", "--help"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # as read, whatever the terminal's width
     assert "seconds" in out and "sample unit" in out and "--straggler" in out
 
 
