@@ -1,5 +1,9 @@
-"""The replay equals, bit for bit, what the emulator computed before its refactor into an
-indexer and an applier (values recorded at commit 68aad98, see data/replay_recorded.json)."""
+"""The replay equals what the emulator computed before its refactor into an indexer and an applier
+(values recorded at commit 68aad98, see data/replay_recorded.json).
+
+Bit for bit on the CPU that recorded them; OpenBLAS picks its dot-product kernel by CPU (DYNAMIC_ARCH),
+and another kernel rounds the last bit of a sum differently, so the floats are compared to 1e-12
+relative. The staleness, an integer, is compared exactly."""
 
 from __future__ import annotations
 
@@ -30,16 +34,20 @@ def _trace(alg):
     return res.trace, res.meta
 
 
+def _floats(hexes):
+    return np.array([float.fromhex(x) for x in hexes])
+
+
 @pytest.mark.parametrize("case", sorted(RECORDED))
-def test_replay_equals_the_recorded_values_bit_for_bit(case):
+def test_replay_equals_the_recorded_values(case):
     rec = RECORDED[case]
     alg = make_algorithm(rec["algorithm"], n_workers=N, **rec["params"])
     trace, meta = _trace(alg)
     problem = LeastSquaresProblem(n_samples=256, dim=6, n_shards=N, batch=8, seed=3)
     emu = replay(alg, trace, LeastSquaresReplicas(problem), lr=0.05, meta=meta, eval_points=7)
     params = np.stack(emu.params).ravel()
-    assert [float(x).hex() for x in params] == rec["final_params"]
-    assert [float(x).hex() for x in emu.evals["loss"]] == rec["eval_loss"]
+    np.testing.assert_allclose(params, _floats(rec["final_params"]), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(emu.evals["loss"], _floats(rec["eval_loss"]), rtol=1e-12, atol=1e-15)
     assert int(emu.staleness.sum()) == rec["staleness_sum"]
 
 
