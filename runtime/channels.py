@@ -128,7 +128,7 @@ def _open_torch(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                                **({"device_id": device} if backend == "nccl" else {}))
+                                device_id=device if backend == "nccl" else None)
     world_ranks = list(range(env.world_size))
     # control (headers, any-source receives, objects): always gloo; payload p2p: the backend
     ctrl = dist.new_group(world_ranks, timeout=timeout, backend="gloo")

@@ -12,7 +12,7 @@ chunk of its own at every call (and warning so). What that is worth on a GPU is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -60,7 +60,7 @@ def flat_gradients(model: nn.Module) -> torch.Tensor:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    return _flatten(params, lambda p: p.grad, _set_grad, "gradients")
+    return _flatten(params, _grad_of, _set_grad, "gradients")
 
 
 def flat_order(model: nn.Module) -> list[nn.Parameter]:
@@ -77,12 +77,17 @@ def flat_order(model: nn.Module) -> list[nn.Parameter]:
     """
     params = list({id(p): p for p in model.parameters()}.values())
     rnn = next((m for m in model.modules() if isinstance(m, nn.RNNBase)), None)
-    if rnn is None or getattr(rnn, "proj_size", 0):
+    if rnn is None or rnn.proj_size:
         return params
     named = list(rnn.named_parameters())
     first = [p for n, p in named if n.startswith("weight")] + [p for n, p in named if n.startswith("bias")]
     ids = {id(p) for p in first}
     return first + [p for p in params if id(p) not in ids]
+
+
+def _grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None  # flat_gradients created the missing ones
+    return p.grad
 
 
 def _set_data(p: torch.Tensor, view: torch.Tensor) -> None:
@@ -93,7 +98,7 @@ def _set_grad(p: torch.Tensor, view: torch.Tensor) -> None:
     p.grad = view
 
 
-def _flatten(params: list[torch.Tensor], get: Callable[[torch.Tensor], torch.Tensor],
+def _flatten(params: Sequence[torch.Tensor], get: Callable[[torch.Tensor], torch.Tensor],
              set_: Callable[[torch.Tensor, torch.Tensor], None], what: str) -> torch.Tensor:
     require(len(params) > 0, "model", "no parameters", f"has no {what} to flatten")
     tensors = [get(p) for p in params]

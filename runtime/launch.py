@@ -102,7 +102,7 @@ def launch(config: TrainConfig, *, extra_env: dict[str, str] | None = None, time
             env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(port))
             procs[r] = subprocess.Popen(cmd, env=env_r, stdout=subprocess.DEVNULL, stderr=stderr)
-    forwarded = {"sig": None}
+    forwarded: dict[str, int | None] = {"sig": None}
 
     def _forward(signum: int, frame: Any) -> None:
         forwarded["sig"] = signum
@@ -197,7 +197,8 @@ def _terminate(procs: dict[int, subprocess.Popen]) -> None:
 def _signal(p: subprocess.Popen, sig: int) -> None:
     """Send ``sig`` to a rank process, or to mpiexec's whole process group (its ranks included)."""
     try:
-        if p.args and "mpiexec" in str(p.args[0]):
+        args = p.args if isinstance(p.args, (list, tuple)) else [p.args]
+        if args and "mpiexec" in str(args[0]):
             os.killpg(p.pid, sig)
         else:
             p.send_signal(sig)

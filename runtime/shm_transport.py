@@ -4,6 +4,8 @@ the shared-memory data plane; the protocol, and what stays on gloo, are in :mod:
 
 from __future__ import annotations
 
+import operator
+from functools import partial
 from typing import Any, Sequence
 
 import torch
@@ -32,8 +34,8 @@ class SharedMemoryTransport(TorchTransport):
         self._channel = channel
         self.shm_ops = 0
 
-    @property  # type: ignore[override]
-    def allreduce_algorithm(self) -> str:
+    @property
+    def allreduce_algorithm(self) -> str:  # type: ignore[override]  # a property over the base's attribute
         """``direct`` when the world's allreduces go through shared memory: every member reads its
         chunk from each other member, then the reduced chunks, three barriers whatever the group
         size (so the fixed cost does not grow with the group as a ring's does; docs/measurements.md);
@@ -81,9 +83,10 @@ class SharedMemoryTransport(TorchTransport):
                 self._take(p, buf, tag)
         plane = self.plane
         for p, seq in zip(readers, seqs):
-            plane.wait(p, plane.layout.ack(self.rank, self._channel), lambda v, seq=seq: v == seq, "exchange")
+            plane.wait(p, plane.layout.ack(self.rank, self._channel), partial(operator.eq, seq), "exchange")
         for req in reqs:
-            req.wait()
+            if req is not None:  # None only for a rank outside the group, which no caller is
+                req.wait()
         self.shm_ops += 1
 
     def _post(self, send: torch.Tensor, readers: list[int], tag: int) -> list[int]:
@@ -115,7 +118,7 @@ class SharedMemoryTransport(TorchTransport):
             found = self._claim(peer, tag)
             if found is not None:
                 break
-            plane.wait(peer, layout.post(self.rank), lambda v, posted=posted: v != posted, "exchange")
+            plane.wait(peer, layout.post(self.rank), partial(operator.ne, posted), "exchange")
         channel, seq, address, nbytes = found
         if nbytes != buf.nbytes:
             raise TransportError(f"rank {self.rank}: rank {peer} sent {nbytes} bytes with tag {tag}, the receive "

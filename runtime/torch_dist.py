@@ -83,7 +83,8 @@ class TorchTransport(Transport):
         group = self._p2p_group(send)
         reqs = [dist.isend(send, dst=peer, group=group, tag=tag), dist.irecv(recv, src=peer, group=group, tag=tag)]
         for req in reqs:
-            req.wait()
+            if req is not None:  # None only for a rank outside the group, which no caller is
+                req.wait()
 
     def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int],
                        tag: int) -> None:
@@ -91,7 +92,8 @@ class TorchTransport(Transport):
         reqs = [dist.isend(send, dst=p, group=group, tag=tag) for p in peers]
         reqs += [dist.irecv(buf, src=p, group=group, tag=tag) for buf, p in zip(recvs, peers)]
         for req in reqs:
-            req.wait()
+            if req is not None:  # None only for a rank outside the group, which no caller is
+                req.wait()
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         out: list[Any] | None = [None] * self.world_size if self.rank == root else None

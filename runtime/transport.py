@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -83,6 +84,7 @@ class Transport(ABC):
     allreduce_algorithm: str = "ring"
     _world: Any  # the backend's handle for all ranks
     _groups: dict[tuple[int, ...], Any]  # the backend's handles for the groups made at start-up
+    _async_pool: ThreadPoolExecutor | None = None  # runs allreduce_sum_async's sums, made on first use
 
     def _group_handle(self, group: Sequence[int]) -> Any:
         """The backend handle of ``group`` (all ranks, or a group created at start-up)."""
@@ -115,14 +117,12 @@ class Transport(ABC):
         MPI calls); the torch transport uses its backend's asynchronous work instead. Nothing
         else may use the channel's collectives until every handle has been waited for.
         """
-        pool = getattr(self, "_async_pool", None)
+        pool = self._async_pool
         if pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             pool = self._async_pool = ThreadPoolExecutor(max_workers=1,
                                                          thread_name_prefix=f"psgdlab-allreduce-{self.rank}")
-        future = pool.submit(self.allreduce_sum, tensor, group)
-        future.wait = future.result  # type: ignore[attr-defined]
+        future: Any = pool.submit(self.allreduce_sum, tensor, group)
+        future.wait = future.result
         return future
 
     @abstractmethod
@@ -162,7 +162,7 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Release the channel's resources."""
-        pool = getattr(self, "_async_pool", None)
+        pool = self._async_pool
         if pool is not None:  # idle after a normal run; after a failure, do not wait for a dead peer
             pool.shutdown(wait=False, cancel_futures=True)
             self._async_pool = None
