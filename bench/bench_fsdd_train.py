@@ -33,7 +33,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="local steps per worker")
     args = parser.parse_args()
     if not args.data.exists():
-        sys.exit(f"corpus {args.data} not found: build it with `psgdlab data fsdd ../shared/data/fsdd --out {args.data}`")
+        sys.exit(f"corpus {args.data} not found: build it with "
+                 f"`psgdlab data fsdd ../shared/data/fsdd --out {args.data}`")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     rates = {}
     with open("/proc/loadavg") as f:
@@ -51,7 +52,8 @@ def main() -> None:
         rates[algorithm] = summary["samples_per_s"]
         print(f"{algorithm:8s} {workers} worker(s) x batch {args.batch // workers:3d}: "
               f"{summary['samples_per_s']:8.1f} windows/s, step {summary['step_time_s'] * 1e3:7.1f} ms, "
-              f"comm fraction {summary['comm_fraction']:.2f}, ratio to sgd {summary['samples_per_s'] / rates['sgd']:.2f}")
+              f"comm fraction {summary['comm_fraction']:.2f}, "
+              f"ratio to sgd {summary['samples_per_s'] / rates['sgd']:.2f}")
     with open("/proc/loadavg") as f:
         print(f"load average after: {f.read().split()[0]}")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")  # DDP's spawned workers: the allocator of our ranks
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 
 def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, batch: int, data: str,

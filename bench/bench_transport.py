@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")  # before torch allocates (as the runtime's ranks)
 
-import torch  # noqa: E402
+import torch
 
 
 def timed(fn: Callable[[], object], reps: int, barrier: Callable[[], object]) -> float:
@@ -55,9 +55,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from mpi4py import MPI
-
     import torch.distributed as dist
+    from mpi4py import MPI
 
     from psgdlab.runtime.channels import open_channels
     from psgdlab.runtime.launch import free_port

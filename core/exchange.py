@@ -31,9 +31,10 @@ their time on a platform by :mod:`psgdlab.core.cost`; traces name kinds by :clas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Literal, Sequence, TypeAlias
+from typing import Literal, TypeAlias
 
 from psgdlab.core.errors import require
 

@@ -15,7 +15,8 @@ array([1., 1.])
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "clone",

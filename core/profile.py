@@ -54,9 +54,10 @@ import dataclasses
 import math
 import os
 import tomllib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 from psgdlab.core.config import check_keys, closest, load_dataclass
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work_s
@@ -336,7 +337,7 @@ class Workload:
         t0 = self.compute_fixed_s
         return t0 + (t_ref - t0) * batch / self.reference_batch
 
-    def with_batch(self, batch: int | None) -> "Workload":
+    def with_batch(self, batch: int | None) -> Workload:
         if batch is None:
             return self
         return dataclasses.replace(self, batch_per_worker=batch)
@@ -393,7 +394,7 @@ class Profile:
     # ----- reading ----------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", notes: tuple[str, ...] = (),
-                  provenance: Mapping[str, str] | None = None) -> "Profile":
+                  provenance: Mapping[str, str] | None = None) -> Profile:
         """Build a profile from nested tables (``{"platform": {...}, "workload": {...}}``),
         strictly: unknown keys are rejected with the closest valid key suggested."""
         check_keys(data, TABLES, where=source)
@@ -405,7 +406,7 @@ class Profile:
                    source=source, notes=tuple(notes), provenance=dict(provenance or {}))
 
     @classmethod
-    def from_toml(cls, text: str, *, source: str = "<string>") -> "Profile":
+    def from_toml(cls, text: str, *, source: str = "<string>") -> Profile:
         """Read a TOML document (module docstring): the values with :mod:`tomllib`, the head
         comments as ``notes`` and the end-of-line comments as ``provenance``."""
         try:
@@ -418,7 +419,7 @@ class Profile:
         return dataclasses.replace(profile, provenance={k: v for k, v in comments.items() if k in paths})
 
     @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> "Profile":
+    def read(cls, path: str | os.PathLike[str]) -> Profile:
         """:meth:`from_toml` of a file; a missing file is a one-line :class:`ConfigError`."""
         path = Path(path)
         if not path.is_file():
@@ -494,7 +495,7 @@ def _toml_value(v: Any) -> str:
 
 def _comment_ok(text: str) -> bool:
     """TOML comments hold no control characters but tab; a line read back loses trailing blanks."""
-    return text == text.rstrip() and not any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in text)
+    return text == text.rstrip() and not any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in text)
 
 
 def _closest(key: str, known: set[str]) -> str:

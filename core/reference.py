@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -269,7 +268,7 @@ def _mix_phase(algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], model
 
 def _grad_phase(schedule: list[tuple[Exchange, ...]], grads: list[np.ndarray]) -> None:
     done: set[tuple[int, ...]] = set()
-    for r, exs in enumerate(schedule):
+    for exs in schedule:
         for ex in exs:
             if isinstance(ex, AllReduce) and ex.payload == "grad" and ex.group not in done:
                 _check_group(schedule, ex, "grad")

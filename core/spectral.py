@@ -381,7 +381,7 @@ def spectral_gap_curve(kind: str, worker_counts: Sequence[int], *, gpus_per_node
                                       inner=inner if kind == "hierarchical" else "fixed-ring")
         except TopologyError:
             continue
-        static, ev = _primary_spectrum(topology)
+        _, ev = _primary_spectrum(topology)
         rho = max(abs(float(ev[1])), abs(float(ev[-1]))) if ev.size > 1 else 0.0
         curve.append((int(n), max(0.0, 1.0 - rho)))
     return curve

@@ -76,7 +76,7 @@ class StragglerModel:
         return not (self.fixed or self.random or self.periodic)
 
     @classmethod
-    def parse(cls, spec: str | None, *, seed: int = 0, n_workers: int | None = None) -> "StragglerModel":
+    def parse(cls, spec: str | None, *, seed: int = 0, n_workers: int | None = None) -> StragglerModel:
         """Parse a spec string; ``n_workers`` (if given) bounds the ranks."""
         fixed: list[FixedStraggler] = []
         rand: list[RandomSlowdown] = []

@@ -34,8 +34,8 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 from numpy.typing import NDArray
 
-from psgdlab.core.errors import TopologyError
 from psgdlab.core._algorithm_strategies import algorithm_specs
+from psgdlab.core.errors import TopologyError
 from psgdlab.core.topology import INNER_KINDS, KINDS, Topology
 
 __all__ = [

@@ -60,7 +60,7 @@ class ComputeTime:
             raise ConfigError(f"compute-time spread ({self.spread}) must be >= 0")
 
     @classmethod
-    def parse(cls, spec: str | float) -> "ComputeTime":
+    def parse(cls, spec: str | float) -> ComputeTime:
         if isinstance(spec, (int, float)):
             return cls(kind="const", mean_s=float(spec))
         parts = str(spec).strip().split(":")

@@ -76,8 +76,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psgdlab.core.errors import ConfigError, TopologyError
-from psgdlab.core.mixing import check_adjacency, matching_matrix, support_components, uniform_weights
-from psgdlab.core.mixing import metropolis_hastings_weights
+from psgdlab.core.mixing import (
+    check_adjacency,
+    matching_matrix,
+    metropolis_hastings_weights,
+    support_components,
+    uniform_weights,
+)
 
 __all__ = [
     "KINDS",
@@ -404,7 +409,7 @@ def build_topology(kind: str, n_workers: int, *, gpus_per_node: int = 1, seed: i
     >>> build_topology("randm-ring", 8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    psgdlab.core.errors.ConfigError: topology kind ('randm-ring') is not known; known kinds: ...; did you mean 'random-ring'?
+    psgdlab.core.errors.ConfigError: topology kind ('randm-ring') is not known; known kinds: ...; did you mean ...
     """
     if kind not in KINDS:
         raise _unknown_kind(kind)

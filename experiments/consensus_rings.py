@@ -44,9 +44,9 @@ def main() -> None:
         f = at_times(curves["fixed"].rounds["time_s"], curves["fixed"].rounds["consensus_distance"], grid)
         r = at_times(curves["random"].rounds["time_s"], curves["random"].rounds["consensus_distance"], grid)
         print(f"  n={n:3d} simulated time  " + " ".join(f"{t:9.2f}" for t in grid))
-        print(f"         fixed ring      " + " ".join(fmt(v) for v in f))
-        print(f"         random ring     " + " ".join(fmt(v) for v in r))
-        print(f"         ratio fixed/rand" + " ".join(fmt(v) for v in f / r))
+        print("         fixed ring      " + " ".join(fmt(v) for v in f))
+        print("         random ring     " + " ".join(fmt(v) for v in r))
+        print("         ratio fixed/rand" + " ".join(fmt(v) for v in f / r))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

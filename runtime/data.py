@@ -275,10 +275,10 @@ def inspect_corpus(path: str | os.PathLike[str]) -> dict[str, Any]:
     names, counts = np.unique(speakers, return_counts=True)
     add_deltas = bool(attrs["add_deltas"])
     return {
-        "path": str(path), "n_utterances": int(len(speakers)), "n_frames": int(len(labels)),
+        "path": str(path), "n_utterances": len(speakers), "n_frames": len(labels),
         "feature_dim": dim, "input_dim": dim * 3 if add_deltas else dim,
-        "n_classes": int(attrs["n_classes"]), "classes_present": int(len(np.unique(labels))),
-        "n_speakers": int(len(names)),
+        "n_classes": int(attrs["n_classes"]), "classes_present": len(np.unique(labels)),
+        "n_speakers": len(names),
         "speakers": {str(n): int(c) for n, c in zip(names, counts, strict=True)},
         "duration_s": float(len(labels) * attrs["frame_shift_s"]),
         "feature_kind": str(attrs["feature_kind"]), "feature_dtype": dtype,

@@ -8,7 +8,8 @@ source and tag, and ``MULTIPLE`` makes concurrent calls safe).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -57,10 +57,10 @@ Why nothing can deadlock that did not before
 
 What stays on gloo
     Peers on another host, or whose segment could not be mapped; with two copies, payloads
-    larger than a data region (one copy reads in place and has no limit); allreduce dtypes other than integers and floats, and groups with a member on another
-    host or not declared at setup; gossip with a repeated peer; any-source receives and every
-    ``send``/``recv`` (pairwise headers, the parameter-server exchange); ``broadcast``,
-    ``barrier``, ``allgather`` and ``gather_object``. Both sides decide from what both know
+    larger than a data region (one copy reads in place and has no limit); allreduce dtypes other
+    than integers and floats, and groups with a member on another host or not declared at setup;
+    gossip with a repeated peer; any-source receives and every ``send``/``recv`` (pairwise headers,
+    the parameter-server exchange); ``broadcast``, ``barrier``, ``allgather`` and ``gather_object``. Both sides decide from what both know
     (sizes, the group, the shared pairs), so they always take the same path. ``PSGDLAB_SHM=0``
     turns the data plane off; it needs x86-64 Linux; NCCL and MPI never use it.
 """
@@ -75,10 +75,10 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -5,8 +5,9 @@ the shared-memory data plane; the protocol, and what stays on gloo, are in :mod:
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -11,7 +11,8 @@ instead (:mod:`psgdlab.runtime.shm`; off with ``PSGDLAB_SHM=0``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

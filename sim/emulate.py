@@ -119,7 +119,7 @@ class ReplayEvent(NamedTuple):
 class _Pair:
     """One pairwise exchange (the active side's record stands for both sides)."""
 
-    __slots__ = ("active", "passive", "ex_a", "ex_p", "step", "sent_p")
+    __slots__ = ("active", "ex_a", "ex_p", "passive", "sent_p", "step")
 
     def __init__(self, active: int, passive: int, ex_a: PairwiseAverage, ex_p: PairwiseAverage, step: int) -> None:
         self.active, self.passive, self.ex_a, self.ex_p, self.step = active, passive, ex_a, ex_p, step
@@ -429,7 +429,8 @@ class Applier:
             split, mix = self.replicas.split, self.algorithm.mix
             a_sent = self.step_start[(pair.active, pair.step)]
             k, sh = pair.ex_a.n_shards, pair.ex_a.shard
-            self.shard_results[(pair.active, pair.step)] = mix(pair.ex_a, split(a_sent, k, sh), split(pair.sent_p, k, sh))
+            self.shard_results[(pair.active, pair.step)] = mix(pair.ex_a, split(a_sent, k, sh),
+                                                               split(pair.sent_p, k, sh))
             k, sh = pair.ex_p.n_shards, pair.ex_p.shard
             self.shard_results[(pair.passive, pair.step)] = mix(pair.ex_p, split(pair.sent_p, k, sh),
                                                                 split(a_sent, k, sh))

@@ -49,7 +49,6 @@ entry within 5 %.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -215,7 +214,8 @@ def _refit_server(params: dict[str, float], *, seeds: tuple[int, ...] = FIT_SEED
 
     z0 = [params["server_bandwidth_bytes_per_s"] / 1e9, params["service_overhead_s"] / 1e-2]
     sol = least_squares(residual, z0, bounds=([0.1, 0.0], [100.0, 50.0]), diff_step=0.02, max_nfev=30)
-    return {**params, "server_bandwidth_bytes_per_s": float(sol.x[0] * 1e9), "service_overhead_s": float(sol.x[1] * 1e-2)}
+    return {**params, "server_bandwidth_bytes_per_s": float(sol.x[0] * 1e9),
+            "service_overhead_s": float(sol.x[1] * 1e-2)}
 
 
 #: provenance of each preset value (ALGORITHMS.md tags; "fitted" = set by :func:`fit_gtx1080`)
@@ -279,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a cali
         description="Fit the librispeech-gtx1080 preset to the published speedups of Li et al. (2017), Tables 4 "
                     "and 5, print the residuals, and write the preset (several minutes).")
     parser.add_argument("--out", metavar="FILE.toml", default=None,
-                        help="where to write the fitted preset (default: the shipped sim/presets/librispeech-gtx1080.toml)")
+                        help="where to write the fitted preset "
+                             "(default: the shipped sim/presets/librispeech-gtx1080.toml)")
     args = parser.parse_args(argv)
     result = fit_gtx1080()
     path = write_preset(result, args.out)

@@ -57,9 +57,25 @@ __all__ = ["Network"]
 class Network:
     """Costs and link occupancy for one simulation (see the module docstring)."""
 
-    __slots__ = ("platform", "placement", "_flows", "_pcie_bw", "_nic_bw", "_n_hosts", "_host", "_socket",
-                 "_per_socket", "_intra_bw", "_intra_lat", "_inter_lat", "_mem_bw", "_staging", "_cache", "_cpu",
-                 "_cpu_flows")
+    __slots__ = (
+        "_cache",
+        "_cpu",
+        "_cpu_flows",
+        "_flows",
+        "_host",
+        "_inter_lat",
+        "_intra_bw",
+        "_intra_lat",
+        "_mem_bw",
+        "_n_hosts",
+        "_nic_bw",
+        "_pcie_bw",
+        "_per_socket",
+        "_socket",
+        "_staging",
+        "placement",
+        "platform",
+    )
 
     def __init__(self, platform: Platform, placement: Placement) -> None:
         self.platform = platform

@@ -84,7 +84,7 @@ class Placement:
     per_socket: tuple[int, ...]  # workers behind each global socket id
 
     @classmethod
-    def pack(cls, platform: Platform, n_workers: int, per_host: int | None = None) -> "Placement":
+    def pack(cls, platform: Platform, n_workers: int, per_host: int | None = None) -> Placement:
         """Workers fill hosts ``per_host`` at a time (default: every device of a host),
         spread evenly over the sockets of each host. Raises :class:`ConfigError` when the
         platform is too small."""

@@ -21,8 +21,9 @@ summary says whether steadiness was reached.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -8,16 +8,16 @@ process start-up make per-example timing meaningless.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # one BLAS thread per process: the suite runs beside other processes on 2 cores, and threaded
 # BLAS made small eigen-solves tens of times slower there (must be set before numpy loads)
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-from pathlib import Path
 
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, settings
+import numpy as np  # noqa: E402  (after the BLAS thread count above)
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("dev", max_examples=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow], derandomize=True)

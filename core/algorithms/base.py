@@ -18,9 +18,10 @@ the exchange type; none of them tests the algorithm's name.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 from psgdlab.core import kernels
 from psgdlab.core.errors import SimulationError, require
@@ -41,7 +42,7 @@ class WorkerState:
     momentum: Array | None = None
     extras: Mapping[str, Array] = field(default_factory=dict)
 
-    def replace(self, **changes: Any) -> "WorkerState":
+    def replace(self, **changes: Any) -> WorkerState:
         return dataclasses.replace(self, **changes)
 
 
@@ -156,7 +157,7 @@ class Algorithm:
     # ----- server role ------------------------------------------------------------------------
     def server_init(self, x0: Array) -> ServerState:
         return ServerState(params=kernels.clone(x0), version=0,
-                           last_pull={r: 0 for r in range(self.n_workers)})
+                           last_pull=dict.fromkeys(range(self.n_workers), 0))
 
     def server_message(self, state: WorkerState) -> Array:
         raise SimulationError(f"{self.name} has no server role")

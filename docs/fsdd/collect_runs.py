@@ -34,7 +34,7 @@ def entry(run_dir: Path) -> dict:
     steps = int(summary["steps_per_worker"])
     per_epoch = max(1, round(steps / epochs))
     losses = [float(np.mean(comp["loss"][(comp["step"] >= e * per_epoch) & (comp["step"] < (e + 1) * per_epoch)]))
-              for e in range(int(round(epochs)))]
+              for e in range(round(epochs))]
     keep = ("frame_accuracy", "loss", "score_s", "step", "wer", "wer_by_speaker", "wer_viterbi", "wer_vote")
     return {
         "command": {k: train.get(k) for k in COMMAND_KEYS},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from psgdlab.cli import main
@@ -33,7 +32,7 @@ def test_default_run_prints_rows_and_writes_the_run_directory(tmp_path, capsys):
     assert by[("ssgd", 8)]["staleness_mean"] == 0.0
     for name in ("config.resolved.json", "env.json", "speedup.png", "staleness.png"):
         assert (tmp_path / "run" / name).is_file()
-    trace, meta = read_trace(tmp_path / "run" / "runs" / "hadpsgd-w64" / "trace.npz")
+    _, meta = read_trace(tmp_path / "run" / "runs" / "hadpsgd-w64" / "trace.npz")
     assert meta["source"] == "simulator" and meta["n_workers"] == 64
     assert json.loads((tmp_path / "run" / "runs" / "hadpsgd-w64" / "timeline.json").read_text())["traceEvents"]
 
@@ -85,7 +84,7 @@ def test_platform_file_unknown_key_and_negative_bandwidth(tmp_path, capsys):
     assert "did you mean 'bandwidth_bytes_per_s'" in capsys.readouterr().err
     neg = tmp_path / "neg.toml"
     neg.write_text(text.replace("bandwidth_bytes_per_s = 16.0e9", "bandwidth_bytes_per_s = -16.0e9"))
-    with pytest.raises(ConfigError, match="bandwidth_bytes_per_s .* must be a positive"):
+    with pytest.raises(ConfigError, match=r"bandwidth_bytes_per_s .* must be a positive"):
         load_config(path=neg)
     assert main(["predict", "--platform", str(neg), "--out", str(tmp_path / "y")]) == 2
 

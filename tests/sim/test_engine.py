@@ -128,7 +128,7 @@ def test_periodic_pause_costs_its_duration_in_ssgd():
     res = simulate(make_algorithm("ssgd", n_workers=4), p, w, steps=20,
                    stragglers=StragglerModel.parse("periodic:2:5:1.0"))
     base = simulate(make_algorithm("ssgd", n_workers=4), p, w, steps=20)
-    span = lambda t: float(t["end_s"].max())  # noqa: E731
+    span = lambda t: float(t["end_s"].max())
     assert span(res.trace) - span(base.trace) == pytest.approx(4 * 1.0)
 
 
@@ -267,7 +267,7 @@ def test_step_overhead_is_host_work_a_straggler_does_not_scale():
     t1, s1 = step("ssgd", **over)
     assert s0 == pytest.approx(0.2 + allreduce_s(4, w.payload_bytes, 1e9, 1e-5), rel=1e-9)
     assert s1 == pytest.approx(s0 + extra, rel=1e-9)
-    comp = lambda t: np.sort(t["end_s"] - t["start_s"])[t["phase"] == PHASES["compute"]]  # noqa: E731
+    comp = lambda t: np.sort(t["end_s"] - t["start_s"])[t["phase"] == PHASES["compute"]]
     np.testing.assert_allclose(comp(t1), comp(t0))  # the compute records leave the overhead out
     np.testing.assert_allclose(_rank_steps(step("sgd", **over)[0]) - _rank_steps(step("sgd")[0]), extra, rtol=1e-9)
     with pytest.raises(ConfigError, match=r"step_overhead_s_per_byte \(-1e-09\) must be >= 0"):
