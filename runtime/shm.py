@@ -60,9 +60,10 @@ What stays on gloo
     larger than a data region (one copy reads in place and has no limit); allreduce dtypes other
     than integers and floats, and groups with a member on another host or not declared at setup;
     gossip with a repeated peer; any-source receives and every ``send``/``recv`` (pairwise headers,
-    the parameter-server exchange); ``broadcast``, ``barrier``, ``allgather`` and ``gather_object``. Both sides decide from what both know
-    (sizes, the group, the shared pairs), so they always take the same path. ``PSGDLAB_SHM=0``
-    turns the data plane off; it needs x86-64 Linux; NCCL and MPI never use it.
+    the parameter-server exchange); ``broadcast``, ``barrier``, ``allgather`` and
+    ``gather_object``. Both sides decide from what both know (sizes, the group, the shared pairs),
+    so they always take the same path. ``PSGDLAB_SHM=0`` turns the data plane off; it needs
+    x86-64 Linux; NCCL and MPI never use it.
 """
 
 from __future__ import annotations
