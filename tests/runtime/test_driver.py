@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from psgdlab.core.errors import TransportError
-from psgdlab.core.trace import read_trace
+from psgdlab.core.exchange import ExchangeKind
+from psgdlab.core.trace import PHASES, read_trace
 from psgdlab.tests.runtime._runtime_helpers import (
     TRAJECTORY_ATOL,
     initial_full_loss,
@@ -73,10 +74,10 @@ def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_pa
     # the allreduce schedule, for calibrate: gloo's goes through the shared-memory plane on one host
     shm = os.environ.get("PSGDLAB_SHM", "auto") != "0"
     assert meta["allreduce_algorithm"] == {"gloo": "direct" if shm else "ring", "mpi": "halving-doubling"}[backend]
-    pair = trace[(trace["kind"] == 2) & (trace["phase"] == 3)]
+    pair = trace[(trace["kind"] == ExchangeKind.PAIRWISE) & (trace["phase"] == PHASES["overlap"])]
     assert pair.size and set(np.unique(pair["nbytes"])) == {8 * 8 // 2}  # half the model per worker
     # each step the node agrees on the sharded passive merges: a barrier record (the simulator prices it)
-    agree = trace[(trace["kind"] == 5) & (trace["phase"] == 1)]
+    agree = trace[(trace["kind"] == ExchangeKind.BARRIER) & (trace["phase"] == PHASES["comm"])]
     # (on the fixed ring of 2 nodes one node answers every request: only its members agree)
     assert agree.size == 2 * 16 and set(agree["rank"].tolist()) in ({0, 1}, {2, 3}) and np.all(agree["nbytes"] == 0)
 

@@ -118,12 +118,13 @@ def test_adpsgd_trains_on_nccl(tmp_path):
 
 @two_gpus
 def test_ssgd_of_a_module_overlaps_its_allreduce_on_nccl(tmp_path):
-    from psgdlab.core.trace import read_trace
+    from psgdlab.core.exchange import ExchangeKind
+    from psgdlab.core.trace import PHASES, read_trace
     from psgdlab.runtime.config import TrainConfig
 
     config = TrainConfig(algorithm="ssgd", workers=2, backend="nccl", model="tiny-blstm", steps=4, batch=8,
                          out=str(tmp_path / "run"), evaluate=False, timeout_s=120.0)
     _launch(config)
     trace, _ = read_trace(tmp_path / "run" / "trace.npz")
-    overlapped = trace[(trace["kind"] == 1) & (trace["phase"] == 3)]
+    overlapped = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"])]
     assert overlapped.size == 2 * 4 and np.all(overlapped["nbytes"] > 0)
