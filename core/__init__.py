@@ -7,7 +7,13 @@ Modules: :mod:`~psgdlab.core.topology`, :mod:`~psgdlab.core.mixing`,
 :mod:`~psgdlab.core.spectral` (topologies, mixing matrices, spectral gaps);
 :mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry);
 :mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics);
-:mod:`~psgdlab.core.kernels`; :mod:`~psgdlab.core.reference` (the oracle executor);
+:mod:`~psgdlab.core.cost` (the communication cost laws, forward and as the fits' design rows);
+:mod:`~psgdlab.core.profile` (the platform profile schema and its TOML round trip);
+:mod:`~psgdlab.core.flags` (the command-line flags every command shares);
+:mod:`~psgdlab.core.rundir` (the run directory's summary schema);
+:mod:`~psgdlab.core.replicas` (the protocol of the emulator's model replicas);
+:mod:`~psgdlab.core.kernels`; :mod:`~psgdlab.core.reference` (the oracle executor and the
+least-squares replicas);
 :mod:`~psgdlab.core.schedules` (learning-rate recipes); :mod:`~psgdlab.core.stragglers` and
 :mod:`~psgdlab.core.timing` (straggler and compute-time models shared by the simulator and the
 runtime); :mod:`~psgdlab.core.trace` (the trace schema and summary); :mod:`~psgdlab.core.config`
