@@ -20,7 +20,8 @@ nbytes     int64   bytes this rank sent in the exchange
 staleness  int32   on compute records: foreign merges between reading the weights and
                    applying the gradient (unit: updates, see :mod:`psgdlab.core.exchange`);
                    -1 elsewhere
-loss       float32 minibatch loss on compute records where known, NaN otherwise
+loss       float32 minibatch loss on compute records where known, NaN otherwise; a loss
+                   beyond float32's range (a diverged run) is stored as inf
 ========== ======= ==================================================================
 
 Metadata (a JSON-able dict) travels with it: ``schema_version``, ``source`` (reference,
@@ -112,7 +113,15 @@ class TraceBuilder:
         return len(self._rows)
 
     def array(self) -> np.ndarray:
-        out = np.array(self._rows, dtype=TRACE_DTYPE) if self._rows else empty_trace()
+        """The rows as a :data:`TRACE_DTYPE` array sorted by start time, rank and step.
+
+        >>> tb = TraceBuilder()
+        >>> tb.add(rank=0, step=0, phase="compute", start_s=0.0, end_s=1.0, loss=1e300)
+        >>> tb.array()["loss"].tolist()
+        [inf]
+        """
+        with np.errstate(over="ignore"):  # a loss beyond float32 is inf, as the run's loss is
+            out = np.array(self._rows, dtype=TRACE_DTYPE) if self._rows else empty_trace()
         return np.sort(out, order=("start_s", "rank", "step"), kind="stable")
 
 

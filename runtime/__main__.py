@@ -26,11 +26,11 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from psgdlab.commands.train import add_train_arguments, config_from_args
+    from psgdlab.runtime.config import TrainConfig
 
     parser = argparse.ArgumentParser(prog="python -m psgdlab.runtime", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="a launch.json written by psgdlab train (replaces the other flags)")
-    add_train_arguments(parser, per_rank=True)
+    TrainConfig.add_arguments(parser)
     args = parser.parse_args(argv)
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     from psgdlab.core.errors import TestbedError
@@ -42,12 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
     try:
-        if args.config:
-            from psgdlab.runtime.config import TrainConfig
-
-            config = TrainConfig.load(args.config)
-        else:
-            config = config_from_args(args)
+        config = TrainConfig.load(args.config) if args.config else TrainConfig.from_args(args)
         from psgdlab.runtime.train import train
 
         summary = train(config, env=env)

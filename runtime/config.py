@@ -6,10 +6,17 @@ Bad input raises :class:`~psgdlab.core.errors.ConfigError` (or ``TopologyError``
 naming the value and the rule: odd workers for matching schemes, workers not divisible by
 ``gpus_per_node``, ``nccl`` without CUDA, a missing or malformed HDF5 file (the missing dataset
 named), an unknown model.
+
+Each model carries a :class:`Recipe` (:data:`MODEL_RECIPES`): the learning rate, schedule,
+momentum and total batch a run of it uses for every flag not given
+(:meth:`TrainConfig.from_args`, and ``psgdlab emulate``). :class:`TrainConfig` owns its
+command-line flags (:meth:`TrainConfig.add_arguments`), so the per-rank entry and ``psgdlab
+train`` parse the same ones without the runtime importing the CLI.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -17,16 +24,89 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.algorithms import Algorithm, algorithm_parameters, make_algorithm
+from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
+from psgdlab.core.config import check_keys, closest
 from psgdlab.core.errors import ConfigError, TopologyError, require
+from psgdlab.core.flags import add_flags
+from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 
-__all__ = ["TrainConfig", "LSQ_MODEL", "build_algorithm", "world_size_of"]
+__all__ = ["TrainConfig", "LSQ_MODEL", "Recipe", "MODEL_RECIPES", "recipe_of", "lsq_stable_lr", "build_algorithm",
+           "world_size_of"]
 
 #: built-in model name: the reference executor's least-squares problem (float64)
 LSQ_MODEL = "least-squares"
 LR_SCHEDULES = ("const", "ibm", "newbob", "exp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recipe:
+    """How a model is trained when the flags do not say: the defaults of ``--lr``,
+    ``--lr-schedule``, ``--momentum`` and ``--batch``.
+
+    ``total_batch`` is the batch of one step over all workers (``--batch`` is per worker:
+    ``total_batch // workers``, at least 1), so a recipe keeps its effective batch at any number
+    of workers. ``momentum`` goes to the algorithms that take it; ``lr=None`` means the stable
+    rate of least squares (:func:`lsq_stable_lr`). ``source`` says where the recipe comes from.
+    """
+
+    lr: float | None
+    lr_schedule: str
+    total_batch: int
+    momentum: float | None = None
+    source: str = ""
+
+    def describe(self) -> str:
+        """One line for ``--help``: ``lr 0.2, exp, momentum 0.9, total batch 32``."""
+        lr = "stable rate" if self.lr is None else f"lr {self.lr:g}"
+        momentum = f", momentum {self.momentum:g}" if self.momentum else ""
+        return f"{lr}, {self.lr_schedule}{momentum}, total batch {self.total_batch}"
+
+
+_UNTUNED = "not tuned for this model: the testbed's generic defaults"
+#: model name -> its recipe (every preset of :data:`psgdlab.runtime.models.MODEL_PRESETS`, and least squares)
+MODEL_RECIPES: dict[str, Recipe] = {
+    "blstm": Recipe(lr=0.1, lr_schedule="ibm", total_batch=256,
+                    source="the IBM baseline: batch 256, lr 0.1 (ALGORITHMS.md, S000 3 and 6.2)"),
+    "blstm-small": Recipe(lr=0.2, lr_schedule="exp", total_batch=32, momentum=0.9,
+                          source="FSDD, 5 epochs: 14.7 % held-out WER (docs/fsdd/README.md)"),
+    "tiny-blstm": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
+    "dnn": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
+    "dnn-small": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
+    "cldnn": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
+    LSQ_MODEL: Recipe(lr=None, lr_schedule="const", total_batch=64,
+                      source="the minibatch's stable rate (lsq_stable_lr)"),
+}
+
+
+def recipe_of(model: str) -> Recipe:
+    """The recipe of ``model`` (:data:`MODEL_RECIPES`); an unknown model is an error.
+
+    >>> recipe_of("blstm-small").describe()
+    'lr 0.2, exp, momentum 0.9, total batch 32'
+    """
+    if model not in MODEL_RECIPES:
+        raise ConfigError(f"model ({model!r}) is not a known model (known: {', '.join(MODEL_RECIPES)})"
+                          f"{closest(model, MODEL_RECIPES)}")
+    return MODEL_RECIPES[model]
+
+
+def lsq_stable_lr(dim: int, batch: int) -> float:
+    r"""A rate at which minibatch SGD on least squares with Gaussian rows stays stable.
+
+    The Hessian of a minibatch of :math:`B` standard normal rows in :math:`d` columns,
+    :math:`A_B^\top A_B / B`, has its largest eigenvalue near :math:`(\sqrt d + \sqrt B)^2 / B`
+    (Marchenko-Pastur edge); gradient descent diverges above :math:`2/\lambda_{max}`. This
+    returns a quarter of that bound, :math:`0.5\,B / (\sqrt d + \sqrt B)^2`.
+
+    >>> round(lsq_stable_lr(16, 32), 4)
+    0.1716
+    >>> lsq_stable_lr(50_000, 32) < 2e-3
+    True
+    """
+    require(dim >= 1 and batch >= 1, "lsq-dim/batch", (dim, batch), "must be >= 1")
+    return 0.5 * batch / (math.sqrt(dim) + math.sqrt(batch)) ** 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,43 +205,109 @@ class TrainConfig:
         return out
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(obj) - known)
-        if unknown:
-            raise ConfigError(f"config keys {unknown} are not known (known: {', '.join(sorted(known))})")
+    def from_json(cls, obj: dict[str, Any]) -> TrainConfig:
+        check_keys(obj, (f.name for f in dataclasses.fields(cls)), where="train config")
         obj = dict(obj)
         obj["held_out_speakers"] = tuple(obj.get("held_out_speakers", ()))
         return cls(**obj)
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainConfig":
+    def load(cls, path: str | Path) -> TrainConfig:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"config file {p} does not exist")
         data = json.loads(p.read_text())
         return cls.from_json(data.get("train", data))
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    # ----- command line -----
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """The training flags, shared by ``psgdlab train`` and ``python -m psgdlab.runtime``.
+
+        Flags that several commands share come from :mod:`psgdlab.core.flags`; ``--lr``,
+        ``--lr-schedule``, ``--momentum`` and ``--batch`` default to the model's recipe.
+        """
+        recipes = "; ".join(f"{name}: {r.describe()}" for name, r in MODEL_RECIPES.items())
+        recipe_help = "default: the model's recipe"
+        add_flags(parser, "--algorithm", "--workers", "--gpus-per-node", defaults={
+            "--algorithm": "ssgd", "--workers": 2, "--gpus-per-node": 1})
+        parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "mpi"],
+                            help="torch.distributed backend or MPI (default: gloo)")
+        add_flags(parser, "--model", defaults={"--model": "tiny-blstm"},
+                  helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: tiny-blstm); recipes: {recipes}"})
+        add_flags(parser, "--data", defaults={"--data": "synthetic"})
+        steps = parser.add_mutually_exclusive_group()
+        add_flags(steps, "--steps", "--epochs", helps={"--steps": "default 100 when --epochs is not given"})
+        add_flags(parser, "--batch", "--lr", "--lr-schedule", "--lr-final", "--period", "--variant", "--momentum",
+                  helps={"--batch": f"{recipe_help}'s total batch / workers", "--lr": recipe_help,
+                         "--lr-schedule": f"{recipe_help}; newbob is refused by train (it needs a held-out "
+                                          "loss every epoch; psgdlab emulate runs it)",
+                         "--momentum": f"{recipe_help} where the algorithm takes momentum"})
+        parser.add_argument("--compute-time", metavar="SPEC", help="emulated compute per step: SECONDS or a "
+                            "distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)")
+        add_flags(parser, "--straggler", "--seed", "--out", "--lsq-dim",
+                  defaults={"--straggler": "", "--lsq-dim": 16})
+        parser.add_argument("--resume", metavar="DIR",
+                            help="continue the run in DIR from its newest complete checkpoint")
+        parser.add_argument("--held-out-speakers", default="", metavar="NAMES",
+                            help="comma-separated speakers scored each epoch, not trained on")
+        parser.add_argument("--checkpoint-every", type=int, default=0, metavar="S",
+                            help="steps between checkpoints (0: at the end only)")
+        parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                            help="communication timeout in seconds")
+        parser.add_argument("--window", type=int, default=21, help="frames per input window")
+        parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+        """The configuration the flags of :meth:`add_arguments` describe, with the model's recipe
+        for the learning rate, schedule, momentum and batch not given; ``--resume DIR`` reloads
+        DIR's resolved configuration (``--steps``/``--epochs`` may extend it)."""
+        if args.resume:
+            path = Path(args.resume) / "config.resolved.json"
+            if not path.is_file():
+                raise ConfigError(f"resume directory {args.resume} has no config.resolved.json")
+            saved = cls.from_json(json.loads(path.read_text())["train"])
+            changes: dict[str, Any] = {"resume": True, "out": str(args.resume)}
+            if args.steps is not None:
+                changes.update(steps=args.steps, epochs=None)
+            elif args.epochs is not None:
+                changes.update(epochs=args.epochs, steps=None)
+            return saved.replace(**changes)
+        steps, epochs = args.steps, args.epochs
+        if steps is None and epochs is None:
+            steps = 100
+        recipe = recipe_of(args.model)
+        require(isinstance(args.workers, int) and args.workers >= 1, "workers", args.workers,
+                "must be an integer >= 1")
+        batch = args.batch if args.batch is not None else max(1, recipe.total_batch // args.workers)
+        lr = args.lr
+        if lr is None:
+            lr = recipe.lr if recipe.lr is not None else lsq_stable_lr(args.lsq_dim, batch)
+        momentum = args.momentum
+        if momentum is None and recipe.momentum and "momentum" in algorithm_parameters(args.algorithm):
+            momentum = recipe.momentum
+        return cls(
+            algorithm=args.algorithm, workers=args.workers, gpus_per_node=args.gpus_per_node, backend=args.backend,
+            model=args.model, data=args.data, steps=steps, epochs=epochs, batch=batch, lr=lr,
+            lr_schedule=args.lr_schedule or recipe.lr_schedule, lr_final=args.lr_final, period=args.period,
+            variant=args.variant, momentum=momentum, compute_time=args.compute_time, straggler=args.straggler,
+            seed=args.seed, out=str(args.out or default_run_dir("train")),
+            held_out_speakers=tuple(s for s in (args.held_out_speakers or "").split(",") if s),
+            window=args.window, checkpoint_every=args.checkpoint_every, timeout_s=args.timeout,
+            record_params=args.record_params, lsq_dim=args.lsq_dim)
 
 
 def build_algorithm(config: TrainConfig) -> Algorithm:
-    """The core algorithm the flags describe (``--period``, ``--variant``, ``--gpus-per-node``
-    and ``--momentum`` go to the algorithms that take them; elsewhere they are an error)."""
-    known = algorithm_parameters(config.algorithm) if config.algorithm else ()
-    params: dict[str, Any] = {"n_workers": config.workers, "seed": config.seed}
-    for flag, key, value in (("--period", "period", config.period), ("--variant", "variant", config.variant),
-                             ("--momentum", "momentum", config.momentum)):
-        if value is None:
-            continue
-        if key not in known:
-            raise ConfigError(f"{flag} ({value!r}) does not apply to {config.algorithm} "
-                              f"(its parameters: {', '.join(k for k in known if k not in ('n_workers', 'seed'))})")
-        params[key] = value
-    if "gpus_per_node" in known:
-        params["gpus_per_node"] = config.gpus_per_node
-    return make_algorithm(config.algorithm, **params)
+    """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`:
+    ``--period``, ``--variant`` and ``--momentum`` go to the algorithms that take them and are an
+    error elsewhere; ``--gpus-per-node`` to those whose schedule uses it)."""
+    return algorithm_from_flags(config.algorithm, config.workers, seed=config.seed, period=config.period,
+                                variant=config.variant, momentum=config.momentum,
+                                gpus_per_node=config.gpus_per_node)
 
 
 def world_size_of(config: TrainConfig) -> int:
