@@ -57,6 +57,19 @@ class Recipe:
     momentum: float | None = None
     source: str = ""
 
+    def resolve(self, *, workers: int, batch: int | None, lr: float | None, lr_schedule: str | None,
+                lsq_dim: int) -> tuple[int, float, str]:
+        """``(batch per worker, lr, lr_schedule)``: the given values, the recipe's for those ``None``.
+
+        >>> recipe_of("blstm-small").resolve(workers=4, batch=None, lr=None, lr_schedule="const", lsq_dim=16)
+        (8, 0.2, 'const')
+        """
+        require(isinstance(workers, int) and workers >= 1, "workers", workers, "must be an integer >= 1")
+        batch = batch if batch is not None else max(1, self.total_batch // workers)
+        if lr is None:
+            lr = self.lr if self.lr is not None else lsq_stable_lr(lsq_dim, batch)
+        return batch, lr, lr_schedule or self.lr_schedule
+
     def describe(self) -> str:
         """One line for ``--help``: ``lr 0.2, exp, momentum 0.9, total batch 32``."""
         lr = "stable rate" if self.lr is None else f"lr {self.lr:g}"
@@ -281,19 +294,15 @@ class TrainConfig:
         if steps is None and epochs is None:
             steps = 100
         recipe = recipe_of(args.model)
-        require(isinstance(args.workers, int) and args.workers >= 1, "workers", args.workers,
-                "must be an integer >= 1")
-        batch = args.batch if args.batch is not None else max(1, recipe.total_batch // args.workers)
-        lr = args.lr
-        if lr is None:
-            lr = recipe.lr if recipe.lr is not None else lsq_stable_lr(args.lsq_dim, batch)
+        batch, lr, lr_schedule = recipe.resolve(workers=args.workers, batch=args.batch, lr=args.lr,
+                                                lr_schedule=args.lr_schedule, lsq_dim=args.lsq_dim)
         momentum = args.momentum
         if momentum is None and recipe.momentum and "momentum" in algorithm_parameters(args.algorithm):
             momentum = recipe.momentum
         return cls(
             algorithm=args.algorithm, workers=args.workers, gpus_per_node=args.gpus_per_node, backend=args.backend,
             model=args.model, data=args.data, steps=steps, epochs=epochs, batch=batch, lr=lr,
-            lr_schedule=args.lr_schedule or recipe.lr_schedule, lr_final=args.lr_final, period=args.period,
+            lr_schedule=lr_schedule, lr_final=args.lr_final, period=args.period,
             variant=args.variant, momentum=momentum, compute_time=args.compute_time, straggler=args.straggler,
             seed=args.seed, out=str(args.out or default_run_dir("train")),
             held_out_speakers=tuple(s for s in (args.held_out_speakers or "").split(",") if s),

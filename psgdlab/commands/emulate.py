@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                                  "cldnn or least-squares"})
     length = p.add_mutually_exclusive_group()
     add_flags(length, "--epochs", "--steps", helps={"--steps": "default 100"})
-    add_flags(p, "--batch", "--lr", "--lr-schedule", defaults={"--batch": 32, "--lr": 0.1, "--lr-schedule": "const"})
+    recipe = "default: the model's recipe (psgdlab train --help)"
+    add_flags(p, "--batch", "--lr", "--lr-schedule",
+              helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe})
     add_flags(p, "--lr-final", "--lsq-dim", defaults={"--lsq-dim": 16})
     add_flags(p, "--straggler", "--seed", "--out", "--json", defaults={"--straggler": ""})
     p.set_defaults(func=run)
@@ -39,12 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from psgdlab.emulate import EmulateConfig, emulate, write_run
+    from psgdlab.runtime.config import recipe_of
 
     steps = args.steps if (args.steps is not None or args.epochs is not None) else 100
+    batch, lr, lr_schedule = recipe_of(args.model).resolve(workers=args.workers, batch=args.batch, lr=args.lr,
+                                                           lr_schedule=args.lr_schedule, lsq_dim=args.lsq_dim)
     cfg = EmulateConfig(algorithm=args.algorithm, variant=args.variant, period=args.period, workers=args.workers,
                         gpus_per_node=args.gpus_per_node, preset=args.preset, platform_file=args.platform_file,
-                        model=args.model, data=args.data, epochs=args.epochs, steps=steps, batch=args.batch,
-                        lr=args.lr, lr_schedule=args.lr_schedule, lr_final=args.lr_final, lsq_dim=args.lsq_dim,
+                        model=args.model, data=args.data, epochs=args.epochs, steps=steps, batch=batch,
+                        lr=lr, lr_schedule=lr_schedule, lr_final=args.lr_final, lsq_dim=args.lsq_dim,
                         straggler=args.straggler, seed=args.seed)
     result, resolved = emulate(cfg)
     summary = write_run(args.out, result, resolved)

@@ -92,18 +92,19 @@ def test_train_prints_the_summary_as_json(capsys, tmp_path):
     # real compute on a module, gloo: one gradient allreduce after the backward pass by default;
     # with the bucketed overlap asked for, the allreduce rides on the backward pass (an overlap
     # record with the bytes per step and rank) and the run ends on the same weights
-    from psgdlab.core.trace import read_trace
+    from psgdlab.core.exchange import ExchangeKind
+    from psgdlab.core.trace import PHASES, read_trace
     from psgdlab.runtime.config import TrainConfig
     from psgdlab.runtime.driver import OVERLAP_ENV
     from psgdlab.runtime.launch import launch
 
     trace, _ = read_trace(out / "trace.npz")
-    assert not np.any((trace["kind"] == 1) & (trace["phase"] == 3))
-    assert np.count_nonzero((trace["kind"] == 1) & (trace["phase"] == 1) & (trace["nbytes"] > 0)) == 12
+    assert not np.any((trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"]))
+    assert np.count_nonzero((trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["comm"]) & (trace["nbytes"] > 0)) == 12
     overlap = TrainConfig.load(out / "launch.json").replace(out=str(tmp_path / "overlap"))
     launch(overlap, quiet=True, timeout_s=90, extra_env={OVERLAP_ENV: "1"})
     trace, _ = read_trace(tmp_path / "overlap" / "trace.npz")
-    overlapped = trace[(trace["kind"] == 1) & (trace["phase"] == 3)]
+    overlapped = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"])]
     assert overlapped.size == 12 and np.all(overlapped["nbytes"] == overlapped["nbytes"][0]) \
         and overlapped["nbytes"][0] > 0
     np.testing.assert_allclose(np.load(tmp_path / "overlap" / "final_params.npz")["params"],
