@@ -1,9 +1,10 @@
-"""Run directories as the simulator and the runtime write them.
+"""Run directories as the simulator, the emulator and the runtime write them.
 
 A run directory holds one case (``summary.json``, ``config.resolved.json``, ``trace.npz``) or
 several, one per sub-directory of ``runs/`` (a sweep over algorithms and worker counts, as
-``psgdlab predict`` and ``psgdlab validate`` write them). A case
-is identified by its ``(algorithm, workers)`` key, read from the summary or the resolved config.
+``psgdlab predict`` and ``psgdlab validate`` write them). A case is identified by its
+``(label, workers)`` key, read from its :class:`~psgdlab.core.rundir.Summary` (the label is the
+case's name where it has one, else the algorithm's).
 """
 
 from __future__ import annotations
@@ -16,48 +17,33 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.rundir import Summary, read_summary
 from psgdlab.core.trace import read_trace
 
-__all__ = ["Run", "load_run", "load_cases", "case_key"]
+__all__ = ["Run", "load_run", "load_cases"]
 
 
 @dataclass(slots=True)
 class Run:
-    """One case of a run directory."""
+    """One case of a run directory: its :class:`~psgdlab.core.rundir.Summary` (``case``; the
+    flat ``summary.json`` object as ``summary``), resolved config, trace and environment."""
 
     path: Path
-    summary: dict[str, Any]
+    case: Summary
     config: dict[str, Any] = field(default_factory=dict)
     trace: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def summary(self) -> dict[str, Any]:
+        """``summary.json`` as one flat object (the case keys and the figures)."""
+        return self.case.to_json()
+
+    @property
     def key(self) -> tuple[str, int]:
-        return case_key(self.summary, self.config, where=self.path)
-
-
-def _find(d: Any, name: str) -> Any:
-    if isinstance(d, dict):
-        if name in d and not isinstance(d[name], dict):
-            return d[name]
-        for v in d.values():
-            found = _find(v, name)
-            if found is not None:
-                return found
-    return None
-
-
-def case_key(summary: dict[str, Any], config: dict[str, Any], *, where: Any = "run") -> tuple[str, int]:
-    """``(algorithm, workers)`` of a case, from its summary or else its resolved config."""
-    algorithm = summary.get("algorithm") or _find(config, "algorithm")
-    if isinstance(algorithm, dict):  # the runtime stores the algorithm's parameters, name included
-        algorithm = algorithm.get("algorithm")
-    workers = summary.get("workers") or _find(config, "workers") or _find(config, "n_workers")
-    if algorithm is None or workers is None:
-        raise ConfigError(f"{where}: cannot tell the case's algorithm and workers from summary.json or "
-                          f"config.resolved.json")
-    return str(algorithm), int(workers)
+        """``(label, workers)``: what tells the case apart from the others of a sweep."""
+        return self.case.label, self.case.workers
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -72,15 +58,13 @@ def load_run(path: str | Path, *, with_trace: bool = True) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"run directory {path} does not exist")
-    if not (path / "summary.json").is_file():
-        raise ConfigError(f"run directory {path} has no summary.json (is it a psgdlab run directory?)")
-    summary = _read_json(path / "summary.json")
+    case = read_summary(path)
     config = _read_json(path / "config.resolved.json") if (path / "config.resolved.json").is_file() else {}
     trace, meta = (None, {})
     if with_trace and (path / "trace.npz").is_file():
         trace, meta = read_trace(path / "trace.npz")
     env = _read_json(path / "env.json") if (path / "env.json").is_file() else {}
-    return Run(path=path, summary=summary, config=config, trace=trace, meta=meta, env=env)
+    return Run(path=path, case=case, config=config, trace=trace, meta=meta, env=env)
 
 
 def load_cases(path: str | Path, *, with_trace: bool = True) -> dict[tuple[str, int], Run]:

@@ -175,14 +175,11 @@ def _launch(cfg: Any) -> dict[str, Any]:
 
 def _relabel(run_dir: Path, name: str) -> None:
     """Name the case by its validation name (``adpsgd-random``) so the two adpsgd cases differ."""
-    import json
+    from dataclasses import replace
 
-    from psgdlab.core.trace import atomic_write_json as write
+    from psgdlab.core.rundir import read_summary, write_summary
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary["algorithm_params"] = summary.get("algorithm")
-    summary["algorithm"] = name
-    write(run_dir / "summary.json", summary)
+    write_summary(run_dir, replace(read_summary(run_dir), case=name))
 
 
 def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int, str]]:

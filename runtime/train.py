@@ -35,7 +35,7 @@ import torch
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.reference import LeastSquaresProblem
-from psgdlab.core.rundir import RunDir, environment
+from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
 from psgdlab.core.schedules import lr_schedule
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
@@ -284,9 +284,9 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     curve = [float(np.nanmean(compute["loss"][compute["step"] == s])) for s in steps_idx]
     stride = max(1, len(steps_idx) // 1000)
     summary["loss_curve"] = {"step": [int(s) for s in steps_idx[::stride]], "loss": curve[::stride]}
-    summary.update({"algorithm": algorithm.params(), "backend": config.backend, "world_size": world,
-                    "samples_per_step": samples, "steps_per_worker": steps, "wall_s": wall_s,
-                    "source": "runtime", **(payload or {})})
+    summary.pop("workers")  # a case key of the Summary below
+    summary.update({"backend": config.backend, "world_size": world, "samples_per_step": samples,
+                    "steps_per_worker": steps, "wall_s": wall_s, **(payload or {})})
     if config.compute_time:  # steps whose real compute outlasted --compute-time (emulation not honoured)
         summary["compute_time_overrun_steps"] = int(sum(r.extra.get("compute_overruns", 0) for r in workers))
     if algorithm.has_server:
@@ -304,8 +304,11 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
         summary["held_out"] = evaluations
         summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {config.workers} workers"
         summary["held_out_last"] = evaluations[-1]
+    params = algorithm.params()
+    case = Summary(source="runtime", algorithm=str(params["algorithm"]), algorithm_params=params,
+                   workers=config.workers, figures=summary)
     if out is None:
-        return summary
+        return case.to_json()
     run = RunDir(out)
     run.write_json("config.resolved.json", {"train": config.to_json(), "algorithm": algorithm.params(),
                                             "steps": steps, "world_size": world,
@@ -324,8 +327,8 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
         _save_npz(run / "trajectory.npz", params=traj, start_step=np.array(start_step))
     if all(f is not None for f in finals):
         _save_npz(run / "final_params.npz", params=np.stack(finals))
-    run.write_json("summary.json", summary)
-    return summary
+    write_summary(run, case)
+    return case.to_json()
 
 
 def _payload(workload: Any) -> dict[str, int] | None:

@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
-from psgdlab.core.rundir import RunDir, environment
+from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
 from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
@@ -70,7 +70,7 @@ def write_prediction(out: str | Path, config: SimConfig, predictions: Sequence[P
                                                     "workers": p.row["workers"]})
             sub.write_json("env.json", {**env, "world_size": p.row["workers"]})
             write_trace(sub / "trace.npz", p.result.trace, p.result.meta)
-            sub.write_json("summary.json", {**p.summary, **p.row})
+            write_summary(sub, _case_summary(p))
             to_chrome_trace(p.result.trace, sub / "timeline.json", meta=p.result.meta, max_events=TIMELINE_EVENTS)
     if len(predictions) == 1:
         p = predictions[0]
@@ -113,3 +113,13 @@ def format_table(config: SimConfig, rows: Sequence[dict[str, Any]], *, run_dir: 
     if run_dir is not None:
         lines.append(f"run directory: {run_dir}" + (f"   ({wall_s:.1f} s)" if wall_s is not None else ""))
     return "\n".join(lines)
+
+
+def _case_summary(p: Any) -> Summary:
+    """One prediction as the :class:`~psgdlab.core.rundir.Summary` of its case directory: the
+    trace's summary and the sweep's row as its figures; the row's name is the case's where it is
+    not the algorithm's (a sweep's 1-worker point runs as sgd; a validation names its cases)."""
+    figures = {k: v for k, v in {**p.summary, **p.row}.items() if k not in ("algorithm", "workers", "params")}
+    name, ran = p.row["algorithm"], str(p.row["params"]["algorithm"])
+    return Summary(source="simulator", algorithm=ran, algorithm_params=p.row["params"], workers=p.row["workers"],
+                   case=name if name != ran else None, figures=figures)

@@ -13,7 +13,7 @@ from psgdlab.analysis.report import write_report
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.rundir import RunDir
+from psgdlab.core.rundir import RunDir, Summary, write_summary
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 
 
@@ -31,8 +31,10 @@ def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, ste
     trace = tb.array()
     rd = RunDir(path)
     write_trace(rd / "trace.npz", trace, {"source": "test"})
-    rd.write_json("summary.json", {"algorithm": algorithm, "workers": workers,
-                                   **summarize(trace, samples_per_step=32)})
+    figures = summarize(trace, samples_per_step=32)
+    del figures["workers"]
+    write_summary(rd, Summary(source="runtime", algorithm=algorithm, algorithm_params={"algorithm": algorithm},
+                              workers=workers, figures=figures))
     rd.write_json("config.resolved.json", {"algorithm": {"algorithm": algorithm, "n_workers": workers}})
     return path
 

@@ -11,7 +11,7 @@ from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.cost import allreduce_messages, allreduce_rounds
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind, trainer_merges
-from psgdlab.core.rundir import RunDir
+from psgdlab.core.rundir import RunDir, Summary, write_summary
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
 
@@ -79,8 +79,10 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
             "itemsize": itemsize, "payload_bytes": S, **({"allreduce_algorithm": schedule} if schedule else {})}
     rd = RunDir(path)
     write_trace(rd / "trace.npz", trace, meta)
-    rd.write_json("summary.json", {**summarize(trace, samples_per_step=8), "algorithm": {"algorithm": algorithm},
-                                   **meta})
+    figures = {**summarize(trace, samples_per_step=8), **meta}
+    del figures["workers"], figures["source"]
+    write_summary(rd, Summary(source="runtime", algorithm=algorithm, algorithm_params={"algorithm": algorithm},
+                              workers=workers, figures=figures))
     rd.write_json("env.json", {"cpu_count": CORES})
     if resolved:
         rd.write_json("config.resolved.json", {"algorithm": resolved, "world_size": workers})
