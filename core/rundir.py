@@ -24,10 +24,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import atomic_write_json
@@ -164,7 +165,7 @@ class Summary:
         return {**head, **self.figures}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any], *, where: Any = "summary") -> "Summary":
+    def from_json(cls, obj: Mapping[str, Any], *, where: Any = "summary") -> Summary:
         """The summary of a ``summary.json`` object (:class:`ConfigError` naming ``where`` if a
         case key is missing)."""
         missing = [k for k in ("source", "algorithm", "algorithm_params", "workers") if k not in obj]

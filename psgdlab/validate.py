@@ -48,8 +48,9 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from psgdlab.core.errors import require
 from psgdlab.core.trace import atomic_write_json

@@ -260,7 +260,7 @@ class _Worker:
     def serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
         try:
             self._serve(n_requests, example)
-        except BaseException as exc:  # noqa: BLE001 - reported by the training thread
+        except BaseException as exc:
             self.errors.put(exc)
 
     def _serve(self, n_requests: int, example: PairwiseAverage | None) -> None:

@@ -16,8 +16,9 @@ Layout written by :func:`write_prediction` (every file atomic)::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
 from psgdlab.core.trace import to_chrome_trace, write_trace

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("matplotlib")
 
-from psgdlab.analysis.figures import (  # noqa: E402
+from psgdlab.analysis.figures import (
     consensus_figure,
     emulation_loss_figure,
     predicted_staleness_figure,

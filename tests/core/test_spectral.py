@@ -226,7 +226,7 @@ def test_two_workers_single_matching_is_the_exact_average():
 @given(W=pst.mixing_matrices(topology=pst.topologies(max_workers=16)), seed=st.integers(0, 2**32 - 1))
 def test_one_round_contracts_by_sigma2_squared(W, seed):
     theta = np.random.default_rng(seed).normal(size=(3, W.shape[0]))
-    c = lambda x: float(np.sum((x - x.mean(axis=1, keepdims=True)) ** 2))  # noqa: E731
+    c = lambda x: float(np.sum((x - x.mean(axis=1, keepdims=True)) ** 2))
     assert c(theta @ W) <= sigma2(W) ** 2 * c(theta) * (1 + 1e-9) + 1e-12
 
 

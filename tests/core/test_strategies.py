@@ -191,7 +191,8 @@ def test_strategies_module_exports():
 from hypothesis import given as _given  # noqa: E402
 
 from psgdlab.core.algorithms import ALGORITHMS as _ALGORITHMS  # noqa: E402
-from psgdlab.core.reference import LeastSquaresProblem as _LSQ, run_reference as _run  # noqa: E402
+from psgdlab.core.reference import LeastSquaresProblem as _LSQ  # noqa: E402
+from psgdlab.core.reference import run_reference as _run
 from psgdlab.core.strategies import algorithm_specs  # noqa: E402
 
 

@@ -164,7 +164,7 @@ def test_torus_uses_the_most_square_factorisation_with_weights_one_fifth(n, shap
     assert np.all(np.sum(W > 0, axis=0) == 5)
     np.testing.assert_allclose(W[W > 0], 0.2)
     r, c = shape
-    node = lambda i, j: (i % r) * c + (j % c)  # noqa: E731
+    node = lambda i, j: (i % r) * c + (j % c)
     assert set(np.flatnonzero(W[:, node(1, 1)])) == {node(1, 1), node(0, 1), node(2, 1), node(1, 0), node(1, 2)}
 
 

@@ -3,8 +3,6 @@ batched gradients, and the ``psgdlab emulate`` command."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 

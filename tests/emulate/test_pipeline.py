@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("psgdlab.sim.engine")
 
-from psgdlab.cli import main  # noqa: E402
-from psgdlab.core.schedules import LR_SCHEDULE_NAMES, ibm_lr, lr_schedule  # noqa: E402
-from psgdlab.emulate import EmulateConfig, emulate  # noqa: E402
+from psgdlab.cli import main
+from psgdlab.core.schedules import LR_SCHEDULE_NAMES, ibm_lr, lr_schedule
+from psgdlab.emulate import EmulateConfig, emulate
 
 
 def _run(capsys, tmp_path, *argv):
