@@ -14,5 +14,15 @@ from psgdlab.analysis.calibrate import calibrate_runs, fit_compute_time, fit_lin
 from psgdlab.analysis.compare import compare_cases, compare_dirs, total_variation
 from psgdlab.analysis.load import Run, load_cases, load_run
 
-__all__ = ["Run", "load_run", "load_cases", "compare_cases", "compare_dirs", "total_variation",
-           "fit_compute_time", "fit_link", "calibrate_runs", "platform_toml"]
+__all__ = [
+    "Run",
+    "load_run",
+    "load_cases",
+    "compare_cases",
+    "compare_dirs",
+    "total_variation",
+    "fit_compute_time",
+    "fit_link",
+    "calibrate_runs",
+    "platform_toml",
+]

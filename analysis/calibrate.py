@@ -46,11 +46,21 @@ from psgdlab.core.exchange import ExchangeKind, folds_model, trainer_merges
 from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Workload
 from psgdlab.core.trace import PHASES
 
-__all__ = ["fit_compute_time", "fit_link", "fit_links", "fit_overhead_per_byte", "step_gaps",
-           "calibrate_runs", "platform_profile", "platform_toml",
-           "allreduce_algorithm_of",
-           "write_platform", "MIN_RECORDS",
-           "PAIRWISE_QUANTILE", "SERVER_QUANTILE"]
+__all__ = [
+    "fit_compute_time",
+    "fit_link",
+    "fit_links",
+    "fit_overhead_per_byte",
+    "step_gaps",
+    "calibrate_runs",
+    "platform_profile",
+    "platform_toml",
+    "allreduce_algorithm_of",
+    "write_platform",
+    "MIN_RECORDS",
+    "PAIRWISE_QUANTILE",
+    "SERVER_QUANTILE",
+]
 
 MIN_RECORDS = 8
 #: pairwise records may include waiting for the peer's lock: keep those at or below this
@@ -75,20 +85,36 @@ def fit_compute_time(trace: np.ndarray, *, warmup_steps: int = 2) -> dict[str, A
     d = (sel["end_s"] - sel["start_s"]).astype(float)
     d = d[d > 0]
     if d.size < MIN_RECORDS:
-        raise ConfigError(f"too little data to fit compute time: {d.size} compute records after "
-                          f"{warmup_steps} warm-up steps (need >= {MIN_RECORDS}); run more steps")
+        raise ConfigError(
+            f"too little data to fit compute time: {d.size} compute records after "
+            f"{warmup_steps} warm-up steps (need >= {MIN_RECORDS}); run more steps"
+        )
     p50, p95 = float(np.median(d)), float(np.percentile(d, 95))
     mu, sigma = math.log(p50), math.log(p95 / p50) / stats.norm.ppf(0.95)
     mean, cv = math.exp(mu + sigma * sigma / 2), math.sqrt(math.expm1(sigma * sigma))
     ks = float(stats.kstest(d, "lognorm", args=(sigma, 0, p50)).statistic) if sigma > 0 else 0.0
-    return {"kind": "lognormal", "mean_s": mean, "cv": cv, "p50_s": p50, "p95_s": p95,
-            "sample_mean_s": float(d.mean()), "samples": int(d.size), "ks_distance": ks,
-            "spec": f"lognormal:{mean:.6g}:{cv:.6g}"}
+    return {
+        "kind": "lognormal",
+        "mean_s": mean,
+        "cv": cv,
+        "p50_s": p50,
+        "p95_s": p95,
+        "sample_mean_s": float(d.mean()),
+        "samples": int(d.size),
+        "ks_distance": ks,
+        "spec": f"lognormal:{mean:.6g}:{cv:.6g}",
+    }
 
 
-def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes: np.ndarray | None = None,
-             pairwise: np.ndarray | None = None, records: int | None = None,
-             algorithm: str = "ring") -> dict[str, Any]:
+def fit_link(
+    durations_s: np.ndarray,
+    payload_bytes: np.ndarray,
+    *,
+    group_sizes: np.ndarray | None = None,
+    pairwise: np.ndarray | None = None,
+    records: int | None = None,
+    algorithm: str = "ring",
+) -> dict[str, Any]:
     r"""Least-squares latency and bandwidth from exchange durations and payloads.
 
     Parameters
@@ -115,8 +141,9 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     if records < MIN_RECORDS or t.size < 2:
         raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
     if np.unique(S).size < 2:
-        raise ConfigError("cannot separate latency from bandwidth with a single payload size; "
-                          "measure exchanges of at least two sizes")
+        raise ConfigError(
+            "cannot separate latency from bandwidth with a single payload size; measure exchanges of at least two sizes"
+        )
     if group_sizes is None:
         a_coef, b_coef = transfer_terms(S)
     else:
@@ -128,13 +155,20 @@ def fit_link(durations_s: np.ndarray, payload_bytes: np.ndarray, *, group_sizes:
     X = np.column_stack([a_coef, b_coef])
     (alpha, inv_beta), *_ = np.linalg.lstsq(X, t, rcond=None)
     if inv_beta <= 0:
-        raise ConfigError(f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B): the durations do not "
-                          "grow with payload size; measure larger payloads")
+        raise ConfigError(
+            f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B): the durations do not "
+            "grow with payload size; measure larger payloads"
+        )
     pred = X @ np.array([alpha, inv_beta])
     resid = t - pred
-    return {"latency_s": float(max(alpha, 0.0)), "bandwidth_bytes_per_s": float(1.0 / inv_beta),
-            "samples": records, "points": int(t.size), "rms_residual_s": float(np.sqrt(np.mean(resid ** 2))),
-            "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12)))}
+    return {
+        "latency_s": float(max(alpha, 0.0)),
+        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
+        "samples": records,
+        "points": int(t.size),
+        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
+        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+    }
 
 
 # ----- calibration from run directories -----------------------------------------------------------
@@ -219,8 +253,9 @@ def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     for i in range(len(uniq)):
         sel = ar[inv == i]
         whole = n[i] == n_workers and sel.size == n_workers
-        cost[i] = (float(sel["end_s"].max() - sel["start_s"].max()) if whole
-                   else float((sel["end_s"] - sel["start_s"]).min()))
+        cost[i] = (
+            float(sel["end_s"].max() - sel["start_s"].max()) if whole else float((sel["end_s"] - sel["start_s"]).min())
+        )
     return uniq[:, 0].astype(int), wire, n, cost
 
 
@@ -252,8 +287,9 @@ def _link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
     return tuple(np.array(c, dtype=t) for c, t in zip(cols, (float, float, float, bool, int)))
 
 
-def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec: np.ndarray, *,
-              algorithm: str = "ring") -> tuple[dict[str, Any], dict[str, Any] | None]:
+def fit_links(
+    t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec: np.ndarray, *, algorithm: str = "ring"
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
     points of :func:`_link_samples` (durations, payloads, group sizes, pairwise mask, records).
 
@@ -264,12 +300,14 @@ def fit_links(t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec
     over every point is the link and the collective is ``None`` (the simulator then derives it
     from the link). ``algorithm``: the allreduces' schedule, as in :func:`fit_link`.
     """
+
     def enough(sel: np.ndarray) -> bool:
         return np.unique(S[sel]).size >= 2 and int(rec[sel].sum()) >= MIN_RECORDS
 
     def one(sel: np.ndarray) -> dict[str, Any]:
-        fit = fit_link(t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()),
-                       algorithm=algorithm)
+        fit = fit_link(
+            t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()), algorithm=algorithm
+        )
         fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
         fit["pairwise_samples"] = int(rec[sel & pair].sum())
         fit["payload_sizes_bytes"] = sorted({int(x) for x in S[sel]})
@@ -349,8 +387,10 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     free = [r for r in runs if cores is None or _workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
-        raise ConfigError(f"every run has more workers than the {cores} cores: the link and the compute time are "
-                          f"fitted from runs with at most {cores} workers")
+        raise ConfigError(
+            f"every run has more workers than the {cores} cores: the link and the compute time are "
+            f"fitted from runs with at most {cores} workers"
+        )
     compute = fit_compute_time(np.concatenate([r.trace for r in free]), warmup_steps=warmup_steps)
     # the step overhead of runs whose training threads never fold an average back, and beyond it
     # that merge, from the steps that do it (an AD-PSGD run's active sides)
@@ -370,14 +410,19 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             passive.append((S, float(np.median(gaps[~merges, 2]))))
     fixed, per_byte = fit_overhead_per_byte(base or merging)
     mix_merge = _fit_mix_merge(merging, passive, fixed, per_byte) if base else None
-    compute.update(step_overhead_fixed_s=fixed, step_overhead_s_per_byte=per_byte,
-                   step_overhead_s=fixed + per_byte * max(sizes, default=0.0))
+    compute.update(
+        step_overhead_fixed_s=fixed,
+        step_overhead_s_per_byte=per_byte,
+        step_overhead_s=fixed + per_byte * max(sizes, default=0.0),
+    )
     averaging = [r for r in free if _averages_model(r)]
     plain = [r for r in free if r not in averaging]
     if not plain:
         names = ", ".join(_algorithm_of(r) for r in free)
-        raise ConfigError("the link is fitted from runs without model averaging (ssgd, adpsgd, ...); every run "
-                          f"with at most {cores} workers allreduces the model ({names})")
+        raise ConfigError(
+            "the link is fitted from runs without model averaging (ssgd, adpsgd, ...); every run "
+            f"with at most {cores} workers allreduces the model ({names})"
+        )
     algorithm = allreduce_algorithm_of(runs)
     parts = [_link_samples(r, warmup_steps=warmup_steps) for r in plain]
     link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)), algorithm=algorithm)
@@ -385,16 +430,35 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     server = _fit_server(free, link)
     host_cpu = None
     if busy:
-        host_cpu = fit_host_cpu(busy, cores=int(cores), link=collective or link, spans=allreduce_spans,
-                                payload_of=_payload_of, workers_of=_workers_of, warmup_steps=warmup_steps,
-                                algorithm=algorithm)
+        host_cpu = fit_host_cpu(
+            busy,
+            cores=int(cores),
+            link=collective or link,
+            spans=allreduce_spans,
+            payload_of=_payload_of,
+            workers_of=_workers_of,
+            warmup_steps=warmup_steps,
+            algorithm=algorithm,
+        )
     payloads = [p for p in (_payload_of(r) for r in free) if p]
     itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
     batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
-    return {"compute": compute, "link": link, "collective": collective, "server": server, "host_cpu": host_cpu,
-            "model_average": model_average, "mix_merge": mix_merge, "cores": cores, "allreduce_algorithm": algorithm,
-            "runs": [str(r.path) for r in runs], "payload_bytes": payloads, "itemsize": max(itemsizes) or None,
-            "batch": max(batches) or None, "max_workers": max(_workers_of(r) for r in runs)}
+    return {
+        "compute": compute,
+        "link": link,
+        "collective": collective,
+        "server": server,
+        "host_cpu": host_cpu,
+        "model_average": model_average,
+        "mix_merge": mix_merge,
+        "cores": cores,
+        "allreduce_algorithm": algorithm,
+        "runs": [str(r.path) for r in runs],
+        "payload_bytes": payloads,
+        "itemsize": max(itemsizes) or None,
+        "batch": max(batches) or None,
+        "max_workers": max(_workers_of(r) for r in runs),
+    }
 
 
 def _merging_steps(run: Any, gaps: np.ndarray) -> np.ndarray:
@@ -409,8 +473,9 @@ def _merging_steps(run: Any, gaps: np.ndarray) -> np.ndarray:
     return np.full(len(gaps), bool(np.any((tr["kind"] == ExchangeKind.PAIRWISE) & (tr["nbytes"] > 0))))
 
 
-def _fit_mix_merge(merging: list[tuple[float, float]], passive: list[tuple[float, float]], fixed: float,
-                   per_byte: float) -> dict[str, Any] | None:
+def _fit_mix_merge(
+    merging: list[tuple[float, float]], passive: list[tuple[float, float]], fixed: float, per_byte: float
+) -> dict[str, Any] | None:
     r"""Host work of the training thread folding an average back (``[platform] mix_merge_s``,
     ``mix_merge_s_per_byte``): the median step overhead of the steps that do it (``(payload,
     overhead)`` per run: :func:`_merging_steps`) beyond the overhead line :math:`a + bS` of the
@@ -428,8 +493,13 @@ def _overhead_line(points: list[tuple[float, float]]) -> dict[str, Any]:
     """:func:`fit_overhead_per_byte` of ``(payload bytes, excess)`` per run, with the points
     behind it (the fold of an averaged model, the merge of a pairwise one)."""
     a, b = fit_overhead_per_byte(points)
-    return {"fixed_s": a, "s_per_byte": b, "runs": len(points),
-            "excess_s": [round(x, 6) for _, x in sorted(points)], "payloads_bytes": [int(S) for S, _ in sorted(points)]}
+    return {
+        "fixed_s": a,
+        "s_per_byte": b,
+        "runs": len(points),
+        "excess_s": [round(x, 6) for _, x in sorted(points)],
+        "payloads_bytes": [int(S) for S, _ in sorted(points)],
+    }
 
 
 def allreduce_algorithm_of(runs: list[Any]) -> str:
@@ -443,13 +513,16 @@ def allreduce_algorithm_of(runs: list[Any]) -> str:
         if a not in ALLREDUCE_ALGORITHMS:
             raise ConfigError(f"allreduce_algorithm {a!r} of the runs is not one of {', '.join(ALLREDUCE_ALGORITHMS)}")
     if len(said) > 1:
-        raise ConfigError(f"the runs used different allreduce schedules {sorted(said)} (a transport each); "
-                          "calibrate the runs of one transport at a time")
+        raise ConfigError(
+            f"the runs used different allreduce schedules {sorted(said)} (a transport each); "
+            "calibrate the runs of one transport at a time"
+        )
     return said.pop() if said else "ring"
 
 
-def _fit_model_average(runs: list[Any], link: dict[str, Any], *, algorithm: str = "ring",
-                       warmup_steps: int) -> dict[str, Any] | None:
+def _fit_model_average(
+    runs: list[Any], link: dict[str, Any], *, algorithm: str = "ring", warmup_steps: int
+) -> dict[str, Any] | None:
     r"""Host work of folding an averaged model back (``[platform] model_average_s``, ``_s_per_byte``)
     from model-averaging runs (:func:`_averages_model`): their allreduce records hold the clone,
     the allreduce and the algorithm's combine, so per run the median span beyond the ring model
@@ -460,8 +533,19 @@ def _fit_model_average(runs: list[Any], link: dict[str, Any], *, algorithm: str 
     pts = []
     for r in runs:
         S = _payload_of(r)
-        got = span_excess(r, allreduce_spans, n_workers=_workers_of(r), payload_bytes=float(S or 0), link=link,
-                          warmup_steps=warmup_steps, algorithm=algorithm) if S else None
+        got = (
+            span_excess(
+                r,
+                allreduce_spans,
+                n_workers=_workers_of(r),
+                payload_bytes=float(S or 0),
+                link=link,
+                warmup_steps=warmup_steps,
+                algorithm=algorithm,
+            )
+            if S
+            else None
+        )
         if got is not None:
             pts.append((float(S), got[0]))
     return _overhead_line(pts) if pts else None
@@ -496,9 +580,16 @@ def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def platform_profile(calibration: dict[str, Any], *, name: str = "calibrated", devices: int | None = None,
-                     n_params: int | None = None, itemsize: int | None = None, batch: int | None = None,
-                     workers: tuple[int, ...] | None = None) -> Profile:
+def platform_profile(
+    calibration: dict[str, Any],
+    *,
+    name: str = "calibrated",
+    devices: int | None = None,
+    n_params: int | None = None,
+    itemsize: int | None = None,
+    batch: int | None = None,
+    workers: tuple[int, ...] | None = None,
+) -> Profile:
     """The simulator's platform profile (:class:`psgdlab.core.profile.Profile`) of a
     :func:`calibrate_runs` fit, with the fit's residuals as its notes.
 
@@ -522,8 +613,10 @@ def platform_profile(calibration: dict[str, Any], *, name: str = "calibrated", d
             raise ConfigError("the runs do not record their payload (payload_bytes); give n_params")
         n_params = max(1, int(max(payloads)) // itemsize)
     batch = int(batch or calibration.get("batch") or 1)
-    overhead = (comp.get("step_overhead_fixed_s", comp.get("step_overhead_s", 0.0)),
-                comp.get("step_overhead_s_per_byte", 0.0))
+    overhead = (
+        comp.get("step_overhead_fixed_s", comp.get("step_overhead_s", 0.0)),
+        comp.get("step_overhead_s_per_byte", 0.0),
+    )
     lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
     coll_fit = calibration.get("collective")
     avg = calibration.get("model_average")
@@ -531,26 +624,51 @@ def platform_profile(calibration: dict[str, Any], *, name: str = "calibrated", d
     mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
     fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw))
     platform = Platform(
-        name=name, description="this machine, fitted from measured runs (loopback transport, emulated devices)",
-        hosts=1, devices_per_host=devices, sockets_per_host=devices, device="cpu-process",
-        pcie=fitted_link, nic=fitted_link,
-        collective=Link(latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(
-            coll_fit["bandwidth_bytes_per_s"])) if coll_fit else None,
+        name=name,
+        description="this machine, fitted from measured runs (loopback transport, emulated devices)",
+        hosts=1,
+        devices_per_host=devices,
+        sockets_per_host=devices,
+        device="cpu-process",
+        pcie=fitted_link,
+        nic=fitted_link,
+        collective=Link(
+            latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"])
+        )
+        if coll_fit
+        else None,
         allreduce=calibration.get("allreduce_algorithm") or "ring",
         **({"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}),
         model_average_s=float(avg["fixed_s"]) if avg else 0.0,
         model_average_s_per_byte=float(avg["s_per_byte"]) if avg else 0.0,
         mix_merge_s=float(mix["fixed_s"]) if mix else 0.0,
         mix_merge_s_per_byte=float(mix["s_per_byte"]) if mix else 0.0,
-        step_overhead_s=float(overhead[0]), step_overhead_s_per_byte=float(overhead[1]), staging="direct",
-        server=ServerSpec(latency_s=float(lat), bandwidth_bytes_per_s=float(bw),
-                          service_overhead_s=float(srv["service_overhead_s"]) if srv else 0.0,
-                          apply_on_host=bool(mem_bw)),
-        host_cpu=HostCPU(cores_per_host=int(cpu["cores_per_host"]), work_per_message_s=float(cpu["work_per_message_s"]),
-                         work_per_byte_s=float(cpu["work_per_byte_s"])) if cpu else None,
+        step_overhead_s=float(overhead[0]),
+        step_overhead_s_per_byte=float(overhead[1]),
+        staging="direct",
+        server=ServerSpec(
+            latency_s=float(lat),
+            bandwidth_bytes_per_s=float(bw),
+            service_overhead_s=float(srv["service_overhead_s"]) if srv else 0.0,
+            apply_on_host=bool(mem_bw),
+        ),
+        host_cpu=HostCPU(
+            cores_per_host=int(cpu["cores_per_host"]),
+            work_per_message_s=float(cpu["work_per_message_s"]),
+            work_per_byte_s=float(cpu["work_per_byte_s"]),
+        )
+        if cpu
+        else None,
     )
-    workload = Workload(name=name + "-workload", description="the calibration runs' model", n_params=int(n_params),
-                        itemsize=itemsize, compute=comp["spec"], reference_batch=batch, batch_per_worker=batch)
+    workload = Workload(
+        name=name + "-workload",
+        description="the calibration runs' model",
+        n_params=int(n_params),
+        itemsize=itemsize,
+        compute=comp["spec"],
+        reference_batch=batch,
+        batch_per_worker=batch,
+    )
     defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
     notes = [
         f"Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
@@ -563,32 +681,60 @@ def platform_profile(calibration: dict[str, Any], *, name: str = "calibrated", d
         f"pairwise) of sizes {link['payload_sizes_bytes']} B in {link['points']} points (median allreduce span, "
         f"low quantile of pairwise durations per run and size), rms residual {link['rms_residual_s']:.4g} s, "
         f"max relative residual {link['max_rel_residual']:.4g}",
-        ("  collective (allreduce, fitted apart from the pairwise exchanges): " + (
-            f"{coll_fit['latency_s']:.4g} s + S / {coll_fit['bandwidth_bytes_per_s']:.4g} B/s from "
-            f"{coll_fit['samples']} allreduces, rms residual {coll_fit['rms_residual_s']:.4g} s, max relative "
-            f"residual {coll_fit['max_rel_residual']:.4g}" if coll_fit else
-            "not fitted apart (too few allreduce or pairwise sizes): the link's")),
-        ("  server: " + (f"service overhead {srv['service_overhead_s']:.4g} s, update at "
-                          f"{srv['memory_bandwidth_bytes_per_s'] or 0:.4g} B/s of memory (0: not fitted) from "
-                          f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
-                          if srv else
-                          "no server exchanges measured; overhead 0")),
-        ("  model average (the fold of an averaged model back, beyond the allreduce): " + (
-            f"{avg['fixed_s']:.4g} s + {avg['s_per_byte']:.4g} s per byte from {avg['runs']} runs (excess "
-            f"{avg['excess_s']} s at {avg['payloads_bytes']} B)" if avg else "no model-averaging runs: 0")),
+        (
+            "  collective (allreduce, fitted apart from the pairwise exchanges): "
+            + (
+                f"{coll_fit['latency_s']:.4g} s + S / {coll_fit['bandwidth_bytes_per_s']:.4g} B/s from "
+                f"{coll_fit['samples']} allreduces, rms residual {coll_fit['rms_residual_s']:.4g} s, max relative "
+                f"residual {coll_fit['max_rel_residual']:.4g}"
+                if coll_fit
+                else "not fitted apart (too few allreduce or pairwise sizes): the link's"
+            )
+        ),
+        (
+            "  server: "
+            + (
+                f"service overhead {srv['service_overhead_s']:.4g} s, update at "
+                f"{srv['memory_bandwidth_bytes_per_s'] or 0:.4g} B/s of memory (0: not fitted) from "
+                f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
+                if srv
+                else "no server exchanges measured; overhead 0"
+            )
+        ),
+        (
+            "  model average (the fold of an averaged model back, beyond the allreduce): "
+            + (
+                f"{avg['fixed_s']:.4g} s + {avg['s_per_byte']:.4g} s per byte from {avg['runs']} runs (excess "
+                f"{avg['excess_s']} s at {avg['payloads_bytes']} B)"
+                if avg
+                else "no model-averaging runs: 0"
+            )
+        ),
         f"  step overhead (host work between a step's exchanges and the next compute, apart from the compute: "
         f"a straggler does not slow it): {overhead[0] + overhead[1] * n_params * itemsize:.4g} s at "
         f"{n_params * itemsize} B ({overhead[0]:.4g} s + {overhead[1]:.4g} s per byte of model)",
-        ("  merge of an average by the training thread: " + (
-            f"{mix['fixed_s']:.4g} s + {mix['s_per_byte']:.4g} s per byte from {mix['runs']} runs (excess "
-            f"{mix['excess_s']} s at {mix['payloads_bytes']} B; the passive sides' own excess, not priced: "
-            f"{mix.get('passive_excess_s', [])} s)" if mix else "no runs with pairwise averages: 0")),
-        ("  host cores: " + (f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
-                              f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
-                              f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
-                              f"rms residual "
-                              f"{cpu['rms_residual_s']:.4g} s)" if cpu else
-                              "no run had more workers than cores: the cores are not modelled")),
+        (
+            "  merge of an average by the training thread: "
+            + (
+                f"{mix['fixed_s']:.4g} s + {mix['s_per_byte']:.4g} s per byte from {mix['runs']} runs (excess "
+                f"{mix['excess_s']} s at {mix['payloads_bytes']} B; the passive sides' own excess, not priced: "
+                f"{mix.get('passive_excess_s', [])} s)"
+                if mix
+                else "no runs with pairwise averages: 0"
+            )
+        ),
+        (
+            "  host cores: "
+            + (
+                f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
+                f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
+                f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
+                f"rms residual "
+                f"{cpu['rms_residual_s']:.4g} s)"
+                if cpu
+                else "no run had more workers than cores: the cores are not modelled"
+            )
+        ),
     ]
     return Profile(platform=platform, workload=workload, defaults=defaults, notes=tuple(notes))
 

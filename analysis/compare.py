@@ -37,8 +37,17 @@ from psgdlab.analysis.load import Run, load_cases
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.trace import PHASES, summarize
 
-__all__ = ["total_variation", "compare_cases", "compare_dirs", "cut_at_first_finish", "windowed_summaries",
-           "window_summary", "ranking", "METRICS", "TIE_REL"]
+__all__ = [
+    "total_variation",
+    "compare_cases",
+    "compare_dirs",
+    "cut_at_first_finish",
+    "windowed_summaries",
+    "window_summary",
+    "ranking",
+    "METRICS",
+    "TIE_REL",
+]
 
 #: summary keys compared for every case
 METRICS = ("step_time_s", "samples_per_s", "comm_fraction", "idle_fraction", "staleness_mean")
@@ -94,8 +103,11 @@ def windowed_summaries(pred: Run, meas: Run) -> tuple[dict[str, Any], dict[str, 
     if not (cut_p["phase"] == PHASES["compute"]).any() or not (cut_m["phase"] == PHASES["compute"]).any():
         return pred.summary, meas.summary, False
     steps = min(_steps_per_worker(cut_p), _steps_per_worker(cut_m))
-    return (window_summary(cut_p, samples_per_step=sp, steps=steps),
-            window_summary(cut_m, samples_per_step=sm, steps=steps), True)
+    return (
+        window_summary(cut_p, samples_per_step=sp, steps=steps),
+        window_summary(cut_m, samples_per_step=sm, steps=steps),
+        True,
+    )
 
 
 def window_summary(cut: np.ndarray, *, samples_per_step: int, steps: int | None = None) -> dict[str, Any]:
@@ -110,12 +122,14 @@ def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
     algorithm, workers = meas.key
     out: dict[str, Any] = {"algorithm": algorithm, "workers": workers}
     ps, ms, windowed = windowed_summaries(pred, meas)
-    out["window"] = ("traces cut at the first worker's finish, summarized alike" if windowed
-                     else "summary files (a trace is missing)")
+    out["window"] = (
+        "traces cut at the first worker's finish, summarized alike"
+        if windowed
+        else "summary files (a trace is missing)"
+    )
     for name in METRICS:
         out[name] = _error(ps.get(name), ms.get(name))
-    out["staleness_tv"] = total_variation(ps.get("staleness_hist", {}) or {},
-                                          ms.get("staleness_hist", {}) or {})
+    out["staleness_tv"] = total_variation(ps.get("staleness_hist", {}) or {}, ms.get("staleness_hist", {}) or {})
     out["predicted_step_time_s"] = out["step_time_s"]["predicted"]
     out["measured_step_time_s"] = out["step_time_s"]["measured"]
     out["step_time_error"] = out["step_time_s"]["rel_error"]
@@ -161,13 +175,17 @@ def ranking(cases: list[dict[str, Any]], metric: str = "samples_per_s") -> dict[
         classes = [sorted(c) for c in classes]
         swaps = []
         for i, upper in enumerate(classes):
-            for lower in classes[i + 1:]:
+            for lower in classes[i + 1 :]:
                 for a in upper:
                     for b in lower:
                         if not meas[a] > meas[b]:
                             swaps.append([a, b, _rel(pred[a], pred[b]), _rel(meas[a], meas[b])])
-        out[n] = {"predicted": classes, "measured": sorted(meas, key=lambda k: (-meas[k], k)),
-                  "identical": not swaps, "swaps": swaps}
+        out[n] = {
+            "predicted": classes,
+            "measured": sorted(meas, key=lambda k: (-meas[k], k)),
+            "identical": not swaps,
+            "swaps": swaps,
+        }
     return out
 
 
@@ -181,8 +199,9 @@ def compare_dirs(pred_dir: str | Path, run_dir: str | Path) -> dict[str, Any]:
     meas = load_cases(run_dir)
     common = sorted(set(preds) & set(meas))
     if not common:
-        raise ConfigError(f"no (algorithm, workers) case is in both {pred_dir} ({sorted(preds)}) and "
-                          f"{run_dir} ({sorted(meas)})")
+        raise ConfigError(
+            f"no (algorithm, workers) case is in both {pred_dir} ({sorted(preds)}) and {run_dir} ({sorted(meas)})"
+        )
     cases = [compare_cases(preds[k], meas[k]) for k in common]
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
     rank = ranking(cases)

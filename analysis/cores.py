@@ -47,13 +47,22 @@ def cores_of(runs: list[Any]) -> int | None:
     Runs from machines with different counts are refused."""
     counts = {int(r.env["cpu_count"]) for r in runs if r.env.get("cpu_count")}
     if len(counts) > 1:
-        raise ConfigError(f"the runs come from machines with different core counts {sorted(counts)}; "
-                          "calibrate one machine at a time")
+        raise ConfigError(
+            f"the runs come from machines with different core counts {sorted(counts)}; calibrate one machine at a time"
+        )
     return counts.pop() if counts else None
 
 
-def span_excess(run: Any, spans: Callable[[Any], tuple], *, n_workers: int, payload_bytes: float,
-                link: dict[str, Any], warmup_steps: int, algorithm: str = "ring") -> tuple[float, int] | None:
+def span_excess(
+    run: Any,
+    spans: Callable[[Any], tuple],
+    *,
+    n_workers: int,
+    payload_bytes: float,
+    link: dict[str, Any],
+    warmup_steps: int,
+    algorithm: str = "ring",
+) -> tuple[float, int] | None:
     r"""How much the median allreduce over all ``n_workers`` of ``run`` (after ``warmup_steps``)
     outlasts the model of ``link``, :math:`R(n)\alpha + 2(n-1)/n \cdot S/\beta` with :math:`R` the
     rounds of ``algorithm`` (:func:`psgdlab.core.cost.allreduce_s`; at least 0), and the
@@ -67,32 +76,50 @@ def span_excess(run: Any, spans: Callable[[Any], tuple], *, n_workers: int, payl
     return max(float(np.median(span[sel])) - model, 0.0), records
 
 
-def solve_host_cpu(n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int,
-                   algorithm: str = "ring") -> dict[str, Any]:
+def solve_host_cpu(
+    n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int, algorithm: str = "ring"
+) -> dict[str, Any]:
     r"""Non-negative least squares of ``excess = max(0, n/c - 1) W(n, S)`` for :math:`(w_m, w_b)`
     (the coefficients are :func:`psgdlab.core.cost.cpu_stretch_terms`, with the messages of
     ``algorithm``'s schedule)."""
     n, S, y = (np.asarray(x, dtype=float) for x in (n, payload_bytes, excess_s))
     over = n / cores - 1.0
     if np.any(over <= 0):
-        raise ConfigError(f"CPU work is measured with more workers than cores ({cores}); got groups of "
-                          f"{sorted({int(x) for x in n[over <= 0]})}")
+        raise ConfigError(
+            f"CPU work is measured with more workers than cores ({cores}); got groups of "
+            f"{sorted({int(x) for x in n[over <= 0]})}"
+        )
     if np.unique(S).size < 2:
-        raise ConfigError("cannot separate the CPU work per message from the work per byte with a single payload "
-                          "size; run the oversubscribed calibration at two sizes")
+        raise ConfigError(
+            "cannot separate the CPU work per message from the work per byte with a single payload "
+            "size; run the oversubscribed calibration at two sizes"
+        )
     X = np.column_stack(cpu_stretch_terms(n, S, cores, algorithm))
     scale = X.max(axis=0)
     coef, _ = nnls(X / scale, y)
     coef = coef / scale
     resid = y - X @ coef
-    return {"cores_per_host": int(cores), "work_per_message_s": float(coef[0]), "work_per_byte_s": float(coef[1]),
-            "points": int(y.size), "rms_residual_s": float(np.sqrt(np.mean(resid ** 2))),
-            "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(np.abs(y), 1e-6)))}
+    return {
+        "cores_per_host": int(cores),
+        "work_per_message_s": float(coef[0]),
+        "work_per_byte_s": float(coef[1]),
+        "points": int(y.size),
+        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
+        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(np.abs(y), 1e-6))),
+    }
 
 
-def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Callable[[Any], tuple],
-                 payload_of: Callable[[Any], int | None], workers_of: Callable[[Any], int],
-                 warmup_steps: int = 2, algorithm: str = "ring") -> dict[str, Any]:
+def fit_host_cpu(
+    runs: list[Any],
+    *,
+    cores: int,
+    link: dict[str, Any],
+    spans: Callable[[Any], tuple],
+    payload_of: Callable[[Any], int | None],
+    workers_of: Callable[[Any], int],
+    warmup_steps: int = 2,
+    algorithm: str = "ring",
+) -> dict[str, Any]:
     """Fit :math:`(w_m, w_b)` from the allreduce spans of ``runs`` (each with more workers than
     ``cores``, all on one host) over the fitted ``link`` (module docstring).
 
@@ -104,8 +131,9 @@ def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Ca
         n_w, S = workers_of(run), payload_of(run)
         if not S:
             raise ConfigError(f"{run.path}: the run does not record its payload (payload_bytes)")
-        got = span_excess(run, spans, n_workers=n_w, payload_bytes=S, link=link, warmup_steps=warmup_steps,
-                          algorithm=algorithm)
+        got = span_excess(
+            run, spans, n_workers=n_w, payload_bytes=S, link=link, warmup_steps=warmup_steps, algorithm=algorithm
+        )
         if got is None:
             continue
         records += got[1]
@@ -113,8 +141,10 @@ def fit_host_cpu(runs: list[Any], *, cores: int, link: dict[str, Any], spans: Ca
         s_pts.append(float(S))
         y_pts.append(got[0])
     if records < 8:
-        raise ConfigError(f"too little data to fit the CPU work of communication: {records} allreduces over all "
-                          "workers in the runs with more workers than cores (need >= 8)")
+        raise ConfigError(
+            f"too little data to fit the CPU work of communication: {records} allreduces over all "
+            "workers in the runs with more workers than cores (need >= 8)"
+        )
     fit = solve_host_cpu(np.array(n_pts), np.array(s_pts), np.array(y_pts), cores=cores, algorithm=algorithm)
     fit["records"] = records
     fit["median_excess_s"] = [round(y, 6) for y in y_pts]

@@ -38,9 +38,19 @@ from psgdlab.analysis.load import Run
 from psgdlab.core.rundir import RunDir
 from psgdlab.core.trace import PHASE_NAMES, PHASES, atomic_write_bytes
 
-__all__ = ["save_figure", "step_time_figure", "staleness_figure", "timeline_figure", "error_figure",
-           "speedup_figure", "predicted_staleness_figure", "write_prediction_figures", "emulation_loss_figure",
-           "consensus_figure", "training_loss_figure"]
+__all__ = [
+    "save_figure",
+    "step_time_figure",
+    "staleness_figure",
+    "timeline_figure",
+    "error_figure",
+    "speedup_figure",
+    "predicted_staleness_figure",
+    "write_prediction_figures",
+    "emulation_loss_figure",
+    "consensus_figure",
+    "training_loss_figure",
+]
 
 
 def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 100, tight: bool = False) -> Path:
@@ -74,8 +84,13 @@ def step_time_figure(pred: Run, meas: Run) -> Figure:
             ms = d * 1e3
             spread = float(np.ptp(ms))
             bins = 40 if spread > 1e-6 * max(float(np.median(ms)), 1e-12) else 1
-            ax.hist(ms, bins=bins, range=None if bins > 1 else (ms.min() - 0.5, ms.max() + 0.5), alpha=0.55,
-                    label=f"{label} (median {np.median(ms):.1f} ms)")
+            ax.hist(
+                ms,
+                bins=bins,
+                range=None if bins > 1 else (ms.min() - 0.5, ms.max() + 0.5),
+                alpha=0.55,
+                label=f"{label} (median {np.median(ms):.1f} ms)",
+            )
     ax.set_xlabel("step time (ms)")
     ax.set_ylabel("steps")
     ax.set_title("{} with {} workers".format(*meas.key))
@@ -113,8 +128,13 @@ def timeline_figure(pred: Run, meas: Run, *, steps: int = 6) -> Figure:
         for rec in tr:
             name = PHASE_NAMES[int(rec["phase"])]
             y = rec["rank"] + (0.35 if name == "overlap" else 0.0)
-            ax.barh(y, rec["end_s"] - rec["start_s"], left=rec["start_s"] - t0, height=0.3 if name == "overlap" else 0.6,
-                    color=colours[name])
+            ax.barh(
+                y,
+                rec["end_s"] - rec["start_s"],
+                left=rec["start_s"] - t0,
+                height=0.3 if name == "overlap" else 0.6,
+                color=colours[name],
+            )
         ax.set_ylabel("rank")
         ax.set_xlabel("seconds")
     handles = [fig.axes[0].barh([], [], color=c, label=k) for k, c in colours.items()]
@@ -174,8 +194,12 @@ def predicted_staleness_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
         hist = {int(k): v for k, v in r["staleness_hist"].items()}
         total = sum(hist.values()) or 1
         xs = sorted(hist)
-        ax.bar([x + (i - (len(algos) - 1) / 2) * width for x in xs], [hist[x] / total for x in xs], width=width,
-               label=f"{a} ({r['workers']} workers)")
+        ax.bar(
+            [x + (i - (len(algos) - 1) / 2) * width for x in xs],
+            [hist[x] / total for x in xs],
+            width=width,
+            label=f"{a} ({r['workers']} workers)",
+        )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("staleness (updates between reading the weights and applying the gradient)")
     ax.set_ylabel("fraction of steps")
@@ -184,12 +208,15 @@ def predicted_staleness_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     return fig
 
 
-def write_prediction_figures(folder: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], *,
-                             title: str = "") -> list[Path]:
+def write_prediction_figures(
+    folder: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], *, title: str = ""
+) -> list[Path]:
     """``speedup.png`` and ``staleness.png`` of a prediction's rows, written into ``folder``."""
     run = RunDir(folder)
-    return [save_figure(speedup_figure(rows, title=title), run / "speedup.png", dpi=110, tight=True),
-            save_figure(predicted_staleness_figure(rows), run / "staleness.png", dpi=110, tight=True)]
+    return [
+        save_figure(speedup_figure(rows, title=title), run / "speedup.png", dpi=110, tight=True),
+        save_figure(predicted_staleness_figure(rows), run / "staleness.png", dpi=110, tight=True),
+    ]
 
 
 # ----- an emulation (psgdlab emulate) ---------------------------------------------------------
@@ -229,8 +256,9 @@ def consensus_figure(rounds: Mapping[str, Any], *, title: str = "") -> Figure:
 
 
 # ----- a training run (psgdlab train) ---------------------------------------------------------
-def training_loss_figure(loss_curve: Mapping[str, Sequence[float]], held_out: Sequence[Mapping[str, Any]] = (), *,
-                         title: str = "") -> Figure:
+def training_loss_figure(
+    loss_curve: Mapping[str, Sequence[float]], held_out: Sequence[Mapping[str, Any]] = (), *, title: str = ""
+) -> Figure:
     """Training minibatch loss against steps (``loss_curve``: ``step``, ``loss``, as in a
     training summary) and, when the held-out evaluations carry speech scores
     (``frame_accuracy``), the held-out loss and the WER / frame accuracy beside it."""
@@ -247,8 +275,12 @@ def training_loss_figure(loss_curve: Mapping[str, Sequence[float]], held_out: Se
     ax.set_title(title)
     if held:
         ax = axes[0, 1]
-        for key, label in (("wer_viterbi", "WER, HMM decoding"), ("wer_vote", "WER, majority vote"),
-                           ("wer", "WER"), ("frame_accuracy", "frame accuracy")):
+        for key, label in (
+            ("wer_viterbi", "WER, HMM decoding"),
+            ("wer_vote", "WER, majority vote"),
+            ("wer", "WER"),
+            ("frame_accuracy", "frame accuracy"),
+        ):
             if key in held[0] and not (key == "wer" and "wer_viterbi" in held[0]):
                 ax.plot([e["step"] for e in held], [100 * e[key] for e in held], "o-", label=label)
         ax.set_xlabel("step")

@@ -20,33 +20,48 @@ def _num(x: float | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
 
 
 def markdown_report(result: dict[str, Any]) -> str:
-    lines = ["# Prediction against measurement", "",
-             f"- predicted: `{result['predicted_dir']}`", f"- measured: `{result['measured_dir']}`", "",
-             "| algorithm | workers | step time pred (ms) | meas (ms) | error | samples/s pred | meas | error "
-             "| comm pred | comm meas | staleness pred | meas | staleness TV |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Prediction against measurement",
+        "",
+        f"- predicted: `{result['predicted_dir']}`",
+        f"- measured: `{result['measured_dir']}`",
+        "",
+        "| algorithm | workers | step time pred (ms) | meas (ms) | error | samples/s pred | meas | error "
+        "| comm pred | comm meas | staleness pred | meas | staleness TV |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in result["cases"]:
         st, sp, cm, sl = c["step_time_s"], c["samples_per_s"], c["comm_fraction"], c["staleness_mean"]
-        lines.append(f"| {c['algorithm']} | {c['workers']} | {_num(st['predicted'], 1e3)} | {_num(st['measured'], 1e3)} "
-                     f"| {_pct(st['rel_error'])} | {_num(sp['predicted'])} | {_num(sp['measured'])} | {_pct(sp['rel_error'])} "
-                     f"| {_num(cm['predicted'], fmt='{:.2f}')} | {_num(cm['measured'], fmt='{:.2f}')} "
-                     f"| {_num(sl['predicted'], fmt='{:.2f}')} | {_num(sl['measured'], fmt='{:.2f}')} "
-                     f"| {c['staleness_tv']:.3f} |")
-    lines += ["", f"Median absolute step-time error: {_pct(result['median_abs_step_time_error'])}; "
-                  f"maximum: {_pct(result['max_abs_step_time_error'])}.",
-              f"Ranking of algorithms by samples/s identical: {'yes' if result['ranking_identical'] else 'no'} "
-              "(exact ties in the prediction are one class, in either order).", ""]
+        lines.append(
+            f"| {c['algorithm']} | {c['workers']} | {_num(st['predicted'], 1e3)} | {_num(st['measured'], 1e3)} "
+            f"| {_pct(st['rel_error'])} | {_num(sp['predicted'])} | {_num(sp['measured'])} | {_pct(sp['rel_error'])} "
+            f"| {_num(cm['predicted'], fmt='{:.2f}')} | {_num(cm['measured'], fmt='{:.2f}')} "
+            f"| {_num(sl['predicted'], fmt='{:.2f}')} | {_num(sl['measured'], fmt='{:.2f}')} "
+            f"| {c['staleness_tv']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Median absolute step-time error: {_pct(result['median_abs_step_time_error'])}; "
+        f"maximum: {_pct(result['max_abs_step_time_error'])}.",
+        f"Ranking of algorithms by samples/s identical: {'yes' if result['ranking_identical'] else 'no'} "
+        "(exact ties in the prediction are one class, in either order).",
+        "",
+    ]
     for n, r in (result.get("ranking") or {}).items():
         pred = " > ".join(" = ".join(c) for c in r["predicted"])
         lines.append(f"- {n} workers: predicted {pred}; measured {' > '.join(r['measured'])}")
         for a, b, dp, dm in r["swaps"]:
             lines.append(f"  - swap: {a} predicted {_pct(dp)} over {b}, measured {_pct(dm)}")
         for a, sp in (r.get("remeasured") or {}).items():
-            lines.append(f"  - {a} measured {len(sp['samples_per_s'])} times (a pair came out of the predicted "
-                         f"order): mean {_num(sp['mean'])} samples/s, standard error {_num(sp['se'])}")
+            lines.append(
+                f"  - {a} measured {len(sp['samples_per_s'])} times (a pair came out of the predicted "
+                f"order): mean {_num(sp['mean'])} samples/s, standard error {_num(sp['se'])}"
+            )
     lines.append("")
-    for key, label in (("missing_in_measured", "predicted but not measured"),
-                       ("missing_in_predicted", "measured but not predicted")):
+    for key, label in (
+        ("missing_in_measured", "predicted but not measured"),
+        ("missing_in_predicted", "measured but not predicted"),
+    ):
         if result.get(key):
             lines.append(f"Cases {label}: " + ", ".join(f"{a}/{w}" for a, w in result[key]))
     return "\n".join(lines) + "\n"
@@ -76,4 +91,3 @@ def write_report(result: dict[str, Any], out_dir: str | Path, *, figures: bool =
             save_figure(staleness_figure(preds[key], meas[key]), out / f"{tag}-staleness.png", dpi=110)
             save_figure(timeline_figure(preds[key], meas[key]), out / f"{tag}-timeline.png", dpi=110)
     return out
-

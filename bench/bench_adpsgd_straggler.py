@@ -25,14 +25,25 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="psgdlab-bench-"))
     rates = {}
     for algorithm in ("ssgd", "adpsgd"):
-        config = TrainConfig(algorithm=algorithm, workers=4, backend=args.backend, model=args.model,
-                             steps=args.steps, batch=16, compute_time="0.05", straggler="3:3",
-                             out=str(out / algorithm), evaluate=False)
+        config = TrainConfig(
+            algorithm=algorithm,
+            workers=4,
+            backend=args.backend,
+            model=args.model,
+            steps=args.steps,
+            batch=16,
+            compute_time="0.05",
+            straggler="3:3",
+            out=str(out / algorithm),
+            evaluate=False,
+        )
         summary = launch(config, quiet=True)
         rates[algorithm] = steady = steady_rate(out / algorithm / "trace.npz", config.batch)
-        print(f"{algorithm:7s} samples/s while every worker runs {steady:9.1f}  (summary samples_per_s over the "
-              f"makespan {summary['samples_per_s']:.1f})  step_time_s {summary['step_time_s']:.4f}"
-              f"  staleness_mean {summary['staleness_mean']:.2f}")
+        print(
+            f"{algorithm:7s} samples/s while every worker runs {steady:9.1f}  (summary samples_per_s over the "
+            f"makespan {summary['samples_per_s']:.1f})  step_time_s {summary['step_time_s']:.4f}"
+            f"  staleness_mean {summary['staleness_mean']:.2f}"
+        )
     print(f"adpsgd / ssgd samples/s ratio: {rates['adpsgd'] / rates['ssgd']:.2f} (ideal ~2.5, target >= 1.8)")
 
 

@@ -70,17 +70,23 @@ def main() -> None:
             opt.step()
     t_plain = time.perf_counter() - t0
     total = n * steps
-    print(f"emulate {args.algorithm}: {n} workers x {steps} steps of tiny-blstm ({reps.n_params} params), "
-          f"batch {args.batch}, window {args.window}, 1 thread")
+    print(
+        f"emulate {args.algorithm}: {n} workers x {steps} steps of tiny-blstm ({reps.n_params} params), "
+        f"batch {args.batch}, window {args.window}, 1 thread"
+    )
     print(f"  simulator           {t_sim:8.2f} s")
     print(f"  sampling (both)     {t_sample:8.2f} s (excluded below)")
-    print(f"  replay (emulator)   {t_replay:8.2f} s  {total / t_replay:8.1f} learner-steps/s  "
-          f"(mean gradient batch {sum(res.gradient_batches) / len(res.gradient_batches):.1f} replicas, "
-          f"{len(res.evals['loss'])} evaluations)")
+    print(
+        f"  replay (emulator)   {t_replay:8.2f} s  {total / t_replay:8.1f} learner-steps/s  "
+        f"(mean gradient batch {sum(res.gradient_batches) / len(res.gradient_batches):.1f} replicas, "
+        f"{len(res.evals['loss'])} evaluations)"
+    )
     print(f"  plain training loop {t_plain:8.2f} s  {total / t_plain:8.1f} steps/s")
     print(f"  ratio emulator / plain = {t_replay / t_plain:.2f} (target <= 1.5)")
-    print(f"  final held-out loss {res.evals['loss'][-1]:.4f}, accuracy {res.evals['accuracy'][-1]:.3f}, "
-          f"simulated time {res.evals['time_s'][-1]:.2f} s")
+    print(
+        f"  final held-out loss {res.evals['loss'][-1]:.4f}, accuracy {res.evals['accuracy'][-1]:.3f}, "
+        f"simulated time {res.evals['time_s'][-1]:.2f} s"
+    )
 
 
 if __name__ == "__main__":

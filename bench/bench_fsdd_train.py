@@ -33,27 +33,54 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="local steps per worker")
     args = parser.parse_args()
     if not args.data.exists():
-        sys.exit(f"corpus {args.data} not found: build it with "
-                 f"`psgdlab data fsdd ../shared/data/fsdd --out {args.data}`")
+        sys.exit(
+            f"corpus {args.data} not found: build it with `psgdlab data fsdd ../shared/data/fsdd --out {args.data}`"
+        )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     rates = {}
     with open("/proc/loadavg") as f:
         print(f"load average before: {f.read().split()[0]}")
     for algorithm, workers, extra in CASES:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "psgdlab", "train", "--algorithm", algorithm, "--workers", str(workers),
-                   *extra, "--model", args.model, "--data", str(args.data), "--held-out-speakers", "theo,george",
-                   "--steps", str(args.steps), "--batch", str(args.batch // workers), "--lr", "0.1",
-                   "--momentum", "0.9", "--out", str(Path(tmp) / "run"), "--json"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "psgdlab",
+                "train",
+                "--algorithm",
+                algorithm,
+                "--workers",
+                str(workers),
+                *extra,
+                "--model",
+                args.model,
+                "--data",
+                str(args.data),
+                "--held-out-speakers",
+                "theo,george",
+                "--steps",
+                str(args.steps),
+                "--batch",
+                str(args.batch // workers),
+                "--lr",
+                "0.1",
+                "--momentum",
+                "0.9",
+                "--out",
+                str(Path(tmp) / "run"),
+                "--json",
+            ]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 sys.exit(f"{algorithm}: exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
             summary = json.loads(out.stdout)
         rates[algorithm] = summary["samples_per_s"]
-        print(f"{algorithm:8s} {workers} worker(s) x batch {args.batch // workers:3d}: "
-              f"{summary['samples_per_s']:8.1f} windows/s, step {summary['step_time_s'] * 1e3:7.1f} ms, "
-              f"comm fraction {summary['comm_fraction']:.2f}, "
-              f"ratio to sgd {summary['samples_per_s'] / rates['sgd']:.2f}")
+        print(
+            f"{algorithm:8s} {workers} worker(s) x batch {args.batch // workers:3d}: "
+            f"{summary['samples_per_s']:8.1f} windows/s, step {summary['step_time_s'] * 1e3:7.1f} ms, "
+            f"comm fraction {summary['comm_fraction']:.2f}, "
+            f"ratio to sgd {summary['samples_per_s'] / rates['sgd']:.2f}"
+        )
     with open("/proc/loadavg") as f:
         print(f"load average after: {f.read().split()[0]}")
 

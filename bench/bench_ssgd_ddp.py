@@ -27,8 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, batch: int, data: str,
-                out: str) -> None:
+def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, batch: int, data: str, out: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -76,16 +75,29 @@ def main() -> None:
     data = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=64, seed=0))
     out = tmp / "ddp.txt"
     rates: dict[str, list[float]] = {"PyTorch DDP (gloo)": [], "ssgd, overlapped": [], "ssgd, not overlapped": []}
-    print(f"{args.workers} workers, {args.model}, batch {args.batch}, {args.steps} steps, ssgd on {args.backend}; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{args.workers} workers, {args.model}, batch {args.batch}, {args.steps} steps, ssgd on {args.backend}; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     for i in range(args.rounds):
-        mp.spawn(_ddp_worker, args=(args.workers, free_port(), args.model, args.steps, args.batch, data, str(out)),
-                 nprocs=args.workers)
+        mp.spawn(
+            _ddp_worker,
+            args=(args.workers, free_port(), args.model, args.steps, args.batch, data, str(out)),
+            nprocs=args.workers,
+        )
         rates["PyTorch DDP (gloo)"].append(float(out.read_text()))
         for key, overlap in (("ssgd, overlapped", "1"), ("ssgd, not overlapped", "0")):
-            config = TrainConfig(algorithm="ssgd", workers=args.workers, model=args.model, data=data,
-                                 steps=args.steps, batch=args.batch, backend=args.backend,
-                                 out=str(tmp / f"ssgd{i}{overlap}"), evaluate=False)
+            config = TrainConfig(
+                algorithm="ssgd",
+                workers=args.workers,
+                model=args.model,
+                data=data,
+                steps=args.steps,
+                batch=args.batch,
+                backend=args.backend,
+                out=str(tmp / f"ssgd{i}{overlap}"),
+                evaluate=False,
+            )
             rates[key].append(launch(config, quiet=True, extra_env={OVERLAP_ENV: overlap})["samples_per_s"])
         print(f"  round {i}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()) + " samples/s")
     ddp = rates["PyTorch DDP (gloo)"]

@@ -94,8 +94,7 @@ def main() -> None:
     cases: dict[str, Callable[[], object]] = {}
     if peer < size:
         cases |= {
-            "pairwise raw mpi4py Sendrecv": lambda: comm.Sendrecv(a.numpy(), dest=peer, recvbuf=b.numpy(),
-                                                                  source=peer),
+            "pairwise raw mpi4py Sendrecv": lambda: comm.Sendrecv(a.numpy(), dest=peer, recvbuf=b.numpy(), source=peer),
             "pairwise mpi transport": lambda: mpi_t.sendrecv(a, b, peer, 5),
             "pairwise gloo transport (shm)": lambda: shm_t.sendrecv(a, b, peer, 5),
             "pairwise gloo transport (shm 2-copy)": lambda: copy_t.sendrecv(a, b, peer, 5),
@@ -120,9 +119,11 @@ def main() -> None:
         for key, fn in cases.items():
             rounds[key].append(timed(fn, args.reps, comm.Barrier))
     if rank == 0:
-        print(f"{size} ranks, {args.mib:g} MiB buffer, median of {args.rounds} interleaved rounds x "
-              f"{args.reps} repetitions; THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}; "
-              f"load average {os.getloadavg()[0]:.2f}; gloo shm: {one_copy}")
+        print(
+            f"{size} ranks, {args.mib:g} MiB buffer, median of {args.rounds} interleaved rounds x "
+            f"{args.reps} repetitions; THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}; "
+            f"load average {os.getloadavg()[0]:.2f}; gloo shm: {one_copy}"
+        )
         for kind in ("pairwise", "allreduce"):
             keys = [k for k in cases if k.startswith(kind)]
             if not keys:

@@ -49,19 +49,22 @@ def main() -> None:
         print(f"imported FSDD in {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()
     corpus = load_corpus(args.data)
-    print(f"loaded {corpus.n_utterances} utterances, {corpus.n_frames} frames x {corpus.input_dim} "
-          f"dims (deltas + CMVN) in {time.perf_counter() - start:.2f} s")
-    sampler = WindowSampler(corpus, window=args.window, batch=args.batch,
-                            rank=0, world_size=args.world_size)
+    print(
+        f"loaded {corpus.n_utterances} utterances, {corpus.n_frames} frames x {corpus.input_dim} "
+        f"dims (deltas + CMVN) in {time.perf_counter() - start:.2f} s"
+    )
+    sampler = WindowSampler(corpus, window=args.window, batch=args.batch, rank=0, world_size=args.world_size)
     sampler.sample(0)
     steps, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < args.seconds:
         sampler.sample(steps)
         steps += 1
     windows = steps * args.batch
-    print(f"{windows / elapsed:,.0f} random {args.window}-frame windows/s "
-          f"({steps / elapsed:,.0f} batches of {args.batch}/s, "
-          f"{windows * args.window * corpus.input_dim * 4 / elapsed / 1e6:,.0f} MB/s of float32)")
+    print(
+        f"{windows / elapsed:,.0f} random {args.window}-frame windows/s "
+        f"({steps / elapsed:,.0f} batches of {args.batch}/s, "
+        f"{windows * args.window * corpus.input_dim * 4 / elapsed / 1e6:,.0f} MB/s of float32)"
+    )
 
 
 if __name__ == "__main__":

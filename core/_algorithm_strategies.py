@@ -15,8 +15,9 @@ from psgdlab.core.errors import TestbedWarning
 __all__ = ["algorithm_specs"]
 
 
-def algorithm_specs(*, names: Sequence[str] | None = None, min_workers: int = 2,
-                    max_workers: int = 16) -> st.SearchStrategy[Algorithm]:
+def algorithm_specs(
+    *, names: Sequence[str] | None = None, min_workers: int = 2, max_workers: int = 16
+) -> st.SearchStrategy[Algorithm]:
     """Valid algorithm specs from the registry, with worker counts every scheme accepts.
 
     Parameters
@@ -53,28 +54,61 @@ def _one(name: str, lo: int, hi: int, evens: list[int]) -> st.SearchStrategy[Alg
     if name == "bsp":
         return st.builds(_make, st.just(name), n_workers=st.integers(lo, hi), period=period)
     if name == "bmuf":
-        return st.builds(_make, st.just(name), n_workers=st.integers(lo, hi), period=period,
-                         block_momentum=st.none() | st.floats(0.0, 0.95), block_lr=st.floats(0.1, 2.0),
-                         variant=st.sampled_from(["classical", "nesterov"]))
+        return st.builds(
+            _make,
+            st.just(name),
+            n_workers=st.integers(lo, hi),
+            period=period,
+            block_momentum=st.none() | st.floats(0.0, 0.95),
+            block_lr=st.floats(0.1, 2.0),
+            variant=st.sampled_from(["classical", "nesterov"]),
+        )
     if name == "easgd":
-        return st.integers(lo, hi).flatmap(lambda n: st.builds(
-            _make, st.just(name), n_workers=st.just(n), period=period,
-            alpha=st.none() | st.floats(0.0, 0.99 / n), variant=st.sampled_from(["async", "sync"])))
+        return st.integers(lo, hi).flatmap(
+            lambda n: st.builds(
+                _make,
+                st.just(name),
+                n_workers=st.just(n),
+                period=period,
+                alpha=st.none() | st.floats(0.0, 0.99 / n),
+                variant=st.sampled_from(["async", "sync"]),
+            )
+        )
     if name == "asgd":
-        return st.builds(_make, st.just(name), n_workers=st.integers(lo, hi), period=period,
-                         server_lr=st.floats(0.1, 2.0))
+        return st.builds(
+            _make, st.just(name), n_workers=st.integers(lo, hi), period=period, server_lr=st.floats(0.1, 2.0)
+        )
     if name == "dpsgd":
-        return st.builds(_make, st.just(name), n_workers=st.integers(max(lo, 3), max(hi, 3)),
-                         topology=st.sampled_from(["ring", "complete", "exponential"]), seed=seed)
+        return st.builds(
+            _make,
+            st.just(name),
+            n_workers=st.integers(max(lo, 3), max(hi, 3)),
+            topology=st.sampled_from(["ring", "complete", "exponential"]),
+            seed=seed,
+        )
     if name == "adpsgd":
-        return st.sampled_from(["fixed", "random", "delay"]).flatmap(lambda v: st.builds(
-            _make, st.just(name), n_workers=st.sampled_from(evens), variant=st.just(v), seed=seed,
-            delay=st.integers(1, 3) if v == "delay" else st.just(None)))
+        return st.sampled_from(["fixed", "random", "delay"]).flatmap(
+            lambda v: st.builds(
+                _make,
+                st.just(name),
+                n_workers=st.sampled_from(evens),
+                variant=st.just(v),
+                seed=seed,
+                delay=st.integers(1, 3) if v == "delay" else st.just(None),
+            )
+        )
     if name == "hadpsgd":
         shapes = [(m, n) for n in evens for m in range(1, n + 1) if n % m == 0 and ((n // m) % 2 == 0 or n == m)]
-        return st.sampled_from(shapes).flatmap(lambda mn: st.builds(
-            _make, st.just(name), n_workers=st.just(mn[1]), gpus_per_node=st.just(mn[0]),
-            variant=st.sampled_from(["fixed", "random"]), seed=seed))
+        return st.sampled_from(shapes).flatmap(
+            lambda mn: st.builds(
+                _make,
+                st.just(name),
+                n_workers=st.just(mn[1]),
+                gpus_per_node=st.just(mn[0]),
+                variant=st.sampled_from(["fixed", "random"]),
+                seed=seed,
+            )
+        )
     raise InvalidArgument(f"no strategy for algorithm {name!r}")  # a new registry entry needs one
 
 

@@ -88,8 +88,12 @@ def allreduce_rounds(n: int, algorithm: str = "ring") -> int:
     >>> {allreduce_rounds(2, a) for a in ALLREDUCE_ALGORITHMS}  # alike for a pair
     {2}
     """
-    require(algorithm in ALLREDUCE_ALGORITHMS, "allreduce algorithm", algorithm,
-            f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    require(
+        algorithm in ALLREDUCE_ALGORITHMS,
+        "allreduce algorithm",
+        algorithm,
+        f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}",
+    )
     if n <= 1:
         return 0
     if algorithm == "ring":
@@ -121,8 +125,9 @@ def allreduce_bytes(n: Any, payload_bytes: Any) -> Any:
     return 2.0 * (n - 1) / n * payload_bytes
 
 
-def allreduce_s(n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float,
-                algorithm: str = "ring") -> float:
+def allreduce_s(
+    n: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float, algorithm: str = "ring"
+) -> float:
     r"""Allreduce time :math:`2(n-1)/n \cdot S/\beta + R(n)\,\alpha` with :math:`R` =
     :func:`allreduce_rounds` (0 for one member).
 
@@ -162,8 +167,9 @@ def allreduce_group_size(sent_bytes: Any, payload_bytes: float) -> Any:
     return np.rint(2.0 / np.maximum(2.0 - sent_bytes / payload_bytes, 1e-9)).clip(2, None)
 
 
-def allgather_s(m: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float,
-                algorithm: str = "ring") -> float:
+def allgather_s(
+    m: int, payload_bytes: float, bandwidth_bytes_per_s: float, latency_s: float, algorithm: str = "ring"
+) -> float:
     r"""Allgather of ``m`` shards of a ``payload_bytes`` model: the allgather half of an allreduce,
     :math:`(m-1)/m \cdot S/\beta + \lfloor R(m)/2 \rfloor\,\alpha` (ring: :math:`m-1` rounds).
 
@@ -195,8 +201,9 @@ def host_average_s(nbytes: Any, memory_bandwidth_bytes_per_s: Any) -> Any:
     return HOST_AVERAGE_TRAFFIC * nbytes / memory_bandwidth_bytes_per_s
 
 
-def server_s(nbytes: float, bandwidth_bytes_per_s: float, latency_s: float, service_overhead_s: float,
-             update_s: float = 0.0) -> float:
+def server_s(
+    nbytes: float, bandwidth_bytes_per_s: float, latency_s: float, service_overhead_s: float, update_s: float = 0.0
+) -> float:
     r"""One parameter-server request of ``nbytes`` each way (message and reply overlap: full
     duplex), :math:`\alpha + S/\beta + o` plus the server's update ``update_s``
     (:func:`host_average_s` when it applies updates on the host)."""

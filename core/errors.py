@@ -56,8 +56,9 @@ class TestbedWarning(UserWarning):
     __test__ = False
 
 
-def require(ok: bool, name: str, value: object, rule: str, *, hint: str = "",
-            error: type[TestbedError] = ConfigError) -> None:
+def require(
+    ok: bool, name: str, value: object, rule: str, *, hint: str = "", error: type[TestbedError] = ConfigError
+) -> None:
     """Raise ``error`` with the house message ``"name (value) rule[; hint]"`` unless ``ok``.
 
     Examples

@@ -105,8 +105,12 @@ class PairwiseAverage:
         require(self.peer >= 0, "peer", self.peer, "must be a rank >= 0")
         require(self.n_shards >= 1, "n_shards", self.n_shards, "must be >= 1")
         require(0 <= self.shard < self.n_shards, "shard", self.shard, f"must be in [0, {self.n_shards})")
-        require(self.n_shards == 1 or len(self.gather_group) == self.n_shards, "gather_group",
-                self.gather_group, f"must list the {self.n_shards} ranks that share the model")
+        require(
+            self.n_shards == 1 or len(self.gather_group) == self.n_shards,
+            "gather_group",
+            self.gather_group,
+            f"must list the {self.n_shards} ranks that share the model",
+        )
 
     @property
     def phase(self) -> Phase:
@@ -124,8 +128,12 @@ class Gossip:
     blocking: bool = True
 
     def __post_init__(self) -> None:
-        require(len(self.peers) == len(self.weights), "weights", self.weights,
-                f"must have one entry per peer ({len(self.peers)})")
+        require(
+            len(self.peers) == len(self.weights),
+            "weights",
+            self.weights,
+            f"must have one entry per peer ({len(self.peers)})",
+        )
         total = self.self_weight + sum(self.weights)
         require(abs(total - 1.0) < 1e-9, "gossip weights", round(total, 12), "must sum to 1")
 
@@ -169,6 +177,7 @@ class Barrier:
 
 Exchange: TypeAlias = AllReduce | PairwiseAverage | Gossip | ServerExchange | Barrier
 
+
 class ExchangeKind(IntEnum):
     """Integer code of an exchange kind in traces (the ``kind`` column); ``NONE`` (0) marks
     records of no exchange (compute). The codes are stored on disk: never renumber them."""
@@ -182,9 +191,13 @@ class ExchangeKind(IntEnum):
 
 
 #: the kind of each exchange record type
-EXCHANGE_KINDS: dict[type, ExchangeKind] = {AllReduce: ExchangeKind.ALLREDUCE, PairwiseAverage: ExchangeKind.PAIRWISE,
-                                            Gossip: ExchangeKind.GOSSIP, ServerExchange: ExchangeKind.SERVER,
-                                            Barrier: ExchangeKind.BARRIER}
+EXCHANGE_KINDS: dict[type, ExchangeKind] = {
+    AllReduce: ExchangeKind.ALLREDUCE,
+    PairwiseAverage: ExchangeKind.PAIRWISE,
+    Gossip: ExchangeKind.GOSSIP,
+    ServerExchange: ExchangeKind.SERVER,
+    Barrier: ExchangeKind.BARRIER,
+}
 
 
 def kind_of(exchange: Exchange) -> ExchangeKind:
@@ -250,8 +263,10 @@ def trainer_merges(exchanges: Sequence[Exchange]) -> bool:
     >>> trainer_merges([PairwiseAverage(peer=1, active=True)]), trainer_merges([PairwiseAverage(peer=0, active=False)])
     (True, False)
     """
-    return any((isinstance(ex, PairwiseAverage) and (ex.active or ex.n_shards > 1)) or isinstance(ex, Gossip)
-               for ex in exchanges)
+    return any(
+        (isinstance(ex, PairwiseAverage) and (ex.active or ex.n_shards > 1)) or isinstance(ex, Gossip)
+        for ex in exchanges
+    )
 
 
 def folds_model(exchanges: Sequence[Exchange]) -> bool:

@@ -61,8 +61,7 @@ def _variants() -> str:
 FLAGS: dict[str, dict[str, Any]] = {
     "--algorithm": dict(metavar="NAME", help=f"algorithm from the core registry: {', '.join(ALGORITHMS)}"),
     "--workers": dict(type=int, metavar="N", help="number of workers (one per GPU or process)"),
-    "--gpus-per-node": dict(type=int, metavar="M",
-                            help="workers on each host (node); H-ADPSGD's super-learner size"),
+    "--gpus-per-node": dict(type=int, metavar="M", help="workers on each host (node); H-ADPSGD's super-learner size"),
     "--period": dict(type=int, metavar="T", help=f"sync period in local steps ({_taking('period')})"),
     "--variant": dict(metavar="V", help=f"algorithm variant ({_variants()})"),
     "--momentum": dict(type=float, metavar="MU", help=f"local momentum ({_taking('momentum')})"),
@@ -72,15 +71,19 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--epochs": dict(type=float, metavar="E", help="epochs over the training data"),
     "--batch": dict(type=int, metavar="B", help="minibatch per worker per step, in the model's sample unit"),
     "--lr": dict(type=float, metavar="LR", help="learning rate (the schedule's base rate)"),
-    "--lr-schedule": dict(choices=LR_SCHEDULE_NAMES,
-                          help="learning-rate schedule: const; ibm (the IBM papers' warm-up and decay, --lr is the "
-                               "rate of a 256 batch); newbob (halve on held-out plateaus); exp (--lr to --lr-final)"),
+    "--lr-schedule": dict(
+        choices=LR_SCHEDULE_NAMES,
+        help="learning-rate schedule: const; ibm (the IBM papers' warm-up and decay, --lr is the "
+        "rate of a 256 batch); newbob (halve on held-out plateaus); exp (--lr to --lr-final)",
+    ),
     "--lr-final": dict(type=float, metavar="LR", help="exp schedule: rate at the last step (default lr / 10)"),
     "--lsq-dim": dict(type=int, metavar="D", help="least-squares model: number of parameters"),
-    "--straggler": dict(metavar="SPEC",
-                        help="slow workers: RANK:FACTOR (RANK computes FACTOR times slower), random:PROB:FACTOR, "
-                             "periodic:RANK:EVERY:PAUSE_S (a pause of PAUSE_S seconds every EVERY steps); "
-                             "comma-separated"),
+    "--straggler": dict(
+        metavar="SPEC",
+        help="slow workers: RANK:FACTOR (RANK computes FACTOR times slower), random:PROB:FACTOR, "
+        "periodic:RANK:EVERY:PAUSE_S (a pause of PAUSE_S seconds every EVERY steps); "
+        "comma-separated",
+    ),
     "--seed": dict(type=int, metavar="K", default=0, help="seed of data order, schedules and compute-time draws"),
     "--preset": dict(metavar="NAME", help="shipped platform+workload preset"),
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
@@ -96,9 +99,15 @@ class _Parser(Protocol):
     def add_argument(self, *names: str, **kwargs: Any) -> Any: ...
 
 
-def add_flags(parser: _Parser, *names: str, many: Collection[str] = (), required: Collection[str] = (),
-              defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None,
-              dests: Mapping[str, str] | None = None) -> None:
+def add_flags(
+    parser: _Parser,
+    *names: str,
+    many: Collection[str] = (),
+    required: Collection[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    helps: Mapping[str, str] | None = None,
+    dests: Mapping[str, str] | None = None,
+) -> None:
     """Add the shared flags ``names`` to ``parser``.
 
     Parameters

@@ -38,8 +38,14 @@ def clone(x: Array) -> Array:
     return x.clone() if hasattr(x, "clone") else x.copy()
 
 
-def sgd_step(params: Array, grad: Array, lr: float, momentum_buf: Array | None = None,
-             momentum: float = 0.0, grad_scale: float = 1.0) -> tuple[Array, Array | None]:
+def sgd_step(
+    params: Array,
+    grad: Array,
+    lr: float,
+    momentum_buf: Array | None = None,
+    momentum: float = 0.0,
+    grad_scale: float = 1.0,
+) -> tuple[Array, Array | None]:
     r"""One SGD step on the gradient :math:`g = c\,\hat g` (``grad_scale`` :math:`c` times ``grad``),
     with optional heavy-ball momentum (PyTorch's convention).
 
@@ -73,8 +79,9 @@ def weighted_sum(self_weight: float, own: Array, weights: Sequence[float], other
     return out
 
 
-def bmuf_filter(mean_model: Array, global_model: Array, delta: Array, *, block_momentum: float,
-                block_lr: float, nesterov: bool) -> tuple[Array, Array]:
+def bmuf_filter(
+    mean_model: Array, global_model: Array, delta: Array, *, block_momentum: float, block_lr: float, nesterov: bool
+) -> tuple[Array, Array]:
     r"""BMUF block filter (ALGORITHMS.md §A.5, averaged form).
 
     .. math::
@@ -93,8 +100,9 @@ def bmuf_filter(mean_model: Array, global_model: Array, delta: Array, *, block_m
     return new_global, new_delta
 
 
-def bmuf_filter_summed(sum_of_block_deltas: Array, global_model: Array, delta: Array, *,
-                       block_momentum: float, gain: float, nesterov: bool) -> tuple[Array, Array]:
+def bmuf_filter_summed(
+    sum_of_block_deltas: Array, global_model: Array, delta: Array, *, block_momentum: float, gain: float, nesterov: bool
+) -> tuple[Array, Array]:
     r"""BMUF in the "summed" form of CNTK and kaldi-aslp: allreduce-**sum** the block deltas
     :math:`\sum_i (w^i_t - \tilde w_{t-1})` and use gain :math:`(1-\zeta)C`:
 
@@ -121,8 +129,9 @@ def elastic_pair(worker: Array, centre: Array, alpha: float) -> tuple[Array, Arr
     return worker - alpha * diff, centre + alpha * diff
 
 
-def elastic_sync(worker: Array, centre: Array, mean_workers: Array, alpha: float,
-                 n_workers: int) -> tuple[Array, Array]:
+def elastic_sync(
+    worker: Array, centre: Array, mean_workers: Array, alpha: float, n_workers: int
+) -> tuple[Array, Array]:
     r"""Synchronous EASGD elastic step (gradients aside), all from pre-step values:
 
     .. math::

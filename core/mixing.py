@@ -104,7 +104,8 @@ def check_mixing_matrix(W: ArrayLike, *, symmetric: bool = False, atol: float = 
     if M.min() < -atol:
         i, j = np.unravel_index(int(np.argmin(M)), M.shape)
         raise InvalidMixingMatrixError(
-            f"mixing matrix entry [{i}, {j}] is {M[i, j]:.6g} < 0 (atol {atol:g}); mixing weights must be non-negative")
+            f"mixing matrix entry [{i}, {j}] is {M[i, j]:.6g} < 0 (atol {atol:g}); mixing weights must be non-negative"
+        )
     _check_sums(M.sum(axis=1), "row", atol)
     _check_sums(M.sum(axis=0), "column", atol)
     if symmetric:
@@ -113,7 +114,8 @@ def check_mixing_matrix(W: ArrayLike, *, symmetric: bool = False, atol: float = 
             i, j = np.unravel_index(int(np.argmax(asym)), M.shape)
             raise InvalidMixingMatrixError(
                 f"mixing matrix is not symmetric: largest asymmetry |W[{i}, {j}] - W[{j}, {i}]| = "
-                f"{asym[i, j]:.6g} (atol {atol:g})")
+                f"{asym[i, j]:.6g} (atol {atol:g})"
+            )
     return M
 
 
@@ -123,7 +125,8 @@ def _check_sums(sums: NDArray[np.float64], what: str, atol: float) -> None:
     if abs(miss[bad]) > atol:
         raise InvalidMixingMatrixError(
             f"{what} {bad} sums to {sums[bad]:.6g} (misses 1 by {miss[bad]:+.3g}, atol {atol:g}); "
-            "did you forget the self weight?")
+            "did you forget the self weight?"
+        )
 
 
 def is_doubly_stochastic(W: ArrayLike, *, atol: float = 1e-10) -> bool:
@@ -175,8 +178,10 @@ def check_adjacency(adjacency: ArrayLike) -> NDArray[np.int64]:
     asym = A != A.T
     if asym.any():
         i, j = np.argwhere(asym)[0]
-        raise TopologyError(f"adjacency is not symmetric: A[{i}, {j}] = {A[i, j]} but A[{j}, {i}] = {A[j, i]}; "
-                            "the graph must be undirected")
+        raise TopologyError(
+            f"adjacency is not symmetric: A[{i}, {j}] = {A[i, j]} but A[{j}, {i}] = {A[j, i]}; "
+            "the graph must be undirected"
+        )
     return A
 
 
@@ -286,8 +291,10 @@ def check_matching(perm: ArrayLike | Sequence[int]) -> NDArray[np.int64]:
     bad = np.flatnonzero(p[p] != np.arange(n))
     if bad.size:
         i = int(bad[0])
-        raise TopologyError(f"matching is not symmetric: perm[{i}] = {p[i]} but perm[{p[i]}] = {p[p[i]]}; "
-                            "partners must point at each other")
+        raise TopologyError(
+            f"matching is not symmetric: perm[{i}] = {p[i]} but perm[{p[i]}] = {p[p[i]]}; "
+            "partners must point at each other"
+        )
     return p
 
 

@@ -83,8 +83,12 @@ class Link:
 
     def __post_init__(self) -> None:
         require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0 seconds")
-        require(_finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0, "bandwidth_bytes_per_s",
-                self.bandwidth_bytes_per_s, "must be a positive number of bytes per second")
+        require(
+            _finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0,
+            "bandwidth_bytes_per_s",
+            self.bandwidth_bytes_per_s,
+            "must be a positive number of bytes per second",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,8 +108,12 @@ class ServerSpec:
 
     def __post_init__(self) -> None:
         Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
-        require(_finite(self.service_overhead_s) and self.service_overhead_s >= 0, "service_overhead_s",
-                self.service_overhead_s, "must be >= 0 seconds")
+        require(
+            _finite(self.service_overhead_s) and self.service_overhead_s >= 0,
+            "service_overhead_s",
+            self.service_overhead_s,
+            "must be >= 0 seconds",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,8 +138,9 @@ class HostCPU:
 
     def __post_init__(self) -> None:
         v = self.cores_per_host
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "cores_per_host", v,
-                "must be an integer >= 1")
+        require(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1, "cores_per_host", v, "must be an integer >= 1"
+        )
         for name in ("work_per_message_s", "work_per_byte_s"):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
@@ -229,16 +238,33 @@ class Platform:
         for name in ("hosts", "devices_per_host", "sockets_per_host"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
-        require(self.devices_per_host % self.sockets_per_host == 0, "devices_per_host", self.devices_per_host,
-                f"must be a multiple of sockets_per_host ({self.sockets_per_host})")
-        require(_finite(self.host_memory_bandwidth_bytes_per_s) and self.host_memory_bandwidth_bytes_per_s > 0,
-                "host_memory_bandwidth_bytes_per_s", self.host_memory_bandwidth_bytes_per_s,
-                "must be a positive number of bytes per second")
+        require(
+            self.devices_per_host % self.sockets_per_host == 0,
+            "devices_per_host",
+            self.devices_per_host,
+            f"must be a multiple of sockets_per_host ({self.sockets_per_host})",
+        )
+        require(
+            _finite(self.host_memory_bandwidth_bytes_per_s) and self.host_memory_bandwidth_bytes_per_s > 0,
+            "host_memory_bandwidth_bytes_per_s",
+            self.host_memory_bandwidth_bytes_per_s,
+            "must be a positive number of bytes per second",
+        )
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
-        require(self.allreduce in ALLREDUCE_ALGORITHMS, "allreduce", self.allreduce,
-                f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
-        for name in ("model_average_s", "model_average_s_per_byte", "mix_merge_s", "mix_merge_s_per_byte",
-                     "step_overhead_s", "step_overhead_s_per_byte"):
+        require(
+            self.allreduce in ALLREDUCE_ALGORITHMS,
+            "allreduce",
+            self.allreduce,
+            f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}",
+        )
+        for name in (
+            "model_average_s",
+            "model_average_s_per_byte",
+            "mix_merge_s",
+            "mix_merge_s_per_byte",
+            "step_overhead_s",
+            "step_overhead_s_per_byte",
+        ):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
 
@@ -290,26 +316,51 @@ class Workload:
     sample_unit: str = "samples"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.n_params, int) and self.n_params >= 1, "n_params", self.n_params,
-                "must be an integer >= 1")
+        require(
+            isinstance(self.n_params, int) and self.n_params >= 1, "n_params", self.n_params, "must be an integer >= 1"
+        )
         require(self.itemsize in (1, 2, 4, 8), "itemsize", self.itemsize, "must be 1, 2, 4 or 8 bytes")
         dist = ComputeTime.parse(self.compute)
         for name in ("reference_batch", "batch_per_worker"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
-        require(math.isfinite(self.compute_fixed_s) and 0 <= self.compute_fixed_s <= dist.mean_s, "compute_fixed_s",
-                self.compute_fixed_s, f"must be in [0, the mean compute time {dist.mean_s:g} s]")
-        require(math.isfinite(self.compute_jitter_s) and self.compute_jitter_s >= 0, "compute_jitter_s",
-                self.compute_jitter_s, "must be >= 0 seconds")
-        require(math.isfinite(self.input_bytes_per_sample) and self.input_bytes_per_sample >= 0,
-                "input_bytes_per_sample", self.input_bytes_per_sample, "must be >= 0")
-        require(math.isfinite(self.loader_buffer_samples) and (self.loader_buffer_samples == 0
-                                                               or self.loader_buffer_samples >= 1),
-                "loader_buffer_samples", self.loader_buffer_samples, "must be 0 (streaming) or >= 1 samples")
-        require(math.isfinite(self.loader_s_per_sample) and self.loader_s_per_sample >= 0, "loader_s_per_sample",
-                self.loader_s_per_sample, "must be >= 0 seconds")
-        require(math.isfinite(self.loader_buffer_cv) and 0 <= self.loader_buffer_cv <= 10, "loader_buffer_cv",
-                self.loader_buffer_cv, "must be in [0, 10]")
+        require(
+            math.isfinite(self.compute_fixed_s) and 0 <= self.compute_fixed_s <= dist.mean_s,
+            "compute_fixed_s",
+            self.compute_fixed_s,
+            f"must be in [0, the mean compute time {dist.mean_s:g} s]",
+        )
+        require(
+            math.isfinite(self.compute_jitter_s) and self.compute_jitter_s >= 0,
+            "compute_jitter_s",
+            self.compute_jitter_s,
+            "must be >= 0 seconds",
+        )
+        require(
+            math.isfinite(self.input_bytes_per_sample) and self.input_bytes_per_sample >= 0,
+            "input_bytes_per_sample",
+            self.input_bytes_per_sample,
+            "must be >= 0",
+        )
+        require(
+            math.isfinite(self.loader_buffer_samples)
+            and (self.loader_buffer_samples == 0 or self.loader_buffer_samples >= 1),
+            "loader_buffer_samples",
+            self.loader_buffer_samples,
+            "must be 0 (streaming) or >= 1 samples",
+        )
+        require(
+            math.isfinite(self.loader_s_per_sample) and self.loader_s_per_sample >= 0,
+            "loader_s_per_sample",
+            self.loader_s_per_sample,
+            "must be >= 0 seconds",
+        )
+        require(
+            math.isfinite(self.loader_buffer_cv) and 0 <= self.loader_buffer_cv <= 10,
+            "loader_buffer_cv",
+            self.loader_buffer_cv,
+            "must be in [0, 10]",
+        )
         require(self.samples_per_epoch > 0, "samples_per_epoch", self.samples_per_epoch, "must be > 0")
         require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
 
@@ -352,8 +403,6 @@ class Defaults:
     period: int | None = None
 
 
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     """A platform, a workload and sweep defaults, with the comments that say where they come from
@@ -382,28 +431,50 @@ class Profile:
 
     def __post_init__(self) -> None:
         for line in self.notes:
-            require(isinstance(line, str) and _comment_ok(line), "note", line,
-                    "must be one line without control characters or trailing whitespace")
+            require(
+                isinstance(line, str) and _comment_ok(line),
+                "note",
+                line,
+                "must be one line without control characters or trailing whitespace",
+            )
         paths = set(self.paths())
         for key, text in self.provenance.items():
-            require(key in paths, "provenance key", key, "must name a key or table the profile writes"
-                    + _closest(key, paths))
-            require(isinstance(text, str) and text != "" and _comment_ok(text), f"provenance of {key}", text,
-                    "must be one non-empty line without control characters or trailing whitespace")
+            require(
+                key in paths,
+                "provenance key",
+                key,
+                "must name a key or table the profile writes" + _closest(key, paths),
+            )
+            require(
+                isinstance(text, str) and text != "" and _comment_ok(text),
+                f"provenance of {key}",
+                text,
+                "must be one non-empty line without control characters or trailing whitespace",
+            )
 
     # ----- reading ----------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", notes: tuple[str, ...] = (),
-                  provenance: Mapping[str, str] | None = None) -> Profile:
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        source: str = "<dict>",
+        notes: tuple[str, ...] = (),
+        provenance: Mapping[str, str] | None = None,
+    ) -> Profile:
         """Build a profile from nested tables (``{"platform": {...}, "workload": {...}}``),
         strictly: unknown keys are rejected with the closest valid key suggested."""
         check_keys(data, TABLES, where=source)
         if "platform" not in data or "workload" not in data:
             raise ConfigError(f"{source}: needs both a [platform] and a [workload] table")
-        return cls(platform=load_dataclass(Platform, data["platform"], where="platform"),
-                   workload=load_dataclass(Workload, data["workload"], where="workload"),
-                   defaults=load_dataclass(Defaults, data.get("defaults", {}), where="defaults"),
-                   source=source, notes=tuple(notes), provenance=dict(provenance or {}))
+        return cls(
+            platform=load_dataclass(Platform, data["platform"], where="platform"),
+            workload=load_dataclass(Workload, data["workload"], where="workload"),
+            defaults=load_dataclass(Defaults, data.get("defaults", {}), where="defaults"),
+            source=source,
+            notes=tuple(notes),
+            provenance=dict(provenance or {}),
+        )
 
     @classmethod
     def from_toml(cls, text: str, *, source: str = "<string>") -> Profile:
@@ -486,8 +557,11 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, float):
         return repr(v)  # shortest repr that reads back to the same float; 'inf', 'nan' are TOML too
     if isinstance(v, str):
-        return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
-                             for c in v) + '"'
+        return (
+            '"'
+            + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in v)
+            + '"'
+        )
     if isinstance(v, (tuple, list)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise ConfigError(f"cannot write a value of type {type(v).__name__} to TOML: {v!r}")

@@ -84,8 +84,12 @@ class LeastSquaresProblem:
     merge_shards: int = 1
 
     def __post_init__(self) -> None:
-        require(self.n_samples % self.n_shards == 0, "n_samples", self.n_samples,
-                f"must be divisible by n_shards ({self.n_shards})")
+        require(
+            self.n_samples % self.n_shards == 0,
+            "n_samples",
+            self.n_samples,
+            f"must be divisible by n_shards ({self.n_shards})",
+        )
         require(self.batch >= 1, "batch", self.batch, "must be >= 1")
 
     def data(self) -> tuple[np.ndarray, np.ndarray]:
@@ -179,14 +183,24 @@ class ReferenceResult:
     states: list[WorkerState]
 
 
-def run_reference(algorithm: Algorithm, problem: LeastSquaresProblem, *, steps: int,
-                  lr: float | Callable[[int], float] = 0.05, x0: np.ndarray | None = None,
-                  server_order: Callable[[int], Sequence[int]] | None = None) -> ReferenceResult:
+def run_reference(
+    algorithm: Algorithm,
+    problem: LeastSquaresProblem,
+    *,
+    steps: int,
+    lr: float | Callable[[int], float] = 0.05,
+    x0: np.ndarray | None = None,
+    server_order: Callable[[int], Sequence[int]] | None = None,
+) -> ReferenceResult:
     """Run ``algorithm`` for ``steps`` rounds on ``problem`` (see the module docstring)."""
     n = algorithm.n_workers
     require(steps >= 1, "steps", steps, "must be >= 1")
-    require(problem.n_shards in (1, n) or problem.merge_shards > 1, "n_shards", problem.n_shards,
-            f"must be 1 or the number of workers ({n})")
+    require(
+        problem.n_shards in (1, n) or problem.merge_shards > 1,
+        "n_shards",
+        problem.n_shards,
+        f"must be 1 or the number of workers ({n})",
+    )
     bound = _Bound(problem)
     x0 = problem.initial_point() if x0 is None else np.asarray(x0, dtype=np.float64)
     states = [algorithm.init_state(x0, r) for r in range(n)]
@@ -217,13 +231,28 @@ def run_reference(algorithm: Algorithm, problem: LeastSquaresProblem, *, steps: 
         staleness = merges - read_merges
         for r in range(n):
             states[r] = algorithm.local_update(states[r].replace(params=mixed[r]), grads[r], lr_of(s))
-            trace.add(rank=r, step=s, phase="compute", start_s=s, end_s=s + 1,
-                      staleness=int(staleness[r]), loss=batch_losses[r])
+            trace.add(
+                rank=r,
+                step=s,
+                phase="compute",
+                start_s=s,
+                end_s=s + 1,
+                staleness=int(staleness[r]),
+                loss=batch_losses[r],
+            )
             for ex in schedule[r]:
                 sent, _ = wire_bytes(ex, x0.size, itemsize)
                 peer = getattr(ex, "peer", SERVER_PEER if isinstance(ex, ServerExchange) else -1)
-                trace.add(rank=r, step=s, phase="comm", start_s=s + 1, end_s=s + 1,
-                          kind=EXCHANGE_KINDS[type(ex)], peer=peer, nbytes=sent)
+                trace.add(
+                    rank=r,
+                    step=s,
+                    phase="comm",
+                    start_s=s + 1,
+                    end_s=s + 1,
+                    kind=EXCHANGE_KINDS[type(ex)],
+                    peer=peer,
+                    nbytes=sent,
+                )
         server, server_staleness = _post_phase(algorithm, schedule, states, server, s, server_order)
         for r, st_r in server_staleness.items():
             staleness[r] = st_r
@@ -232,13 +261,20 @@ def run_reference(algorithm: Algorithm, problem: LeastSquaresProblem, *, steps: 
         out_losses.append(bound.loss(np.mean(models, axis=0)))
         out_cd.append(consensus_distance(models))
         out_st.append(staleness.copy())
-    return ReferenceResult(params=np.stack(out_params), losses=np.array(out_losses),
-                           consensus_distance=np.array(out_cd), staleness=np.stack(out_st),
-                           server=server, trace=trace.array(), states=states)
+    return ReferenceResult(
+        params=np.stack(out_params),
+        losses=np.array(out_losses),
+        consensus_distance=np.array(out_cd),
+        staleness=np.stack(out_st),
+        server=server,
+        trace=trace.array(),
+        states=states,
+    )
 
 
-def _mix_phase(algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], models: list[np.ndarray],
-               merges: np.ndarray) -> list[np.ndarray]:
+def _mix_phase(
+    algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], models: list[np.ndarray], merges: np.ndarray
+) -> list[np.ndarray]:
     n = len(models)
     mixed = list(models)
     shard_results: dict[int, np.ndarray] = {}
@@ -247,8 +283,10 @@ def _mix_phase(algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], model
             if isinstance(ex, PairwiseAverage):
                 back = [e for e in schedule[ex.peer] if isinstance(e, PairwiseAverage)]
                 if not back or back[0].peer != r or back[0].active == ex.active:
-                    raise SimulationError(f"schedule is inconsistent at rank {r}: its pairwise peer "
-                                          f"{ex.peer} does not name it back as the opposite side")
+                    raise SimulationError(
+                        f"schedule is inconsistent at rank {r}: its pairwise peer "
+                        f"{ex.peer} does not name it back as the opposite side"
+                    )
                 if ex.n_shards == 1:
                     mixed[r] = algorithm.mix(ex, models[r], models[ex.peer])
                 else:
@@ -278,9 +316,14 @@ def _grad_phase(schedule: list[tuple[Exchange, ...]], grads: list[np.ndarray]) -
                 done.add(ex.group)
 
 
-def _post_phase(algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], states: list[WorkerState],
-                server: ServerState | None, step: int,
-                server_order: Callable[[int], Sequence[int]] | None) -> tuple[ServerState | None, dict[int, int]]:
+def _post_phase(
+    algorithm: Algorithm,
+    schedule: list[tuple[Exchange, ...]],
+    states: list[WorkerState],
+    server: ServerState | None,
+    step: int,
+    server_order: Callable[[int], Sequence[int]] | None,
+) -> tuple[ServerState | None, dict[int, int]]:
     n = len(states)
     done: set[tuple[int, ...]] = set()
     for r in range(n):
@@ -311,5 +354,6 @@ def _post_phase(algorithm: Algorithm, schedule: list[tuple[Exchange, ...]], stat
 def _check_group(schedule: list[tuple[Exchange, ...]], ex: AllReduce, payload: str) -> None:
     for g in ex.group:
         if not any(isinstance(e, AllReduce) and e.payload == payload and e.group == ex.group for e in schedule[g]):
-            raise SimulationError(f"schedule is inconsistent: rank {g} is in allreduce group {ex.group} "
-                                  f"but does not take part in it")
+            raise SimulationError(
+                f"schedule is inconsistent: rank {g} is in allreduce group {ex.group} but does not take part in it"
+            )

@@ -49,7 +49,9 @@ def default_run_dir(kind: str) -> Path:
     return path
 
 
-def environment(*, source: str, world_size: int | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def environment(
+    *, source: str, world_size: int | None = None, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Versions, git SHA, host and world size, for ``env.json``."""
     versions = {}
     for dist in ("psgdlab", "numpy", "scipy", "simpy", "torch", "mpi4py", "h5py", "networkx"):
@@ -160,8 +162,13 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         """One flat JSON object: the case keys, then the figures."""
-        head = {"source": self.source, "algorithm": self.algorithm,
-                "algorithm_params": dict(self.algorithm_params), "workers": self.workers, "case": self.case}
+        head = {
+            "source": self.source,
+            "algorithm": self.algorithm,
+            "algorithm_params": dict(self.algorithm_params),
+            "workers": self.workers,
+            "case": self.case,
+        }
         return {**head, **self.figures}
 
     @classmethod
@@ -172,9 +179,14 @@ class Summary:
         if missing:
             raise ConfigError(f"{where}: summary.json lacks {missing} (written by an older psgdlab?)")
         figures = {k: v for k, v in obj.items() if k not in _CASE_KEYS}
-        return cls(source=str(obj["source"]), algorithm=obj["algorithm"],
-                   algorithm_params=dict(obj["algorithm_params"]), workers=int(obj["workers"]),
-                   case=obj.get("case"), figures=figures)
+        return cls(
+            source=str(obj["source"]),
+            algorithm=obj["algorithm"],
+            algorithm_params=dict(obj["algorithm_params"]),
+            workers=int(obj["workers"]),
+            case=obj.get("case"),
+            figures=figures,
+        )
 
 
 def write_summary(run: RunDir | str | os.PathLike[str], summary: Summary) -> Path:

@@ -42,9 +42,17 @@ __all__ = ["ibm_lr", "exp_lr", "constant_lr", "Newbob", "lr_schedule", "LR_SCHED
 LR_SCHEDULE_NAMES = ("const", "ibm", "newbob", "exp")
 
 
-def ibm_lr(epoch: float, *, total_batch: int, base_lr: float = 0.1, base_batch: int = 256,
-           warmup_epochs: int = 10, anneal: float = 1.0 / math.sqrt(2.0), variant: str = "A",
-           per_step: bool = False) -> float:
+def ibm_lr(
+    epoch: float,
+    *,
+    total_batch: int,
+    base_lr: float = 0.1,
+    base_batch: int = 256,
+    warmup_epochs: int = 10,
+    anneal: float = 1.0 / math.sqrt(2.0),
+    variant: str = "A",
+    per_step: bool = False,
+) -> float:
     """The IBM recipe's rate during (1-based) ``epoch`` (see the module docstring)."""
     require(epoch > 0, "epoch", epoch, "must be > 0 (epochs are 1-based)")
     require(total_batch >= 1, "total_batch", total_batch, "must be >= 1")
@@ -115,8 +123,16 @@ class Newbob:
         return accepted
 
 
-def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int, total_steps: int | None = None,
-                lr_final: float | None = None, warmup_epochs: int = 10) -> Callable[[int], float]:
+def lr_schedule(
+    name: str,
+    *,
+    lr: float,
+    total_batch: int,
+    steps_per_epoch: int,
+    total_steps: int | None = None,
+    lr_final: float | None = None,
+    warmup_epochs: int = 10,
+) -> Callable[[int], float]:
     """The step -> rate function of schedule ``name`` (one of :data:`LR_SCHEDULE_NAMES`).
 
     Parameters
@@ -153,11 +169,13 @@ def lr_schedule(name: str, *, lr: float, total_batch: int, steps_per_epoch: int,
     """
     require(name in LR_SCHEDULE_NAMES, "lr-schedule", name, "must be ibm, newbob, exp or const")
     require(steps_per_epoch >= 1, "steps_per_epoch", steps_per_epoch, "must be >= 1")
-    require(isinstance(warmup_epochs, int) and warmup_epochs >= 1, "warmup_epochs", warmup_epochs,
-            "must be an integer >= 1")
+    require(
+        isinstance(warmup_epochs, int) and warmup_epochs >= 1, "warmup_epochs", warmup_epochs, "must be an integer >= 1"
+    )
     if name == "ibm":
-        return lambda step: ibm_lr(step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr,
-                                   warmup_epochs=warmup_epochs)
+        return lambda step: ibm_lr(
+            step / steps_per_epoch + 1e-12, total_batch=total_batch, base_lr=lr, warmup_epochs=warmup_epochs
+        )
     if name == "exp":
         if total_steps is None:
             raise ConfigError("total_steps (None) must be given (>= 1) for the exp schedule")

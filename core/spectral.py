@@ -128,8 +128,10 @@ def lambda2(W: ArrayLike) -> float:
     """
     M = check_mixing_matrix(W)
     if not _is_symmetric(M):
-        raise InvalidMixingMatrixError("lambda2 needs a symmetric matrix (its eigenvalues may be complex "
-                                       "otherwise); use second_largest_modulus or sigma2")
+        raise InvalidMixingMatrixError(
+            "lambda2 needs a symmetric matrix (its eigenvalues may be complex "
+            "otherwise); use second_largest_modulus or sigma2"
+        )
     ev = eigenvalues(M)
     return float(ev[1]) if ev.size > 1 else 0.0
 
@@ -196,14 +198,19 @@ def sigma2(W: ArrayLike) -> float:
 
 def _warn_if_disconnected(gap: float, what: str) -> None:
     if gap < DISCONNECTED_GAP:
-        warnings.warn(f"spectral gap of {what} is {gap:.3g} < {DISCONNECTED_GAP:g}: effectively disconnected, "
-                      "consensus is never reached (a single matching of more than 2 workers is; use its "
-                      "expectation over rounds)", TestbedWarning, stacklevel=3)
+        warnings.warn(
+            f"spectral gap of {what} is {gap:.3g} < {DISCONNECTED_GAP:g}: effectively disconnected, "
+            "consensus is never reached (a single matching of more than 2 workers is; use its "
+            "expectation over rounds)",
+            TestbedWarning,
+            stacklevel=3,
+        )
 
 
 # -- schedules ------------------------------------------------------------------------------------
-def expected_gram(topology: Topology, *, samples: int | None = None,
-                  rng: np.random.Generator | int | None = None) -> NDArray[np.float64]:
+def expected_gram(
+    topology: Topology, *, samples: int | None = None, rng: np.random.Generator | int | None = None
+) -> NDArray[np.float64]:
     r""":math:`\mathbb E[T T^\top]` of a topology's schedule (learners as columns).
 
     Equal to :math:`\mathbb E[T^\top T]` because every topology matrix is symmetric.
@@ -254,9 +261,12 @@ def expected_gram(topology: Topology, *, samples: int | None = None,
     return total / period
 
 
-def estimate_expected_gram(sample_matrix: Callable[[np.random.Generator], ArrayLike], *, samples: int,
-                           rng: np.random.Generator | int | None = None
-                           ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def estimate_expected_gram(
+    sample_matrix: Callable[[np.random.Generator], ArrayLike],
+    *,
+    samples: int,
+    rng: np.random.Generator | int | None = None,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     r"""Monte Carlo estimate of :math:`\mathbb E[TT^\top]` for any random mixing matrix ``T``.
 
     Parameters
@@ -335,11 +345,19 @@ def topology_spectrum(topology: Topology) -> dict[str, Any]:
     gap = max(0.0, 1.0 - rho)
     _warn_if_disconnected(gap, f"{topology.kind} with {topology.n_workers} workers")
     return {
-        "kind": topology.kind, "workers": topology.n_workers, "nodes": topology.n_nodes,
-        "gpus_per_node": topology.gpus_per_node, "period": topology.period,
+        "kind": topology.kind,
+        "workers": topology.n_workers,
+        "nodes": topology.n_nodes,
+        "gpus_per_node": topology.gpus_per_node,
+        "period": topology.period,
         "matrix": "W" if static else "E[TT^T]",
-        "lambda2": lam2, "lambda_min": lam_min, "rho": rho, "spectral_gap": gap,
-        "gap_1_minus_lambda2": 1.0 - lam2, "gap_expected_gram": 1.0 - rate, "consensus_rate": rate,
+        "lambda2": lam2,
+        "lambda_min": lam_min,
+        "rho": rho,
+        "spectral_gap": gap,
+        "gap_1_minus_lambda2": 1.0 - lam2,
+        "gap_expected_gram": 1.0 - rate,
+        "consensus_rate": rate,
     }
 
 
@@ -357,9 +375,14 @@ def _primary_spectrum(topology: Topology) -> tuple[bool, NDArray[np.float64]]:
     return False, _symmetric_spectrum(expected_gram(topology))
 
 
-def spectral_gap_curve(kind: str, worker_counts: Sequence[int], *, gpus_per_node: int = 1,
-                       inner: Literal["fixed-ring", "random-ring"] = "fixed-ring",
-                       seed: int = 0) -> list[tuple[int, float]]:
+def spectral_gap_curve(
+    kind: str,
+    worker_counts: Sequence[int],
+    *,
+    gpus_per_node: int = 1,
+    inner: Literal["fixed-ring", "random-ring"] = "fixed-ring",
+    seed: int = 0,
+) -> list[tuple[int, float]]:
     """``(n_workers, spectral_gap)`` for every count in ``worker_counts`` that ``kind`` accepts.
 
     ``spectral_gap`` is that of :func:`topology_spectrum` (of ``W`` for static kinds, of
@@ -377,8 +400,9 @@ def spectral_gap_curve(kind: str, worker_counts: Sequence[int], *, gpus_per_node
     curve = []
     for n in worker_counts:
         try:
-            topology = build_topology(kind, n, gpus_per_node=gpus_per_node, seed=seed,
-                                      inner=inner if kind == "hierarchical" else "fixed-ring")
+            topology = build_topology(
+                kind, n, gpus_per_node=gpus_per_node, seed=seed, inner=inner if kind == "hierarchical" else "fixed-ring"
+            )
         except TopologyError:
             continue
         _, ev = _primary_spectrum(topology)

@@ -96,8 +96,9 @@ class StragglerModel:
                 else:
                     raise ValueError
             except ValueError:
-                raise ConfigError(f"straggler term {term!r} is not RANK:FACTOR, random:PROB:FACTOR or "
-                                  f"periodic:RANK:EVERY:PAUSE_S") from None
+                raise ConfigError(
+                    f"straggler term {term!r} is not RANK:FACTOR, random:PROB:FACTOR or periodic:RANK:EVERY:PAUSE_S"
+                ) from None
         model = cls(fixed=tuple(fixed), random=tuple(rand), periodic=tuple(periodic), seed=seed)
         model.validate(n_workers)
         return model
@@ -133,8 +134,7 @@ class StragglerModel:
 
     def pause_s(self, rank: int, step: int) -> float:
         """Extra pause of ``rank`` at ``step`` (seconds)."""
-        return sum(p.pause_s for p in self.periodic
-                   if (p.rank in (-1, rank)) and (step + 1) % p.every == 0)
+        return sum(p.pause_s for p in self.periodic if (p.rank in (-1, rank)) and (step + 1) % p.every == 0)
 
     def compute_time(self, base_s: float, *, rank: int, step: int) -> float:
         """``base_s`` slowed and paused as this model says."""

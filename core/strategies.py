@@ -71,6 +71,7 @@ def _check_range(lo_name: str, lo: Any, hi_name: str, hi: Any, *, low: int) -> N
 def _size_strategy(name: str, value: Any, *, low: int) -> st.SearchStrategy[int]:
     """A fixed integer (checked now) or a strategy of integers (checked when drawn)."""
     if isinstance(value, st.SearchStrategy):
+
         def checked(drawn: Any) -> int:
             _check_int(f"{name} (drawn)", drawn, low=low)
             return int(drawn)
@@ -114,7 +115,7 @@ def _valid_shapes(kind: str, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
     """(n_workers, gpus_per_node) pairs in range that ``kind`` accepts, smallest first."""
     shapes = []
     for n in range(lo, hi + 1):
-        for m in (_divisors(n) if kind == "hierarchical" else (1,)):
+        for m in _divisors(n) if kind == "hierarchical" else (1,):
             try:
                 Topology(kind=kind, n_workers=n, gpus_per_node=m)
             except TopologyError:
@@ -123,8 +124,9 @@ def _valid_shapes(kind: str, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
     return tuple(shapes)
 
 
-def topologies(*, kinds: Sequence[str] | None = None, min_workers: int = 2,
-               max_workers: int = 32) -> st.SearchStrategy[Topology]:
+def topologies(
+    *, kinds: Sequence[str] | None = None, min_workers: int = 2, max_workers: int = 32
+) -> st.SearchStrategy[Topology]:
     """Valid :class:`~psgdlab.core.topology.Topology` values with ``min_workers <= n_workers <= max_workers``.
 
     Every drawn topology is connected in the sense that matters for mixing: the gap of its ``W``
@@ -157,24 +159,32 @@ def topologies(*, kinds: Sequence[str] | None = None, min_workers: int = 2,
     shapes = {k: _valid_shapes(k, min_workers, max_workers) for k in chosen}
     empty = [k for k in chosen if not shapes[k]]
     if kinds is not None and empty:
-        raise InvalidArgument(f"kind(s) {empty} have no valid worker count in "
-                              f"[min_workers={min_workers}, max_workers={max_workers}]")
+        raise InvalidArgument(
+            f"kind(s) {empty} have no valid worker count in [min_workers={min_workers}, max_workers={max_workers}]"
+        )
     usable = [k for k in chosen if shapes[k]]
     if not usable:
-        raise InvalidArgument(f"no kind has a valid worker count in [min_workers={min_workers}, "
-                              f"max_workers={max_workers}]")
+        raise InvalidArgument(
+            f"no kind has a valid worker count in [min_workers={min_workers}, max_workers={max_workers}]"
+        )
 
     def one(kind: str) -> st.SearchStrategy[Topology]:
         inner = st.sampled_from(INNER_KINDS) if kind == "hierarchical" else st.just("fixed-ring")
-        return st.builds(lambda shape, seed, inner_kind: Topology(
-            kind=kind, n_workers=shape[0], gpus_per_node=shape[1], seed=seed, inner=inner_kind),
-            st.sampled_from(shapes[kind]), st.integers(0, _MAX_SEED), inner)
+        return st.builds(
+            lambda shape, seed, inner_kind: Topology(
+                kind=kind, n_workers=shape[0], gpus_per_node=shape[1], seed=seed, inner=inner_kind
+            ),
+            st.sampled_from(shapes[kind]),
+            st.integers(0, _MAX_SEED),
+            inner,
+        )
 
     return st.sampled_from(usable).flatmap(one)
 
 
-def mixing_matrices(*, topology: Topology | st.SearchStrategy[Topology] | None = None
-                    ) -> st.SearchStrategy[NDArray[np.float64]]:
+def mixing_matrices(
+    *, topology: Topology | st.SearchStrategy[Topology] | None = None
+) -> st.SearchStrategy[NDArray[np.float64]]:
     """The mixing matrix of a drawn round of a (drawn) topology.
 
     Parameters
@@ -211,8 +221,9 @@ def _convex_combination(n: int, max_terms: int, symmetric: bool) -> st.SearchStr
     return st.lists(term, min_size=1, max_size=max_terms).map(combine)
 
 
-def doubly_stochastic_matrices(*, n: int | st.SearchStrategy[int],
-                               max_terms: int = 8) -> st.SearchStrategy[NDArray[np.float64]]:
+def doubly_stochastic_matrices(
+    *, n: int | st.SearchStrategy[int], max_terms: int = 8
+) -> st.SearchStrategy[NDArray[np.float64]]:
     r"""``n x n`` doubly stochastic matrices built by Birkhoff's theorem.
 
     A convex combination :math:`\sum_k w_k P_k` of 1 to ``max_terms`` permutation matrices with
@@ -233,8 +244,9 @@ def doubly_stochastic_matrices(*, n: int | st.SearchStrategy[int],
     return _size_strategy("n", n, low=1).flatmap(lambda k: _convex_combination(k, max_terms, False))
 
 
-def symmetric_doubly_stochastic_matrices(*, n: int | st.SearchStrategy[int],
-                                         max_terms: int = 8) -> st.SearchStrategy[NDArray[np.float64]]:
+def symmetric_doubly_stochastic_matrices(
+    *, n: int | st.SearchStrategy[int], max_terms: int = 8
+) -> st.SearchStrategy[NDArray[np.float64]]:
     r"""``n x n`` symmetric doubly stochastic matrices: convex combinations of :math:`(P + P^\top)/2`.
 
     Exactly symmetric (bit for bit). Parameters are as in :func:`doubly_stochastic_matrices`.
@@ -246,9 +258,13 @@ def symmetric_doubly_stochastic_matrices(*, n: int | st.SearchStrategy[int],
 
 
 # -- staleness ------------------------------------------------------------------------------------
-def staleness_schedules(*, n_workers: int | st.SearchStrategy[int], max_staleness: int,
-                        steps: int | st.SearchStrategy[int], causal: bool = True
-                        ) -> st.SearchStrategy[NDArray[np.int64]]:
+def staleness_schedules(
+    *,
+    n_workers: int | st.SearchStrategy[int],
+    max_staleness: int,
+    steps: int | st.SearchStrategy[int],
+    causal: bool = True,
+) -> st.SearchStrategy[NDArray[np.int64]]:
     """Per-step, per-worker staleness arrays of shape ``(steps, n_workers)``, dtype int64.
 
     Entry ``[k, r]`` is the staleness (in steps) of worker ``r``'s gradient at step ``k``, in

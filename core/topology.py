@@ -103,8 +103,16 @@ __all__ = [
     "from_networkx",
 ]
 
-KINDS: tuple[str, ...] = ("ring", "torus", "complete", "exponential", "hypercube", "fixed-ring",
-                          "random-ring", "hierarchical")
+KINDS: tuple[str, ...] = (
+    "ring",
+    "torus",
+    "complete",
+    "exponential",
+    "hypercube",
+    "fixed-ring",
+    "random-ring",
+    "hierarchical",
+)
 STATIC_KINDS: tuple[str, ...] = ("ring", "torus", "complete", "exponential")
 MATCHING_KINDS: tuple[str, ...] = ("hypercube", "fixed-ring", "random-ring", "hierarchical")
 INNER_KINDS: tuple[str, ...] = ("fixed-ring", "random-ring")
@@ -138,8 +146,10 @@ def torus_shape(n: int) -> tuple[int, int]:
     for r in range(math.isqrt(max(n, 0)), 2, -1):
         if n % r == 0 and n // r >= 3:
             return r, n // r
-    raise TopologyError(f"workers ({n}) has no factorisation r x c with r, c >= 3 for a 2-D torus; "
-                        "use ring or exponential, or a count such as 9, 12, 16")
+    raise TopologyError(
+        f"workers ({n}) has no factorisation r x c with r, c >= 3 for a 2-D torus; "
+        "use ring or exponential, or a count such as 9, 12, 16"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,8 +202,10 @@ class Topology:
         if self.kind != "hierarchical" and self.inner != "fixed-ring":
             raise ConfigError(f"inner ({self.inner!r}) only applies to kind 'hierarchical', not {self.kind!r}")
         if self.n_workers % self.gpus_per_node:
-            raise TopologyError(f"workers ({self.n_workers}) must be divisible by gpus_per_node "
-                                f"({self.gpus_per_node}); every node holds the same number of workers")
+            raise TopologyError(
+                f"workers ({self.n_workers}) must be divisible by gpus_per_node "
+                f"({self.gpus_per_node}); every node holds the same number of workers"
+            )
         _check_size(self.kind, self.n_workers, self.n_nodes)
 
     # -- derived structure ---------------------------------------------------------------------
@@ -281,21 +293,29 @@ def _check_round(round: Any) -> None:
 
 def _check_size(kind: str, n: int, n_nodes: int) -> None:
     if kind == "ring" and n < 3:
-        raise TopologyError(f"workers ({n}) must be >= 3 for a ring (a 1/3-weighted cycle needs two distinct "
-                            "neighbours); use complete for 1 or 2 workers")
+        raise TopologyError(
+            f"workers ({n}) must be >= 3 for a ring (a 1/3-weighted cycle needs two distinct "
+            "neighbours); use complete for 1 or 2 workers"
+        )
     if kind == "torus":
         torus_shape(n)
     if kind == "hypercube" and (n < 2 or n & (n - 1)):
         lower = 1 << (n.bit_length() - 1)
-        raise TopologyError(f"workers ({n}) must be a power of two >= 2 for hypercube (round t pairs i with "
-                            f"i XOR 2^t); use {max(lower, 2)} or {max(lower * 2, 2)} workers, or exponential")
+        raise TopologyError(
+            f"workers ({n}) must be a power of two >= 2 for hypercube (round t pairs i with "
+            f"i XOR 2^t); use {max(lower, 2)} or {max(lower * 2, 2)} workers, or exponential"
+        )
     if kind in ("fixed-ring", "random-ring") and n % 2:
-        raise TopologyError(f"workers ({n}) must be even for {kind}: a perfect matching pairs every worker "
-                            f"with exactly one other, which needs an even number of workers; {_ODD_HINT}")
+        raise TopologyError(
+            f"workers ({n}) must be even for {kind}: a perfect matching pairs every worker "
+            f"with exactly one other, which needs an even number of workers; {_ODD_HINT}"
+        )
     if kind == "hierarchical" and n_nodes > 1 and n_nodes % 2:
-        raise TopologyError(f"nodes ({n_nodes}) must be even (or 1) for hierarchical: the super-learners are "
-                            "paired by a perfect matching, which needs an even number of nodes; change "
-                            "gpus_per_node or the worker count")
+        raise TopologyError(
+            f"nodes ({n_nodes}) must be even (or 1) for hierarchical: the super-learners are "
+            "paired by a perfect matching, which needs an even number of nodes; change "
+            "gpus_per_node or the worker count"
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -329,8 +349,9 @@ def _static_matrix(kind: str, n: int) -> NDArray[np.float64]:
         W = _circulant_uniform(n, tuple(1 << k for k in range(max(n - 1, 1).bit_length()) if 1 << k <= n - 1))
     else:  # torus
         r, c = torus_shape(n)
-        A = np.kron(_cycle_adjacency(r), np.eye(c, dtype=np.int64)) + np.kron(np.eye(r, dtype=np.int64),
-                                                                               _cycle_adjacency(c))
+        A = np.kron(_cycle_adjacency(r), np.eye(c, dtype=np.int64)) + np.kron(
+            np.eye(r, dtype=np.int64), _cycle_adjacency(c)
+        )
         W = uniform_weights(A)
     W.setflags(write=False)
     return W
@@ -389,14 +410,21 @@ def random_ring(n: int, *, seed: int = 0) -> Topology:
     return Topology(kind="random-ring", n_workers=n, seed=seed)
 
 
-def hierarchical(n_workers: int, gpus_per_node: int, *, inner: Literal["fixed-ring", "random-ring"] = "fixed-ring",
-                 seed: int = 0) -> Topology:
+def hierarchical(
+    n_workers: int, gpus_per_node: int, *, inner: Literal["fixed-ring", "random-ring"] = "fixed-ring", seed: int = 0
+) -> Topology:
     """H-ADPSGD super-learner ring :math:`T_t \\otimes J_m/m` (``m = gpus_per_node``)."""
     return Topology(kind="hierarchical", n_workers=n_workers, gpus_per_node=gpus_per_node, inner=inner, seed=seed)
 
 
-def build_topology(kind: str, n_workers: int, *, gpus_per_node: int = 1, seed: int = 0,
-                   inner: Literal["fixed-ring", "random-ring"] = "fixed-ring") -> Topology:
+def build_topology(
+    kind: str,
+    n_workers: int,
+    *,
+    gpus_per_node: int = 1,
+    seed: int = 0,
+    inner: Literal["fixed-ring", "random-ring"] = "fixed-ring",
+) -> Topology:
     """Build a :class:`Topology` by its CLI name (one of :data:`KINDS`); fields as in :class:`Topology`.
 
     Raises
@@ -458,6 +486,8 @@ def from_networkx(graph: Any, *, weights: Literal["metropolis", "uniform"] = "me
             A[index[u], index[v]] = A[index[v], index[u]] = 1
     if support_components(A) > 1:
         parts = nx.number_connected_components(graph)
-        raise TopologyError(f"graph is disconnected ({parts} components); workers in different components "
-                            "never reach consensus (spectral gap 0)")
+        raise TopologyError(
+            f"graph is disconnected ({parts} components); workers in different components "
+            "never reach consensus (spectral gap 0)"
+        )
     return rules[weights](check_adjacency(A))

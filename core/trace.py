@@ -62,11 +62,20 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-TRACE_DTYPE = np.dtype([
-    ("rank", "i4"), ("step", "i8"), ("phase", "u1"), ("kind", "u1"),
-    ("start_s", "f8"), ("end_s", "f8"), ("peer", "i4"), ("nbytes", "i8"),
-    ("staleness", "i4"), ("loss", "f4"),
-])
+TRACE_DTYPE = np.dtype(
+    [
+        ("rank", "i4"),
+        ("step", "i8"),
+        ("phase", "u1"),
+        ("kind", "u1"),
+        ("start_s", "f8"),
+        ("end_s", "f8"),
+        ("peer", "i4"),
+        ("nbytes", "i8"),
+        ("staleness", "i4"),
+        ("loss", "f4"),
+    ]
+)
 PHASES = {"compute": 0, "comm": 1, "wait": 2, "overlap": 3}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
 SERVER_PEER = -2
@@ -90,8 +99,20 @@ class TraceBuilder:
     def __init__(self) -> None:
         self._rows: list[tuple[Any, ...]] = []
 
-    def add(self, *, rank: int, step: int, phase: str, start_s: float, end_s: float, kind: int = 0,
-            peer: int = -1, nbytes: int = 0, staleness: int = -1, loss: float = math.nan) -> None:
+    def add(
+        self,
+        *,
+        rank: int,
+        step: int,
+        phase: str,
+        start_s: float,
+        end_s: float,
+        kind: int = 0,
+        peer: int = -1,
+        nbytes: int = 0,
+        staleness: int = -1,
+        loss: float = math.nan,
+    ) -> None:
         self._rows.append((rank, step, PHASES[phase], kind, start_s, end_s, peer, nbytes, staleness, loss))
 
     def add_raw(self, row: tuple[Any, ...]) -> None:
@@ -186,13 +207,15 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"trace file {path} is not a psgdlab trace ({exc})") from None
     if meta.get("schema_version") != SCHEMA_VERSION:
-        raise ConfigError(f"trace file {path} has schema_version {meta.get('schema_version')!r}; "
-                          f"this psgdlab reads {SCHEMA_VERSION}")
+        raise ConfigError(
+            f"trace file {path} has schema_version {meta.get('schema_version')!r}; this psgdlab reads {SCHEMA_VERSION}"
+        )
     return trace, meta
 
 
-def to_chrome_trace(trace: np.ndarray, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None,
-                    max_events: int = 200_000) -> Path:
+def to_chrome_trace(
+    trace: np.ndarray, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None, max_events: int = 200_000
+) -> Path:
     """Export a Chrome/Perfetto timeline (one row per rank; open in chrome://tracing or
     ui.perfetto.dev). Long traces are cut to their first ``max_events`` records."""
     events: list[dict[str, Any]] = []
@@ -208,8 +231,17 @@ def to_chrome_trace(trace: np.ndarray, path: str | os.PathLike[str], *, meta: Ma
         if rec["staleness"] >= 0:
             args["staleness"] = int(rec["staleness"])
         tid = int(rec["rank"]) * 2 + (1 if rec["phase"] == PHASES["overlap"] else 0)
-        events.append({"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": float(rec["start_s"]) * 1e6,
-                       "dur": max(float(rec["end_s"] - rec["start_s"]), 0.0) * 1e6, "args": args})
+        events.append(
+            {
+                "name": name,
+                "ph": "X",
+                "pid": 0,
+                "tid": tid,
+                "ts": float(rec["start_s"]) * 1e6,
+                "dur": max(float(rec["end_s"] - rec["start_s"]), 0.0) * 1e6,
+                "args": args,
+            }
+        )
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(meta or {})}
     return atomic_write_text(path, json.dumps(doc, default=_json_default))
 
@@ -314,4 +346,3 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
         "loss_last": float(losses[-1]) if losses.size else None,
         "warmup_steps": int(warmup_steps),
     }
-

@@ -71,10 +71,12 @@ def _default_fsdd() -> Path:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=REPO / "runs" / "fsdd.h5")
-    p.add_argument("--fsdd", type=Path, default=_default_fsdd(),
-                   help="FSDD folder used to build --data when it is missing")
-    p.add_argument("--speed", default="1.0",
-                   help="speed-perturbation factors used when building --data (e.g. 0.9,1.0,1.1)")
+    p.add_argument(
+        "--fsdd", type=Path, default=_default_fsdd(), help="FSDD folder used to build --data when it is missing"
+    )
+    p.add_argument(
+        "--speed", default="1.0", help="speed-perturbation factors used when building --data (e.g. 0.9,1.0,1.1)"
+    )
     p.add_argument("--model", default="blstm-small")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
@@ -84,8 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--holdout", default="theo,george", help="comma-separated held-out speakers")
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--score-every", type=int, default=1,
-                   help="score the held-out speakers every k epochs (always after the last)")
+    p.add_argument(
+        "--score-every", type=int, default=1, help="score the held-out speakers every k epochs (always after the last)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the per-epoch curve here")
     return p.parse_args(argv)
@@ -97,21 +100,28 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     if not args.data.exists():
         args.data.parent.mkdir(parents=True, exist_ok=True)
-        import_fsdd(args.fsdd, args.data, progress=True,
-                    speed_factors=[float(f) for f in args.speed.split(",")])
+        import_fsdd(args.fsdd, args.data, progress=True, speed_factors=[float(f) for f in args.speed.split(",")])
     holdout = [s for s in args.holdout.split(",") if s]
     # speed-perturbed copies of held-out speakers ("sp0.9-theo") are held out too
     excluded = [s for s in inspect_corpus(args.data)["speakers"] if base_speaker(s) in holdout]
     train = load_corpus(args.data, exclude_speakers=excluded)
     test = load_corpus(args.data, speakers=holdout)
-    model = build_model(args.model, input_dim=train.input_dim, n_classes=train.n_classes,
-                        window=args.window, **({"dropout": args.dropout} if args.dropout else {}))
+    model = build_model(
+        args.model,
+        input_dim=train.input_dim,
+        n_classes=train.n_classes,
+        window=args.window,
+        **({"dropout": args.dropout} if args.dropout else {}),
+    )
     sampler = WindowSampler(train, window=args.window, batch=args.batch, seed=args.seed)
     steps = sampler.steps_per_epoch()
-    print(f"model {args.model}: {count_parameters(model):,} params; train {train.n_utterances} utts "
-          f"/ {train.n_frames} frames ({sorted(set(map(base_speaker, train.speakers)))}); held out {test.n_utterances} "
-          f"utts ({sorted(set(test.speakers))}); epoch = {sampler.samples_per_epoch} windows = "
-          f"{steps} steps of {args.batch}", flush=True)
+    print(
+        f"model {args.model}: {count_parameters(model):,} params; train {train.n_utterances} utts "
+        f"/ {train.n_frames} frames ({sorted(set(map(base_speaker, train.speakers)))}); held out {test.n_utterances} "
+        f"utts ({sorted(set(test.speakers))}); epoch = {sampler.samples_per_epoch} windows = "
+        f"{steps} steps of {args.batch}",
+        flush=True,
+    )
     priors = state_priors(train.labels, train.n_classes)  # for the HMM decoder's scaled likelihoods
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -136,21 +146,37 @@ def main(argv: list[str] | None = None) -> int:
         else:
             scores = {key: float("nan") for key in ("frame_accuracy", "wer_viterbi", "wer_vote")}
         score_s = time.perf_counter() - start
-        row = {"epoch": epoch, "steps": step, "train_loss": total / steps,
-               "heldout_frame_accuracy": scores["frame_accuracy"], "heldout_wer": scores["wer_viterbi"],
-               "heldout_wer_vote": scores["wer_vote"],
-               "train_s": train_s, "score_s": score_s}
+        row = {
+            "epoch": epoch,
+            "steps": step,
+            "train_loss": total / steps,
+            "heldout_frame_accuracy": scores["frame_accuracy"],
+            "heldout_wer": scores["wer_viterbi"],
+            "heldout_wer_vote": scores["wer_vote"],
+            "train_s": train_s,
+            "score_s": score_s,
+        }
         curve.append(row)
-        print(f"epoch {epoch}: train loss {row['train_loss']:.3f}  held-out frame acc "
-              f"{row['heldout_frame_accuracy']:.3f}  WER {100 * row['heldout_wer']:.1f}% "
-              f"(majority vote {100 * row['heldout_wer_vote']:.1f}%)  "
-              f"(train {train_s:.0f} s, scoring {score_s:.0f} s)", flush=True)
+        print(
+            f"epoch {epoch}: train loss {row['train_loss']:.3f}  held-out frame acc "
+            f"{row['heldout_frame_accuracy']:.3f}  WER {100 * row['heldout_wer']:.1f}% "
+            f"(majority vote {100 * row['heldout_wer_vote']:.1f}%)  "
+            f"(train {train_s:.0f} s, scoring {score_s:.0f} s)",
+            flush=True,
+        )
     per_speaker = scores["wer_by_speaker"]
-    print("held-out WER per speaker after the last epoch: "
-          + ", ".join(f"{spk} {100 * wer:.1f}%" for spk, wer in per_speaker.items()), flush=True)
+    print(
+        "held-out WER per speaker after the last epoch: "
+        + ", ".join(f"{spk} {100 * wer:.1f}%" for spk, wer in per_speaker.items()),
+        flush=True,
+    )
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "curve": curve, "wer_per_speaker": per_speaker}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "curve": curve, "wer_per_speaker": per_speaker},
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -33,12 +33,23 @@ def main() -> None:
         curves = {}
         for variant in ("fixed", "random"):
             t0 = time.perf_counter()
-            res, _ = emulate(EmulateConfig(algorithm="adpsgd", variant=variant, workers=n, steps=args.steps,
-                                           batch=args.batch, lr=args.lr, eval_points=4))
+            res, _ = emulate(
+                EmulateConfig(
+                    algorithm="adpsgd",
+                    variant=variant,
+                    workers=n,
+                    steps=args.steps,
+                    batch=args.batch,
+                    lr=args.lr,
+                    eval_points=4,
+                )
+            )
             curves[variant] = res
-            print(f"  n={n:3d} {variant:6s}: final consensus {res.evals['consensus_distance'][-1]:.4g}, "
-                  f"held-out loss {res.evals['loss'][-1]:.4f}, acc {res.evals['accuracy'][-1]:.3f}, "
-                  f"simulated {res.evals['time_s'][-1]:.2f} s  ({time.perf_counter() - t0:.1f} s wall)")
+            print(
+                f"  n={n:3d} {variant:6s}: final consensus {res.evals['consensus_distance'][-1]:.4g}, "
+                f"held-out loss {res.evals['loss'][-1]:.4f}, acc {res.evals['accuracy'][-1]:.3f}, "
+                f"simulated {res.evals['time_s'][-1]:.2f} s  ({time.perf_counter() - t0:.1f} s wall)"
+            )
         end = min(c.rounds["time_s"][-1] for c in curves.values())
         grid = np.linspace(end / 5, end, 5)
         f = at_times(curves["fixed"].rounds["time_s"], curves["fixed"].rounds["consensus_distance"], grid)

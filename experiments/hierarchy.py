@@ -24,22 +24,41 @@ def main() -> None:
     from psgdlab.emulate import EmulateConfig, emulate
 
     runs = {
-        "ADPSGD 32 flat": EmulateConfig(algorithm="adpsgd", variant=args.variant, workers=32, steps=args.steps,
-                                        batch=args.batch, lr=args.lr, eval_points=6),
-        "H-ADPSGD 4 x 8": EmulateConfig(algorithm="hadpsgd", variant=args.variant, workers=32, gpus_per_node=8,
-                                        steps=args.steps, batch=args.batch, lr=args.lr, eval_points=6),
+        "ADPSGD 32 flat": EmulateConfig(
+            algorithm="adpsgd",
+            variant=args.variant,
+            workers=32,
+            steps=args.steps,
+            batch=args.batch,
+            lr=args.lr,
+            eval_points=6,
+        ),
+        "H-ADPSGD 4 x 8": EmulateConfig(
+            algorithm="hadpsgd",
+            variant=args.variant,
+            workers=32,
+            gpus_per_node=8,
+            steps=args.steps,
+            batch=args.batch,
+            lr=args.lr,
+            eval_points=6,
+        ),
     }
     for label, cfg in runs.items():
         t0 = time.perf_counter()
         res, _ = emulate(cfg)
         ev = res.evals
         s = res.summary()
-        print(f"{label}: {time.perf_counter() - t0:.0f} s wall; staleness mean {s['staleness_mean']:.2f} "
-              f"max {s['staleness_max']}")
+        print(
+            f"{label}: {time.perf_counter() - t0:.0f} s wall; staleness mean {s['staleness_mean']:.2f} "
+            f"max {s['staleness_max']}"
+        )
         print(f"  {'sim time s':>10s} {'epoch':>7s} {'loss':>8s} {'acc':>6s} {'consensus':>10s}")
         for i in range(len(ev["time_s"])):
-            print(f"  {ev['time_s'][i]:10.2f} {ev['epoch'][i]:7.2f} {ev['loss'][i]:8.4f} {ev['accuracy'][i]:6.3f} "
-                  f"{ev['consensus_distance'][i]:10.4g}")
+            print(
+                f"  {ev['time_s'][i]:10.2f} {ev['epoch'][i]:7.2f} {ev['loss'][i]:8.4f} {ev['accuracy'][i]:6.3f} "
+                f"{ev['consensus_distance'][i]:10.4g}"
+            )
         if cfg.gpus_per_node:
             import torch
 

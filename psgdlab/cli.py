@@ -40,8 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     from psgdlab import __version__
 
     parser.add_argument("--version", action="version", version=f"psgdlab {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more log output on stderr (-vv for debug)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output on stderr (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
         full = f"psgdlab.commands.{module_name}"

@@ -118,26 +118,49 @@ class EmulateConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
-        require(self.preset is None or self.platform_file is None, "platform", self.platform_file,
-                "cannot be given together with --preset")
-        require(self.epochs is None or self.steps is None, "steps", self.steps, "cannot be given together with --epochs")
-        require(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1), "steps", self.steps,
-                "must be an integer >= 1")
+        require(
+            self.preset is None or self.platform_file is None,
+            "platform",
+            self.platform_file,
+            "cannot be given together with --preset",
+        )
+        require(
+            self.epochs is None or self.steps is None, "steps", self.steps, "cannot be given together with --epochs"
+        )
+        require(
+            self.steps is None or (isinstance(self.steps, int) and self.steps >= 1),
+            "steps",
+            self.steps,
+            "must be an integer >= 1",
+        )
         require(self.epochs is None or self.epochs > 0, "epochs", self.epochs, "must be > 0")
         require(isinstance(self.batch, int) and self.batch >= 1, "batch", self.batch, "must be an integer >= 1")
-        require(isinstance(self.data, str) and self.data != "", "data", self.data,
-                f"must be a corpus file or {SYNTHETIC!r}")
+        require(
+            isinstance(self.data, str) and self.data != "", "data", self.data, f"must be a corpus file or {SYNTHETIC!r}"
+        )
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        require(self.lr_schedule in LR_SCHEDULE_NAMES, "lr-schedule", self.lr_schedule,
-                f"must be one of {', '.join(LR_SCHEDULE_NAMES)}")
+        require(
+            self.lr_schedule in LR_SCHEDULE_NAMES,
+            "lr-schedule",
+            self.lr_schedule,
+            f"must be one of {', '.join(LR_SCHEDULE_NAMES)}",
+        )
         if self.lr_final is not None:
-            require(self.lr_schedule == "exp", "lr-final", self.lr_final,
-                    f"only applies to --lr-schedule exp, not {self.lr_schedule}")
+            require(
+                self.lr_schedule == "exp",
+                "lr-final",
+                self.lr_final,
+                f"only applies to --lr-schedule exp, not {self.lr_schedule}",
+            )
         require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
         require(self.eval_points >= 1, "eval_points", self.eval_points, "must be >= 1")
         require(self.heldout_speakers >= 0, "heldout_speakers", self.heldout_speakers, "must be >= 0")
-        require(isinstance(self.warmup_epochs, int) and self.warmup_epochs >= 1, "warmup_epochs",
-                self.warmup_epochs, "must be an integer >= 1")
+        require(
+            isinstance(self.warmup_epochs, int) and self.warmup_epochs >= 1,
+            "warmup_epochs",
+            self.warmup_epochs,
+            "must be an integer >= 1",
+        )
         require(isinstance(self.lsq_dim, int) and self.lsq_dim >= 1, "lsq-dim", self.lsq_dim, "must be an integer >= 1")
 
     def to_json(self) -> dict[str, Any]:
@@ -157,8 +180,9 @@ def _corpus_path(cfg: EmulateConfig) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"synthetic-seed{cfg.seed}-utt{cfg.synthetic_utterances}.h5"
     if not path.exists():  # the corpus of `psgdlab train --data synthetic` (runtime.train), same arguments
-        tmp = synthetic_corpus(workdir / f".{path.name}.{os.getpid()}.tmp.h5", n_utterances=cfg.synthetic_utterances,
-                               seed=cfg.seed)
+        tmp = synthetic_corpus(
+            workdir / f".{path.name}.{os.getpid()}.tmp.h5", n_utterances=cfg.synthetic_utterances, seed=cfg.seed
+        )
         os.replace(tmp, path)
     return path
 
@@ -171,7 +195,7 @@ def _load_data(cfg: EmulateConfig) -> tuple[Any, Any]:
     speakers = sorted(set(full.speakers))
     if cfg.heldout_speakers == 0 or len(speakers) <= cfg.heldout_speakers:
         return full, None
-    held = speakers[-cfg.heldout_speakers:]
+    held = speakers[-cfg.heldout_speakers :]
     return load_corpus(path, exclude_speakers=held), load_corpus(path, speakers=held)
 
 
@@ -183,8 +207,13 @@ def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
     if cfg.model == LSQ_MODEL:
         from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas
 
-        problem = LeastSquaresProblem(n_samples=cfg.lsq_samples_per_worker * cfg.workers, dim=cfg.lsq_dim,
-                                      n_shards=cfg.workers, batch=cfg.batch, seed=cfg.seed)
+        problem = LeastSquaresProblem(
+            n_samples=cfg.lsq_samples_per_worker * cfg.workers,
+            dim=cfg.lsq_dim,
+            n_shards=cfg.workers,
+            batch=cfg.batch,
+            seed=cfg.seed,
+        )
         return LeastSquaresReplicas(problem), {"train_samples": problem.n_samples}
     import torch
 
@@ -196,10 +225,13 @@ def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
     train, heldout = _load_data(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, input_dim=train.input_dim, n_classes=train.n_classes, window=cfg.window)
-    replicas = TorchReplicas(model, train, n_workers=cfg.workers, window=cfg.window, batch=cfg.batch, seed=cfg.seed,
-                             heldout=heldout)
-    return replicas, {"train_frames": int(train.n_frames),
-                      "heldout_frames": int(heldout.n_frames) if heldout is not None else 0}
+    replicas = TorchReplicas(
+        model, train, n_workers=cfg.workers, window=cfg.window, batch=cfg.batch, seed=cfg.seed, heldout=heldout
+    )
+    return replicas, {
+        "train_frames": int(train.n_frames),
+        "heldout_frames": int(heldout.n_frames) if heldout is not None else 0,
+    }
 
 
 def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResult, dict[str, Any]]:
@@ -219,28 +251,62 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     from psgdlab.sim.workload import load_config
 
     torch.set_num_threads(1)
-    algorithm = algorithm_from_flags(cfg.algorithm, cfg.workers, seed=cfg.seed, variant=cfg.variant,
-                                     period=cfg.period, gpus_per_node=cfg.gpus_per_node)
+    algorithm = algorithm_from_flags(
+        cfg.algorithm,
+        cfg.workers,
+        seed=cfg.seed,
+        variant=cfg.variant,
+        period=cfg.period,
+        gpus_per_node=cfg.gpus_per_node,
+    )
     stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
-    sim_cfg = load_config(path=cfg.platform_file) if cfg.platform_file else \
-        load_config(preset=cfg.preset or "interspeech2019-v100")
+    sim_cfg = (
+        load_config(path=cfg.platform_file)
+        if cfg.platform_file
+        else load_config(preset=cfg.preset or "interspeech2019-v100")
+    )
     workload = sim_cfg.workload.with_batch(cfg.batch)
     extra: dict[str, Any] = {}
     if replicas is None:
         replicas, extra = build_replicas(cfg)
     spe = replicas.steps_per_epoch()
     steps = cfg.steps if cfg.steps is not None else max(1, math.ceil((cfg.epochs or 1.0) * spe))
-    sim = simulate(algorithm, sim_cfg.platform, workload, steps=steps, seed=cfg.seed, stragglers=stragglers,
-                   gpus_per_node=cfg.gpus_per_node, until="all")
+    sim = simulate(
+        algorithm,
+        sim_cfg.platform,
+        workload,
+        steps=steps,
+        seed=cfg.seed,
+        stragglers=stragglers,
+        gpus_per_node=cfg.gpus_per_node,
+        until="all",
+    )
     total_batch = cfg.workers * cfg.batch
-    lr_fn = lr_schedule(cfg.lr_schedule, lr=cfg.lr, total_batch=total_batch, steps_per_epoch=spe,
-                        total_steps=steps, lr_final=cfg.lr_final, warmup_epochs=cfg.warmup_epochs)
+    lr_fn = lr_schedule(
+        cfg.lr_schedule,
+        lr=cfg.lr,
+        total_batch=total_batch,
+        steps_per_epoch=spe,
+        total_steps=steps,
+        lr_final=cfg.lr_final,
+        warmup_epochs=cfg.warmup_epochs,
+    )
     on_epoch = None
     if isinstance(lr_fn, Newbob):  # the schedule follows the held-out loss of every epoch
+
         def on_epoch(_epoch: int, res: dict[str, float], _nb: Newbob = lr_fn) -> None:
             _nb.update(res["loss"])
-    result = replay(algorithm, sim.trace, replicas, lr=lr_fn, meta=dict(sim.meta), steps_per_epoch=spe,
-                    eval_points=cfg.eval_points, on_epoch=on_epoch)
+
+    result = replay(
+        algorithm,
+        sim.trace,
+        replicas,
+        lr=lr_fn,
+        meta=dict(sim.meta),
+        steps_per_epoch=spe,
+        eval_points=cfg.eval_points,
+        on_epoch=on_epoch,
+    )
     resolved = {
         "command": "emulate",
         **cfg.to_json(),
@@ -258,8 +324,9 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     return result, resolved
 
 
-def write_run(out: str | os.PathLike[str] | None, result: EmulationResult,
-              resolved: Mapping[str, Any]) -> dict[str, Any]:
+def write_run(
+    out: str | os.PathLike[str] | None, result: EmulationResult, resolved: Mapping[str, Any]
+) -> dict[str, Any]:
     """Write the run directory of an emulation (see the module docstring) and return its summary
     (``summary.json``'s object, with ``run_dir``)."""
     from psgdlab.analysis.figures import consensus_figure, emulation_loss_figure, save_figure
@@ -272,18 +339,24 @@ def write_run(out: str | os.PathLike[str] | None, result: EmulationResult,
     rd.write_json("env.json", environment(source="emulator", world_size=workers))
     write_trace(rd / "trace.npz", result.trace, result.meta)
     buf = io.BytesIO()
-    curves: dict[str, Any] = {**{f"eval_{k}": v for k, v in result.evals.items()},
-                              **{f"round_{k}": v for k, v in result.rounds.items()},
-                              "staleness": result.staleness, "batch_loss": result.batch_loss}
+    curves: dict[str, Any] = {
+        **{f"eval_{k}": v for k, v in result.evals.items()},
+        **{f"round_{k}": v for k, v in result.rounds.items()},
+        "staleness": result.staleness,
+        "batch_loss": result.batch_loss,
+    }
     np.savez_compressed(buf, **curves)
     atomic_write_bytes(rd / "curves.npz", buf.getvalue())
     to_chrome_trace(result.trace, rd / "timeline.json", meta={"source": "emulator"})
     params = dict(resolved.get("algorithm_params") or result.meta["algorithm"])
-    figures = {**result.summary(),
-               "timing": summarize(result.trace, samples_per_step=int(result.meta.get("samples_per_step", 1))),
-               "run_dir": str(rd.path)}
-    summary = Summary(source="emulator", algorithm=str(params["algorithm"]), algorithm_params=params,
-                      workers=workers, figures=figures)
+    figures = {
+        **result.summary(),
+        "timing": summarize(result.trace, samples_per_step=int(result.meta.get("samples_per_step", 1))),
+        "run_dir": str(rd.path),
+    }
+    summary = Summary(
+        source="emulator", algorithm=str(params["algorithm"]), algorithm_params=params, workers=workers, figures=figures
+    )
     write_summary(rd, summary)
     title = f"{summary.algorithm} x {workers}"
     save_figure(emulation_loss_figure(result.evals, title=title), rd / "loss.png")

@@ -55,8 +55,16 @@ from typing import Any
 from psgdlab.core.errors import require
 from psgdlab.core.trace import atomic_write_json
 
-__all__ = ["ValidateConfig", "validate", "calibration_plan", "case_name", "default_calibration_dims", "pooled_ranking",
-           "ALGORITHM_CASES", "TARGETS"]
+__all__ = [
+    "ValidateConfig",
+    "validate",
+    "calibration_plan",
+    "case_name",
+    "default_calibration_dims",
+    "pooled_ranking",
+    "ALGORITHM_CASES",
+    "TARGETS",
+]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
 ALGORITHM_CASES = {
@@ -111,20 +119,44 @@ class ValidateConfig:
         require(isinstance(self.dim, int) and self.dim >= 4, "dim", self.dim, "must be an integer >= 4")
         if self.calibration_dims is None:
             object.__setattr__(self, "calibration_dims", default_calibration_dims(self.dim))
-        require(len(set(self.calibration_dims)) == 2, "calibration_dims", self.calibration_dims,
-                "must be two different sizes (latency and bandwidth cannot be separated otherwise)")
-        require(self.dim not in self.calibration_dims, "dim", self.dim,
-                f"must differ from the calibration sizes {self.calibration_dims} (calibration runs are never cases)")
-        require(self.cores is None or (isinstance(self.cores, int) and self.cores >= 1), "cores", self.cores,
-                "must be an integer >= 1")
+        require(
+            len(set(self.calibration_dims)) == 2,
+            "calibration_dims",
+            self.calibration_dims,
+            "must be two different sizes (latency and bandwidth cannot be separated otherwise)",
+        )
+        require(
+            self.dim not in self.calibration_dims,
+            "dim",
+            self.dim,
+            f"must differ from the calibration sizes {self.calibration_dims} (calibration runs are never cases)",
+        )
+        require(
+            self.cores is None or (isinstance(self.cores, int) and self.cores >= 1),
+            "cores",
+            self.cores,
+            "must be an integer >= 1",
+        )
         require(self.min_idle_cores >= 0, "min_idle_cores", self.min_idle_cores, "must be >= 0")
         require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
-        require(isinstance(self.remeasure, int) and self.remeasure >= 0, "remeasure", self.remeasure,
-                "must be an integer >= 0")
-        require(isinstance(self.prediction_seeds, int) and self.prediction_seeds >= 1, "prediction_seeds",
-                self.prediction_seeds, "must be an integer >= 1")
-        require(isinstance(self.calibration_runs, int) and self.calibration_runs >= 1, "calibration_runs",
-                self.calibration_runs, "must be an integer >= 1")
+        require(
+            isinstance(self.remeasure, int) and self.remeasure >= 0,
+            "remeasure",
+            self.remeasure,
+            "must be an integer >= 0",
+        )
+        require(
+            isinstance(self.prediction_seeds, int) and self.prediction_seeds >= 1,
+            "prediction_seeds",
+            self.prediction_seeds,
+            "must be an integer >= 1",
+        )
+        require(
+            isinstance(self.calibration_runs, int) and self.calibration_runs >= 1,
+            "calibration_runs",
+            self.calibration_runs,
+            "must be an integer >= 1",
+        )
 
 
 #: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
@@ -154,15 +186,38 @@ def case_name(name: str, workers: int, straggler: str) -> str:
     return f"{name}-w{workers}" + ("" if not straggler else "-straggler")
 
 
-def _train_config(vc: ValidateConfig, *, algorithm: str, variant: str | None, workers: int, dim: int,
-                  straggler: str, steps: int, out: Path) -> Any:
+def _train_config(
+    vc: ValidateConfig,
+    *,
+    algorithm: str,
+    variant: str | None,
+    workers: int,
+    dim: int,
+    straggler: str,
+    steps: int,
+    out: Path,
+) -> Any:
     from psgdlab.runtime.config import LSQ_MODEL, TrainConfig
 
-    return TrainConfig(algorithm=algorithm, variant=variant, workers=workers,
-                       gpus_per_node=vc.gpus_per_node if algorithm == "hadpsgd" else 1, backend=vc.backend,
-                       model=LSQ_MODEL, lsq_dim=dim, lsq_samples_per_worker=vc.batch, batch=vc.batch, steps=steps,
-                       lr=0.5 / dim, compute_time=vc.compute_time, straggler=straggler, seed=vc.seed, out=str(out),
-                       evaluate=False, timeout_s=300.0)
+    return TrainConfig(
+        algorithm=algorithm,
+        variant=variant,
+        workers=workers,
+        gpus_per_node=vc.gpus_per_node if algorithm == "hadpsgd" else 1,
+        backend=vc.backend,
+        model=LSQ_MODEL,
+        lsq_dim=dim,
+        lsq_samples_per_worker=vc.batch,
+        batch=vc.batch,
+        steps=steps,
+        lr=0.5 / dim,
+        compute_time=vc.compute_time,
+        straggler=straggler,
+        seed=vc.seed,
+        out=str(out),
+        evaluate=False,
+        timeout_s=300.0,
+    )
 
 
 def _launch(cfg: Any) -> dict[str, Any]:
@@ -227,14 +282,26 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         d = out / "calibration" / name
         say(f"calibration run {d.name}")
         load[d.name] = _quiet(vc, say)
-        _launch(_train_config(vc, algorithm=alg, variant=None, workers=n, dim=dim, straggler="",
-                              steps=vc.calibration_steps, out=d))
+        _launch(
+            _train_config(
+                vc, algorithm=alg, variant=None, workers=n, dim=dim, straggler="", steps=vc.calibration_steps, out=d
+            )
+        )
         calib_dirs.append(d)
     calibration = calibrate_runs(calib_dirs, cores=cores)
     platform_path = out / "platform.toml"
-    write_platform(platform_path, platform_toml(calibration, name="this-machine", devices=max(vc.workers),
-                                                n_params=vc.dim, itemsize=8, batch=vc.batch,
-                                                workers=vc.workers))
+    write_platform(
+        platform_path,
+        platform_toml(
+            calibration,
+            name="this-machine",
+            devices=max(vc.workers),
+            n_params=vc.dim,
+            itemsize=8,
+            batch=vc.batch,
+            workers=vc.workers,
+        ),
+    )
     config = load_config(path=platform_path)
     # 2. one measured run and one prediction per case
     table: list[dict[str, Any]] = []
@@ -249,30 +316,50 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             for n in vc.workers:
                 gpn = vc.gpus_per_node if algorithm == "hadpsgd" else None
                 say(f"predict {case_name(name, n, straggler)}")
-                case = dict(steps=vc.steps, variant=variant, gpus_per_node=gpn, stragglers=straggler or None,
-                            workers_per_host=n)
+                case = dict(
+                    steps=vc.steps, variant=variant, gpus_per_node=gpn, stragglers=straggler or None, workers_per_host=n
+                )
                 # every seed twice, the workers' compute-time streams in rank order and reversed; the
                 # first (seed offset 0, rank order) is the case's prediction, written and compared
                 first, *more = _relabelled_seeds(n, vc.prediction_seeds)
                 p = predict_one(algorithm, n, config, seed=vc.seed + first[0], streams=first[1], **case)
                 p.row["algorithm"] = name
                 preds.append(p)
-                predicted[(name, n)] = [_samples_per_s(q.result.trace, vc.batch) for q in [p, *(
-                    predict_one(algorithm, n, config, seed=vc.seed + k, streams=order, **case) for k, order in more)]]
+                predicted[(name, n)] = [
+                    _samples_per_s(q.result.trace, vc.batch)
+                    for q in [
+                        p,
+                        *(
+                            predict_one(algorithm, n, config, seed=vc.seed + k, streams=order, **case)
+                            for k, order in more
+                        ),
+                    ]
+                ]
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
-                cfg = _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
-                                    straggler=straggler, steps=vc.steps, out=d)
+                cfg = _train_config(
+                    vc,
+                    algorithm=algorithm,
+                    variant=variant,
+                    workers=n,
+                    dim=vc.dim,
+                    straggler=straggler,
+                    steps=vc.steps,
+                    out=d,
+                )
                 _measure(vc, cfg, d, name, case_name(name, n, straggler), load, say)
         if pred_root.exists():
             shutil.rmtree(pred_root)
         write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
-        write_prediction_figures(pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}")
+        write_prediction_figures(
+            pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
+        )
         result = compare_dirs(pred_root, meas_root)
         result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
         if vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):
-            runs = _remeasure(vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler,
-                              load, say)
+            runs = _remeasure(
+                vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler, load, say
+            )
             result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
         result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
@@ -310,8 +397,9 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     return summary
 
 
-def _measure(vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load: dict[str, Any],
-             say: Callable[[str], None]) -> None:
+def _measure(
+    vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load: dict[str, Any], say: Callable[[str], None]
+) -> None:
     """One measured run of a case (measured once more if another process stalled it)."""
     load[label] = _quiet(vc, say)
     _launch(cfg)
@@ -323,8 +411,15 @@ def _measure(vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load:
     _relabel(d, name)
 
 
-def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_root: Path, straggler: str,
-               load: dict[str, Any], say: Callable[[str], None]) -> dict[tuple[str, int], list[float]]:
+def _remeasure(
+    vc: ValidateConfig,
+    result: dict[str, Any],
+    pred_root: Path,
+    rep_root: Path,
+    straggler: str,
+    load: dict[str, Any],
+    say: Callable[[str], None],
+) -> dict[tuple[str, int], list[float]]:
     """Measure each case of a swapped pair of ``result["ranking"]`` ``vc.remeasure`` more times
     (interleaved, into ``rep_root``); returns the samples/s of every run of every case, first run
     first, for :func:`pooled_ranking` to rank again on their means.
@@ -337,19 +432,37 @@ def _remeasure(vc: ValidateConfig, result: dict[str, Any], pred_root: Path, rep_
     from psgdlab.analysis.compare import compare_cases
     from psgdlab.analysis.load import load_cases, load_run
 
-    involved = sorted({(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"]
-                       for name in (a, b)})
+    involved = sorted(
+        {(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"] for name in (a, b)}
+    )
     preds = load_cases(pred_root)
     runs: dict[tuple[str, int], list[float]] = {
-        (c["algorithm"], c["workers"]): [c["samples_per_s"]["measured"]] for c in result["cases"]}
+        (c["algorithm"], c["workers"]): [c["samples_per_s"]["measured"]] for c in result["cases"]
+    }
     for i in range(vc.remeasure):
         for name, n in involved:
             algorithm, variant = ALGORITHM_CASES[name]
             d = rep_root / f"{name}-w{n}-r{i + 1}"
             label = f"{case_name(name, n, straggler)} run {i + 2}"
             say(f"measure {label} (a pair came out of the predicted order)")
-            _measure(vc, _train_config(vc, algorithm=algorithm, variant=variant, workers=n, dim=vc.dim,
-                                       straggler=straggler, steps=vc.steps, out=d), d, name, label, load, say)
+            _measure(
+                vc,
+                _train_config(
+                    vc,
+                    algorithm=algorithm,
+                    variant=variant,
+                    workers=n,
+                    dim=vc.dim,
+                    straggler=straggler,
+                    steps=vc.steps,
+                    out=d,
+                ),
+                d,
+                name,
+                label,
+                load,
+                say,
+            )
             got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
             runs[(name, n)].append(got)
     return runs
@@ -372,8 +485,11 @@ def _relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
     return [(k, order) for k in range(seeds) for order in (None, reverse)]
 
 
-def pooled_ranking(cases: list[dict[str, Any]], runs: dict[tuple[str, int], list[float]],
-                   predicted: dict[tuple[str, int], list[float]] | None = None) -> dict[str, Any]:
+def pooled_ranking(
+    cases: list[dict[str, Any]],
+    runs: dict[tuple[str, int], list[float]],
+    predicted: dict[tuple[str, int], list[float]] | None = None,
+) -> dict[str, Any]:
     """:func:`psgdlab.analysis.compare.ranking` of ``cases`` on the mean measured samples/s of
     ``runs`` (``(algorithm, workers)`` -> the samples/s of each run, the cases' own first) and
     the mean predicted samples/s of ``predicted`` (the same, one entry per simulated seed); a
@@ -460,6 +576,7 @@ def _stall(run_dir: Path) -> str | None:
 def _idle_cores(window_s: float = 2.0) -> float | None:
     """Cores left idle by every process of the machine over ``window_s`` (``/proc/stat``);
     ``None`` where that file is not readable."""
+
     def sample() -> tuple[float, float]:
         with open("/proc/stat") as f:
             ticks = [float(x) for x in f.readline().split()[1:]]
@@ -483,8 +600,11 @@ def _quiet(vc: ValidateConfig, say: Callable[[str], None]) -> dict[str, Any]:
         say(f"  waiting for {vc.min_idle_cores:g} idle cores (now {idle:.2f})")
         time.sleep(5.0)
         idle = _idle_cores()
-    return {"load_average": _load(), "idle_cores": None if idle is None else round(idle, 2),
-            "waited_s": round(time.monotonic() - t0, 1)}
+    return {
+        "load_average": _load(),
+        "idle_cores": None if idle is None else round(idle, 2),
+        "waited_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def _load() -> list[float]:
@@ -503,66 +623,87 @@ def _staleness_ok(c: dict[str, Any]) -> bool:
 
 def _case_row(c: dict[str, Any]) -> dict[str, Any]:
     sm = c["staleness_mean"]
-    return {"algorithm": c["algorithm"], "workers": c["workers"],
-            "predicted_step_time_s": c["predicted_step_time_s"], "measured_step_time_s": c["measured_step_time_s"],
-            "step_time_error": c["step_time_error"],
-            "staleness_mean_predicted": c["staleness_mean_predicted"],
-            "staleness_mean_measured": c["staleness_mean_measured"],
-            "staleness_mean_rel_error": sm["rel_error"] if sm["measured"] else None,
-            "predicted_samples_per_s": c["samples_per_s"]["predicted"],
-            "measured_samples_per_s": c["samples_per_s"]["measured"]}
+    return {
+        "algorithm": c["algorithm"],
+        "workers": c["workers"],
+        "predicted_step_time_s": c["predicted_step_time_s"],
+        "measured_step_time_s": c["measured_step_time_s"],
+        "step_time_error": c["step_time_error"],
+        "staleness_mean_predicted": c["staleness_mean_predicted"],
+        "staleness_mean_measured": c["staleness_mean_measured"],
+        "staleness_mean_rel_error": sm["rel_error"] if sm["measured"] else None,
+        "predicted_samples_per_s": c["samples_per_s"]["predicted"],
+        "measured_samples_per_s": c["samples_per_s"]["measured"],
+    }
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """The case table and the target lines as plain text."""
-    head = (f"{'case':<28} {'pred step s':>11} {'meas step s':>11} {'error':>8} {'stale pred':>10} "
-            f"{'stale meas':>10} {'pred samples/s':>14} {'meas samples/s':>14} {'error':>8}")
+    head = (
+        f"{'case':<28} {'pred step s':>11} {'meas step s':>11} {'error':>8} {'stale pred':>10} "
+        f"{'stale meas':>10} {'pred samples/s':>14} {'meas samples/s':>14} {'error':>8}"
+    )
     lines = [head, "-" * len(head)]
     for c in summary["cases"]:
         label = case_name(c["algorithm"], c["workers"], c["straggler"])
         err = c["step_time_error"]
         ps, ms = c["predicted_samples_per_s"], c["measured_samples_per_s"]
-        lines.append(f"{label:<28} {c['predicted_step_time_s']:>11.4f} {c['measured_step_time_s']:>11.4f} "
-                     f"{(err * 100 if err is not None else float('nan')):>7.1f}% "
-                     f"{c['staleness_mean_predicted']:>10.3f} {c['staleness_mean_measured']:>10.3f} "
-                     f"{ps:>14.1f} {ms:>14.1f} {(ps - ms) / ms * 100:>7.1f}%")
+        lines.append(
+            f"{label:<28} {c['predicted_step_time_s']:>11.4f} {c['measured_step_time_s']:>11.4f} "
+            f"{(err * 100 if err is not None else float('nan')):>7.1f}% "
+            f"{c['staleness_mean_predicted']:>10.3f} {c['staleness_mean_measured']:>10.3f} "
+            f"{ps:>14.1f} {ms:>14.1f} {(ps - ms) / ms * 100:>7.1f}%"
+        )
     med, mx = summary["median_abs_step_time_error"], summary["max_abs_step_time_error"]
     met = summary["targets_met"]
-    lines += ["",
-              f"median |step-time error| {med * 100:.1f}% (target <= 10%: {'met' if met['median_abs_step_time_error'] else 'MISSED'})",
-              f"max    |step-time error| {mx * 100:.1f}% (target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
-              f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
-              f"ranking by samples/s identical (exact ties in the prediction are one class): "
-              f"{summary['ranking_identical']}"]
+    lines += [
+        "",
+        f"median |step-time error| {med * 100:.1f}% "
+        f"(target <= 10%: {'met' if met['median_abs_step_time_error'] else 'MISSED'})",
+        f"max    |step-time error| {mx * 100:.1f}% "
+        f"(target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
+        f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
+        f"ranking by samples/s identical (exact ties in the prediction are one class): {summary['ranking_identical']}",
+    ]
     for straggler, per_n in summary.get("ranking", {}).items():
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
             seeds = f" (mean of {r['predictions']} predictions)" if r.get("predictions") else ""
-            lines.append(f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; "
-                         f"measured {' > '.join(r['measured'])}")
+            lines.append(
+                f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; measured {' > '.join(r['measured'])}"
+            )
             for a, b, dp, dm in r["swaps"]:
                 lines.append(f"    swap: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
             for a, sp in r.get("remeasured", {}).items():
-                lines.append(f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
-                             f"error of {len(sp['samples_per_s'])} runs: "
-                             f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})")
+                lines.append(
+                    f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
+                    f"error of {len(sp['samples_per_s'])} runs: "
+                    f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})"
+                )
     calibration = summary.get("calibration", {})
     schedule = calibration.get("allreduce_algorithm") or "ring"
-    for what, link in (("link", calibration.get("link")),
-                       (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective"))):
+    for what, link in (
+        ("link", calibration.get("link")),
+        (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective")),
+    ):
         if not link:
             continue
         flag = link["max_rel_residual"] > MAX_REL_RESIDUAL
-        lines.append(f"calibration: {what} {link['latency_s'] * 1e3:.3g} ms + S / "
-                     f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
-                     f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
-                     + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores"
-                        if flag else ""))
+        lines.append(
+            f"calibration: {what} {link['latency_s'] * 1e3:.3g} ms + S / "
+            f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
+            f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
+            + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores" if flag else "")
+        )
     load = summary.get("load_average", {})
     if load:
         idle = [v["idle_cores"] for v in load.values() if isinstance(v, dict) and v.get("idle_cores") is not None]
-        lines.append(f"load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}"
-                     + (f"; idle cores before the runs: median {sorted(idle)[len(idle) // 2]:.2f}, min {min(idle):.2f}"
-                        if idle else ""))
+        lines.append(
+            f"load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}"
+            + (
+                f"; idle cores before the runs: median {sorted(idle)[len(idle) // 2]:.2f}, min {min(idle):.2f}"
+                if idle
+                else ""
+            )
+        )
     return "\n".join(lines)
-

@@ -14,9 +14,13 @@ from typing import Any
 
 __all__ = ["train", "launch", "TrainConfig", "ModuleWorkload", "LeastSquaresWorkload"]
 
-_EXPORTS = {"train": "psgdlab.runtime.train", "launch": "psgdlab.runtime.launch",
-            "TrainConfig": "psgdlab.runtime.config", "ModuleWorkload": "psgdlab.runtime.workloads",
-            "LeastSquaresWorkload": "psgdlab.runtime.workloads"}
+_EXPORTS = {
+    "train": "psgdlab.runtime.train",
+    "launch": "psgdlab.runtime.launch",
+    "TrainConfig": "psgdlab.runtime.config",
+    "ModuleWorkload": "psgdlab.runtime.workloads",
+    "LeastSquaresWorkload": "psgdlab.runtime.workloads",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -5,8 +5,10 @@ mpiexec: ``PMI_RANK``/``PMI_SIZE`` or ``OMPI_COMM_WORLD_*``; srun: ``SLURM_PROCI
 ``SLURM_NTASKS``). The world size must be ``--workers`` (plus one for the parameter server of
 asgd and asynchronous easgd, which runs on the last rank)::
 
-    torchrun --nproc-per-node 4 -m psgdlab.runtime --algorithm adpsgd --workers 4 --backend gloo --steps 500 --out runs/a
-    mpiexec -n 4 python -m psgdlab.runtime --algorithm bmuf --workers 4 --backend mpi --period 5 --steps 500 --out runs/b
+    torchrun --nproc-per-node 4 -m psgdlab.runtime --algorithm adpsgd --workers 4 --backend gloo \\
+        --steps 500 --out runs/a
+    mpiexec -n 4 python -m psgdlab.runtime --algorithm bmuf --workers 4 --backend mpi --period 5 \\
+        --steps 500 --out runs/b
     srun -N 2 --ntasks-per-node 8 --gpus-per-node 8 python -m psgdlab.runtime --algorithm hadpsgd --workers 16 \\
         --gpus-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
 
@@ -49,13 +51,24 @@ def main(argv: list[str] | None = None) -> int:
         if summary is not None and not args.config:
             import json
 
-            print(json.dumps({k: summary[k] for k in ("samples_per_s", "step_time_s", "staleness_mean", "loss_first",
-                                                      "loss_last") if k in summary}))
+            print(
+                json.dumps(
+                    {
+                        k: summary[k]
+                        for k in ("samples_per_s", "step_time_s", "staleness_mean", "loss_first", "loss_last")
+                        if k in summary
+                    }
+                )
+            )
     except (TestbedError, ValueError, FileNotFoundError, RuntimeError) as exc:
         status = 2 if isinstance(exc, (ValueError, FileNotFoundError)) else 1
         message = " ".join(str(exc).split())
-        print(f"psgdlab: error: rank {env.rank}: {message}" if f"rank {env.rank}" not in message
-              else f"psgdlab: error: {message}", file=sys.stderr)
+        print(
+            f"psgdlab: error: rank {env.rank}: {message}"
+            if f"rank {env.rank}" not in message
+            else f"psgdlab: error: {message}",
+            file=sys.stderr,
+        )
         return status
     if ranks_dir:
         from psgdlab.core.trace import atomic_write_text

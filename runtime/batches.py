@@ -21,8 +21,7 @@ from psgdlab.runtime.data import Corpus, frame_bounds, shard_utterances
 __all__ = ["WindowSampler", "eval_windows"]
 
 
-def _windows(features: np.ndarray, centres: np.ndarray, first: np.ndarray, last: np.ndarray,
-             window: int) -> np.ndarray:
+def _windows(features: np.ndarray, centres: np.ndarray, first: np.ndarray, last: np.ndarray, window: int) -> np.ndarray:
     half = window // 2
     idx = centres[:, None] + np.arange(-half, half + 1)[None, :]
     np.clip(idx, first[:, None], last[:, None], out=idx)
@@ -56,10 +55,15 @@ class WindowSampler:
     non-overlapping ``window``-frame subsequences (the IBM definition; ALGORITHMS §D.4).
     """
 
-    def __init__(self, corpus: Corpus, *, window: int = 21, batch: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0) -> None:
-        require(isinstance(window, int) and window >= 1 and window % 2 == 1, "window", window,
-                "must be an odd positive integer")
+    def __init__(
+        self, corpus: Corpus, *, window: int = 21, batch: int, rank: int = 0, world_size: int = 1, seed: int = 0
+    ) -> None:
+        require(
+            isinstance(window, int) and window >= 1 and window % 2 == 1,
+            "window",
+            window,
+            "must be an odd positive integer",
+        )
         require(isinstance(batch, int) and batch >= 1, "batch", batch, "must be a positive integer")
         require(isinstance(seed, int) and seed >= 0, "seed", seed, "must be a non-negative integer")
         self.corpus, self.window, self.batch, self.seed = corpus, window, batch, seed
@@ -81,8 +85,7 @@ class WindowSampler:
 
     def sample(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch of step ``step``: ``x`` float32 ``(batch, window, D)``, ``y`` int64 ``(batch,)``."""
-        require(isinstance(step, int | np.integer) and step >= 0, "step", step,
-                "must be a non-negative integer")
+        require(isinstance(step, int | np.integer) and step >= 0, "step", step, "must be a non-negative integer")
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rank, int(step)]))
         r = rng.integers(0, self.n_frames, size=self.batch)
         u = np.searchsorted(self._cum, r, side="right") - 1
@@ -91,15 +94,15 @@ class WindowSampler:
         return torch.from_numpy(x), torch.from_numpy(self.corpus.labels[centres])
 
 
-def eval_windows(corpus: Corpus, window: int, *, batch: int = 4096
-                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_windows(corpus: Corpus, window: int, *, batch: int = 4096) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Every frame of every utterance, in order, as windows: yields ``(x, y)`` batches.
 
     Concatenating the batches gives ``corpus.n_frames`` windows whose centres are frames
     ``0, 1, ..., T-1``, so predictions line up with ``corpus.labels`` and ``corpus.offsets``.
     """
-    require(isinstance(window, int) and window >= 1 and window % 2 == 1, "window", window,
-            "must be an odd positive integer")
+    require(
+        isinstance(window, int) and window >= 1 and window % 2 == 1, "window", window, "must be an odd positive integer"
+    )
     require(isinstance(batch, int) and batch >= 1, "batch", batch, "must be a positive integer")
     first, last = frame_bounds(corpus.offsets)
     for start in range(0, corpus.n_frames, batch):

@@ -45,9 +45,15 @@ __all__ = ["BACKENDS", "open_channels"]
 BACKENDS = ("gloo", "nccl", "mpi")
 
 
-def open_channels(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...]],
-                  timeout_s: float, device: torch.device | None = None,
-                  master: tuple[str, int] | None = None) -> dict[str, Transport]:
+def open_channels(
+    backend: str,
+    *,
+    env: LaunchEnv,
+    groups: Sequence[tuple[int, ...]],
+    timeout_s: float,
+    device: torch.device | None = None,
+    master: tuple[str, int] | None = None,
+) -> dict[str, Transport]:
     """Initialise ``backend`` and open the ``main``, ``comm`` and ``responder`` channels.
 
     Parameters
@@ -94,8 +100,10 @@ def _open_mpi(*, env: LaunchEnv, groups: Sequence[tuple[int, ...]]) -> dict[str,
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     provided = MPI.Query_thread()
     if provided < MPI.THREAD_MULTIPLE:
-        raise TransportError(f"rank {env.rank}: MPI provides thread level {provided}, the runtime needs "
-                             f"MPI_THREAD_MULTIPLE ({MPI.THREAD_MULTIPLE})")
+        raise TransportError(
+            f"rank {env.rank}: MPI provides thread level {provided}, the runtime needs "
+            f"MPI_THREAD_MULTIPLE ({MPI.THREAD_MULTIPLE})"
+        )
     base = MPI.COMM_WORLD
     if base.Get_size() != env.world_size:
         raise TransportError(f"MPI world size ({base.Get_size()}) differs from the launcher's ({env.world_size})")
@@ -113,8 +121,15 @@ def _open_mpi(*, env: LaunchEnv, groups: Sequence[tuple[int, ...]]) -> dict[str,
     return channels
 
 
-def _open_torch(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...]], timeout_s: float,
-                device: torch.device | None, master: tuple[str, int] | None) -> dict[str, Transport]:
+def _open_torch(
+    backend: str,
+    *,
+    env: LaunchEnv,
+    groups: Sequence[tuple[int, ...]],
+    timeout_s: float,
+    device: torch.device | None,
+    master: tuple[str, int] | None,
+) -> dict[str, Transport]:
     """Initialise the default process group and build the three channels."""
     if master is not None:
         os.environ.setdefault("MASTER_ADDR", master[0])
@@ -123,13 +138,21 @@ def _open_torch(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...
     os.environ.setdefault("MASTER_PORT", "29500")
     timeout = datetime.timedelta(seconds=timeout_s)
     if device is None:
-        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1)) \
-            if backend == "nccl" else torch.device("cpu")
+        device = (
+            torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            backend=backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=device if backend == "nccl" else None,
+        )
     world_ranks = list(range(env.world_size))
     # control (headers, any-source receives, objects): always gloo; payload p2p: the backend
     ctrl = dist.new_group(world_ranks, timeout=timeout, backend="gloo")
@@ -146,8 +169,17 @@ def _open_torch(backend: str, *, env: LaunchEnv, groups: Sequence[tuple[int, ...
             pg = dist.new_group(list(g), timeout=timeout, backend=backend)
             if env.rank in g:
                 subgroups[g] = pg
-        kw: dict[str, Any] = dict(rank=env.rank, world_size=env.world_size, device=device, p2p=p2p, ctrl=ctrl,
-                                  world=world, groups=subgroups, backend=backend)
-        channels[name] = TorchTransport(**kw) if plane is None else \
-            SharedMemoryTransport(plane=plane, channel=index, **kw)
+        kw: dict[str, Any] = dict(
+            rank=env.rank,
+            world_size=env.world_size,
+            device=device,
+            p2p=p2p,
+            ctrl=ctrl,
+            world=world,
+            groups=subgroups,
+            backend=backend,
+        )
+        channels[name] = (
+            TorchTransport(**kw) if plane is None else SharedMemoryTransport(plane=plane, channel=index, **kw)
+        )
     return channels

@@ -23,8 +23,14 @@ import torch
 
 from psgdlab.core.trace import atomic_write_bytes
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_complete_step", "save_server", "load_server",
-           "checkpoint_root"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_complete_step",
+    "save_server",
+    "load_server",
+    "checkpoint_root",
+]
 
 _STEP_DIR = re.compile(r"^step(\d{8})$")
 

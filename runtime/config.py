@@ -32,8 +32,16 @@ from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 
-__all__ = ["TrainConfig", "LSQ_MODEL", "Recipe", "MODEL_RECIPES", "recipe_of", "lsq_stable_lr", "build_algorithm",
-           "world_size_of"]
+__all__ = [
+    "TrainConfig",
+    "LSQ_MODEL",
+    "Recipe",
+    "MODEL_RECIPES",
+    "recipe_of",
+    "lsq_stable_lr",
+    "build_algorithm",
+    "world_size_of",
+]
 
 #: built-in model name: the reference executor's least-squares problem (float64)
 LSQ_MODEL = "least-squares"
@@ -57,8 +65,9 @@ class Recipe:
     momentum: float | None = None
     source: str = ""
 
-    def resolve(self, *, workers: int, batch: int | None, lr: float | None, lr_schedule: str | None,
-                lsq_dim: int) -> tuple[int, float, str]:
+    def resolve(
+        self, *, workers: int, batch: int | None, lr: float | None, lr_schedule: str | None, lsq_dim: int
+    ) -> tuple[int, float, str]:
         """``(batch per worker, lr, lr_schedule)``: the given values, the recipe's for those ``None``.
 
         >>> recipe_of("blstm-small").resolve(workers=4, batch=None, lr=None, lr_schedule="const", lsq_dim=16)
@@ -80,16 +89,26 @@ class Recipe:
 _UNTUNED = "not tuned for this model: the testbed's generic defaults"
 #: model name -> its recipe (every preset of :data:`psgdlab.runtime.models.MODEL_PRESETS`, and least squares)
 MODEL_RECIPES: dict[str, Recipe] = {
-    "blstm": Recipe(lr=0.1, lr_schedule="ibm", total_batch=256,
-                    source="the IBM baseline: batch 256, lr 0.1 (ALGORITHMS.md, S000 3 and 6.2)"),
-    "blstm-small": Recipe(lr=0.2, lr_schedule="exp", total_batch=32, momentum=0.9,
-                          source="FSDD, 5 epochs: 14.7 % held-out WER (docs/fsdd/README.md)"),
+    "blstm": Recipe(
+        lr=0.1,
+        lr_schedule="ibm",
+        total_batch=256,
+        source="the IBM baseline: batch 256, lr 0.1 (ALGORITHMS.md, S000 3 and 6.2)",
+    ),
+    "blstm-small": Recipe(
+        lr=0.2,
+        lr_schedule="exp",
+        total_batch=32,
+        momentum=0.9,
+        source="FSDD, 5 epochs: 14.7 % held-out WER (docs/fsdd/README.md)",
+    ),
     "tiny-blstm": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
     "dnn": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
     "dnn-small": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
     "cldnn": Recipe(lr=0.05, lr_schedule="const", total_batch=64, source=_UNTUNED),
-    LSQ_MODEL: Recipe(lr=None, lr_schedule="const", total_batch=64,
-                      source="the minibatch's stable rate (lsq_stable_lr)"),
+    LSQ_MODEL: Recipe(
+        lr=None, lr_schedule="const", total_batch=64, source="the minibatch's stable rate (lsq_stable_lr)"
+    ),
 }
 
 
@@ -100,8 +119,9 @@ def recipe_of(model: str) -> Recipe:
     'lr 0.2, exp, momentum 0.9, total batch 32'
     """
     if model not in MODEL_RECIPES:
-        raise ConfigError(f"model ({model!r}) is not a known model (known: {', '.join(MODEL_RECIPES)})"
-                          f"{closest(model, MODEL_RECIPES)}")
+        raise ConfigError(
+            f"model ({model!r}) is not a known model (known: {', '.join(MODEL_RECIPES)}){closest(model, MODEL_RECIPES)}"
+        )
     return MODEL_RECIPES[model]
 
 
@@ -163,28 +183,53 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
-        require(isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1, "gpus-per-node", self.gpus_per_node,
-                "must be an integer >= 1")
-        require(self.workers % self.gpus_per_node == 0, "workers", self.workers,
-                f"must be divisible by --gpus-per-node ({self.gpus_per_node})", error=TopologyError)
+        require(
+            isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1,
+            "gpus-per-node",
+            self.gpus_per_node,
+            "must be an integer >= 1",
+        )
+        require(
+            self.workers % self.gpus_per_node == 0,
+            "workers",
+            self.workers,
+            f"must be divisible by --gpus-per-node ({self.gpus_per_node})",
+            error=TopologyError,
+        )
         require(self.backend in ("gloo", "nccl", "mpi"), "backend", self.backend, "must be gloo, nccl or mpi")
-        require((self.steps is None) != (self.epochs is None), "steps/epochs", (self.steps, self.epochs),
-                "give exactly one of --steps and --epochs")
+        require(
+            (self.steps is None) != (self.epochs is None),
+            "steps/epochs",
+            (self.steps, self.epochs),
+            "give exactly one of --steps and --epochs",
+        )
         if self.steps is not None:
             require(isinstance(self.steps, int) and self.steps >= 1, "steps", self.steps, "must be an integer >= 1")
         if self.epochs is not None:
             require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
         require(isinstance(self.batch, int) and self.batch >= 1, "batch", self.batch, "must be an integer >= 1")
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        require(self.lr_schedule in LR_SCHEDULES, "lr-schedule", self.lr_schedule,
-                f"must be one of {', '.join(LR_SCHEDULES)}")
-        require(self.lr_schedule != "newbob", "lr-schedule", "newbob",
-                "needs every worker to agree on a held-out loss after each epoch, which the runtime does "
-                "not do (held-out scoring runs after training)", hint="use exp, ibm or const; "
-                "psgdlab emulate runs newbob")
+        require(
+            self.lr_schedule in LR_SCHEDULES,
+            "lr-schedule",
+            self.lr_schedule,
+            f"must be one of {', '.join(LR_SCHEDULES)}",
+        )
+        require(
+            self.lr_schedule != "newbob",
+            "lr-schedule",
+            "newbob",
+            "needs every worker to agree on a held-out loss after each epoch, which the runtime does "
+            "not do (held-out scoring runs after training)",
+            hint="use exp, ibm or const; psgdlab emulate runs newbob",
+        )
         if self.lr_final is not None:
-            require(self.lr_schedule == "exp", "lr-final", self.lr_final,
-                    f"only applies to --lr-schedule exp, not {self.lr_schedule}")
+            require(
+                self.lr_schedule == "exp",
+                "lr-final",
+                self.lr_final,
+                f"only applies to --lr-schedule exp, not {self.lr_schedule}",
+            )
             require(0 < self.lr_final <= self.lr, "lr-final", self.lr_final, f"must be in (0, lr = {self.lr}]")
         require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
         require(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, "must be >= 0")
@@ -195,8 +240,13 @@ class TrainConfig:
         if self.backend == "nccl":
             import torch
 
-            require(torch.cuda.is_available(), "backend", "nccl",
-                    "needs CUDA, which this machine does not have", hint="use --backend gloo or mpi")
+            require(
+                torch.cuda.is_available(),
+                "backend",
+                "nccl",
+                "needs CUDA, which this machine does not have",
+                hint="use --backend gloo or mpi",
+            )
         if self.model != LSQ_MODEL:
             from psgdlab.runtime.models import MODEL_PRESETS, build_model
 
@@ -245,32 +295,70 @@ class TrainConfig:
         """
         recipes = "; ".join(f"{name}: {r.describe()}" for name, r in MODEL_RECIPES.items())
         recipe_help = "default: the model's recipe"
-        add_flags(parser, "--algorithm", "--workers", "--gpus-per-node", defaults={
-            "--algorithm": "ssgd", "--workers": 2, "--gpus-per-node": 1})
-        parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "mpi"],
-                            help="torch.distributed backend or MPI (default: gloo)")
-        add_flags(parser, "--model", defaults={"--model": "tiny-blstm"},
-                  helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: tiny-blstm); recipes: {recipes}"})
+        add_flags(
+            parser,
+            "--algorithm",
+            "--workers",
+            "--gpus-per-node",
+            defaults={"--algorithm": "ssgd", "--workers": 2, "--gpus-per-node": 1},
+        )
+        parser.add_argument(
+            "--backend",
+            default="gloo",
+            choices=["gloo", "nccl", "mpi"],
+            help="torch.distributed backend or MPI (default: gloo)",
+        )
+        add_flags(
+            parser,
+            "--model",
+            defaults={"--model": "tiny-blstm"},
+            helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: tiny-blstm); recipes: {recipes}"},
+        )
         add_flags(parser, "--data", defaults={"--data": "synthetic"})
         steps = parser.add_mutually_exclusive_group()
         add_flags(steps, "--steps", "--epochs", helps={"--steps": "default 100 when --epochs is not given"})
-        add_flags(parser, "--batch", "--lr", "--lr-schedule", "--lr-final", "--period", "--variant", "--momentum",
-                  helps={"--batch": f"{recipe_help}'s total batch / workers", "--lr": recipe_help,
-                         "--lr-schedule": f"{recipe_help}; newbob is refused by train (it needs a held-out "
-                                          "loss every epoch; psgdlab emulate runs it)",
-                         "--momentum": f"{recipe_help} where the algorithm takes momentum"})
-        parser.add_argument("--compute-time", metavar="SPEC", help="emulated compute per step: SECONDS or a "
-                            "distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)")
-        add_flags(parser, "--straggler", "--seed", "--out", "--lsq-dim",
-                  defaults={"--straggler": "", "--lsq-dim": 16})
-        parser.add_argument("--resume", metavar="DIR",
-                            help="continue the run in DIR from its newest complete checkpoint")
-        parser.add_argument("--held-out-speakers", default="", metavar="NAMES",
-                            help="comma-separated speakers scored each epoch, not trained on")
-        parser.add_argument("--checkpoint-every", type=int, default=0, metavar="S",
-                            help="steps between checkpoints (0: at the end only)")
-        parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                            help="communication timeout in seconds")
+        add_flags(
+            parser,
+            "--batch",
+            "--lr",
+            "--lr-schedule",
+            "--lr-final",
+            "--period",
+            "--variant",
+            "--momentum",
+            helps={
+                "--batch": f"{recipe_help}'s total batch / workers",
+                "--lr": recipe_help,
+                "--lr-schedule": f"{recipe_help}; newbob is refused by train (it needs a held-out "
+                "loss every epoch; psgdlab emulate runs it)",
+                "--momentum": f"{recipe_help} where the algorithm takes momentum",
+            },
+        )
+        parser.add_argument(
+            "--compute-time",
+            metavar="SPEC",
+            help="emulated compute per step: SECONDS or a distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)",
+        )
+        add_flags(parser, "--straggler", "--seed", "--out", "--lsq-dim", defaults={"--straggler": "", "--lsq-dim": 16})
+        parser.add_argument(
+            "--resume", metavar="DIR", help="continue the run in DIR from its newest complete checkpoint"
+        )
+        parser.add_argument(
+            "--held-out-speakers",
+            default="",
+            metavar="NAMES",
+            help="comma-separated speakers scored each epoch, not trained on",
+        )
+        parser.add_argument(
+            "--checkpoint-every",
+            type=int,
+            default=0,
+            metavar="S",
+            help="steps between checkpoints (0: at the end only)",
+        )
+        parser.add_argument(
+            "--timeout", type=float, default=600.0, metavar="SECONDS", help="communication timeout in seconds"
+        )
         parser.add_argument("--window", type=int, default=21, help="frames per input window")
         parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
 
@@ -294,29 +382,54 @@ class TrainConfig:
         if steps is None and epochs is None:
             steps = 100
         recipe = recipe_of(args.model)
-        batch, lr, lr_schedule = recipe.resolve(workers=args.workers, batch=args.batch, lr=args.lr,
-                                                lr_schedule=args.lr_schedule, lsq_dim=args.lsq_dim)
+        batch, lr, lr_schedule = recipe.resolve(
+            workers=args.workers, batch=args.batch, lr=args.lr, lr_schedule=args.lr_schedule, lsq_dim=args.lsq_dim
+        )
         momentum = args.momentum
         if momentum is None and recipe.momentum and "momentum" in algorithm_parameters(args.algorithm):
             momentum = recipe.momentum
         return cls(
-            algorithm=args.algorithm, workers=args.workers, gpus_per_node=args.gpus_per_node, backend=args.backend,
-            model=args.model, data=args.data, steps=steps, epochs=epochs, batch=batch, lr=lr,
-            lr_schedule=lr_schedule, lr_final=args.lr_final, period=args.period,
-            variant=args.variant, momentum=momentum, compute_time=args.compute_time, straggler=args.straggler,
-            seed=args.seed, out=str(args.out or default_run_dir("train")),
+            algorithm=args.algorithm,
+            workers=args.workers,
+            gpus_per_node=args.gpus_per_node,
+            backend=args.backend,
+            model=args.model,
+            data=args.data,
+            steps=steps,
+            epochs=epochs,
+            batch=batch,
+            lr=lr,
+            lr_schedule=lr_schedule,
+            lr_final=args.lr_final,
+            period=args.period,
+            variant=args.variant,
+            momentum=momentum,
+            compute_time=args.compute_time,
+            straggler=args.straggler,
+            seed=args.seed,
+            out=str(args.out or default_run_dir("train")),
             held_out_speakers=tuple(s for s in (args.held_out_speakers or "").split(",") if s),
-            window=args.window, checkpoint_every=args.checkpoint_every, timeout_s=args.timeout,
-            record_params=args.record_params, lsq_dim=args.lsq_dim)
+            window=args.window,
+            checkpoint_every=args.checkpoint_every,
+            timeout_s=args.timeout,
+            record_params=args.record_params,
+            lsq_dim=args.lsq_dim,
+        )
 
 
 def build_algorithm(config: TrainConfig) -> Algorithm:
     """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`:
     ``--period``, ``--variant`` and ``--momentum`` go to the algorithms that take them and are an
     error elsewhere; ``--gpus-per-node`` to those whose schedule uses it)."""
-    return algorithm_from_flags(config.algorithm, config.workers, seed=config.seed, period=config.period,
-                                variant=config.variant, momentum=config.momentum,
-                                gpus_per_node=config.gpus_per_node)
+    return algorithm_from_flags(
+        config.algorithm,
+        config.workers,
+        seed=config.seed,
+        period=config.period,
+        variant=config.variant,
+        momentum=config.momentum,
+        gpus_per_node=config.gpus_per_node,
+    )
 
 
 def world_size_of(config: TrainConfig) -> int:

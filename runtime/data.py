@@ -60,8 +60,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 DATASETS: tuple[str, ...] = ("features", "offsets", "labels", "utt_ids", "speakers", "transcripts")
-_ATTRIBUTES: tuple[str, ...] = ("format_version", "n_classes", "feature_kind", "frame_shift_s",
-                                "add_deltas")
+_ATTRIBUTES: tuple[str, ...] = ("format_version", "n_classes", "feature_kind", "frame_shift_s", "add_deltas")
 Normalize = Literal["utterance", "global", "none"]
 
 
@@ -105,12 +104,22 @@ class Corpus:
 # --------------------------------------------------------------------------- writing
 
 
-def write_corpus(path: str | os.PathLike[str], *, features_per_utt: Sequence[np.ndarray],
-                 labels_per_utt: Sequence[np.ndarray], utt_ids: Sequence[str],
-                 speakers: Sequence[str], transcripts: Sequence[str] | None = None,
-                 n_classes: int, feature_kind: str, frame_shift_s: float = 0.01,
-                 add_deltas: bool = False, source: str | None = None, credit: str | None = None,
-                 dtype: Literal["float32", "float16"] = "float32") -> Path:
+def write_corpus(
+    path: str | os.PathLike[str],
+    *,
+    features_per_utt: Sequence[np.ndarray],
+    labels_per_utt: Sequence[np.ndarray],
+    utt_ids: Sequence[str],
+    speakers: Sequence[str],
+    transcripts: Sequence[str] | None = None,
+    n_classes: int,
+    feature_kind: str,
+    frame_shift_s: float = 0.01,
+    add_deltas: bool = False,
+    source: str | None = None,
+    credit: str | None = None,
+    dtype: Literal["float32", "float16"] = "float32",
+) -> Path:
     """Write utterances to ``path`` in the layout of this module (atomically).
 
     Parameters
@@ -142,21 +151,29 @@ def write_corpus(path: str | os.PathLike[str], *, features_per_utt: Sequence[np.
     path = Path(path)
     n_utts = len(utt_ids)
     transcripts = [""] * n_utts if transcripts is None else list(transcripts)
-    for name, seq in (("features_per_utt", features_per_utt), ("labels_per_utt", labels_per_utt),
-                      ("speakers", speakers), ("transcripts", transcripts)):
+    for name, seq in (
+        ("features_per_utt", features_per_utt),
+        ("labels_per_utt", labels_per_utt),
+        ("speakers", speakers),
+        ("transcripts", transcripts),
+    ):
         require(len(seq) == n_utts, name, f"{len(seq)} entries", f"must have one per utterance ({n_utts})")
     require(n_utts >= 1, "utt_ids", "empty", "must name at least one utterance")
-    require(len(set(utt_ids)) == n_utts, "utt_ids", f"{n_utts - len(set(utt_ids))} duplicates",
-            "must be unique")
-    require(isinstance(n_classes, int | np.integer) and n_classes >= 1, "n_classes", n_classes,
-            "must be a positive integer")
+    require(len(set(utt_ids)) == n_utts, "utt_ids", f"{n_utts - len(set(utt_ids))} duplicates", "must be unique")
+    require(
+        isinstance(n_classes, int | np.integer) and n_classes >= 1, "n_classes", n_classes, "must be a positive integer"
+    )
     require(dtype in ("float32", "float16"), "dtype", dtype, "must be 'float32' or 'float16'")
     feats, labels = _check_utterances(features_per_utt, labels_per_utt, utt_ids, int(n_classes))
     offsets = np.zeros(n_utts + 1, dtype=np.int64)
     np.cumsum([len(f) for f in feats], out=offsets[1:])
-    attrs: dict[str, Any] = {"format_version": FORMAT_VERSION, "n_classes": int(n_classes),
-                             "feature_kind": feature_kind, "frame_shift_s": float(frame_shift_s),
-                             "add_deltas": bool(add_deltas)}
+    attrs: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "n_classes": int(n_classes),
+        "feature_kind": feature_kind,
+        "frame_shift_s": float(frame_shift_s),
+        "add_deltas": bool(add_deltas),
+    }
     if source is not None:
         attrs["source"] = source
     if credit is not None:
@@ -178,8 +195,9 @@ def write_corpus(path: str | os.PathLike[str], *, features_per_utt: Sequence[np.
     return path
 
 
-def _check_utterances(features_per_utt: Sequence[np.ndarray], labels_per_utt: Sequence[np.ndarray],
-                      utt_ids: Sequence[str], n_classes: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _check_utterances(
+    features_per_utt: Sequence[np.ndarray], labels_per_utt: Sequence[np.ndarray], utt_ids: Sequence[str], n_classes: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     feats, labels = [], []
     dim = None
     for utt, f, lab in zip(utt_ids, features_per_utt, labels_per_utt, strict=True):
@@ -187,17 +205,27 @@ def _check_utterances(features_per_utt: Sequence[np.ndarray], labels_per_utt: Se
         require(f.ndim == 2, f"features of utterance {utt!r}", f.shape, "must be 2-D (frames, dims)")
         require(lab.ndim == 1, f"labels of utterance {utt!r}", lab.shape, "must be 1-D")
         require(len(f) >= 1, f"utterance {utt!r}", "0 frames", "must have at least one frame")
-        require(len(f) == len(lab), f"utterance {utt!r}",
-                f"{len(f)} feature frames, {len(lab)} labels", "must have one label per frame")
+        require(
+            len(f) == len(lab),
+            f"utterance {utt!r}",
+            f"{len(f)} feature frames, {len(lab)} labels",
+            "must have one label per frame",
+        )
         dim = f.shape[1] if dim is None else dim
-        require(f.shape[1] == dim, f"features of utterance {utt!r}", f.shape[1],
-                f"must have the same dimension as the first utterance ({dim})")
-        require(np.issubdtype(lab.dtype, np.integer), f"labels of utterance {utt!r}", lab.dtype,
-                "must be integers")
-        require(bool(np.all((lab >= 0) & (lab < n_classes))), f"labels of utterance {utt!r}",
-                f"range [{lab.min()}, {lab.max()}]", f"must lie in [0, n_classes={n_classes})")
-        require(bool(np.all(np.isfinite(f))), f"features of utterance {utt!r}", "non-finite values",
-                "must be finite")
+        require(
+            f.shape[1] == dim,
+            f"features of utterance {utt!r}",
+            f.shape[1],
+            f"must have the same dimension as the first utterance ({dim})",
+        )
+        require(np.issubdtype(lab.dtype, np.integer), f"labels of utterance {utt!r}", lab.dtype, "must be integers")
+        require(
+            bool(np.all((lab >= 0) & (lab < n_classes))),
+            f"labels of utterance {utt!r}",
+            f"range [{lab.min()}, {lab.max()}]",
+            f"must lie in [0, n_classes={n_classes})",
+        )
+        require(bool(np.all(np.isfinite(f))), f"features of utterance {utt!r}", "non-finite values", "must be finite")
         feats.append(f)
         labels.append(lab)
     return feats, labels
@@ -221,36 +249,49 @@ def _open(path: str | os.PathLike[str]) -> h5py.File:
 def _validate_layout(f: h5py.File, path: Path) -> dict[str, Any]:
     for name in DATASETS:
         if name not in f or not isinstance(f[name], h5py.Dataset):
-            raise ConfigError(f"corpus file {path}: dataset {name!r} is missing "
-                              f"(expected datasets: {', '.join(DATASETS)})")
+            raise ConfigError(
+                f"corpus file {path}: dataset {name!r} is missing (expected datasets: {', '.join(DATASETS)})"
+            )
     for name in _ATTRIBUTES:
         if name not in f.attrs:
             raise ConfigError(f"corpus file {path}: attribute {name!r} is missing")
     attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
     if attrs["format_version"] != FORMAT_VERSION:
-        raise ConfigError(f"corpus file {path}: format_version {attrs['format_version']!r} is not "
-                          f"supported (this psgdlab reads version {FORMAT_VERSION})")
+        raise ConfigError(
+            f"corpus file {path}: format_version {attrs['format_version']!r} is not "
+            f"supported (this psgdlab reads version {FORMAT_VERSION})"
+        )
     shape = f["features"].shape
     n_utts = f["utt_ids"].shape[0]
     checks = [
         (len(shape) == 2, f"features has shape {shape}, expected 2-D (frames, dims)"),
-        (f["labels"].shape == (shape[0],), f"labels has shape {f['labels'].shape}, "
-                                           f"expected ({shape[0]},) (one per feature frame)"),
-        (f["offsets"].shape == (n_utts + 1,), f"offsets has shape {f['offsets'].shape}, "
-                                              f"expected ({n_utts + 1},) for {n_utts} utterances"),
-        (f["speakers"].shape == (n_utts,) and f["transcripts"].shape == (n_utts,),
-         f"speakers/transcripts must have one entry per utterance ({n_utts})"),
-        (isinstance(attrs["n_classes"], int) and attrs["n_classes"] >= 1,
-         f"n_classes {attrs['n_classes']!r} must be a positive integer"),
+        (
+            f["labels"].shape == (shape[0],),
+            f"labels has shape {f['labels'].shape}, expected ({shape[0]},) (one per feature frame)",
+        ),
+        (
+            f["offsets"].shape == (n_utts + 1,),
+            f"offsets has shape {f['offsets'].shape}, expected ({n_utts + 1},) for {n_utts} utterances",
+        ),
+        (
+            f["speakers"].shape == (n_utts,) and f["transcripts"].shape == (n_utts,),
+            f"speakers/transcripts must have one entry per utterance ({n_utts})",
+        ),
+        (
+            isinstance(attrs["n_classes"], int) and attrs["n_classes"] >= 1,
+            f"n_classes {attrs['n_classes']!r} must be a positive integer",
+        ),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"corpus file {path}: {message}")
     offsets = f["offsets"][()].astype(np.int64)
     if offsets[0] != 0 or offsets[-1] != shape[0] or np.any(np.diff(offsets) <= 0):
-        raise ConfigError(f"corpus file {path}: offsets are inconsistent (must start at 0, increase "
-                          f"strictly and end at the frame count {shape[0]}; got first {offsets[0]}, "
-                          f"last {offsets[-1]})")
+        raise ConfigError(
+            f"corpus file {path}: offsets are inconsistent (must start at 0, increase "
+            f"strictly and end at the frame count {shape[0]}; got first {offsets[0]}, "
+            f"last {offsets[-1]})"
+        )
     attrs["offsets"] = offsets
     return attrs
 
@@ -275,21 +316,33 @@ def inspect_corpus(path: str | os.PathLike[str]) -> dict[str, Any]:
     names, counts = np.unique(speakers, return_counts=True)
     add_deltas = bool(attrs["add_deltas"])
     return {
-        "path": str(path), "n_utterances": len(speakers), "n_frames": len(labels),
-        "feature_dim": dim, "input_dim": dim * 3 if add_deltas else dim,
-        "n_classes": int(attrs["n_classes"]), "classes_present": len(np.unique(labels)),
+        "path": str(path),
+        "n_utterances": len(speakers),
+        "n_frames": len(labels),
+        "feature_dim": dim,
+        "input_dim": dim * 3 if add_deltas else dim,
+        "n_classes": int(attrs["n_classes"]),
+        "classes_present": len(np.unique(labels)),
         "n_speakers": len(names),
         "speakers": {str(n): int(c) for n, c in zip(names, counts, strict=True)},
         "duration_s": float(len(labels) * attrs["frame_shift_s"]),
-        "feature_kind": str(attrs["feature_kind"]), "feature_dtype": dtype,
-        "frame_shift_s": float(attrs["frame_shift_s"]), "add_deltas": add_deltas,
-        "source": str(attrs.get("source", "")), "credit": str(attrs.get("credit", "")),
+        "feature_kind": str(attrs["feature_kind"]),
+        "feature_dtype": dtype,
+        "frame_shift_s": float(attrs["frame_shift_s"]),
+        "add_deltas": add_deltas,
+        "source": str(attrs.get("source", "")),
+        "credit": str(attrs.get("credit", "")),
     }
 
 
-def load_corpus(path: str | os.PathLike[str], *, add_deltas: bool | None = None,
-                normalize: Normalize = "utterance", speakers: Sequence[str] | None = None,
-                exclude_speakers: Sequence[str] | None = None) -> Corpus:
+def load_corpus(
+    path: str | os.PathLike[str],
+    *,
+    add_deltas: bool | None = None,
+    normalize: Normalize = "utterance",
+    speakers: Sequence[str] | None = None,
+    exclude_speakers: Sequence[str] | None = None,
+) -> Corpus:
     r"""Load and validate a corpus file into memory (float32).
 
     Parameters
@@ -315,8 +368,9 @@ def load_corpus(path: str | os.PathLike[str], *, add_deltas: bool | None = None,
         Not HDF5, a dataset or attribute missing (named), unsupported ``format_version``,
         inconsistent shapes or offsets, labels out of range, unknown speaker, nothing selected.
     """
-    require(normalize in ("utterance", "global", "none"), "normalize", normalize,
-            "must be 'utterance', 'global' or 'none'")
+    require(
+        normalize in ("utterance", "global", "none"), "normalize", normalize, "must be 'utterance', 'global' or 'none'"
+    )
     path = Path(path)
     with _open(path) as f:
         attrs = _validate_layout(f, path)
@@ -334,36 +388,48 @@ def load_corpus(path: str | os.PathLike[str], *, add_deltas: bool | None = None,
         transcripts = tuple(str(s) for s in f["transcripts"].asstr()[()])
     n_classes = int(attrs["n_classes"])
     if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
-        raise ConfigError(f"corpus file {path}: labels range [{labels.min()}, {labels.max()}] lies "
-                          f"outside [0, n_classes={n_classes})")
+        raise ConfigError(
+            f"corpus file {path}: labels range [{labels.min()}, {labels.max()}] lies outside [0, n_classes={n_classes})"
+        )
     lengths = np.diff(offsets)[keep]
     new_offsets = np.zeros(len(keep) + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_offsets[1:])
     if attrs["add_deltas"] if add_deltas is None else add_deltas:
         features = append_deltas(features, new_offsets)
     features = _normalize(features, new_offsets, normalize)
-    return Corpus(features=features, labels=labels, offsets=new_offsets,
-                  utt_ids=tuple(utt_ids[u] for u in keep), speakers=tuple(spk[u] for u in keep),
-                  transcripts=tuple(transcripts[u] for u in keep), n_classes=n_classes,
-                  feature_kind=str(attrs["feature_kind"]),
-                  frame_shift_s=float(attrs["frame_shift_s"]), path=str(path))
+    return Corpus(
+        features=features,
+        labels=labels,
+        offsets=new_offsets,
+        utt_ids=tuple(utt_ids[u] for u in keep),
+        speakers=tuple(spk[u] for u in keep),
+        transcripts=tuple(transcripts[u] for u in keep),
+        n_classes=n_classes,
+        feature_kind=str(attrs["feature_kind"]),
+        frame_shift_s=float(attrs["frame_shift_s"]),
+        path=str(path),
+    )
 
 
-def _select(spk: tuple[str, ...], speakers: Sequence[str] | None,
-            exclude: Sequence[str] | None, path: Path) -> np.ndarray:
+def _select(
+    spk: tuple[str, ...], speakers: Sequence[str] | None, exclude: Sequence[str] | None, path: Path
+) -> np.ndarray:
     known = set(spk)
     for label, names in (("speakers", speakers), ("exclude_speakers", exclude)):
         unknown = sorted(set(names or ()) - known)
-        require(not unknown, label, unknown, f"are not speakers of {path}",
-                hint="known: " + ", ".join(sorted(known)))
+        require(not unknown, label, unknown, f"are not speakers of {path}", hint="known: " + ", ".join(sorted(known)))
     mask = np.ones(len(spk), dtype=bool)
     if speakers is not None:
         mask &= np.isin(np.array(spk, dtype=object), list(speakers))
     if exclude is not None:
         mask &= ~np.isin(np.array(spk, dtype=object), list(exclude))
     keep = np.flatnonzero(mask)
-    require(len(keep) > 0, "speaker selection", {"speakers": speakers, "exclude": exclude},
-            f"leaves no utterances of {path}")
+    require(
+        len(keep) > 0,
+        "speaker selection",
+        {"speakers": speakers, "exclude": exclude},
+        f"leaves no utterances of {path}",
+    )
     return keep
 
 
@@ -415,7 +481,7 @@ def _normalize(features: np.ndarray, offsets: np.ndarray, normalize: Normalize) 
         return ((x - mean) / np.maximum(std, 1e-5)).astype(np.float32)
     lengths = np.diff(offsets)[:, None]
     mean = np.add.reduceat(x, offsets[:-1], axis=0) / lengths
-    var = np.add.reduceat(x * x, offsets[:-1], axis=0) / lengths - mean ** 2
+    var = np.add.reduceat(x * x, offsets[:-1], axis=0) / lengths - mean**2
     std = np.sqrt(np.maximum(var, 0.0))
     frames = np.repeat(np.arange(len(lengths)), lengths[:, 0])
     return ((x - mean[frames]) / np.maximum(std[frames], 1e-5)).astype(np.float32)
@@ -424,9 +490,17 @@ def _normalize(features: np.ndarray, offsets: np.ndarray, normalize: Normalize) 
 # --------------------------------------------------------------------------- synthetic data
 
 
-def synthetic_corpus(path: str | os.PathLike[str], *, n_utterances: int = 200,
-                     frames_per_utt: int = 100, input_dim: int = 40, n_classes: int = 10,
-                     seed: int = 0, n_speakers: int = 4, noise: float = 1.0) -> Path:
+def synthetic_corpus(
+    path: str | os.PathLike[str],
+    *,
+    n_utterances: int = 200,
+    frames_per_utt: int = 100,
+    input_dim: int = 40,
+    n_classes: int = 10,
+    seed: int = 0,
+    n_speakers: int = 4,
+    noise: float = 1.0,
+) -> Path:
     r"""Write a learnable synthetic acoustic corpus to ``path`` (``feature_kind="synthetic"``).
 
     Each utterance is a sequence of label segments (lengths uniform in 4..12 frames, class drawn
@@ -443,8 +517,13 @@ def synthetic_corpus(path: str | os.PathLike[str], *, n_utterances: int = 200,
     is ambiguous and context helps. Utterance lengths are uniform in
     ``[0.75, 1.25] * frames_per_utt``. Transcripts are empty. Deterministic in ``seed``.
     """
-    for name, value in (("n_utterances", n_utterances), ("frames_per_utt", frames_per_utt),
-                        ("input_dim", input_dim), ("n_classes", n_classes), ("n_speakers", n_speakers)):
+    for name, value in (
+        ("n_utterances", n_utterances),
+        ("frames_per_utt", frames_per_utt),
+        ("input_dim", input_dim),
+        ("n_classes", n_classes),
+        ("n_speakers", n_speakers),
+    ):
         require(isinstance(value, int) and value >= 1, name, value, "must be a positive integer")
     require(n_classes >= 2, "n_classes", n_classes, "must be >= 2")
     require(noise >= 0, "noise", noise, "must be >= 0")
@@ -464,10 +543,17 @@ def synthetic_corpus(path: str | os.PathLike[str], *, n_utterances: int = 200,
         feats.append((means[y] + offsets[spk] + noise * smooth).astype(np.float32))
         labels.append(y.astype(np.int32))
         speakers.append(f"spk{spk:02d}")
-    return write_corpus(path, features_per_utt=feats, labels_per_utt=labels,
-                        utt_ids=[f"synth{u:05d}" for u in range(n_utterances)], speakers=speakers,
-                        n_classes=n_classes, feature_kind="synthetic", add_deltas=False,
-                        source=f"psgdlab synthetic_corpus(seed={seed})")
+    return write_corpus(
+        path,
+        features_per_utt=feats,
+        labels_per_utt=labels,
+        utt_ids=[f"synth{u:05d}" for u in range(n_utterances)],
+        speakers=speakers,
+        n_classes=n_classes,
+        feature_kind="synthetic",
+        add_deltas=False,
+        source=f"psgdlab synthetic_corpus(seed={seed})",
+    )
 
 
 # --------------------------------------------------------------------------- sharding
@@ -488,12 +574,14 @@ def shard_utterances(lengths: np.ndarray, *, rank: int, world_size: int) -> np.n
         ``world_size < 1``, ``rank`` outside ``[0, world_size)``, or more workers than utterances.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    require(isinstance(world_size, int) and world_size >= 1, "world_size", world_size,
-            "must be a positive integer")
-    require(isinstance(rank, int) and 0 <= rank < world_size, "rank", rank,
-            f"must lie in [0, world_size={world_size})")
-    require(world_size <= len(lengths), "world_size", world_size,
-            f"must not exceed the number of utterances ({len(lengths)}); every worker needs data")
+    require(isinstance(world_size, int) and world_size >= 1, "world_size", world_size, "must be a positive integer")
+    require(isinstance(rank, int) and 0 <= rank < world_size, "rank", rank, f"must lie in [0, world_size={world_size})")
+    require(
+        world_size <= len(lengths),
+        "world_size",
+        world_size,
+        f"must not exceed the number of utterances ({len(lengths)}); every worker needs data",
+    )
     heap = [(0, r) for r in range(world_size)]
     owner = np.empty(len(lengths), dtype=np.int64)
     for u in np.argsort(-lengths, kind="stable"):

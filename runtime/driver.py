@@ -84,8 +84,15 @@ from psgdlab.runtime.scan import count_passive, overlap_group, shard_bounds
 from psgdlab.runtime.server import server_exchange
 from psgdlab.runtime.transport import Tags, Transport
 
-__all__ = ["DriverOptions", "RankResult", "run_worker", "EXCHANGE_HANDLERS", "CRASH_ENV", "OVERLAP_ENV",
-           "STOP_CHECK_EVERY"]
+__all__ = [
+    "DriverOptions",
+    "RankResult",
+    "run_worker",
+    "EXCHANGE_HANDLERS",
+    "CRASH_ENV",
+    "OVERLAP_ENV",
+    "STOP_CHECK_EVERY",
+]
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +197,18 @@ class _Step:
 
 # ----- the worker -----------------------------------------------------------------------------------
 class _Worker:
-    def __init__(self, algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, rank: int,
-                 options: DriverOptions, origin: float, state: WorkerState | None, merges: int) -> None:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        workload: Any,
+        channels: dict[str, Transport],
+        *,
+        rank: int,
+        options: DriverOptions,
+        origin: float,
+        state: WorkerState | None,
+        merges: int,
+    ) -> None:
         self.alg = algorithm
         self.workload = workload
         self.main = channels["main"]
@@ -284,8 +301,9 @@ class _Worker:
                 src = self.resp.recv(header, None, Tags.PAIR_HEADER)
             t0 = self.now()
             shard, n_shards = int(header[2]), int(header[3])
-            ex = PairwiseAverage(peer=src, active=False, shard=shard, n_shards=n_shards,
-                                 gather_group=group if n_shards > 1 else ())
+            ex = PairwiseAverage(
+                peer=src, active=False, shard=shard, n_shards=n_shards, gather_group=group if n_shards > 1 else ()
+            )
             lo, hi = shard_bounds(self.n_params, n_shards)[shard]
             with self.lock:
                 sent = self.state.params[lo:hi].clone()
@@ -302,8 +320,16 @@ class _Worker:
                     self.state = self.state.replace(params=self.state.params + delta)
                     self.merges += 1
             nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
-            self.trace.add(rank=self.rank, step=self.step, phase="overlap", start_s=t0, end_s=self.now(),
-                           kind=_PAIR, peer=src, nbytes=nbytes)
+            self.trace.add(
+                rank=self.rank,
+                step=self.step,
+                phase="overlap",
+                start_s=t0,
+                end_s=self.now(),
+                kind=_PAIR,
+                peer=src,
+                nbytes=nbytes,
+            )
 
     def _check_errors(self) -> None:
         if not self.errors.empty():
@@ -334,8 +360,10 @@ class _Worker:
         if self.rank != 0 or self._overrun_warned:
             return
         self._overrun_warned = True
-        message = (f"--compute-time is not honoured: step {step} of rank 0 computed for {real_s:.4g} s, longer than "
-                   f"the emulated {target_s:.4g} s (a smaller model, or a longer --compute-time, restores it)")
+        message = (
+            f"--compute-time is not honoured: step {step} of rank 0 computed for {real_s:.4g} s, longer than "
+            f"the emulated {target_s:.4g} s (a smaller model, or a longer --compute-time, restores it)"
+        )
         log.warning(message)
         warnings.warn(message, TestbedWarning, stacklevel=2)
 
@@ -345,8 +373,9 @@ class _Worker:
         with self.lock:
             have = len(self.pending)
         t0 = self.now()
-        counts = self.main.allgather(torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group),
-                                     group)
+        counts = self.main.allgather(
+            torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group), group
+        )
         self.trace.add(rank=self.rank, step=step, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
         k = int(counts.min())
         with self.lock:
@@ -362,8 +391,9 @@ class _Worker:
         sharded_group = tuple(example.gather_group) if example is not None and example.n_shards > 1 else None
         responder = None
         if n_passive:
-            responder = threading.Thread(target=self.serve, args=(n_passive, example), daemon=True,
-                                         name=f"psgdlab-responder-{self.rank}")
+            responder = threading.Thread(
+                target=self.serve, args=(n_passive, example), daemon=True, name=f"psgdlab-responder-{self.rank}"
+            )
             responder.start()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"psgdlab-comm-{self.rank}")
         history: deque[tuple[torch.Tensor, int]] = deque(maxlen=alg.gradient_delay + 1)
@@ -416,8 +446,15 @@ class _Worker:
                     st.staleness = self.merges - read_merges
                     self.state = alg.local_update(self.state, st.grad, opt.lr_of(s), grad_scale=st.scale)
                 self._run_phase("post", exchanges, st)
-                self.trace.add(rank=self.rank, step=s, phase="compute", start_s=t_c0, end_s=t_c1,
-                               staleness=int(st.staleness), loss=loss)
+                self.trace.add(
+                    rank=self.rank,
+                    step=s,
+                    phase="compute",
+                    start_s=t_c0,
+                    end_s=t_c1,
+                    staleness=int(st.staleness),
+                    loss=loss,
+                )
                 if opt.record_params:
                     trajectory.append(self.state.params.detach().cpu().numpy().copy())
                 if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0:
@@ -429,8 +466,9 @@ class _Worker:
                     self.main.allreduce_mean(flag, alg.all_ranks)
                     stop = bool(flag.item() > 0)
                 done = s + 1
-                if opt.run_dir is not None and ((opt.checkpoint_every and done % opt.checkpoint_every == 0)
-                                                or stop or done == opt.steps):
+                if opt.run_dir is not None and (
+                    (opt.checkpoint_every and done % opt.checkpoint_every == 0) or stop or done == opt.steps
+                ):
                     self._save(done)
                 if opt.progress is not None and self.rank == 0:
                     t = self.now()
@@ -454,11 +492,20 @@ class _Worker:
                 self.workload.end_overlap()
             self.main.close()
         final = self.state.params.detach().cpu().numpy().copy() if self.n_params <= 2_000_000 else None
-        return RankResult(rank=self.rank, trace=self.trace.array(), final_params=final,
-                          trajectory=np.stack(trajectory) if trajectory else None, evaluations=[],
-                          preempted=preempted, extra={"merges": self.merges, "compute_overruns": self.overruns,
-                                                          "allreduce_algorithm": self.main.allreduce_algorithm},
-                          snapshots=snapshots)
+        return RankResult(
+            rank=self.rank,
+            trace=self.trace.array(),
+            final_params=final,
+            trajectory=np.stack(trajectory) if trajectory else None,
+            evaluations=[],
+            preempted=preempted,
+            extra={
+                "merges": self.merges,
+                "compute_overruns": self.overruns,
+                "allreduce_algorithm": self.main.allreduce_algorithm,
+            },
+            snapshots=snapshots,
+        )
 
     # --- the exchange handlers (EXCHANGE_HANDLERS), each called in the phase its record names ---
     def _run_phase(self, phase: str, exchanges: tuple[Exchange, ...], st: _Step) -> None:
@@ -468,8 +515,10 @@ class _Worker:
                 continue
             handler = EXCHANGE_HANDLERS.get(type(ex))
             if handler is None:
-                raise ConfigError(f"exchange {type(ex).__name__} has no handler in the runtime "
-                                  f"(psgdlab.runtime.driver.EXCHANGE_HANDLERS)")
+                raise ConfigError(
+                    f"exchange {type(ex).__name__} has no handler in the runtime "
+                    f"(psgdlab.runtime.driver.EXCHANGE_HANDLERS)"
+                )
             handler(self, ex, st)
 
     def _on_pairwise(self, ex: PairwiseAverage, st: _Step) -> None:
@@ -498,19 +547,26 @@ class _Worker:
             st.grad = reducer.finish()
             t_end = self.now()
             started = reducer.first_start_s - self.origin if reducer.first_start_s else t_c1
-            self.trace.add(rank=self.rank, step=s, phase="overlap", start_s=min(started, t_end),
-                           end_s=t_end, kind=_ALLREDUCE, nbytes=nbytes)
+            self.trace.add(
+                rank=self.rank,
+                step=s,
+                phase="overlap",
+                start_s=min(started, t_end),
+                end_s=t_end,
+                kind=_ALLREDUCE,
+                nbytes=nbytes,
+            )
             if t_end > t_c1:
-                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_end,
-                               kind=_ALLREDUCE)
+                self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_end, kind=_ALLREDUCE)
         else:
             if st.scale != 1.0:
                 st.grad = st.grad * st.scale
             t0 = self.now()
             self._sleep_jitter()
             self.main.allreduce_sum(st.grad, ex.group)
-            self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(),
-                           kind=_ALLREDUCE, nbytes=nbytes)
+            self.trace.add(
+                rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE, nbytes=nbytes
+            )
         st.scale = 1.0 / len(ex.group)
 
     def _model_allreduce(self, ex: AllReduce, st: _Step) -> None:
@@ -521,8 +577,15 @@ class _Worker:
         self.main.allreduce_mean(mean, ex.group)
         with self.lock:
             self.state = self.alg.combine(self.state, ex, mean)
-        self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE,
-                       nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+        self.trace.add(
+            rank=self.rank,
+            step=st.step,
+            phase="comm",
+            start_s=t0,
+            end_s=self.now(),
+            kind=_ALLREDUCE,
+            nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0],
+        )
 
     def _on_server(self, ex: ServerExchange, st: _Step) -> None:
         """Post: push to the parameter server and ``combine`` its reply; the step's staleness is
@@ -531,12 +594,21 @@ class _Worker:
         self._sleep_jitter()
         with self.lock:
             message = self.alg.server_message(self.state).contiguous()
-        reply, st.staleness = server_exchange(self.main, self.alg.n_workers, step=st.step, rank=self.rank,
-                                              message=message)
+        reply, st.staleness = server_exchange(
+            self.main, self.alg.n_workers, step=st.step, rank=self.rank, message=message
+        )
         with self.lock:
             self.state = self.alg.combine(self.state, ex, reply)
-        self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_SERVER,
-                       peer=SERVER_PEER, nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0])
+        self.trace.add(
+            rank=self.rank,
+            step=st.step,
+            phase="comm",
+            start_s=t0,
+            end_s=self.now(),
+            kind=_SERVER,
+            peer=SERVER_PEER,
+            nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0],
+        )
 
     def _on_barrier(self, ex: Barrier, st: _Step) -> None:
         t0 = self.now()
@@ -546,8 +618,15 @@ class _Worker:
     def _save(self, done: int) -> None:
         with self.lock:
             st = self.state
-            payload = {"step": done, "rank": self.rank, "params": st.params, "momentum": st.momentum,
-                       "extras": dict(st.extras), "merges": self.merges, "algorithm": self.alg.params()}
+            payload = {
+                "step": done,
+                "rank": self.rank,
+                "params": st.params,
+                "momentum": st.momentum,
+                "extras": dict(st.extras),
+                "merges": self.merges,
+                "algorithm": self.alg.params(),
+            }
         ckpt.save_checkpoint(self.opt.run_dir, step=done, rank=self.rank, payload=payload)  # type: ignore[arg-type]
 
 
@@ -566,20 +645,31 @@ def state_from_checkpoint(payload: dict[str, Any], device: torch.device) -> tupl
     def dev(t: Any) -> Any:
         return t.to(device) if isinstance(t, torch.Tensor) else t
 
-    state = WorkerState(params=dev(payload["params"]), momentum=dev(payload["momentum"]),
-                        extras={k: dev(v) for k, v in payload["extras"].items()})
+    state = WorkerState(
+        params=dev(payload["params"]),
+        momentum=dev(payload["momentum"]),
+        extras={k: dev(v) for k, v in payload["extras"].items()},
+    )
     return state, int(payload.get("merges", 0))
 
 
-def run_worker(algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, options: DriverOptions,
-               origin: float, resume_payload: dict[str, Any] | None = None) -> RankResult:
+def run_worker(
+    algorithm: Algorithm,
+    workload: Any,
+    channels: dict[str, Transport],
+    *,
+    options: DriverOptions,
+    origin: float,
+    resume_payload: dict[str, Any] | None = None,
+) -> RankResult:
     """Run the worker loop of this rank (``channels["main"].rank < algorithm.n_workers``)."""
     rank = channels["main"].rank
     state, merges = (None, 0)
     if resume_payload is not None:
         state, merges = state_from_checkpoint(resume_payload, channels["main"].device)
-    worker = _Worker(algorithm, workload, channels, rank=rank, options=options, origin=origin, state=state,
-                     merges=merges)
+    worker = _Worker(
+        algorithm, workload, channels, rank=rank, options=options, origin=origin, state=state, merges=merges
+    )
     previous = signal.getsignal(signal.SIGTERM)
     in_main = threading.current_thread() is threading.main_thread()
 

@@ -98,22 +98,29 @@ def _set_grad(p: torch.Tensor, view: torch.Tensor) -> None:
     p.grad = view
 
 
-def _flatten(params: Sequence[torch.Tensor], get: Callable[[torch.Tensor], torch.Tensor],
-             set_: Callable[[torch.Tensor, torch.Tensor], None], what: str) -> torch.Tensor:
+def _flatten(
+    params: Sequence[torch.Tensor],
+    get: Callable[[torch.Tensor], torch.Tensor],
+    set_: Callable[[torch.Tensor, torch.Tensor], None],
+    what: str,
+) -> torch.Tensor:
     require(len(params) > 0, "model", "no parameters", f"has no {what} to flatten")
     tensors = [get(p) for p in params]
     first = tensors[0]
-    require(all(t.dtype == first.dtype and t.device == first.device for t in tensors), what,
-            sorted({f"{t.dtype}@{t.device}" for t in tensors}), "must share one dtype and device")
+    require(
+        all(t.dtype == first.dtype and t.device == first.device for t in tensors),
+        what,
+        sorted({f"{t.dtype}@{t.device}" for t in tensors}),
+        "must share one dtype and device",
+    )
     base = first.untyped_storage()
     total = sum(t.numel() for t in tensors)
     if base.nbytes() == total * first.element_size() and _are_consecutive_views(tensors):
-        return torch.empty(0, dtype=first.dtype, device=first.device).set_(
-            base, 0, (total,), (1,))
+        return torch.empty(0, dtype=first.dtype, device=first.device).set_(base, 0, (total,), (1,))
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
     offset = 0
     for p, t in zip(params, tensors, strict=True):
-        set_(p, flat[offset:offset + t.numel()].view_as(t))
+        set_(p, flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
     return flat
 
@@ -122,8 +129,7 @@ def _are_consecutive_views(tensors: list[torch.Tensor]) -> bool:
     storage = tensors[0].untyped_storage().data_ptr()
     offset = 0
     for t in tensors:
-        if (t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset
-                or not t.is_contiguous()):
+        if t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset or not t.is_contiguous():
             return False
         offset += t.numel()
     return True

@@ -28,8 +28,9 @@ __all__ = [
 ]
 
 
-def frame_signal(signal: np.ndarray, sample_rate: int, *, frame_length_s: float = 0.025,
-                 frame_shift_s: float = 0.010) -> np.ndarray:
+def frame_signal(
+    signal: np.ndarray, sample_rate: int, *, frame_length_s: float = 0.025, frame_shift_s: float = 0.010
+) -> np.ndarray:
     """Cut ``signal`` into overlapping frames ``(T, L)``, ``T = 1 + (N - L) // S``.
 
     Frames lie fully inside the signal (Kaldi's ``snip-edges``); a signal shorter than one frame
@@ -37,8 +38,12 @@ def frame_signal(signal: np.ndarray, sample_rate: int, *, frame_length_s: float 
     """
     length = round(frame_length_s * sample_rate)
     shift = round(frame_shift_s * sample_rate)
-    require(length >= 1 and shift >= 1, "frame length/shift", (length, shift),
-            "must be at least one sample at this sample rate")
+    require(
+        length >= 1 and shift >= 1,
+        "frame length/shift",
+        (length, shift),
+        "must be at least one sample at this sample rate",
+    )
     signal = np.asarray(signal, dtype=np.float64)
     if len(signal) < length:
         signal = np.pad(signal, (0, length - len(signal)))
@@ -53,24 +58,30 @@ def _mel_to_hz(m: np.ndarray) -> np.ndarray:
     return 700.0 * np.expm1(np.asarray(m, dtype=np.float64) / 1127.0)
 
 
-def mel_band_centres_hz(n_mels: int, sample_rate: int, *, low_hz: float = 20.0,
-                        high_hz: float | None = None) -> np.ndarray:
+def mel_band_centres_hz(
+    n_mels: int, sample_rate: int, *, low_hz: float = 20.0, high_hz: float | None = None
+) -> np.ndarray:
     """Centre frequencies (Hz) of the ``n_mels`` triangular filters of :func:`mel_filterbank`."""
     high_hz = sample_rate / 2 if high_hz is None else high_hz
     edges = np.linspace(_hz_to_mel(low_hz), _hz_to_mel(high_hz), n_mels + 2)
     return _mel_to_hz(edges[1:-1])
 
 
-def mel_filterbank(n_mels: int, n_fft: int, sample_rate: int, *, low_hz: float = 20.0,
-                   high_hz: float | None = None) -> np.ndarray:
+def mel_filterbank(
+    n_mels: int, n_fft: int, sample_rate: int, *, low_hz: float = 20.0, high_hz: float | None = None
+) -> np.ndarray:
     """Triangular filters ``(n_mels, n_fft // 2 + 1)`` equally spaced on the mel scale.
 
     Filter ``j`` rises linearly from the centre of filter ``j - 1`` to its own centre and falls to
     the centre of filter ``j + 1`` (in Hz, evaluated at the FFT bin frequencies); peak 1.
     """
     high_hz = sample_rate / 2 if high_hz is None else high_hz
-    require(0 <= low_hz < high_hz <= sample_rate / 2, "mel range", (low_hz, high_hz),
-            f"must satisfy 0 <= low < high <= Nyquist ({sample_rate / 2} Hz)")
+    require(
+        0 <= low_hz < high_hz <= sample_rate / 2,
+        "mel range",
+        (low_hz, high_hz),
+        f"must satisfy 0 <= low < high <= Nyquist ({sample_rate / 2} Hz)",
+    )
     edges = _mel_to_hz(np.linspace(_hz_to_mel(low_hz), _hz_to_mel(high_hz), n_mels + 2))
     bins = np.arange(n_fft // 2 + 1) * sample_rate / n_fft
     left, centre, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
@@ -79,10 +90,17 @@ def mel_filterbank(n_mels: int, n_fft: int, sample_rate: int, *, low_hz: float =
     return np.maximum(0.0, np.minimum(rising, falling))
 
 
-def log_mel_filterbank(signal: np.ndarray, sample_rate: int, *, n_mels: int = 40,
-                       frame_length_s: float = 0.025, frame_shift_s: float = 0.010,
-                       preemphasis: float = 0.97, low_hz: float = 20.0,
-                       high_hz: float | None = None) -> np.ndarray:
+def log_mel_filterbank(
+    signal: np.ndarray,
+    sample_rate: int,
+    *,
+    n_mels: int = 40,
+    frame_length_s: float = 0.025,
+    frame_shift_s: float = 0.010,
+    preemphasis: float = 0.97,
+    low_hz: float = 20.0,
+    high_hz: float | None = None,
+) -> np.ndarray:
     r"""Log-mel filterbank features ``(T, n_mels)`` of a mono signal (float32).
 
     Per frame: remove the DC offset, pre-emphasise :math:`y_n = x_n - 0.97\,x_{n-1}` (the first
@@ -90,8 +108,7 @@ def log_mel_filterbank(signal: np.ndarray, sample_rate: int, *, n_mels: int = 40
     next power of two >= the frame length (256 at 8 kHz), mel filters, natural log floored at
     :math:`10^{-10}`.
     """
-    frames = frame_signal(signal, sample_rate, frame_length_s=frame_length_s,
-                          frame_shift_s=frame_shift_s)
+    frames = frame_signal(signal, sample_rate, frame_length_s=frame_length_s, frame_shift_s=frame_shift_s)
     frames = frames - frames.mean(axis=1, keepdims=True)
     emphasised = np.concatenate([frames[:, :1], frames[:, 1:] - preemphasis * frames[:, :-1]], axis=1)
     length = frames.shape[1]
@@ -101,15 +118,15 @@ def log_mel_filterbank(signal: np.ndarray, sample_rate: int, *, n_mels: int = 40
     return np.log(np.maximum(power @ fbank.T, 1e-10)).astype(np.float32)
 
 
-def frame_energy_db(signal: np.ndarray, sample_rate: int, *, frame_length_s: float = 0.025,
-                    frame_shift_s: float = 0.010) -> np.ndarray:
+def frame_energy_db(
+    signal: np.ndarray, sample_rate: int, *, frame_length_s: float = 0.025, frame_shift_s: float = 0.010
+) -> np.ndarray:
     r"""Mean-square energy per frame in dB re full scale, :math:`10\log_{10}(\overline{x^2} + 10^{-12})`.
 
     Frames are those of :func:`log_mel_filterbank` (same count); ``signal`` scaled to [-1, 1].
     """
-    frames = frame_signal(signal, sample_rate, frame_length_s=frame_length_s,
-                          frame_shift_s=frame_shift_s)
-    return 10.0 * np.log10(np.mean(frames ** 2, axis=1) + 1e-12)
+    frames = frame_signal(signal, sample_rate, frame_length_s=frame_length_s, frame_shift_s=frame_shift_s)
+    return 10.0 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
 
 
 def speed_perturb(signal: np.ndarray, factor: float) -> np.ndarray:

@@ -56,8 +56,10 @@ def mpiexec_path() -> Path:
 
     found = shutil.which("mpiexec")
     if found is None:
-        raise ConfigError("backend ('mpi') needs mpiexec, which is neither beside the Python interpreter nor on "
-                          "PATH; install the mpich wheel (pip install mpich)")
+        raise ConfigError(
+            "backend ('mpi') needs mpiexec, which is neither beside the Python interpreter nor on "
+            "PATH; install the mpich wheel (pip install mpich)"
+        )
     return Path(found)
 
 
@@ -70,8 +72,9 @@ def _describe(code: int) -> str:
     return f"exited with status {code}"
 
 
-def launch(config: TrainConfig, *, extra_env: dict[str, str] | None = None, timeout_s: float | None = None,
-           quiet: bool = False) -> dict[str, Any]:
+def launch(
+    config: TrainConfig, *, extra_env: dict[str, str] | None = None, timeout_s: float | None = None, quiet: bool = False
+) -> dict[str, Any]:
     """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``)."""
     if not config.out:
         raise ConfigError("launch needs an output directory (config.out)")
@@ -94,13 +97,18 @@ def launch(config: TrainConfig, *, extra_env: dict[str, str] | None = None, time
     procs: dict[int, subprocess.Popen] = {}
     if config.backend == "mpi":
         mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
-        procs[-1] = subprocess.Popen(mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                                     start_new_session=True)
+        procs[-1] = subprocess.Popen(mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     else:
         port = free_port()
         for r in range(world):
-            env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(port))
+            env_r = dict(
+                env,
+                RANK=str(r),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
             procs[r] = subprocess.Popen(cmd, env=env_r, stdout=subprocess.DEVNULL, stderr=stderr)
     forwarded: dict[str, int | None] = {"sig": None}
 
@@ -120,8 +128,10 @@ def launch(config: TrainConfig, *, extra_env: dict[str, str] | None = None, time
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
     if forwarded["sig"] is not None:
-        raise TransportError(f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
-                             f"{out / 'checkpoints'} (continue with --resume {out})")
+        raise TransportError(
+            f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
+            f"{out / 'checkpoints'} (continue with --resume {out})"
+        )
     summary_path = out / "summary.json"
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
@@ -171,8 +181,9 @@ def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, time
             failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")
         if failed:
             _terminate(procs)
-            raise TransportError(f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})"
-                                                                if len(failed) > 1 else ""))
+            raise TransportError(
+                f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})" if len(failed) > 1 else "")
+            )
         if all(p.poll() is not None for p in procs.values()):
             return
         if timeout_s is not None and time.monotonic() - start > timeout_s:

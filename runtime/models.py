@@ -67,9 +67,13 @@ __all__ = [
 
 
 def _check_window(window: int) -> None:
-    require(isinstance(window, int) and window >= 1 and window % 2 == 1, "window", window,
-            "must be an odd positive integer (the label is the centre frame's)",
-            hint="the IBM setup uses 21")
+    require(
+        isinstance(window, int) and window >= 1 and window % 2 == 1,
+        "window",
+        window,
+        "must be an odd positive integer (the label is the centre frame's)",
+        hint="the IBM setup uses 21",
+    )
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -119,19 +123,36 @@ class BLSTMAcousticModel(nn.Module):
     which for the IBM sizes is 43,154,944 (ALGORITHMS §D.4).
     """
 
-    def __init__(self, input_dim: int = 260, hidden_per_direction: int = 512, layers: int = 6,
-                 projection: int = 256, n_classes: int = 32000, window: int = 21,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        input_dim: int = 260,
+        hidden_per_direction: int = 512,
+        layers: int = 6,
+        projection: int = 256,
+        n_classes: int = 32000,
+        window: int = 21,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
-        for name, value in (("input_dim", input_dim), ("hidden_per_direction", hidden_per_direction),
-                            ("layers", layers), ("projection", projection), ("n_classes", n_classes)):
+        for name, value in (
+            ("input_dim", input_dim),
+            ("hidden_per_direction", hidden_per_direction),
+            ("layers", layers),
+            ("projection", projection),
+            ("n_classes", n_classes),
+        ):
             _check_positive(name, value)
         _check_window(window)
         require(0.0 <= dropout < 1.0, "dropout", dropout, "must lie in [0, 1)")
         self.input_dim, self.window, self.n_classes = input_dim, window, n_classes
-        self.lstm = nn.LSTM(input_dim, hidden_per_direction, num_layers=layers,
-                            batch_first=True, bidirectional=True,
-                            dropout=dropout if layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            input_dim,
+            hidden_per_direction,
+            num_layers=layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if layers > 1 else 0.0,
+        )
         self.dropout = nn.Dropout(dropout)
         self.projection = nn.Linear(2 * hidden_per_direction, projection)
         self.output = nn.Linear(projection, n_classes)
@@ -175,11 +196,17 @@ class DNNAcousticModel(nn.Module):
     (6 layers) and expose ``layers`` so the other reading is one argument away.
     """
 
-    def __init__(self, input_dim: int = 120, hidden: int = 1024, layers: int = 6,
-                 n_classes: int = 5723, context: int = 11, window: int | None = None) -> None:
+    def __init__(
+        self,
+        input_dim: int = 120,
+        hidden: int = 1024,
+        layers: int = 6,
+        n_classes: int = 5723,
+        context: int = 11,
+        window: int | None = None,
+    ) -> None:
         super().__init__()
-        for name, value in (("input_dim", input_dim), ("hidden", hidden), ("layers", layers),
-                            ("n_classes", n_classes)):
+        for name, value in (("input_dim", input_dim), ("hidden", hidden), ("layers", layers), ("n_classes", n_classes)):
             _check_positive(name, value)
         _check_window(context)
         window = context if window is None else window
@@ -197,7 +224,7 @@ class DNNAcousticModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(batch, n_classes)`` for the centre frame of ``x`` ``(batch, window, input_dim)``."""
         start = (x.shape[1] - self.context) // 2
-        spliced = x[:, start:start + self.context].reshape(x.shape[0], -1)
+        spliced = x[:, start : start + self.context].reshape(x.shape[0], -1)
         return self.output(self.hidden(spliced))
 
 
@@ -243,32 +270,57 @@ class CLDNNAcousticModel(nn.Module):
     softmax 5.87 M. We keep the stated sizes and report the difference.
     """
 
-    def __init__(self, input_dim: int = 80, n_classes: int = 5723, window: int = 21, *,
-                 n_bands: int = 40, conv_maps: int = 128, conv_kernel: int = 8, pool: int = 3,
-                 reduction: int = 256, lstm_cells: int = 1024, lstm_projection: int = 512,
-                 lstm_layers: int = 2, dnn_hidden: int = 1024, dnn_layers: int = 2) -> None:
+    def __init__(
+        self,
+        input_dim: int = 80,
+        n_classes: int = 5723,
+        window: int = 21,
+        *,
+        n_bands: int = 40,
+        conv_maps: int = 128,
+        conv_kernel: int = 8,
+        pool: int = 3,
+        reduction: int = 256,
+        lstm_cells: int = 1024,
+        lstm_projection: int = 512,
+        lstm_layers: int = 2,
+        dnn_hidden: int = 1024,
+        dnn_layers: int = 2,
+    ) -> None:
         super().__init__()
-        for name, value in (("input_dim", input_dim), ("n_classes", n_classes), ("n_bands", n_bands),
-                            ("conv_maps", conv_maps), ("conv_kernel", conv_kernel), ("pool", pool),
-                            ("reduction", reduction), ("lstm_cells", lstm_cells),
-                            ("lstm_projection", lstm_projection), ("lstm_layers", lstm_layers),
-                            ("dnn_hidden", dnn_hidden), ("dnn_layers", dnn_layers)):
+        for name, value in (
+            ("input_dim", input_dim),
+            ("n_classes", n_classes),
+            ("n_bands", n_bands),
+            ("conv_maps", conv_maps),
+            ("conv_kernel", conv_kernel),
+            ("pool", pool),
+            ("reduction", reduction),
+            ("lstm_cells", lstm_cells),
+            ("lstm_projection", lstm_projection),
+            ("lstm_layers", lstm_layers),
+            ("dnn_hidden", dnn_hidden),
+            ("dnn_layers", dnn_layers),
+        ):
             _check_positive(name, value)
         _check_window(window)
-        require(input_dim % n_bands == 0, "input_dim", input_dim,
-                f"must be a multiple of n_bands ({n_bands}) for the CLDNN's frequency convolution")
+        require(
+            input_dim % n_bands == 0,
+            "input_dim",
+            input_dim,
+            f"must be a multiple of n_bands ({n_bands}) for the CLDNN's frequency convolution",
+        )
         require(conv_kernel <= n_bands, "conv_kernel", conv_kernel, f"must be <= n_bands ({n_bands})")
-        require(lstm_projection < lstm_cells, "lstm_projection", lstm_projection,
-                f"must be < lstm_cells ({lstm_cells})")
+        require(
+            lstm_projection < lstm_cells, "lstm_projection", lstm_projection, f"must be < lstm_cells ({lstm_cells})"
+        )
         self.input_dim, self.window, self.n_classes = input_dim, window, n_classes
         self.channels, self.n_bands = input_dim // n_bands, n_bands
-        self.conv = nn.Sequential(nn.Conv1d(self.channels, conv_maps, conv_kernel), nn.ReLU(),
-                                  nn.MaxPool1d(pool))
+        self.conv = nn.Sequential(nn.Conv1d(self.channels, conv_maps, conv_kernel), nn.ReLU(), nn.MaxPool1d(pool))
         pooled = (n_bands - conv_kernel + 1) // pool
         require(pooled >= 1, "pool", pool, "leaves no frequency bands after pooling")
         self.reduce = nn.Linear(conv_maps * pooled, reduction)
-        self.lstm = nn.LSTM(reduction, lstm_cells, num_layers=lstm_layers, batch_first=True,
-                            proj_size=lstm_projection)
+        self.lstm = nn.LSTM(reduction, lstm_cells, num_layers=lstm_layers, batch_first=True, proj_size=lstm_projection)
         blocks: list[nn.Module] = []
         width = lstm_projection
         for _ in range(dnn_layers):
@@ -302,7 +354,8 @@ class ModelPreset:
 
 def _blstm(**sizes: Any) -> Callable[..., nn.Module]:
     return lambda *, input_dim, n_classes, window, **options: BLSTMAcousticModel(
-        input_dim=input_dim, n_classes=n_classes, window=window, **(sizes | options))
+        input_dim=input_dim, n_classes=n_classes, window=window, **(sizes | options)
+    )
 
 
 def _dnn(**sizes: Any) -> Callable[..., nn.Module]:
@@ -310,6 +363,7 @@ def _dnn(**sizes: Any) -> Callable[..., nn.Module]:
         merged = sizes | options
         merged["context"] = min(merged["context"], window)
         return DNNAcousticModel(input_dim=input_dim, n_classes=n_classes, window=window, **merged)
+
     return build
 
 
@@ -321,31 +375,43 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     "blstm": ModelPreset(
         builder=_blstm(hidden_per_direction=512, layers=6, projection=256),
         description="IBM BLSTM: 6 x 512/direction, projection 256 (43,154,944 params at 260 -> 32000)",
-        input_dim=260, n_classes=32000, window=21),
+        input_dim=260,
+        n_classes=32000,
+        window=21,
+    ),
     "blstm-small": ModelPreset(
         builder=_blstm(hidden_per_direction=256, layers=2, projection=128),
-        description="CPU-sized BLSTM: 2 x 256/direction, projection 128 (about 2.4 M params)"),
+        description="CPU-sized BLSTM: 2 x 256/direction, projection 128 (about 2.4 M params)",
+    ),
     "tiny-blstm": ModelPreset(
         builder=_blstm(hidden_per_direction=32, layers=1, projection=32),
-        description="test-sized BLSTM: 1 x 32/direction, projection 32 (tens of thousands of params)"),
+        description="test-sized BLSTM: 1 x 32/direction, projection 32 (tens of thousands of params)",
+    ),
     "dnn": ModelPreset(
         builder=_dnn(hidden=1024, layers=6, context=11),
         description="Li et al. DNN: 11 frames x 120, 6 x 1024 ReLU, 5723 states (12.47 M params)",
-        input_dim=120, n_classes=5723, window=11),
+        input_dim=120,
+        n_classes=5723,
+        window=11,
+    ),
     "dnn-small": ModelPreset(
-        builder=_dnn(hidden=256, layers=3, context=11),
-        description="CPU-sized DNN: 11-frame context, 3 x 256 ReLU"),
+        builder=_dnn(hidden=256, layers=3, context=11), description="CPU-sized DNN: 11-frame context, 3 x 256 ReLU"
+    ),
     "cldnn": ModelPreset(
         builder=_cldnn,
         description="Li et al. CLDNN: conv 128 maps, 2 LSTM 1024/512 proj, 2 DNN 1024, 5723 states",
-        input_dim=80, n_classes=5723, window=21),
+        input_dim=80,
+        n_classes=5723,
+        window=21,
+    ),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODEL_PRESETS)
 
 
-def build_model(name: str, *, input_dim: int | None = None, n_classes: int | None = None,
-                window: int | None = None, **options: Any) -> nn.Module:
+def build_model(
+    name: str, *, input_dim: int | None = None, n_classes: int | None = None, window: int | None = None, **options: Any
+) -> nn.Module:
     """Build the preset ``name`` for data of ``input_dim`` features and ``n_classes`` classes.
 
     Parameters
@@ -385,8 +451,7 @@ def build_model(name: str, *, input_dim: int | None = None, n_classes: int | Non
     for key, value in sizes.items():
         if value is None:
             sizes[key] = getattr(preset, key)
-        require(sizes[key] is not None, key, None,
-                f"must be given for model {name!r} (it comes from the data)")
+        require(sizes[key] is not None, key, None, f"must be given for model {name!r} (it comes from the data)")
     try:
         return preset.builder(**sizes, **options)
     except TypeError as exc:

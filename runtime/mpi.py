@@ -86,8 +86,7 @@ class MPITransport(Transport):
     def sendrecv(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int) -> None:
         self._p2p.Sendrecv(_buf(send), dest=peer, sendtag=tag, recvbuf=_buf(recv), source=peer, recvtag=tag)
 
-    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int],
-                       tag: int) -> None:
+    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], tag: int) -> None:
         MPI = self._MPI
         reqs = [self._p2p.Isend(_buf(send), dest=p, tag=tag) for p in peers]
         reqs += [self._p2p.Irecv(_buf(b), source=p, tag=tag) for b, p in zip(recvs, peers)]

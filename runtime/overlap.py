@@ -55,11 +55,22 @@ class OverlappedAllreduce:
         Bucket caps (a parameter larger than the cap gets a bucket of its own).
     """
 
-    def __init__(self, transport: Transport, group: Sequence[int], params: Sequence[torch.nn.Parameter],
-                 flat_grad: torch.Tensor, *, first_bucket_bytes: int = FIRST_BUCKET_BYTES,
-                 bucket_bytes: int = BUCKET_BYTES) -> None:
-        require(first_bucket_bytes >= 1 and bucket_bytes >= 1, "bucket_bytes", (first_bucket_bytes, bucket_bytes),
-                "must be >= 1")
+    def __init__(
+        self,
+        transport: Transport,
+        group: Sequence[int],
+        params: Sequence[torch.nn.Parameter],
+        flat_grad: torch.Tensor,
+        *,
+        first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> None:
+        require(
+            first_bucket_bytes >= 1 and bucket_bytes >= 1,
+            "bucket_bytes",
+            (first_bucket_bytes, bucket_bytes),
+            "must be >= 1",
+        )
         self.transport = transport
         self.group = tuple(group)
         self.flat_grad = flat_grad
@@ -80,7 +91,7 @@ class OverlappedAllreduce:
                 cap, size = bucket_bytes, 0
             buckets[-1].append(span)
             size += nbytes
-        self._views = [flat_grad[min(s[0] for s in b): max(s[1] for s in b)] for b in buckets]
+        self._views = [flat_grad[min(s[0] for s in b) : max(s[1] for s in b)] for b in buckets]
         self._sizes = [len(b) for b in buckets]
         self._bucket_of = {id(s[2]): i for i, b in enumerate(buckets) for s in b}
         self._handles: list[Any] = []

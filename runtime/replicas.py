@@ -51,11 +51,19 @@ def blstm_roles(model: BLSTMAcousticModel) -> dict[str, str]:
     """
     name_of = {id(p): n for n, p in model.named_parameters()}
     lstm = model.lstm
-    require(lstm.bias and lstm.batch_first and lstm.bidirectional, "model", type(model).__name__,
-            "must have a bidirectional, batch-first LSTM with biases to be batched")
+    require(
+        lstm.bias and lstm.batch_first and lstm.bidirectional,
+        "model",
+        type(model).__name__,
+        "must have a bidirectional, batch-first LSTM with biases to be batched",
+    )
     require(lstm.proj_size == 0, "model", "BLSTM with proj_size", "is not supported batched")
-    roles = {f"{w}_l{layer}{sfx}": name_of[id(getattr(lstm, f"{w}_l{layer}{sfx}"))]
-             for layer in range(lstm.num_layers) for sfx in _DIRECTIONS for w in _LSTM_WEIGHTS}
+    roles = {
+        f"{w}_l{layer}{sfx}": name_of[id(getattr(lstm, f"{w}_l{layer}{sfx}"))]
+        for layer in range(lstm.num_layers)
+        for sfx in _DIRECTIONS
+        for w in _LSTM_WEIGHTS
+    }
     for part in ("projection", "output"):
         module = getattr(model, part)
         roles[f"{part}.weight"] = name_of[id(module.weight)]
@@ -69,13 +77,13 @@ def _bilstm_layer(h: Any, p: dict[str, Any], layer: int) -> Any:
     wi_f, wh_f, bi_f, bh_f, wi_r, wh_r, bi_r, bh_r = (p[n] for n in roles)
     R, B, T, D = h.shape
     H = wh_f.shape[-1]
-    wi = torch.stack([wi_f, wi_r], 1)                                      # (R, 2, 4H, D)
+    wi = torch.stack([wi_f, wi_r], 1)  # (R, 2, 4H, D)
     wh = torch.stack([wh_f, wh_r], 1).reshape(R * 2, 4 * H, H).transpose(1, 2)  # (2R, H, 4H)
-    b = torch.stack([bi_f + bh_f, bi_r + bh_r], 1)                         # (R, 2, 4H)
-    xt = h.transpose(1, 2).reshape(R, 1, T * B, D)                         # time-major
+    b = torch.stack([bi_f + bh_f, bi_r + bh_r], 1)  # (R, 2, 4H)
+    xt = h.transpose(1, 2).reshape(R, 1, T * B, D)  # time-major
     xp = (torch.matmul(xt, wi.transpose(-1, -2)) + b[:, :, None, :]).view(R, 2, T, B, 4 * H)
     # step k feeds forward time k and reverse time T-1-k; unbind once (cheap backward)
-    xs = torch.stack([xp[:, 0], xp[:, 1].flip(1)], 2)                      # (R, T, 2, B, 4H)
+    xs = torch.stack([xp[:, 0], xp[:, 1].flip(1)], 2)  # (R, T, 2, B, 4H)
     steps = xs.permute(1, 0, 2, 3, 4).reshape(T, R * 2, B, 4 * H).unbind(0)
     hs = xp.new_zeros(R * 2, B, H)
     c = hs
@@ -124,8 +132,19 @@ class TorchReplicas:
         Largest number of replicas differentiated in one batch (memory bound).
     """
 
-    def __init__(self, model: Any, corpus: Any, *, n_workers: int, window: int, batch: int, seed: int = 0,
-                 heldout: Any = None, max_replicas: int = 64, eval_windows: int = 4096) -> None:
+    def __init__(
+        self,
+        model: Any,
+        corpus: Any,
+        *,
+        n_workers: int,
+        window: int,
+        batch: int,
+        seed: int = 0,
+        heldout: Any = None,
+        max_replicas: int = 64,
+        eval_windows: int = 4096,
+    ) -> None:
         require(isinstance(max_replicas, int) and max_replicas >= 1, "max_replicas", max_replicas, "must be >= 1")
         self.model = model
         self.names = [n for n, _ in model.named_parameters()]
@@ -133,8 +152,10 @@ class TorchReplicas:
         self.numels = [p.numel() for _, p in model.named_parameters()]
         self.n_params = int(sum(self.numels))
         self._x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float32)
-        self.samplers = [WindowSampler(corpus, window=window, batch=batch, rank=r, world_size=n_workers, seed=seed)
-                         for r in range(n_workers)]
+        self.samplers = [
+            WindowSampler(corpus, window=window, batch=batch, rank=r, world_size=n_workers, seed=seed)
+            for r in range(n_workers)
+        ]
         self.batch = batch
         self.max_replicas = max_replicas
         self._roles = blstm_roles(model) if isinstance(model, BLSTMAcousticModel) else None
@@ -154,7 +175,7 @@ class TorchReplicas:
         lead = flat.shape[:-1]
         out, off = {}, 0
         for name, shape, k in zip(self.names, self.shapes, self.numels):
-            out[name] = flat[..., off:off + k].reshape(*lead, *shape)
+            out[name] = flat[..., off : off + k].reshape(*lead, *shape)
             off += k
         return out
 
@@ -185,7 +206,7 @@ class TorchReplicas:
         ``max_replicas`` entries at a time in one batched forward/backward."""
         out: list[tuple[Any, float]] = []
         for i in range(0, len(entries), self.max_replicas):
-            out.extend(self._gradients(entries[i:i + self.max_replicas]))
+            out.extend(self._gradients(entries[i : i + self.max_replicas]))
         return out
 
     def _gradients(self, entries: Sequence[tuple[int, int, Any]]) -> list[tuple[Any, float]]:
@@ -203,10 +224,14 @@ class TorchReplicas:
         if self._roles is not None and self.blstm_layers is not None:
             Pg = P.detach().requires_grad_(True)
             named = self.unflatten(Pg)
-            logits = batched_blstm_logits({role: named[name] for role, name in self._roles.items()}, X,
-                                          self.blstm_layers)
-            losses = F.cross_entropy(logits.reshape(R * Y.shape[1], -1), Y.reshape(-1),
-                                     reduction="none").reshape(R, -1).mean(1)
+            logits = batched_blstm_logits(
+                {role: named[name] for role, name in self._roles.items()}, X, self.blstm_layers
+            )
+            losses = (
+                F.cross_entropy(logits.reshape(R * Y.shape[1], -1), Y.reshape(-1), reduction="none")
+                .reshape(R, -1)
+                .mean(1)
+            )
             (grads,) = torch.autograd.grad(losses.sum(), Pg)
             return grads, losses.detach()
         model = self.model

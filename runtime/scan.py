@@ -49,8 +49,13 @@ def count_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> tu
 
 
 def count_server_requests(algorithm: Algorithm, start: int, steps: int) -> int:
-    return sum(1 for r in range(algorithm.n_workers) for s in range(start, steps)
-               for ex in algorithm.exchanges(s, r) if isinstance(ex, ServerExchange))
+    return sum(
+        1
+        for r in range(algorithm.n_workers)
+        for s in range(start, steps)
+        for ex in algorithm.exchanges(s, r)
+        if isinstance(ex, ServerExchange)
+    )
 
 
 def shard_bounds(n: int, n_shards: int) -> list[tuple[int, int]]:

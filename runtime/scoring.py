@@ -47,8 +47,18 @@ from psgdlab.runtime.batches import eval_windows
 from psgdlab.runtime.data import Corpus
 from psgdlab.runtime.speech import DIGIT_WORDS, STATES_PER_WORD
 
-__all__ = ["frame_accuracy", "utterance_words", "word_error_rate", "state_priors", "word_state_classes",
-           "viterbi_word_scores", "decode_words", "frame_log_posteriors", "predict_frames", "score_corpus"]
+__all__ = [
+    "frame_accuracy",
+    "utterance_words",
+    "word_error_rate",
+    "state_priors",
+    "word_state_classes",
+    "viterbi_word_scores",
+    "decode_words",
+    "frame_log_posteriors",
+    "predict_frames",
+    "score_corpus",
+]
 
 #: utterances per Viterbi batch (bounds the padded ``(U, T, C)`` array)
 _VITERBI_CHUNK = 256
@@ -62,9 +72,12 @@ def frame_accuracy(pred: np.ndarray | torch.Tensor, labels: np.ndarray | torch.T
     return float(np.mean(pred == labels))
 
 
-def utterance_words(pred_states_per_utt: Sequence[np.ndarray], *,
-                    words: Sequence[str] = DIGIT_WORDS,
-                    states_per_word: int = STATES_PER_WORD) -> list[str]:
+def utterance_words(
+    pred_states_per_utt: Sequence[np.ndarray],
+    *,
+    words: Sequence[str] = DIGIT_WORDS,
+    states_per_word: int = STATES_PER_WORD,
+) -> list[str]:
     """One word per utterance by majority vote of its non-silence frames (module docstring).
 
     Parameters
@@ -90,8 +103,12 @@ def utterance_words(pred_states_per_utt: Sequence[np.ndarray], *,
             hypotheses.append("")
             continue
         votes = np.bincount((voiced - 1) // states_per_word, minlength=len(words))
-        require(len(votes) == len(words), "predicted state", int(voiced.max()),
-                f"is beyond the {len(words)} words x {states_per_word} states")
+        require(
+            len(votes) == len(words),
+            "predicted state",
+            int(voiced.max()),
+            f"is beyond the {len(words)} words x {states_per_word} states",
+        )
         hypotheses.append(words[int(np.argmax(votes))])
     return hypotheses
 
@@ -108,11 +125,14 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> flo
     """
     import jiwer
 
-    require(len(references) == len(hypotheses), "hypotheses", len(hypotheses),
-            f"must number the same as references ({len(references)})")
+    require(
+        len(references) == len(hypotheses),
+        "hypotheses",
+        len(hypotheses),
+        f"must number the same as references ({len(references)})",
+    )
     pairs = [(r, h) for r, h in zip(references, hypotheses, strict=True)]
-    require(any(r.strip() for r, _ in pairs), "references", "no words",
-            "must contain at least one word")
+    require(any(r.strip() for r, _ in pairs), "references", "no words", "must contain at least one word")
     out = jiwer.process_words([r for r, _ in pairs], [h for _, h in pairs])
     return float(out.wer)
 
@@ -145,8 +165,12 @@ def state_priors(labels: np.ndarray, n_classes: int, *, floor: float = 1e-5) -> 
     require(isinstance(n_classes, int | np.integer) and n_classes >= 1, "n_classes", n_classes, "must be >= 1")
     require(labels.size > 0, "labels", "empty", "must hold at least one frame")
     require(0 < floor <= 1.0 / n_classes, "floor", floor, f"must be in (0, 1/n_classes = {1.0 / n_classes:.3g}]")
-    require(int(labels.min()) >= 0 and int(labels.max()) < n_classes, "labels",
-            (int(labels.min()), int(labels.max())), f"must lie in [0, {n_classes})")
+    require(
+        int(labels.min()) >= 0 and int(labels.max()) < n_classes,
+        "labels",
+        (int(labels.min()), int(labels.max())),
+        f"must lie in [0, {n_classes})",
+    )
     counts = np.bincount(labels, minlength=n_classes).astype(np.float64)
     priors = np.maximum(counts / counts.sum(), floor)
     return priors / priors.sum()
@@ -168,8 +192,9 @@ def word_state_classes(n_words: int, states_per_word: int) -> np.ndarray:
     return classes
 
 
-def viterbi_word_scores(log_likelihoods_per_utt: Sequence[np.ndarray], *, n_words: int,
-                        states_per_word: int = STATES_PER_WORD) -> np.ndarray:
+def viterbi_word_scores(
+    log_likelihoods_per_utt: Sequence[np.ndarray], *, n_words: int, states_per_word: int = STATES_PER_WORD
+) -> np.ndarray:
     r"""Best path score :math:`V_w` of every word model for every utterance (module docstring).
 
     Parameters
@@ -195,15 +220,22 @@ def viterbi_word_scores(log_likelihoods_per_utt: Sequence[np.ndarray], *, n_word
     classes = word_state_classes(n_words, states_per_word)
     arrays = [np.asarray(a, dtype=np.float64) for a in log_likelihoods_per_utt]
     for u, a in enumerate(arrays):
-        require(a.ndim == 2 and a.shape[0] >= 1, f"log-likelihoods of utterance {u}", a.shape,
-                "must be a non-empty (frames, classes) array")
-        require(a.shape[1] > int(classes.max()), f"log-likelihoods of utterance {u}", a.shape,
-                f"need at least {int(classes.max()) + 1} classes for {n_words} words x {states_per_word} states")
-        require(bool(np.all(np.isfinite(a))), f"log-likelihoods of utterance {u}", "non-finite",
-                "must be finite")
+        require(
+            a.ndim == 2 and a.shape[0] >= 1,
+            f"log-likelihoods of utterance {u}",
+            a.shape,
+            "must be a non-empty (frames, classes) array",
+        )
+        require(
+            a.shape[1] > int(classes.max()),
+            f"log-likelihoods of utterance {u}",
+            a.shape,
+            f"need at least {int(classes.max()) + 1} classes for {n_words} words x {states_per_word} states",
+        )
+        require(bool(np.all(np.isfinite(a))), f"log-likelihoods of utterance {u}", "non-finite", "must be finite")
     out = np.empty((len(arrays), n_words))
     for lo in range(0, len(arrays), _VITERBI_CHUNK):
-        out[lo:lo + _VITERBI_CHUNK] = _viterbi_chunk(arrays[lo:lo + _VITERBI_CHUNK], classes)
+        out[lo : lo + _VITERBI_CHUNK] = _viterbi_chunk(arrays[lo : lo + _VITERBI_CHUNK], classes)
     return out
 
 
@@ -211,7 +243,7 @@ def _viterbi_chunk(arrays: list[np.ndarray], classes: np.ndarray) -> np.ndarray:
     lengths = np.array([len(a) for a in arrays])
     padded = np.zeros((len(arrays), int(lengths.max()), arrays[0].shape[1]))
     for u, a in enumerate(arrays):
-        padded[u, :len(a)] = a
+        padded[u, : len(a)] = a
     last = classes.shape[1] - 1  # trailing silence; last - 1 is the word's last state
     delta = np.full((len(arrays),) + classes.shape, -np.inf)
     delta[:, :, :2] = padded[:, 0][:, classes[:, :2]]
@@ -225,8 +257,13 @@ def _viterbi_chunk(arrays: list[np.ndarray], classes: np.ndarray) -> np.ndarray:
     return final
 
 
-def decode_words(log_posteriors_per_utt: Sequence[np.ndarray], priors: np.ndarray, *,
-                 words: Sequence[str] = DIGIT_WORDS, states_per_word: int = STATES_PER_WORD) -> list[str]:
+def decode_words(
+    log_posteriors_per_utt: Sequence[np.ndarray],
+    priors: np.ndarray,
+    *,
+    words: Sequence[str] = DIGIT_WORDS,
+    states_per_word: int = STATES_PER_WORD,
+) -> list[str]:
     r"""One word per utterance by Viterbi over the word HMMs on scaled likelihoods.
 
     Parameters
@@ -249,8 +286,12 @@ def decode_words(log_posteriors_per_utt: Sequence[np.ndarray], priors: np.ndarra
     scaled = []
     for u, post in enumerate(log_posteriors_per_utt):
         post = np.asarray(post, dtype=np.float64)
-        require(post.ndim == 2 and post.shape[1] == len(priors), f"log-posteriors of utterance {u}", post.shape,
-                f"must be (frames, {len(priors)}) to match the priors")
+        require(
+            post.ndim == 2 and post.shape[1] == len(priors),
+            f"log-posteriors of utterance {u}",
+            post.shape,
+            f"must be (frames, {len(priors)}) to match the priors",
+        )
         scaled.append(post - log_priors)
     scores = viterbi_word_scores(scaled, n_words=len(words), states_per_word=states_per_word)
     best = np.argmax(scores, axis=1)
@@ -277,9 +318,16 @@ def predict_frames(model: nn.Module, corpus: Corpus, *, window: int, batch: int 
     return frame_log_posteriors(model, corpus, window=window, batch=batch).argmax(axis=1)
 
 
-def score_corpus(model: nn.Module, corpus: Corpus, *, window: int, batch: int = 2048,
-                 priors: np.ndarray | None = None, words: Sequence[str] = DIGIT_WORDS,
-                 states_per_word: int = STATES_PER_WORD) -> dict[str, Any]:
+def score_corpus(
+    model: nn.Module,
+    corpus: Corpus,
+    *,
+    window: int,
+    batch: int = 2048,
+    priors: np.ndarray | None = None,
+    words: Sequence[str] = DIGIT_WORDS,
+    states_per_word: int = STATES_PER_WORD,
+) -> dict[str, Any]:
     """Frame accuracy, cross-entropy and WER of ``model`` on every frame of ``corpus``.
 
     Parameters
@@ -301,9 +349,14 @@ def score_corpus(model: nn.Module, corpus: Corpus, *, window: int, batch: int = 
     log_post = frame_log_posteriors(model, corpus, window=window, batch=batch)
     pred = log_post.argmax(axis=1)
     loss = -float(np.mean(log_post[np.arange(len(pred)), corpus.labels]))
-    result: dict[str, Any] = {"frame_accuracy": frame_accuracy(pred, corpus.labels), "loss": loss,
-                              "wer": float("nan"), "wer_vote": float("nan"), "wer_viterbi": float("nan"),
-                              "n_utterances": corpus.n_utterances}
+    result: dict[str, Any] = {
+        "frame_accuracy": frame_accuracy(pred, corpus.labels),
+        "loss": loss,
+        "wer": float("nan"),
+        "wer_vote": float("nan"),
+        "wer_viterbi": float("nan"),
+        "n_utterances": corpus.n_utterances,
+    }
     if any(t.strip() for t in corpus.transcripts):
         refs = list(corpus.transcripts)
         cuts = corpus.offsets[1:-1]

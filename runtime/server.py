@@ -35,8 +35,9 @@ from psgdlab.runtime.transport import Tags, Transport
 __all__ = ["run_server", "server_exchange"]
 
 
-def server_exchange(main: Transport, server: int, *, step: int, rank: int,
-                    message: torch.Tensor) -> tuple[torch.Tensor, int]:
+def server_exchange(
+    main: Transport, server: int, *, step: int, rank: int, message: torch.Tensor
+) -> tuple[torch.Tensor, int]:
     """Send ``message`` to the parameter server (rank ``server``) and wait for its reply.
 
     Returns
@@ -56,8 +57,14 @@ def server_exchange(main: Transport, server: int, *, step: int, rank: int,
     return reply, int(reply_header[0])
 
 
-def run_server(algorithm: Algorithm, workload: Any, channels: dict[str, Transport], *, options: Any,
-               resume_payload: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_server(
+    algorithm: Algorithm,
+    workload: Any,
+    channels: dict[str, Transport],
+    *,
+    options: Any,
+    resume_payload: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Serve every worker's server exchange, one at a time in arrival order (rank ``n_workers``).
 
     Parameters
@@ -82,8 +89,11 @@ def run_server(algorithm: Algorithm, workload: Any, channels: dict[str, Transpor
     main = channels["main"]
     x0 = workload.initial_params().to(main.device)
     if resume_payload is not None:
-        server = ServerState(params=resume_payload["params"].to(main.device), version=int(resume_payload["version"]),
-                             last_pull=dict(resume_payload["last_pull"]))
+        server = ServerState(
+            params=resume_payload["params"].to(main.device),
+            version=int(resume_payload["version"]),
+            last_pull=dict(resume_payload["last_pull"]),
+        )
     else:
         server = algorithm.server_init(x0)
     n_requests = count_server_requests(algorithm, options.start_step, options.steps)
@@ -107,10 +117,13 @@ def run_server(algorithm: Algorithm, workload: Any, channels: dict[str, Transpor
         main.send(torch.tensor([staleness, server.version], dtype=torch.int64), src, Tags.SERVER_REPLY_HEADER)
         main.send(reply.contiguous(), src, Tags.SERVER_REPLY)
         busy += time.perf_counter() - t0
-        if options.run_dir is not None and ((options.checkpoint_every and (i + 1) % every == 0) or stop["flag"]
-                                            or i + 1 == n_requests):
-            ckpt.save_server(options.run_dir, {"params": server.params, "version": server.version,
-                                               "last_pull": dict(server.last_pull)})
+        if options.run_dir is not None and (
+            (options.checkpoint_every and (i + 1) % every == 0) or stop["flag"] or i + 1 == n_requests
+        ):
+            ckpt.save_server(
+                options.run_dir,
+                {"params": server.params, "version": server.version, "last_pull": dict(server.last_pull)},
+            )
         if stop["flag"]:
             break
     span = max(time.perf_counter() - t_start, 1e-9)

@@ -89,8 +89,16 @@ from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime import shm_sys
 from psgdlab.runtime.transport import CHANNELS
 
-__all__ = ["SharedMemoryPlane", "open_plane", "shm_settings", "segment_prefix", "SHM_ENV",
-           "SHM_BYTES_ENV", "DEFAULT_CAPACITY_BYTES", "SUM_DTYPES"]
+__all__ = [
+    "SharedMemoryPlane",
+    "open_plane",
+    "shm_settings",
+    "segment_prefix",
+    "SHM_ENV",
+    "SHM_BYTES_ENV",
+    "DEFAULT_CAPACITY_BYTES",
+    "SUM_DTYPES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +112,19 @@ _PAGE = 4096
 _SPIN = 64  # polls of a word before sleeping on it
 _CHECK_S = 0.5  # liveness check period of a sleeping wait
 #: the dtypes whose allreduce goes through shared memory (others stay on gloo)
-SUM_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
-                         torch.int16, torch.int32, torch.int64})
+SUM_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    }
+)
 
 
 def shm_settings(environ: dict[str, str] | None = None) -> tuple[str, int]:
@@ -185,7 +204,7 @@ class SharedMemoryPlane:
     def region(self, rank: int, channel: int) -> torch.Tensor:
         """The data region (bytes) of ``rank``'s ``channel``."""
         start = self.layout.header_bytes + channel * self.capacity_bytes
-        return self._regions[rank][start:start + self.capacity_bytes]
+        return self._regions[rank][start : start + self.capacity_bytes]
 
     def cell(self, rank: int, index: int) -> int:
         return int(self._cells[rank][index])
@@ -215,8 +234,10 @@ class SharedMemoryPlane:
                 if not shm_sys.is_alive(*self._procs[peer]):
                     raise TransportError(f"rank {self.rank}: rank {peer} died during a shared-memory {what}")
                 if now - start > self.timeout_s:
-                    raise TransportError(f"rank {self.rank}: rank {peer} did not answer a shared-memory {what} "
-                                         f"within {self.timeout_s:.0f} s")
+                    raise TransportError(
+                        f"rank {self.rank}: rank {peer} did not answer a shared-memory {what} "
+                        f"within {self.timeout_s:.0f} s"
+                    )
         return value
 
     def barrier(self, channel: int, group: tuple[int, ...]) -> None:
@@ -240,8 +261,9 @@ class SharedMemoryPlane:
         self._maps.clear()
 
 
-def open_plane(ctrl: Any, *, rank: int, world_size: int, groups: Sequence[tuple[int, ...]],
-               timeout_s: float) -> SharedMemoryPlane | None:
+def open_plane(
+    ctrl: Any, *, rank: int, world_size: int, groups: Sequence[tuple[int, ...]], timeout_s: float
+) -> SharedMemoryPlane | None:
     """Create, exchange, map and unlink the segments of every rank (collective over ``ctrl``).
 
     Returns None when the data plane is off on some rank, unsupported, or this rank has no
@@ -254,8 +276,15 @@ def open_plane(ctrl: Any, *, rank: int, world_size: int, groups: Sequence[tuple[
         return None
     all_groups = sorted({tuple(g) for g in groups if len(g) > 1} | {tuple(range(world_size))})
     layout = _Layout(world=world_size, n_groups=len(all_groups))
-    plane = SharedMemoryPlane(rank=rank, capacity_bytes=min(i[2] for i in infos), single_copy=False,
-                              local=frozenset({rank}), groups={}, layout=layout, timeout_s=timeout_s)
+    plane = SharedMemoryPlane(
+        rank=rank,
+        capacity_bytes=min(i[2] for i in infos),
+        single_copy=False,
+        local=frozenset({rank}),
+        groups={},
+        layout=layout,
+        timeout_s=timeout_s,
+    )
     size = layout.header_bytes + len(CHANNELS) * plane.capacity_bytes
     path = str(SHM_DIR / f"{segment_prefix(os.getpid())}{secrets.token_hex(6)}")
     names: list[Any] = [None] * world_size
@@ -279,10 +308,16 @@ def open_plane(ctrl: Any, *, rank: int, world_size: int, groups: Sequence[tuple[
     plane.local = frozenset(shares[rank])
     plane.groups = {g: i for i, g in enumerate(all_groups) if all(set(g) <= shares[r] for r in g)}
     plane.single_copy = all(i[1] == "auto" for i in infos) and all(
-        p in everyone[r][1] for r in range(world_size) for p in shares[r] - {r})
+        p in everyone[r][1] for r in range(world_size) for p in shares[r] - {r}
+    )
     if len(plane.local) > 1:
-        log.info("rank %d: shared-memory data plane with ranks %s (%d MiB per channel, %s copy)", rank,
-                 sorted(plane.local), plane.capacity_bytes // 2**20, "one" if plane.single_copy else "two")
+        log.info(
+            "rank %d: shared-memory data plane with ranks %s (%d MiB per channel, %s copy)",
+            rank,
+            sorted(plane.local),
+            plane.capacity_bytes // 2**20,
+            "one" if plane.single_copy else "two",
+        )
     return plane
 
 

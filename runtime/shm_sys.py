@@ -37,8 +37,14 @@ class _Iovec(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True) if SUPPORTED else None
 if _libc is not None:
     _libc.syscall.restype = ctypes.c_long
-    _libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
-                                       ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+    _libc.process_vm_readv.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(_Iovec),
+        ctypes.c_ulong,
+        ctypes.POINTER(_Iovec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     _libc.process_vm_readv.restype = ctypes.c_ssize_t
 
 
@@ -46,14 +52,28 @@ def futex_wait(address: int, expected: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at ``address`` holds ``expected`` (at most ``timeout_s``;
     returns at once when it differs; spurious returns are possible: callers re-check)."""
     ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
-    _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAIT),  # type: ignore[union-attr]
-                  ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), None, ctypes.c_int(0))
+    _libc.syscall(
+        ctypes.c_long(_SYS_FUTEX),
+        ctypes.c_void_p(address),
+        ctypes.c_int(_FUTEX_WAIT),  # type: ignore[union-attr]
+        ctypes.c_uint32(expected & 0xFFFFFFFF),
+        ctypes.byref(ts),
+        None,
+        ctypes.c_int(0),
+    )
 
 
 def futex_wake(address: int) -> None:
     """Wake every thread sleeping in :func:`futex_wait` on the word at ``address``."""
-    _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAKE),  # type: ignore[union-attr]
-                  ctypes.c_int(2**31 - 1), None, None, ctypes.c_int(0))
+    _libc.syscall(
+        ctypes.c_long(_SYS_FUTEX),
+        ctypes.c_void_p(address),
+        ctypes.c_int(_FUTEX_WAKE),  # type: ignore[union-attr]
+        ctypes.c_int(2**31 - 1),
+        None,
+        None,
+        ctypes.c_int(0),
+    )
 
 
 def cma_read(pid: int, local_address: int, remote_address: int, nbytes: int) -> None:

@@ -48,8 +48,10 @@ class SharedMemoryTransport(TorchTransport):
     def _fits(self, *tensors: torch.Tensor) -> bool:
         """CPU tensors that the data plane can move: any size with one copy (read in place, and
         allreduces in pieces of the region), at most a region with two."""
-        return all(t.device.type == "cpu" and (self.plane.single_copy or t.nbytes <= self.plane.capacity_bytes)
-                   for t in tensors)
+        return all(
+            t.device.type == "cpu" and (self.plane.single_copy or t.nbytes <= self.plane.capacity_bytes)
+            for t in tensors
+        )
 
     def _shares(self, peer: int, *tensors: torch.Tensor) -> bool:
         return peer != self.rank and peer in self.plane.local and self._fits(*tensors)
@@ -61,16 +63,16 @@ class SharedMemoryTransport(TorchTransport):
             return
         self._exchange(send, [recv], [peer], [True], tag)
 
-    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int],
-                       tag: int) -> None:
+    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], tag: int) -> None:
         shared = [self._shares(p, send, buf) for p, buf in zip(peers, recvs)]
         if not any(shared) or len(set(peers)) < len(peers):  # one slot per reader: no repeated peer
             super().multi_exchange(send, recvs, peers, tag)
             return
         self._exchange(send, list(recvs), list(peers), shared, tag)
 
-    def _exchange(self, send: torch.Tensor, recvs: list[torch.Tensor], peers: list[int], shared: list[bool],
-                  tag: int) -> None:
+    def _exchange(
+        self, send: torch.Tensor, recvs: list[torch.Tensor], peers: list[int], shared: list[bool], tag: int
+    ) -> None:
         """Payloads to the other hosts' peers over gloo; posts, takes and acknowledgements with the others."""
         group = self._ctrl
         reqs = [dist.isend(send, dst=p, group=group, tag=tag) for p, s in zip(peers, shared) if not s]
@@ -97,7 +99,7 @@ class SharedMemoryTransport(TorchTransport):
             address = send.data_ptr()
         else:
             region = plane.region(self.rank, c)
-            region[:send.nbytes].view(send.dtype).view(send.shape).copy_(send)
+            region[: send.nbytes].view(send.dtype).view(send.shape).copy_(send)
             address = region.data_ptr()
         cells = plane._cells[self.rank]
         seqs = []
@@ -105,7 +107,7 @@ class SharedMemoryTransport(TorchTransport):
             for p in readers:
                 seq = plane.posted[(c, p)] = plane.posted.get((c, p), 0) + 1
                 slot = plane.layout.slot(c, p)
-                cells[slot + 1: slot + 4] = (tag, address, send.nbytes)
+                cells[slot + 1 : slot + 4] = (tag, address, send.nbytes)
                 cells[slot] = seq  # after the fields: x86 stores are seen in order
                 plane.publish(plane.layout.post(p), plane.cell(self.rank, plane.layout.post(p)) + 1)
                 seqs.append(seq)
@@ -122,8 +124,10 @@ class SharedMemoryTransport(TorchTransport):
             plane.wait(peer, layout.post(self.rank), partial(operator.ne, posted), "exchange")
         channel, seq, address, nbytes = found
         if nbytes != buf.nbytes:
-            raise TransportError(f"rank {self.rank}: rank {peer} sent {nbytes} bytes with tag {tag}, the receive "
-                                 f"buffer holds {buf.nbytes} (mismatched exchange)")
+            raise TransportError(
+                f"rank {self.rank}: rank {peer} sent {nbytes} bytes with tag {tag}, the receive "
+                f"buffer holds {buf.nbytes} (mismatched exchange)"
+            )
         if plane.single_copy:
             target = buf if buf.is_contiguous() else torch.empty_like(buf, memory_format=torch.contiguous_format)
             shm_sys.cma_read(plane.pid(peer), target.data_ptr(), address, nbytes)
@@ -172,7 +176,7 @@ class SharedMemoryTransport(TorchTransport):
             flat, n = work.view(-1), len(group)
             piece = n * max(1, self.plane.capacity_bytes // ((n - 1) * flat.element_size()))
             for start in range(0, flat.numel(), piece):
-                self._allreduce_one_copy(flat[start:start + piece], group, mean)
+                self._allreduce_one_copy(flat[start : start + piece], group, mean)
         else:
             self._allreduce_two_copies(work.view(-1), group, mean)
         if work is not tensor:
@@ -194,7 +198,7 @@ class SharedMemoryTransport(TorchTransport):
                 ops.append(flat[lo:hi])
                 continue
             k = j if j < me else j - 1
-            part = scratch[k * (hi - lo):(k + 1) * (hi - lo)]
+            part = scratch[k * (hi - lo) : (k + 1) * (hi - lo)]
             shm_sys.cma_read(plane.pid(peer), part.data_ptr(), plane.cell(peer, where) + lo * item, part.nbytes)
             ops.append(part)
         _sum_in_order_(ops, me, flat[lo:hi])
@@ -204,17 +208,19 @@ class SharedMemoryTransport(TorchTransport):
         for j, peer in enumerate(group):
             if j != me:
                 a, b = bounds[j]
-                shm_sys.cma_read(plane.pid(peer), flat[a:b].data_ptr(), plane.cell(peer, where) + a * item,
-                                 (b - a) * item)
+                shm_sys.cma_read(
+                    plane.pid(peer), flat[a:b].data_ptr(), plane.cell(peer, where) + a * item, (b - a) * item
+                )
         plane.barrier(c, group)  # no member returns while another still reads its tensor
 
     def _allreduce_two_copies(self, flat: torch.Tensor, group: tuple[int, ...], mean: bool) -> None:
         """Every member copies its tensor into its region, then sums all regions in group order."""
         plane, c, me = self.plane, self._channel, group.index(self.rank)
-        plane.region(self.rank, c)[:flat.nbytes].view(flat.dtype).copy_(flat)
+        plane.region(self.rank, c)[: flat.nbytes].view(flat.dtype).copy_(flat)
         plane.barrier(c, group)
-        ops = [flat if j == me else plane.region(peer, c)[:flat.nbytes].view(flat.dtype)
-               for j, peer in enumerate(group)]
+        ops = [
+            flat if j == me else plane.region(peer, c)[: flat.nbytes].view(flat.dtype) for j, peer in enumerate(group)
+        ]
         _sum_in_order_(ops, me, flat)
         plane.barrier(c, group)  # every member is done reading the regions
         if mean:

@@ -52,25 +52,27 @@ __all__ = [
     "import_kaldi",
 ]
 
-DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven",
-                                "eight", "nine")
+DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 FSDD_SAMPLE_RATE = 8000
 STATES_PER_WORD = 3
 VAD_THRESHOLD_DB = 25.0
 """A frame is voiced when its energy is within this many dB of the utterance's loudest frame."""
 SILENCE_FLOOR_DB = -75.0
 """A recording whose loudest frame is below this (dB re full scale) has no speech at all."""
-FSDD_CREDIT = ("Free Spoken Digit Dataset (Jakobovski et al., "
-               "https://github.com/Jakobovski/free-spoken-digit-dataset), CC BY-SA 4.0; "
-               "features derived from it are shared under the same licence")
+FSDD_CREDIT = (
+    "Free Spoken Digit Dataset (Jakobovski et al., "
+    "https://github.com/Jakobovski/free-spoken-digit-dataset), CC BY-SA 4.0; "
+    "features derived from it are shared under the same licence"
+)
 _FSDD_NAME = re.compile(r"^(?P<digit>[0-9])_(?P<speaker>[A-Za-z0-9]+)_(?P<index>[0-9]+)\.wav$")
 
 
 # --------------------------------------------------------------------------- stand-in labels
 
 
-def vad_labels(energy_db: np.ndarray, digit: int, *, threshold_db: float = VAD_THRESHOLD_DB,
-               states_per_word: int = STATES_PER_WORD) -> np.ndarray:
+def vad_labels(
+    energy_db: np.ndarray, digit: int, *, threshold_db: float = VAD_THRESHOLD_DB, states_per_word: int = STATES_PER_WORD
+) -> np.ndarray:
     r"""Stand-in frame labels of one isolated-word utterance (see the module docstring).
 
     Voiced frames: :math:`e_t \ge \max_s e_s - \text{threshold\_db}`. With :math:`a` and
@@ -93,17 +95,20 @@ def vad_labels(energy_db: np.ndarray, digit: int, *, threshold_db: float = VAD_T
         The loudest frame is below ``SILENCE_FLOOR_DB`` (a silent recording) or ``digit`` < 0.
     """
     energy_db = np.asarray(energy_db, dtype=np.float64)
-    require(energy_db.ndim == 1 and len(energy_db) >= 1, "energy_db", energy_db.shape,
-            "must be a non-empty 1-D array")
+    require(energy_db.ndim == 1 and len(energy_db) >= 1, "energy_db", energy_db.shape, "must be a non-empty 1-D array")
     require(isinstance(digit, int | np.integer) and digit >= 0, "digit", digit, "must be >= 0")
     peak = float(energy_db.max())
-    require(peak >= SILENCE_FLOOR_DB, "recording", f"peak {peak:.1f} dBFS",
-            f"has no speech (loudest frame below {SILENCE_FLOOR_DB} dBFS)")
+    require(
+        peak >= SILENCE_FLOOR_DB,
+        "recording",
+        f"peak {peak:.1f} dBFS",
+        f"has no speech (loudest frame below {SILENCE_FLOOR_DB} dBFS)",
+    )
     voiced = np.flatnonzero(energy_db >= peak - threshold_db)
     first, last = int(voiced[0]), int(voiced[-1])
     labels = np.zeros(len(energy_db), dtype=np.int32)
     t = np.arange(first, last + 1)
-    labels[first:last + 1] = digit * states_per_word + (states_per_word * (t - first)) // len(t) + 1
+    labels[first : last + 1] = digit * states_per_word + (states_per_word * (t - first)) // len(t) + 1
     return labels
 
 
@@ -145,22 +150,32 @@ def _fsdd_files(directory: Path) -> list[Path]:
         raise FileNotFoundError(f"FSDD folder not found: {directory}")
     folder = directory / "recordings" if (directory / "recordings").is_dir() else directory
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".wav")
-    require(len(files) > 0, "FSDD folder", str(directory),
-            "holds no .wav files (expected recordings/{digit}_{speaker}_{index}.wav)")
+    require(
+        len(files) > 0,
+        "FSDD folder",
+        str(directory),
+        "holds no .wav files (expected recordings/{digit}_{speaker}_{index}.wav)",
+    )
     return files
 
 
 def _parse_fsdd_name(path: Path) -> tuple[int, str, int]:
     match = _FSDD_NAME.match(path.name)
     if match is None:
-        raise ConfigError(f"{path}: file name does not match {{digit}}_{{speaker}}_{{index}}.wav "
-                          "(for example 7_theo_12.wav)")
+        raise ConfigError(
+            f"{path}: file name does not match {{digit}}_{{speaker}}_{{index}}.wav (for example 7_theo_12.wav)"
+        )
     return int(match["digit"]), match["speaker"], int(match["index"])
 
 
-def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-                progress: bool = True, threshold_db: float = VAD_THRESHOLD_DB,
-                speed_factors: Sequence[float] = (1.0,)) -> Path:
+def import_fsdd(
+    directory: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    progress: bool = True,
+    threshold_db: float = VAD_THRESHOLD_DB,
+    speed_factors: Sequence[float] = (1.0,),
+) -> Path:
     """Import the Free Spoken Digit Dataset into an HDF5 corpus.
 
     Parameters
@@ -195,35 +210,46 @@ def import_fsdd(directory: str | os.PathLike[str], out_path: str | os.PathLike[s
     parsed = [(_parse_fsdd_name(p), p) for p in files]
     parsed.sort(key=lambda item: (item[0][1], item[0][0], item[0][2]))
     factors = [float(f) for f in speed_factors]
-    require(len(factors) >= 1 and len(set(factors)) == len(factors), "speed_factors", factors,
-            "must be a non-empty list of distinct factors")
+    require(
+        len(factors) >= 1 and len(set(factors)) == len(factors),
+        "speed_factors",
+        factors,
+        "must be a non-empty list of distinct factors",
+    )
     for factor in factors:
         require(0.5 <= factor <= 2.0, "speed factor", factor, "must lie in [0.5, 2]")
     feats, labels, utt_ids, speakers, transcripts = [], [], [], [], []
-    for (digit, speaker, index), path in tqdm(parsed, desc="fsdd", unit="file", file=sys.stderr,
-                                              disable=not progress):
+    for (digit, speaker, index), path in tqdm(parsed, desc="fsdd", unit="file", file=sys.stderr, disable=not progress):
         rate, signal = read_wav(path)
         if rate != FSDD_SAMPLE_RATE:
-            raise ConfigError(f"{path}: sample rate {rate} Hz, expected {FSDD_SAMPLE_RATE} Hz "
-                              "(FSDD recordings are 8 kHz)")
+            raise ConfigError(
+                f"{path}: sample rate {rate} Hz, expected {FSDD_SAMPLE_RATE} Hz (FSDD recordings are 8 kHz)"
+            )
         for factor in factors:
             prefix = "" if factor == 1.0 else f"sp{factor:g}-"
             perturbed = speed_perturb(signal, factor)
             try:
-                labels.append(vad_labels(frame_energy_db(perturbed, rate), digit,
-                                         threshold_db=threshold_db))
+                labels.append(vad_labels(frame_energy_db(perturbed, rate), digit, threshold_db=threshold_db))
             except ConfigError as exc:
                 raise ConfigError(f"{path}: {exc}") from exc
             feats.append(log_mel_filterbank(perturbed, rate))
             utt_ids.append(f"{prefix}{digit}_{speaker}_{index}")
             speakers.append(prefix + speaker)
             transcripts.append(DIGIT_WORDS[digit])
-    return write_corpus(out_path, features_per_utt=feats, labels_per_utt=labels, utt_ids=utt_ids,
-                        speakers=speakers, transcripts=transcripts,
-                        n_classes=len(DIGIT_WORDS) * STATES_PER_WORD + 1, feature_kind="fbank40",
-                        frame_shift_s=0.01, add_deltas=True,
-                        source=f"Free Spoken Digit Dataset WAV files from {Path(directory)}",
-                        credit=FSDD_CREDIT)
+    return write_corpus(
+        out_path,
+        features_per_utt=feats,
+        labels_per_utt=labels,
+        utt_ids=utt_ids,
+        speakers=speakers,
+        transcripts=transcripts,
+        n_classes=len(DIGIT_WORDS) * STATES_PER_WORD + 1,
+        feature_kind="fbank40",
+        frame_shift_s=0.01,
+        add_deltas=True,
+        source=f"Free Spoken Digit Dataset WAV files from {Path(directory)}",
+        credit=FSDD_CREDIT,
+    )
 
 
 def base_speaker(speaker: str) -> str:
@@ -251,8 +277,9 @@ def _read_table(path: Path, what: str) -> Iterator[tuple[str, np.ndarray]]:
 
 def _read_alignments(path: Path) -> dict[str, np.ndarray]:
     if path.suffix in (".scp", ".ark"):
-        return {key: np.asarray(value).astype(np.int64).reshape(-1)
-                for key, value in _read_table(path, "alignment file")}
+        return {
+            key: np.asarray(value).astype(np.int64).reshape(-1) for key, value in _read_table(path, "alignment file")
+        }
     if not path.exists():
         raise FileNotFoundError(f"alignment file not found: {path}")
     alignments: dict[str, np.ndarray] = {}
@@ -263,8 +290,7 @@ def _read_alignments(path: Path) -> dict[str, np.ndarray]:
         try:
             alignments[fields[0]] = np.array([int(s) for s in fields[1:]], dtype=np.int64)
         except ValueError as exc:
-            raise ConfigError(f"{path}:{number}: alignment of {fields[0]!r} holds a non-integer "
-                              f"state ({exc})") from exc
+            raise ConfigError(f"{path}:{number}: alignment of {fields[0]!r} holds a non-integer state ({exc})") from exc
     return alignments
 
 
@@ -275,9 +301,15 @@ def _read_text_map(path: Path) -> dict[str, str]:
     return {p[0]: (p[1].strip() if len(p) > 1 else "") for p in pairs}
 
 
-def import_kaldi(feats_scp: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-                 alignments: str | os.PathLike[str], n_classes: int | None = None,
-                 add_deltas: bool = False, progress: bool = False) -> Path:
+def import_kaldi(
+    feats_scp: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    alignments: str | os.PathLike[str],
+    n_classes: int | None = None,
+    add_deltas: bool = False,
+    progress: bool = False,
+) -> Path:
     """Import Kaldi features and frame alignments into an HDF5 corpus (``feature_kind="kaldi"``).
 
     Parameters
@@ -319,8 +351,10 @@ def import_kaldi(feats_scp: str | os.PathLike[str], out_path: str | os.PathLike[
             raise ConfigError(f"utterance {utt!r} of {feats_path} has no alignment in {ali_path}")
         matrix = np.asarray(matrix, dtype=np.float32)
         if matrix.ndim != 2 or len(matrix) != len(ali[utt]):
-            raise ConfigError(f"utterance {utt!r}: {len(matrix)} feature frames in {feats_path} but "
-                              f"{len(ali[utt])} alignment labels in {ali_path}")
+            raise ConfigError(
+                f"utterance {utt!r}: {len(matrix)} feature frames in {feats_path} but "
+                f"{len(ali[utt])} alignment labels in {ali_path}"
+            )
         feats.append(matrix)
         labels.append(ali[utt])
         utt_ids.append(utt)
@@ -328,8 +362,15 @@ def import_kaldi(feats_scp: str | os.PathLike[str], out_path: str | os.PathLike[
         n_classes = int(max(int(lab.max()) for lab in labels if len(lab)) + 1)
     utt2spk = _read_text_map(feats_path.parent / "utt2spk")
     text = _read_text_map(feats_path.parent / "text")
-    return write_corpus(out_path, features_per_utt=feats, labels_per_utt=labels, utt_ids=utt_ids,
-                        speakers=[utt2spk.get(u, u) for u in utt_ids],
-                        transcripts=[text.get(u, "") for u in utt_ids], n_classes=n_classes,
-                        feature_kind="kaldi", add_deltas=add_deltas,
-                        source=f"Kaldi features {feats_path} with alignments {ali_path}")
+    return write_corpus(
+        out_path,
+        features_per_utt=feats,
+        labels_per_utt=labels,
+        utt_ids=utt_ids,
+        speakers=[utt2spk.get(u, u) for u in utt_ids],
+        transcripts=[text.get(u, "") for u in utt_ids],
+        n_classes=n_classes,
+        feature_kind="kaldi",
+        add_deltas=add_deltas,
+        source=f"Kaldi features {feats_path} with alignments {ali_path}",
+    )

@@ -25,8 +25,18 @@ __all__ = ["TorchTransport"]
 class TorchTransport(Transport):
     """One channel on torch.distributed (see :mod:`psgdlab.runtime.transport`)."""
 
-    def __init__(self, *, rank: int, world_size: int, device: torch.device, p2p: Any, ctrl: Any, world: Any,
-                 groups: dict[tuple[int, ...], Any], backend: str) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        p2p: Any,
+        ctrl: Any,
+        world: Any,
+        groups: dict[tuple[int, ...], Any],
+        backend: str,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -87,8 +97,7 @@ class TorchTransport(Transport):
             if req is not None:  # None only for a rank outside the group, which no caller is
                 req.wait()
 
-    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int],
-                       tag: int) -> None:
+    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], tag: int) -> None:
         group = self._p2p_group(send)
         reqs = [dist.isend(send, dst=p, group=group, tag=tag) for p in peers]
         reqs += [dist.irecv(buf, src=p, group=group, tag=tag) for buf, p in zip(recvs, peers)]

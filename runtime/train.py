@@ -59,8 +59,13 @@ log = logging.getLogger(__name__)
 
 
 def _lsq_problem(config: TrainConfig) -> LeastSquaresProblem:
-    return LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
-                               n_shards=config.workers, batch=config.batch, seed=config.seed)
+    return LeastSquaresProblem(
+        n_samples=config.lsq_samples_per_worker * config.workers,
+        dim=config.lsq_dim,
+        n_shards=config.workers,
+        batch=config.batch,
+        seed=config.seed,
+    )
 
 
 def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
@@ -69,8 +74,7 @@ def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
     path = config.data
     if path == "synthetic":
         tmp = Path(tempfile.mkdtemp(prefix=f"psgdlab-synth-{rank}-"))
-        path = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=config.synthetic_utterances,
-                                    seed=config.seed))
+        path = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=config.synthetic_utterances, seed=config.seed))
     held = list(config.held_out_speakers)
     train_corpus = load_corpus(path, exclude_speakers=held or None)
     held_corpus = load_corpus(path, speakers=held) if held else None
@@ -87,8 +91,9 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
     from psgdlab.runtime.scoring import score_corpus, state_priors
 
     train_corpus, held = _corpora(config, rank)
-    sampler = WindowSampler(train_corpus, window=config.window, batch=config.batch, rank=rank,
-                            world_size=config.workers, seed=config.seed)
+    sampler = WindowSampler(
+        train_corpus, window=config.window, batch=config.batch, rank=rank, world_size=config.workers, seed=config.seed
+    )
     total_windows = max(1, train_corpus.n_frames // config.window)
     spe = max(1, math.ceil(total_windows / (config.batch * config.workers)))
     evaluator = None
@@ -97,15 +102,19 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
 
         def evaluator(model: torch.nn.Module, _held: Any = held) -> dict[str, float]:
             scores = score_corpus(model, _held, window=config.window, priors=priors)
-            return {**{key: float(scores[key]) for key in HELD_OUT_KEYS},
-                    "wer_by_speaker": scores.get("wer_by_speaker", {})}
+            return {
+                **{key: float(scores[key]) for key in HELD_OUT_KEYS},
+                "wer_by_speaker": scores.get("wer_by_speaker", {}),
+            }
 
     def factory() -> torch.nn.Module:
-        return build_model(config.model, input_dim=train_corpus.input_dim, n_classes=train_corpus.n_classes,
-                           window=config.window)
+        return build_model(
+            config.model, input_dim=train_corpus.input_dim, n_classes=train_corpus.n_classes, window=config.window
+        )
 
-    workload = ModuleWorkload(factory, sampler, samples_per_step=config.batch, seed=config.seed, device=device,
-                              evaluator=evaluator)
+    workload = ModuleWorkload(
+        factory, sampler, samples_per_step=config.batch, seed=config.seed, device=device, evaluator=evaluator
+    )
     return workload, spe
 
 
@@ -129,8 +138,13 @@ def _progress_bar(total: int, initial: int) -> Callable[[int, float, float], Non
     return update
 
 
-def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | None = None,
-          env: LaunchEnv | None = None, master: tuple[str, int] | None = None) -> dict[str, Any] | None:
+def train(
+    config: TrainConfig,
+    *,
+    workload_factory: Callable[[int, int], Any] | None = None,
+    env: LaunchEnv | None = None,
+    master: tuple[str, int] | None = None,
+) -> dict[str, Any] | None:
     """Run this rank's part of the training run ``config``; returns the summary on rank 0.
 
     Parameters
@@ -147,12 +161,17 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
     world = world_size_of(config)
     if env.world_size != world:
         server = " (workers + 1 parameter server)" if algorithm.has_server else ""
-        raise ConfigError(f"world size ({env.world_size}) from the launcher must be {world}{server} for "
-                          f"--workers {config.workers} with {config.algorithm}")
+        raise ConfigError(
+            f"world size ({env.world_size}) from the launcher must be {world}{server} for "
+            f"--workers {config.workers} with {config.algorithm}"
+        )
     rank = env.rank
     # NCCL: the workload lives on this rank's GPU, where the transport moves the payloads
-    device = torch.device("cuda", env.local_rank % torch.cuda.device_count()) \
-        if config.backend == "nccl" and torch.cuda.is_available() else None
+    device = (
+        torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        if config.backend == "nccl" and torch.cuda.is_available()
+        else None
+    )
     if workload_factory is not None:
         workload, spe = workload_factory(min(rank, config.workers - 1), config.workers), None
     else:
@@ -178,31 +197,50 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
             resume_payload = ckpt.load_server(out)
     torch.set_num_threads(1)
     groups = collect_groups(algorithm, steps)
-    channels = open_channels(config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master,
-                             device=device)
+    channels = open_channels(
+        config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master, device=device
+    )
     main = channels["main"]
     stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
     main.broadcast(stamp, 0, tuple(range(world)))
     origin = float(stamp.item())
-    base_lr = lr_schedule(config.lr_schedule, lr=config.lr,
-                          total_batch=config.batch * config.workers, steps_per_epoch=spe or max(steps, 1),
-                          total_steps=steps, lr_final=config.lr_final)
+    base_lr = lr_schedule(
+        config.lr_schedule,
+        lr=config.lr,
+        total_batch=config.batch * config.workers,
+        steps_per_epoch=spe or max(steps, 1),
+        total_steps=steps,
+        lr_final=config.lr_final,
+    )
     options = DriverOptions(
-        steps=steps, lr_of=base_lr, start_step=start_step,
+        steps=steps,
+        lr_of=base_lr,
+        start_step=start_step,
         compute_time=ComputeTime.parse(config.compute_time) if config.compute_time else None,
         stragglers=StragglerModel.parse(config.straggler, seed=config.seed, n_workers=config.workers),
-        run_dir=out, checkpoint_every=config.checkpoint_every, record_params=config.record_params,
-        seed=config.seed, evaluate_every=(spe or 0) if config.evaluate else 0,
-        progress=_progress_bar(steps, start_step) if rank == 0 else None)
+        run_dir=out,
+        checkpoint_every=config.checkpoint_every,
+        record_params=config.record_params,
+        seed=config.seed,
+        evaluate_every=(spe or 0) if config.evaluate else 0,
+        progress=_progress_bar(steps, start_step) if rank == 0 else None,
+    )
     t0 = time.time()
     try:
         if rank < config.workers:
-            result: Any = run_worker(algorithm, workload, channels, options=options, origin=origin,
-                                     resume_payload=resume_payload)
+            result: Any = run_worker(
+                algorithm, workload, channels, options=options, origin=origin, resume_payload=resume_payload
+            )
         else:
             info = run_server(algorithm, workload, channels, options=options, resume_payload=resume_payload)
-            result = RankResult(rank=rank, trace=empty_trace(), final_params=None,
-                                trajectory=None, evaluations=[], extra={"server": info})
+            result = RankResult(
+                rank=rank,
+                trace=empty_trace(),
+                final_params=None,
+                trajectory=None,
+                evaluations=[],
+                extra={"server": info},
+            )
     except RuntimeError as exc:
         if isinstance(exc, TransportError):
             raise
@@ -222,13 +260,23 @@ def train(config: TrainConfig, *, workload_factory: Callable[[int, int], Any] | 
     assert results is not None
     # held-out scoring after training: the other ranks have left, the training time is measured
     next(r for r in results if r.rank == 0).evaluations = _score_snapshots(workload, snapshots)
-    return _write_run_dir(config, algorithm, results, steps=steps, start_step=start_step, out=out,
-                          world=world, wall_s=wall_s, evaluate=workload.evaluate if config.evaluate else None,
-                          payload=_payload(workload))
+    return _write_run_dir(
+        config,
+        algorithm,
+        results,
+        steps=steps,
+        start_step=start_step,
+        out=out,
+        world=world,
+        wall_s=wall_s,
+        evaluate=workload.evaluate if config.evaluate else None,
+        payload=_payload(workload),
+    )
 
 
-def _mean_snapshots(main: Any, snapshots: list[tuple[int, torch.Tensor]], *, rank: int,
-                    workers: int) -> list[tuple[int, torch.Tensor]]:
+def _mean_snapshots(
+    main: Any, snapshots: list[tuple[int, torch.Tensor]], *, rank: int, workers: int
+) -> list[tuple[int, torch.Tensor]]:
     """On rank 0, the mean over the workers of their snapshots (a decentralized run's replicas
     differ: their mean is the model a user keeps; synchronous replicas equal it); ``[]`` on the
     other ranks. Collective over the workers (a server rank returns at once). Every worker
@@ -258,14 +306,27 @@ def _score_snapshots(workload: Any, snapshots: list[tuple[int, torch.Tensor]]) -
         t0 = time.perf_counter()
         scores = workload.evaluate(params.to(getattr(workload, "device", params.device)))
         evaluations.append({"step": step, **scores, "score_s": time.perf_counter() - t0})
-        log.info("held-out after step %d: %s", step,
-                 ", ".join(f"{k} {v:.4g}" for k, v in scores.items() if isinstance(v, float)))
+        log.info(
+            "held-out after step %d: %s",
+            step,
+            ", ".join(f"{k} {v:.4g}" for k, v in scores.items() if isinstance(v, float)),
+        )
     return evaluations
 
 
-def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult], *, steps: int, start_step: int,
-                   out: Path | None, world: int, wall_s: float, evaluate: Callable | None,
-                   payload: dict[str, int] | None = None) -> dict[str, Any]:
+def _write_run_dir(
+    config: TrainConfig,
+    algorithm: Any,
+    results: list[RankResult],
+    *,
+    steps: int,
+    start_step: int,
+    out: Path | None,
+    world: int,
+    wall_s: float,
+    evaluate: Callable | None,
+    payload: dict[str, int] | None = None,
+) -> dict[str, Any]:
     workers = [r for r in results if r.rank < config.workers]
     trace = np.concatenate([r.trace for r in workers])
     if start_step > 0 and out is not None and (out / "trace.npz").is_file():
@@ -285,38 +346,68 @@ def _write_run_dir(config: TrainConfig, algorithm: Any, results: list[RankResult
     stride = max(1, len(steps_idx) // 1000)
     summary["loss_curve"] = {"step": [int(s) for s in steps_idx[::stride]], "loss": curve[::stride]}
     summary.pop("workers")  # a case key of the Summary below
-    summary.update({"backend": config.backend, "world_size": world, "samples_per_step": samples,
-                    "steps_per_worker": steps, "wall_s": wall_s, **(payload or {})})
+    summary.update(
+        {
+            "backend": config.backend,
+            "world_size": world,
+            "samples_per_step": samples,
+            "steps_per_worker": steps,
+            "wall_s": wall_s,
+            **(payload or {}),
+        }
+    )
     if config.compute_time:  # steps whose real compute outlasted --compute-time (emulation not honoured)
         summary["compute_time_overrun_steps"] = int(sum(r.extra.get("compute_overruns", 0) for r in workers))
     if algorithm.has_server:
-        summary["server"] = {"rank": config.workers, **next(r.extra["server"] for r in results
-                                                             if r.rank == config.workers)}
+        summary["server"] = {
+            "rank": config.workers,
+            **next(r.extra["server"] for r in results if r.rank == config.workers),
+        }
     finals = [r.final_params for r in sorted(workers, key=lambda r: r.rank)]
     if all(f is not None for f in finals):
         stack = np.stack(finals)
         summary["consensus_distance"] = float(np.sum((stack - stack.mean(axis=0)) ** 2))
         if evaluate is not None and config.model == LSQ_MODEL:
-            summary.update({f"mean_model_{k}": v for k, v in
-                            evaluate(torch.as_tensor(stack.mean(axis=0))).items()})
+            summary.update({f"mean_model_{k}": v for k, v in evaluate(torch.as_tensor(stack.mean(axis=0))).items()})
     evaluations = [e for r in workers for e in r.evaluations]
     if evaluations:
         summary["held_out"] = evaluations
         summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {config.workers} workers"
         summary["held_out_last"] = evaluations[-1]
     params = algorithm.params()
-    case = Summary(source="runtime", algorithm=str(params["algorithm"]), algorithm_params=params,
-                   workers=config.workers, figures=summary)
+    case = Summary(
+        source="runtime",
+        algorithm=str(params["algorithm"]),
+        algorithm_params=params,
+        workers=config.workers,
+        figures=summary,
+    )
     if out is None:
         return case.to_json()
     run = RunDir(out)
-    run.write_json("config.resolved.json", {"train": config.to_json(), "algorithm": algorithm.params(),
-                                            "steps": steps, "world_size": world,
-                                            "server_rank": config.workers if algorithm.has_server else None})
-    run.write_json("env.json", environment(source="runtime", world_size=world,
-                                           extra={"backend": config.backend, "torch_threads": 1}))
-    meta = {"source": "runtime", "n_workers": config.workers, "samples_per_step": samples,
-            "algorithm": algorithm.params(), "backend": config.backend, "run_id": out.name, **(payload or {})}
+    run.write_json(
+        "config.resolved.json",
+        {
+            "train": config.to_json(),
+            "algorithm": algorithm.params(),
+            "steps": steps,
+            "world_size": world,
+            "server_rank": config.workers if algorithm.has_server else None,
+        },
+    )
+    run.write_json(
+        "env.json",
+        environment(source="runtime", world_size=world, extra={"backend": config.backend, "torch_threads": 1}),
+    )
+    meta = {
+        "source": "runtime",
+        "n_workers": config.workers,
+        "samples_per_step": samples,
+        "algorithm": algorithm.params(),
+        "backend": config.backend,
+        "run_id": out.name,
+        **(payload or {}),
+    }
     schedules = {r.extra["allreduce_algorithm"] for r in workers if r.extra.get("allreduce_algorithm")}
     if len(schedules) == 1:  # what psgdlab calibrate fits the allreduce's latency rounds with
         meta["allreduce_algorithm"] = schedules.pop()
@@ -352,4 +443,3 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     atomic_write_bytes(path, buf.getvalue())
-

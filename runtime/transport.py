@@ -120,8 +120,9 @@ class Transport(ABC):
         """
         pool = self._async_pool
         if pool is None:
-            pool = self._async_pool = ThreadPoolExecutor(max_workers=1,
-                                                         thread_name_prefix=f"psgdlab-allreduce-{self.rank}")
+            pool = self._async_pool = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"psgdlab-allreduce-{self.rank}"
+            )
         future: Any = pool.submit(self.allreduce_sum, tensor, group)
         future.wait = future.result
         return future
@@ -154,8 +155,7 @@ class Transport(ABC):
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Pickle-gather ``obj`` of every rank to ``root`` (``None`` elsewhere)."""
 
-    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int],
-                       tag: int) -> None:
+    def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], tag: int) -> None:
         """Send ``send`` to every peer and receive one tensor from each (gossip); default:
         pairwise exchanges in peer order, safe because every peer runs the same order."""
         for buf, peer in sorted(zip(recvs, peers), key=lambda bp: bp[1]):
@@ -201,7 +201,8 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
                 rank, size = int(env[rank_key]), int(env[size_key])
                 local = int(env.get(local_key, rank))
             except ValueError:
-                raise ConfigError(f"launcher variables {rank_key}={env[rank_key]!r}, {size_key}={env[size_key]!r} "
-                                  f"are not integers") from None
+                raise ConfigError(
+                    f"launcher variables {rank_key}={env[rank_key]!r}, {size_key}={env[size_key]!r} are not integers"
+                ) from None
             return LaunchEnv(rank=rank, world_size=size, local_rank=local, launcher=launcher)
     return LaunchEnv(rank=0, world_size=1, local_rank=0, launcher="single")

@@ -55,8 +55,9 @@ class LeastSquaresWorkload:
     (torch.Size([3]), torch.float64)
     """
 
-    def __init__(self, problem: LeastSquaresProblem, *, dtype: torch.dtype = torch.float64,
-                 device: torch.device | None = None) -> None:
+    def __init__(
+        self, problem: LeastSquaresProblem, *, dtype: torch.dtype = torch.float64, device: torch.device | None = None
+    ) -> None:
         self.problem = problem
         A, b = problem.data()
         self.device = device or torch.device("cpu")
@@ -98,10 +99,17 @@ class ModuleWorkload:
         Held-out scoring (frame accuracy, WER), run with the weights loaded.
     """
 
-    def __init__(self, model_factory: Callable[[], torch.nn.Module], sampler: Any, *, samples_per_step: int,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, seed: int = 0,
-                 device: torch.device | None = None,
-                 evaluator: Callable[[torch.nn.Module], dict[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        model_factory: Callable[[], torch.nn.Module],
+        sampler: Any,
+        *,
+        samples_per_step: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        seed: int = 0,
+        device: torch.device | None = None,
+        evaluator: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    ) -> None:
         torch.manual_seed(seed)
         self.device = device or torch.device("cpu")
         self.model = model_factory().to(self.device)

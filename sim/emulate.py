@@ -94,24 +94,24 @@ _COMPUTE, _COMM, _WAIT = PHASES["compute"], PHASES["comm"], PHASES["wait"]
 class EventKind(enum.Enum):
     """What the emulator does at an event (one :class:`Applier` method each)."""
 
-    READ = "read"                        # a compute record starts: snapshot, pending gradient
-    PAIR_SEND = "pair_send"              # the passive side of a pairwise exchange answers
-    PAIR_MERGE = "pair_merge"            # one side of a pairwise exchange merges
-    GOSSIP_MERGE = "gossip_merge"        # a gossip exchange merges the neighbours' models
-    GRAD_ALLREDUCE = "grad_allreduce"    # a group's gradients are averaged
-    APPLY = "apply"                      # local_update with the step's gradient
+    READ = "read"  # a compute record starts: snapshot, pending gradient
+    PAIR_SEND = "pair_send"  # the passive side of a pairwise exchange answers
+    PAIR_MERGE = "pair_merge"  # one side of a pairwise exchange merges
+    GOSSIP_MERGE = "gossip_merge"  # a gossip exchange merges the neighbours' models
+    GRAD_ALLREDUCE = "grad_allreduce"  # a group's gradients are averaged
+    APPLY = "apply"  # local_update with the step's gradient
     MODEL_ALLREDUCE = "model_allreduce"  # a group's models are averaged and combined
-    SERVER = "server"                    # a server exchange: message, server apply, combine
+    SERVER = "server"  # a server exchange: message, server apply, combine
 
 
 class ReplayEvent(NamedTuple):
     """One emulator event; events apply in the order of the first five fields."""
 
     time_s: float
-    phase: int   # tie-break class at equal times (the reference executor's phase order)
+    phase: int  # tie-break class at equal times (the reference executor's phase order)
     step: int
     rank: int
-    seq: int     # creation order: the last tie-break
+    seq: int  # creation order: the last tie-break
     kind: EventKind
     data: Any = None
 
@@ -165,8 +165,9 @@ class EmulationResult:
         if "accuracy" in ev and len(ev["accuracy"]):
             out["final_accuracy"] = float(ev["accuracy"][-1])
         losses = self.batch_loss[np.isfinite(self.batch_loss)]
-        out["final_batch_loss"] = float(np.mean(self.batch_loss[:, -1][np.isfinite(self.batch_loss[:, -1])])) \
-            if losses.size else None
+        out["final_batch_loss"] = (
+            float(np.mean(self.batch_loss[:, -1][np.isfinite(self.batch_loss[:, -1])])) if losses.size else None
+        )
         return out
 
 
@@ -190,8 +191,10 @@ class _Indexer:
         if compute.size == 0:
             raise SimulationError("trace has no compute records to replay")
         if int(compute["rank"].max()) >= n or int(compute["rank"].min()) < 0:
-            raise SimulationError(f"trace ranks [{compute['rank'].min()}, {compute['rank'].max()}] do not fit "
-                                  f"{algorithm.name} with {n} workers")
+            raise SimulationError(
+                f"trace ranks [{compute['rank'].min()}, {compute['rank'].max()}] do not fit "
+                f"{algorithm.name} with {n} workers"
+            )
         self.n_steps = int(compute["step"].max()) + 1
         self.logical = meta.get("source") == "reference"
         self.delay = int(algorithm.gradient_delay)
@@ -240,8 +243,9 @@ class _Indexer:
         i = self.ar_seen.get((r, s), 0)
         self.ar_seen[(r, s)] = i + 1
         if i >= len(ars):
-            raise SimulationError(f"trace has an allreduce at rank {r} step {s} that {self.algorithm.name}'s "
-                                  f"schedule does not have")
+            raise SimulationError(
+                f"trace has an allreduce at rank {r} step {s} that {self.algorithm.name}'s schedule does not have"
+            )
         ex = ars[i]
         key = (ex.group, s)
         if ex.payload == "grad":
@@ -258,8 +262,10 @@ class _Indexer:
             return  # a wait for the step's averaging, not an exchange
         ex = next((e for e in self.schedule(s, r) if isinstance(e, PairwiseAverage) and e.peer == p), None)
         if ex is None:
-            raise SimulationError(f"trace has a pairwise exchange of rank {r} with {p} at step {s} that "
-                                  f"{self.algorithm.name}'s schedule does not have")
+            raise SimulationError(
+                f"trace has a pairwise exchange of rank {r} with {p} at step {s} that "
+                f"{self.algorithm.name}'s schedule does not have"
+            )
         if not ex.active:
             return  # the active side's record stands for the pair
         back = next((e for e in self.schedule(s, p) if isinstance(e, PairwiseAverage) and e.peer == r), None)
@@ -303,8 +309,9 @@ class _Indexer:
             if s >= self.n_steps:
                 continue
             handler = self.by_kind.get(int(rec["kind"]), self.no_exchange)
-            handler(int(rec["rank"]), s, int(rec["phase"]), float(rec["start_s"]), float(rec["end_s"]),
-                    int(rec["peer"]))
+            handler(
+                int(rec["rank"]), s, int(rec["phase"]), float(rec["start_s"]), float(rec["end_s"]), int(rec["peer"])
+            )
         n, n_steps, apply_t = self.n, self.n_steps, self.apply_t
         for (r, s), t in self.mix_end.items():  # the gradient of step s + D waits for the mix of step s
             if s + self.delay < n_steps:
@@ -354,8 +361,15 @@ class Applier:
         Initial model (default: the replicas' initial point).
     """
 
-    def __init__(self, algorithm: Algorithm, replicas: Replicas, *, n_steps: int, lr_of: Callable[[int], float],
-                 x0: Array | None = None) -> None:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        replicas: Replicas,
+        *,
+        n_steps: int,
+        lr_of: Callable[[int], float],
+        x0: Array | None = None,
+    ) -> None:
         n = self.n = algorithm.n_workers
         self.algorithm, self.replicas, self.lr_of = algorithm, replicas, lr_of
         self.delay = int(algorithm.gradient_delay)
@@ -363,9 +377,9 @@ class Applier:
         self.states = [algorithm.init_state(x0, r) for r in range(n)]
         self.server_state = algorithm.server_init(x0) if algorithm.has_server else None
         self.merges = np.zeros(n, dtype=np.int64)
-        self.reads: dict[tuple[int, int], tuple[Array, int]] = {}     # (r, s) -> (snapshot, merges)
-        self.step_start: dict[tuple[int, int], Array] = {}            # own mix sends: model at step start
-        self.pending: dict[tuple[int, int], Array] = {}               # gradients not computed yet
+        self.reads: dict[tuple[int, int], tuple[Array, int]] = {}  # (r, s) -> (snapshot, merges)
+        self.step_start: dict[tuple[int, int], Array] = {}  # own mix sends: model at step start
+        self.pending: dict[tuple[int, int], Array] = {}  # gradients not computed yet
         self.grads: dict[tuple[int, int], Array] = {}
         self.read_merges: dict[tuple[int, int], int] = {}
         self.shard_results: dict[tuple[int, int], Array] = {}
@@ -374,7 +388,8 @@ class Applier:
         self.batches: list[int] = []
         self.applied = 0
         self.handlers: dict[EventKind, Callable[[ReplayEvent], None]] = {
-            kind: getattr(self, kind.value) for kind in EventKind}
+            kind: getattr(self, kind.value) for kind in EventKind
+        }
 
     def __call__(self, event: ReplayEvent) -> None:
         self.handlers[event.kind](event)
@@ -429,11 +444,13 @@ class Applier:
             split, mix = self.replicas.split, self.algorithm.mix
             a_sent = self.step_start[(pair.active, pair.step)]
             k, sh = pair.ex_a.n_shards, pair.ex_a.shard
-            self.shard_results[(pair.active, pair.step)] = mix(pair.ex_a, split(a_sent, k, sh),
-                                                               split(pair.sent_p, k, sh))
+            self.shard_results[(pair.active, pair.step)] = mix(
+                pair.ex_a, split(a_sent, k, sh), split(pair.sent_p, k, sh)
+            )
             k, sh = pair.ex_p.n_shards, pair.ex_p.shard
-            self.shard_results[(pair.passive, pair.step)] = mix(pair.ex_p, split(pair.sent_p, k, sh),
-                                                                split(a_sent, k, sh))
+            self.shard_results[(pair.passive, pair.step)] = mix(
+                pair.ex_p, split(pair.sent_p, k, sh), split(a_sent, k, sh)
+            )
 
     def pair_merge(self, ev: ReplayEvent) -> None:
         pair, active_side = ev.data
@@ -441,8 +458,9 @@ class Applier:
         ex = pair.ex_a if active_side else pair.ex_p
         own_sent = self.step_start.get((pair.active, pair.step)) if active_side else pair.sent_p
         if own_sent is None or pair.sent_p is None:
-            raise SimulationError(f"pairwise exchange of ranks {pair.active}/{pair.passive} at step {pair.step} "
-                                  f"merges before it was sent")
+            raise SimulationError(
+                f"pairwise exchange of ranks {pair.active}/{pair.passive} at step {pair.step} merges before it was sent"
+            )
         if ex.n_shards == 1:
             other = pair.sent_p if active_side else self.step_start[(pair.active, pair.step)]
             self.merge(r, own_sent, self.algorithm.mix(ex, own_sent, other))
@@ -451,8 +469,9 @@ class Applier:
         for g in ex.gather_group:
             part = self.shard_results.get((g, pair.step))
             if part is None:
-                raise SimulationError(f"rank {r} merges the sharded exchange of step {pair.step} before member "
-                                      f"{g} averaged its slice")
+                raise SimulationError(
+                    f"rank {r} merges the sharded exchange of step {pair.step} before member {g} averaged its slice"
+                )
             parts.append(part)
         self.merge(r, own_sent, self.replicas.concat(parts))
 
@@ -461,8 +480,9 @@ class Applier:
         try:
             received = [self.step_start[(j, s)] for j in ex.peers]
         except KeyError:
-            raise SimulationError(f"gossip of rank {r} at step {s} merges before a neighbour started "
-                                  f"step {s}") from None
+            raise SimulationError(
+                f"gossip of rank {r} at step {s} merges before a neighbour started step {s}"
+            ) from None
         own = self.step_start[(r, s)]
         self.merge(r, own, self.algorithm.mix(ex, own, received))
 
@@ -500,9 +520,16 @@ class Applier:
 class _Recorder:
     """Rounds (every ``n`` applied gradients) and evaluations of the mean model."""
 
-    def __init__(self, applier: Applier, *, n_steps: int, steps_per_epoch: float | None,
-                 eval_every_rounds: int | None, eval_points: int,
-                 on_epoch: Callable[[int, dict[str, float]], None] | None) -> None:
+    def __init__(
+        self,
+        applier: Applier,
+        *,
+        n_steps: int,
+        steps_per_epoch: float | None,
+        eval_every_rounds: int | None,
+        eval_points: int,
+        on_epoch: Callable[[int, dict[str, float]], None] | None,
+    ) -> None:
         self.applier, self.n, self.n_steps, self.on_epoch = applier, applier.n, n_steps, on_epoch
         self.spe = float(steps_per_epoch) if steps_per_epoch else float(n_steps)
         self.every = eval_every_rounds or max(1, n_steps // max(eval_points, 1))
@@ -544,10 +571,19 @@ class _Recorder:
             self.evaluate(last_t)
 
 
-def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Replicas, *,
-           lr: float | Callable[[int], float] = 0.05, meta: Mapping[str, Any] | None = None,
-           x0: Array | None = None, steps_per_epoch: float | None = None, eval_every_rounds: int | None = None,
-           eval_points: int = 20, on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> EmulationResult:
+def replay(
+    algorithm: Algorithm,
+    trace: np.ndarray,
+    replicas: Replicas,
+    *,
+    lr: float | Callable[[int], float] = 0.05,
+    meta: Mapping[str, Any] | None = None,
+    x0: Array | None = None,
+    steps_per_epoch: float | None = None,
+    eval_every_rounds: int | None = None,
+    eval_points: int = 20,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+) -> EmulationResult:
     """Replay ``trace`` with real replicas (see the module docstring).
 
     Parameters
@@ -580,8 +616,14 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Replicas, *,
     n, n_steps = index.n_workers, index.n_steps
     lr_of = lr if callable(lr) else (lambda _s, _v=float(lr): _v)
     applier = Applier(algorithm, replicas, n_steps=n_steps, lr_of=lr_of, x0=x0)
-    recorder = _Recorder(applier, n_steps=n_steps, steps_per_epoch=steps_per_epoch,
-                         eval_every_rounds=eval_every_rounds, eval_points=eval_points, on_epoch=on_epoch)
+    recorder = _Recorder(
+        applier,
+        n_steps=n_steps,
+        steps_per_epoch=steps_per_epoch,
+        eval_every_rounds=eval_every_rounds,
+        eval_points=eval_points,
+        on_epoch=on_epoch,
+    )
     last_t = 0.0
     round_due: tuple[float, int] | None = None  # recorded once this instant's post exchanges are done
     for ev in index.events:
@@ -601,10 +643,21 @@ def replay(algorithm: Algorithm, trace: np.ndarray, replicas: Replicas, *,
     rr, ss = out_trace["rank"][sel], out_trace["step"][sel]
     out_trace["staleness"][sel] = applier.staleness[rr, ss]
     out_trace["loss"][sel] = applier.batch_loss[rr, ss].astype(np.float32)
-    out_meta = {**meta, "source": "emulator", "replayed_source": meta.get("source"), "n_workers": n,
-                "algorithm": algorithm.params()}
+    out_meta = {
+        **meta,
+        "source": "emulator",
+        "replayed_source": meta.get("source"),
+        "n_workers": n,
+        "algorithm": algorithm.params(),
+    }
     return EmulationResult(
-        params=applier.models, staleness=applier.staleness, batch_loss=applier.batch_loss,
+        params=applier.models,
+        staleness=applier.staleness,
+        batch_loss=applier.batch_loss,
         rounds={k: np.asarray(v) for k, v in recorder.rounds.items()},
         evals={k: np.asarray(v) for k, v in recorder.evals.items()},
-        trace=out_trace, meta=out_meta, server=applier.server_state, gradient_batches=applier.batches)
+        trace=out_trace,
+        meta=out_meta,
+        server=applier.server_state,
+        gradient_batches=applier.batches,
+    )

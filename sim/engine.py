@@ -93,8 +93,13 @@ _WAIT = PHASES["wait"]
 _OVERLAP = PHASES["overlap"]
 _NAN = math.nan
 _K_NONE, _K_ALLREDUCE, _K_PAIR, _K_GOSSIP, _K_SERVER, _K_BARRIER = (
-    int(ExchangeKind.NONE), int(ExchangeKind.ALLREDUCE), int(ExchangeKind.PAIRWISE), int(ExchangeKind.GOSSIP),
-    int(ExchangeKind.SERVER), int(ExchangeKind.BARRIER))  # plain ints in the hot loop
+    int(ExchangeKind.NONE),
+    int(ExchangeKind.ALLREDUCE),
+    int(ExchangeKind.PAIRWISE),
+    int(ExchangeKind.GOSSIP),
+    int(ExchangeKind.SERVER),
+    int(ExchangeKind.BARRIER),
+)  # plain ints in the hot loop
 
 
 @dataclass(slots=True)
@@ -108,9 +113,16 @@ class SimResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
-                  stragglers: StragglerModel | None = None, network: Network | None = None,
-                  streams: Sequence[int] | None = None) -> np.ndarray:
+def compute_times(
+    workload: Workload,
+    n_workers: int,
+    steps: int,
+    *,
+    seed: int,
+    stragglers: StragglerModel | None = None,
+    network: Network | None = None,
+    streams: Sequence[int] | None = None,
+) -> np.ndarray:
     """Per-(worker, step) compute times in seconds, drawn up front (shape ``(n, steps)``).
 
     Worker ``r`` draws from ``numpy.random.default_rng([seed, r])`` so adding workers does not
@@ -123,8 +135,9 @@ def compute_times(workload: Workload, n_workers: int, steps: int, *, seed: int,
     """
     dist = workload.compute_time
     order = list(range(n_workers)) if streams is None else [int(x) for x in streams]
-    require(sorted(order) == list(range(n_workers)), "streams", streams,
-            f"must be a permutation of the {n_workers} ranks")
+    require(
+        sorted(order) == list(range(n_workers)), "streams", streams, f"must be a permutation of the {n_workers} ranks"
+    )
     out = np.empty((n_workers, steps))
     for r in range(n_workers):
         out[r] = dist.sample(np.random.default_rng([seed, order[r], 0x5EED]), steps)
@@ -157,8 +170,9 @@ class _CountingEnvironment(simpy.Environment):
         super().__init__()
         self.scheduled = 0
 
-    def schedule(self, event: simpy.Event, priority: simpy.events.EventPriority = simpy.events.NORMAL,
-                 delay: float = 0) -> None:
+    def schedule(
+        self, event: simpy.Event, priority: simpy.events.EventPriority = simpy.events.NORMAL, delay: float = 0
+    ) -> None:
         self.scheduled += 1
         _schedule(self, event, priority, delay)
 
@@ -177,8 +191,9 @@ def _release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) -
 class _Sim:
     """One simulation's state; :meth:`worker` is the simpy process of one worker."""
 
-    def __init__(self, algorithm: Algorithm, network: Network, workload: Workload, comp: np.ndarray,
-                 steps: int, record: bool) -> None:
+    def __init__(
+        self, algorithm: Algorithm, network: Network, workload: Workload, comp: np.ndarray, steps: int, record: bool
+    ) -> None:
         self.env = _CountingEnvironment()
         self.alg = algorithm
         self.net = network
@@ -223,8 +238,9 @@ class _Sim:
         nbytes = self.pair_bytes.get(ex.n_shards)
         if nbytes is None:
             nbytes = self.pair_bytes[ex.n_shards] = wire_bytes(ex, self.n_params, self.itemsize)[0]
-        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1,
-                                      model_bytes=self.S)
+        dur = self.net.pair_average_s(
+            r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1, model_bytes=self.S
+        )
         end = start + dur
         self.comm_free[r] = end
         self.resp_free[peer] = end
@@ -291,8 +307,9 @@ class _Sim:
         env = self.env
         now = env.now
         start = max(now, self.server_busy)
-        end = start + (self.server_s if self.net.platform.host_cpu is None else
-                       self.net.server_s(self.S, rank=r, start=start))
+        end = start + (
+            self.server_s if self.net.platform.host_cpu is None else self.net.server_s(self.S, rank=r, start=start)
+        )
         self.server_busy = end
         stale = self.server_version - self.last_pull[r]
         self.server_version += 1
@@ -393,7 +410,10 @@ class _Sim:
             for ex in post:
                 T = type(ex)
                 if T is ServerExchange:
-                    stale = yield from self.server(r, s, )
+                    stale = yield from self.server(
+                        r,
+                        s,
+                    )
                 elif T is AllReduce:
                     yield from self.collective(r, s, ex, _K_ALLREDUCE)
                 else:
@@ -404,9 +424,19 @@ class _Sim:
                 yield timeout(overhead_s)
 
 
-def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, steps: int, seed: int = 0,
-             stragglers: StragglerModel | None = None, gpus_per_node: int | None = None,
-             record: bool = True, until: str = "first", streams: Sequence[int] | None = None) -> SimResult:
+def simulate(
+    algorithm: Algorithm,
+    platform: Platform,
+    workload: Workload,
+    *,
+    steps: int,
+    seed: int = 0,
+    stragglers: StragglerModel | None = None,
+    gpus_per_node: int | None = None,
+    record: bool = True,
+    until: str = "first",
+    streams: Sequence[int] | None = None,
+) -> SimResult:
     """Simulate ``steps`` local steps of every worker of ``algorithm``.
 
     Parameters
@@ -458,8 +488,10 @@ def simulate(algorithm: Algorithm, platform: Platform, workload: Workload, *, st
     try:
         sim.env.run(until=simpy.AnyOf(sim.env, procs) if until == "first" else simpy.AllOf(sim.env, procs))
     except RuntimeError as exc:
-        raise SimulationError(f"simulation of {algorithm.name} stalled with {len(sim.coll)} collectives "
-                              f"waiting for members: the schedule is inconsistent ({exc})") from None
+        raise SimulationError(
+            f"simulation of {algorithm.name} stalled with {len(sim.coll)} collectives "
+            f"waiting for members: the schedule is inconsistent ({exc})"
+        ) from None
     t_stop = sim.env.now
     tb = TraceBuilder()
     tb.extend(row for row in sim.rows if row[5] <= t_stop)  # tuples already in TRACE_DTYPE order

@@ -56,8 +56,17 @@ import numpy as np
 
 from psgdlab.core.profile import Defaults, Link, Platform, Profile, ServerSpec, Workload
 
-__all__ = ["TABLE_TARGETS", "COMPUTE_4096_S", "LOADER_BUFFER_CV", "PARAM_NAMES", "FitResult", "gtx1080_profile",
-           "simulated_speedups", "fit_gtx1080", "write_preset"]
+__all__ = [
+    "TABLE_TARGETS",
+    "COMPUTE_4096_S",
+    "LOADER_BUFFER_CV",
+    "PARAM_NAMES",
+    "FitResult",
+    "gtx1080_profile",
+    "simulated_speedups",
+    "fit_gtx1080",
+    "write_preset",
+]
 
 #: (algorithm, minibatch frames, period) -> published speedup on 4 GPUs (ALGORITHMS.md §D.3,
 #: Tables 4 and 5; Table 4's BMUF rows are Table 5's minibatch-4096 rows)
@@ -81,8 +90,16 @@ COMPUTE_4096_S = 0.06
 #: CV of the loader's buffer sizes [INF]: weakly constrained by the tables (fits with 0.03 to 0.3 are
 #: equally good); 0.3 lets a window of a few hundred steps see the workers' refill phases mix
 LOADER_BUFFER_CV = 0.3
-PARAM_NAMES = ("compute_fixed_s", "cv", "pcie_bandwidth_bytes_per_s", "input_bytes_per_sample",
-               "loader_s_per_sample", "loader_buffer_samples", "server_bandwidth_bytes_per_s", "service_overhead_s")
+PARAM_NAMES = (
+    "compute_fixed_s",
+    "cv",
+    "pcie_bandwidth_bytes_per_s",
+    "input_bytes_per_sample",
+    "loader_s_per_sample",
+    "loader_buffer_samples",
+    "server_bandwidth_bytes_per_s",
+    "service_overhead_s",
+)
 FIT_BLOCKS = 24  # simulated window: this many sync periods
 MIN_STEPS = 960  # and at least this many steps
 FIT_SEEDS = (0, 1)  # the fit and the test use the mean speedup of these seeds
@@ -105,41 +122,61 @@ class FitResult:
         return max(abs(e) for e in self.relative_errors.values())
 
 
-def gtx1080_profile(params: dict[str, float], *, notes: tuple[str, ...] = (),
-                    provenance: dict[str, str] | None = None) -> Profile:
+def gtx1080_profile(
+    params: dict[str, float], *, notes: tuple[str, ...] = (), provenance: dict[str, str] | None = None
+) -> Profile:
     """The preset as a profile for the given fitted parameters (``notes`` and ``provenance``: the
     comments it writes, :mod:`psgdlab.core.profile`)."""
     return Profile(
         platform=Platform(
             name="librispeech-gtx1080",
             description="one node of 8 GTX1080, Kaldi + OpenMPI (Li et al. 2017), calibrated on Tables 4-5",
-            hosts=1, devices_per_host=8, sockets_per_host=2, device="GTX1080",
-            host_memory_bandwidth_bytes_per_s=2.0e10, staging="host",
+            hosts=1,
+            devices_per_host=8,
+            sockets_per_host=2,
+            device="GTX1080",
+            host_memory_bandwidth_bytes_per_s=2.0e10,
+            staging="host",
             pcie=Link(latency_s=1.0e-5, bandwidth_bytes_per_s=float(params["pcie_bandwidth_bytes_per_s"])),
             nic=Link(latency_s=2.0e-5, bandwidth_bytes_per_s=1.25e9),
-            server=ServerSpec(latency_s=1.0e-5, bandwidth_bytes_per_s=float(params["server_bandwidth_bytes_per_s"]),
-                              service_overhead_s=float(params["service_overhead_s"]), apply_on_host=True),
+            server=ServerSpec(
+                latency_s=1.0e-5,
+                bandwidth_bytes_per_s=float(params["server_bandwidth_bytes_per_s"]),
+                service_overhead_s=float(params["service_overhead_s"]),
+                apply_on_host=True,
+            ),
         ),
         workload=Workload(
-            name="dnn-13.5m", description="6x1024 ReLU DNN, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
-            n_params=13_500_000, itemsize=4,
+            name="dnn-13.5m",
+            description="6x1024 ReLU DNN, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
+            n_params=13_500_000,
+            itemsize=4,
             compute=f"lognormal:{COMPUTE_4096_S}:{float(params['cv']):.6g}",
-            reference_batch=4096, batch_per_worker=4096,
+            reference_batch=4096,
+            batch_per_worker=4096,
             compute_fixed_s=float(params["compute_fixed_s"]),
             input_bytes_per_sample=float(params["input_bytes_per_sample"]),
             loader_buffer_samples=float(params["loader_buffer_samples"]),
             loader_s_per_sample=float(params["loader_s_per_sample"]),
             loader_buffer_cv=LOADER_BUFFER_CV,
-            samples_per_epoch=3.46e8, epochs=10.0,
+            samples_per_epoch=3.46e8,
+            epochs=10.0,
             sample_unit="frames",
         ),
         defaults=Defaults(algorithms=("bmuf", "asgd", "bsp", "easgd"), workers=(1, 2, 4, 8), period=5),
-        source="sim/fit.py", notes=notes, provenance=dict(provenance or {}),
+        source="sim/fit.py",
+        notes=notes,
+        provenance=dict(provenance or {}),
     )
 
 
-def simulated_speedups(params: dict[str, float], *, seeds: tuple[int, ...] = FIT_SEEDS, blocks: int = FIT_BLOCKS,
-                       targets: dict[tuple[str, int, int], float] = TABLE_TARGETS) -> dict[tuple[str, int, int], float]:
+def simulated_speedups(
+    params: dict[str, float],
+    *,
+    seeds: tuple[int, ...] = FIT_SEEDS,
+    blocks: int = FIT_BLOCKS,
+    targets: dict[tuple[str, int, int], float] = TABLE_TARGETS,
+) -> dict[tuple[str, int, int], float]:
     """Speedups of the ``targets`` entries simulated with the preset built from ``params``: the
     mean over ``seeds`` of :func:`~psgdlab.sim.predict.predict_one` with a window of ``blocks``
     sync periods (at least ``MIN_STEPS`` steps), as ``psgdlab predict --steps`` runs them."""
@@ -147,22 +184,37 @@ def simulated_speedups(params: dict[str, float], *, seeds: tuple[int, ...] = FIT
 
     config = gtx1080_profile(params)
     out = {}
-    for (alg, batch, period) in targets:
+    for alg, batch, period in targets:
         cfg = replace(config, workload=config.workload.with_batch(batch))
         steps = max(MIN_STEPS, blocks * period)
-        out[(alg, batch, period)] = float(np.mean([
-            predict_one(alg, WORKERS, cfg, steps=steps, period=period, seed=seed).row["speedup"] for seed in seeds]))
+        out[(alg, batch, period)] = float(
+            np.mean(
+                [predict_one(alg, WORKERS, cfg, steps=steps, period=period, seed=seed).row["speedup"] for seed in seeds]
+            )
+        )
     return out
 
 
 #: starting point of the fit (an exploratory minimax fit with a Monte-Carlo stand-in for 4-worker
 #: BMUF: blocks of max-of-sums of step times) and the bounds of the non-server parameters
-_X0 = {"compute_fixed_s": 0.00756, "cv": 0.0014, "pcie_bandwidth_bytes_per_s": 3.2e9, "input_bytes_per_sample": 3.4e4,
-       "loader_s_per_sample": 6.1e-6, "loader_buffer_samples": 2.1e4, "server_bandwidth_bytes_per_s": 3.0e10,
-       "service_overhead_s": 0.06}
-_BOUNDS = {"compute_fixed_s": (1e-5, COMPUTE_4096_S * 0.99), "cv": (1e-4, 1.0),
-           "pcie_bandwidth_bytes_per_s": (1e8, 1e11), "input_bytes_per_sample": (1.0, 1e6),
-           "loader_s_per_sample": (1e-9, 1e-3), "loader_buffer_samples": (64.0, 1e7)}
+_X0 = {
+    "compute_fixed_s": 0.00756,
+    "cv": 0.0014,
+    "pcie_bandwidth_bytes_per_s": 3.2e9,
+    "input_bytes_per_sample": 3.4e4,
+    "loader_s_per_sample": 6.1e-6,
+    "loader_buffer_samples": 2.1e4,
+    "server_bandwidth_bytes_per_s": 3.0e10,
+    "service_overhead_s": 0.06,
+}
+_BOUNDS = {
+    "compute_fixed_s": (1e-5, COMPUTE_4096_S * 0.99),
+    "cv": (1e-4, 1.0),
+    "pcie_bandwidth_bytes_per_s": (1e8, 1e11),
+    "input_bytes_per_sample": (1.0, 1e6),
+    "loader_s_per_sample": (1e-9, 1e-3),
+    "loader_buffer_samples": (64.0, 1e7),
+}
 _SERVER = ("server_bandwidth_bytes_per_s", "service_overhead_s")
 
 
@@ -170,8 +222,9 @@ def _relative_errors(sp: dict[tuple[str, int, int], float]) -> dict[tuple[str, i
     return {k: v / TABLE_TARGETS[k] - 1.0 for k, v in sp.items()}
 
 
-def fit_gtx1080(*, seeds: tuple[int, ...] = FIT_SEEDS, minimax_iter: int = 150,
-                x0: dict[str, float] | None = None) -> FitResult:
+def fit_gtx1080(
+    *, seeds: tuple[int, ...] = FIT_SEEDS, minimax_iter: int = 150, x0: dict[str, float] | None = None
+) -> FitResult:
     """Minimise the largest relative error of the BMUF entries over the six non-server
     parameters (Nelder-Mead in log space from ``x0``, at most ``minimax_iter`` iterations; 0
     keeps ``x0``), then least-squares the two server parameters on the ASGD entries, then
@@ -196,8 +249,10 @@ def fit_gtx1080(*, seeds: tuple[int, ...] = FIT_SEEDS, minimax_iter: int = 150,
         z = minimize(worst, z, method="Nelder-Mead", options={"maxiter": minimax_iter, "xatol": 1e-3, "fatol": 1e-5}).x
     params = _refit_server(with_x(z), seeds=seeds)
     sp = simulated_speedups(params, seeds=seeds)
-    heldout = {seed: max(abs(e) for e in _relative_errors(simulated_speedups(params, seeds=(seed,))).values())
-               for seed in HELDOUT_SEEDS}
+    heldout = {
+        seed: max(abs(e) for e in _relative_errors(simulated_speedups(params, seeds=(seed,))).values())
+        for seed in HELDOUT_SEEDS
+    }
     return FitResult(params=params, speedups=sp, relative_errors=_relative_errors(sp), heldout_max_errors=heldout)
 
 
@@ -214,29 +269,40 @@ def _refit_server(params: dict[str, float], *, seeds: tuple[int, ...] = FIT_SEED
 
     z0 = [params["server_bandwidth_bytes_per_s"] / 1e9, params["service_overhead_s"] / 1e-2]
     sol = least_squares(residual, z0, bounds=([0.1, 0.0], [100.0, 50.0]), diff_step=0.02, max_nfev=30)
-    return {**params, "server_bandwidth_bytes_per_s": float(sol.x[0] * 1e9),
-            "service_overhead_s": float(sol.x[1] * 1e-2)}
+    return {
+        **params,
+        "server_bandwidth_bytes_per_s": float(sol.x[0] * 1e9),
+        "service_overhead_s": float(sol.x[1] * 1e-2),
+    }
 
 
 #: provenance of each preset value (ALGORITHMS.md tags; "fitted" = set by :func:`fit_gtx1080`)
 _TAGS = {
-    "platform.hosts": "[S003] one node", "platform.devices_per_host": "[S003] 8 GTX1080",
-    "platform.sockets_per_host": "[INF]", "platform.host_memory_bandwidth_bytes_per_s": "[INF]",
+    "platform.hosts": "[S003] one node",
+    "platform.devices_per_host": "[S003] 8 GTX1080",
+    "platform.sockets_per_host": "[INF]",
+    "platform.host_memory_bandwidth_bytes_per_s": "[INF]",
     "platform.staging": "[INF] MPI messages staged through host memory",
     "platform.pcie.latency_s": "[INF]",
     "platform.pcie.bandwidth_bytes_per_s": "fitted: effective per-socket bandwidth of the host-staged MPI path",
     "platform.nic.latency_s": "[INF] unused on one host",
     "platform.nic.bandwidth_bytes_per_s": "[INF] unused on one host",
-    "platform.server.latency_s": "[INF]", "platform.server.bandwidth_bytes_per_s": "fitted (ASGD entries)",
-    "platform.server.service_overhead_s": "fitted (ASGD entries)", "platform.server.apply_on_host": "[INF]",
-    "workload.n_params": "[S003 §3.1] 13.5M", "workload.itemsize": "[INF] fp32",
+    "platform.server.latency_s": "[INF]",
+    "platform.server.bandwidth_bytes_per_s": "fitted (ASGD entries)",
+    "platform.server.service_overhead_s": "fitted (ASGD entries)",
+    "platform.server.apply_on_host": "[INF]",
+    "workload.n_params": "[S003 §3.1] 13.5M",
+    "workload.itemsize": "[INF] fp32",
     "workload.compute": "mean [INF] (sets the time scale only), CV fitted",
-    "workload.reference_batch": "[S003 Tab.4] 4096 frames", "workload.batch_per_worker": "[S003 Tab.4]",
+    "workload.reference_batch": "[S003 Tab.4] 4096 frames",
+    "workload.batch_per_worker": "[S003 Tab.4]",
     "workload.compute_fixed_s": "fitted",
     "workload.input_bytes_per_sample": "fitted (1320 fp32 inputs are 5280 B [DER])",
     "workload.loader_buffer_samples": "fitted [INF] (Kaldi nnet1's randomizer buffer is 32768 frames [BK])",
-    "workload.loader_s_per_sample": "fitted", "workload.loader_buffer_cv": "[INF] whole utterances per buffer",
-    "workload.samples_per_epoch": "[DER] 960 h x 100 frames/s", "workload.epochs": "[INF]",
+    "workload.loader_s_per_sample": "fitted",
+    "workload.loader_buffer_cv": "[INF] whole utterances per buffer",
+    "workload.samples_per_epoch": "[DER] 960 h x 100 frames/s",
+    "workload.epochs": "[INF]",
 }
 
 
@@ -246,7 +312,7 @@ def write_preset(result: FitResult, path: str | Path | None = None) -> Path:
     if path is None:
         path = Path(__file__).resolve().parent / "presets" / "librispeech-gtx1080.toml"
     notes = [
-        "Li, Zhang, Xie, Yu, \"Empirical Evaluation of Parallel Training Algorithms on Acoustic Modeling\"",
+        'Li, Zhang, Xie, Yu, "Empirical Evaluation of Parallel Training Algorithms on Acoustic Modeling"',
         "(arXiv 1703.05880; ALGORITHMS.md §D.3): one node of 8 GTX1080, 13.5M-parameter DNN, LibriSpeech.",
         "GENERATED by `python -m psgdlab.sim.fit` (sim/fit.py); do not edit by hand. Fitted to the",
         "simulated speedups of Tables 4 and 5 (4 GPUs): compute_fixed_s, the compute CV, the effective",
@@ -258,13 +324,19 @@ def write_preset(result: FitResult, path: str | Path | None = None) -> Path:
         "steps) vs published speedup:",
     ]
     for k, v in result.speedups.items():
-        notes.append(f"  {k[0]} mb={k[1]} period={k[2]}: {v:.3f} vs {TABLE_TARGETS[k]:.2f} "
-                     f"({100 * result.relative_errors[k]:+.1f} %)")
+        notes.append(
+            f"  {k[0]} mb={k[1]} period={k[2]}: {v:.3f} vs {TABLE_TARGETS[k]:.2f} "
+            f"({100 * result.relative_errors[k]:+.1f} %)"
+        )
     if result.heldout_max_errors:
-        notes.append("Largest error with one held-out seed alone: " + ", ".join(
-            f"seed {s}: {100 * e:.1f} %" for s, e in result.heldout_max_errors.items()))
-    notes += ["[platform.host_cpu] (cores_per_host, work_per_message_s, work_per_byte_s) is left out: no source gives",
-              "the CPU work of communication on this system, and GPU-direct transfers do not hold host cores."]
+        notes.append(
+            "Largest error with one held-out seed alone: "
+            + ", ".join(f"seed {s}: {100 * e:.1f} %" for s, e in result.heldout_max_errors.items())
+        )
+    notes += [
+        "[platform.host_cpu] (cores_per_host, work_per_message_s, work_per_byte_s) is left out: no source gives",
+        "the CPU work of communication on this system, and GPU-direct transfers do not hold host cores.",
+    ]
     rounded = {k: float(f"{v:.6g}") for k, v in result.params.items()}
     return gtx1080_profile(rounded, notes=tuple(notes), provenance=_TAGS).write(path)
 
@@ -277,10 +349,14 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a cali
     parser = argparse.ArgumentParser(
         prog="python -m psgdlab.sim.fit",
         description="Fit the librispeech-gtx1080 preset to the published speedups of Li et al. (2017), Tables 4 "
-                    "and 5, print the residuals, and write the preset (several minutes).")
-    parser.add_argument("--out", metavar="FILE.toml", default=None,
-                        help="where to write the fitted preset "
-                             "(default: the shipped sim/presets/librispeech-gtx1080.toml)")
+        "and 5, print the residuals, and write the preset (several minutes).",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="FILE.toml",
+        default=None,
+        help="where to write the fitted preset (default: the shipped sim/presets/librispeech-gtx1080.toml)",
+    )
     args = parser.parse_args(argv)
     result = fit_gtx1080()
     path = write_preset(result, args.out)

@@ -150,8 +150,12 @@ class Network:
                 return (), (), self._intra_lat, False
             links = (H + sa,) if sa == sb else (H + sa, H + sb)
             return links, (self._pcie_bw,) * len(links), self._intra_lat, False
-        return ((H + sa, ha, hb, H + sb), (self._pcie_bw, self._nic_bw, self._nic_bw, self._pcie_bw),
-                self._inter_lat, True)
+        return (
+            (H + sa, ha, hb, H + sb),
+            (self._pcie_bw, self._nic_bw, self._nic_bw, self._pcie_bw),
+            self._inter_lat,
+            True,
+        )
 
     def transfer_s(self, a: int, b: int, nbytes: float, start: float) -> float:
         """Time to move ``nbytes`` from worker ``a`` to ``b`` (each way, full duplex)."""
@@ -164,8 +168,9 @@ class Network:
             self._register(links, start, start + dur)
         return dur
 
-    def pair_average_s(self, a: int, b: int, nbytes: float, start: float, gather: int = 1,
-                       model_bytes: float = 0.0) -> float:
+    def pair_average_s(
+        self, a: int, b: int, nbytes: float, start: float, gather: int = 1, model_bytes: float = 0.0
+    ) -> float:
         """Pairwise average of ``nbytes`` between ``a`` and ``b`` (+ an allgather of ``gather``
         shards of ``model_bytes`` inside each host afterwards)."""
         if self._staging == "direct":

@@ -92,12 +92,16 @@ class Placement:
         m = min(m, n_workers) if per_host is None else m
         require(isinstance(m, int) and m >= 1, "gpus_per_node", m, "must be an integer >= 1")
         if m > platform.devices_per_host:
-            raise ConfigError(f"gpus_per_node ({m}) must be <= the platform's devices per host "
-                              f"({platform.devices_per_host}) on {platform.name}")
+            raise ConfigError(
+                f"gpus_per_node ({m}) must be <= the platform's devices per host "
+                f"({platform.devices_per_host}) on {platform.name}"
+            )
         hosts_used = -(-n_workers // m)
         if hosts_used > platform.hosts:
-            raise ConfigError(f"workers ({n_workers}) need {hosts_used} hosts of {m} devices but {platform.name} "
-                              f"has {platform.hosts} hosts; use fewer workers or a larger platform")
+            raise ConfigError(
+                f"workers ({n_workers}) need {hosts_used} hosts of {m} devices but {platform.name} "
+                f"has {platform.hosts} hosts; use fewer workers or a larger platform"
+            )
         k = platform.sockets_per_host
         host = tuple(r // m for r in range(n_workers))
         socket = tuple((r // m) * k + ((r % m) * k) // m for r in range(n_workers))

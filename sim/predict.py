@@ -35,8 +35,7 @@ from psgdlab.sim.engine import SimResult, simulate
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["Prediction", "predict_one", "predict_sweep", "build_algorithm", "STEADY_TOLERANCE",
-           "DEFAULT_STEPS"]
+__all__ = ["Prediction", "predict_one", "predict_sweep", "build_algorithm", "STEADY_TOLERANCE", "DEFAULT_STEPS"]
 
 STEADY_TOLERANCE = 0.03
 DEFAULT_STEPS = 200
@@ -51,8 +50,16 @@ class Prediction:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def build_algorithm(name: str, n_workers: int, config: SimConfig, *, period: int | None = None,
-                    variant: str | None = None, gpus_per_node: int | None = None, seed: int = 0) -> Algorithm:
+def build_algorithm(
+    name: str,
+    n_workers: int,
+    config: SimConfig,
+    *,
+    period: int | None = None,
+    variant: str | None = None,
+    gpus_per_node: int | None = None,
+    seed: int = 0,
+) -> Algorithm:
     """The algorithm ``name`` for ``n_workers``, built by
     :func:`~psgdlab.core.algorithms.algorithm_from_flags` (a flag ``name`` does not take is an
     error).
@@ -69,8 +76,7 @@ def build_algorithm(name: str, n_workers: int, config: SimConfig, *, period: int
         return algorithm_from_flags("sgd", 1, seed=seed)
     if gpus_per_node is None:
         gpus_per_node = min(config.platform.devices_per_host, n_workers)
-    return algorithm_from_flags(name, n_workers, seed=seed, period=period, variant=variant,
-                                gpus_per_node=gpus_per_node)
+    return algorithm_from_flags(name, n_workers, seed=seed, period=period, variant=variant, gpus_per_node=gpus_per_node)
 
 
 def sweep_flags(name: str, flags: dict[str, Any]) -> dict[str, Any]:
@@ -106,26 +112,48 @@ def _window(algorithm: Algorithm, steps: int | None) -> int:
     return max(DEFAULT_STEPS, 10 * int(period))
 
 
-def _prepare(name: str, n_workers: int, config: SimConfig, *, period: int | None, variant: str | None,
-             gpus_per_node: int | None, stragglers: str | None, seed: int,
-             workers_per_host: int | None = None) -> tuple[Algorithm, StragglerModel | None]:
+def _prepare(
+    name: str,
+    n_workers: int,
+    config: SimConfig,
+    *,
+    period: int | None,
+    variant: str | None,
+    gpus_per_node: int | None,
+    stragglers: str | None,
+    seed: int,
+    workers_per_host: int | None = None,
+) -> tuple[Algorithm, StragglerModel | None]:
     """The algorithm and straggler model of one configuration, with its placement checked (every
     configuration error surfaces here, before anything is simulated; placement as in
     :func:`predict_one`)."""
-    algorithm = build_algorithm(name, n_workers, config, period=period, variant=variant,
-                                gpus_per_node=gpus_per_node, seed=seed)
+    algorithm = build_algorithm(
+        name, n_workers, config, period=period, variant=variant, gpus_per_node=gpus_per_node, seed=seed
+    )
     model = StragglerModel.parse(stragglers, seed=seed, n_workers=n_workers) if stragglers else None
-    per_host = workers_per_host or (gpus_per_node if gpus_per_node is not None
-                                    else getattr(algorithm, "gpus_per_node", None))
+    per_host = workers_per_host or (
+        gpus_per_node if gpus_per_node is not None else getattr(algorithm, "gpus_per_node", None)
+    )
     Placement.pack(config.platform, n_workers, per_host)
     return algorithm, model
 
 
-def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | None = None,
-                period: int | None = None, variant: str | None = None, gpus_per_node: int | None = None,
-                stragglers: str | None = None, seed: int = 0, baseline_samples_per_s: float | None = None,
-                record: bool = True, workers_per_host: int | None = None,
-                streams: Sequence[int] | None = None) -> Prediction:
+def predict_one(
+    name: str,
+    n_workers: int,
+    config: SimConfig,
+    *,
+    steps: int | None = None,
+    period: int | None = None,
+    variant: str | None = None,
+    gpus_per_node: int | None = None,
+    stragglers: str | None = None,
+    seed: int = 0,
+    baseline_samples_per_s: float | None = None,
+    record: bool = True,
+    workers_per_host: int | None = None,
+    streams: Sequence[int] | None = None,
+) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring).
 
     ``workers_per_host`` places the workers on hosts independently of the algorithm's
@@ -133,13 +161,31 @@ def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | No
     machine's processes, as ``psgdlab validate`` runs them. ``streams`` relabels the workers'
     compute-time streams (:func:`psgdlab.sim.engine.simulate`)."""
     workload = config.workload
-    algorithm, model = _prepare(name, n_workers, config, period=period, variant=variant, gpus_per_node=gpus_per_node,
-                                stragglers=stragglers, seed=seed, workers_per_host=workers_per_host)
+    algorithm, model = _prepare(
+        name,
+        n_workers,
+        config,
+        period=period,
+        variant=variant,
+        gpus_per_node=gpus_per_node,
+        stragglers=stragglers,
+        seed=seed,
+        workers_per_host=workers_per_host,
+    )
     window = _window(algorithm, steps)
     fixed_window = steps is not None
     while True:
-        result = simulate(algorithm, config.platform, workload, steps=window, seed=seed, stragglers=model,
-                          gpus_per_node=workers_per_host or gpus_per_node, record=record, streams=streams)
+        result = simulate(
+            algorithm,
+            config.platform,
+            workload,
+            steps=window,
+            seed=seed,
+            stragglers=model,
+            gpus_per_node=workers_per_host or gpus_per_node,
+            record=record,
+            streams=streams,
+        )
         warmup = max(1, window // 10)
         drift = _steadiness(result.trace, warmup)
         steady = drift < STEADY_TOLERANCE
@@ -177,7 +223,7 @@ def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | No
         "staleness_max": summ["staleness_max"],
         "staleness_hist": summ["staleness_hist"],
         "staleness_unit": "updates (foreign model merges, or server updates, between reading the "
-                          "weights and applying the gradient)",
+        "weights and applying the gradient)",
         "extrapolation": {
             "extrapolated": True,
             "window_steps_per_worker": window,
@@ -185,7 +231,7 @@ def predict_one(name: str, n_workers: int, config: SimConfig, *, steps: int | No
             "steady": bool(steady),
             "half_window_throughput_difference": drift,
             "method": "time_to_train_s = steps_to_train x steady mean step time of the window; "
-                      "epoch_time_s = samples_per_epoch / window samples_per_s",
+            "epoch_time_s = samples_per_epoch / window samples_per_s",
         },
         "params": algorithm.params(),
         "stragglers": model.spec() if model is not None else "",
@@ -205,14 +251,21 @@ def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> f
         algorithm = algorithm_from_flags("sgd", 1, seed=seed)
         window = _window(algorithm, steps)
         res = simulate(algorithm, config.platform, config.workload, steps=window, seed=seed)
-        _BASELINES[key] = summarize(res.trace, samples_per_step=config.workload.batch_per_worker,
-                                    warmup_steps=max(1, window // 10))["samples_per_s"]
+        _BASELINES[key] = summarize(
+            res.trace, samples_per_step=config.workload.batch_per_worker, warmup_steps=max(1, window // 10)
+        )["samples_per_s"]
     return _BASELINES[key]
 
 
-def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple[int, ...], *,
-                  batch: int | None = None, progress: Callable[[str], None] | None = None,
-                  **kwargs: Any) -> list[Prediction]:
+def predict_sweep(
+    config: SimConfig,
+    algorithms: tuple[str, ...],
+    workers: tuple[int, ...],
+    *,
+    batch: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    **kwargs: Any,
+) -> list[Prediction]:
     """:func:`predict_one` for every (algorithm, workers) pair, in order."""
     require(len(algorithms) >= 1, "algorithms", algorithms, "must name at least one algorithm")
     for w in workers:
@@ -225,14 +278,24 @@ def predict_sweep(config: SimConfig, algorithms: tuple[str, ...], workers: tuple
     for key in _SWEEP_FLAGS:
         if kwargs.get(key) is not None and not any(key in algorithm_parameters(a) for a in algorithms):
             takers = sorted(a for a in ALGORITHMS if key in algorithm_parameters(a))
-            raise ConfigError(f"--{key} ({kwargs[key]!r}) applies to none of {', '.join(algorithms)}; "
-                              f"it is a parameter of {', '.join(takers)}")
+            raise ConfigError(
+                f"--{key} ({kwargs[key]!r}) applies to none of {', '.join(algorithms)}; "
+                f"it is a parameter of {', '.join(takers)}"
+            )
     for name in algorithms:  # a bad configuration fails before the sweep has simulated anything
         flags = sweep_flags(name, kwargs)
         for n in workers:
-            _prepare(name, n, config, period=flags.get("period"), variant=flags.get("variant"),
-                     gpus_per_node=flags.get("gpus_per_node"), stragglers=flags.get("stragglers"),
-                     seed=flags.get("seed", 0), workers_per_host=flags.get("workers_per_host"))
+            _prepare(
+                name,
+                n,
+                config,
+                period=flags.get("period"),
+                variant=flags.get("variant"),
+                gpus_per_node=flags.get("gpus_per_node"),
+                stragglers=flags.get("stragglers"),
+                seed=flags.get("seed", 0),
+                workers_per_host=flags.get("workers_per_host"),
+            )
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     out = []
     for name in algorithms:

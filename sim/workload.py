@@ -99,8 +99,9 @@ def preset_path(name: str) -> Path:
     return Path(str(_presets_dir() / f"{name}.toml"))
 
 
-def load_config(*, preset: str | None = None, path: str | Path | None = None,
-                data: dict[str, Any] | None = None) -> SimConfig:
+def load_config(
+    *, preset: str | None = None, path: str | Path | None = None, data: dict[str, Any] | None = None
+) -> SimConfig:
     """Load a configuration from a preset name, a TOML file, or a dict (exactly one)."""
     given = [x is not None for x in (preset, path, data)]
     if sum(given) != 1:

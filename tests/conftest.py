@@ -19,10 +19,12 @@ import numpy as np  # noqa: E402  (after the BLAS thread count above)
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("dev", max_examples=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow], derandomize=True)
-settings.register_profile("ci", max_examples=100, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+settings.register_profile(
+    "dev", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+settings.register_profile(
+    "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

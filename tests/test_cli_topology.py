@@ -31,8 +31,9 @@ def test_fixed_ring_16_gap_is_sin2_pi_over_16(capsys):
 
 
 def test_hierarchical_json(capsys):
-    s = run_json(capsys, "hierarchical", "--workers", "64", "--gpus-per-node", "8", "--inner", "random-ring",
-                 "--seed", "3")
+    s = run_json(
+        capsys, "hierarchical", "--workers", "64", "--gpus-per-node", "8", "--inner", "random-ring", "--seed", "3"
+    )
     assert (s["workers"], s["nodes"], s["gpus_per_node"], s["inner"], s["seed"]) == (64, 8, 8, "random-ring", 3)
     assert s["spectral_gap"] == pytest.approx(8 / 14, abs=1e-12)
     assert s["period"] is None
@@ -56,18 +57,26 @@ def test_human_table(capsys):
     assert lines["mixing time"].endswith("rounds to 1e-06")
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["fixed-ring", "--workers", "7"],
-     r"psgdlab: error: workers \(7\) must be even for fixed-ring: a perfect matching pairs every worker with exactly "
-     r"one other, which needs an even number of workers; use ring, torus or exponential for odd counts"),
-    (["rnig", "--workers", "8"], r"topology kind \('rnig'\) is not known; .*did you mean 'ring'\?"),
-    (["hypercube", "--workers", "12"], r"must be a power of two"),
-    (["hierarchical", "--workers", "12", "--gpus-per-node", "5"], r"must be divisible by gpus_per_node \(5\)"),
-    (["ring", "--workers", "8", "--inner", "random-ring"], r"inner \('random-ring'\) only applies to kind"),
-    (["ring", "--workers", "8", "--plot", "out.jpg"], r"plot \('out.jpg'\) must be a .png file"),
-    (["ring", "--workers", "8", "--plot", "out.png", "--plot-max-workers", "2"],
-     r"plot-max-workers \(2\) must be >= 4"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (
+            ["fixed-ring", "--workers", "7"],
+            r"psgdlab: error: workers \(7\) must be even for fixed-ring: a perfect matching pairs every worker "
+            r"with exactly one other, which needs an even number of workers; "
+            r"use ring, torus or exponential for odd counts",
+        ),
+        (["rnig", "--workers", "8"], r"topology kind \('rnig'\) is not known; .*did you mean 'ring'\?"),
+        (["hypercube", "--workers", "12"], r"must be a power of two"),
+        (["hierarchical", "--workers", "12", "--gpus-per-node", "5"], r"must be divisible by gpus_per_node \(5\)"),
+        (["ring", "--workers", "8", "--inner", "random-ring"], r"inner \('random-ring'\) only applies to kind"),
+        (["ring", "--workers", "8", "--plot", "out.jpg"], r"plot \('out.jpg'\) must be a .png file"),
+        (
+            ["ring", "--workers", "8", "--plot", "out.png", "--plot-max-workers", "2"],
+            r"plot-max-workers \(2\) must be >= 4",
+        ),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(capsys, argv, match):
     assert main(["topology", *argv]) == 2
     err = capsys.readouterr().err
@@ -85,8 +94,10 @@ def test_argparse_errors_exit_2(capsys, argv):
 
 def test_plot_writes_a_png_atomically(tmp_path, capsys):
     target = tmp_path / "figs" / "gaps.png"
-    assert main(["topology", "random-ring", "--workers", "8", "--plot", str(target), "--plot-max-workers", "32",
-                 "--json"]) == 0
+    assert (
+        main(["topology", "random-ring", "--workers", "8", "--plot", str(target), "--plot-max-workers", "32", "--json"])
+        == 0
+    )
     s = json.loads(capsys.readouterr().out)
     assert s["plot"] == str(target)
     data = target.read_bytes()
@@ -110,8 +121,11 @@ def test_closed_stdout_pipe_is_not_a_traceback():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "psgdlab", "topology", "complete", "--workers", "64", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "psgdlab", "topology", "complete", "--workers", "64", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader goes away before the JSON is written: every write gets EPIPE
     err = proc.stderr.read().decode()

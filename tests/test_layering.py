@@ -22,19 +22,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: layer -> (source folder, the package layers it may import, the third-party roots it may import)
 LAYERS: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {
-    "core": ("core", frozenset({"core"}),
-             # networkx in the adapters and hypothesis in the exported strategies, both extras;
-             # that importing core loads neither is checked at import time below
-             frozenset({"numpy", "scipy", "networkx", "hypothesis"})),
+    "core": (
+        "core",
+        frozenset({"core"}),
+        # networkx in the adapters and hypothesis in the exported strategies, both extras;
+        # that importing core loads neither is checked at import time below
+        frozenset({"numpy", "scipy", "networkx", "hypothesis"}),
+    ),
     "sim": ("sim", frozenset({"core", "sim"}), frozenset({"numpy", "scipy", "simpy", "tqdm"})),
-    "runtime": ("runtime", frozenset({"core", "runtime"}),
-                frozenset({"numpy", "scipy", "torch", "mpi4py", "h5py", "kaldiio", "jiwer", "tqdm"})),
+    "runtime": (
+        "runtime",
+        frozenset({"core", "runtime"}),
+        frozenset({"numpy", "scipy", "torch", "mpi4py", "h5py", "kaldiio", "jiwer", "tqdm"}),
+    ),
     "analysis": ("analysis", frozenset({"core", "analysis"}), frozenset({"numpy", "scipy", "matplotlib"})),
     "cli": ("psgdlab", frozenset({"core", "sim", "runtime", "analysis", "cli"}), frozenset({"*"})),
 }
 #: the import package of each layer
-PACKAGES = {"core": "psgdlab.core", "sim": "psgdlab.sim", "runtime": "psgdlab.runtime",
-            "analysis": "psgdlab.analysis", "cli": "psgdlab"}
+PACKAGES = {
+    "core": "psgdlab.core",
+    "sim": "psgdlab.sim",
+    "runtime": "psgdlab.runtime",
+    "analysis": "psgdlab.analysis",
+    "cli": "psgdlab",
+}
 
 
 @dataclass(frozen=True)
@@ -78,9 +89,14 @@ def imports_of(path: Path, layer: str) -> list[Import]:
             else:
                 name = node.module or ""
             found.append(Import(path, node.lineno, name))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "import_module" and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             found.append(Import(path, node.lineno, node.args[0].value))
     return found
 
@@ -89,8 +105,9 @@ def violations(layer: str) -> list[str]:
     folder, layers, third_party = LAYERS[layer]
     out = []
     for path in sorted((ROOT / folder).rglob("*.py")):
-        if layer == "cli" and any(p in ("core", "sim", "runtime", "analysis", "tests") for p in
-                                  path.relative_to(ROOT / folder).parts[:1]):
+        if layer == "cli" and any(
+            p in ("core", "sim", "runtime", "analysis", "tests") for p in path.relative_to(ROOT / folder).parts[:1]
+        ):
             continue  # development symlinks psgdlab/<part> -> ../<part>
         for imp in sorted(imports_of(path, layer), key=lambda i: i.line):
             target = layer_of(imp.module)
@@ -98,8 +115,9 @@ def violations(layer: str) -> list[str]:
             if target is not None:
                 ok = target in layers
             else:
-                ok = root in sys.stdlib_module_names or root == "__future__" or "*" in third_party \
-                    or root in third_party
+                ok = (
+                    root in sys.stdlib_module_names or root == "__future__" or "*" in third_party or root in third_party
+                )
             if not ok:
                 out.append(f"{path.relative_to(ROOT)}:{imp.line}: {layer} imports {imp.module}")
     return out
@@ -117,14 +135,19 @@ def test_the_scan_sees_lazy_relative_and_dynamic_imports(tmp_path, monkeypatch):
     pkg = tmp_path / "sim"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "bad.py").write_text("import importlib\n"
-                                "def f():\n    import torch\n"
-                                "from ..runtime import models\n"
-                                "importlib.import_module('psgdlab.analysis.figures')\n")
+    (pkg / "bad.py").write_text(
+        "import importlib\n"
+        "def f():\n    import torch\n"
+        "from ..runtime import models\n"
+        "importlib.import_module('psgdlab.analysis.figures')\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = violations("sim")
     assert [line.split(": ", 1)[1] for line in found] == [
-        "sim imports torch", "sim imports psgdlab.runtime", "sim imports psgdlab.analysis.figures"]
+        "sim imports torch",
+        "sim imports psgdlab.runtime",
+        "sim imports psgdlab.analysis.figures",
+    ]
 
 
 CHECK = """
@@ -147,6 +170,10 @@ print(",".join(bad))
     ],
 )
 def test_import_does_not_load_heavy_dependencies(module, forbidden):
-    out = subprocess.run([sys.executable, "-c", CHECK.format(module=module, forbidden=forbidden)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK.format(module=module, forbidden=forbidden)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "", f"importing {module} loaded {out.stdout.strip()}"

@@ -48,16 +48,26 @@ def test_calibration_plan_runs_every_configuration_k_times_interleaved_and_never
     assert len(set(names)) == len(names)
     kinds = [("ssgd", 2), ("adpsgd", 2), ("easgd", 2), ("bmuf", 2), ("ssgd", 4), ("ssgd", 8)]
     assert len(plan) == 3 * len(kinds) * 2
-    first = [(a, n) for a, n, *_ in plan[:len(plan) // 3]]
+    first = [(a, n) for a, n, *_ in plan[: len(plan) // 3]]
     assert sorted(set(first)) == sorted(kinds) and plan[len(plan) // 3][3] == "ssgd-w2-d125000-r2"
     assert sorted(name for name in names if name.startswith("bmuf")) == [
-        "bmuf-w2-d125000", "bmuf-w2-d125000-r2", "bmuf-w2-d125000-r3",
-        "bmuf-w2-d375000", "bmuf-w2-d375000-r2", "bmuf-w2-d375000-r3"]
+        "bmuf-w2-d125000",
+        "bmuf-w2-d125000-r2",
+        "bmuf-w2-d125000-r3",
+        "bmuf-w2-d375000",
+        "bmuf-w2-d375000-r2",
+        "bmuf-w2-d375000-r3",
+    ]
     assert all(dim != vc.dim for _, _, dim, _ in plan)
-    one = calibration_plan(ValidateConfig(out=str(tmp_path), algorithms=("ssgd",), workers=(2,), calibration_runs=1),
-                           cores=2)
-    assert [name for *_, name in one] == ["ssgd-w2-d125000", "ssgd-w2-d375000", "adpsgd-w2-d125000",
-                                          "adpsgd-w2-d375000"]
+    one = calibration_plan(
+        ValidateConfig(out=str(tmp_path), algorithms=("ssgd",), workers=(2,), calibration_runs=1), cores=2
+    )
+    assert [name for *_, name in one] == [
+        "ssgd-w2-d125000",
+        "ssgd-w2-d375000",
+        "adpsgd-w2-d125000",
+        "adpsgd-w2-d375000",
+    ]
     with pytest.raises(ConfigError, match=r"calibration_runs \(0\) must be an integer >= 1"):
         ValidateConfig(out=str(tmp_path), calibration_runs=0)
     assert main(["validate", "--calibration-runs", "0", "--out", str(tmp_path)]) == 2
@@ -84,9 +94,15 @@ def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():
 
     def mean(variant, straggler):
         runs = _relabelled_seeds(2, 4)
-        return sum(_samples_per_s(predict_one("adpsgd", 2, config, steps=40, variant=variant, seed=k,
-                                              stragglers=straggler, streams=order).result.trace, 128)
-                   for k, order in runs) / len(runs)
+        return sum(
+            _samples_per_s(
+                predict_one(
+                    "adpsgd", 2, config, steps=40, variant=variant, seed=k, stragglers=straggler, streams=order
+                ).result.trace,
+                128,
+            )
+            for k, order in runs
+        ) / len(runs)
 
     fixed, random = mean("fixed", None), mean("random", None)
     assert math.isclose(fixed, random, rel_tol=TIE_REL)
@@ -100,8 +116,13 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
     from psgdlab.analysis.compare import ranking
     from psgdlab.validate import pooled_ranking
 
-    cases = [_case("easgd", 74.0, 73.5), _case("bmuf", 73.0, 73.9), _case("ssgd", 70.0, 69.0),
-             _case("easgd", 37.0, 36.0, workers=2), _case("bmuf", 38.0, 37.0, workers=2)]
+    cases = [
+        _case("easgd", 74.0, 73.5),
+        _case("bmuf", 73.0, 73.9),
+        _case("ssgd", 70.0, 69.0),
+        _case("easgd", 37.0, 36.0, workers=2),
+        _case("bmuf", 38.0, 37.0, workers=2),
+    ]
     assert not ranking(cases)[4]["identical"]
     fixed = pooled_ranking(cases, {("easgd", 4): [73.5, 74.4, 74.3], ("bmuf", 4): [73.9, 73.1, 73.3]})
     assert fixed["4"]["identical"] and fixed["4"]["measured"] == ["easgd", "bmuf", "ssgd"]
@@ -115,7 +136,7 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
     assert tie["predicted"][0] == ["bmuf", "easgd"] and tie["identical"]  # exact ties stay one class
     kept = pooled_ranking(cases, {("easgd", 4): [73.5, 73.6], ("bmuf", 4): [73.9, 73.8]})["4"]
     assert not kept["identical"]
-    (a, b, dp, dm), = kept["swaps"]
+    ((a, b, _, dm),) = kept["swaps"]
     assert (a, b) == ("easgd", "bmuf") and dm == pytest.approx(73.55 / 73.85 - 1)
 
 
@@ -138,13 +159,37 @@ def test_stalled_runs_are_recognised(tmp_path):
 @pytest.mark.timeout(240)
 def test_tiny_validate_end_to_end(tmp_path, capsys):
     out = tmp_path / "v"
-    assert main(["validate", "--algorithms", "ssgd", "--workers", "2", "--steps", "15", "--dim", "2000",
-                 "--out", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "--algorithms",
+                "ssgd",
+                "--workers",
+                "2",
+                "--steps",
+                "15",
+                "--dim",
+                "2000",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert {"cases", "median_abs_step_time_error", "max_abs_step_time_error"} <= set(result)
     (case,) = result["cases"]
-    for key in ("algorithm", "workers", "predicted_step_time_s", "measured_step_time_s", "step_time_error",
-                "staleness_mean_predicted", "staleness_mean_measured"):
+    for key in (
+        "algorithm",
+        "workers",
+        "predicted_step_time_s",
+        "measured_step_time_s",
+        "step_time_error",
+        "staleness_mean_predicted",
+        "staleness_mean_measured",
+    ):
         assert key in case
     assert case["algorithm"] == "ssgd" and case["workers"] == 2
     assert case["measured_step_time_s"] > 0.04  # emulated 0.05 s compute per step

@@ -130,8 +130,7 @@ def check_flags(name: str, **flags: Any) -> tuple[str, ...]:
             continue
         if key not in known or key in _BOUND:
             own = ", ".join(k for k in known if k not in _BOUND + _PLACEMENT) or "none"
-            raise ConfigError(f"--{key.replace('_', '-')} ({value!r}) does not apply to {name} "
-                              f"(its parameters: {own})")
+            raise ConfigError(f"--{key.replace('_', '-')} ({value!r}) does not apply to {name} (its parameters: {own})")
     return known
 
 

@@ -57,10 +57,14 @@ VARIANTS = ("fixed", "random", "delay")
 
 def check_even(count: int, what: str) -> None:
     """Matching-based schemes need an even number of members (ALGORITHMS.md F.2)."""
-    require(count % 2 == 0, what, count,
-            "must be even for matching-based schemes: a perfect matching pairs every member with exactly one other",
-            hint="use an even count, or dpsgd with ring/torus/exponential for odd counts",
-            error=TopologyError)
+    require(
+        count % 2 == 0,
+        what,
+        count,
+        "must be even for matching-based schemes: a perfect matching pairs every member with exactly one other",
+        hint="use an even count, or dpsgd with ring/torus/exponential for odd counts",
+        error=TopologyError,
+    )
 
 
 def matching_exchange(kind: str, n: int, seed: int, round_: int, member: int) -> tuple[int, bool]:
@@ -97,8 +101,12 @@ class ADPSGD(Algorithm):
         if self.delay is None:
             object.__setattr__(self, "delay", 1 if self.variant == "delay" else 0)
         if self.variant == "delay":
-            require(isinstance(self.delay, int) and self.delay >= 1, "delay", self.delay,
-                    "must be an integer >= 1 for the delay variant")
+            require(
+                isinstance(self.delay, int) and self.delay >= 1,
+                "delay",
+                self.delay,
+                "must be an integer >= 1 for the delay variant",
+            )
         else:
             require(self.delay == 0, "delay", self.delay, f"only applies to variant 'delay', not {self.variant!r}")
         check_even(self.n_workers, "workers")

@@ -65,8 +65,12 @@ def _ranks(n: int) -> tuple[int, ...]:
 
 def check_period(period: int) -> None:
     """Validate a synchronisation period (shared by every periodic algorithm)."""
-    require(isinstance(period, int) and not isinstance(period, bool) and period >= 1, "period", period,
-            "must be an integer >= 1")
+    require(
+        isinstance(period, int) and not isinstance(period, bool) and period >= 1,
+        "period",
+        period,
+        "must be an integer >= 1",
+    )
 
 
 def is_sync_step(step: int, period: int) -> bool:
@@ -101,8 +105,12 @@ class Algorithm:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(isinstance(self.n_workers, int) and self.n_workers >= 1, "workers", self.n_workers,
-                "must be an integer >= 1")
+        require(
+            isinstance(self.n_workers, int) and self.n_workers >= 1,
+            "workers",
+            self.n_workers,
+            "must be an integer >= 1",
+        )
         require(0.0 <= self.momentum < 1.0, "momentum", self.momentum, "must be in [0, 1)")
         require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
 
@@ -156,8 +164,7 @@ class Algorithm:
 
     # ----- server role ------------------------------------------------------------------------
     def server_init(self, x0: Array) -> ServerState:
-        return ServerState(params=kernels.clone(x0), version=0,
-                           last_pull=dict.fromkeys(range(self.n_workers), 0))
+        return ServerState(params=kernels.clone(x0), version=0, last_pull=dict.fromkeys(range(self.n_workers), 0))
 
     def server_message(self, state: WorkerState) -> Array:
         raise SimulationError(f"{self.name} has no server role")

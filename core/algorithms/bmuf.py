@@ -84,16 +84,17 @@ class BMUF(Algorithm):
         object.__setattr__(self, "block_momentum", momentum)
         require(0.0 <= momentum < 1.0, "block_momentum", momentum, "must be in [0, 1)")
         require(self.block_lr > 0.0, "block_lr", self.block_lr, "must be > 0")
-        require(self.variant in self.variants, "variant", self.variant,
-                "must be 'classical' or 'nesterov'")
+        require(self.variant in self.variants, "variant", self.variant, "must be 'classical' or 'nesterov'")
         if self.period == 1:
-            warnings.warn("bmuf with period 1 filters after every step: it pays one model allreduce "
-                          "per step (like SSGD) with none of the local-step savings", TestbedWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "bmuf with period 1 filters after every step: it pays one model allreduce "
+                "per step (like SSGD) with none of the local-step savings",
+                TestbedWarning,
+                stacklevel=3,
+            )
 
     def init_state(self, x0: Any, rank: int) -> WorkerState:
-        return WorkerState(params=kernels.clone(x0),
-                           extras={"global": kernels.clone(x0), "delta": x0 * 0.0})
+        return WorkerState(params=kernels.clone(x0), extras={"global": kernels.clone(x0), "delta": x0 * 0.0})
 
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         return self._allreduce_all("model") if is_sync_step(step, self.period) else ()
@@ -102,8 +103,13 @@ class BMUF(Algorithm):
         if not isinstance(exchange, AllReduce):
             return Algorithm.combine(self, state, exchange, received)
         new_global, new_delta = kernels.bmuf_filter(
-            received, state.extras["global"], state.extras["delta"],
-            block_momentum=float(self.block_momentum or 0.0), block_lr=self.block_lr,
-            nesterov=self.variant == "nesterov")
-        return WorkerState(params=kernels.clone(new_global), momentum=None,
-                           extras={"global": new_global, "delta": new_delta})
+            received,
+            state.extras["global"],
+            state.extras["delta"],
+            block_momentum=float(self.block_momentum or 0.0),
+            block_lr=self.block_lr,
+            nesterov=self.variant == "nesterov",
+        )
+        return WorkerState(
+            params=kernels.clone(new_global), momentum=None, extras={"global": new_global, "delta": new_delta}
+        )

@@ -58,8 +58,12 @@ class DPSGD(Algorithm):
 
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
-        require(self.topology in STATIC_KINDS, "topology", self.topology,
-                f"must be one of {', '.join(STATIC_KINDS)} for dpsgd")
+        require(
+            self.topology in STATIC_KINDS,
+            "topology",
+            self.topology,
+            f"must be one of {', '.join(STATIC_KINDS)} for dpsgd",
+        )
         if self.n_workers > 1:
             from psgdlab.core.topology import build_topology
 

@@ -79,9 +79,13 @@ class EASGD(Algorithm):
         object.__setattr__(self, "alpha", alpha)
         require(0.0 <= alpha < 1.0, "alpha", alpha, "must be in [0, 1)")
         if self.variant == "sync":
-            require(self.n_workers * alpha <= 1.0 + 1e-12, "alpha", alpha,
-                    f"must satisfy workers * alpha <= 1 for sync easgd (workers={self.n_workers})",
-                    hint="otherwise the elastic step is not doubly stochastic and the centre overshoots")
+            require(
+                self.n_workers * alpha <= 1.0 + 1e-12,
+                "alpha",
+                alpha,
+                f"must satisfy workers * alpha <= 1 for sync easgd (workers={self.n_workers})",
+                hint="otherwise the elastic step is not doubly stochastic and the centre overshoots",
+            )
 
     @property
     def asynchronous(self) -> bool:  # type: ignore[override]
@@ -105,8 +109,7 @@ class EASGD(Algorithm):
     def combine(self, state: WorkerState, exchange: Exchange, received: Any) -> WorkerState:
         a = float(self.alpha or 0.0)
         if isinstance(exchange, AllReduce):
-            worker, centre = kernels.elastic_sync(state.params, state.extras["centre"], received, a,
-                                                  self.n_workers)
+            worker, centre = kernels.elastic_sync(state.params, state.extras["centre"], received, a, self.n_workers)
             return state.replace(params=worker, extras={"centre": centre})
         if isinstance(exchange, ServerExchange):
             # ``received`` is the centre as it was before this exchange (pre-exchange values)

@@ -68,8 +68,13 @@ class HADPSGD(Algorithm):
         Algorithm.__post_init__(self)
         m = self.gpus_per_node
         require(isinstance(m, int) and m >= 1, "gpus_per_node", m, "must be an integer >= 1")
-        require(self.n_workers % m == 0, "workers", self.n_workers,
-                f"must be divisible by gpus_per_node ({m})", error=TopologyError)
+        require(
+            self.n_workers % m == 0,
+            "workers",
+            self.n_workers,
+            f"must be divisible by gpus_per_node ({m})",
+            error=TopologyError,
+        )
         require(self.variant in self.variants, "variant", self.variant, "must be 'fixed' or 'random'")
         if self.n_nodes > 1:
             check_even(self.n_nodes, "nodes (workers / gpus_per_node)")
@@ -92,6 +97,13 @@ class HADPSGD(Algorithm):
         if self.n_nodes > 1:
             kind = "random-ring" if self.variant == "random" else "fixed-ring"
             peer_node, active = matching_exchange(kind, self.n_nodes, self.seed, step, node)
-            out.append(PairwiseAverage(peer=peer_node * m + local, active=active, shard=local,
-                                       n_shards=m, gather_group=group if m > 1 else ()))
+            out.append(
+                PairwiseAverage(
+                    peer=peer_node * m + local,
+                    active=active,
+                    shard=local,
+                    n_shards=m,
+                    gather_group=group if m > 1 else (),
+                )
+            )
         return tuple(out)

@@ -37,5 +37,10 @@ class SGD(Algorithm):
 
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
-        require(self.n_workers == 1, "workers", self.n_workers, "must be 1 for sgd",
-                hint="use ssgd for synchronous data parallelism")
+        require(
+            self.n_workers == 1,
+            "workers",
+            self.n_workers,
+            "must be 1 for sgd",
+            hint="use ssgd for synchronous data parallelism",
+        )

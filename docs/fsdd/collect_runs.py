@@ -21,8 +21,18 @@ import numpy as np
 from psgdlab.core.trace import PHASES, atomic_write_json, read_trace
 
 RUNS_JSON = Path(__file__).with_name("runs.json")
-COMMAND_KEYS = ("algorithm", "workers", "gpus_per_node", "batch", "lr", "lr_schedule", "lr_final", "momentum",
-                "seed", "epochs")
+COMMAND_KEYS = (
+    "algorithm",
+    "workers",
+    "gpus_per_node",
+    "batch",
+    "lr",
+    "lr_schedule",
+    "lr_final",
+    "momentum",
+    "seed",
+    "epochs",
+)
 
 
 def entry(run_dir: Path) -> dict:
@@ -33,8 +43,10 @@ def entry(run_dir: Path) -> dict:
     epochs = float(train["epochs"])
     steps = int(summary["steps_per_worker"])
     per_epoch = max(1, round(steps / epochs))
-    losses = [float(np.mean(comp["loss"][(comp["step"] >= e * per_epoch) & (comp["step"] < (e + 1) * per_epoch)]))
-              for e in range(round(epochs))]
+    losses = [
+        float(np.mean(comp["loss"][(comp["step"] >= e * per_epoch) & (comp["step"] < (e + 1) * per_epoch)]))
+        for e in range(round(epochs))
+    ]
     keep = ("frame_accuracy", "loss", "score_s", "step", "wer", "wer_by_speaker", "wer_viterbi", "wer_vote")
     return {
         "command": {k: train.get(k) for k in COMMAND_KEYS},

@@ -35,8 +35,13 @@ def main() -> None:
         for c in curves:
             ax.plot(range(1, len(c) + 1), c, color=colour, alpha=0.35, lw=1)
         mean = np.mean(curves, axis=0)
-        ax.plot(range(1, len(mean) + 1), mean, color=colour, lw=2.5,
-                label=f"{label} (mean of {len(curves)} seeds: {mean[-1]:.1f} %)")
+        ax.plot(
+            range(1, len(mean) + 1),
+            mean,
+            color=colour,
+            lw=2.5,
+            label=f"{label} (mean of {len(curves)} seeds: {mean[-1]:.1f} %)",
+        )
     ax.axhline(15, color="grey", ls="--", lw=1)
     ax.set_xticks(range(1, 6))
     ax.set_xlabel("epoch")

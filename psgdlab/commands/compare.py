@@ -10,10 +10,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
         help="compare a prediction (psgdlab predict) with a measured run (psgdlab train)",
-        description=("Compare every (algorithm, workers) case present in both run directories: step time, "
-                     "samples/s, communication and idle fractions, staleness (mean and total variation "
-                     "distance between histograms), as absolute and relative errors. Writes compare.json, "
-                     "report.md and figures into --out (default: RUN_DIR/compare)."),
+        description=(
+            "Compare every (algorithm, workers) case present in both run directories: step time, "
+            "samples/s, communication and idle fractions, staleness (mean and total variation "
+            "distance between histograms), as absolute and relative errors. Writes compare.json, "
+            "report.md and figures into --out (default: RUN_DIR/compare)."
+        ),
     )
     p.add_argument("pred_dir", metavar="PRED_DIR", help="run directory written by the simulator")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by the runtime")

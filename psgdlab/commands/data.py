@@ -24,27 +24,29 @@ __all__ = ["register", "run"]
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "data", help="build and inspect HDF5 speech corpora (FSDD, Kaldi, synthetic)",
-        description="Build HDF5 corpora (frame features + frame labels) for training, or "
-                    "summarise one.")
+        "data",
+        help="build and inspect HDF5 speech corpora (FSDD, Kaldi, synthetic)",
+        description="Build HDF5 corpora (frame features + frame labels) for training, or summarise one.",
+    )
     sub = parser.add_subparsers(dest="data_command", metavar="KIND", required=True)
 
     fsdd = sub.add_parser("fsdd", help="import Free Spoken Digit Dataset recordings (8 kHz WAV)")
     fsdd.add_argument("directory", help="FSDD folder (holding recordings/) or the recordings folder")
     _add_output(fsdd)
     fsdd.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    fsdd.add_argument("--speed", default="1.0",
-                      help="comma-separated speed-perturbation factors, e.g. 0.9,1.0,1.1 "
-                           "(copies count as speakers 'sp0.9-NAME')")
+    fsdd.add_argument(
+        "--speed",
+        default="1.0",
+        help="comma-separated speed-perturbation factors, e.g. 0.9,1.0,1.1 (copies count as speakers 'sp0.9-NAME')",
+    )
 
     kaldi = sub.add_parser("kaldi", help="import Kaldi features with frame alignments (kaldiio)")
     kaldi.add_argument("feats", help="feats.scp or a feature ark")
-    kaldi.add_argument("--alignments", required=True,
-                       help="text file 'utt s1 s2 ...' or an ark/scp of integer vectors")
-    kaldi.add_argument("--classes", type=int, default=None,
-                       help="number of states (default: largest label + 1)")
-    kaldi.add_argument("--add-deltas", action="store_true",
-                       help="mark the corpus so loaders append delta and delta-delta features")
+    kaldi.add_argument("--alignments", required=True, help="text file 'utt s1 s2 ...' or an ark/scp of integer vectors")
+    kaldi.add_argument("--classes", type=int, default=None, help="number of states (default: largest label + 1)")
+    kaldi.add_argument(
+        "--add-deltas", action="store_true", help="mark the corpus so loaders append delta and delta-delta features"
+    )
     _add_output(kaldi)
     kaldi.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -77,20 +79,32 @@ def run(args: argparse.Namespace) -> int:
     elif kind == "fsdd":
         from psgdlab.runtime.speech import import_fsdd
 
-        path = import_fsdd(args.directory, args.out, progress=not args.no_progress,
-                           speed_factors=_floats(args.speed, "--speed"))
+        path = import_fsdd(
+            args.directory, args.out, progress=not args.no_progress, speed_factors=_floats(args.speed, "--speed")
+        )
     elif kind == "kaldi":
         from psgdlab.runtime.speech import import_kaldi
 
-        path = import_kaldi(args.feats, args.out, alignments=args.alignments,
-                            n_classes=args.classes, add_deltas=args.add_deltas,
-                            progress=not args.no_progress)
+        path = import_kaldi(
+            args.feats,
+            args.out,
+            alignments=args.alignments,
+            n_classes=args.classes,
+            add_deltas=args.add_deltas,
+            progress=not args.no_progress,
+        )
     else:
         from psgdlab.runtime.data import synthetic_corpus
 
-        path = synthetic_corpus(args.out, n_utterances=args.utterances, frames_per_utt=args.frames,
-                                input_dim=args.dim, n_classes=args.classes,
-                                n_speakers=args.speakers, seed=args.seed)
+        path = synthetic_corpus(
+            args.out,
+            n_utterances=args.utterances,
+            frames_per_utt=args.frames,
+            input_dim=args.dim,
+            n_classes=args.classes,
+            n_speakers=args.speakers,
+            seed=args.seed,
+        )
     summary = inspect_corpus(path)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)

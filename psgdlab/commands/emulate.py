@@ -20,20 +20,45 @@ __all__ = ["register", "run"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "emulate", help="predict convergence: real replicas replayed at simulated event times",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "emulate",
+        help="predict convergence: real replicas replayed at simulated event times",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = p.add_mutually_exclusive_group()
-    add_flags(where, "--preset", "--platform", dests={"--platform": "platform_file"},
-              helps={"--preset": "default interspeech2019-v100"})
-    add_flags(p, "--algorithm", "--variant", "--period", "--workers", "--gpus-per-node", "--model", "--data",
-              required={"--algorithm", "--workers"}, defaults={"--model": "tiny-blstm", "--data": "synthetic"},
-              helps={"--workers": "virtual workers", "--model": "tiny-blstm, blstm-small, blstm, dnn, dnn-small, "
-                                                                 "cldnn or least-squares"})
+    add_flags(
+        where,
+        "--preset",
+        "--platform",
+        dests={"--platform": "platform_file"},
+        helps={"--preset": "default interspeech2019-v100"},
+    )
+    add_flags(
+        p,
+        "--algorithm",
+        "--variant",
+        "--period",
+        "--workers",
+        "--gpus-per-node",
+        "--model",
+        "--data",
+        required={"--algorithm", "--workers"},
+        defaults={"--model": "tiny-blstm", "--data": "synthetic"},
+        helps={
+            "--workers": "virtual workers",
+            "--model": "tiny-blstm, blstm-small, blstm, dnn, dnn-small, cldnn or least-squares",
+        },
+    )
     length = p.add_mutually_exclusive_group()
     add_flags(length, "--epochs", "--steps", helps={"--steps": "default 100"})
     recipe = "default: the model's recipe (psgdlab train --help)"
-    add_flags(p, "--batch", "--lr", "--lr-schedule",
-              helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe})
+    add_flags(
+        p,
+        "--batch",
+        "--lr",
+        "--lr-schedule",
+        helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe},
+    )
     add_flags(p, "--lr-final", "--lsq-dim", defaults={"--lsq-dim": 16})
     add_flags(p, "--straggler", "--seed", "--out", "--json", defaults={"--straggler": ""})
     p.set_defaults(func=run)
@@ -44,21 +69,39 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.runtime.config import recipe_of
 
     steps = args.steps if (args.steps is not None or args.epochs is not None) else 100
-    batch, lr, lr_schedule = recipe_of(args.model).resolve(workers=args.workers, batch=args.batch, lr=args.lr,
-                                                           lr_schedule=args.lr_schedule, lsq_dim=args.lsq_dim)
-    cfg = EmulateConfig(algorithm=args.algorithm, variant=args.variant, period=args.period, workers=args.workers,
-                        gpus_per_node=args.gpus_per_node, preset=args.preset, platform_file=args.platform_file,
-                        model=args.model, data=args.data, epochs=args.epochs, steps=steps, batch=batch,
-                        lr=lr, lr_schedule=lr_schedule, lr_final=args.lr_final, lsq_dim=args.lsq_dim,
-                        straggler=args.straggler, seed=args.seed)
+    batch, lr, lr_schedule = recipe_of(args.model).resolve(
+        workers=args.workers, batch=args.batch, lr=args.lr, lr_schedule=args.lr_schedule, lsq_dim=args.lsq_dim
+    )
+    cfg = EmulateConfig(
+        algorithm=args.algorithm,
+        variant=args.variant,
+        period=args.period,
+        workers=args.workers,
+        gpus_per_node=args.gpus_per_node,
+        preset=args.preset,
+        platform_file=args.platform_file,
+        model=args.model,
+        data=args.data,
+        epochs=args.epochs,
+        steps=steps,
+        batch=batch,
+        lr=lr,
+        lr_schedule=lr_schedule,
+        lr_final=args.lr_final,
+        lsq_dim=args.lsq_dim,
+        straggler=args.straggler,
+        seed=args.seed,
+    )
     result, resolved = emulate(cfg)
     summary = write_run(args.out, result, resolved)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
-        print(f"emulated {cfg.workers} x {cfg.algorithm} for {summary['simulated_time_s']:.3g} s simulated "
-              f"({summary['epochs']:.3g} epochs): loss {summary['final_loss']:.4g}, "
-              f"consensus distance {summary['final_consensus_distance']:.3g}, "
-              f"staleness mean {summary['staleness_mean']:.3g}; run directory {summary['run_dir']}",
-              file=sys.stdout)
+        print(
+            f"emulated {cfg.workers} x {cfg.algorithm} for {summary['simulated_time_s']:.3g} s simulated "
+            f"({summary['epochs']:.3g} epochs): loss {summary['final_loss']:.4g}, "
+            f"consensus distance {summary['final_consensus_distance']:.3g}, "
+            f"staleness mean {summary['staleness_mean']:.3g}; run directory {summary['run_dir']}",
+            file=sys.stdout,
+        )
     return 0

@@ -25,26 +25,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "workload on a cluster: step time, samples/s, speedup over one-worker SGD, epoch time and "
             "time to train (extrapolated from a simulated window), communication and idle fractions and "
             "the staleness of updates. With no arguments: preset interspeech2019-v100, algorithms "
-            "ssgd,adpsgd,hadpsgd, workers 1,2,4,8,16,32,64."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            "ssgd,adpsgd,hadpsgd, workers 1,2,4,8,16,32,64."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     src = p.add_mutually_exclusive_group()
-    add_flags(src, "--preset", "--platform",
-              helps={"--preset": f"interspeech2019-v100 or librispeech-gtx1080; default {DEFAULT_PRESET}",
-                     "--platform": "copy a preset from sim/presets/"})
-    add_flags(p, "--algorithm", "--workers", many={"--algorithm", "--workers"},
-              helps={"--algorithm": "default: the file's [defaults] or ssgd,adpsgd,hadpsgd",
-                     "--workers": "default: the file's [defaults] or 1,2,4,8,16,32,64"})
-    add_flags(p, "--gpus-per-node", helps={"--gpus-per-node": "default: the platform's devices per host, capped by "
-                                                              "the number of workers"})
-    p.add_argument("--workers-per-host", metavar="K", type=int, default=None,
-                   help="place K workers on each host whatever the super-learner size (e.g. H-ADPSGD nodes of "
-                        "--gpus-per-node 2 as groups of one machine's processes on a calibrated this-machine "
-                        "platform); default: --gpus-per-node")
-    add_flags(p, "--batch", "--period", "--variant", "--steps", "--straggler", "--seed", "--out", "--json",
-              helps={"--batch": "default: the workload's; compute time scales with it",
-                     "--period": "default: the file's [defaults] period",
-                     "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
-                     "--json": "with a list `rows`"})
+    add_flags(
+        src,
+        "--preset",
+        "--platform",
+        helps={
+            "--preset": f"interspeech2019-v100 or librispeech-gtx1080; default {DEFAULT_PRESET}",
+            "--platform": "copy a preset from sim/presets/",
+        },
+    )
+    add_flags(
+        p,
+        "--algorithm",
+        "--workers",
+        many={"--algorithm", "--workers"},
+        helps={
+            "--algorithm": "default: the file's [defaults] or ssgd,adpsgd,hadpsgd",
+            "--workers": "default: the file's [defaults] or 1,2,4,8,16,32,64",
+        },
+    )
+    add_flags(
+        p,
+        "--gpus-per-node",
+        helps={"--gpus-per-node": "default: the platform's devices per host, capped by the number of workers"},
+    )
+    p.add_argument(
+        "--workers-per-host",
+        metavar="K",
+        type=int,
+        default=None,
+        help="place K workers on each host whatever the super-learner size (e.g. H-ADPSGD nodes of "
+        "--gpus-per-node 2 as groups of one machine's processes on a calibrated this-machine "
+        "platform); default: --gpus-per-node",
+    )
+    add_flags(
+        p,
+        "--batch",
+        "--period",
+        "--variant",
+        "--steps",
+        "--straggler",
+        "--seed",
+        "--out",
+        "--json",
+        helps={
+            "--batch": "default: the workload's; compute time scales with it",
+            "--period": "default: the file's [defaults] period",
+            "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
+            "--json": "with a list `rows`",
+        },
+    )
     p.set_defaults(func=run)
 
 
@@ -66,16 +101,28 @@ def run(args: argparse.Namespace) -> int:
     algorithms = args.algorithm or config.defaults.algorithms
     workers = args.workers or config.defaults.workers
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
-        raise ConfigError(f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
-                          f"{config.platform.name} has {config.platform.devices_per_host} devices per host")
+        raise ConfigError(
+            f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
+            f"{config.platform.name} has {config.platform.devices_per_host} devices per host"
+        )
     if args.workers_per_host is not None and not (1 <= args.workers_per_host <= config.platform.devices_per_host):
-        raise ConfigError(f"workers-per-host ({args.workers_per_host}) must be in "
-                          f"[1, {config.platform.devices_per_host}]: {config.platform.name} has "
-                          f"{config.platform.devices_per_host} devices per host")
-    request = {"algorithms": list(algorithms), "workers": list(workers), "gpus_per_node": args.gpus_per_node,
-               "workers_per_host": args.workers_per_host,
-               "batch": args.batch, "period": args.period, "variant": args.variant, "steps": args.steps,
-               "straggler": args.straggler, "seed": args.seed}
+        raise ConfigError(
+            f"workers-per-host ({args.workers_per_host}) must be in "
+            f"[1, {config.platform.devices_per_host}]: {config.platform.name} has "
+            f"{config.platform.devices_per_host} devices per host"
+        )
+    request = {
+        "algorithms": list(algorithms),
+        "workers": list(workers),
+        "gpus_per_node": args.gpus_per_node,
+        "workers_per_host": args.workers_per_host,
+        "batch": args.batch,
+        "period": args.period,
+        "variant": args.variant,
+        "steps": args.steps,
+        "straggler": args.straggler,
+        "seed": args.seed,
+    }
 
     bar = None
     n_configs = len(algorithms) * len(workers)
@@ -90,10 +137,20 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"done {label}")
 
     try:
-        predictions = predict_sweep(config, tuple(algorithms), tuple(workers), batch=args.batch, progress=progress,
-                                    steps=args.steps, period=args.period, variant=args.variant,
-                                    gpus_per_node=args.gpus_per_node, stragglers=args.straggler, seed=args.seed,
-                                    workers_per_host=args.workers_per_host)
+        predictions = predict_sweep(
+            config,
+            tuple(algorithms),
+            tuple(workers),
+            batch=args.batch,
+            progress=progress,
+            steps=args.steps,
+            period=args.period,
+            variant=args.variant,
+            gpus_per_node=args.gpus_per_node,
+            stragglers=args.straggler,
+            seed=args.seed,
+            workers_per_host=args.workers_per_host,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -103,9 +160,18 @@ def run(args: argparse.Namespace) -> int:
     write_prediction_figures(run_dir.path, rows, title=f"{config.platform.name}: {config.workload.name}")
     wall = time.perf_counter() - t_start
     if args.json:
-        print(json.dumps({"run_dir": str(run_dir.path), "platform": config.platform.name,
-                          "workload": config.workload.name, "wall_s": wall, "rows": rows},
-                         default=float))
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(run_dir.path),
+                    "platform": config.platform.name,
+                    "workload": config.workload.name,
+                    "wall_s": wall,
+                    "rows": rows,
+                },
+                default=float,
+            )
+        )
     else:
         print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
     return 0

@@ -29,22 +29,43 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "topology",
         help="spectral gap, consensus rate and mixing time of a topology",
-        description=("Print the spectral quantities of a topology: lambda2, rho, the spectral gap 1 - rho "
-                     "(of W for static kinds, of E[TT^T] for time-varying and random kinds), the period "
-                     f"and the mixing time to {MIXING_TOL:g}. Kinds: {', '.join(KINDS)}."),
+        description=(
+            "Print the spectral quantities of a topology: lambda2, rho, the spectral gap 1 - rho "
+            "(of W for static kinds, of E[TT^T] for time-varying and random kinds), the period "
+            f"and the mixing time to {MIXING_TOL:g}. Kinds: {', '.join(KINDS)}."
+        ),
     )
     parser.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
     parser.add_argument("--workers", type=int, required=True, metavar="N", help="number of workers (all GPUs)")
-    parser.add_argument("--gpus-per-node", type=int, default=1, metavar="M",
-                        help="workers per node (hierarchical: size of a super-learner); default 1")
-    parser.add_argument("--inner", choices=("fixed-ring", "random-ring"), default=None,
-                        help="schedule of the super-learners (hierarchical only); default fixed-ring")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=1,
+        metavar="M",
+        help="workers per node (hierarchical: size of a super-learner); default 1",
+    )
+    parser.add_argument(
+        "--inner",
+        choices=("fixed-ring", "random-ring"),
+        default=None,
+        help="schedule of the super-learners (hierarchical only); default fixed-ring",
+    )
     parser.add_argument("--seed", type=int, default=0, metavar="K", help="seed of random-ring schedules")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
-                        help="also draw the spectral gap against the worker count for every kind (log-log)")
-    parser.add_argument("--plot-max-workers", type=int, default=256, metavar="N",
-                        help="largest worker count on the plot (default 256; even counts from 4)")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="also draw the spectral gap against the worker count for every kind (log-log)",
+    )
+    parser.add_argument(
+        "--plot-max-workers",
+        type=int,
+        default=256,
+        metavar="N",
+        help="largest worker count on the plot (default 256; even counts from 4)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -60,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"plot ({str(args.plot)!r}) must be a .png file")
         if args.plot_max_workers < 4:
             raise ConfigError(f"plot-max-workers ({args.plot_max_workers}) must be >= 4")
-    topology = build_topology(args.kind, args.workers, gpus_per_node=args.gpus_per_node, seed=args.seed,
-                              inner=args.inner or "fixed-ring")
+    topology = build_topology(
+        args.kind, args.workers, gpus_per_node=args.gpus_per_node, seed=args.seed, inner=args.inner or "fixed-ring"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a zero gap is reported in the table itself
         spectrum = topology_spectrum(topology)
@@ -83,13 +105,17 @@ def run(args: argparse.Namespace) -> int:
 def _table(s: dict[str, Any]) -> str:
     nodes = f"{s['nodes']} x {s['gpus_per_node']} GPU{'s' if s['gpus_per_node'] > 1 else ''}"
     kind = s["kind"] + (f" (inner {s['inner']})" if s["inner"] else "")
-    which = ("W (static)" if s["matrix"] == "W"
-             else "E[TT^T] (time-varying: gaps of the expected gram matrix)")
+    which = "W (static)" if s["matrix"] == "W" else "E[TT^T] (time-varying: gaps of the expected gram matrix)"
     mixing = "never (gap 0)" if s["mixing_time"] is None else f"{s['mixing_time']} rounds to {s['mixing_tol']:g}"
     rows = [
-        ("topology", kind), ("workers", str(s["workers"])), ("nodes", nodes), ("matrix", which),
+        ("topology", kind),
+        ("workers", str(s["workers"])),
+        ("nodes", nodes),
+        ("matrix", which),
         ("period", "random" if s["period"] is None else str(s["period"])),
-        ("lambda2", _num(s["lambda2"])), ("lambda_min", _num(s["lambda_min"])), ("rho", _num(s["rho"])),
+        ("lambda2", _num(s["lambda2"])),
+        ("lambda_min", _num(s["lambda_min"])),
+        ("rho", _num(s["rho"])),
         ("spectral gap", f"{s['spectral_gap']:.6g}  (1 - rho)"),
         ("1 - lambda2", f"{s['gap_1_minus_lambda2']:.6g}"),
         ("consensus rate", f"{s['consensus_rate']:.6g}  (E C(theta T) <= rate * C(theta) per round)"),
@@ -147,12 +173,27 @@ def _write_plot(path: Path, requested: Any, max_workers: int) -> None:
         if is_requested:
             label += "  <- requested"
         xs, ys = zip(*curve)
-        ax.plot(xs, ys, marker="o", markersize=3, linewidth=2.8 if is_requested else 1.2,
-                alpha=1.0 if is_requested else 0.75, label=label, zorder=3 if is_requested else 2)
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            markersize=3,
+            linewidth=2.8 if is_requested else 1.2,
+            alpha=1.0 if is_requested else 0.75,
+            label=label,
+            zorder=3 if is_requested else 2,
+        )
     here = topology_spectrum(requested)
-    ax.plot([requested.n_workers], [max(here["spectral_gap"], 1e-12)], marker="*", markersize=16,
-            color="black", linestyle="none", zorder=4,
-            label=f"{requested.kind}, {requested.n_workers} workers: gap {here['spectral_gap']:.3g}")
+    ax.plot(
+        [requested.n_workers],
+        [max(here["spectral_gap"], 1e-12)],
+        marker="*",
+        markersize=16,
+        color="black",
+        linestyle="none",
+        zorder=4,
+        label=f"{requested.kind}, {requested.n_workers} workers: gap {here['spectral_gap']:.3g}",
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("workers")

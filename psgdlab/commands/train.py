@@ -30,8 +30,9 @@ def _draw_loss(config: Any, summary: dict[str, Any]) -> None:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("train", help="real distributed training (gloo, nccl, mpi)",
-                                   description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser(
+        "train", help="real distributed training (gloo, nccl, mpi)", description=__doc__.split("\n\n")[0]
+    )
     TrainConfig.add_arguments(parser)
     add_flags(parser, "--json")
     parser.set_defaults(func=run)
@@ -48,8 +49,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
-    keys = ("workers", "steps", "samples_per_s", "step_time_s", "comm_fraction", "idle_fraction",
-            "staleness_mean", "loss_first", "loss_last")
+    keys = (
+        "workers",
+        "steps",
+        "samples_per_s",
+        "step_time_s",
+        "comm_fraction",
+        "idle_fraction",
+        "staleness_mean",
+        "loss_first",
+        "loss_last",
+    )
     print(f"run directory: {config.out}")
     for key in keys:
         value = summary.get(key)

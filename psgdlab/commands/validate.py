@@ -16,6 +16,7 @@ def _list(kind: type):
         if not out:
             raise argparse.ArgumentTypeError("needs at least one entry")
         return out
+
     return parse
 
 
@@ -23,53 +24,101 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "validate",
         help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
-        description=("Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
-                     "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more "
-                     "workers than cores for the CPU work of communication; each --calibration-runs times), "
-                     "predict every (algorithm, workers) case with the fitted platform, "
-                     "measure the same cases with the runtime (emulated compute by default), and compare: step "
-                     "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
-                     "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
-                     "algorithm cases x 2, 4 workers, 80 steps, 0.05 s compute, 250000 float64 parameters) takes "
-                     "a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
-                     "without a straggler)."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--algorithms", type=_list(str), default=None,
-                   help="cases among ssgd,bmuf,easgd,adpsgd,adpsgd-random,hadpsgd (default: all)")
+        description=(
+            "Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
+            "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more "
+            "workers than cores for the CPU work of communication; each --calibration-runs times), "
+            "predict every (algorithm, workers) case with the fitted platform, "
+            "measure the same cases with the runtime (emulated compute by default), and compare: step "
+            "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
+            "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
+            "algorithm cases x 2, 4 workers, 80 steps, 0.05 s compute, 250000 float64 parameters) takes "
+            "a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
+            "without a straggler)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--algorithms",
+        type=_list(str),
+        default=None,
+        help="cases among ssgd,bmuf,easgd,adpsgd,adpsgd-random,hadpsgd (default: all)",
+    )
     p.add_argument("--workers", type=_list(int), default=None, help="worker counts (default 2,4; --full: 2,4,8)")
     p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo")
-    p.add_argument("--compute-time", default="0.05", metavar="T",
-                   help="emulated compute per step (psgdlab.core.timing spec)")
+    p.add_argument(
+        "--compute-time", default="0.05", metavar="T", help="emulated compute per step (psgdlab.core.timing spec)"
+    )
     p.add_argument("--real-compute", action="store_true", help="time the real gradient instead of emulating")
-    p.add_argument("--straggler", default=None, metavar="SPEC",
-                   help="also validate every case with this straggler (core.stragglers spec); --full uses "
-                        "'1:2'")
-    p.add_argument("--steps", type=int, default=80,
-                   help="steps per worker of each case (about 4 s: one stall of another process weighs less)")
-    p.add_argument("--dim", type=int, default=250_000,
-                   help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 "
-                        "times as many; below 100000, 50000 and 500000)")
-    p.add_argument("--cores", type=int, default=None,
-                   help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
-                        "calibration also runs ssgd with twice as many workers as cores and with the "
-                        "largest worker count")
-    p.add_argument("--min-idle-cores", type=float, default=0.0, metavar="C",
-                   help="before each run, wait until C cores have been idle over 2 s (the machine is shared: "
-                        "other work disturbs the timings); 0: do not wait")
-    p.add_argument("--max-idle-wait", type=float, default=300.0, metavar="S",
-                   help="longest wait for idle cores before a run, seconds (then it runs anyway; validate.json "
-                        "records the idle cores before each run)")
-    p.add_argument("--remeasure", type=int, default=4, metavar="K",
-                   help="measure each case of a pair that came out of the predicted order K more times and rank "
-                        "on the mean samples/s of its runs (one run varies by ~0.5%% here: two algorithms of the "
-                        "same speed come out in either order); 0: one run per case")
-    p.add_argument("--prediction-seeds", type=int, default=8, metavar="K",
-                   help="predict each case with K seeds, each also with the workers' compute-time streams in "
-                        "reverse rank order, and rank on the mean samples/s of those 2K predictions (one 80-step "
-                        "prediction is one draw of the compute times and matchings)")
-    p.add_argument("--calibration-runs", type=int, default=3, metavar="K",
-                   help="run each calibration configuration K times and fit on all of them (one calibration "
-                        "moves between runs by more than the gaps that order some algorithms)")
+    p.add_argument(
+        "--straggler",
+        default=None,
+        metavar="SPEC",
+        help="also validate every case with this straggler (core.stragglers spec); --full uses '1:2'",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=80,
+        help="steps per worker of each case (about 4 s: one stall of another process weighs less)",
+    )
+    p.add_argument(
+        "--dim",
+        type=int,
+        default=250_000,
+        help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 "
+        "times as many; below 100000, 50000 and 500000)",
+    )
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=None,
+        help="CPU cores of this machine (default: os.cpu_count()); with more workers than cores, "
+        "calibration also runs ssgd with twice as many workers as cores and with the "
+        "largest worker count",
+    )
+    p.add_argument(
+        "--min-idle-cores",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="before each run, wait until C cores have been idle over 2 s (the machine is shared: "
+        "other work disturbs the timings); 0: do not wait",
+    )
+    p.add_argument(
+        "--max-idle-wait",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="longest wait for idle cores before a run, seconds (then it runs anyway; validate.json "
+        "records the idle cores before each run)",
+    )
+    p.add_argument(
+        "--remeasure",
+        type=int,
+        default=4,
+        metavar="K",
+        help="measure each case of a pair that came out of the predicted order K more times and rank "
+        "on the mean samples/s of its runs (one run varies by ~0.5%% here: two algorithms of the "
+        "same speed come out in either order); 0: one run per case",
+    )
+    p.add_argument(
+        "--prediction-seeds",
+        type=int,
+        default=8,
+        metavar="K",
+        help="predict each case with K seeds, each also with the workers' compute-time streams in "
+        "reverse rank order, and rank on the mean samples/s of those 2K predictions (one 80-step "
+        "prediction is one draw of the compute times and matchings)",
+    )
+    p.add_argument(
+        "--calibration-runs",
+        type=int,
+        default=3,
+        metavar="K",
+        help="run each calibration configuration K times and fit on all of them (one calibration "
+        "moves between runs by more than the gaps that order some algorithms)",
+    )
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
@@ -85,17 +134,37 @@ def run(args: argparse.Namespace) -> int:
         from psgdlab.core.stragglers import StragglerModel
 
         StragglerModel.parse(straggler, seed=0, n_workers=min(workers))
-    vc = ValidateConfig(out=args.out, algorithms=args.algorithms or tuple(ALGORITHM_CASES), workers=workers,
-                        backend=args.backend, compute_time=None if args.real_compute else args.compute_time,
-                        stragglers=("",) + ((straggler,) if straggler else ()), steps=args.steps, dim=args.dim,
-                        cores=args.cores, min_idle_cores=args.min_idle_cores,
-                        max_idle_wait_s=args.max_idle_wait, remeasure=args.remeasure,
-                        prediction_seeds=args.prediction_seeds, calibration_runs=args.calibration_runs)
+    vc = ValidateConfig(
+        out=args.out,
+        algorithms=args.algorithms or tuple(ALGORITHM_CASES),
+        workers=workers,
+        backend=args.backend,
+        compute_time=None if args.real_compute else args.compute_time,
+        stragglers=("",) + ((straggler,) if straggler else ()),
+        steps=args.steps,
+        dim=args.dim,
+        cores=args.cores,
+        min_idle_cores=args.min_idle_cores,
+        max_idle_wait_s=args.max_idle_wait,
+        remeasure=args.remeasure,
+        prediction_seeds=args.prediction_seeds,
+        calibration_runs=args.calibration_runs,
+    )
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
     if args.json:
-        keys = ("cases", "median_abs_step_time_error", "max_abs_step_time_error", "max_abs_staleness_mean_error",
-                "ranking_identical", "ranking", "targets", "targets_met", "platform", "load_average")
+        keys = (
+            "cases",
+            "median_abs_step_time_error",
+            "max_abs_step_time_error",
+            "max_abs_staleness_mean_error",
+            "ranking_identical",
+            "ranking",
+            "targets",
+            "targets_met",
+            "platform",
+            "load_average",
+        )
         print(json.dumps({k: summary[k] for k in keys}, indent=2))
     else:
         print(format_table(summary))

@@ -25,16 +25,31 @@ def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, ste
         for s in range(steps):
             c = step_s - comm_s + jitter * rng.standard_normal()
             tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + c, staleness=staleness, loss=1.0 / (s + 1))
-            tb.add(rank=r, step=s, phase="comm", start_s=t + c, end_s=t + c + comm_s, kind=ExchangeKind.ALLREDUCE,
-                   nbytes=1000)
+            tb.add(
+                rank=r,
+                step=s,
+                phase="comm",
+                start_s=t + c,
+                end_s=t + c + comm_s,
+                kind=ExchangeKind.ALLREDUCE,
+                nbytes=1000,
+            )
             t += c + comm_s
     trace = tb.array()
     rd = RunDir(path)
     write_trace(rd / "trace.npz", trace, {"source": "test"})
     figures = summarize(trace, samples_per_step=32)
     del figures["workers"]
-    write_summary(rd, Summary(source="runtime", algorithm=algorithm, algorithm_params={"algorithm": algorithm},
-                              workers=workers, figures=figures))
+    write_summary(
+        rd,
+        Summary(
+            source="runtime",
+            algorithm=algorithm,
+            algorithm_params={"algorithm": algorithm},
+            workers=workers,
+            figures=figures,
+        ),
+    )
     rd.write_json("config.resolved.json", {"algorithm": {"algorithm": algorithm, "n_workers": workers}})
     return path
 
@@ -44,8 +59,7 @@ def dirs(tmp_path):
     pred, meas = tmp_path / "pred", tmp_path / "meas"
     for alg, st, stale in (("ssgd", 0.10, 0), ("adpsgd", 0.08, 1)):
         write_case(pred / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st, comm_s=0.02, staleness=stale)
-        write_case(meas / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st * 1.1, comm_s=0.02,
-                   staleness=stale)
+        write_case(meas / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st * 1.1, comm_s=0.02, staleness=stale)
     return pred, meas
 
 
@@ -69,8 +83,10 @@ def test_ranking_difference_is_detected(tmp_path):
 
 
 def _cases(pred, meas, workers=2):
-    return [{"algorithm": a, "workers": workers, "samples_per_s": {"predicted": p, "measured": m}}
-            for a, p, m in zip("abcd", pred, meas)]
+    return [
+        {"algorithm": a, "workers": workers, "samples_per_s": {"predicted": p, "measured": m}}
+        for a, p, m in zip("abcd", pred, meas)
+    ]
 
 
 def test_ranking_treats_only_exact_predicted_ties_as_one_class():
@@ -104,7 +120,7 @@ def test_compare_errors(tmp_path, dirs, capsys):
     with pytest.raises(ConfigError, match="does not exist"):
         load_cases(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="has no summary.json"):
+    with pytest.raises(ConfigError, match=r"has no summary\.json"):
         load_cases(tmp_path / "empty")
     other = write_case(tmp_path / "other", algorithm="bmuf", workers=8, step_s=0.1)
     with pytest.raises(ConfigError, match=r"no \(algorithm, workers\) case is in both"):

@@ -25,22 +25,40 @@ def ring_s(n, S, schedule="ring"):
     return allreduce_rounds(n, schedule) * AR_ALPHA + 2 * (n - 1) / n * S / AR_BETA
 
 
-def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=False, seed=0, itemsize=8,
-              mem_bw=None, algorithm="ssgd", fold=(0.0, 0.0), schedule=None, merge=(0.0, 0.0), resolved=None):
+def write_run(
+    path,
+    *,
+    n_params,
+    workers=2,
+    steps=30,
+    pairwise=False,
+    server=False,
+    seed=0,
+    itemsize=8,
+    mem_bw=None,
+    algorithm="ssgd",
+    fold=(0.0, 0.0),
+    schedule=None,
+    merge=(0.0, 0.0),
+    resolved=None,
+):
     """A runtime-like run directory on a machine of CORES cores: compute records drawn from a
     lognormal law, exchanges of the exact cost model (allreduces over more workers than cores
     stretched by the CPU model) plus non-negative waiting (what the fit must see through).
     ``resolved``: the algorithm's parameters, written to config.resolved.json as the runtime
     does; then only the steps whose training thread folds an average back pay ``merge``."""
-    alg = make_algorithm(resolved["algorithm"], **{k: v for k, v in resolved.items() if k != "algorithm"}) \
-        if resolved else None
+    alg = (
+        make_algorithm(resolved["algorithm"], **{k: v for k, v in resolved.items() if k != "algorithm"})
+        if resolved
+        else None
+    )
     rng = np.random.default_rng(seed)
     S = n_params * itemsize
-    sigma = np.sqrt(np.log1p(CV ** 2))
+    sigma = np.sqrt(np.log1p(CV**2))
     tb = TraceBuilder()
 
     def compute(r, s, t):
-        c = float(rng.lognormal(np.log(MEAN) - sigma ** 2 / 2, sigma))
+        c = float(rng.lognormal(np.log(MEAN) - sigma**2 / 2, sigma))
         tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + c, staleness=0, loss=1.0)
         return c
 
@@ -52,37 +70,76 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
                 t += c
                 if pairwise:
                     d = ALPHA + S / BETA + (0.0 if rng.random() < 0.5 else float(rng.exponential(0.01)))
-                    tb.add(rank=r, step=s, phase="overlap", start_s=t - c, end_s=t - c + d,
-                           kind=ExchangeKind.PAIRWISE, peer=1 - r, nbytes=S)
+                    tb.add(
+                        rank=r,
+                        step=s,
+                        phase="overlap",
+                        start_s=t - c,
+                        end_s=t - c + d,
+                        kind=ExchangeKind.PAIRWISE,
+                        peer=1 - r,
+                        nbytes=S,
+                    )
                 else:
                     d = ALPHA + S / BETA + 1e-3 + (3 * S / mem_bw if mem_bw else 0.0)
                     d += float(rng.exponential(2e-3)) if rng.random() < 0.3 else 0.0
-                    tb.add(rank=r, step=s, phase="comm", start_s=t, end_s=t + d, kind=ExchangeKind.SERVER, peer=-2,
-                           nbytes=S)
+                    tb.add(
+                        rank=r,
+                        step=s,
+                        phase="comm",
+                        start_s=t,
+                        end_s=t + d,
+                        kind=ExchangeKind.SERVER,
+                        peer=-2,
+                        nbytes=S,
+                    )
                     t += d
                 merges = pairwise and (alg is None or trainer_merges(alg.exchanges(s, r)))
                 t += GAP + (merge[0] + merge[1] * S if merges else 0.0)  # folding the average back
     else:  # allreduce: every member leaves when the last has arrived plus the exchange's cost
         d = ring_s(workers, S, schedule or "ring") + max(0, workers / CORES - 1) * (
-            allreduce_messages(workers, schedule or "ring") * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE)
+            allreduce_messages(workers, schedule or "ring") * W_MSG + 2 * (workers - 1) / workers * S * W_BYTE
+        )
         d += fold[0] + fold[1] * S  # a model average's record also holds folding the mean back
         t = np.zeros(workers)
         for s in range(steps):
             arrive = t + [compute(r, s, t[r]) for r in range(workers)]
             end = arrive.max() + d
             for r in range(workers):
-                tb.add(rank=r, step=s, phase="comm", start_s=arrive[r], end_s=end, kind=ExchangeKind.ALLREDUCE,
-                       nbytes=2 * (workers - 1) * S // workers)
+                tb.add(
+                    rank=r,
+                    step=s,
+                    phase="comm",
+                    start_s=arrive[r],
+                    end_s=end,
+                    kind=ExchangeKind.ALLREDUCE,
+                    nbytes=2 * (workers - 1) * S // workers,
+                )
             t = np.full(workers, end + GAP)
     trace = tb.array()
-    meta = {"source": "runtime", "n_workers": workers, "samples_per_step": 8, "n_params": n_params,
-            "itemsize": itemsize, "payload_bytes": S, **({"allreduce_algorithm": schedule} if schedule else {})}
+    meta = {
+        "source": "runtime",
+        "n_workers": workers,
+        "samples_per_step": 8,
+        "n_params": n_params,
+        "itemsize": itemsize,
+        "payload_bytes": S,
+        **({"allreduce_algorithm": schedule} if schedule else {}),
+    }
     rd = RunDir(path)
     write_trace(rd / "trace.npz", trace, meta)
     figures = {**summarize(trace, samples_per_step=8), **meta}
     del figures["workers"], figures["source"]
-    write_summary(rd, Summary(source="runtime", algorithm=algorithm, algorithm_params={"algorithm": algorithm},
-                              workers=workers, figures=figures))
+    write_summary(
+        rd,
+        Summary(
+            source="runtime",
+            algorithm=algorithm,
+            algorithm_params={"algorithm": algorithm},
+            workers=workers,
+            figures=figures,
+        ),
+    )
     rd.write_json("env.json", {"cpu_count": CORES})
     if resolved:
         rd.write_json("config.resolved.json", {"algorithm": resolved, "world_size": workers})
@@ -91,10 +148,13 @@ def write_run(path, *, n_params, workers=2, steps=30, pairwise=False, server=Fal
 
 @pytest.fixture
 def runs(tmp_path):
-    return [write_run(tmp_path / "a", n_params=10_000, seed=1), write_run(tmp_path / "b", n_params=200_000, seed=2),
-            write_run(tmp_path / "c", n_params=10_000, pairwise=True, seed=3),
-            write_run(tmp_path / "d", n_params=200_000, pairwise=True, seed=4),
-            write_run(tmp_path / "e", n_params=50_000, server=True, seed=5)]
+    return [
+        write_run(tmp_path / "a", n_params=10_000, seed=1),
+        write_run(tmp_path / "b", n_params=200_000, seed=2),
+        write_run(tmp_path / "c", n_params=10_000, pairwise=True, seed=3),
+        write_run(tmp_path / "d", n_params=200_000, pairwise=True, seed=4),
+        write_run(tmp_path / "e", n_params=50_000, server=True, seed=5),
+    ]
 
 
 def test_calibrate_recovers_known_platform(runs):
@@ -113,8 +173,10 @@ def test_calibrate_recovers_known_platform(runs):
 
 
 def test_calibrate_recovers_the_cpu_work_of_oversubscribed_runs(runs, tmp_path):
-    busy = [write_run(tmp_path / "w4a", n_params=10_000, workers=4, seed=7),
-            write_run(tmp_path / "w4b", n_params=200_000, workers=4, seed=8)]
+    busy = [
+        write_run(tmp_path / "w4a", n_params=10_000, workers=4, seed=7),
+        write_run(tmp_path / "w4b", n_params=200_000, workers=4, seed=8),
+    ]
     fit = calibrate_runs(runs + busy)
     assert fit["link"]["latency_s"] == pytest.approx(ALPHA, rel=1e-6)  # the busy runs stay out of the link
     cpu = fit["host_cpu"]
@@ -134,8 +196,10 @@ def test_calibrate_separates_the_merge_of_pairwise_averages(runs, tmp_path):
     excess over the other runs' overhead line is the platform's mix merge, and the base step
     overhead stays that of the runs without."""
     merge = (3e-4, 2e-10)
-    mixing = [write_run(tmp_path / f"m{i}", n_params=n, pairwise=True, seed=20 + i, merge=merge)
-              for i, n in enumerate((10_000, 200_000))]
+    mixing = [
+        write_run(tmp_path / f"m{i}", n_params=n, pairwise=True, seed=20 + i, merge=merge)
+        for i, n in enumerate((10_000, 200_000))
+    ]
     fit = calibrate_runs(runs[:2] + mixing + runs[4:])
     assert fit["compute"]["step_overhead_s"] == pytest.approx(GAP, rel=1e-6)
     assert fit["mix_merge"]["fixed_s"] == pytest.approx(merge[0], rel=1e-6)
@@ -154,8 +218,10 @@ def test_the_merge_is_fitted_from_the_steps_whose_training_thread_folds_the_aver
     halve it. The passive steps' own excess is reported (0 here)."""
     merge = (3e-4, 2e-10)
     resolved = {"algorithm": "adpsgd", "n_workers": 4, "variant": variant, "seed": 3}
-    mixing = [write_run(tmp_path / f"m{i}", n_params=n, workers=4, pairwise=True, seed=20 + i, merge=merge,
-                        resolved=resolved) for i, n in enumerate((10_000, 200_000))]
+    mixing = [
+        write_run(tmp_path / f"m{i}", n_params=n, workers=4, pairwise=True, seed=20 + i, merge=merge, resolved=resolved)
+        for i, n in enumerate((10_000, 200_000))
+    ]
     fit = calibrate_runs(runs[:2] + mixing + runs[4:], cores=4)
     assert (fit["mix_merge"]["fixed_s"], fit["mix_merge"]["s_per_byte"]) == pytest.approx(merge, rel=1e-6)
     assert fit["mix_merge"]["passive_excess_s"] == pytest.approx([0.0, 0.0], abs=1e-9)
@@ -167,9 +233,14 @@ def test_calibrate_fits_the_allreduce_schedule_the_runs_recorded(tmp_path, sched
     """Runs of a transport whose allreduce latency does not grow as a ring's (the shared-memory
     plane: two rounds whatever n) give back the same link and CPU work, and the schedule goes
     into the platform; fitted as a ring, the 4-worker runs' excess would be misread."""
-    mk = [dict(n_params=10_000, seed=1), dict(n_params=200_000, seed=2),
-          dict(n_params=10_000, pairwise=True, seed=3), dict(n_params=200_000, pairwise=True, seed=4),
-          dict(n_params=10_000, workers=4, seed=7), dict(n_params=200_000, workers=4, seed=8)]
+    mk = [
+        dict(n_params=10_000, seed=1),
+        dict(n_params=200_000, seed=2),
+        dict(n_params=10_000, pairwise=True, seed=3),
+        dict(n_params=200_000, pairwise=True, seed=4),
+        dict(n_params=10_000, workers=4, seed=7),
+        dict(n_params=200_000, workers=4, seed=8),
+    ]
     runs = [write_run(tmp_path / f"r{i}", schedule=schedule, **kw) for i, kw in enumerate(mk)]
     fit = calibrate_runs(runs)
     assert fit["allreduce_algorithm"] == schedule
@@ -195,8 +266,10 @@ def test_calibrate_refuses_runs_of_two_allreduce_schedules(runs, tmp_path):
 
 
 def test_server_update_cost_is_fitted_from_two_sizes(runs, tmp_path):
-    srv = [write_run(tmp_path / f"s{i}", n_params=n, server=True, seed=9 + i, mem_bw=2e9)
-           for i, n in enumerate((50_000, 500_000))]
+    srv = [
+        write_run(tmp_path / f"s{i}", n_params=n, server=True, seed=9 + i, mem_bw=2e9)
+        for i, n in enumerate((50_000, 500_000))
+    ]
     fit = calibrate_runs(runs[:4] + srv)
     assert fit["server"]["memory_bandwidth_bytes_per_s"] == pytest.approx(2e9, rel=0.1)
     cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
@@ -266,13 +339,36 @@ def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
     assert fit_overhead_per_byte([(4e5, 1e-3), (4e5, 2e-3), (4e5, 4e-3)]) == (2e-3, 0.0)  # one size
     assert fit_overhead_per_byte([(4e5, 2e-3), (4e6, 1e-3)]) == (1.5e-3, 0.0)  # falling: no per-byte term
     assert fit_overhead_per_byte([]) == (0.0, 0.0)
-    comp = {"mean_s": MEAN, "cv": CV, "p50_s": MEAN, "p95_s": MEAN, "samples": 9, "ks_distance": 0.0,
-            "spec": f"lognormal:{MEAN}:{CV}",
-            "step_overhead_fixed_s": a, "step_overhead_s_per_byte": b, "step_overhead_s": a + b * 4e6}
-    fit = {"compute": comp, "link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e9, "samples": 9, "points": 2,
-                                     "rms_residual_s": 0.0, "max_rel_residual": 0.0, "allreduce_samples": 0,
-                                     "pairwise_samples": 9, "payload_sizes_bytes": [1, 2]},
-           "server": None, "runs": [], "max_workers": 2, "payload_bytes": [4_000_000]}
+    comp = {
+        "mean_s": MEAN,
+        "cv": CV,
+        "p50_s": MEAN,
+        "p95_s": MEAN,
+        "samples": 9,
+        "ks_distance": 0.0,
+        "spec": f"lognormal:{MEAN}:{CV}",
+        "step_overhead_fixed_s": a,
+        "step_overhead_s_per_byte": b,
+        "step_overhead_s": a + b * 4e6,
+    }
+    fit = {
+        "compute": comp,
+        "link": {
+            "latency_s": 0.0,
+            "bandwidth_bytes_per_s": 1e9,
+            "samples": 9,
+            "points": 2,
+            "rms_residual_s": 0.0,
+            "max_rel_residual": 0.0,
+            "allreduce_samples": 0,
+            "pairwise_samples": 9,
+            "payload_sizes_bytes": [1, 2],
+        },
+        "server": None,
+        "runs": [],
+        "max_workers": 2,
+        "payload_bytes": [4_000_000],
+    }
     cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=250_000, itemsize=8)))
     # the overhead is host work of the platform beside the compute law (a straggler does not scale it)
     assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN, rel=1e-5)
@@ -281,8 +377,10 @@ def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
 
 def test_model_averaging_runs_fit_the_fold_and_stay_out_of_the_links(runs, tmp_path):
     fold = (6e-4, 1.5e-9)
-    avg = [write_run(tmp_path / f"bmuf{i}", n_params=n, seed=20 + i, algorithm="bmuf", fold=fold)
-           for i, n in enumerate((10_000, 200_000))]
+    avg = [
+        write_run(tmp_path / f"bmuf{i}", n_params=n, seed=20 + i, algorithm="bmuf", fold=fold)
+        for i, n in enumerate((10_000, 200_000))
+    ]
     fit = calibrate_runs(runs + avg)
     assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)  # not moved by the bmuf runs
     assert fit["collective"]["bandwidth_bytes_per_s"] == pytest.approx(AR_BETA, rel=1e-6)
@@ -300,9 +398,17 @@ def test_model_averaging_is_asked_of_the_schedule_not_the_name(runs, tmp_path, v
     """Synchronous EASGD allreduces the model (core.exchange.folds_model of its schedule) and is
     priced like BMUF; a run whose algorithm never allreduces the model is not, whatever its name."""
     fold = (6e-4, 1.5e-9)
-    easgd = [write_run(tmp_path / f"easgd{i}", n_params=n, seed=40 + i, algorithm="easgd", fold=fold,
-                       resolved={"algorithm": "easgd", "n_workers": 2, "variant": variant, "period": 1})
-             for i, n in enumerate((10_000, 200_000))]
+    easgd = [
+        write_run(
+            tmp_path / f"easgd{i}",
+            n_params=n,
+            seed=40 + i,
+            algorithm="easgd",
+            fold=fold,
+            resolved={"algorithm": "easgd", "n_workers": 2, "variant": variant, "period": 1},
+        )
+        for i, n in enumerate((10_000, 200_000))
+    ]
     fit = calibrate_runs(runs + easgd)
     if averages:
         assert (fit["model_average"]["fixed_s"], fit["model_average"]["s_per_byte"]) == pytest.approx(fold, rel=1e-6)

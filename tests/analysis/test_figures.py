@@ -22,8 +22,11 @@ from psgdlab.analysis.figures import (
     write_prediction_figures,
 )
 
-ROWS = [{"algorithm": a, "workers": w, "speedup": 0.9 * w, "staleness_hist": {"0": 5, "1": 10, "2": 3}}
-        for a in ("ssgd", "adpsgd") for w in (1, 2, 4)]
+ROWS = [
+    {"algorithm": a, "workers": w, "speedup": 0.9 * w, "staleness_hist": {"0": 5, "1": 10, "2": 3}}
+    for a in ("ssgd", "adpsgd")
+    for w in (1, 2, 4)
+]
 
 
 def test_save_figure_writes_a_png_and_leaves_no_temporary_file(tmp_path):
@@ -54,16 +57,17 @@ def test_save_figure_renames_a_temporary_file_in_the_same_folder(tmp_path, monke
     real = os.replace
     monkeypatch.setattr(os, "replace", lambda src, dst: (moves.append((src, dst)), real(src, dst))[1])
     save_figure(speedup_figure(ROWS), tmp_path / "speedup.png")
-    (src, dst), = moves
+    ((src, dst),) = moves
     assert str(dst) == str(tmp_path / "speedup.png") and str(src) != str(dst)
     assert os.path.dirname(src) == str(tmp_path)
 
 
-@given(st.dictionaries(st.integers(0, 40), st.integers(1, 1000), min_size=1, max_size=6),
-       st.integers(1, 3))
+@given(st.dictionaries(st.integers(0, 40), st.integers(1, 1000), min_size=1, max_size=6), st.integers(1, 3))
 def test_staleness_ticks_are_integers(hist, n_algorithms):
-    rows = [{"algorithm": f"a{i}", "workers": 4, "staleness_hist": {str(k): v for k, v in hist.items()}}
-            for i in range(n_algorithms)]
+    rows = [
+        {"algorithm": f"a{i}", "workers": 4, "staleness_hist": {str(k): v for k, v in hist.items()}}
+        for i in range(n_algorithms)
+    ]
     fig = predicted_staleness_figure(rows)
     ax = fig.axes[0]
     lo, hi = ax.get_xlim()
@@ -80,7 +84,8 @@ rows = {ROWS!r}
 f.write_prediction_figures({str(tmp_path)!r}, rows, title="t")
 ev = {{"time_s": [0.0, 1.0], "epoch": [0.0, 1.0], "loss": [2.0, 1.0], "accuracy": [0.1, 0.5]}}
 f.save_figure(f.emulation_loss_figure(ev), {str(tmp_path / "loss.png")!r})
-f.save_figure(f.consensus_figure({{"time_s": [0.0, 1.0], "consensus_distance": [1.0, 0.1]}}), {str(tmp_path / "c.png")!r})
+consensus = {{"time_s": [0.0, 1.0], "consensus_distance": [1.0, 0.1]}}
+f.save_figure(f.consensus_figure(consensus), {str(tmp_path / "c.png")!r})
 f.save_figure(f.training_loss_figure({{"step": [0, 1], "loss": [2.0, 1.0]}}), {str(tmp_path / "t.png")!r})
 print('matplotlib.pyplot' in sys.modules)
 """
@@ -90,8 +95,12 @@ print('matplotlib.pyplot' in sys.modules)
 
 
 def test_emulation_and_training_figures_have_their_panels():
-    ev = {"time_s": np.array([0.0, 1.0]), "epoch": np.array([0.0, 1.0]), "loss": np.array([2.0, 1.0]),
-          "accuracy": np.array([0.1, 0.5])}
+    ev = {
+        "time_s": np.array([0.0, 1.0]),
+        "epoch": np.array([0.0, 1.0]),
+        "loss": np.array([2.0, 1.0]),
+        "accuracy": np.array([0.1, 0.5]),
+    }
     assert len(emulation_loss_figure(ev).axes) == 4  # two panels, each with an accuracy twin
     assert len(consensus_figure({"time_s": np.array([]), "consensus_distance": np.array([])}).axes) == 1
     held = [{"step": 5, "loss": 1.0, "frame_accuracy": 0.5, "wer": 0.4}]

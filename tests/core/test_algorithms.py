@@ -44,23 +44,26 @@ def test_none_parameters_fall_back_to_defaults():
     assert make_algorithm("bsp", n_workers=2, period=None).period == 5
 
 
-@pytest.mark.parametrize(("name", "params", "match"), [
-    ("sgd", {"n_workers": 2}, r"workers \(2\) must be 1 for sgd; use ssgd"),
-    ("ssgd", {"n_workers": 0}, r"workers \(0\) must be an integer >= 1"),
-    ("ssgd", {"n_workers": 2, "momentum": 1.0}, r"momentum \(1.0\) must be in \[0, 1\)"),
-    ("bsp", {"n_workers": 2, "period": 0}, r"period \(0\) must be an integer >= 1"),
-    ("bmuf", {"n_workers": 2, "block_momentum": 1.0}, r"block_momentum \(1.0\) must be in \[0, 1\)"),
-    ("bmuf", {"n_workers": 2, "block_lr": 0.0}, r"block_lr \(0.0\) must be > 0"),
-    ("bmuf", {"n_workers": 2, "variant": "adam"}, r"variant \('adam'\) must be 'classical' or 'nesterov'"),
-    ("easgd", {"n_workers": 4, "alpha": 0.5, "variant": "sync"}, r"workers \* alpha <= 1"),
-    ("easgd", {"n_workers": 4, "variant": "both"}, r"must be 'async' or 'sync'"),
-    ("asgd", {"n_workers": 4, "server_lr": -1.0}, r"server_lr \(-1.0\) must be > 0"),
-    ("adpsgd", {"n_workers": 4, "variant": "ring"}, r"variant \('ring'\) must be one of fixed, random, delay"),
-    ("adpsgd", {"n_workers": 4, "variant": "delay", "delay": 0}, r"delay \(0\) must be an integer >= 1"),
-    ("adpsgd", {"n_workers": 4, "delay": 2}, r"delay \(2\) only applies to variant 'delay'"),
-    ("dpsgd", {"n_workers": 4, "topology": "fixed-ring"}, r"topology \('fixed-ring'\) must be one of"),
-    ("hadpsgd", {"n_workers": 8, "gpus_per_node": 0}, r"gpus_per_node \(0\) must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    ("name", "params", "match"),
+    [
+        ("sgd", {"n_workers": 2}, r"workers \(2\) must be 1 for sgd; use ssgd"),
+        ("ssgd", {"n_workers": 0}, r"workers \(0\) must be an integer >= 1"),
+        ("ssgd", {"n_workers": 2, "momentum": 1.0}, r"momentum \(1.0\) must be in \[0, 1\)"),
+        ("bsp", {"n_workers": 2, "period": 0}, r"period \(0\) must be an integer >= 1"),
+        ("bmuf", {"n_workers": 2, "block_momentum": 1.0}, r"block_momentum \(1.0\) must be in \[0, 1\)"),
+        ("bmuf", {"n_workers": 2, "block_lr": 0.0}, r"block_lr \(0.0\) must be > 0"),
+        ("bmuf", {"n_workers": 2, "variant": "adam"}, r"variant \('adam'\) must be 'classical' or 'nesterov'"),
+        ("easgd", {"n_workers": 4, "alpha": 0.5, "variant": "sync"}, r"workers \* alpha <= 1"),
+        ("easgd", {"n_workers": 4, "variant": "both"}, r"must be 'async' or 'sync'"),
+        ("asgd", {"n_workers": 4, "server_lr": -1.0}, r"server_lr \(-1.0\) must be > 0"),
+        ("adpsgd", {"n_workers": 4, "variant": "ring"}, r"variant \('ring'\) must be one of fixed, random, delay"),
+        ("adpsgd", {"n_workers": 4, "variant": "delay", "delay": 0}, r"delay \(0\) must be an integer >= 1"),
+        ("adpsgd", {"n_workers": 4, "delay": 2}, r"delay \(2\) only applies to variant 'delay'"),
+        ("dpsgd", {"n_workers": 4, "topology": "fixed-ring"}, r"topology \('fixed-ring'\) must be one of"),
+        ("hadpsgd", {"n_workers": 8, "gpus_per_node": 0}, r"gpus_per_node \(0\) must be an integer >= 1"),
+    ],
+)
 def test_bad_parameters_are_rejected_with_one_line(name, params, match):
     with pytest.raises(ConfigError, match=match):
         make_algorithm(name, **params)
@@ -85,8 +88,12 @@ def test_bmuf_period_one_warns():
 
 
 # ----- schedules ----------------------------------------------------------------------------------
-@given(n=st.sampled_from([2, 4, 6, 8, 16]), step=st.integers(0, 1000), seed=seeds,
-       variant=st.sampled_from(["fixed", "random", "delay"]))
+@given(
+    n=st.sampled_from([2, 4, 6, 8, 16]),
+    step=st.integers(0, 1000),
+    seed=seeds,
+    variant=st.sampled_from(["fixed", "random", "delay"]),
+)
 def test_adpsgd_pairs_are_mutual_with_one_active_side(n, step, seed, variant):
     alg = make_algorithm("adpsgd", n_workers=n, variant=variant, seed=seed)
     for r in range(n):
@@ -104,11 +111,11 @@ def test_hadpsgd_schedule_structure(n_nodes, m, step, seed):
     for r in range(n_nodes * m):
         exs = alg.exchanges(step, r)
         node, local = divmod(r, m)
-        pair = [e for e in exs if isinstance(e, PairwiseAverage)][0]
+        pair = next(e for e in exs if isinstance(e, PairwiseAverage))
         assert pair.peer % m == local and pair.peer // m != node
         assert pair.shard == local and pair.n_shards == m
         if m > 1:
-            ar = [e for e in exs if isinstance(e, AllReduce)][0]
+            ar = next(e for e in exs if isinstance(e, AllReduce))
             assert ar.group == tuple(range(node * m, node * m + m)) and ar.payload == "grad"
 
 
@@ -131,8 +138,9 @@ def test_dpsgd_gossip_is_a_column_of_the_ring_matrix():
 def test_schedule_is_a_pure_function_of_step_rank_seed():
     a = make_algorithm("adpsgd", n_workers=16, variant="random", seed=7)
     b = make_algorithm("adpsgd", n_workers=16, variant="random", seed=7)
-    assert [a.exchanges(s, r) for s in range(20) for r in range(16)] == \
-           [b.exchanges(s, r) for s in range(20) for r in range(16)]
+    assert [a.exchanges(s, r) for s in range(20) for r in range(16)] == [
+        b.exchanges(s, r) for s in range(20) for r in range(16)
+    ]
 
 
 # ----- communication accounting (§E.12) -----------------------------------------------------------
@@ -157,7 +165,9 @@ def test_allreduce_schedules_order_and_closed_forms(n):
 
 
 def test_unknown_allreduce_schedule_is_refused_with_the_choices():
-    with pytest.raises(ConfigError, match=r"allreduce algorithm \('tree'\) must be one of ring, halving-doubling, direct"):
+    with pytest.raises(
+        ConfigError, match=r"allreduce algorithm \('tree'\) must be one of ring, halving-doubling, direct"
+    ):
         allreduce_rounds(4, "tree")
 
 
@@ -179,8 +189,11 @@ def test_ssgd_equals_sgd_with_the_total_batch(n, seed):
 
 @given(n=st.sampled_from([2, 4]), period=st.integers(2, 5), seed=seeds)
 def test_bmuf_without_momentum_and_unit_lr_is_bsp(n, period, seed):
-    a = run_reference(make_algorithm("bmuf", n_workers=n, period=period, block_momentum=0.0, block_lr=1.0),
-                      problem(n, seed), steps=4 * period)
+    a = run_reference(
+        make_algorithm("bmuf", n_workers=n, period=period, block_momentum=0.0, block_lr=1.0),
+        problem(n, seed),
+        steps=4 * period,
+    )
     b = run_reference(make_algorithm("bsp", n_workers=n, period=period), problem(n, seed), steps=4 * period)
     np.testing.assert_allclose(a.params, b.params, **TOL)
 
@@ -201,8 +214,9 @@ def test_hadpsgd_with_one_node_is_ssgd(m, seed):
 
 @given(n=st.sampled_from([2, 4, 8]), seed=seeds, variant=st.sampled_from(["fixed", "random"]))
 def test_hadpsgd_with_one_gpu_per_node_is_adpsgd(n, seed, variant):
-    a = run_reference(make_algorithm("hadpsgd", n_workers=n, gpus_per_node=1, variant=variant, seed=seed),
-                      problem(n, seed), steps=12)
+    a = run_reference(
+        make_algorithm("hadpsgd", n_workers=n, gpus_per_node=1, variant=variant, seed=seed), problem(n, seed), steps=12
+    )
     b = run_reference(make_algorithm("adpsgd", n_workers=n, variant=variant, seed=seed), problem(n, seed), steps=12)
     np.testing.assert_allclose(a.params, b.params, **TOL)
 
@@ -263,16 +277,16 @@ def test_sgd_step_on_a_summed_gradient_with_scale_equals_the_step_on_the_mean(n,
 
 
 # ----- BMUF forms (§E.10) --------------------------------------------------------------------------
-@given(n=st.integers(2, 16), zeta=st.floats(0.0, 0.95), C=st.floats(0.5, 2.0), nesterov=st.booleans(),
-       seed=seeds)
+@given(n=st.integers(2, 16), zeta=st.floats(0.0, 0.95), C=st.floats(0.5, 2.0), nesterov=st.booleans(), seed=seeds)
 def test_bmuf_averaged_and_summed_forms_agree(n, zeta, C, nesterov, seed):
     rng = np.random.default_rng(seed)
     workers = rng.standard_normal((n, 5))
     g, delta = rng.standard_normal(5), rng.standard_normal(5)
     eta = (1 - zeta) * n * C
     a = kernels.bmuf_filter(workers.mean(axis=0), g, delta, block_momentum=zeta, block_lr=eta, nesterov=nesterov)
-    b = kernels.bmuf_filter_summed((workers - g).sum(axis=0), g, delta, block_momentum=zeta,
-                                   gain=(1 - zeta) * C, nesterov=nesterov)
+    b = kernels.bmuf_filter_summed(
+        (workers - g).sum(axis=0), g, delta, block_momentum=zeta, gain=(1 - zeta) * C, nesterov=nesterov
+    )
     np.testing.assert_allclose(a[0], b[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(a[1], b[1], rtol=1e-12, atol=1e-12)
 
@@ -302,8 +316,9 @@ def test_easgd_sync_step_conserves_total_and_is_doubly_stochastic(n, frac, seed)
     new_c = out[0][1]
     np.testing.assert_allclose(new_w.sum(axis=0) + new_c, W.sum(axis=0) + c, rtol=1e-10, atol=1e-10)
     # the (n+1)x(n+1) matrix: eigenvalues {1, 1-alpha, 1-(n+1)alpha}
-    M = np.block([[(1 - alpha) * np.eye(n), alpha * np.ones((n, 1))],
-                  [alpha * np.ones((1, n)), np.array([[1 - n * alpha]])]])
+    M = np.block(
+        [[(1 - alpha) * np.eye(n), alpha * np.ones((n, 1))], [alpha * np.ones((1, n)), np.array([[1 - n * alpha]])]]
+    )
     assert (M >= -1e-15).all()
     np.testing.assert_allclose(M.sum(axis=0), 1, atol=1e-12)
     eig = np.sort(np.linalg.eigvalsh(M))
@@ -321,8 +336,12 @@ def test_adpsgd_mean_moves_like_ssgd(n, seed, variant):
     A, b = prob.data()
     for s in range(1, 6):
         before = res.params[s - 1]
-        grads = [A[prob.batch_indices(r, s)].T @ (A[prob.batch_indices(r, s)] @ before[r] - b[prob.batch_indices(r, s)])
-                 / prob.batch for r in range(n)]
+        grads = [
+            A[prob.batch_indices(r, s)].T
+            @ (A[prob.batch_indices(r, s)] @ before[r] - b[prob.batch_indices(r, s)])
+            / prob.batch
+            for r in range(n)
+        ]
         expect = before.mean(axis=0) - 0.05 * np.mean(grads, axis=0)
         np.testing.assert_allclose(res.params[s].mean(axis=0), expect, rtol=0, atol=1e-12)
 
@@ -332,7 +351,7 @@ def test_hadpsgd_keeps_the_replicas_of_a_node_identical(n_nodes, m, seed):
     alg = make_algorithm("hadpsgd", n_workers=n_nodes * m, gpus_per_node=m, seed=seed, variant="random")
     res = run_reference(alg, problem(n_nodes * m, seed), steps=10)
     for node in range(n_nodes):
-        block = res.params[:, node * m:(node + 1) * m]
+        block = res.params[:, node * m : (node + 1) * m]
         np.testing.assert_array_equal(block, np.repeat(block[:, :1], m, axis=1))
 
 

@@ -74,8 +74,14 @@ def test_transfer_terms_are_the_forward_law(S, beta, alpha):
     assert a * alpha + b / beta == transfer_s(S, beta, alpha)
 
 
-@given(n=st.integers(2, 64), cores=st.integers(1, 16), S=sizes, w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8),
-       schedule=schedules)
+@given(
+    n=st.integers(2, 64),
+    cores=st.integers(1, 16),
+    S=sizes,
+    w_m=st.floats(0, 1e-3),
+    w_b=st.floats(0, 1e-8),
+    schedule=schedules,
+)
 def test_cpu_stretch_terms_are_the_forward_law(n, cores, S, w_m, w_b, schedule):
     """The host-CPU fit's design row, dotted with (w_m, w_b), is the stretch the simulator adds."""
     work = cpu_work_s(allreduce_messages(n, schedule), allreduce_bytes(n, S), w_m, w_b)
@@ -88,7 +94,8 @@ def test_cpu_stretch_terms_are_the_forward_law(n, cores, S, w_m, w_b, schedule):
 def test_allgather_is_the_allgather_half_of_an_allreduce():
     for schedule in ALLREDUCE_ALGORITHMS:
         assert allgather_s(8, 8e6, 1e9, 1e-5, schedule) == pytest.approx(
-            allreduce_s(8, 8e6, 1e9, 1e-5, schedule) / 2, rel=1e-12)
+            allreduce_s(8, 8e6, 1e9, 1e-5, schedule) / 2, rel=1e-12
+        )
 
 
 def test_unknown_schedule_is_a_one_line_error():
@@ -98,8 +105,14 @@ def test_unknown_schedule_is_a_one_line_error():
 
 def test_exchange_kind_codes_are_the_trace_codes():
     """Traces on disk store these integers: the enum must never renumber them."""
-    assert {k.name: int(k) for k in ExchangeKind} == {"NONE": 0, "ALLREDUCE": 1, "PAIRWISE": 2, "GOSSIP": 3,
-                                                      "SERVER": 4, "BARRIER": 5}
+    assert {k.name: int(k) for k in ExchangeKind} == {
+        "NONE": 0,
+        "ALLREDUCE": 1,
+        "PAIRWISE": 2,
+        "GOSSIP": 3,
+        "SERVER": 4,
+        "BARRIER": 5,
+    }
     assert EXCHANGE_KINDS == {AllReduce: 1, PairwiseAverage: 2, Gossip: 3, ServerExchange: 4, Barrier: 5}
     assert [kind_name(k) for k in range(6)] == ["none", "allreduce", "pairwise", "gossip", "server", "barrier"]
     assert kind_of(ServerExchange(op="delta")) is ExchangeKind.SERVER
@@ -107,10 +120,17 @@ def test_exchange_kind_codes_are_the_trace_codes():
 
 #: (registry name, parameters) of every algorithm and variant, and whether its schedule allreduces the model
 CASES = [
-    ("sgd", {}, False), ("ssgd", {}, False), ("asgd", {}, False), ("bsp", {}, True),
-    ("bmuf", {}, True), ("bmuf", {"variant": "nesterov"}, True),
-    ("easgd", {"variant": "async"}, False), ("easgd", {"variant": "sync"}, True),
-    ("dpsgd", {}, False), ("adpsgd", {}, False), ("adpsgd", {"variant": "random"}, False),
+    ("sgd", {}, False),
+    ("ssgd", {}, False),
+    ("asgd", {}, False),
+    ("bsp", {}, True),
+    ("bmuf", {}, True),
+    ("bmuf", {"variant": "nesterov"}, True),
+    ("easgd", {"variant": "async"}, False),
+    ("easgd", {"variant": "sync"}, True),
+    ("dpsgd", {}, False),
+    ("adpsgd", {}, False),
+    ("adpsgd", {"variant": "random"}, False),
     ("hadpsgd", {"gpus_per_node": 2}, False),
 ]
 
@@ -126,5 +146,4 @@ def test_folds_model_is_true_exactly_for_model_allreducing_schedules(name, param
     steps = [alg.exchanges(s, r) for s in range(20) for r in range(n)]
     assert any(folds_model(exs) for exs in steps) is expected
     # the question is the schedule's: a model allreduce in some step, and only then
-    assert all(folds_model(exs) == any(type(ex) is AllReduce and ex.payload == "model" for ex in exs)
-               for exs in steps)
+    assert all(folds_model(exs) == any(type(ex) is AllReduce and ex.payload == "model" for ex in exs) for exs in steps)

@@ -38,17 +38,22 @@ def assert_doubly_stochastic(W: np.ndarray, atol: float = TOL) -> None:
 
 
 # -- check_mixing_matrix: every documented message ------------------------------------------------
-@pytest.mark.parametrize("W, match", [
-    (np.ones((2, 3)) / 3, r"must be a square 2-D matrix; got shape \(2, 3\)"),
-    (np.ones(4) / 4, r"must be a square 2-D matrix; got shape \(4,\)"),
-    (np.zeros((0, 0)), r"must be a square 2-D matrix; got shape \(0, 0\)"),
-    ([[1.0, np.nan], [0.0, 1.0]], r"entry \[0, 1\] is nan; entries must be finite"),
-    ([[1.2, -0.2], [-0.2, 1.2]], r"entry \[0, 1\] is -0.2 < 0 \(atol 1e-10\); mixing weights must be non-negative"),
-    ([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.9]],
-     r"row 2 sums to 0.9 \(misses 1 by -0.1, atol 1e-10\); did you forget the self weight\?"),
-    ([[0.5, 0.5], [0.3, 0.7]], r"column 0 sums to 0.8 \(misses 1 by -0.2, atol 1e-10\); did you forget"),
-    ([["a", "b"], ["c", "d"]], r"must be a numeric array"),
-])
+@pytest.mark.parametrize(
+    "W, match",
+    [
+        (np.ones((2, 3)) / 3, r"must be a square 2-D matrix; got shape \(2, 3\)"),
+        (np.ones(4) / 4, r"must be a square 2-D matrix; got shape \(4,\)"),
+        (np.zeros((0, 0)), r"must be a square 2-D matrix; got shape \(0, 0\)"),
+        ([[1.0, np.nan], [0.0, 1.0]], r"entry \[0, 1\] is nan; entries must be finite"),
+        ([[1.2, -0.2], [-0.2, 1.2]], r"entry \[0, 1\] is -0.2 < 0 \(atol 1e-10\); mixing weights must be non-negative"),
+        (
+            [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.9]],
+            r"row 2 sums to 0.9 \(misses 1 by -0.1, atol 1e-10\); did you forget the self weight\?",
+        ),
+        ([[0.5, 0.5], [0.3, 0.7]], r"column 0 sums to 0.8 \(misses 1 by -0.2, atol 1e-10\); did you forget"),
+        ([["a", "b"], ["c", "d"]], r"must be a numeric array"),
+    ],
+)
 def test_check_mixing_matrix_messages(W, match):
     with pytest.raises(InvalidMixingMatrixError, match=match):
         check_mixing_matrix(W)
@@ -57,8 +62,10 @@ def test_check_mixing_matrix_messages(W, match):
 def test_check_mixing_matrix_symmetry_message_names_largest_asymmetry():
     W = np.array([[0.2, 0.5, 0.3], [0.3, 0.2, 0.5], [0.5, 0.3, 0.2]])  # doubly stochastic, circulant
     assert check_mixing_matrix(W).dtype == np.float64
-    with pytest.raises(InvalidMixingMatrixError,
-                       match=r"not symmetric: largest asymmetry \|W\[0, 1\] - W\[1, 0\]\| = 0.2 \(atol 1e-10\)"):
+    with pytest.raises(
+        InvalidMixingMatrixError,
+        match=r"not symmetric: largest asymmetry \|W\[0, 1\] - W\[1, 0\]\| = 0.2 \(atol 1e-10\)",
+    ):
         check_mixing_matrix(W, symmetric=True)
 
 
@@ -77,14 +84,19 @@ def test_is_doubly_stochastic_rejects_only_stochastic_matrices():
 
 
 # -- adjacency and weight rules -------------------------------------------------------------------
-@pytest.mark.parametrize("A, match", [
-    (np.zeros((2, 3)), r"adjacency must be a square 2-D matrix; got shape \(2, 3\)"),
-    ([[0, 2], [2, 0]], r"adjacency entry \[0, 1\] is 2; entries must be 0 or 1"),
-    ([[1, 1], [1, 0]], r"self loop at node 0; the self weight is set by the weight rule"),
-    ([[0, 1, 0], [0, 0, 1], [0, 1, 0]],
-     r"not symmetric: A\[0, 1\] = 1 but A\[1, 0\] = 0; the graph must be undirected"),
-    ([["x"]], r"adjacency must be numeric"),
-])
+@pytest.mark.parametrize(
+    "A, match",
+    [
+        (np.zeros((2, 3)), r"adjacency must be a square 2-D matrix; got shape \(2, 3\)"),
+        ([[0, 2], [2, 0]], r"adjacency entry \[0, 1\] is 2; entries must be 0 or 1"),
+        ([[1, 1], [1, 0]], r"self loop at node 0; the self weight is set by the weight rule"),
+        (
+            [[0, 1, 0], [0, 0, 1], [0, 1, 0]],
+            r"not symmetric: A\[0, 1\] = 1 but A\[1, 0\] = 0; the graph must be undirected",
+        ),
+        ([["x"]], r"adjacency must be numeric"),
+    ],
+)
 def test_check_adjacency_messages(A, match):
     with pytest.raises(TopologyError, match=match):
         check_adjacency(A)
@@ -144,25 +156,31 @@ def test_pairwise_matrix_is_identity_plus_averaging_block():
     np.testing.assert_array_equal(W, np.eye(4) - 0.5 * np.outer(e[1] - e[3], e[1] - e[3]))
 
 
-@pytest.mark.parametrize("args, match", [
-    ((1, 0, 1), r"n \(1\) must be >= 2 for a pairwise average"),
-    ((4, 0, 4), r"j \(4\) must be in \[0, 3\]"),
-    ((4, -1, 2), r"i \(-1\) must be in \[0, 3\]"),
-    ((4, 2, 2), r"i and j \(2\) must differ; a worker cannot average with itself"),
-    ((4.0, 0, 1), r"n \(4.0\) must be an integer"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((1, 0, 1), r"n \(1\) must be >= 2 for a pairwise average"),
+        ((4, 0, 4), r"j \(4\) must be in \[0, 3\]"),
+        ((4, -1, 2), r"i \(-1\) must be in \[0, 3\]"),
+        ((4, 2, 2), r"i and j \(2\) must differ; a worker cannot average with itself"),
+        ((4.0, 0, 1), r"n \(4.0\) must be an integer"),
+    ],
+)
 def test_pairwise_matrix_errors(args, match):
     with pytest.raises(TopologyError, match=match):
         pairwise_matrix(*args)
 
 
-@pytest.mark.parametrize("perm, match", [
-    ([1, 2, 0], r"matching is not symmetric: perm\[0\] = 1 but perm\[1\] = 2; partners must point at each other"),
-    ([0, 0, 1], r"matching \[0, 0, 1\] is not a permutation of 0..2"),
-    ([[1, 0]], r"must be a non-empty 1-D integer array"),
-    ([], r"must be a non-empty 1-D integer array"),
-    ([0.0, 1.0], r"must be a non-empty 1-D integer array"),
-])
+@pytest.mark.parametrize(
+    "perm, match",
+    [
+        ([1, 2, 0], r"matching is not symmetric: perm\[0\] = 1 but perm\[1\] = 2; partners must point at each other"),
+        ([0, 0, 1], r"matching \[0, 0, 1\] is not a permutation of 0..2"),
+        ([[1, 0]], r"must be a non-empty 1-D integer array"),
+        ([], r"must be a non-empty 1-D integer array"),
+        ([0.0, 1.0], r"must be a non-empty 1-D integer array"),
+    ],
+)
 def test_matching_errors(perm, match):
     with pytest.raises(TopologyError, match=match):
         check_matching(perm)
@@ -177,7 +195,7 @@ def involutions(draw, max_n=16):
     order = draw(st.permutations(range(n)))
     n_pairs = draw(st.integers(0, n // 2))
     perm = np.arange(n)
-    for a, b in zip(order[0:2 * n_pairs:2], order[1:2 * n_pairs:2]):
+    for a, b in zip(order[0 : 2 * n_pairs : 2], order[1 : 2 * n_pairs : 2]):
         perm[a], perm[b] = b, a
     return perm
 
@@ -207,8 +225,11 @@ def test_matching_matrix_is_a_product_of_commuting_pairwise_averages(perm):
 
 
 # -- §E.1, §E.4, §E.5 on generic doubly stochastic matrices ---------------------------------------
-@given(A=pst.doubly_stochastic_matrices(n=st.integers(1, 8)), B=pst.doubly_stochastic_matrices(n=8),
-       weight=st.floats(0.0, 1.0))
+@given(
+    A=pst.doubly_stochastic_matrices(n=st.integers(1, 8)),
+    B=pst.doubly_stochastic_matrices(n=8),
+    weight=st.floats(0.0, 1.0),
+)
 def test_birkhoff_closure_products_and_convex_combinations(A, B, weight):
     assert_doubly_stochastic(A)
     assert_doubly_stochastic(B)

@@ -13,8 +13,9 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Workload
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)  # quotes, backslashes, controls
-comment = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40).map(str.rstrip).filter(
-    bool)
+comment = (
+    st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40).map(str.rstrip).filter(bool)
+)
 nonneg = st.floats(0.0, 1e12, allow_nan=False, allow_infinity=False)
 positive = st.floats(1e-300, 1e300, allow_nan=False, allow_infinity=False, exclude_min=False)
 counts = st.integers(1, 64)
@@ -28,17 +29,37 @@ def links():
 def platforms(draw):
     sockets = draw(st.integers(1, 4))
     return Platform(
-        name=draw(text), description=draw(text), hosts=draw(counts), devices_per_host=sockets * draw(counts),
-        sockets_per_host=sockets, device=draw(text), pcie=draw(links()), nic=draw(links()),
-        nvlink=draw(st.none() | links()), collective=draw(st.none() | links()),
-        allreduce=draw(st.sampled_from(ALLREDUCE_ALGORITHMS)), host_memory_bandwidth_bytes_per_s=draw(positive),
-        model_average_s=draw(nonneg), model_average_s_per_byte=draw(nonneg), mix_merge_s=draw(nonneg),
-        mix_merge_s_per_byte=draw(nonneg), step_overhead_s=draw(nonneg), step_overhead_s_per_byte=draw(nonneg),
+        name=draw(text),
+        description=draw(text),
+        hosts=draw(counts),
+        devices_per_host=sockets * draw(counts),
+        sockets_per_host=sockets,
+        device=draw(text),
+        pcie=draw(links()),
+        nic=draw(links()),
+        nvlink=draw(st.none() | links()),
+        collective=draw(st.none() | links()),
+        allreduce=draw(st.sampled_from(ALLREDUCE_ALGORITHMS)),
+        host_memory_bandwidth_bytes_per_s=draw(positive),
+        model_average_s=draw(nonneg),
+        model_average_s_per_byte=draw(nonneg),
+        mix_merge_s=draw(nonneg),
+        mix_merge_s_per_byte=draw(nonneg),
+        step_overhead_s=draw(nonneg),
+        step_overhead_s_per_byte=draw(nonneg),
         staging=draw(st.sampled_from(["direct", "host"])),
-        server=draw(st.builds(ServerSpec, latency_s=nonneg, bandwidth_bytes_per_s=positive, service_overhead_s=nonneg,
-                              apply_on_host=st.booleans())),
-        host_cpu=draw(st.none() | st.builds(HostCPU, cores_per_host=counts, work_per_message_s=nonneg,
-                                            work_per_byte_s=nonneg)),
+        server=draw(
+            st.builds(
+                ServerSpec,
+                latency_s=nonneg,
+                bandwidth_bytes_per_s=positive,
+                service_overhead_s=nonneg,
+                apply_on_host=st.booleans(),
+            )
+        ),
+        host_cpu=draw(
+            st.none() | st.builds(HostCPU, cores_per_host=counts, work_per_message_s=nonneg, work_per_byte_s=nonneg)
+        ),
     )
 
 
@@ -48,26 +69,46 @@ def workloads(draw):
     kind = draw(st.sampled_from(["const", "lognormal", "gamma", "normal"]))
     compute = repr(mean) if kind == "const" else f"{kind}:{mean!r}:{draw(st.floats(0.0, 2.0))!r}"
     return Workload(
-        name=draw(text), description=draw(text), n_params=draw(st.integers(1, 10**12)),
-        itemsize=draw(st.sampled_from([1, 2, 4, 8])), compute=compute, reference_batch=draw(counts),
-        batch_per_worker=draw(counts), compute_fixed_s=draw(st.floats(0.0, mean)), compute_jitter_s=draw(nonneg),
-        input_bytes_per_sample=draw(nonneg), loader_buffer_samples=draw(st.just(0.0) | st.floats(1.0, 1e9)),
-        loader_s_per_sample=draw(nonneg), loader_buffer_cv=draw(st.floats(0.0, 10.0)),
-        samples_per_epoch=draw(positive), epochs=draw(positive), sample_unit=draw(text),
+        name=draw(text),
+        description=draw(text),
+        n_params=draw(st.integers(1, 10**12)),
+        itemsize=draw(st.sampled_from([1, 2, 4, 8])),
+        compute=compute,
+        reference_batch=draw(counts),
+        batch_per_worker=draw(counts),
+        compute_fixed_s=draw(st.floats(0.0, mean)),
+        compute_jitter_s=draw(nonneg),
+        input_bytes_per_sample=draw(nonneg),
+        loader_buffer_samples=draw(st.just(0.0) | st.floats(1.0, 1e9)),
+        loader_s_per_sample=draw(nonneg),
+        loader_buffer_cv=draw(st.floats(0.0, 10.0)),
+        samples_per_epoch=draw(positive),
+        epochs=draw(positive),
+        sample_unit=draw(text),
     )
 
 
 @st.composite
 def profiles(draw):
-    bare = Profile(platform=draw(platforms()), workload=draw(workloads()),
-                   defaults=Defaults(algorithms=tuple(draw(st.lists(text, max_size=4))),
-                                     workers=tuple(draw(st.lists(counts, max_size=4))),
-                                     period=draw(st.none() | counts)))
+    bare = Profile(
+        platform=draw(platforms()),
+        workload=draw(workloads()),
+        defaults=Defaults(
+            algorithms=tuple(draw(st.lists(text, max_size=4))),
+            workers=tuple(draw(st.lists(counts, max_size=4))),
+            period=draw(st.none() | counts),
+        ),
+    )
     paths = sorted(bare.paths())
     keys = draw(st.lists(st.sampled_from(paths), unique=True, max_size=8))
     notes = tuple(draw(st.lists(st.just("") | comment | comment.map(lambda c: "   " + c), max_size=5)))
-    return Profile(platform=bare.platform, workload=bare.workload, defaults=bare.defaults, notes=notes,
-                   provenance={k: draw(comment) for k in keys})
+    return Profile(
+        platform=bare.platform,
+        workload=bare.workload,
+        defaults=bare.defaults,
+        notes=notes,
+        provenance={k: draw(comment) for k in keys},
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -96,8 +137,10 @@ def test_comments_are_validated_and_read_back():
         Profile(platform=Platform(), workload=Workload(), provenance={"platform.host_cpu": "absent table"})
     with pytest.raises(ConfigError, match="note"):
         Profile(platform=Platform(), workload=Workload(), notes=("two\nlines",))
-    doc = ('# head\n[platform]  # the cluster\nname = "a # not a comment"   # tag\n[workload]\n'
-           '# a note further down\nn_params = 5 #x\n')
+    doc = (
+        '# head\n[platform]  # the cluster\nname = "a # not a comment"   # tag\n[workload]\n'
+        "# a note further down\nn_params = 5 #x\n"
+    )
     p = Profile.from_toml(doc)
     assert p.platform.name == "a # not a comment" and p.workload.n_params == 5
     assert p.notes == ("head", "a note further down")

@@ -26,13 +26,16 @@ def test_straggler_spec_round_trip():
     assert StragglerModel.parse(spec).spec() == spec
 
 
-@pytest.mark.parametrize(("spec", "match"), [
-    ("x", r"straggler term 'x' is not RANK:FACTOR"),
-    ("1:0", r"straggler factor \(0.0\) of rank 1 must be > 0"),
-    ("9:2", r"straggler rank \(9\) must be in \[0, 4\)"),
-    ("random:1.5:2", r"probability \(1.5\) must be in \[0, 1\]"),
-    ("periodic:0:0:1", r"every \(0\) must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("x", r"straggler term 'x' is not RANK:FACTOR"),
+        ("1:0", r"straggler factor \(0.0\) of rank 1 must be > 0"),
+        ("9:2", r"straggler rank \(9\) must be in \[0, 4\)"),
+        ("random:1.5:2", r"probability \(1.5\) must be in \[0, 1\]"),
+        ("periodic:0:0:1", r"every \(0\) must be >= 1"),
+    ],
+)
 def test_bad_straggler_specs(spec, match):
     with pytest.raises(ConfigError, match=match):
         StragglerModel.parse(spec, n_workers=4)
@@ -42,8 +45,9 @@ def test_random_slowdown_hits_its_probability_and_is_deterministic():
     model = StragglerModel.parse("random:0.2:4", seed=3)
     hits = np.mean([model.factor(r, s) > 1 for r in range(8) for s in range(2000)])
     assert abs(hits - 0.2) < 0.02
-    assert [model.factor(1, s) for s in range(50)] == [StragglerModel.parse("random:0.2:4", seed=3).factor(1, s)
-                                                       for s in range(50)]
+    assert [model.factor(1, s) for s in range(50)] == [
+        StragglerModel.parse("random:0.2:4", seed=3).factor(1, s) for s in range(50)
+    ]
 
 
 def test_periodic_pause():
@@ -68,10 +72,15 @@ def test_compute_time_means(spec):
     assert ComputeTime.parse(d.spec()) == d
 
 
-@pytest.mark.parametrize(("spec", "match"), [
-    ("fast", "is not SECONDS"), ("-1", r"mean \(-1.0\) must be a finite number > 0"),
-    ("weibull:1:2", r"kind \('weibull'\) must be one of"), ("normal:1:-2", r"spread \(-2.0\) must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("fast", "is not SECONDS"),
+        ("-1", r"mean \(-1.0\) must be a finite number > 0"),
+        ("weibull:1:2", r"kind \('weibull'\) must be one of"),
+        ("normal:1:-2", r"spread \(-2.0\) must be >= 0"),
+    ],
+)
 def test_bad_compute_time(spec, match):
     with pytest.raises(ConfigError, match=match):
         ComputeTime.parse(spec)
@@ -126,8 +135,9 @@ def _toy_trace():
     for r in range(2):
         for s in range(10):
             tb.add(rank=r, step=s, phase="compute", start_s=s * 1.0, end_s=s + 0.75, staleness=s % 2, loss=10 - s)
-            tb.add(rank=r, step=s, phase="comm", start_s=s + 0.75, end_s=s + 1.0, kind=ExchangeKind.ALLREDUCE,
-                   nbytes=100)
+            tb.add(
+                rank=r, step=s, phase="comm", start_s=s + 0.75, end_s=s + 1.0, kind=ExchangeKind.ALLREDUCE, nbytes=100
+            )
     return tb.array()
 
 
@@ -141,8 +151,12 @@ def test_summary_of_a_known_trace():
     assert s["loss_first"] == 10 and s["loss_last"] == 1
 
 
-@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.0, 5.0)), min_size=1, max_size=6),
-       st.integers(3, 30), st.integers(0, 2), st.integers(1, 16))
+@given(
+    st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.0, 5.0)), min_size=1, max_size=6),
+    st.integers(3, 30),
+    st.integers(0, 2),
+    st.integers(1, 16),
+)
 def test_throughput_is_the_sum_of_the_workers_rates_whatever_their_start_offsets(workers, steps, warmup, batch):
     """Workers of constant step times ``T_r`` that start at offsets ``o_r``: samples/s is exactly
     ``batch * sum(1 / T_r)``, so launch offsets and drift do not bias it (one window over all
@@ -198,24 +212,30 @@ class _Platform:
 
 
 def test_strict_loader_builds_nested_dataclasses():
-    p = load_dataclass(_Platform, {"name": "a", "nic": {"latency_s": 1, "bandwidth_bytes_per_s": 2e9}, "hosts": 3},
-                       where="platform")
+    p = load_dataclass(
+        _Platform, {"name": "a", "nic": {"latency_s": 1, "bandwidth_bytes_per_s": 2e9}, "hosts": 3}, where="platform"
+    )
     assert p.nic == _Link(latency_s=1.0, bandwidth_bytes_per_s=2e9) and p.hosts == 3
 
 
-@pytest.mark.parametrize(("data", "match"), [
-    ({"hots": 2}, r"platform: unknown key 'hots'; did you mean 'hosts'\?"),
-    ({"nic": {"bandwith_bytes_per_s": 1}}, r"platform.nic: unknown key 'bandwith_bytes_per_s'; did you mean"),
-    ({"hosts": "4"}, r"platform.hosts \('4'\) must be of type int"),
-])
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"hots": 2}, r"platform: unknown key 'hots'; did you mean 'hosts'\?"),
+        ({"nic": {"bandwith_bytes_per_s": 1}}, r"platform.nic: unknown key 'bandwith_bytes_per_s'; did you mean"),
+        ({"hosts": "4"}, r"platform.hosts \('4'\) must be of type int"),
+    ],
+)
 def test_strict_loader_rejects(data, match):
     with pytest.raises(ConfigError, match=match):
         load_dataclass(_Platform, data, where="platform")
 
 
 def test_overrides_and_toml_errors(tmp_path):
-    assert apply_overrides({"nic": {"latency_s": 0.0}}, ["nic.latency_s=2e-6", "name=abc"]) == \
-           {"nic": {"latency_s": 2e-6}, "name": "abc"}
+    assert apply_overrides({"nic": {"latency_s": 0.0}}, ["nic.latency_s=2e-6", "name=abc"]) == {
+        "nic": {"latency_s": 2e-6},
+        "name": "abc",
+    }
     with pytest.raises(ConfigError, match=r"must look like key\.sub=value"):
         apply_overrides({}, ["oops"])
     (tmp_path / "bad.toml").write_text("x = [")

@@ -141,8 +141,9 @@ def test_hypercube_product_of_the_r_matchings_is_exact_average(n):
 def test_hierarchical_gap_is_that_of_the_super_learner_ring(n_nodes, m):
     h = hierarchical(n_nodes * m, m)
     assert lambda2(expected_gram(h)) == pytest.approx(lambda2(expected_gram(fixed_ring(n_nodes))), abs=CLOSED)
-    assert topology_spectrum(h)["spectral_gap"] == pytest.approx(math.sin(math.pi / n_nodes) ** 2 if n_nodes > 2
-                                                                 else 1.0, abs=CLOSED)
+    assert topology_spectrum(h)["spectral_gap"] == pytest.approx(
+        math.sin(math.pi / n_nodes) ** 2 if n_nodes > 2 else 1.0, abs=CLOSED
+    )
     hr = hierarchical(n_nodes * m, m, inner="random-ring", seed=4)
     assert lambda2(expected_gram(hr)) == pytest.approx((n_nodes - 2) / (2 * (n_nodes - 1)), abs=CLOSED)
 
@@ -153,8 +154,10 @@ def test_hierarchical_8x8_is_61_times_better_than_a_flat_64_ring():
     assert 60 < ratio < 62
 
 
-@pytest.mark.parametrize("n, fixed, randomized", [(8, 0.14645, 0.57143), (16, 0.03806, 0.53333),
-                                                  (64, 0.002408, 0.50794), (128, 0.000602, 0.50394)])
+@pytest.mark.parametrize(
+    "n, fixed, randomized",
+    [(8, 0.14645, 0.57143), (16, 0.03806, 0.53333), (64, 0.002408, 0.50794), (128, 0.000602, 0.50394)],
+)
 def test_table_of_section_b2(n, fixed, randomized):
     assert topology_spectrum(fixed_ring(n))["spectral_gap"] == pytest.approx(fixed, rel=5e-4)
     assert topology_spectrum(random_ring(n))["spectral_gap"] == pytest.approx(randomized, rel=5e-5)
@@ -173,8 +176,7 @@ def assert_circulant(W: np.ndarray) -> None:
         np.testing.assert_array_equal(W[i], np.roll(W[0], i))
 
 
-@given(n=st.integers(3, 64), kind=st.sampled_from(["ring", "exponential", "complete", "fixed-ring E",
-                                                    "random-ring E"]))
+@given(n=st.integers(3, 64), kind=st.sampled_from(["ring", "exponential", "complete", "fixed-ring E", "random-ring E"]))
 def test_circulant_spectra_match_the_dft_of_the_first_row(n, kind):
     if kind == "ring":
         W = ring(n).matrix()
@@ -230,17 +232,26 @@ def test_one_round_contracts_by_sigma2_squared(W, seed):
     assert c(theta @ W) <= sigma2(W) ** 2 * c(theta) * (1 + 1e-9) + 1e-12
 
 
-@pytest.mark.parametrize("topology", [random_ring(8, seed=3), random_ring(16, seed=4),
-                                      hierarchical(16, 2, inner="random-ring", seed=5), fixed_ring(10),
-                                      hypercube(8)], ids=str)
+@pytest.mark.parametrize(
+    "topology",
+    [
+        random_ring(8, seed=3),
+        random_ring(16, seed=4),
+        hierarchical(16, 2, inner="random-ring", seed=5),
+        fixed_ring(10),
+        hypercube(8),
+    ],
+    ids=str,
+)
 def test_monte_carlo_consensus_contraction_is_below_lambda2_of_expected_gram(topology):
     rng = np.random.default_rng(0)
     theta = rng.normal(size=(4, topology.n_workers))
     x = theta - theta.mean(axis=1, keepdims=True)
     c0 = float(np.sum(x**2))
     period = topology.period
-    ratios = np.array([float(np.sum((x @ topology.matrix(int(rng.integers(period or 2**62)))) ** 2)) / c0
-                       for _ in range(1500)])
+    ratios = np.array(
+        [float(np.sum((x @ topology.matrix(int(rng.integers(period or 2**62)))) ** 2)) / c0 for _ in range(1500)]
+    )
     bound = consensus_rate_bound(topology)
     assert ratios.mean() <= bound + 4 * ratios.std(ddof=1) / math.sqrt(ratios.size)
     # the bound is the exact expectation for the worst direction: tr(X E X^T)/||X||^2 <= lambda2(E)

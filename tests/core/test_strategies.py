@@ -30,13 +30,16 @@ def test_worker_counts_shrink_to_the_smallest():
     assert find(pst.worker_counts(min_workers=5, max_workers=40, even=True), lambda n: True) == 6
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(min_workers=0), r"min_workers=0 must be >= 1"),
-    (dict(min_workers=5, max_workers=3), r"min_workers=5 must be <= max_workers=3"),
-    (dict(max_workers=2.5), r"max_workers=2.5 must be an integer"),
-    (dict(min_workers=3, max_workers=3, even=True), r"no even count in \[min_workers=3, max_workers=3\]"),
-    (dict(even="yes"), r"even='yes' must be a bool"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(min_workers=0), r"min_workers=0 must be >= 1"),
+        (dict(min_workers=5, max_workers=3), r"min_workers=5 must be <= max_workers=3"),
+        (dict(max_workers=2.5), r"max_workers=2.5 must be an integer"),
+        (dict(min_workers=3, max_workers=3, even=True), r"no even count in \[min_workers=3, max_workers=3\]"),
+        (dict(even="yes"), r"even='yes' must be a bool"),
+    ],
+)
 def test_worker_counts_rejects_bad_arguments_eagerly(kwargs, match):
     with pytest.raises(InvalidArgument, match=match):
         pst.worker_counts(**kwargs)  # no .example(): raised when the strategy is built
@@ -73,16 +76,21 @@ def test_topologies_reach_every_kind_and_shrink_to_the_simplest():
     assert (h.n_workers, h.gpus_per_node, h.seed, h.inner) == (2, 2, 0, "fixed-ring")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(kinds=["ring", "rign"]), r"kinds=\['ring', 'rign'\] must be a non-empty subset of"),
-    (dict(kinds=[]), r"must be a non-empty subset"),
-    (dict(kinds="ring"), r"kinds='ring' must be a sequence of kind names"),
-    (dict(kinds=["hypercube"], min_workers=9, max_workers=15),
-     r"kind\(s\) \['hypercube'\] have no valid worker count in \[min_workers=9, max_workers=15\]"),
-    (dict(min_workers=1, max_workers=1, kinds=["ring"]), r"have no valid worker count"),
-    (dict(max_workers=5000), r"max_workers=5000 must be <= 4096"),
-    (dict(min_workers=8, max_workers=4), r"min_workers=8 must be <= max_workers=4"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(kinds=["ring", "rign"]), r"kinds=\['ring', 'rign'\] must be a non-empty subset of"),
+        (dict(kinds=[]), r"must be a non-empty subset"),
+        (dict(kinds="ring"), r"kinds='ring' must be a sequence of kind names"),
+        (
+            dict(kinds=["hypercube"], min_workers=9, max_workers=15),
+            r"kind\(s\) \['hypercube'\] have no valid worker count in \[min_workers=9, max_workers=15\]",
+        ),
+        (dict(min_workers=1, max_workers=1, kinds=["ring"]), r"have no valid worker count"),
+        (dict(max_workers=5000), r"max_workers=5000 must be <= 4096"),
+        (dict(min_workers=8, max_workers=4), r"min_workers=8 must be <= max_workers=4"),
+    ],
+)
 def test_topologies_rejects_bad_arguments_eagerly(kwargs, match):
     with pytest.raises(InvalidArgument, match=match):
         pst.topologies(**kwargs)
@@ -121,18 +129,24 @@ def test_symmetric_doubly_stochastic_matrices_are_exactly_symmetric(W):
 
 
 def test_doubly_stochastic_matrices_reach_non_symmetric_ones_and_shrink_to_identity():
-    find(pst.doubly_stochastic_matrices(n=4), lambda w: not np.allclose(w, w.T),
-         settings=settings(phases=(Phase.generate,), database=None))
+    find(
+        pst.doubly_stochastic_matrices(n=4),
+        lambda w: not np.allclose(w, w.T),
+        settings=settings(phases=(Phase.generate,), database=None),
+    )
     np.testing.assert_array_equal(find(pst.doubly_stochastic_matrices(n=5), lambda w: True), np.eye(5))
     np.testing.assert_array_equal(find(pst.symmetric_doubly_stochastic_matrices(n=3), lambda w: True), np.eye(3))
 
 
 @pytest.mark.parametrize("factory", [pst.doubly_stochastic_matrices, pst.symmetric_doubly_stochastic_matrices])
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n=0), r"n=0 must be >= 1"),
-    (dict(n="4"), r"n='4' must be an integer"),
-    (dict(n=3, max_terms=0), r"max_terms=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n=0), r"n=0 must be >= 1"),
+        (dict(n="4"), r"n='4' must be an integer"),
+        (dict(n=3, max_terms=0), r"max_terms=0 must be >= 1"),
+    ],
+)
 def test_matrix_strategies_reject_bad_arguments_eagerly(factory, kwargs, match):
     with pytest.raises(InvalidArgument, match=match):
         factory(**kwargs)
@@ -164,27 +178,39 @@ def test_non_causal_staleness_schedules_only_respect_the_maximum(s):
 
 
 def test_staleness_schedules_reach_the_maximum_and_shrink_to_zeros():
-    find(pst.staleness_schedules(n_workers=2, max_staleness=4, steps=6), lambda s: s.max() == 4,
-         settings=settings(phases=(Phase.generate,), database=None))
+    find(
+        pst.staleness_schedules(n_workers=2, max_staleness=4, steps=6),
+        lambda s: s.max() == 4,
+        settings=settings(phases=(Phase.generate,), database=None),
+    )
     z = find(pst.staleness_schedules(n_workers=2, max_staleness=4, steps=6), lambda s: True)
     np.testing.assert_array_equal(z, np.zeros((6, 2), dtype=np.int64))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n_workers=0, max_staleness=1, steps=2), r"n_workers=0 must be >= 1"),
-    (dict(n_workers=2, max_staleness=-1, steps=2), r"max_staleness=-1 must be >= 0"),
-    (dict(n_workers=2, max_staleness=1, steps=0), r"steps=0 must be >= 1"),
-    (dict(n_workers=2, max_staleness=1.5, steps=2), r"max_staleness=1.5 must be an integer"),
-    (dict(n_workers=2, max_staleness=1, steps=2, causal=1), r"causal=1 must be a bool"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_workers=0, max_staleness=1, steps=2), r"n_workers=0 must be >= 1"),
+        (dict(n_workers=2, max_staleness=-1, steps=2), r"max_staleness=-1 must be >= 0"),
+        (dict(n_workers=2, max_staleness=1, steps=0), r"steps=0 must be >= 1"),
+        (dict(n_workers=2, max_staleness=1.5, steps=2), r"max_staleness=1.5 must be an integer"),
+        (dict(n_workers=2, max_staleness=1, steps=2, causal=1), r"causal=1 must be a bool"),
+    ],
+)
 def test_staleness_schedules_reject_bad_arguments_eagerly(kwargs, match):
     with pytest.raises(InvalidArgument, match=match):
         pst.staleness_schedules(**kwargs)
 
 
 def test_strategies_module_exports():
-    assert set(pst.__all__) >= {"worker_counts", "topologies", "mixing_matrices", "doubly_stochastic_matrices",
-                                "symmetric_doubly_stochastic_matrices", "staleness_schedules"}
+    assert set(pst.__all__) >= {
+        "worker_counts",
+        "topologies",
+        "mixing_matrices",
+        "doubly_stochastic_matrices",
+        "symmetric_doubly_stochastic_matrices",
+        "staleness_schedules",
+    }
 
 
 # ----- algorithm_specs (lead) -----------------------------------------------------------------------
@@ -192,7 +218,7 @@ from hypothesis import given as _given  # noqa: E402
 
 from psgdlab.core.algorithms import ALGORITHMS as _ALGORITHMS  # noqa: E402
 from psgdlab.core.reference import LeastSquaresProblem as _LSQ  # noqa: E402
-from psgdlab.core.reference import run_reference as _run
+from psgdlab.core.reference import run_reference as _run  # noqa: E402
 from psgdlab.core.strategies import algorithm_specs  # noqa: E402
 
 
@@ -204,12 +230,15 @@ def test_algorithm_specs_yield_valid_runnable_specs(alg):
     assert res.params.shape == (3, n, 3)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"names": ["adam"]}, "must be a non-empty subset"),
-    ({"min_workers": 1}, "need 2 <= min_workers"),
-    ({"min_workers": 5, "max_workers": 3}, "need 2 <= min_workers"),
-    ({"names": ["adpsgd"], "min_workers": 3, "max_workers": 3}, "no even worker count"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"names": ["adam"]}, "must be a non-empty subset"),
+        ({"min_workers": 1}, "need 2 <= min_workers"),
+        ({"min_workers": 5, "max_workers": 3}, "need 2 <= min_workers"),
+        ({"names": ["adpsgd"], "min_workers": 3, "max_workers": 3}, "no even worker count"),
+    ],
+)
 def test_algorithm_specs_validate_eagerly(kwargs, match):
     with pytest.raises(InvalidArgument, match=match):
         algorithm_specs(**kwargs)

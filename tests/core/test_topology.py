@@ -48,8 +48,9 @@ def test_every_round_is_symmetric_doubly_stochastic(topology, round_):
 def test_matching_kinds_give_projections_with_one_zero_eigenvalue_per_pair(topology, round_):
     """§E.3 on the schedules themselves (hierarchical at node level, then Kronecker)."""
     perm = topology.matching(round_)
-    assert perm.dtype == np.int64 and perm.size == (topology.n_nodes if topology.kind == "hierarchical"
-                                                    else topology.n_workers)
+    assert perm.dtype == np.int64 and perm.size == (
+        topology.n_nodes if topology.kind == "hierarchical" else topology.n_workers
+    )
     np.testing.assert_array_equal(perm[perm], np.arange(perm.size))
     T = topology.matrix(round_)
     np.testing.assert_allclose(T @ T, T, rtol=0, atol=1e-12)
@@ -68,8 +69,9 @@ def test_product_of_two_different_matchings_is_generally_not_symmetric():
         check_mixing_matrix(P)  # still doubly stochastic (Birkhoff closure)
         assert not np.allclose(P, P.T)
     r = random_ring(12, seed=5)
-    asymmetric = sum(not np.allclose(r.matrix(k + 1) @ r.matrix(k), (r.matrix(k + 1) @ r.matrix(k)).T)
-                     for k in range(20))
+    asymmetric = sum(
+        not np.allclose(r.matrix(k + 1) @ r.matrix(k), (r.matrix(k + 1) @ r.matrix(k)).T) for k in range(20)
+    )
     assert asymmetric >= 18
 
 
@@ -128,13 +130,14 @@ def test_random_ring_is_deterministic_in_seed_and_round_within_a_process():
 
 def test_random_ring_matchings_agree_across_processes():
     """§E.15: ranks are separate processes (different hash seeds); they must draw the same matchings."""
-    code = ("import json; from psgdlab.core.topology import random_ring;"
-            "t = random_ring(12, seed=7);"
-            "print(json.dumps([t.matching(r).tolist() for r in (0, 1, 5, 1000, 2**40)]))")
+    code = (
+        "import json; from psgdlab.core.topology import random_ring;"
+        "t = random_ring(12, seed=7);"
+        "print(json.dumps([t.matching(r).tolist() for r in (0, 1, 5, 1000, 2**40)]))"
+    )
     here = [random_ring(12, seed=7).matching(r).tolist() for r in (0, 1, 5, 1000, 2**40)]
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120)
     assert json.loads(out.stdout) == here
 
 
@@ -156,8 +159,9 @@ def test_ring_weights_are_one_third():
     assert ring(6).matching(0) is None and ring(6).period == 1 and ring(6).is_static
 
 
-@pytest.mark.parametrize("n, shape", [(9, (3, 3)), (12, (3, 4)), (16, (4, 4)), (24, (4, 6)), (36, (6, 6)),
-                                      (45, (5, 9)), (64, (8, 8))])
+@pytest.mark.parametrize(
+    "n, shape", [(9, (3, 3)), (12, (3, 4)), (16, (4, 4)), (24, (4, 6)), (36, (6, 6)), (45, (5, 9)), (64, (8, 8))]
+)
 def test_torus_uses_the_most_square_factorisation_with_weights_one_fifth(n, shape):
     assert torus_shape(n) == shape
     W = torus(n).matrix()
@@ -193,7 +197,7 @@ def test_hierarchical_is_node_ring_kron_J_over_m(topology, round_):
     np.testing.assert_array_equal(W, np.kron(T, np.full((m, m), 1.0 / m)))
     # learners of one node hold identical models after mixing: their columns of W are identical
     for node in range(topology.n_nodes):
-        block = W[:, node * m:(node + 1) * m]
+        block = W[:, node * m : (node + 1) * m]
         np.testing.assert_array_equal(block, np.repeat(block[:, :1], m, axis=1))
     ev_w = np.sort(np.linalg.eigvalsh(W))
     ev_t = np.linalg.eigvalsh(T)
@@ -216,39 +220,74 @@ def test_build_topology_matches_the_named_builders():
     assert build_topology("ring", 5) == ring(5)
     assert build_topology("random-ring", 6, seed=3) == random_ring(6, seed=3)
     assert build_topology("hierarchical", 8, gpus_per_node=2, inner="random-ring") == hierarchical(
-        8, 2, inner="random-ring")
+        8, 2, inner="random-ring"
+    )
     with pytest.raises(FrozenInstanceError):
         ring(5).n_workers = 6  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(kind="rign", n_workers=4), ConfigError,
-     r"topology kind \('rign'\) is not known; known kinds: ring, torus, .*hierarchical; did you mean 'ring'\?"),
-    (dict(kind="zzz", n_workers=4), ConfigError, r"is not known; known kinds: .*hierarchical$"),
-    (dict(kind="ring", n_workers=0), TopologyError, r"workers \(0\) must be >= 1"),
-    (dict(kind="ring", n_workers=4.0), ConfigError, r"n_workers \(4.0\) must be an integer"),
-    (dict(kind="ring", n_workers=True), ConfigError, r"n_workers \(True\) must be an integer"),
-    (dict(kind="ring", n_workers=4, seed=-1), ConfigError, r"seed \(-1\) must be >= 0"),
-    (dict(kind="ring", n_workers=4, gpus_per_node=0), ConfigError, r"gpus_per_node \(0\) must be >= 1"),
-    (dict(kind="ring", n_workers=2), TopologyError,
-     r"workers \(2\) must be >= 3 for a ring .*use complete for 1 or 2 workers"),
-    (dict(kind="torus", n_workers=14), TopologyError,
-     r"workers \(14\) has no factorisation r x c with r, c >= 3 for a 2-D torus; use ring or exponential"),
-    (dict(kind="hypercube", n_workers=12), TopologyError,
-     r"workers \(12\) must be a power of two >= 2 for hypercube .*use 8 or 16 workers, or exponential"),
-    (dict(kind="fixed-ring", n_workers=7), TopologyError,
-     r"workers \(7\) must be even for fixed-ring: a perfect matching pairs every worker with exactly one other, "
-     r"which needs an even number of workers; use ring, torus or exponential for odd counts"),
-    (dict(kind="random-ring", n_workers=9), TopologyError, r"workers \(9\) must be even for random-ring: a perfect"),
-    (dict(kind="hierarchical", n_workers=12, gpus_per_node=4), TopologyError,
-     r"nodes \(3\) must be even \(or 1\) for hierarchical: the super-learners are paired by a perfect matching"),
-    (dict(kind="hierarchical", n_workers=10, gpus_per_node=4), TopologyError,
-     r"workers \(10\) must be divisible by gpus_per_node \(4\)"),
-    (dict(kind="hierarchical", n_workers=8, inner="ring"), ConfigError,
-     r"inner \('ring'\) must be one of fixed-ring, random-ring"),
-    (dict(kind="ring", n_workers=8, inner="random-ring"), ConfigError,
-     r"inner \('random-ring'\) only applies to kind 'hierarchical', not 'ring'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (
+            dict(kind="rign", n_workers=4),
+            ConfigError,
+            r"topology kind \('rign'\) is not known; known kinds: ring, torus, .*hierarchical; did you mean 'ring'\?",
+        ),
+        (dict(kind="zzz", n_workers=4), ConfigError, r"is not known; known kinds: .*hierarchical$"),
+        (dict(kind="ring", n_workers=0), TopologyError, r"workers \(0\) must be >= 1"),
+        (dict(kind="ring", n_workers=4.0), ConfigError, r"n_workers \(4.0\) must be an integer"),
+        (dict(kind="ring", n_workers=True), ConfigError, r"n_workers \(True\) must be an integer"),
+        (dict(kind="ring", n_workers=4, seed=-1), ConfigError, r"seed \(-1\) must be >= 0"),
+        (dict(kind="ring", n_workers=4, gpus_per_node=0), ConfigError, r"gpus_per_node \(0\) must be >= 1"),
+        (
+            dict(kind="ring", n_workers=2),
+            TopologyError,
+            r"workers \(2\) must be >= 3 for a ring .*use complete for 1 or 2 workers",
+        ),
+        (
+            dict(kind="torus", n_workers=14),
+            TopologyError,
+            r"workers \(14\) has no factorisation r x c with r, c >= 3 for a 2-D torus; use ring or exponential",
+        ),
+        (
+            dict(kind="hypercube", n_workers=12),
+            TopologyError,
+            r"workers \(12\) must be a power of two >= 2 for hypercube .*use 8 or 16 workers, or exponential",
+        ),
+        (
+            dict(kind="fixed-ring", n_workers=7),
+            TopologyError,
+            r"workers \(7\) must be even for fixed-ring: a perfect matching pairs every worker with exactly one other, "
+            r"which needs an even number of workers; use ring, torus or exponential for odd counts",
+        ),
+        (
+            dict(kind="random-ring", n_workers=9),
+            TopologyError,
+            r"workers \(9\) must be even for random-ring: a perfect",
+        ),
+        (
+            dict(kind="hierarchical", n_workers=12, gpus_per_node=4),
+            TopologyError,
+            r"nodes \(3\) must be even \(or 1\) for hierarchical: the super-learners are paired by a perfect matching",
+        ),
+        (
+            dict(kind="hierarchical", n_workers=10, gpus_per_node=4),
+            TopologyError,
+            r"workers \(10\) must be divisible by gpus_per_node \(4\)",
+        ),
+        (
+            dict(kind="hierarchical", n_workers=8, inner="ring"),
+            ConfigError,
+            r"inner \('ring'\) must be one of fixed-ring, random-ring",
+        ),
+        (
+            dict(kind="ring", n_workers=8, inner="random-ring"),
+            ConfigError,
+            r"inner \('random-ring'\) only applies to kind 'hierarchical', not 'ring'",
+        ),
+    ],
+)
 def test_topology_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         Topology(**kwargs)
@@ -257,8 +296,16 @@ def test_topology_errors(kwargs, error, match):
 def test_build_topology_unknown_kind_suggests_the_closest():
     with pytest.raises(ConfigError, match=r"did you mean 'fixed-ring'\?"):
         build_topology("fixed_ring", 8)
-    assert set(KINDS) == {"ring", "torus", "complete", "exponential", "hypercube", "fixed-ring", "random-ring",
-                          "hierarchical"}
+    assert set(KINDS) == {
+        "ring",
+        "torus",
+        "complete",
+        "exponential",
+        "hypercube",
+        "fixed-ring",
+        "random-ring",
+        "hierarchical",
+    }
 
 
 def test_round_and_rank_are_validated():

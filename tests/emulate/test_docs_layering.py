@@ -20,17 +20,21 @@ def test_docstring_examples(module):
 
 
 def test_importing_the_emulator_loads_no_torch():
-    code = ("import sys, psgdlab.sim.emulate, psgdlab.core.replicas, psgdlab.emulate, psgdlab.commands.emulate\n"
-            "print([m for m in ('torch', 'matplotlib', 'psgdlab.runtime') if m in sys.modules])")
+    code = (
+        "import sys, psgdlab.sim.emulate, psgdlab.core.replicas, psgdlab.emulate, psgdlab.commands.emulate\n"
+        "print([m for m in ('torch', 'matplotlib', 'psgdlab.runtime') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_no_module_of_sim_loads_torch_runtime_or_matplotlib():
-    code = ("import importlib, pkgutil, sys, psgdlab.sim\n"
-            "for m in pkgutil.iter_modules(psgdlab.sim.__path__):\n"
-            "    importlib.import_module('psgdlab.sim.' + m.name)\n"
-            "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib')"
-            " or m.startswith('psgdlab.runtime')])")
+    code = (
+        "import importlib, pkgutil, sys, psgdlab.sim\n"
+        "for m in pkgutil.iter_modules(psgdlab.sim.__path__):\n"
+        "    importlib.import_module('psgdlab.sim.' + m.name)\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib')"
+        " or m.startswith('psgdlab.runtime')])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -70,8 +70,16 @@ def _simulate(alg, steps=20, straggler="", n=N, seed=1):
 
     cfg = load_config(preset="interspeech2019-v100")
     stragglers = StragglerModel.parse(straggler, n_workers=n) if straggler else None
-    return sim_engine.simulate(alg, cfg.platform, cfg.workload, steps=steps, seed=seed, stragglers=stragglers,
-                               until="all", gpus_per_node=getattr(alg, "gpus_per_node", None))
+    return sim_engine.simulate(
+        alg,
+        cfg.platform,
+        cfg.workload,
+        steps=steps,
+        seed=seed,
+        stragglers=stragglers,
+        until="all",
+        gpus_per_node=getattr(alg, "gpus_per_node", None),
+    )
 
 
 def _trace_staleness(trace, n, steps):
@@ -82,10 +90,20 @@ def _trace_staleness(trace, n, steps):
 
 
 @pytest.mark.parametrize("straggler", ["", "1:3", "random:0.2:4"])
-@pytest.mark.parametrize(("name", "params"), [
-    ("ssgd", {}), ("bmuf", {"period": 3}), ("dpsgd", {}), ("adpsgd", {}), ("adpsgd", {"variant": "random"}),
-    ("adpsgd", {"variant": "delay"}), ("hadpsgd", {"gpus_per_node": 4}), ("asgd", {}), ("easgd", {"period": 2}),
-])
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("ssgd", {}),
+        ("bmuf", {"period": 3}),
+        ("dpsgd", {}),
+        ("adpsgd", {}),
+        ("adpsgd", {"variant": "random"}),
+        ("adpsgd", {"variant": "delay"}),
+        ("hadpsgd", {"gpus_per_node": 4}),
+        ("asgd", {}),
+        ("easgd", {"period": 2}),
+    ],
+)
 def test_staleness_seen_by_gradients_equals_the_trace_column(name, params, straggler):
     alg = make_algorithm(name, n_workers=N, **params)
     res = _simulate(alg, straggler=straggler)

@@ -27,8 +27,18 @@ def test_data_synthetic_is_the_corpus_of_train(tmp_path):
     from psgdlab.runtime.data import load_corpus
     from psgdlab.runtime.train import _corpora
 
-    cfg = EmulateConfig(algorithm="ssgd", workers=2, steps=2, batch=4, data="synthetic", synthetic_utterances=12,
-                        workdir=str(tmp_path), window=5, eval_points=1, heldout_speakers=0)
+    cfg = EmulateConfig(
+        algorithm="ssgd",
+        workers=2,
+        steps=2,
+        batch=4,
+        data="synthetic",
+        synthetic_utterances=12,
+        workdir=str(tmp_path),
+        window=5,
+        eval_points=1,
+        heldout_speakers=0,
+    )
     result, resolved = emulate(cfg)
     assert np.isfinite(result.evals["loss"]).all()
     (cached,) = tmp_path.glob("synthetic-*.h5")
@@ -39,29 +49,72 @@ def test_data_synthetic_is_the_corpus_of_train(tmp_path):
 
 
 def test_cli_data_synthetic(tmp_path, capsys):
-    status, captured = _run(capsys, tmp_path, "--algorithm", "ssgd", "--workers", "2", "--steps", "2", "--batch", "4",
-                            "--data", "synthetic")
+    status, captured = _run(
+        capsys, tmp_path, "--algorithm", "ssgd", "--workers", "2", "--steps", "2", "--batch", "4", "--data", "synthetic"
+    )
     assert status == 0, captured.err
     assert json.loads(captured.out)["final_loss"] > 0
 
 
 def test_cli_period_reaches_the_algorithm_and_is_refused_where_it_does_not_apply(tmp_path, capsys):
-    status, captured = _run(capsys, tmp_path, "--algorithm", "bmuf", "--period", "3", "--workers", "4", "--steps", "6",
-                            "--model", "least-squares")
+    status, captured = _run(
+        capsys,
+        tmp_path,
+        "--algorithm",
+        "bmuf",
+        "--period",
+        "3",
+        "--workers",
+        "4",
+        "--steps",
+        "6",
+        "--model",
+        "least-squares",
+    )
     assert status == 0, captured.err
     summary = json.loads(captured.out)
     assert summary["algorithm"] == "bmuf" and summary["algorithm_params"]["period"] == 3
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["algorithm_params"]["period"] == 3
-    status, captured = _run(capsys, tmp_path, "--algorithm", "ssgd", "--period", "3", "--workers", "4", "--steps", "2",
-                            "--model", "least-squares")
+    status, captured = _run(
+        capsys,
+        tmp_path,
+        "--algorithm",
+        "ssgd",
+        "--period",
+        "3",
+        "--workers",
+        "4",
+        "--steps",
+        "2",
+        "--model",
+        "least-squares",
+    )
     assert status == 2
     assert len(captured.err.strip().splitlines()) == 1 and "--period (3) does not apply to ssgd" in captured.err
 
 
 @pytest.mark.parametrize("schedule", LR_SCHEDULE_NAMES)
 def test_every_lr_schedule_runs(schedule, tmp_path, capsys):
-    status, captured = _run(capsys, tmp_path, "--algorithm", "adpsgd", "--workers", "4", "--epochs", "3", "--batch",
-                            "16", "--lr", "0.02", "--lr-schedule", schedule, "--model", "least-squares", "--lsq-dim", "8")
+    status, captured = _run(
+        capsys,
+        tmp_path,
+        "--algorithm",
+        "adpsgd",
+        "--workers",
+        "4",
+        "--epochs",
+        "3",
+        "--batch",
+        "16",
+        "--lr",
+        "0.02",
+        "--lr-schedule",
+        schedule,
+        "--model",
+        "least-squares",
+        "--lsq-dim",
+        "8",
+    )
     assert status == 0, captured.err
     summary = json.loads(captured.out)
     assert np.isfinite(summary["final_loss"]) and summary["epochs"] == pytest.approx(3.0)
@@ -70,11 +123,31 @@ def test_every_lr_schedule_runs(schedule, tmp_path, capsys):
 
 
 def test_least_squares_emulation_writes_the_run_directory(tmp_path, capsys):
-    status, captured = _run(capsys, tmp_path, "--algorithm", "hadpsgd", "--gpus-per-node", "2", "--workers", "4",
-                            "--steps", "10", "--model", "least-squares")
+    status, captured = _run(
+        capsys,
+        tmp_path,
+        "--algorithm",
+        "hadpsgd",
+        "--gpus-per-node",
+        "2",
+        "--workers",
+        "4",
+        "--steps",
+        "10",
+        "--model",
+        "least-squares",
+    )
     assert status == 0, captured.err
-    for name in ("config.resolved.json", "env.json", "trace.npz", "summary.json", "curves.npz", "loss.png",
-                 "consensus.png", "timeline.json"):
+    for name in (
+        "config.resolved.json",
+        "env.json",
+        "trace.npz",
+        "summary.json",
+        "curves.npz",
+        "loss.png",
+        "consensus.png",
+        "timeline.json",
+    ):
         assert (tmp_path / "run" / name).is_file(), name
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["source"] == "emulator" and summary["workers"] == 4 and "accuracy" not in summary
@@ -84,7 +157,8 @@ def test_ibm_schedule_takes_its_warmup_from_core():
     spe = 7
     f = lr_schedule("ibm", lr=0.1, total_batch=512, steps_per_epoch=spe, warmup_epochs=3)
     assert [f(s) for s in range(0, 6 * spe)] == [
-        ibm_lr(s / spe + 1e-12, total_batch=512, base_lr=0.1, warmup_epochs=3) for s in range(0, 6 * spe)]
+        ibm_lr(s / spe + 1e-12, total_batch=512, base_lr=0.1, warmup_epochs=3) for s in range(0, 6 * spe)
+    ]
     nb = lr_schedule("newbob", lr=0.2, total_batch=1, steps_per_epoch=1)
     nb.update(1.0)
     nb.update(0.999)  # < 1 % better: halving starts

@@ -28,9 +28,16 @@ def _trace(alg):
     from psgdlab.sim.workload import load_config
 
     cfg = load_config(preset="interspeech2019-v100")
-    res = engine.simulate(alg, cfg.platform, cfg.workload, steps=20, seed=1,
-                          stragglers=StragglerModel.parse("random:0.2:4", n_workers=N), until="all",
-                          gpus_per_node=getattr(alg, "gpus_per_node", None))
+    res = engine.simulate(
+        alg,
+        cfg.platform,
+        cfg.workload,
+        steps=20,
+        seed=1,
+        stragglers=StragglerModel.parse("random:0.2:4", n_workers=N),
+        until="all",
+        gpus_per_node=getattr(alg, "gpus_per_node", None),
+    )
     return res.trace, res.meta
 
 
@@ -59,5 +66,9 @@ def test_index_has_one_read_and_one_apply_per_step_in_time_order():
     assert kinds.count(EventKind.READ) == kinds.count(EventKind.APPLY) == N * index.n_steps
     times = [e.time_s for e in index.events]
     assert times == sorted(times)
-    assert {e.kind for e in index.events} == {EventKind.READ, EventKind.APPLY, EventKind.PAIR_SEND,
-                                              EventKind.PAIR_MERGE}
+    assert {e.kind for e in index.events} == {
+        EventKind.READ,
+        EventKind.APPLY,
+        EventKind.PAIR_SEND,
+        EventKind.PAIR_MERGE,
+    }

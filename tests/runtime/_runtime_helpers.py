@@ -20,20 +20,45 @@ needs_topology = pytest.mark.skipif(not HAS_TOPOLOGY, reason="core.topology (bra
 TRAJECTORY_ATOL = 1e-10
 
 
-def lsq_config(tmp_path: Path, algorithm: str, workers: int, *, steps: int = 12, backend: str = "gloo",
-               name: str | None = None, **kw):
+def lsq_config(
+    tmp_path: Path,
+    algorithm: str,
+    workers: int,
+    *,
+    steps: int = 12,
+    backend: str = "gloo",
+    name: str | None = None,
+    **kw,
+):
     from psgdlab.runtime.config import TrainConfig
 
-    return TrainConfig(algorithm=algorithm, workers=workers, backend=backend, model="least-squares",
-                       steps=steps, batch=8, lr=0.05, lsq_dim=8, lsq_samples_per_worker=64, record_params=True,
-                       out=str(tmp_path / (name or f"{algorithm}-{backend}")), timeout_s=60.0, **kw)
+    return TrainConfig(
+        algorithm=algorithm,
+        workers=workers,
+        backend=backend,
+        model="least-squares",
+        steps=steps,
+        batch=8,
+        lr=0.05,
+        lsq_dim=8,
+        lsq_samples_per_worker=64,
+        record_params=True,
+        out=str(tmp_path / (name or f"{algorithm}-{backend}")),
+        timeout_s=60.0,
+        **kw,
+    )
 
 
 def reference_for(config) -> np.ndarray:
     from psgdlab.runtime.config import build_algorithm
 
-    problem = LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
-                                  n_shards=config.workers, batch=config.batch, seed=config.seed)
+    problem = LeastSquaresProblem(
+        n_samples=config.lsq_samples_per_worker * config.workers,
+        dim=config.lsq_dim,
+        n_shards=config.workers,
+        batch=config.batch,
+        seed=config.seed,
+    )
     return run_reference(build_algorithm(config), problem, steps=config.steps, lr=config.lr).params
 
 
@@ -43,9 +68,14 @@ def trajectory(config) -> np.ndarray:
 
 def initial_full_loss(config) -> float:
     """Full-data loss of the least-squares problem at the starting point (zero weights)."""
-    problem = LeastSquaresProblem(n_samples=config.lsq_samples_per_worker * config.workers, dim=config.lsq_dim,
-                                  n_shards=config.workers, batch=config.batch, seed=config.seed)
-    A, b = problem.data()
+    problem = LeastSquaresProblem(
+        n_samples=config.lsq_samples_per_worker * config.workers,
+        dim=config.lsq_dim,
+        n_shards=config.workers,
+        batch=config.batch,
+        seed=config.seed,
+    )
+    _, b = problem.data()
     return float(0.5 * np.mean(b**2))
 
 

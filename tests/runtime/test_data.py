@@ -30,8 +30,11 @@ def _small(tmp_path, name="c.h5", **kw):
     args = dict(
         features_per_utt=[rng.standard_normal((n, 4)).astype(np.float32) for n in lengths],
         labels_per_utt=[rng.integers(0, 6, n) for n in lengths],
-        utt_ids=["a", "b", "c", "d"], speakers=["s1", "s1", "s2", "s3"],
-        transcripts=["one", "two", "", "three four"], n_classes=6, feature_kind="test",
+        utt_ids=["a", "b", "c", "d"],
+        speakers=["s1", "s1", "s2", "s3"],
+        transcripts=["one", "two", "", "three four"],
+        n_classes=6,
+        feature_kind="test",
     )
     args.update(kw)
     return tmp_path / name, args
@@ -91,12 +94,15 @@ def test_write_mismatched_lengths_names_the_utterance(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(utt_ids=["a", "a", "c", "d"]), "must be unique"),
-    (dict(speakers=["s1"]), r"speakers \('1 entries'\) must have one per utterance \(4\)"),
-    (dict(n_classes=3), r"labels of utterance '.*' .* must lie in \[0, n_classes=3\)"),
-    (dict(dtype="float64"), "must be 'float32' or 'float16'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(utt_ids=["a", "a", "c", "d"]), "must be unique"),
+        (dict(speakers=["s1"]), r"speakers \('1 entries'\) must have one per utterance \(4\)"),
+        (dict(n_classes=3), r"labels of utterance '.*' .* must lie in \[0, n_classes=3\)"),
+        (dict(dtype="float64"), "must be 'float32' or 'float16'"),
+    ],
+)
 def test_write_rejects_bad_input(tmp_path, change, message):
     path, args = _small(tmp_path)
     args.update({k: v for k, v in change.items() if k != "dtype"})
@@ -166,12 +172,15 @@ def test_load_missing_attribute(tmp_path):
         load_corpus(path)
 
 
-@pytest.mark.parametrize("offsets, message", [
-    ([0, 5, 8, 16, 18], "offsets are inconsistent"),
-    ([1, 5, 8, 16, 17], "offsets are inconsistent"),
-    ([0, 8, 5, 16, 17], "offsets are inconsistent"),
-    ([0, 5, 8, 17], r"offsets has shape \(4,\), expected \(5,\)"),
-])
+@pytest.mark.parametrize(
+    "offsets, message",
+    [
+        ([0, 5, 8, 16, 18], "offsets are inconsistent"),
+        ([1, 5, 8, 16, 17], "offsets are inconsistent"),
+        ([0, 8, 5, 16, 17], "offsets are inconsistent"),
+        ([0, 5, 8, 17], r"offsets has shape \(4,\), expected \(5,\)"),
+    ],
+)
 def test_load_inconsistent_offsets(tmp_path, offsets, message):
     path, args = _small(tmp_path)
     write_corpus(path, **args)
@@ -202,13 +211,15 @@ def test_deltas_match_hand_computed_values():
     # t=4: 1*(c4 - c3) + 2*(c4 - c2) = 7 + 24 = 31 -> 3.1
     d = np.array([0.9, 2.2, 4.0, 4.2, 3.1])
     np.testing.assert_allclose(out[:, 1], d, rtol=1e-6)
-    dd = np.array([
-        (1 * (d[1] - d[0]) + 2 * (d[2] - d[0])) / 10,
-        (1 * (d[2] - d[0]) + 2 * (d[3] - d[0])) / 10,
-        (1 * (d[3] - d[1]) + 2 * (d[4] - d[0])) / 10,
-        (1 * (d[4] - d[2]) + 2 * (d[4] - d[1])) / 10,
-        (1 * (d[4] - d[3]) + 2 * (d[4] - d[2])) / 10,
-    ])
+    dd = np.array(
+        [
+            (1 * (d[1] - d[0]) + 2 * (d[2] - d[0])) / 10,
+            (1 * (d[2] - d[0]) + 2 * (d[3] - d[0])) / 10,
+            (1 * (d[3] - d[1]) + 2 * (d[4] - d[0])) / 10,
+            (1 * (d[4] - d[2]) + 2 * (d[4] - d[1])) / 10,
+            (1 * (d[4] - d[3]) + 2 * (d[4] - d[2])) / 10,
+        ]
+    )
     np.testing.assert_allclose(out[:, 2], dd, rtol=1e-5)
     np.testing.assert_array_equal(out[:, 0], c[:, 0])
 
@@ -227,7 +238,7 @@ def test_load_appends_deltas_and_normalises_per_utterance(tmp_path):
     c = load_corpus(path)
     assert c.input_dim == 12
     for u in (0, 2):  # utterances long enough to have variance in every dimension
-        block = c.features[c.offsets[u]:c.offsets[u + 1]]
+        block = c.features[c.offsets[u] : c.offsets[u + 1]]
         np.testing.assert_allclose(block.mean(axis=0), 0, atol=1e-5)
         np.testing.assert_allclose(block.std(axis=0), 1, atol=1e-4)
     assert load_corpus(path, add_deltas=False).input_dim == 4
@@ -238,16 +249,20 @@ def test_load_appends_deltas_and_normalises_per_utterance(tmp_path):
 
 
 def test_synthetic_corpus_is_deterministic(tmp_path):
-    a = synthetic_corpus(tmp_path / "a.h5", n_utterances=6, frames_per_utt=20, input_dim=3,
-                         n_classes=4, seed=5, n_speakers=2)
-    b = synthetic_corpus(tmp_path / "b.h5", n_utterances=6, frames_per_utt=20, input_dim=3,
-                         n_classes=4, seed=5, n_speakers=2)
+    a = synthetic_corpus(
+        tmp_path / "a.h5", n_utterances=6, frames_per_utt=20, input_dim=3, n_classes=4, seed=5, n_speakers=2
+    )
+    b = synthetic_corpus(
+        tmp_path / "b.h5", n_utterances=6, frames_per_utt=20, input_dim=3, n_classes=4, seed=5, n_speakers=2
+    )
     ca, cb = load_corpus(a, normalize="none"), load_corpus(b, normalize="none")
     np.testing.assert_array_equal(ca.features, cb.features)
     np.testing.assert_array_equal(ca.labels, cb.labels)
     assert set(ca.speakers) == {"spk00", "spk01"} and inspect_corpus(a)["feature_kind"] == "synthetic"
-    cc = load_corpus(synthetic_corpus(tmp_path / "c.h5", n_utterances=6, frames_per_utt=20,
-                                      input_dim=3, n_classes=4, seed=6), normalize="none")
+    cc = load_corpus(
+        synthetic_corpus(tmp_path / "c.h5", n_utterances=6, frames_per_utt=20, input_dim=3, n_classes=4, seed=6),
+        normalize="none",
+    )
     assert not np.array_equal(ca.labels[:50], cc.labels[:50])
 
 
@@ -275,8 +290,9 @@ def test_shard_arguments_validated():
 
 @pytest.fixture
 def synthetic(tmp_path):
-    path = synthetic_corpus(tmp_path / "s.h5", n_utterances=40, frames_per_utt=30, input_dim=5,
-                            n_classes=6, seed=1, n_speakers=4)
+    path = synthetic_corpus(
+        tmp_path / "s.h5", n_utterances=40, frames_per_utt=30, input_dim=5, n_classes=6, seed=1, n_speakers=4
+    )
     return load_corpus(path, normalize="none")
 
 
@@ -314,8 +330,7 @@ def test_sampler_draws_only_from_its_shard(synthetic):
     seen = []
     for rank in range(world):
         s = WindowSampler(synthetic, window=1, batch=512, rank=rank, world_size=world, seed=0)
-        own = np.concatenate([np.arange(synthetic.offsets[u], synthetic.offsets[u + 1])
-                              for u in s.utterances])
+        own = np.concatenate([np.arange(synthetic.offsets[u], synthetic.offsets[u + 1]) for u in s.utterances])
         rows = s.sample(0)[0][:, 0].numpy()
         frame_of_row = {synthetic.features[t].tobytes(): t for t in range(synthetic.n_frames)}
         frames = {frame_of_row[r.tobytes()] for r in rows}
@@ -355,8 +370,7 @@ def test_eval_windows_cover_every_frame_in_order(synthetic):
 
 def test_tiny_model_loss_falls_on_synthetic_data(tmp_path):
     torch.manual_seed(0)
-    path = synthetic_corpus(tmp_path / "t.h5", n_utterances=60, frames_per_utt=40, input_dim=8,
-                            n_classes=5, seed=2)
+    path = synthetic_corpus(tmp_path / "t.h5", n_utterances=60, frames_per_utt=40, input_dim=8, n_classes=5, seed=2)
     corpus = load_corpus(path)
     sampler = WindowSampler(corpus, window=7, batch=32, seed=0)
     model = build_model("tiny-blstm", input_dim=corpus.input_dim, n_classes=corpus.n_classes, window=7)

@@ -104,10 +104,13 @@ def test_asynchronous_algorithms_train_with_staleness(tmp_path, algorithm, worke
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("algorithm", "workers", "params"), [
-    pytest.param("asgd", 3, {}, id="asgd"),
-    pytest.param("adpsgd", 4, {"variant": "random"}, id="adpsgd-random", marks=needs_topology),
-])
+@pytest.mark.parametrize(
+    ("algorithm", "workers", "params"),
+    [
+        pytest.param("asgd", 3, {}, id="asgd"),
+        pytest.param("adpsgd", 4, {"variant": "random"}, id="adpsgd-random", marks=needs_topology),
+    ],
+)
 def test_asynchronous_algorithms_on_mpi(tmp_path, algorithm, workers, params):
     config = lsq_config(tmp_path, algorithm, workers, backend="mpi", steps=30, compute_time="0.002", **params)
     summary = _launch(config)
@@ -120,8 +123,17 @@ def test_asynchronous_algorithms_on_mpi(tmp_path, algorithm, workers, params):
 def test_gossip_never_deadlocks_under_random_delays(tmp_path, repeat):
     """Random exchange delays (0-10 ms) and an uneven straggler: the active/passive split must
     still let every rank finish (a hang fails on the launcher's time limit)."""
-    config = lsq_config(tmp_path, "adpsgd", 4, steps=25, variant="random", seed=repeat,
-                        compute_time="0.001", straggler=f"{repeat % 4}:4", name=f"jitter{repeat}")
+    config = lsq_config(
+        tmp_path,
+        "adpsgd",
+        4,
+        steps=25,
+        variant="random",
+        seed=repeat,
+        compute_time="0.001",
+        straggler=f"{repeat % 4}:4",
+        name=f"jitter{repeat}",
+    )
     start = time.monotonic()
     summary = _launch(config, extra_env={"PSGDLAB_TEST_JITTER": "0.01"})
     assert time.monotonic() - start < 60
@@ -176,9 +188,19 @@ def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():
     workload = Slow(LeastSquaresProblem(n_samples=16, dim=3, n_shards=2, batch=4))
     channel = types.SimpleNamespace(device=torch.device("cpu"))
     options = DriverOptions(steps=4, lr_of=lambda s: 0.1, compute_time=ComputeTime.parse("0.001"))
-    w0, w1 = (_Worker(make_algorithm("ssgd", n_workers=2), workload, dict.fromkeys(("main", "comm", "responder"),
-                                                                                   channel),
-                      rank=r, options=options, origin=0.0, state=None, merges=0) for r in (0, 1))
+    w0, w1 = (
+        _Worker(
+            make_algorithm("ssgd", n_workers=2),
+            workload,
+            dict.fromkeys(("main", "comm", "responder"), channel),
+            rank=r,
+            options=options,
+            origin=0.0,
+            state=None,
+            merges=0,
+        )
+        for r in (0, 1)
+    )
     x = workload.initial_params()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -247,8 +269,16 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
     workload = LeastSquaresWorkload(LeastSquaresProblem(n_samples=8, dim=2, n_shards=1, batch=2))
     channel = types.SimpleNamespace(device=torch.device("cpu"))
     channels = dict.fromkeys(("main", "comm", "responder"), channel)
-    worker = _Worker(make_algorithm("sgd", n_workers=1), workload, channels, rank=0,
-                     options=DriverOptions(steps=1, lr_of=lambda s: 0.1), origin=0.0, state=None, merges=0)
+    worker = _Worker(
+        make_algorithm("sgd", n_workers=1),
+        workload,
+        channels,
+        rank=0,
+        options=DriverOptions(steps=1, lr_of=lambda s: 0.1),
+        origin=0.0,
+        state=None,
+        merges=0,
+    )
     step = _Step(step=0, snapshot=workload.initial_params())
     worker._run_phase("mix", (Teleport(),), step)  # another phase: not looked up
     with pytest.raises(ConfigError, match=r"exchange Teleport has no handler in the runtime"):

@@ -107,7 +107,7 @@ def test_build_model_options_override_the_preset():
 
 
 def test_small_presets_need_sizes_from_the_data():
-    with pytest.raises(ConfigError, match="input_dim .* must be given for model 'blstm-small'"):
+    with pytest.raises(ConfigError, match=r"input_dim .* must be given for model 'blstm-small'"):
         build_model("blstm-small", n_classes=31, window=21)
 
 
@@ -148,8 +148,9 @@ def test_averaging_flat_buffers_averages_models():
     a, b = _tiny(0), _tiny(1)
     x = torch.randn(4, 5, 6)
     fa, fb = flat_parameters(a), flat_parameters(b)
-    expected = {n: (pa.detach() + pb.detach()) / 2
-                for (n, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True)}
+    expected = {
+        n: (pa.detach() + pb.detach()) / 2 for (n, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True)
+    }
     mean = (fa + fb) / 2
     fa.copy_(mean)
     fb.copy_(mean)
@@ -185,9 +186,10 @@ def test_flat_order_puts_the_recurrent_weights_first_in_cudnn_layout():
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for p in flat_order(model)]
     lstm = [n for n, _ in model.named_parameters() if n.startswith("lstm.")]
-    assert order[:len(lstm)] == ([n for n in lstm if ".weight" in n] + [n for n, _ in model.named_parameters()
-                                                                         if n.startswith("lstm.bias")])
-    assert order[len(lstm):] == [n for n, _ in model.named_parameters() if not n.startswith("lstm.")]
+    assert order[: len(lstm)] == (
+        [n for n in lstm if ".weight" in n] + [n for n, _ in model.named_parameters() if n.startswith("lstm.bias")]
+    )
+    assert order[len(lstm) :] == [n for n, _ in model.named_parameters() if not n.startswith("lstm.")]
     dnn = build_model("dnn-small", input_dim=6, n_classes=5, window=5)
     assert flat_order(dnn) == list(dnn.parameters())  # no recurrent layer: module order
 

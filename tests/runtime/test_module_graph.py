@@ -39,7 +39,7 @@ def test_runtime_modules_import_each_other_without_a_cycle():
     def visit(name: str, path: list[str]) -> None:
         state[name] = "open"
         for dep in sorted(graph.get(name, ())):
-            assert state.get(dep) != "open", "import cycle: " + " -> ".join(path[path.index(dep):] + [dep])
+            assert state.get(dep) != "open", "import cycle: " + " -> ".join(path[path.index(dep) :] + [dep])
             if dep not in state:
                 visit(dep, path + [dep])
         state[name] = "done"

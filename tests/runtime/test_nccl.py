@@ -27,12 +27,17 @@ from psgdlab.tests.runtime._runtime_helpers import (  # noqa: E402
     trajectory,
 )
 
-pytestmark = [pytest.mark.gpu, pytest.mark.distributed, pytest.mark.timeout(180),
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-two_gpus = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                              reason="needs two GPUs (NCCL: one rank per GPU)")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.distributed,
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+two_gpus = pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL: one rank per GPU)"
+)
 
-CHECK = r'''
+CHECK = r"""
 import torch
 from psgdlab.runtime.flat import flat_gradients
 from psgdlab.runtime.overlap import OverlappedAllreduce
@@ -72,15 +77,23 @@ main.barrier()
 objs = main.gather_object(r, root=0)
 assert r != 0 or objs == [0, 1], objs
 print("ok", r)
-'''
+"""
 
 
 @two_gpus
 def test_transport_operations_on_nccl():
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, "-c", CHECK], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHECK],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=150) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {r}: {err[-2000:]}"
@@ -122,8 +135,17 @@ def test_ssgd_of_a_module_overlaps_its_allreduce_on_nccl(tmp_path):
     from psgdlab.core.trace import PHASES, read_trace
     from psgdlab.runtime.config import TrainConfig
 
-    config = TrainConfig(algorithm="ssgd", workers=2, backend="nccl", model="tiny-blstm", steps=4, batch=8,
-                         out=str(tmp_path / "run"), evaluate=False, timeout_s=120.0)
+    config = TrainConfig(
+        algorithm="ssgd",
+        workers=2,
+        backend="nccl",
+        model="tiny-blstm",
+        steps=4,
+        batch=8,
+        out=str(tmp_path / "run"),
+        evaluate=False,
+        timeout_s=120.0,
+    )
     _launch(config)
     trace, _ = read_trace(tmp_path / "run" / "trace.npz")
     overlapped = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"])]

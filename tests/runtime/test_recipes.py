@@ -36,8 +36,9 @@ def test_the_recipe_is_the_default_and_its_batch_is_split_over_the_workers():
 
 
 def test_a_flag_given_overrides_the_recipe():
-    config = _config("--model", "blstm-small", "--batch", "5", "--lr", "0.01", "--lr-schedule", "const",
-                     "--momentum", "0")
+    config = _config(
+        "--model", "blstm-small", "--batch", "5", "--lr", "0.01", "--lr-schedule", "const", "--momentum", "0"
+    )
     assert (config.batch, config.lr, config.lr_schedule, config.momentum) == (5, 0.01, "const", 0.0)
 
 
@@ -80,8 +81,25 @@ def test_a_wide_least_squares_run_on_the_default_rate_stays_finite(tmp_path, cap
 
 def test_emulate_takes_the_same_recipe(tmp_path, capsys):
     out = tmp_path / "emu"
-    assert main(["emulate", "--algorithm", "ssgd", "--workers", "2", "--model", LSQ_MODEL, "--steps", "5",
-                 "--out", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "emulate",
+                "--algorithm",
+                "ssgd",
+                "--workers",
+                "2",
+                "--model",
+                LSQ_MODEL,
+                "--steps",
+                "5",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     resolved = json.loads((out / "config.resolved.json").read_text())
     cfg = resolved.get("emulate", resolved)
     batch = recipe_of(LSQ_MODEL).total_batch // 2

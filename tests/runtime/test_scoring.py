@@ -33,7 +33,7 @@ def _brute_force_scores(loglik: np.ndarray, n_words: int, states: int) -> np.nda
     classes = word_state_classes(n_words, states)
     best = np.full(n_words, -np.inf)
     for path in itertools.product(range(states + 2), repeat=len(loglik)):
-        if path[0] > 1 or path[-1] < states or any(b - a not in (0, 1) for a, b in zip(path, path[1:])):
+        if path[0] > 1 or path[-1] < states or any(b - a not in (0, 1) for a, b in itertools.pairwise(path)):
             continue
         for w in range(n_words):
             best[w] = max(best[w], sum(loglik[t, classes[w, q]] for t, q in enumerate(path)))
@@ -59,8 +59,13 @@ def test_viterbi_equals_brute_force_over_all_paths(case):
     np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-12, atol=1e-12)
 
 
-@given(word=st.integers(0, 9), lead=st.integers(0, 5), tail=st.integers(0, 5),
-       durations=st.lists(st.integers(1, 6), min_size=3, max_size=3), seed=st.integers(0, 2**16))
+@given(
+    word=st.integers(0, 9),
+    lead=st.integers(0, 5),
+    tail=st.integers(0, 5),
+    durations=st.lists(st.integers(1, 6), min_size=3, max_size=3),
+    seed=st.integers(0, 2**16),
+)
 def test_a_sequence_generated_from_a_word_decodes_to_that_word(word, lead, tail, durations, seed):
     # posteriors put 1 - eps on the generating state; priors anywhere in [1/(2C), 2/C]
     labels = [0] * lead + [3 * word + k + 1 for k, d in enumerate(durations) for _ in range(d)] + [0] * tail
@@ -84,8 +89,9 @@ def test_prior_division_and_log_domain_sums_are_consistent(case, seed):
     scaled = viterbi_word_scores([lp - np.log(priors) for lp in log_post], n_words=n_words, states_per_word=states)
     # dividing by p(x_t) (a per-frame constant) shifts every word's score by the same sum
     shifts = [rng.normal(size=(len(u), 1)) for u in utts]
-    shifted = viterbi_word_scores([lp - np.log(priors) + c for lp, c in zip(log_post, shifts)], n_words=n_words,
-                                  states_per_word=states)
+    shifted = viterbi_word_scores(
+        [lp - np.log(priors) + c for lp, c in zip(log_post, shifts)], n_words=n_words, states_per_word=states
+    )
     finite = np.isfinite(scaled)
     total = np.array([c.sum() for c in shifts])[:, None] * np.ones(n_words)
     np.testing.assert_allclose(shifted[finite] - scaled[finite], total[finite], rtol=1e-9, atol=1e-9)
@@ -93,8 +99,7 @@ def test_prior_division_and_log_domain_sums_are_consistent(case, seed):
     assert decode_words(log_post, priors, words=words, states_per_word=states) == want
     # uniform priors: scores are the posterior path sums plus T log C
     uniform = viterbi_word_scores(log_post, n_words=n_words, states_per_word=states)
-    plain = viterbi_word_scores([lp + np.log(n_classes) for lp in log_post], n_words=n_words,
-                                states_per_word=states)
+    plain = viterbi_word_scores([lp + np.log(n_classes) for lp in log_post], n_words=n_words, states_per_word=states)
     lengths = np.array([len(u) for u in utts])[:, None] * np.ones(n_words)
     np.testing.assert_allclose(plain[finite] - uniform[finite], (lengths * np.log(n_classes))[finite], rtol=1e-9)
 
@@ -153,9 +158,30 @@ def tiny_fsdd(tmp_path_factory):
 @pytest.mark.timeout(120)
 def test_train_scores_held_out_speakers_after_every_epoch(tiny_fsdd, tmp_path, capsys):
     out = tmp_path / "run"
-    status = main(["train", "--algorithm", "adpsgd", "--workers", "2", "--model", "tiny-blstm", "--data",
-                   str(tiny_fsdd), "--held-out-speakers", "theo", "--epochs", "2", "--batch", "8",
-                   "--lr", "0.1", "--out", str(out), "--json"])
+    status = main(
+        [
+            "train",
+            "--algorithm",
+            "adpsgd",
+            "--workers",
+            "2",
+            "--model",
+            "tiny-blstm",
+            "--data",
+            str(tiny_fsdd),
+            "--held-out-speakers",
+            "theo",
+            "--epochs",
+            "2",
+            "--batch",
+            "8",
+            "--lr",
+            "0.1",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     assert status == 0, captured.err
     summary = json.loads(captured.out)

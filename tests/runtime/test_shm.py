@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 CAPACITY_BYTES = 65536
 
-CHECK = r'''
+CHECK = r"""
 import glob, os, random, threading, time
 import torch, torch.distributed as dist
 from psgdlab.runtime.shm import segment_prefix
@@ -104,15 +104,21 @@ for k in range(40):
 thread.join(timeout=60); assert not thread.is_alive() and not errors, errors
 main.barrier()
 print("ok", r, flush=True)
-'''
+"""
 
 
 def _run_ranks(code: str, extra: dict[str, str]) -> list[tuple[int, str, str]]:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", code],
-                              env=dict(_env(), RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=str(port), **extra),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=dict(_env(), RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(4)
+    ]
     try:
         outs = [p.communicate(timeout=100) for p in procs]
     finally:
@@ -124,14 +130,15 @@ def _run_ranks(code: str, extra: dict[str, str]) -> list[tuple[int, str, str]]:
 
 @pytest.mark.parametrize("mode", ["1", "copy"], ids=["one-copy", "two-copies"])
 def test_shared_memory_matches_gloo_at_every_size_and_never_deadlocks(mode):
-    results = _run_ranks(CHECK.format(cap=CAPACITY_BYTES), {"PSGDLAB_SHM_BYTES": str(CAPACITY_BYTES),
-                                                             "PSGDLAB_SHM": mode})
+    results = _run_ranks(
+        CHECK.format(cap=CAPACITY_BYTES), {"PSGDLAB_SHM_BYTES": str(CAPACITY_BYTES), "PSGDLAB_SHM": mode}
+    )
     for r, (code, out, err) in enumerate(results):
         assert code == 0, f"rank {r}: {err[-3000:]}"
         assert out.strip() == f"ok {r}"
 
 
-DEATH = r'''
+DEATH = r"""
 import os, signal, threading, time
 import torch
 from psgdlab.core.errors import TransportError
@@ -156,24 +163,36 @@ except TransportError as exc:
 thread.join(10)
 print(round(time.monotonic() - start), sorted(errors), flush=True)
 os._exit(0)
-'''
+"""
 
 
 def test_a_dead_peer_fails_a_waiting_rank_naming_it():
     """Without a launcher that stops the run, a rank waiting on a dead peer's words gives up
     within about a second (liveness is checked every 0.5 s), naming the peer."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", DEATH],
-                              env=dict(_env(), RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=str(port)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DEATH],
+            env=dict(_env(), RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     out, err = procs[0].communicate(timeout=60)
     procs[1].wait(timeout=60)
     assert procs[0].returncode == 0, err[-2000:]
     seconds, errors = out.split(" ", 1)
     assert int(seconds) <= 5
-    assert errors.strip() == str(sorted(["rank 0: rank 1 died during a shared-memory allreduce",
-                                         "rank 0: rank 1 died during a shared-memory exchange"]))
+    assert errors.strip() == str(
+        sorted(
+            [
+                "rank 0: rank 1 died during a shared-memory allreduce",
+                "rank 0: rank 1 died during a shared-memory exchange",
+            ]
+        )
+    )
 
 
 def test_settings_come_from_the_environment():

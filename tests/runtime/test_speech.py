@@ -78,16 +78,15 @@ def test_mel_filters_are_triangles_covering_the_band():
 
 def test_vad_labels_silence_tone_silence():
     rng = np.random.default_rng(0)
-    signal = np.concatenate([1e-4 * rng.standard_normal(4000), _tone(440, 0.6),
-                             1e-4 * rng.standard_normal(4000)])
+    signal = np.concatenate([1e-4 * rng.standard_normal(4000), _tone(440, 0.6), 1e-4 * rng.standard_normal(4000)])
     energy = frame_energy_db(signal, SR)
     labels = vad_labels(energy, 7)
     voiced = np.flatnonzero(labels > 0)
     first, last = voiced[0], voiced[-1]
     # the tone spans samples 4000..8800: frames starting from 4000 - 199 to 8800 - 1
     assert abs(first - (4000 - 199) / 80) <= 1.5 and abs(last - 8799 / 80) <= 1.5
-    assert np.all(labels[:first] == 0) and np.all(labels[last + 1:] == 0)
-    region = labels[first:last + 1]
+    assert np.all(labels[:first] == 0) and np.all(labels[last + 1 :] == 0)
+    region = labels[first : last + 1]
     assert set(region) == {22, 23, 24}  # 7 * 3 + k + 1
     assert np.all(np.diff(region) >= 0)  # states in order
     sizes = np.bincount(region)[22:]
@@ -103,8 +102,9 @@ def test_vad_labels_exact_split():
     dip = energy.copy()
     dip[5] = -60
     assert vad_labels(dip, 0)[5] == 2
-    np.testing.assert_array_equal(vad_labels(energy, 0, threshold_db=1.5),
-                                  [0, 0, 1, 1, 1, 2, 2, 3, 0, 0][:2] + [1, 1, 2, 2, 3, 3] + [0, 0])
+    np.testing.assert_array_equal(
+        vad_labels(energy, 0, threshold_db=1.5), [0, 0, 1, 1, 1, 2, 2, 3, 0, 0][:2] + [1, 1, 2, 2, 3, 3] + [0, 0]
+    )
 
 
 def test_vad_rejects_a_silent_recording():
@@ -120,8 +120,9 @@ def _fake_fsdd(tmp_path, names=("3_ann_0.wav", "3_ann_1.wav", "8_bob_0.wav")):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(1)
     for i, name in enumerate(names):
-        signal = np.concatenate([1e-3 * rng.standard_normal(800), _tone(300 + 100 * i, 0.3),
-                                 1e-3 * rng.standard_normal(800)])
+        signal = np.concatenate(
+            [1e-3 * rng.standard_normal(800), _tone(300 + 100 * i, 0.3), 1e-3 * rng.standard_normal(800)]
+        )
         _write_wav(folder / name, signal)
     return folder
 
@@ -165,13 +166,16 @@ def test_speed_perturb_scales_frequency():
     assert speed_perturb(tone, 1.0) is tone
 
 
-@pytest.mark.parametrize("case, message", [
-    ("rate", r"9_cat_0\.wav: sample rate 16000 Hz, expected 8000 Hz"),
-    ("empty", r"9_cat_0\.wav: empty file \(0 bytes\)"),
-    ("nosamples", r"9_cat_0\.wav: WAV file has no samples"),
-    ("name", r"nine_cat\.wav: file name does not match \{digit\}_\{speaker\}_\{index\}\.wav"),
-    ("silent", r"9_cat_0\.wav: recording .* has no speech"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("rate", r"9_cat_0\.wav: sample rate 16000 Hz, expected 8000 Hz"),
+        ("empty", r"9_cat_0\.wav: empty file \(0 bytes\)"),
+        ("nosamples", r"9_cat_0\.wav: WAV file has no samples"),
+        ("name", r"nine_cat\.wav: file name does not match \{digit\}_\{speaker\}_\{index\}\.wav"),
+        ("silent", r"9_cat_0\.wav: recording .* has no speech"),
+    ],
+)
 def test_import_fsdd_bad_input_names_the_file_and_leaves_nothing(tmp_path, case, message):
     folder = _fake_fsdd(tmp_path)
     bad = folder / ("nine_cat.wav" if case == "name" else "9_cat_0.wav")
@@ -197,8 +201,9 @@ def test_import_fsdd_missing_folder(tmp_path):
         import_fsdd(tmp_path / "nope", tmp_path / "f.h5", progress=False)
 
 
-@pytest.mark.skipif(not (FSDD_DIR / "recordings").is_dir(),
-                    reason=f"FSDD recordings not found at {FSDD_DIR} (set PSGDLAB_FSDD)")
+@pytest.mark.skipif(
+    not (FSDD_DIR / "recordings").is_dir(), reason=f"FSDD recordings not found at {FSDD_DIR} (set PSGDLAB_FSDD)"
+)
 def test_import_a_handful_of_real_fsdd_recordings(tmp_path):
     folder = tmp_path / "recordings"
     folder.mkdir()
@@ -209,7 +214,7 @@ def test_import_a_handful_of_real_fsdd_recordings(tmp_path):
     assert sorted(set(c.speakers)) == ["george", "jackson", "lucas", "theo"]
     for u, utt in enumerate(c.utt_ids):
         digit = int(utt[0])
-        labels = c.labels[c.offsets[u]:c.offsets[u + 1]]
+        labels = c.labels[c.offsets[u] : c.offsets[u + 1]]
         voiced = labels[labels > 0]
         assert set(voiced) == {3 * digit + 1, 3 * digit + 2, 3 * digit + 3}
         assert len(voiced) >= 0.3 * len(labels)  # the recordings are trimmed around the word
@@ -311,8 +316,8 @@ def test_word_error_rate_on_known_strings():
 def test_utterance_words_majority_vote_over_voiced_frames():
     preds = [
         np.array([0, 0, 10, 11, 11, 12, 25, 0]),  # 3 votes "three", 1 vote "eight"
-        np.array([0, 0, 0]),                       # all silence -> deletion
-        np.array([28, 29, 1, 2, 0]),              # tie nine/zero -> smaller index, "zero"
+        np.array([0, 0, 0]),  # all silence -> deletion
+        np.array([28, 29, 1, 2, 0]),  # tie nine/zero -> smaller index, "zero"
     ]
     assert utterance_words(preds) == ["three", "", "zero"]
     assert frame_accuracy(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4])) == 0.75
@@ -324,9 +329,16 @@ def test_score_corpus_with_a_model_that_reads_the_labels(tmp_path):
     # features one-hot encode the label, a fixed linear "model" reads them: frame acc must be 1
     labels = [np.array([0, 10, 11, 12, 0]), np.array([0, 4, 5, 5, 6, 0])]
     feats = [np.eye(31, dtype=np.float32)[lab] for lab in labels]
-    path = write_corpus(tmp_path / "o.h5", features_per_utt=feats, labels_per_utt=labels,
-                        utt_ids=["u0", "u1"], speakers=["s", "s"], transcripts=["three", "one"],
-                        n_classes=31, feature_kind="test")
+    path = write_corpus(
+        tmp_path / "o.h5",
+        features_per_utt=feats,
+        labels_per_utt=labels,
+        utt_ids=["u0", "u1"],
+        speakers=["s", "s"],
+        transcripts=["three", "one"],
+        n_classes=31,
+        feature_kind="test",
+    )
     corpus = load_corpus(path, normalize="none")
 
     class Reader(torch.nn.Module):
@@ -355,8 +367,26 @@ def test_score_corpus_with_a_model_that_reads_the_labels(tmp_path):
 
 def test_cli_synthetic_and_info(tmp_path, capsys):
     out = tmp_path / "s.h5"
-    assert main(["data", "synthetic", "--out", str(out), "--utterances", "5", "--frames", "10",
-                 "--dim", "3", "--classes", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "synthetic",
+                "--out",
+                str(out),
+                "--utterances",
+                "5",
+                "--frames",
+                "10",
+                "--dim",
+                "3",
+                "--classes",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["n_utterances"] == 5 and summary["feature_dim"] == 3
     assert main(["data", "info", str(out)]) == 0
@@ -365,15 +395,43 @@ def test_cli_synthetic_and_info(tmp_path, capsys):
 
 def test_cli_fsdd_and_kaldi(tmp_path, capsys, kaldi_dir):
     folder = _fake_fsdd(tmp_path)
-    assert main(["data", "fsdd", str(folder.parent), "--out", str(tmp_path / "f.h5"), "--json",
-                 "--no-progress", "--speed", "0.9,1.0"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "fsdd",
+                str(folder.parent),
+                "--out",
+                str(tmp_path / "f.h5"),
+                "--json",
+                "--no-progress",
+                "--speed",
+                "0.9,1.0",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["n_classes"] == 31 and summary["n_utterances"] == 6
     assert main(["data", "fsdd", str(folder), "--out", str(tmp_path / "g.h5"), "--speed", "fast"]) == 2
     assert "--speed ('fast') must be comma-separated numbers" in capsys.readouterr().err
     d, _, _ = kaldi_dir
-    assert main(["data", "kaldi", str(d / "feats.scp"), "--alignments", str(d / "ali.ark"),
-                 "--out", str(tmp_path / "k.h5"), "--json", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "kaldi",
+                str(d / "feats.scp"),
+                "--alignments",
+                str(d / "ali.ark"),
+                "--out",
+                str(tmp_path / "k.h5"),
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["n_utterances"] == 3
 
 

@@ -29,8 +29,11 @@ def test_odd_workers_for_a_matching_scheme(capsys, tmp_path):
 
 
 def test_workers_not_divisible_by_gpus_per_node(capsys, tmp_path):
-    _fails(capsys, ["--algorithm", "hadpsgd", "--workers", "4", "--gpus-per-node", "3", "--out", str(tmp_path)],
-           r"workers \(4\) must be divisible by --gpus-per-node \(3\)")
+    _fails(
+        capsys,
+        ["--algorithm", "hadpsgd", "--workers", "4", "--gpus-per-node", "3", "--out", str(tmp_path)],
+        r"workers \(4\) must be divisible by --gpus-per-node \(3\)",
+    )
 
 
 def test_nccl_without_cuda(capsys, tmp_path):
@@ -66,8 +69,11 @@ def test_bad_straggler_and_compute_time(capsys, tmp_path):
 
 
 def test_newbob_is_refused_not_run_as_a_constant_rate(capsys, tmp_path):
-    _fails(capsys, ["--lr-schedule", "newbob", "--out", str(tmp_path)],
-           r"lr-schedule \('newbob'\) needs every worker to agree on a held-out loss.*use exp, ibm or const")
+    _fails(
+        capsys,
+        ["--lr-schedule", "newbob", "--out", str(tmp_path)],
+        r"lr-schedule \('newbob'\) needs every worker to agree on a held-out loss.*use exp, ibm or const",
+    )
 
 
 def test_resume_without_a_run_directory(capsys, tmp_path):
@@ -78,13 +84,39 @@ def test_resume_without_a_run_directory(capsys, tmp_path):
 @pytest.mark.timeout(120)
 def test_train_prints_the_summary_as_json(capsys, tmp_path):
     out = tmp_path / "run"
-    status = main(["train", "--algorithm", "ssgd", "--workers", "2", "--model", "tiny-blstm", "--steps", "6",
-                   "--batch", "8", "--out", str(out), "--json", "--held-out-speakers", "spk03"])
+    status = main(
+        [
+            "train",
+            "--algorithm",
+            "ssgd",
+            "--workers",
+            "2",
+            "--model",
+            "tiny-blstm",
+            "--steps",
+            "6",
+            "--batch",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+            "--held-out-speakers",
+            "spk03",
+        ]
+    )
     captured = capsys.readouterr()
     assert status == 0, captured.err
     summary = json.loads(captured.out)
-    for key in ("samples_per_s", "step_time_s", "staleness_mean", "loss_first", "loss_last", "loss_curve",
-                "comm_fraction", "idle_fraction"):
+    for key in (
+        "samples_per_s",
+        "step_time_s",
+        "staleness_mean",
+        "loss_first",
+        "loss_last",
+        "loss_curve",
+        "comm_fraction",
+        "idle_fraction",
+    ):
         assert key in summary
     for name in ("config.resolved.json", "env.json", "trace.npz", "summary.json", "timeline.json", "loss.png"):
         assert (out / name).is_file(), name
@@ -100,12 +132,24 @@ def test_train_prints_the_summary_as_json(capsys, tmp_path):
 
     trace, _ = read_trace(out / "trace.npz")
     assert not np.any((trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"]))
-    assert np.count_nonzero((trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["comm"]) & (trace["nbytes"] > 0)) == 12
+    assert (
+        np.count_nonzero(
+            (trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["comm"]) & (trace["nbytes"] > 0)
+        )
+        == 12
+    )
     overlap = TrainConfig.load(out / "launch.json").replace(out=str(tmp_path / "overlap"))
     launch(overlap, quiet=True, timeout_s=90, extra_env={OVERLAP_ENV: "1"})
     trace, _ = read_trace(tmp_path / "overlap" / "trace.npz")
     overlapped = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"])]
-    assert overlapped.size == 12 and np.all(overlapped["nbytes"] == overlapped["nbytes"][0]) \
+    assert (
+        overlapped.size == 12
+        and np.all(overlapped["nbytes"] == overlapped["nbytes"][0])
         and overlapped["nbytes"][0] > 0
-    np.testing.assert_allclose(np.load(tmp_path / "overlap" / "final_params.npz")["params"],
-                               np.load(out / "final_params.npz")["params"], rtol=0, atol=1e-6)
+    )
+    np.testing.assert_allclose(
+        np.load(tmp_path / "overlap" / "final_params.npz")["params"],
+        np.load(out / "final_params.npz")["params"],
+        rtol=0,
+        atol=1e-6,
+    )

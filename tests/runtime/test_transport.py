@@ -14,7 +14,7 @@ from psgdlab.runtime.transport import launch_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
-CHECK = r'''
+CHECK = r"""
 import torch
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.transport import launch_env, Tags
@@ -88,7 +88,7 @@ if dist.is_initialized():
 print("ok", r)
 sys.stdout.flush()
 os._exit(0)
-'''
+"""
 
 
 def _env() -> dict[str, str]:
@@ -101,10 +101,18 @@ def _env() -> dict[str, str]:
 def test_transport_operations_on_gloo(shm):
     port = free_port()
     code = CHECK.format(backend="gloo")
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(_env(), RANK=str(r), WORLD_SIZE="4",
-                                                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                                                      PSGDLAB_SHM=shm),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=dict(
+                _env(), RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PSGDLAB_SHM=shm
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(4)
+    ]
     outs = [p.communicate(timeout=90) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {r}: {out[-500:]} {err[-2000:]}"
@@ -114,19 +122,30 @@ def test_transport_operations_on_gloo(shm):
 @pytest.mark.mpi
 def test_transport_operations_on_mpi():
     code = CHECK.format(backend="mpi")
-    out = subprocess.run([str(mpiexec_path()), "-n", "4", sys.executable, "-c", code], env=_env(),
-                         capture_output=True, text=True, timeout=90)
+    out = subprocess.run(
+        [str(mpiexec_path()), "-n", "4", sys.executable, "-c", code],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("ok") == 4
 
 
-@pytest.mark.parametrize(("environ", "expected"), [
-    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, "torchrun")),
-    ({"PMI_RANK": "2", "PMI_SIZE": "4"}, (2, 4, 2, "mpi")),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, (1, 2, 0, "mpi")),
-    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5"}, (5, 16, 5, "slurm")),
-    ({}, (0, 1, 0, "single")),
-])
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, "torchrun")),
+        ({"PMI_RANK": "2", "PMI_SIZE": "4"}, (2, 4, 2, "mpi")),
+        (
+            {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
+            (1, 2, 0, "mpi"),
+        ),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5"}, (5, 16, 5, "slurm")),
+        ({}, (0, 1, 0, "single")),
+    ],
+)
 def test_ranks_come_from_the_launcher_environment(environ, expected):
     env = launch_env(environ)
     assert (env.rank, env.world_size, env.local_rank, env.launcher) == expected

@@ -19,10 +19,20 @@ def test_default_run_prints_rows_and_writes_the_run_directory(tmp_path, capsys):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     rows = summary["rows"]
     assert {(r["algorithm"], r["workers"]) for r in rows} == {
-        (a, n) for a in ("ssgd", "adpsgd", "hadpsgd") for n in (1, 2, 4, 8, 16, 32, 64)}
+        (a, n) for a in ("ssgd", "adpsgd", "hadpsgd") for n in (1, 2, 4, 8, 16, 32, 64)
+    }
     for r in rows:
-        for key in ("step_time_s", "samples_per_s", "speedup", "epoch_time_s", "staleness_mean",
-                    "time_to_train_s", "comm_fraction", "idle_fraction", "staleness_hist"):
+        for key in (
+            "step_time_s",
+            "samples_per_s",
+            "speedup",
+            "epoch_time_s",
+            "staleness_mean",
+            "time_to_train_s",
+            "comm_fraction",
+            "idle_fraction",
+            "staleness_hist",
+        ):
             assert key in r
         assert r["extrapolation"]["extrapolated"] is True
     by = {(r["algorithm"], r["workers"]): r for r in rows}
@@ -38,8 +48,24 @@ def test_default_run_prints_rows_and_writes_the_run_directory(tmp_path, capsys):
 
 
 def test_json_output_and_single_configuration(tmp_path, capsys):
-    code = main(["predict", "--algorithm", "asgd", "--workers", "8", "--period", "4", "--straggler", "2:3",
-                 "--steps", "40", "--json", "--out", str(tmp_path / "r")])
+    code = main(
+        [
+            "predict",
+            "--algorithm",
+            "asgd",
+            "--workers",
+            "8",
+            "--period",
+            "4",
+            "--straggler",
+            "2:3",
+            "--steps",
+            "40",
+            "--json",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     (row,) = doc["rows"]
@@ -59,16 +85,19 @@ def test_straggler_costs_ssgd_more_than_adpsgd(tmp_path, capsys):
     assert slow["adpsgd"] / base["adpsgd"] > 0.9
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--algorithm", "adpsdg"], "did you mean 'adpsgd'"),
-    (["--algorithm", "adpsgd", "--workers", "7"], "must be even"),
-    (["--gpus-per-node", "16"], "devices per host"),
-    (["--workers-per-host", "0"], "workers-per-host (0) must be in [1, 8]"),
-    (["--workers", "128", "--algorithm", "ssgd"], "hosts"),
-    (["--preset", "interspeech"], "did you mean 'interspeech2019-v100'"),
-    (["--algorithm", "ssgd", "--period", "5"], "applies to none"),
-    (["--straggler", "3"], "RANK:FACTOR"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algorithm", "adpsdg"], "did you mean 'adpsgd'"),
+        (["--algorithm", "adpsgd", "--workers", "7"], "must be even"),
+        (["--gpus-per-node", "16"], "devices per host"),
+        (["--workers-per-host", "0"], "workers-per-host (0) must be in [1, 8]"),
+        (["--workers", "128", "--algorithm", "ssgd"], "hosts"),
+        (["--preset", "interspeech"], "did you mean 'interspeech2019-v100'"),
+        (["--algorithm", "ssgd", "--period", "5"], "applies to none"),
+        (["--straggler", "3"], "RANK:FACTOR"),
+    ],
+)
 def test_bad_configs_exit_2_with_one_line(tmp_path, capsys, argv, message):
     assert main(["predict", "--out", str(tmp_path / "x"), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -110,11 +139,25 @@ def test_every_preset_rewritten_by_the_profile_writer_loads_the_same(tmp_path, n
 def test_hadpsgd_nodes_as_groups_of_one_host(tmp_path, capsys):
     """A calibrated this-machine platform is one host: H-ADPSGD's nodes of 2 fit only as groups."""
     one = tmp_path / "one.toml"
-    one.write_text('[platform]\nhosts = 1\ndevices_per_host = 8\nsockets_per_host = 8\n'
-                   '[platform.host_cpu]\ncores_per_host = 2\nwork_per_byte_s = 1e-9\n[workload]\nn_params = 250000\n'
-                   'itemsize = 8\ncompute = "0.05"\nreference_batch = 8\nbatch_per_worker = 8\n')
-    argv = ["predict", "--platform", str(one), "--algorithm", "hadpsgd", "--workers", "8", "--gpus-per-node", "2",
-            "--steps", "20", "--json"]
+    one.write_text(
+        "[platform]\nhosts = 1\ndevices_per_host = 8\nsockets_per_host = 8\n"
+        "[platform.host_cpu]\ncores_per_host = 2\nwork_per_byte_s = 1e-9\n[workload]\nn_params = 250000\n"
+        'itemsize = 8\ncompute = "0.05"\nreference_batch = 8\nbatch_per_worker = 8\n'
+    )
+    argv = [
+        "predict",
+        "--platform",
+        str(one),
+        "--algorithm",
+        "hadpsgd",
+        "--workers",
+        "8",
+        "--gpus-per-node",
+        "2",
+        "--steps",
+        "20",
+        "--json",
+    ]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 2
     assert "hosts" in capsys.readouterr().err
     assert main([*argv, "--workers-per-host", "8", "--out", str(tmp_path / "b")]) == 0
@@ -136,11 +179,14 @@ def test_help_explains_units(capsys):
     assert "seconds" in out and "sample unit" in out and "--straggler" in out
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"algorithms": ("ssgd",), "workers": (1, 8, 128)}, "hosts"),
-    ({"algorithms": ("ssgd", "bmuf"), "workers": (1, 2), "period": 0}, "period"),
-    ({"algorithms": ("ssgd",), "workers": (2, 4), "stragglers": "3:2"}, "rank"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"algorithms": ("ssgd",), "workers": (1, 8, 128)}, "hosts"),
+        ({"algorithms": ("ssgd", "bmuf"), "workers": (1, 2), "period": 0}, "period"),
+        ({"algorithms": ("ssgd",), "workers": (2, 4), "stragglers": "3:2"}, "rank"),
+    ],
+)
 def test_a_bad_sweep_fails_before_simulating_anything(monkeypatch, kwargs, message):
     """One clear error line, not a half-drawn progress bar after minutes of simulation."""
     import psgdlab.sim.predict as predict

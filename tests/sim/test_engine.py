@@ -23,10 +23,14 @@ MB = 1e6
 
 def flat_platform(**kw):
     """One host of 8 devices with NVLink (unshared), so closed forms are exact."""
-    base = dict(name="flat", hosts=1, devices_per_host=8, sockets_per_host=1,
-                nvlink=Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9),
-                server=ServerSpec(latency_s=0.0, bandwidth_bytes_per_s=1e9, service_overhead_s=0.0,
-                                  apply_on_host=False))
+    base = dict(
+        name="flat",
+        hosts=1,
+        devices_per_host=8,
+        sockets_per_host=1,
+        nvlink=Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9),
+        server=ServerSpec(latency_s=0.0, bandwidth_bytes_per_s=1e9, service_overhead_s=0.0, apply_on_host=False),
+    )
     base.update(kw)
     return Platform(**base)
 
@@ -42,10 +46,12 @@ def compute_rows(trace):
 def test_same_seed_gives_identical_trace_arrays():
     cfg = load_config(preset="interspeech2019-v100")
     a = make_algorithm("adpsgd", n_workers=16, variant="random", seed=3)
-    t1 = simulate(a, cfg.platform, cfg.workload, steps=60, seed=5,
-                  stragglers=StragglerModel.parse("random:0.1:3", seed=5)).trace
-    t2 = simulate(a, cfg.platform, cfg.workload, steps=60, seed=5,
-                  stragglers=StragglerModel.parse("random:0.1:3", seed=5)).trace
+    t1 = simulate(
+        a, cfg.platform, cfg.workload, steps=60, seed=5, stragglers=StragglerModel.parse("random:0.1:3", seed=5)
+    ).trace
+    t2 = simulate(
+        a, cfg.platform, cfg.workload, steps=60, seed=5, stragglers=StragglerModel.parse("random:0.1:3", seed=5)
+    ).trace
     assert t1.dtype == TRACE_DTYPE
     assert t1.tobytes() == t2.tobytes()
     t3 = simulate(a, cfg.platform, cfg.workload, steps=60, seed=6).trace
@@ -76,8 +82,12 @@ def test_ring_allreduce_matches_formula(n):
 def test_allreduce_shares_socket_pcie_like_algorithms_md():
     """ALGORITHMS.md D.4: 8-GPU ring allreduce with 4 GPUs per socket's 16 GB/s = 75.5 ms."""
     cfg = load_config(preset="interspeech2019-v100")
-    p = Platform(**{**{f: getattr(cfg.platform, f) for f in cfg.platform.__dataclass_fields__},
-                    "pcie": Link(latency_s=0.0, bandwidth_bytes_per_s=16e9)})
+    p = Platform(
+        **{
+            **{f: getattr(cfg.platform, f) for f in cfg.platform.__dataclass_fields__},
+            "pcie": Link(latency_s=0.0, bandwidth_bytes_per_s=16e9),
+        }
+    )
     w = Workload(n_params=43_125_000, compute="0.171", reference_batch=128, batch_per_worker=128)
     res = simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=3)
     comm = res.trace[res.trace["phase"] == PHASES["comm"]]
@@ -98,8 +108,10 @@ def test_parameter_server_saturates_at_n_S_over_bandwidth(n):
 def test_ssgd_step_time_follows_the_slowest_worker():
     p, w = flat_platform(), workload("0.1")
     fast = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30).trace, samples_per_step=32)
-    slow = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30,
-                              stragglers=StragglerModel.parse("3:2")).trace, samples_per_step=32)
+    slow = summarize(
+        simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30, stragglers=StragglerModel.parse("3:2")).trace,
+        samples_per_step=32,
+    )
     ar = allreduce_s(8, w.payload_bytes, 1e9, 1e-5)
     assert fast["step_time_s"] == pytest.approx(0.1 + ar)
     assert slow["step_time_s"] == pytest.approx(0.2 + ar)
@@ -109,24 +121,29 @@ def test_adpsgd_loses_only_about_the_slow_workers_share():
     cfg = load_config(preset="interspeech2019-v100")
     n = 16
     a = make_algorithm("adpsgd", n_workers=n)
-    base = summarize(simulate(a, cfg.platform, cfg.workload, steps=150).trace, samples_per_step=128,
-                     warmup_steps=10)
-    slow = summarize(simulate(a, cfg.platform, cfg.workload, steps=150,
-                              stragglers=StragglerModel.parse("5:4")).trace, samples_per_step=128, warmup_steps=10)
+    base = summarize(simulate(a, cfg.platform, cfg.workload, steps=150).trace, samples_per_step=128, warmup_steps=10)
+    slow = summarize(
+        simulate(a, cfg.platform, cfg.workload, steps=150, stragglers=StragglerModel.parse("5:4")).trace,
+        samples_per_step=128,
+        warmup_steps=10,
+    )
     loss = 1 - slow["samples_per_s"] / base["samples_per_s"]
     # the slow worker contributes a quarter of its share; the others keep going
     assert loss == pytest.approx((1 - 1 / 4) / n, abs=0.02)
     ssgd = make_algorithm("ssgd", n_workers=n)
     s_base = summarize(simulate(ssgd, cfg.platform, cfg.workload, steps=40).trace, samples_per_step=128)
-    s_slow = summarize(simulate(ssgd, cfg.platform, cfg.workload, steps=40,
-                                stragglers=StragglerModel.parse("5:4")).trace, samples_per_step=128)
+    s_slow = summarize(
+        simulate(ssgd, cfg.platform, cfg.workload, steps=40, stragglers=StragglerModel.parse("5:4")).trace,
+        samples_per_step=128,
+    )
     assert 1 - s_slow["samples_per_s"] / s_base["samples_per_s"] > 0.5
 
 
 def test_periodic_pause_costs_its_duration_in_ssgd():
     p, w = flat_platform(), workload("0.1")
-    res = simulate(make_algorithm("ssgd", n_workers=4), p, w, steps=20,
-                   stragglers=StragglerModel.parse("periodic:2:5:1.0"))
+    res = simulate(
+        make_algorithm("ssgd", n_workers=4), p, w, steps=20, stragglers=StragglerModel.parse("periodic:2:5:1.0")
+    )
     base = simulate(make_algorithm("ssgd", n_workers=4), p, w, steps=20)
     span = lambda t: float(t["end_s"].max())
     assert span(res.trace) - span(base.trace) == pytest.approx(4 * 1.0)
@@ -157,8 +174,11 @@ def test_asgd_round_robin_staleness_matches_reference(n):
     comp = compute_rows(res.trace)
     steady = comp[comp["step"] >= 1]["staleness"]
     assert set(steady.tolist()) == {n - 1}
-    ref = run_reference(make_algorithm("asgd", n_workers=n, period=1),
-                        LeastSquaresProblem(n_samples=64 * n, dim=4, n_shards=n, batch=4), steps=12)
+    ref = run_reference(
+        make_algorithm("asgd", n_workers=n, period=1),
+        LeastSquaresProblem(n_samples=64 * n, dim=4, n_shards=n, batch=4),
+        steps=12,
+    )
     assert set(ref.staleness[1:].ravel().tolist()) == {n - 1}
     # first round: the server applies pushes in arrival (= rank) order, as the reference does
     first = comp[comp["step"] == 0]
@@ -199,14 +219,18 @@ def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
     m, alpha = 4, 2e-4
     p = flat_platform(nvlink=Link(latency_s=alpha, bandwidth_bytes_per_s=1e9), allreduce=schedule)
     w = workload(compute="0.1", n_params=250_000)
-    res = simulate(make_algorithm("hadpsgd", n_workers=8, gpus_per_node=m), p, w, steps=10, gpus_per_node=8,
-                   until="all")
+    res = simulate(
+        make_algorithm("hadpsgd", n_workers=8, gpus_per_node=m), p, w, steps=10, gpus_per_node=8, until="all"
+    )
     bar = res.trace[(res.trace["phase"] == PHASES["comm"]) & (res.trace["kind"] == ExchangeKind.BARRIER)]
     assert bar.size == 4 * 10 and set(bar["rank"].tolist()) == {0, 1, 2, 3} and np.all(bar["nbytes"] == 0)
     rounds = 2 * (m - 1) if schedule == "ring" else 2
     np.testing.assert_allclose(bar["end_s"] - bar["start_s"], rounds * alpha, rtol=1e-9)
-    grad = allreduce_s(m, w.payload_bytes, 1e9, alpha) if schedule == "ring" else (
-        2 * (m - 1) / m * w.payload_bytes / 1e9 + 2 * alpha)
+    grad = (
+        allreduce_s(m, w.payload_bytes, 1e9, alpha)
+        if schedule == "ring"
+        else (2 * (m - 1) / m * w.payload_bytes / 1e9 + 2 * alpha)
+    )
     s = summarize(res.trace[res.trace["rank"] < 4], samples_per_step=32, warmup_steps=2)
     assert s["step_time_s"] == pytest.approx(0.1 + grad + rounds * alpha, rel=1e-9)
     unsharded = simulate(make_algorithm("adpsgd", n_workers=8), p, w, steps=10).trace
@@ -216,16 +240,18 @@ def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
 def _rank_steps(trace):
     """Median interval between a rank's consecutive compute starts, per rank."""
     comp = trace[trace["phase"] == PHASES["compute"]]
-    return np.array([np.median(np.diff(np.sort(comp["start_s"][comp["rank"] == r])))
-                     for r in np.unique(comp["rank"])])
+    return np.array([np.median(np.diff(np.sort(comp["start_s"][comp["rank"] == r]))) for r in np.unique(comp["rank"])])
 
 
-@pytest.mark.parametrize("name, kw, merging", [
-    ("adpsgd", {}, [False, True, False, True]),  # fixed ring: odd ranks active, passive ones merge off the step
-    ("dpsgd", {}, [True] * 4),  # gossip: every training thread folds the mix back
-    ("hadpsgd", {"gpus_per_node": 2}, [True] * 8),  # sharded: a passive node's members apply the merges too
-    ("ssgd", {}, [False] * 4),
-])
+@pytest.mark.parametrize(
+    "name, kw, merging",
+    [
+        ("adpsgd", {}, [False, True, False, True]),  # fixed ring: odd ranks active, passive ones merge off the step
+        ("dpsgd", {}, [True] * 4),  # gossip: every training thread folds the mix back
+        ("hadpsgd", {"gpus_per_node": 2}, [True] * 8),  # sharded: a passive node's members apply the merges too
+        ("ssgd", {}, [False] * 4),
+    ],
+)
 def test_mix_merge_is_host_work_of_the_training_thread_that_folds_an_average_back(name, kw, merging):
     """``mix_merge_s + mix_merge_s_per_byte * S`` lengthens exactly the steps of the ranks whose
     training thread folds an average back (core.exchange.trainer_merges; no record: step
@@ -236,8 +262,9 @@ def test_mix_merge_is_host_work_of_the_training_thread_that_folds_an_average_bac
     n = len(merging)
 
     def run(**plat):
-        res = simulate(make_algorithm(name, n_workers=n, **kw), flat_platform(**plat), w, steps=12,
-                       gpus_per_node=8)  # every worker on the one host
+        res = simulate(
+            make_algorithm(name, n_workers=n, **kw), flat_platform(**plat), w, steps=12, gpus_per_node=8
+        )  # every worker on the one host
         return res.trace, summarize(res.trace, samples_per_step=32, warmup_steps=2)
 
     (t0, a0), (t1, a1) = run(), run(**merge)
@@ -259,8 +286,9 @@ def test_step_overhead_is_host_work_a_straggler_does_not_scale():
 
     def step(name, **plat):
         n = 1 if name == "sgd" else 4
-        res = simulate(make_algorithm(name, n_workers=n), flat_platform(**plat), w, steps=12,
-                       stragglers=slow if n > 1 else None)
+        res = simulate(
+            make_algorithm(name, n_workers=n), flat_platform(**plat), w, steps=12, stragglers=slow if n > 1 else None
+        )
         return res.trace, summarize(res.trace, samples_per_step=32, warmup_steps=2)["step_time_s"]
 
     t0, s0 = step("ssgd")

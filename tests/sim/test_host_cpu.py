@@ -27,8 +27,9 @@ def one_host(n: int, cpu: HostCPU | None) -> Platform:
     return Platform(hosts=1, devices_per_host=n, sockets_per_host=n, pcie=LINK, nic=LINK, host_cpu=cpu)
 
 
-@given(n=st.integers(2, 16), cores=st.integers(1, 8), w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8),
-       S=st.floats(1e3, 1e7))
+@given(
+    n=st.integers(2, 16), cores=st.integers(1, 8), w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8), S=st.floats(1e3, 1e7)
+)
 def test_allreduce_stretches_by_the_oversubscribed_cpu_work(n, cores, w_m, w_b, S):
     cpu = HostCPU(cores_per_host=cores, work_per_message_s=w_m, work_per_byte_s=w_b)
     p = one_host(n, cpu)
@@ -39,8 +40,14 @@ def test_allreduce_stretches_by_the_oversubscribed_cpu_work(n, cores, w_m, w_b, 
     assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
 
 
-@given(n=st.integers(2, 16), cores=st.integers(1, 8), w_m=st.floats(0, 1e-3), w_b=st.floats(0, 1e-8),
-       S=st.floats(1e3, 1e7), schedule=st.sampled_from(ALLREDUCE_ALGORITHMS))
+@given(
+    n=st.integers(2, 16),
+    cores=st.integers(1, 8),
+    w_m=st.floats(0, 1e-3),
+    w_b=st.floats(0, 1e-8),
+    S=st.floats(1e3, 1e7),
+    schedule=st.sampled_from(ALLREDUCE_ALGORITHMS),
+)
 def test_allreduce_follows_the_platform_schedule(n, cores, w_m, w_b, S, schedule):
     """Every schedule moves the ring's bytes; the latency rounds and messages are the schedule's
     (2(n-1), 2 ceil(log2 n), 2 rounds with 2(n-1) reads); a group of 2 costs alike in all three."""
@@ -49,12 +56,17 @@ def test_allreduce_follows_the_platform_schedule(n, cores, w_m, w_b, S, schedule
     net = Network(p, Placement.pack(p, n))
     rounds = {"ring": 2 * (n - 1), "halving-doubling": 2 * math.ceil(math.log2(n)), "direct": 2}[schedule]
     messages = 2 * (n - 1) if schedule != "halving-doubling" else rounds
-    expected = (2 * (n - 1) / n * S / LINK.bandwidth_bytes_per_s + rounds * LINK.latency_s
-                + max(0.0, n / cores - 1.0) * (messages * w_m + 2 * (n - 1) / n * S * w_b))
+    expected = (
+        2 * (n - 1) / n * S / LINK.bandwidth_bytes_per_s
+        + rounds * LINK.latency_s
+        + max(0.0, n / cores - 1.0) * (messages * w_m + 2 * (n - 1) / n * S * w_b)
+    )
     assert net.allreduce_s(tuple(range(n)), S, 0.0) == pytest.approx(expected, rel=1e-12)
     if n == 2:
-        assert expected == pytest.approx(allreduce_s(2, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
-                                         + max(0.0, 2 / cores - 1.0) * (2 * w_m + S * w_b))
+        assert expected == pytest.approx(
+            allreduce_s(2, S, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+            + max(0.0, 2 / cores - 1.0) * (2 * w_m + S * w_b)
+        )
 
 
 def test_allreduce_schedule_loads_from_toml_and_bad_names_are_refused(tmp_path):
@@ -96,9 +108,16 @@ def test_server_request_holds_the_worker_and_the_server():
     S, w_b = 1e6, 1e-9
     for cores, stretch in ((2, 0.0), (1, 1.0)):  # worker + server: 2 holders
         cpu = HostCPU(cores_per_host=cores, work_per_byte_s=w_b)
-        p = Platform(hosts=1, devices_per_host=2, sockets_per_host=2, pcie=LINK, nic=LINK, host_cpu=cpu,
-                     server=ServerSpec(latency_s=1e-3, bandwidth_bytes_per_s=5e8, service_overhead_s=2e-3,
-                                       apply_on_host=True), host_memory_bandwidth_bytes_per_s=3e9)
+        p = Platform(
+            hosts=1,
+            devices_per_host=2,
+            sockets_per_host=2,
+            pcie=LINK,
+            nic=LINK,
+            host_cpu=cpu,
+            server=ServerSpec(latency_s=1e-3, bandwidth_bytes_per_s=5e8, service_overhead_s=2e-3, apply_on_host=True),
+            host_memory_bandwidth_bytes_per_s=3e9,
+        )
         net = Network(p, Placement.pack(p, 2))
         base = 1e-3 + S / 5e8 + 2e-3 + 3 * S / 3e9
         assert net.server_s(S) == pytest.approx(base)
@@ -112,7 +131,8 @@ def test_ssgd_step_time_includes_the_cpu_stretch():
     res = simulate(make_algorithm("ssgd", n_workers=n), one_host(n, cpu), w, steps=20)
     S = w.payload_bytes
     comm = allreduce_s(n, S, LINK.bandwidth_bytes_per_s, LINK.latency_s) + (n / cores - 1) * (
-        2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * S * 2e-9)
+        2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * S * 2e-9
+    )
     s = summarize(res.trace, samples_per_step=8, warmup_steps=2)
     assert s["step_time_s"] == pytest.approx(0.05 + comm, rel=1e-9)
     c = res.trace[res.trace["phase"] == PHASES["comm"]]
@@ -121,9 +141,11 @@ def test_ssgd_step_time_includes_the_cpu_stretch():
 
 def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
     path = tmp_path / "p.toml"
-    path.write_text('[platform]\nhosts = 1\ndevices_per_host = 4\nsockets_per_host = 4\n'
-                    '[platform.host_cpu]\ncores_per_host = 2\nwork_per_message_s = 1e-4\nwork_per_byte_s = 0\n'
-                    '[workload]\nn_params = 10\n')
+    path.write_text(
+        "[platform]\nhosts = 1\ndevices_per_host = 4\nsockets_per_host = 4\n"
+        "[platform.host_cpu]\ncores_per_host = 2\nwork_per_message_s = 1e-4\nwork_per_byte_s = 0\n"
+        "[workload]\nn_params = 10\n"
+    )
     cfg = load_config(path=path)
     assert cfg.platform.host_cpu == HostCPU(cores_per_host=2, work_per_message_s=1e-4, work_per_byte_s=0.0)
     for name in preset_names():
@@ -133,12 +155,15 @@ def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
         load_config(path=path)
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"cores_per_host": 0}, r"cores_per_host \(0\) must be an integer >= 1"),
-    ({"cores_per_host": True}, "cores_per_host"),
-    ({"work_per_message_s": -1e-6}, r"work_per_message_s \(-1e-06\) must be >= 0"),
-    ({"work_per_byte_s": float("nan")}, "work_per_byte_s"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"cores_per_host": 0}, r"cores_per_host \(0\) must be an integer >= 1"),
+        ({"cores_per_host": True}, "cores_per_host"),
+        ({"work_per_message_s": -1e-6}, r"work_per_message_s \(-1e-06\) must be >= 0"),
+        ({"work_per_byte_s": float("nan")}, "work_per_byte_s"),
+    ],
+)
 def test_host_cpu_rejects_bad_values(kw, match):
     with pytest.raises(ConfigError, match=match):
         HostCPU(**kw)
@@ -152,8 +177,9 @@ def test_collective_link_prices_allreduces_inside_a_host_only():
     net = Network(p, Placement.pack(p, 8))
     S = 4e6
     assert net.allreduce_s((0, 1, 2, 3), S, 0.0) == pytest.approx(allreduce_s(4, S, 4e9, 2e-5))
-    plain = Network(Platform(hosts=2, devices_per_host=4, sockets_per_host=4, pcie=LINK, nic=LINK),
-                    Placement.pack(p, 8))
+    plain = Network(
+        Platform(hosts=2, devices_per_host=4, sockets_per_host=4, pcie=LINK, nic=LINK), Placement.pack(p, 8)
+    )
     assert net.allreduce_s(tuple(range(8)), S, 10.0) == pytest.approx(plain.allreduce_s(tuple(range(8)), S, 10.0))
     assert net.transfer_s(0, 1, S, 20.0) == pytest.approx(plain.transfer_s(0, 1, S, 20.0))
 

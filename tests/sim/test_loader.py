@@ -17,8 +17,14 @@ from psgdlab.sim.workload import Workload, load_config, loader_pauses
 
 
 def _loader(batch, buffer, cost, cv=0.0):
-    return Workload(batch_per_worker=batch, reference_batch=batch, compute="0.1", loader_buffer_samples=buffer,
-                    loader_s_per_sample=cost, loader_buffer_cv=cv)
+    return Workload(
+        batch_per_worker=batch,
+        reference_batch=batch,
+        compute="0.1",
+        loader_buffer_samples=buffer,
+        loader_s_per_sample=cost,
+        loader_buffer_cv=cv,
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -54,9 +60,16 @@ def test_streaming_loader_changes_nothing():
     np.testing.assert_array_equal(compute_times(cfg.workload, 4, 30, seed=2), compute_times(with_cost, 4, 30, seed=2))
 
 
-@pytest.mark.parametrize("key,value", [("loader_buffer_samples", -1.0), ("loader_buffer_samples", 0.5),
-                                       ("loader_s_per_sample", -1e-6), ("loader_buffer_cv", -0.1),
-                                       ("loader_s_per_sample", float("nan"))])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("loader_buffer_samples", -1.0),
+        ("loader_buffer_samples", 0.5),
+        ("loader_s_per_sample", -1e-6),
+        ("loader_buffer_cv", -0.1),
+        ("loader_s_per_sample", float("nan")),
+    ],
+)
 def test_bad_loader_values_are_one_line_errors(key, value):
     with pytest.raises(ConfigError, match=key):
         Workload(**{key: value})
@@ -66,8 +79,15 @@ def test_synchronous_blocks_wait_for_the_refilling_worker_asynchronous_ones_do_n
     """Refills cost a single worker cost*b per step on average; an allreduce every step waits for
     whichever of 8 workers refills (about 8x as often), AD-PSGD workers only for their own."""
     platform = Platform(hosts=1, devices_per_host=8, nvlink=Link(latency_s=0.0, bandwidth_bytes_per_s=1e12))
-    w = Workload(n_params=1000, compute="0.1", batch_per_worker=100, reference_batch=100,
-                 loader_buffer_samples=2000.0, loader_s_per_sample=1e-3, loader_buffer_cv=0.3)
+    w = Workload(
+        n_params=1000,
+        compute="0.1",
+        batch_per_worker=100,
+        reference_batch=100,
+        loader_buffer_samples=2000.0,
+        loader_s_per_sample=1e-3,
+        loader_buffer_cv=0.3,
+    )
 
     def step_s(name, n):
         alg = make_algorithm(name, n_workers=n) if n > 1 else make_algorithm("sgd")
