@@ -396,6 +396,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     # that merge, from the steps that do it (an AD-PSGD run's active sides)
     base, merging, passive, sizes = [], [], [], []
     for r in free:
+        assert r.trace is not None  # checked above
         gaps = step_gaps(r.trace, warmup_steps=warmup_steps)
         if not gaps.size:
             continue
@@ -430,6 +431,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     server = _fit_server(free, link)
     host_cpu = None
     if busy:
+        assert cores is not None  # without a core count every run is free
         host_cpu = fit_host_cpu(
             busy,
             cores=int(cores),
@@ -547,7 +549,7 @@ def _fit_model_average(
             else None
         )
         if got is not None:
-            pts.append((float(S), got[0]))
+            pts.append((float(S or 0), got[0]))
     return _overhead_line(pts) if pts else None
 
 
@@ -623,6 +625,7 @@ def platform_profile(
     mix = calibration.get("mix_merge")
     mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
     fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw))
+    memory: dict[str, Any] = {"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}
     platform = Platform(
         name=name,
         description="this machine, fitted from measured runs (loopback transport, emulated devices)",
@@ -638,7 +641,7 @@ def platform_profile(
         if coll_fit
         else None,
         allreduce=calibration.get("allreduce_algorithm") or "ring",
-        **({"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}),
+        **memory,
         model_average_s=float(avg["fixed_s"]) if avg else 0.0,
         model_average_s_per_byte=float(avg["s_per_byte"]) if avg else 0.0,
         mix_merge_s=float(mix["fixed_s"]) if mix else 0.0,

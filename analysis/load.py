@@ -60,7 +60,8 @@ def load_run(path: str | Path, *, with_trace: bool = True) -> Run:
         raise ConfigError(f"run directory {path} does not exist")
     case = read_summary(path)
     config = _read_json(path / "config.resolved.json") if (path / "config.resolved.json").is_file() else {}
-    trace, meta = (None, {})
+    trace: np.ndarray | None = None
+    meta: dict[str, Any] = {}
     if with_trace and (path / "trace.npz").is_file():
         trace, meta = read_trace(path / "trace.npz")
     env = _read_json(path / "env.json") if (path / "env.json").is_file() else {}

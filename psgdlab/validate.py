@@ -119,6 +119,7 @@ class ValidateConfig:
         require(isinstance(self.dim, int) and self.dim >= 4, "dim", self.dim, "must be an integer >= 4")
         if self.calibration_dims is None:
             object.__setattr__(self, "calibration_dims", default_calibration_dims(self.dim))
+        assert self.calibration_dims is not None  # set just above
         require(
             len(set(self.calibration_dims)) == 2,
             "calibration_dims",
@@ -316,7 +317,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             for n in vc.workers:
                 gpn = vc.gpus_per_node if algorithm == "hadpsgd" else None
                 say(f"predict {case_name(name, n, straggler)}")
-                case = dict(
+                case: dict[str, Any] = dict(
                     steps=vc.steps, variant=variant, gpus_per_node=gpn, stragglers=straggler or None, workers_per_host=n
                 )
                 # every seed twice, the workers' compute-time streams in rank order and reversed; the
@@ -372,7 +373,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
 
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
     st_errs = [c["staleness_mean_rel_error"] for c in cases if c["staleness_mean_rel_error"] is not None]
-    summary = {
+    summary: dict[str, Any] = {
         "cases": cases,
         "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,

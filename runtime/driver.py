@@ -282,7 +282,7 @@ class _Worker:
 
     def _serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
         sharded = example is not None and example.n_shards > 1
-        group = tuple(example.gather_group) if sharded else ()
+        group = tuple(example.gather_group) if example is not None and sharded else ()
         for _ in range(n_requests):
             header = torch.zeros(4, dtype=torch.int64)
             if sharded:
@@ -524,11 +524,13 @@ class _Worker:
     def _on_pairwise(self, ex: PairwiseAverage, st: _Step) -> None:
         """Mix: the active side runs on the communication thread during the compute; the
         responder thread answers the passive side whenever its peer asks."""
+        assert self.pool is not None  # made by run() before the first step
         if ex.active:
             st.jobs.append((_PAIR, self.pool.submit(self._active_pairwise, ex, st.snapshot, st.step)))
 
     def _on_gossip(self, ex: Gossip, st: _Step) -> None:
         """Mix: on the communication thread during the compute."""
+        assert self.pool is not None  # made by run() before the first step
         st.jobs.append((_GOSSIP, self.pool.submit(self._gossip, ex, st.snapshot)))
 
     def _on_allreduce(self, ex: AllReduce, st: _Step) -> None:

@@ -52,10 +52,10 @@ def futex_wait(address: int, expected: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at ``address`` holds ``expected`` (at most ``timeout_s``;
     returns at once when it differs; spurious returns are possible: callers re-check)."""
     ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
-    _libc.syscall(
+    _libc.syscall(  # type: ignore[union-attr]  # loaded above on Linux, the only platform calling these
         ctypes.c_long(_SYS_FUTEX),
         ctypes.c_void_p(address),
-        ctypes.c_int(_FUTEX_WAIT),  # type: ignore[union-attr]
+        ctypes.c_int(_FUTEX_WAIT),
         ctypes.c_uint32(expected & 0xFFFFFFFF),
         ctypes.byref(ts),
         None,
@@ -65,10 +65,10 @@ def futex_wait(address: int, expected: int, timeout_s: float) -> None:
 
 def futex_wake(address: int) -> None:
     """Wake every thread sleeping in :func:`futex_wait` on the word at ``address``."""
-    _libc.syscall(
+    _libc.syscall(  # type: ignore[union-attr]  # loaded above on Linux, the only platform calling these
         ctypes.c_long(_SYS_FUTEX),
         ctypes.c_void_p(address),
-        ctypes.c_int(_FUTEX_WAKE),  # type: ignore[union-attr]
+        ctypes.c_int(_FUTEX_WAKE),
         ctypes.c_int(2**31 - 1),
         None,
         None,

@@ -363,8 +363,8 @@ def _write_run_dir(
             "rank": config.workers,
             **next(r.extra["server"] for r in results if r.rank == config.workers),
         }
-    finals = [r.final_params for r in sorted(workers, key=lambda r: r.rank)]
-    if all(f is not None for f in finals):
+    finals = [r.final_params for r in sorted(workers, key=lambda r: r.rank) if r.final_params is not None]
+    if len(finals) == len(workers):
         stack = np.stack(finals)
         summary["consensus_distance"] = float(np.sum((stack - stack.mean(axis=0)) ** 2))
         if evaluate is not None and config.model == LSQ_MODEL:
@@ -414,9 +414,9 @@ def _write_run_dir(
     write_trace(run / "trace.npz", trace, meta)
     to_chrome_trace(trace, run / "timeline.json", meta=meta)
     if any(r.trajectory is not None for r in workers):
-        traj = np.stack([r.trajectory for r in sorted(workers, key=lambda r: r.rank)], axis=1)
+        traj = np.stack([np.asarray(r.trajectory) for r in sorted(workers, key=lambda r: r.rank)], axis=1)
         _save_npz(run / "trajectory.npz", params=traj, start_step=np.array(start_step))
-    if all(f is not None for f in finals):
+    if len(finals) == len(workers):
         _save_npz(run / "final_params.npz", params=np.stack(finals))
     write_summary(run, case)
     return case.to_json()
@@ -441,5 +441,5 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     from psgdlab.core.trace import atomic_write_bytes
 
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds like its allow_pickle flag
     atomic_write_bytes(path, buf.getvalue())

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["register", "run", "KINDS"]
 
@@ -160,7 +160,7 @@ def _write_plot(path: Path, requested: Any, max_workers: int) -> None:
     from psgdlab.core.spectral import spectral_gap_curve, topology_spectrum
 
     m_hier = requested.gpus_per_node if requested.kind == "hierarchical" and requested.gpus_per_node > 1 else 4
-    inner = requested.inner if requested.kind == "hierarchical" else "fixed-ring"
+    inner: Literal["fixed-ring", "random-ring"] = requested.inner if requested.kind == "hierarchical" else "fixed-ring"
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
     for kind in KINDS:
         m = m_hier if kind == "hierarchical" else 1
