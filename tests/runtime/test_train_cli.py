@@ -153,3 +153,18 @@ def test_train_prints_the_summary_as_json(capsys, tmp_path):
         rtol=0,
         atol=1e-6,
     )
+
+
+def test_the_held_out_line_reads_as_figures():
+    from psgdlab.commands.train import _held_out_line
+
+    last = {
+        "wer": 0.176,
+        "wer_by_speaker": {"theo": 0.122, "george": 0.23},
+        "frame_accuracy": 0.5858,
+        "loss": 1.69,
+        "step": 640,
+    }
+    assert (
+        _held_out_line(last) == "WER 17.6 % (george 23.0 %, theo 12.2 %), frame accuracy 0.586, loss 1.69 at step 640"
+    )
