@@ -10,7 +10,7 @@ Modules: :mod:`~psgdlab.analysis.load` (run directories and their cases),
 :mod:`~psgdlab.analysis.figures` and :mod:`~psgdlab.analysis.report`.
 """
 
-from psgdlab.analysis.calibrate import calibrate_runs, fit_compute_time, fit_link, platform_toml
+from psgdlab.analysis.calibrate import calibrate_runs, fit_compute_time, fit_link, platform_profile
 from psgdlab.analysis.compare import compare_cases, compare_dirs, total_variation
 from psgdlab.analysis.load import Run, load_cases, load_run
 
@@ -24,5 +24,5 @@ __all__ = [
     "fit_compute_time",
     "fit_link",
     "calibrate_runs",
-    "platform_toml",
+    "platform_profile",
 ]

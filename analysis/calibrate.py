@@ -54,9 +54,7 @@ __all__ = [
     "step_gaps",
     "calibrate_runs",
     "platform_profile",
-    "platform_toml",
     "allreduce_algorithm_of",
-    "write_platform",
     "MIN_RECORDS",
     "PAIRWISE_QUANTILE",
     "SERVER_QUANTILE",
@@ -740,16 +738,3 @@ def platform_profile(
         ),
     ]
     return Profile(platform=platform, workload=workload, defaults=defaults, notes=tuple(notes))
-
-
-def platform_toml(calibration: dict[str, Any], **kwargs: Any) -> str:
-    """:func:`platform_profile`'s TOML document (the ``sim/presets`` format, the fit's residuals
-    as comments)."""
-    return platform_profile(calibration, **kwargs).to_toml()
-
-
-def write_platform(path: Any, text: str) -> Any:
-    """Write a platform TOML atomically (temporary name, then rename)."""
-    from psgdlab.core.trace import atomic_write_text
-
-    return atomic_write_text(path, text)

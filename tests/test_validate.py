@@ -85,17 +85,17 @@ def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():
     from psgdlab.analysis.compare import TIE_REL
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.workload import load_config
-    from psgdlab.validate import _relabelled_seeds, _samples_per_s
+    from psgdlab.validate.stats import predicted_samples_per_s, relabelled_seeds
 
-    assert _relabelled_seeds(2, 2) == [(0, None), (0, [1, 0]), (1, None), (1, [1, 0])]
-    assert _relabelled_seeds(4, 1) == [(0, None), (0, [3, 2, 1, 0])]
+    assert relabelled_seeds(2, 2) == [(0, None), (0, [1, 0]), (1, None), (1, [1, 0])]
+    assert relabelled_seeds(4, 1) == [(0, None), (0, [3, 2, 1, 0])]
     base = load_config(preset="interspeech2019-v100")  # the active side folds the average back: 10 ms
     config = dataclasses.replace(base, platform=dataclasses.replace(base.platform, mix_merge_s=0.01))
 
     def mean(variant, straggler):
-        runs = _relabelled_seeds(2, 4)
+        runs = relabelled_seeds(2, 4)
         return sum(
-            _samples_per_s(
+            predicted_samples_per_s(
                 predict_one(
                     "adpsgd", 2, config, steps=40, variant=variant, seed=k, stragglers=straggler, streams=order
                 ).result.trace,
@@ -142,7 +142,7 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
 
 def test_stalled_runs_are_recognised(tmp_path):
     from psgdlab.core.trace import TraceBuilder, write_trace
-    from psgdlab.validate import _stall
+    from psgdlab.validate.run import stall_reason
 
     for pause, stalled in ((0.5, False), (3.0, True)):
         tb = TraceBuilder()
@@ -152,7 +152,7 @@ def test_stalled_runs_are_recognised(tmp_path):
                 tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + 0.05)
                 t += 0.05 + (pause if (r, s) == (1, 7) else 0.0)
         write_trace(tmp_path / "trace.npz", tb.array(), {})
-        assert (_stall(tmp_path) is not None) is stalled
+        assert (stall_reason(tmp_path) is not None) is stalled
 
 
 @pytest.mark.distributed

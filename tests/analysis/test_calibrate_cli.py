@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psgdlab.analysis.calibrate import calibrate_runs, platform_toml
+from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
 from psgdlab.cli import main
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.cost import allreduce_messages, allreduce_rounds
@@ -183,7 +183,7 @@ def test_calibrate_recovers_the_cpu_work_of_oversubscribed_runs(runs, tmp_path):
     assert cpu["cores_per_host"] == CORES
     assert cpu["work_per_message_s"] == pytest.approx(W_MSG, rel=1e-6)
     assert cpu["work_per_byte_s"] == pytest.approx(W_BYTE, rel=1e-6)
-    cfg_text = platform_toml(fit, n_params=50_000, devices=8)
+    cfg_text = platform_profile(fit, n_params=50_000, devices=8).to_toml()
     assert "[platform.host_cpu]" in cfg_text
     with pytest.raises(ConfigError, match="more workers than the 1 cores"):
         calibrate_runs(runs, cores=1)
@@ -204,7 +204,7 @@ def test_calibrate_separates_the_merge_of_pairwise_averages(runs, tmp_path):
     assert fit["compute"]["step_overhead_s"] == pytest.approx(GAP, rel=1e-6)
     assert fit["mix_merge"]["fixed_s"] == pytest.approx(merge[0], rel=1e-6)
     assert fit["mix_merge"]["s_per_byte"] == pytest.approx(merge[1], rel=1e-6)
-    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    cfg = load_config(data=__import__("tomllib").loads(platform_profile(fit, n_params=50_000).to_toml()))
     assert cfg.platform.mix_merge_s == pytest.approx(merge[0], rel=1e-6)
     assert calibrate_runs(runs)["mix_merge"]["fixed_s"] == pytest.approx(0.0, abs=1e-12)  # no merge measured
     only_pairwise = calibrate_runs(mixing)  # no run without pairwise averages: no base to measure it against
@@ -225,7 +225,7 @@ def test_the_merge_is_fitted_from_the_steps_whose_training_thread_folds_the_aver
     fit = calibrate_runs(runs[:2] + mixing + runs[4:], cores=4)
     assert (fit["mix_merge"]["fixed_s"], fit["mix_merge"]["s_per_byte"]) == pytest.approx(merge, rel=1e-6)
     assert fit["mix_merge"]["passive_excess_s"] == pytest.approx([0.0, 0.0], abs=1e-9)
-    assert "passive sides' own excess" in platform_toml(fit, n_params=50_000)
+    assert "passive sides' own excess" in platform_profile(fit, n_params=50_000).to_toml()
 
 
 @pytest.mark.parametrize("schedule", ["direct", "halving-doubling"])
@@ -247,7 +247,7 @@ def test_calibrate_fits_the_allreduce_schedule_the_runs_recorded(tmp_path, sched
     assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)
     assert fit["host_cpu"]["work_per_message_s"] == pytest.approx(W_MSG, rel=1e-6)
     assert fit["host_cpu"]["work_per_byte_s"] == pytest.approx(W_BYTE, rel=1e-6)
-    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    cfg = load_config(data=__import__("tomllib").loads(platform_profile(fit, n_params=50_000).to_toml()))
     assert cfg.platform.allreduce == schedule
     as_ring = [write_run(tmp_path / f"q{i}", **kw) for i, kw in enumerate(mk)]  # the same runs, schedule unsaid
     wrong = calibrate_runs([*runs[:4], *as_ring[4:]])  # 2-worker runs agree; the 4-worker ones are read as a ring
@@ -272,7 +272,7 @@ def test_server_update_cost_is_fitted_from_two_sizes(runs, tmp_path):
     ]
     fit = calibrate_runs(runs[:4] + srv)
     assert fit["server"]["memory_bandwidth_bytes_per_s"] == pytest.approx(2e9, rel=0.1)
-    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    cfg = load_config(data=__import__("tomllib").loads(platform_profile(fit, n_params=50_000).to_toml()))
     assert cfg.platform.server.apply_on_host is True
     assert cfg.platform.host_memory_bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.1)
 
@@ -318,7 +318,7 @@ def test_no_runs_and_no_payload_are_refused(runs, tmp_path):
     fit = calibrate_runs(runs)
     fit["payload_bytes"] = []
     with pytest.raises(ConfigError, match="give n_params"):
-        platform_toml(fit)
+        platform_profile(fit).to_toml()
 
 
 def test_one_kind_of_exchange_gives_one_link_and_no_collective(runs):
@@ -327,7 +327,7 @@ def test_one_kind_of_exchange_gives_one_link_and_no_collective(runs):
     assert fit["collective"] is None
     assert fit["link"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)
     assert fit["link"]["bandwidth_bytes_per_s"] == pytest.approx(AR_BETA, rel=1e-6)
-    assert "[platform.collective]" not in platform_toml(fit, n_params=50_000)
+    assert "[platform.collective]" not in platform_profile(fit, n_params=50_000).to_toml()
 
 
 def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
@@ -369,7 +369,7 @@ def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
         "max_workers": 2,
         "payload_bytes": [4_000_000],
     }
-    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=250_000, itemsize=8)))
+    cfg = load_config(data=__import__("tomllib").loads(platform_profile(fit, n_params=250_000, itemsize=8).to_toml()))
     # the overhead is host work of the platform beside the compute law (a straggler does not scale it)
     assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN, rel=1e-5)
     assert (cfg.platform.step_overhead_s, cfg.platform.step_overhead_s_per_byte) == pytest.approx((a, b), rel=1e-9)
@@ -385,7 +385,7 @@ def test_model_averaging_runs_fit_the_fold_and_stay_out_of_the_links(runs, tmp_p
     assert fit["collective"]["latency_s"] == pytest.approx(AR_ALPHA, rel=1e-6)  # not moved by the bmuf runs
     assert fit["collective"]["bandwidth_bytes_per_s"] == pytest.approx(AR_BETA, rel=1e-6)
     assert (fit["model_average"]["fixed_s"], fit["model_average"]["s_per_byte"]) == pytest.approx(fold, rel=1e-6)
-    cfg = load_config(data=__import__("tomllib").loads(platform_toml(fit, n_params=50_000)))
+    cfg = load_config(data=__import__("tomllib").loads(platform_profile(fit, n_params=50_000).to_toml()))
     assert cfg.platform.model_average_s == pytest.approx(fold[0], rel=1e-6)
     assert cfg.platform.model_average_s_per_byte == pytest.approx(fold[1], rel=1e-6)
     assert calibrate_runs(runs)["model_average"] is None

@@ -1,0 +1,182 @@
+"""What a validation runs: its configuration, its cases, the targets and the calibration plan."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from psgdlab.core.algorithms import algorithm_from_flags
+from psgdlab.core.errors import require
+from psgdlab.core.exchange import folds_model
+
+__all__ = [
+    "ALGORITHM_CASES",
+    "TARGETS",
+    "MIN_BRACKETED_DIM",
+    "ValidateConfig",
+    "default_calibration_dims",
+    "case_name",
+    "calibration_plan",
+]
+
+#: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
+ALGORITHM_CASES = {
+    "ssgd": ("ssgd", None),
+    "bmuf": ("bmuf", None),
+    "easgd": ("easgd", None),
+    "adpsgd": ("adpsgd", "fixed"),
+    "adpsgd-random": ("adpsgd", "random"),
+    "hadpsgd": ("hadpsgd", None),
+}
+
+
+TARGETS = {"median_abs_step_time_error": 0.10, "max_abs_step_time_error": 0.20, "staleness_mean_rel_error": 0.10}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ValidateConfig:
+    """What :func:`validate` runs (see ``psgdlab validate --help``)."""
+
+    out: str
+    algorithms: tuple[str, ...] = tuple(ALGORITHM_CASES)
+    workers: tuple[int, ...] = (2, 4)
+    backend: str = "gloo"
+    compute_time: str | None = "0.05"
+    stragglers: tuple[str, ...] = ("",)
+    steps: int = 80
+    calibration_steps: int = 40
+    batch: int = 1
+    dim: int = 250_000
+    #: default :func:`default_calibration_dims` of ``dim``
+    calibration_dims: tuple[int, int] | None = None
+    gpus_per_node: int = 2
+    seed: int = 0
+    cores: int | None = None
+    min_idle_cores: float = 0.0
+    max_idle_wait_s: float = 300.0
+    #: runs more of each case of a pair measured out of the predicted order (0: none)
+    remeasure: int = 4
+    #: seeds each case is predicted with, each also with the workers relabelled; the ranking
+    #: compares the mean samples/s of those 2 x prediction_seeds predictions
+    prediction_seeds: int = 8
+    #: runs of each calibration configuration (the fits pool them: calibrations moved between
+    #: runs by more than the gaps that order some algorithms)
+    calibration_runs: int = 3
+
+    def __post_init__(self) -> None:
+        for a in self.algorithms:
+            require(a in ALGORITHM_CASES, "algorithms", a, f"must be one of {', '.join(ALGORITHM_CASES)}")
+        for w in self.workers:
+            require(isinstance(w, int) and w >= 2, "workers", w, "must be integers >= 2")
+        require(self.backend in ("gloo", "mpi"), "backend", self.backend, "must be gloo or mpi")
+        require(self.steps >= 10, "steps", self.steps, "must be >= 10 (warm-up and window)")
+        require(self.calibration_steps >= 10, "calibration_steps", self.calibration_steps, "must be >= 10")
+        require(isinstance(self.dim, int) and self.dim >= 4, "dim", self.dim, "must be an integer >= 4")
+        if self.calibration_dims is None:
+            object.__setattr__(self, "calibration_dims", default_calibration_dims(self.dim))
+        assert self.calibration_dims is not None  # set just above
+        require(
+            len(set(self.calibration_dims)) == 2,
+            "calibration_dims",
+            self.calibration_dims,
+            "must be two different sizes (latency and bandwidth cannot be separated otherwise)",
+        )
+        require(
+            self.dim not in self.calibration_dims,
+            "dim",
+            self.dim,
+            f"must differ from the calibration sizes {self.calibration_dims} (calibration runs are never cases)",
+        )
+        require(
+            self.cores is None or (isinstance(self.cores, int) and self.cores >= 1),
+            "cores",
+            self.cores,
+            "must be an integer >= 1",
+        )
+        require(self.min_idle_cores >= 0, "min_idle_cores", self.min_idle_cores, "must be >= 0")
+        require(self.max_idle_wait_s >= 0, "max_idle_wait_s", self.max_idle_wait_s, "must be >= 0 seconds")
+        require(
+            isinstance(self.remeasure, int) and self.remeasure >= 0,
+            "remeasure",
+            self.remeasure,
+            "must be an integer >= 0",
+        )
+        require(
+            isinstance(self.prediction_seeds, int) and self.prediction_seeds >= 1,
+            "prediction_seeds",
+            self.prediction_seeds,
+            "must be an integer >= 1",
+        )
+        require(
+            isinstance(self.calibration_runs, int) and self.calibration_runs >= 1,
+            "calibration_runs",
+            self.calibration_runs,
+            "must be an integer >= 1",
+        )
+
+
+#: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
+#: and 1.5 times its size cannot separate bandwidth from latency, so the wide fixed pair is used
+#: (docs/measurements.md, "Validation")
+MIN_BRACKETED_DIM = 100_000
+
+
+def default_calibration_dims(dim: int) -> tuple[int, int]:
+    """The calibration runs' sizes for cases of ``dim`` parameters: ``(dim // 2, 3 * dim // 2)``,
+    or ``(50_000, 500_000)`` below :data:`MIN_BRACKETED_DIM`.
+
+    Exchange costs are not linear in the size on a loopback transport, so the straight line the
+    simulator takes is fitted close around the cases' size; closer brackets separate latency
+    from bandwidth badly (docs/measurements.md, "Validation", has the measurements behind both
+    bounds).
+
+    >>> default_calibration_dims(250_000), default_calibration_dims(2_000)
+    ((125000, 375000), (50000, 500000))
+    """
+    return (dim // 2, 3 * dim // 2) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
+
+
+def case_name(name: str, workers: int, straggler: str) -> str:
+    """``adpsgd-random-w4`` (``-straggler`` appended for a case with a straggler)."""
+    return f"{name}-w{workers}" + ("" if not straggler else "-straggler")
+
+
+def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int, str]]:
+    """The calibration runs of ``vc`` on ``cores`` cores, ``(algorithm, workers, dim, directory
+    name)`` each; never a validated case (other sizes).
+
+    Always a gradient allreduce (ssgd) and a pairwise average (adpsgd) with 2 workers, for the
+    link and the collective; the first case algorithm with a parameter server, for the server;
+    the first whose schedule allreduces the model (:func:`~psgdlab.core.exchange.folds_model`),
+    for the fold of the averaged model beyond the allreduce; ssgd with twice as many workers as
+    cores and with the cases' largest worker count when a case has more workers than cores, for
+    the CPU work of communication. Each at both :attr:`ValidateConfig.calibration_dims`,
+    ``vc.calibration_runs`` times, interleaved; the fits pool the runs (one calibration moves
+    by more than some gaps of the ranking: docs/measurements.md, "Validation").
+
+    >>> [p[3] for p in calibration_plan(ValidateConfig(out="x", algorithms=("ssgd", "easgd", "bmuf"),
+    ...                                                calibration_runs=1), cores=2)][::2]
+    ['ssgd-w2-d125000', 'adpsgd-w2-d125000', 'easgd-w2-d125000', 'bmuf-w2-d125000', 'ssgd-w4-d125000']
+    """
+    dims = vc.calibration_dims or ()  # set by ValidateConfig
+    kinds = [("ssgd", 2), ("adpsgd", 2)]
+    cases = [ALGORITHM_CASES[a] for a in vc.algorithms]
+    server = next((alg for alg, variant in cases if algorithm_from_flags(alg, 2, variant=variant).has_server), None)
+    if server is not None:
+        kinds.append((server, 2))
+    fold = next((alg for alg, variant in cases if _folds_model(alg, variant, vc.calibration_steps)), None)
+    if fold is not None:
+        kinds.append((fold, 2))
+    if max(vc.workers) > cores:
+        kinds += [("ssgd", n) for n in sorted({2 * cores, max(vc.workers)})]
+    plan = [(alg, n, d) for _ in range(vc.calibration_runs) for alg, n in kinds for d in dims]
+    out = []
+    for i, (alg, n, dim) in enumerate(plan):
+        again = sum(p == (alg, n, dim) for p in plan[:i])
+        out.append((alg, n, dim, f"{alg}-w{n}-d{dim}" + (f"-r{again + 1}" if again else "")))
+    return out
+
+
+def _folds_model(algorithm: str, variant: str | None, steps: int) -> bool:
+    """Whether ``algorithm`` allreduces the model in one of its first ``steps`` steps."""
+    alg = algorithm_from_flags(algorithm, 2, variant=variant)
+    return any(folds_model(alg.exchanges(s, 0)) for s in range(steps))

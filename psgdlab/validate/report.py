@@ -1,0 +1,101 @@
+"""The validation's case table and target lines as plain text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psgdlab.validate.plan import case_name
+
+__all__ = ["MAX_REL_RESIDUAL", "case_row", "format_table"]
+
+#: a link fit whose points miss it by more than this (relative) is flagged in the table
+MAX_REL_RESIDUAL = 0.5
+
+
+def case_row(c: dict[str, Any]) -> dict[str, Any]:
+    """One case of ``validate.json``'s table from a case of the comparison."""
+    sm = c["staleness_mean"]
+    return {
+        "algorithm": c["algorithm"],
+        "workers": c["workers"],
+        "predicted_step_time_s": c["predicted_step_time_s"],
+        "measured_step_time_s": c["measured_step_time_s"],
+        "step_time_error": c["step_time_error"],
+        "staleness_mean_predicted": c["staleness_mean_predicted"],
+        "staleness_mean_measured": c["staleness_mean_measured"],
+        "staleness_mean_rel_error": sm["rel_error"] if sm["measured"] else None,
+        "predicted_samples_per_s": c["samples_per_s"]["predicted"],
+        "measured_samples_per_s": c["samples_per_s"]["measured"],
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The case table and the target lines as plain text."""
+    head = (
+        f"{'case':<28} {'pred step s':>11} {'meas step s':>11} {'error':>8} {'stale pred':>10} "
+        f"{'stale meas':>10} {'pred samples/s':>14} {'meas samples/s':>14} {'error':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for c in summary["cases"]:
+        label = case_name(c["algorithm"], c["workers"], c["straggler"])
+        err = c["step_time_error"]
+        ps, ms = c["predicted_samples_per_s"], c["measured_samples_per_s"]
+        lines.append(
+            f"{label:<28} {c['predicted_step_time_s']:>11.4f} {c['measured_step_time_s']:>11.4f} "
+            f"{(err * 100 if err is not None else float('nan')):>7.1f}% "
+            f"{c['staleness_mean_predicted']:>10.3f} {c['staleness_mean_measured']:>10.3f} "
+            f"{ps:>14.1f} {ms:>14.1f} {(ps - ms) / ms * 100:>7.1f}%"
+        )
+    med, mx = summary["median_abs_step_time_error"], summary["max_abs_step_time_error"]
+    met = summary["targets_met"]
+    lines += [
+        "",
+        f"median |step-time error| {med * 100:.1f}% "
+        f"(target <= 10%: {'met' if met['median_abs_step_time_error'] else 'MISSED'})",
+        f"max    |step-time error| {mx * 100:.1f}% "
+        f"(target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
+        f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
+        f"ranking by samples/s identical (exact ties in the prediction are one class): {summary['ranking_identical']}",
+    ]
+    for straggler, per_n in summary.get("ranking", {}).items():
+        for n, r in per_n.items():
+            pred = " > ".join(" = ".join(c) for c in r["predicted"])
+            seeds = f" (mean of {r['predictions']} predictions)" if r.get("predictions") else ""
+            lines.append(
+                f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; measured {' > '.join(r['measured'])}"
+            )
+            for a, b, dp, dm in r["swaps"]:
+                lines.append(f"    swap: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
+            for a, sp in r.get("remeasured", {}).items():
+                lines.append(
+                    f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
+                    f"error of {len(sp['samples_per_s'])} runs: "
+                    f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})"
+                )
+    calibration = summary.get("calibration", {})
+    schedule = calibration.get("allreduce_algorithm") or "ring"
+    for what, link in (
+        ("link", calibration.get("link")),
+        (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective")),
+    ):
+        if not link:
+            continue
+        flag = link["max_rel_residual"] > MAX_REL_RESIDUAL
+        lines.append(
+            f"calibration: {what} {link['latency_s'] * 1e3:.3g} ms + S / "
+            f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
+            f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
+            + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores" if flag else "")
+        )
+    load = summary.get("load_average", {})
+    if load:
+        idle = [v["idle_cores"] for v in load.values() if isinstance(v, dict) and v.get("idle_cores") is not None]
+        lines.append(
+            f"load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}"
+            + (
+                f"; idle cores before the runs: median {sorted(idle)[len(idle) // 2]:.2f}, min {min(idle):.2f}"
+                if idle
+                else ""
+            )
+        )
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Running a validation's cases with the runtime: the training configuration of a case, a
+measured run (once more when another process stalled it), and more runs of a swapped pair."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from psgdlab.core.algorithms import algorithm_parameters
+from psgdlab.validate.machine import wait_for_quiet
+from psgdlab.validate.plan import ALGORITHM_CASES, ValidateConfig, case_name
+
+__all__ = [
+    "train_config",
+    "launch_fresh",
+    "name_case",
+    "measure",
+    "remeasure",
+    "stall_reason",
+    "STALL_FACTOR",
+    "STALL_MIN_S",
+]
+
+
+def train_config(
+    vc: ValidateConfig,
+    *,
+    algorithm: str,
+    variant: str | None,
+    workers: int,
+    dim: int,
+    straggler: str,
+    steps: int,
+    out: Path,
+) -> Any:
+    from psgdlab.runtime.config import LSQ_MODEL, TrainConfig
+
+    return TrainConfig(
+        algorithm=algorithm,
+        variant=variant,
+        workers=workers,
+        gpus_per_node=vc.gpus_per_node if "gpus_per_node" in algorithm_parameters(algorithm) else 1,
+        backend=vc.backend,
+        model=LSQ_MODEL,
+        lsq_dim=dim,
+        lsq_samples_per_worker=vc.batch,
+        batch=vc.batch,
+        steps=steps,
+        lr=0.5 / dim,
+        compute_time=vc.compute_time,
+        straggler=straggler,
+        seed=vc.seed,
+        out=str(out),
+        evaluate=False,
+        timeout_s=300.0,
+    )
+
+
+def launch_fresh(cfg: Any) -> dict[str, Any]:
+    """Run ``cfg`` with the runtime into an emptied ``cfg.out``; its summary."""
+    from psgdlab.runtime.launch import launch
+
+    out = Path(cfg.out)
+    if out.exists():
+        shutil.rmtree(out)
+    return launch(cfg, quiet=True, timeout_s=600.0)
+
+
+def name_case(run_dir: Path, name: str) -> None:
+    """Name the case by its validation name (``adpsgd-random``) so the two adpsgd cases differ."""
+    from dataclasses import replace
+
+    from psgdlab.core.rundir import read_summary, write_summary
+
+    write_summary(run_dir, replace(read_summary(run_dir), case=name))
+
+
+def measure(
+    vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load: dict[str, Any], say: Callable[[str], None]
+) -> None:
+    """One measured run of a case (measured once more if another process stalled it)."""
+    load[label] = wait_for_quiet(vc, say)
+    launch_fresh(cfg)
+    stall = stall_reason(d)
+    if stall is not None:  # another process stopped the machine: measure the case once more
+        say(f"  {label} was stalled ({stall}); measuring it again")
+        load[label] = {**wait_for_quiet(vc, say), "repeated_after": stall, "first": load[label]}
+        launch_fresh(cfg)
+    name_case(d, name)
+
+
+def remeasure(
+    vc: ValidateConfig,
+    result: dict[str, Any],
+    pred_root: Path,
+    rep_root: Path,
+    straggler: str,
+    load: dict[str, Any],
+    say: Callable[[str], None],
+) -> dict[tuple[str, int], list[float]]:
+    """Measure each case of a swapped pair of ``result["ranking"]`` ``vc.remeasure`` more times
+    (interleaved, into ``rep_root``); returns the samples/s of every run of every case, first run
+    first, for :func:`~psgdlab.validate.stats.pooled_ranking` to rank again on their means.
+
+    Two algorithms that run at the same speed are measured in either order by single runs; more
+    runs shrink the standard error of the mean (as one over the root of the runs) without
+    changing the rule: the means must come in the predicted order.
+    """
+    from psgdlab.analysis.compare import compare_cases
+    from psgdlab.analysis.load import load_cases, load_run
+
+    involved = sorted(
+        {(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"] for name in (a, b)}
+    )
+    preds = load_cases(pred_root)
+    runs: dict[tuple[str, int], list[float]] = {
+        (c["algorithm"], c["workers"]): [c["samples_per_s"]["measured"]] for c in result["cases"]
+    }
+    for i in range(vc.remeasure):
+        for name, n in involved:
+            algorithm, variant = ALGORITHM_CASES[name]
+            d = rep_root / f"{name}-w{n}-r{i + 1}"
+            label = f"{case_name(name, n, straggler)} run {i + 2}"
+            say(f"measure {label} (a pair came out of the predicted order)")
+            measure(
+                vc,
+                train_config(
+                    vc,
+                    algorithm=algorithm,
+                    variant=variant,
+                    workers=n,
+                    dim=vc.dim,
+                    straggler=straggler,
+                    steps=vc.steps,
+                    out=d,
+                ),
+                d,
+                name,
+                label,
+                load,
+                say,
+            )
+            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
+            runs[(name, n)].append(got)
+    return runs
+
+
+#: a step of any worker this much longer than the run's median step, and longer than a second,
+#: is the machine stopping the run (another process), not the algorithm
+STALL_FACTOR, STALL_MIN_S = 10.0, 1.0
+
+
+def stall_reason(run_dir: Path) -> str | None:
+    """Why a measured run looks stalled (a step of some worker longer than :data:`STALL_FACTOR`
+    times the median step and than :data:`STALL_MIN_S`), or ``None``."""
+    import numpy as np
+
+    from psgdlab.core.trace import PHASES, read_trace
+
+    trace, _ = read_trace(run_dir / "trace.npz")
+    comp = trace[trace["phase"] == PHASES["compute"]]
+    per_rank = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    steps = np.concatenate(per_rank) if per_rank else np.array([])
+    if steps.size == 0:
+        return None
+    longest, median = float(steps.max()), float(np.median(steps))
+    if longest > max(STALL_FACTOR * median, STALL_MIN_S):
+        return f"a step of {longest:.2f} s against a median of {median:.3f} s"
+    return None
