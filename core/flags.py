@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
 from psgdlab.core.schedules import LR_SCHEDULE_NAMES
 
-__all__ = ["FLAGS", "add_flags", "int_list", "name_list"]
+__all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -91,6 +91,24 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
 }
 _LIST_TYPES = {int: int_list, None: name_list}
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's formatter that appends ``(default: X)`` to a flag's help, except where there is
+    no default to show (``None``, ``False``, or a help that states it already).
+
+    >>> parser = argparse.ArgumentParser(prog="p", formatter_class=DefaultsHelpFormatter)
+    >>> _ = parser.add_argument("--steps", type=int, default=80, help="steps")
+    >>> _ = parser.add_argument("--period", type=int, help="period")
+    >>> " ".join(parser.format_help().split()[-8:])
+    '--steps STEPS steps (default: 80) --period PERIOD period'
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 class _Parser(Protocol):

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from psgdlab.core.flags import add_flags
+from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 
 DEFAULT_PRESET = "interspeech2019-v100"
 
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the staleness of updates. With no arguments: preset interspeech2019-v100, algorithms "
             "ssgd,adpsgd,hadpsgd, workers 1,2,4,8,16,32,64."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     src = p.add_mutually_exclusive_group()
     add_flags(

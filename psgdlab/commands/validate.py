@@ -6,28 +6,19 @@ import argparse
 import json
 import sys
 
-
-def _list(kind: type):
-    def parse(text: str):
-        try:
-            out = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
-        if not out:
-            raise argparse.ArgumentTypeError("needs at least one entry")
-        return out
-
-    return parse
+from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, name_list
+from psgdlab.validate.plan import ALGORITHM_CASES
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "validate",
         help="the whole loop on this machine: calibration runs, predictions, measured runs, comparison",
         description=(
-            "Calibrate the simulator on this machine (ssgd and adpsgd runs at two payload sizes, easgd "
-            "runs for the server, bmuf runs for the fold of the averaged model, ssgd runs with more "
-            "workers than cores for the CPU work of communication; each --calibration-runs times), "
+            "Calibrate the simulator on this machine (a gradient allreduce and a pairwise average at two "
+            "payload sizes, the first case with a parameter server for the server, the first case that "
+            "allreduces the model for the fold of the averaged model, runs with more workers than cores "
+            "for the CPU work of communication; each --calibration-runs times), "
             "predict every (algorithm, workers) case with the fitted platform, "
             "measure the same cases with the runtime (emulated compute by default), and compare: step "
             "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
@@ -36,31 +27,30 @@ def register(sub: argparse._SubParsersAction) -> None:
             "a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
             "without a straggler)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "--algorithms",
-        type=_list(str),
+        type=name_list,
         default=None,
-        help="cases among ssgd,bmuf,easgd,adpsgd,adpsgd-random,hadpsgd (default: all)",
+        metavar="CASE[,...]",
+        help=f"cases among {','.join(ALGORITHM_CASES)} (default: all)",
     )
-    p.add_argument("--workers", type=_list(int), default=None, help="worker counts (default 2,4; --full: 2,4,8)")
-    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo")
+    add_flags(p, "--workers", many={"--workers"}, helps={"--workers": "default 2,4; --full: 2,4,8"})
+    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo", help="the runtime's transport")
     p.add_argument(
         "--compute-time", default="0.05", metavar="T", help="emulated compute per step (psgdlab.core.timing spec)"
     )
     p.add_argument("--real-compute", action="store_true", help="time the real gradient instead of emulating")
-    p.add_argument(
+    add_flags(
+        p,
         "--straggler",
-        default=None,
-        metavar="SPEC",
-        help="also validate every case with this straggler (core.stragglers spec); --full uses '1:2'",
-    )
-    p.add_argument(
         "--steps",
-        type=int,
-        default=80,
-        help="steps per worker of each case (about 4 s: one stall of another process weighs less)",
+        defaults={"--steps": 80},
+        helps={
+            "--straggler": "also validate every case with this straggler; --full uses '1:2'",
+            "--steps": "of each case (about 4 s: one stall of another process weighs less)",
+        },
     )
     p.add_argument(
         "--dim",
@@ -99,8 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=4,
         metavar="K",
         help="measure each case of a pair that came out of the predicted order K more times and rank "
-        "on the mean samples/s of its runs (one run varies by ~0.5%% here: two algorithms of the "
-        "same speed come out in either order); 0: one run per case",
+        "on the mean samples/s of its runs (single runs of two algorithms of the same speed come out "
+        "in either order); 0: one run per case",
     )
     p.add_argument(
         "--prediction-seeds",
@@ -120,8 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "moves between runs by more than the gaps that order some algorithms)",
     )
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--json", action="store_true", help="print one JSON object (cases and error figures)")
+    add_flags(p, "--out", "--json", required={"--out"}, helps={"--out": "required here"})
     p.set_defaults(func=run)
 
 
