@@ -289,3 +289,37 @@ def training_loss_figure(
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def spectral_gap_figure(
+    curves: Sequence[tuple[str, Sequence[tuple[int, float]], bool]], point: tuple[int, float, str]
+) -> Figure:
+    """Spectral gap against the number of workers on log-log axes: one line per ``(label,
+    [(workers, gap), ...], requested)`` curve (the requested one drawn bold), and ``point``
+    ``(workers, gap, label)`` as a star. Empty curves are left out."""
+    fig = Figure(figsize=(7.5, 5.0), layout="tight")
+    ax = fig.add_subplot()
+    for label, curve, requested in curves:
+        if not curve:
+            continue
+        xs, ys = zip(*curve)
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            markersize=3,
+            linewidth=2.8 if requested else 1.2,
+            alpha=1.0 if requested else 0.75,
+            label=label + ("  <- requested" if requested else ""),
+            zorder=3 if requested else 2,
+        )
+    n, gap, label = point
+    ax.plot([n], [max(gap, 1e-12)], marker="*", markersize=16, color="black", linestyle="none", zorder=4, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("spectral gap (1 - rho of W; of E[TT^T] for time-varying kinds)")
+    ax.set_title("Spectral gap against the number of workers")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    return fig

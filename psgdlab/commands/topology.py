@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -152,63 +151,21 @@ def _plot_counts(kind: str, max_workers: int, gpus_per_node: int) -> list[int]:
 
 
 def _write_plot(path: Path, requested: Any, max_workers: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The spectral gap of every kind against the workers, the requested topology marked."""
+    from psgdlab.analysis.figures import save_figure, spectral_gap_figure
     from psgdlab.core.spectral import spectral_gap_curve, topology_spectrum
 
     m_hier = requested.gpus_per_node if requested.kind == "hierarchical" and requested.gpus_per_node > 1 else 4
     inner: Literal["fixed-ring", "random-ring"] = requested.inner if requested.kind == "hierarchical" else "fixed-ring"
-    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    curves = []
     for kind in KINDS:
         m = m_hier if kind == "hierarchical" else 1
-        counts = _plot_counts(kind, max_workers, m)
-        curve = spectral_gap_curve(kind, counts, gpus_per_node=m, inner=inner, seed=requested.seed)
-        if not curve:
-            continue
-        label = kind + (f" ({m}/node, {inner})" if kind == "hierarchical" else "")
-        is_requested = kind == requested.kind
-        if is_requested:
-            label += "  <- requested"
-        xs, ys = zip(*curve)
-        ax.plot(
-            xs,
-            ys,
-            marker="o",
-            markersize=3,
-            linewidth=2.8 if is_requested else 1.2,
-            alpha=1.0 if is_requested else 0.75,
-            label=label,
-            zorder=3 if is_requested else 2,
+        curve = spectral_gap_curve(
+            kind, _plot_counts(kind, max_workers, m), gpus_per_node=m, inner=inner, seed=requested.seed
         )
-    here = topology_spectrum(requested)
-    ax.plot(
-        [requested.n_workers],
-        [max(here["spectral_gap"], 1e-12)],
-        marker="*",
-        markersize=16,
-        color="black",
-        linestyle="none",
-        zorder=4,
-        label=f"{requested.kind}, {requested.n_workers} workers: gap {here['spectral_gap']:.3g}",
-    )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("workers")
-    ax.set_ylabel("spectral gap (1 - rho of W; of E[TT^T] for time-varying kinds)")
-    ax.set_title("Spectral gap against the number of workers")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
+        label = kind + (f" ({m}/node, {inner})" if kind == "hierarchical" else "")
+        curves.append((label, curve, kind == requested.kind))
+    gap = topology_spectrum(requested)["spectral_gap"]
+    point = (requested.n_workers, gap, f"{requested.kind}, {requested.n_workers} workers: gap {gap:.3g}")
+    save_figure(spectral_gap_figure(curves, point), path, dpi=120)
     print(f"wrote {path}", file=sys.stderr)
