@@ -6,12 +6,14 @@ It reads only what the simulator and the runtime write to disk (``summary.json``
 
 Modules: :mod:`~psgdlab.analysis.load` (run directories and their cases),
 :mod:`~psgdlab.analysis.compare` (errors per case), :mod:`~psgdlab.analysis.calibrate`
-(fitting compute-time distributions and link latency/bandwidth from measured traces),
+(a platform profile from measured runs: :mod:`~psgdlab.analysis.samples` reads them,
+:mod:`~psgdlab.analysis.fits` and :mod:`~psgdlab.analysis.cores` fit the cost laws),
 :mod:`~psgdlab.analysis.figures` and :mod:`~psgdlab.analysis.report`.
 """
 
-from psgdlab.analysis.calibrate import calibrate_runs, fit_compute_time, fit_link, platform_profile
+from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
 from psgdlab.analysis.compare import compare_cases, compare_dirs, total_variation
+from psgdlab.analysis.fits import fit_compute_time, fit_link
 from psgdlab.analysis.load import Run, load_cases, load_run
 
 __all__ = [

@@ -331,7 +331,7 @@ def test_one_kind_of_exchange_gives_one_link_and_no_collective(runs):
 
 
 def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
-    from psgdlab.analysis.calibrate import fit_overhead_per_byte
+    from psgdlab.analysis.fits import fit_overhead_per_byte
 
     a, b = 3e-4, 1e-9
     pts = [(S, a + b * S + e) for S in (4e5, 4e6) for e in (-1e-5, 0.0, 2e-4)]  # medians on the line

@@ -1,0 +1,200 @@
+r"""Reading runs for a calibration: the samples the fits take, from the traces of run directories.
+
+Each function reads one measured run (:class:`psgdlab.analysis.load.Run`): its payload,
+workers and algorithm (rebuilt from the resolved configuration, and asked whether its schedule
+allreduces the model), the spans of its allreduces, the link samples of its exchanges, each
+worker's host time between steps, and the allreduce schedule the backend reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from psgdlab.core.cost import (
+    ALLREDUCE_ALGORITHMS,
+    allreduce_group_size,
+)
+from psgdlab.core.errors import ConfigError, TestbedError
+from psgdlab.core.exchange import ExchangeKind, folds_model, trainer_merges
+from psgdlab.core.trace import PHASES
+
+__all__ = [
+    "PAIRWISE_QUANTILE",
+    "payload_of",
+    "algorithm_of",
+    "resolved_algorithm",
+    "averages_model",
+    "workers_of",
+    "allreduce_spans",
+    "link_samples",
+    "step_gaps",
+    "merging_steps",
+    "allreduce_algorithm_of",
+]
+
+
+#: pairwise records may include waiting for the peer's lock: keep those at or below this
+#: quantile of their payload size
+PAIRWISE_QUANTILE = 0.25
+
+
+def payload_of(run: Any) -> int | None:
+    for d in (run.summary, run.meta):
+        if d.get("payload_bytes"):
+            return int(d["payload_bytes"])
+    return None
+
+
+def algorithm_of(run: Any) -> str:
+    a = run.summary.get("algorithm") or run.meta.get("algorithm") or ""
+    return str(a.get("algorithm", "") if isinstance(a, dict) else a)
+
+
+def resolved_algorithm(run: Any) -> Any:
+    """The run's algorithm rebuilt from its resolved config (``config.resolved.json``'s
+    ``algorithm`` table, as the runtime writes it); ``None`` where there is none or it does not
+    build."""
+    from psgdlab.core.algorithms import make_algorithm
+
+    params = run.config.get("algorithm")
+    if not (isinstance(params, dict) and params.get("algorithm")):
+        return None
+    params = dict(params)
+    try:
+        return make_algorithm(params.pop("algorithm"), **params)
+    except (TestbedError, TypeError):
+        return None
+
+
+def averages_model(run: Any) -> bool:
+    """Whether the run's algorithm allreduces the model at one of the run's steps
+    (:func:`psgdlab.core.exchange.folds_model` of its schedule): its allreduce records then also
+    hold folding the mean back. The algorithm comes from the resolved config, else from the name
+    the run records with its default parameters; one that cannot be rebuilt does not average."""
+    from psgdlab.core.algorithms import make_algorithm
+
+    alg = resolved_algorithm(run)
+    if alg is None:
+        try:
+            alg = make_algorithm(algorithm_of(run), n_workers=workers_of(run))
+        except (TestbedError, TypeError):
+            return False
+    steps = np.unique(run.trace["step"]) if run.trace is not None else ()
+    return any(folds_model(alg.exchanges(int(s), 0)) for s in steps)
+
+
+def workers_of(run: Any) -> int:
+    n = run.meta.get("n_workers") or run.summary.get("workers")
+    if n is None:
+        raise ConfigError(f"{run.path}: cannot tell the number of workers (no n_workers in the trace metadata)")
+    return int(n)
+
+
+def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(step, wire bytes, group size, cost)`` of every measured allreduce of ``run``.
+
+    The cost of an allreduce over all the run's workers is its *span*, last end minus last
+    arrival: what it adds to the step of the slowest member (the last to arrive waits least, but
+    the members need not leave together; docs/measurements.md). For a smaller group (the groups
+    are not recorded) it is the shortest member's
+    duration. Group sizes come from ``wire = 2 (n-1)/n S`` and the run's payload.
+    """
+    tr = run.trace
+    n_workers = workers_of(run)
+    S_model = payload_of(run)
+    ar = tr[(tr["kind"] == ExchangeKind.ALLREDUCE) & (tr["phase"] == PHASES["comm"]) & (tr["nbytes"] > 0)]
+    if ar.size == 0:
+        return (np.array([], dtype=int),) + (np.array([]),) * 3
+    keys = np.stack([ar["step"], ar["nbytes"]], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    wire = uniq[:, 1].astype(float)
+    if S_model:
+        n = allreduce_group_size(wire, S_model)
+    else:
+        n = np.full(wire.shape, float(n_workers))
+    cost = np.empty(len(uniq))
+    for i in range(len(uniq)):
+        sel = ar[inv == i]
+        whole = n[i] == n_workers and sel.size == n_workers
+        cost[i] = (
+            float(sel["end_s"].max() - sel["start_s"].max()) if whole else float((sel["end_s"] - sel["start_s"]).min())
+        )
+    return uniq[:, 0].astype(int), wire, n, cost
+
+
+def link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
+    """One robust point per exchange kind and payload size of ``run``: ``(durations, model
+    payloads, group sizes, pairwise mask, records behind each point)``.
+
+    The machine is shared, so single exchanges can take 100 times their usual time; a point
+    summarizes many: allreduces (kind 1, phase comm) give the median of their costs
+    (:func:`allreduce_spans`) after ``warmup_steps``; pairwise averages (kind 2, phase overlap),
+    which may include waiting for the peer's lock, give the :data:`PAIRWISE_QUANTILE` of their
+    durations.
+    """
+    tr = run.trace
+    S_model = payload_of(run)
+    pts: list[tuple[float, float, float, bool, int]] = []
+    step, wire, n, cost = allreduce_spans(run)
+    ok = step >= warmup_steps
+    for w in np.unique(wire[ok]):
+        sel = ok & (wire == w)
+        n_w = float(n[sel][0])
+        S = float(S_model) if S_model else w * n_w / (2 * (n_w - 1))
+        pts.append((float(np.median(cost[sel])), S, n_w, False, int(np.count_nonzero(sel))))
+    pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
+    for size in np.unique(pw["nbytes"]):
+        dur = (pw["end_s"] - pw["start_s"])[pw["nbytes"] == size].astype(float)
+        pts.append((float(np.quantile(dur, PAIRWISE_QUANTILE)), float(size), 2.0, True, int(dur.size)))
+    cols = list(zip(*pts)) if pts else [(), (), (), (), ()]
+    return tuple(np.array(c, dtype=t) for c, t in zip(cols, (float, float, float, bool, int)))
+
+
+def step_gaps(trace: np.ndarray, *, warmup_steps: int = 2) -> np.ndarray:
+    """``(rank, step, gap)`` rows: each worker's host time from the end of step ``step``'s last
+    compute, comm or wait record to the start of its next compute (the update, the snapshot of
+    the weights, the loop; the merge of an average the training thread folds back)."""
+    keep = np.isin(trace["phase"], [PHASES["compute"], PHASES["comm"], PHASES["wait"]])
+    tr = trace[keep & (trace["step"] >= warmup_steps)]
+    rows = []
+    for r in np.unique(tr["rank"]):
+        mine = tr[tr["rank"] == r]
+        comp = mine[mine["phase"] == PHASES["compute"]]
+        starts = dict(zip(comp["step"].tolist(), comp["start_s"].tolist()))
+        for s in np.unique(mine["step"]):
+            if int(s) + 1 in starts:
+                rows.append((int(r), int(s), starts[int(s) + 1] - float(mine["end_s"][mine["step"] == s].max())))
+    return np.array(rows, dtype=float).reshape(-1, 3)
+
+
+def merging_steps(run: Any, gaps: np.ndarray) -> np.ndarray:
+    """For each ``(rank, step)`` row of ``gaps``, whether the run's training thread folded an
+    average back in that step (:func:`psgdlab.core.exchange.trainer_merges` of the schedule of
+    the algorithm in its resolved config). A run whose algorithm cannot be rebuilt counts every
+    step of a run with pairwise exchanges."""
+    alg = resolved_algorithm(run)
+    if alg is not None:
+        return np.array([trainer_merges(alg.exchanges(int(s), int(r))) for r, s, _ in gaps], dtype=bool)
+    tr = run.trace
+    return np.full(len(gaps), bool(np.any((tr["kind"] == ExchangeKind.PAIRWISE) & (tr["nbytes"] > 0))))
+
+
+def allreduce_algorithm_of(runs: list[Any]) -> str:
+    """The allreduce schedule the runs' transport used (``allreduce_algorithm`` of the trace
+    metadata, :data:`psgdlab.core.exchange.ALLREDUCE_ALGORITHMS`): the latency rounds of the
+    fits depend on it. Runs that do not record it (older runs, other tools) say nothing; none
+    recording it means ``ring``. Runs of different schedules are refused: the fit would mix
+    two cost laws."""
+    said = {str(a) for r in runs if (a := r.meta.get("allreduce_algorithm") or r.summary.get("allreduce_algorithm"))}
+    for a in said:
+        if a not in ALLREDUCE_ALGORITHMS:
+            raise ConfigError(f"allreduce_algorithm {a!r} of the runs is not one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    if len(said) > 1:
+        raise ConfigError(
+            f"the runs used different allreduce schedules {sorted(said)} (a transport each); "
+            "calibrate the runs of one transport at a time"
+        )
+    return said.pop() if said else "ring"
