@@ -11,20 +11,33 @@ Modules: :mod:`~psgdlab.analysis.load` (run directories and their cases),
 :mod:`~psgdlab.analysis.figures` and :mod:`~psgdlab.analysis.report`.
 """
 
-from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
-from psgdlab.analysis.compare import compare_cases, compare_dirs, total_variation
-from psgdlab.analysis.fits import fit_compute_time, fit_link
-from psgdlab.analysis.load import Run, load_cases, load_run
+from __future__ import annotations
 
-__all__ = [
-    "Run",
-    "load_run",
-    "load_cases",
-    "compare_cases",
-    "compare_dirs",
-    "total_variation",
-    "fit_compute_time",
-    "fit_link",
-    "calibrate_runs",
-    "platform_profile",
-]
+import importlib
+from typing import Any
+
+#: the package's names and their modules, imported on first use: a command that draws a figure
+#: does not pay for scipy.stats, which only the fits need
+_LAZY = {
+    "Run": "load",
+    "load_run": "load",
+    "load_cases": "load",
+    "compare_cases": "compare",
+    "compare_dirs": "compare",
+    "total_variation": "compare",
+    "fit_compute_time": "fits",
+    "fit_link": "fits",
+    "calibrate_runs": "calibrate",
+    "platform_profile": "calibrate",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
