@@ -150,17 +150,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 ]
                 say(f"measure {case_name(name, n, straggler)}")
                 d = meas_root / "runs" / f"{name}-w{n}"
-                cfg = train_config(
-                    vc,
-                    algorithm=algorithm,
-                    variant=variant,
-                    workers=n,
-                    dim=vc.dim,
-                    straggler=straggler,
-                    steps=vc.steps,
-                    out=d,
-                )
-                measure(vc, cfg, d, name, case_name(name, n, straggler), load, say)
+                measure(vc, name, n, straggler, d, case_name(name, n, straggler), load, say)
         if pred_root.exists():
             shutil.rmtree(pred_root)
         write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})

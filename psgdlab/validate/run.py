@@ -78,9 +78,28 @@ def name_case(run_dir: Path, name: str) -> None:
 
 
 def measure(
-    vc: ValidateConfig, cfg: Any, d: Path, name: str, label: str, load: dict[str, Any], say: Callable[[str], None]
+    vc: ValidateConfig,
+    name: str,
+    workers: int,
+    straggler: str,
+    d: Path,
+    label: str,
+    load: dict[str, Any],
+    say: Callable[[str], None],
 ) -> None:
-    """One measured run of a case (measured once more if another process stalled it)."""
+    """One measured run of case ``name`` with ``workers`` into ``d``, named by the case (measured
+    once more if another process stalled it); ``load[label]`` records the machine's load."""
+    algorithm, variant = ALGORITHM_CASES[name]
+    cfg = train_config(
+        vc,
+        algorithm=algorithm,
+        variant=variant,
+        workers=workers,
+        dim=vc.dim,
+        straggler=straggler,
+        steps=vc.steps,
+        out=d,
+    )
     load[label] = wait_for_quiet(vc, say)
     launch_fresh(cfg)
     stall = stall_reason(d)
@@ -120,28 +139,10 @@ def remeasure(
     }
     for i in range(vc.remeasure):
         for name, n in involved:
-            algorithm, variant = ALGORITHM_CASES[name]
             d = rep_root / f"{name}-w{n}-r{i + 1}"
             label = f"{case_name(name, n, straggler)} run {i + 2}"
             say(f"measure {label} (a pair came out of the predicted order)")
-            measure(
-                vc,
-                train_config(
-                    vc,
-                    algorithm=algorithm,
-                    variant=variant,
-                    workers=n,
-                    dim=vc.dim,
-                    straggler=straggler,
-                    steps=vc.steps,
-                    out=d,
-                ),
-                d,
-                name,
-                label,
-                load,
-                say,
-            )
+            measure(vc, name, n, straggler, d, label, load, say)
             got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
             runs[(name, n)].append(got)
     return runs
