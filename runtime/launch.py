@@ -33,10 +33,9 @@ __all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
 RANKS_DIR = ".ranks"
 #: set for every rank unless the caller's environment says otherwise. ``THP_MEM_ALLOC_ENABLE``
 #: stays torch's default (off): with it, every tensor of 2 MiB or more is a fresh huge-page
-#: mapping, zeroed on first touch and unmapped when freed, and the per-step temporaries of a
-#: training step paid for it -- a 4 MB model's host work per step went from 1.9 to 4.8 ms and
-#: its easgd server exchange from 20 to 41 ms, while only reused buffers (MPICH's copies of one
-#: 16 MiB buffer, 1.4x) gained. Setting it in the environment still reaches the ranks.
+#: mapping, zeroed on first touch and unmapped when freed, which the per-step temporaries of a
+#: training step pay for (docs/measurements.md, "Huge pages"). Setting it in the environment
+#: still reaches the ranks.
 RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
 GRACE_S = 5.0
 
