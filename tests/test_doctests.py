@@ -9,6 +9,10 @@ import pkgutil
 import pytest
 
 import psgdlab
+import psgdlab.analysis
+import psgdlab.core
+import psgdlab.runtime
+import psgdlab.sim
 
 
 def _modules(package):
@@ -18,8 +22,14 @@ def _modules(package):
 
 
 #: psgdlab.tests holds the test helpers, and a __main__ runs when imported
+#: (the layers are walked one by one: an editable install maps them from their own folders)
 MODULES = sorted(
-    name for name in _modules(psgdlab) if not name.startswith("psgdlab.tests") and not name.endswith(".__main__")
+    {
+        name
+        for package in (psgdlab, psgdlab.core, psgdlab.sim, psgdlab.runtime, psgdlab.analysis)
+        for name in _modules(package)
+        if not name.startswith("psgdlab.tests") and not name.endswith(".__main__")
+    }
 )
 
 
