@@ -82,6 +82,9 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    if code != 0:
-        os._exit(code)  # do not wait for daemon threads or the teardown of a failed run
-    raise SystemExit(0)
+    # leave without the interpreter's teardown, also after a run that succeeded (its files are
+    # written and renamed, its process group destroyed): a failed run must not wait for daemon
+    # threads, and in a finished one gloo's threads can abort the teardown ("terminate called
+    # without an active exception", pytorch/pytorch#179291), which the launcher would report
+    # as a rank killed by SIGABRT
+    os._exit(code)
