@@ -86,5 +86,8 @@ if __name__ == "__main__":
     # written and renamed, its process group destroyed): a failed run must not wait for daemon
     # threads, and in a finished one gloo's threads can abort the teardown ("terminate called
     # without an active exception", pytorch/pytorch#179291), which the launcher would report
-    # as a rank killed by SIGABRT
+    # as a rank killed by SIGABRT. An MPI rank that succeeded leaves through the teardown, where
+    # mpi4py finalizes MPI (mpiexec stops the job when a rank leaves without MPI_Finalize)
+    if code == 0 and "mpi4py.MPI" in sys.modules:
+        raise SystemExit(0)
     os._exit(code)
