@@ -212,6 +212,13 @@ class SharedMemoryPlane:
     def pid(self, rank: int) -> int:
         return self._procs[rank][0]
 
+    def write_slot(self, slot: int, *, tag: int, address: int, nbytes: int, seq: int) -> None:
+        """Fill this rank's message slot ``slot``: the tag, address and size, then the sequence
+        number (x86 stores are seen in order, so a reader that sees the number sees the fields)."""
+        cells = self._cells[self.rank]
+        cells[slot + 1 : slot + 4] = (tag, address, nbytes)
+        cells[slot] = seq
+
     def publish(self, index: int, value: int) -> None:
         """Write one of this rank's words and wake whoever sleeps on it."""
         self._cells[self.rank][index] = value

@@ -101,14 +101,11 @@ class SharedMemoryTransport(TorchTransport):
             region = plane.region(self.rank, c)
             region[: send.nbytes].view(send.dtype).view(send.shape).copy_(send)
             address = region.data_ptr()
-        cells = plane._cells[self.rank]
         seqs = []
         with plane.lock:  # the post counters are shared by this process's channels
             for p in readers:
                 seq = plane.posted[(c, p)] = plane.posted.get((c, p), 0) + 1
-                slot = plane.layout.slot(c, p)
-                cells[slot + 1 : slot + 4] = (tag, address, send.nbytes)
-                cells[slot] = seq  # after the fields: x86 stores are seen in order
+                plane.write_slot(plane.layout.slot(c, p), tag=tag, address=address, nbytes=send.nbytes, seq=seq)
                 plane.publish(plane.layout.post(p), plane.cell(self.rank, plane.layout.post(p)) + 1)
                 seqs.append(seq)
         return seqs
