@@ -56,7 +56,7 @@ __all__ = [
 
 #: server records include queueing behind other workers, which a calibration run of 2 workers
 #: rarely meets: the service time is this quantile of the excess over the link (the median; a
-#: low quantile picks the luckiest requests and underestimated easgd's step in validation)
+#: low quantile picks the luckiest requests: docs/measurements.md, "The cost model")
 SERVER_QUANTILE = 0.5
 
 

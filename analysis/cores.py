@@ -124,7 +124,7 @@ def fit_host_cpu(
     ``cores``, all on one host) over the fitted ``link`` (module docstring).
 
     ``spans(run)`` returns ``(step, wire bytes, group size, span)`` per allreduce
-    (:func:`psgdlab.analysis.calibrate.allreduce_spans`); only whole-run groups are used.
+    (:func:`psgdlab.analysis.samples.allreduce_spans`); only whole-run groups are used.
     """
     n_pts, s_pts, y_pts, records = [], [], [], 0
     for run in runs:

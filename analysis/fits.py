@@ -58,9 +58,9 @@ def fit_compute_time(trace: np.ndarray, *, warmup_steps: int = 2) -> dict[str, A
 
     A log-normal matched to the sample's median and 95th percentile,
     :math:`\mu = \ln t_{50}`, :math:`\sigma = \ln(t_{95}/t_{50}) / 1.645`: the tail up to p95 is
-    kept, but a few steps of another process's burst (on a shared machine one step in a hundred
-    can last 20 times its usual time) do not move it, whereas they make the moment fit's
-    coefficient of variation 100 times too large. The sample mean is reported beside it.
+    kept, but a few steps stretched by another process's burst on a shared machine do not move
+    it, whereas they inflate a moment fit's coefficient of variation (docs/measurements.md,
+    "The cost model"). The sample mean is reported beside it.
     """
     sel = trace[(trace["phase"] == PHASES["compute"]) & (trace["step"] >= warmup_steps)]
     d = (sel["end_s"] - sel["start_s"]).astype(float)

@@ -129,7 +129,7 @@ def link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
     """One robust point per exchange kind and payload size of ``run``: ``(durations, model
     payloads, group sizes, pairwise mask, records behind each point)``.
 
-    The machine is shared, so single exchanges can take 100 times their usual time; a point
+    On a shared machine a single exchange can take many times its usual time, so a point
     summarizes many: allreduces (kind 1, phase comm) give the median of their costs
     (:func:`allreduce_spans`) after ``warmup_steps``; pairwise averages (kind 2, phase overlap),
     which may include waiting for the peer's lock, give the :data:`PAIRWISE_QUANTILE` of their
