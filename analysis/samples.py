@@ -41,6 +41,8 @@ PAIRWISE_QUANTILE = 0.25
 
 
 def payload_of(run: Any) -> int | None:
+    """Bytes of the model the run's exchanges move (its summary's or trace's ``payload_bytes``),
+    ``None`` where neither records it."""
     for d in (run.summary, run.meta):
         if d.get("payload_bytes"):
             return int(d["payload_bytes"])
@@ -48,8 +50,8 @@ def payload_of(run: Any) -> int | None:
 
 
 def algorithm_of(run: Any) -> str:
-    a = run.summary.get("algorithm") or run.meta.get("algorithm") or ""
-    return str(a.get("algorithm", "") if isinstance(a, dict) else a)
+    """The registry name of the run's algorithm (its :class:`~psgdlab.core.rundir.Summary`'s)."""
+    return str(run.case.algorithm)
 
 
 def resolved_algorithm(run: Any) -> Any:
@@ -86,10 +88,8 @@ def averages_model(run: Any) -> bool:
 
 
 def workers_of(run: Any) -> int:
-    n = run.meta.get("n_workers") or run.summary.get("workers")
-    if n is None:
-        raise ConfigError(f"{run.path}: cannot tell the number of workers (no n_workers in the trace metadata)")
-    return int(n)
+    """The run's number of workers (its trace's ``n_workers``, else its summary's)."""
+    return int(run.meta.get("n_workers") or run.case.workers)
 
 
 def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
