@@ -119,11 +119,12 @@ def fit_link(
     if t.size != S.size:
         raise ConfigError(f"durations ({t.size}) and payloads ({S.size}) must have the same length")
     records = t.size if records is None else int(records)
-    if records < MIN_RECORDS or t.size < 2:
+    if records < MIN_RECORDS or t.size == 0:
         raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
-    if np.unique(S).size < 2:
+    if np.unique(S).size < 2:  # also one point summarizing many exchanges of one size
         raise ConfigError(
-            "cannot separate latency from bandwidth with a single payload size; measure exchanges of at least two sizes"
+            f"cannot separate latency from bandwidth with a single payload size ({records} exchanges, all of "
+            f"{S[0]:.0f} bytes); measure exchanges of at least two sizes"
         )
     if group_sizes is None:
         a_coef, b_coef = transfer_terms(S)

@@ -164,6 +164,9 @@ def test_fit_refuses_to_guess():
         fit_link(np.ones(10), np.full(10, 1e6))
     with pytest.raises(ConfigError, match="too little data to fit a link"):
         fit_link(np.ones(3), np.arange(3.0))
+    # one point that summarizes many exchanges of one size: the size is what is missing, not data
+    with pytest.raises(ConfigError, match=r"single payload size \(148 exchanges, all of 400000 bytes\)"):
+        fit_link(np.ones(1), np.full(1, 4e5), records=148)
 
 
 def test_fit_link_allreduce_model():
