@@ -64,10 +64,20 @@ from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.timing import ComputeTime
 
-__all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Workload", "Defaults", "Profile", "TABLES"]
+__all__ = [
+    "Link",
+    "ServerSpec",
+    "HostCPU",
+    "Platform",
+    "Workload",
+    "Defaults",
+    "Uncertainty",
+    "Profile",
+    "TABLES",
+]
 
 #: the top-level tables of a profile document
-TABLES = ("platform", "workload", "defaults")
+TABLES = ("platform", "workload", "defaults", "uncertainty")
 
 
 def _finite(x: float) -> bool:
@@ -404,6 +414,88 @@ class Defaults:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Uncertainty:
+    r"""What the fit that produced a profile knows about its own parameters.
+
+    Each uncertain parameter is named by its dotted path in the profile (``"platform.pcie.
+    bandwidth_bytes_per_s"``, :meth:`Profile.paths`) and must hold a positive number there. Its
+    uncertainty is the standard deviation of the natural logarithm of its value (``log_sd``;
+    about the relative standard deviation when small), so a draw
+    :math:`v \exp(\sigma z)` stays positive. ``correlation`` (optional) is the correlation
+    matrix of those logarithms in the order of ``parameters``; empty means uncorrelated.
+
+    Parameters
+    ----------
+    parameters : tuple of str
+        Dotted paths of the uncertain parameters, each once.
+    log_sd : tuple of float
+        Standard deviation of the log of each parameter, ``>= 0``, in the order of ``parameters``.
+    correlation : tuple of tuple of float
+        Symmetric, unit diagonal, entries in [-1, 1]; ``()`` for none.
+    unpinned : tuple of str
+        Parameters the data could not pin down (a flat direction of the fit): their value is
+        the prior (a spec-sheet figure) and their ``log_sd`` the prior's spread. A subset of
+        ``parameters``.
+    noise_cv : float
+        Run-to-run relative standard deviation of a measured mean step time, ``>= 0`` (what
+        one measurement of the same configuration scatters by).
+    in_sample_error, loo_error, logo_error : float or None
+        Median absolute relative error of the fit on the data it was fitted to, leave-one-out
+        and leave-one-group-out; ``None`` when not computed.
+    """
+
+    parameters: tuple[str, ...] = ()
+    log_sd: tuple[float, ...] = ()
+    correlation: tuple[tuple[float, ...], ...] = ()
+    unpinned: tuple[str, ...] = ()
+    noise_cv: float = 0.0
+    in_sample_error: float | None = None
+    loo_error: float | None = None
+    logo_error: float | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.parameters)
+        require(len(set(self.parameters)) == n, "uncertainty.parameters", self.parameters, "must name each path once")
+        require(
+            len(self.log_sd) == n,
+            "uncertainty.log_sd",
+            self.log_sd,
+            f"must have one value per parameter ({n})",
+        )
+        for x in self.log_sd:
+            require(_finite(x) and x >= 0, "uncertainty.log_sd", x, "must be >= 0")
+        if self.correlation:
+            c = self.correlation
+            require(
+                len(c) == n and all(len(row) == n for row in c),
+                "uncertainty.correlation",
+                c,
+                f"must be a {n} x {n} matrix (one row and column per parameter)",
+            )
+            for i in range(n):
+                require(abs(c[i][i] - 1.0) < 1e-9, "uncertainty.correlation", c[i][i], "must have a unit diagonal")
+                for j in range(n):
+                    require(
+                        _finite(c[i][j]) and -1.0 <= c[i][j] <= 1.0 and abs(c[i][j] - c[j][i]) < 1e-9,
+                        "uncertainty.correlation",
+                        c[i][j],
+                        "must be symmetric with entries in [-1, 1]",
+                    )
+        for path in self.unpinned:
+            require(path in self.parameters, "uncertainty.unpinned", path, "must be one of the parameters")
+        require(_finite(self.noise_cv) and self.noise_cv >= 0, "uncertainty.noise_cv", self.noise_cv, "must be >= 0")
+        for name in ("in_sample_error", "loo_error", "logo_error"):
+            x = getattr(self, name)
+            require(x is None or (_finite(x) and x >= 0), f"uncertainty.{name}", x, "must be >= 0")
+
+    def covariance(self) -> list[list[float]]:
+        """The covariance matrix of the parameters' logarithms (``log_sd`` and ``correlation``)."""
+        n = len(self.parameters)
+        corr = self.correlation or tuple(tuple(1.0 if i == j else 0.0 for j in range(n)) for i in range(n))
+        return [[corr[i][j] * (self.log_sd[i] * self.log_sd[j]) for j in range(n)] for i in range(n)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     """A platform, a workload and sweep defaults, with the comments that say where they come from
     (module docstring, *TOML layout*).
@@ -413,6 +505,9 @@ class Profile:
     platform : Platform
     workload : Workload
     defaults : Defaults
+    uncertainty : Uncertainty or None
+        What the fit that produced the profile knows about its parameters; ``None``: nothing is
+        known (every value taken as exact).
     source : str
         Where it was read from (a path, ``"<dict>"``); not compared.
     notes : tuple of str
@@ -425,6 +520,7 @@ class Profile:
     platform: Platform
     workload: Workload
     defaults: Defaults = field(default_factory=Defaults)
+    uncertainty: Uncertainty | None = None
     source: str = field(default="", compare=False)
     notes: tuple[str, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=dict, hash=False)
@@ -451,6 +547,43 @@ class Profile:
                 text,
                 "must be one non-empty line without control characters or trailing whitespace",
             )
+        if self.uncertainty is not None:
+            for path in self.uncertainty.parameters:
+                value = self.get(path) if path in paths else None
+                require(
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                    "uncertainty parameter",
+                    path,
+                    "must name a positive number of the profile" + _closest(path, paths),
+                )
+
+    # ----- values by path ---------------------------------------------------------------------
+    def get(self, path: str) -> Any:
+        """The value at a dotted path (``"platform.pcie.bandwidth_bytes_per_s"``).
+
+        >>> Profile(platform=Platform(), workload=Workload()).get("platform.pcie.bandwidth_bytes_per_s")
+        16000000000.0
+        """
+        obj: Any = self
+        for part in path.split("."):
+            if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+                raise ConfigError(f"profile path {path!r} names no value" + _closest(path, set(self.paths())))
+            obj = getattr(obj, part)
+        return obj
+
+    def with_values(self, values: Mapping[str, Any]) -> Profile:
+        """A copy with the values at the given dotted paths replaced (each validated again by its
+        dataclass).
+
+        >>> p = Profile(platform=Platform(), workload=Workload())
+        >>> p.with_values({"platform.pcie.bandwidth_bytes_per_s": 8e9}).platform.pcie.bandwidth_bytes_per_s
+        8000000000.0
+        """
+        out: Any = self
+        for path, value in values.items():
+            self.get(path)
+            out = _replace_at(out, path.split("."), value)
+        return out  # type: ignore[no-any-return]
 
     # ----- reading ----------------------------------------------------------------------------
     @classmethod
@@ -471,6 +604,9 @@ class Profile:
             platform=load_dataclass(Platform, data["platform"], where="platform"),
             workload=load_dataclass(Workload, data["workload"], where="workload"),
             defaults=load_dataclass(Defaults, data.get("defaults", {}), where="defaults"),
+            uncertainty=(
+                load_dataclass(Uncertainty, data["uncertainty"], where="uncertainty") if "uncertainty" in data else None
+            ),
             source=source,
             notes=tuple(notes),
             provenance=dict(provenance or {}),
@@ -502,7 +638,8 @@ class Profile:
         """``(dotted table name, [(key, value), ...])`` in the order :meth:`to_toml` writes them:
         each table's plain values, then its sub-tables; ``None`` values are left out."""
         for name in TABLES:
-            yield from _tables(name, getattr(self, name))
+            if getattr(self, name) is not None:
+                yield from _tables(name, getattr(self, name))
 
     def paths(self) -> Iterator[str]:
         """Every dotted table and key path the TOML document of this profile has."""
@@ -530,6 +667,12 @@ class Profile:
     def _line(self, text: str, path: str) -> str:
         note = self.provenance.get(path)
         return f"{text:<40} # {note}" if note else text
+
+
+def _replace_at(obj: Any, parts: list[str], value: Any) -> Any:
+    if len(parts) == 1:
+        return dataclasses.replace(obj, **{parts[0]: value})
+    return dataclasses.replace(obj, **{parts[0]: _replace_at(getattr(obj, parts[0]), parts[1:], value)})
 
 
 def _tables(name: str, obj: Any) -> Iterator[tuple[str, list[tuple[str, Any]]]]:

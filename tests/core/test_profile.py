@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Workload
+from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)  # quotes, backslashes, controls
 comment = (
@@ -156,3 +156,63 @@ def test_write_is_atomic_and_reads_back(tmp_path):
     (tmp_path / "bad.toml").write_text("[platform\n")
     with pytest.raises(ConfigError, match="is not valid TOML"):
         Profile.read(tmp_path / "bad.toml")
+
+
+@st.composite
+def uncertainties(draw):
+    paths = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "platform.pcie.bandwidth_bytes_per_s",
+                    "platform.nic.bandwidth_bytes_per_s",
+                    "platform.host_memory_bandwidth_bytes_per_s",
+                    "workload.n_params",
+                ]
+            ),
+            unique=True,
+            max_size=4,
+        )
+    )
+    n = len(paths)
+    rho = draw(st.floats(-1.0, 1.0))
+    corr = tuple(tuple(1.0 if i == j else rho for j in range(n)) for i in range(n)) if draw(st.booleans()) else ()
+    return Uncertainty(
+        parameters=tuple(paths),
+        log_sd=tuple(draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))),
+        correlation=corr,
+        unpinned=tuple(draw(st.lists(st.sampled_from(paths), unique=True)) if paths else ()),
+        noise_cv=draw(st.floats(0.0, 1.0)),
+        loo_error=draw(st.none() | st.floats(0.0, 1.0)),
+    )
+
+
+@given(uncertainties())
+@settings(max_examples=50, deadline=None)
+def test_uncertainty_round_trips_and_its_covariance_is_symmetric(u):
+    p = Profile(platform=Platform(), workload=Workload(), uncertainty=u)
+    assert Profile.from_toml(p.to_toml()) == p
+    cov = u.covariance()
+    assert all(cov[i][j] == cov[j][i] for i in range(len(cov)) for j in range(len(cov)))
+    assert all(cov[i][i] == pytest.approx(u.log_sd[i] ** 2) for i in range(len(cov)))
+
+
+def test_uncertainty_rejects_a_path_that_names_no_positive_value():
+    with pytest.raises(ConfigError, match=r"did you mean 'platform\.pcie\.bandwidth_bytes_per_s'"):
+        Profile(
+            platform=Platform(),
+            workload=Workload(),
+            uncertainty=Uncertainty(parameters=("platform.pcie.bandwith",), log_sd=(0.1,)),
+        )
+    with pytest.raises(ConfigError, match="must be one of the parameters"):
+        Uncertainty(parameters=("a",), log_sd=(0.1,), unpinned=("b",))
+
+
+def test_with_values_replaces_by_path_and_validates_again():
+    p = Profile(platform=Platform(), workload=Workload())
+    q = p.with_values({"platform.nic.latency_s": 2e-5, "workload.n_params": 7})
+    assert q.get("platform.nic.latency_s") == 2e-5 and q.workload.n_params == 7
+    with pytest.raises(ConfigError, match="latency_s"):
+        p.with_values({"platform.nic.latency_s": -1.0})
+    with pytest.raises(ConfigError, match="names no value"):
+        p.with_values({"platform.nic.latncy_s": 1.0})
