@@ -12,6 +12,7 @@ direction (:class:`Link`):
 - ``pcie`` -- one per socket, **shared** by the devices behind that socket;
 - ``nvlink`` -- optional, per device, not shared (peer-to-peer inside a host);
 - ``nic`` -- one per host;
+- ``socket_link`` -- optional, one per host: between its sockets (QPI, UPI), shared;
 - ``collective`` -- optional: what an allreduce *inside a host* runs at, per device, when the
   implementation's collective moves bytes otherwise than its point-to-point transfers (gloo's
   TCP ring against its send/recv, a shared-memory reduction, NCCL's allreduce bus bandwidth
@@ -86,12 +87,25 @@ def _finite(x: float) -> bool:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Link:
-    """One link class: latency (seconds) and bandwidth (bytes per second, per direction)."""
+    """One link class: latency (seconds) and bandwidth (bytes per second, per direction), and the
+    achieved fraction of that bandwidth, ``efficiency`` in (0, 1] (a spec-sheet bandwidth times
+    what the software reaches on it; 1 when ``bandwidth_bytes_per_s`` is itself measured)."""
 
     latency_s: float = 0.0
     bandwidth_bytes_per_s: float = 1e9
+    efficiency: float = 1.0
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
 
     def __post_init__(self) -> None:
+        require(
+            _finite(self.efficiency) and 0 < self.efficiency <= 1,
+            "efficiency",
+            self.efficiency,
+            "must be an efficiency in (0, 1]",
+        )
         require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0 seconds")
         require(
             _finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0,
@@ -106,7 +120,7 @@ class ServerSpec:
     """The parameter-server role: its link and a fixed cost per request it serves.
 
     Requests are served one at a time in arrival order. One request costs
-    ``latency_s + S / bandwidth_bytes_per_s + service_overhead_s`` (message and reply overlap:
+    ``latency_s + S / (bandwidth_bytes_per_s * efficiency) + service_overhead_s`` (message and reply overlap:
     full duplex, like MPI_Sendrecv) plus, with ``apply_on_host``, the server's update at host
     memory bandwidth (:math:`3S` bytes: read model and message, write model).
     """
@@ -115,9 +129,14 @@ class ServerSpec:
     bandwidth_bytes_per_s: float = 12.5e9
     service_overhead_s: float = 0.0
     apply_on_host: bool = True
+    efficiency: float = 1.0
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
 
     def __post_init__(self) -> None:
-        Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
+        Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s, efficiency=self.efficiency)
         require(
             _finite(self.service_overhead_s) and self.service_overhead_s >= 0,
             "service_overhead_s",
@@ -173,6 +192,11 @@ class Platform:
         Accelerators per machine.
     sockets_per_host : int
         CPU sockets per machine; devices are split evenly over them and share their PCIe link.
+    socket_fill : {"spread", "pack"}
+        How the workers of a host that uses fewer than all its devices sit on its sockets:
+        ``spread`` evenly over the sockets, or ``pack`` the first socket's devices first (device
+        order, as ``CUDA_VISIBLE_DEVICES=0,1,2,3`` takes a two-socket server's first socket). It
+        decides which workers share a socket's PCIe link.
     device : str
         Accelerator name (documentation only).
     pcie : Link
@@ -181,6 +205,11 @@ class Platform:
         Per host, per direction.
     nvlink : Link or None
         Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
+    socket_link : Link or None
+        The link between the sockets of a host (QPI, UPI, Infinity Fabric), per direction,
+        shared by every transfer between workers on different sockets of the host (a
+        host-staged pairwise exchange, the edges of an allreduce that cross it); ``None``
+        (default): not a bottleneck.
     collective : Link or None
         Per device latency (per round) and bandwidth of an allreduce whose group is
         inside one host; ``None`` (default): the point-to-point links' (``nvlink``, or the
@@ -217,6 +246,18 @@ class Platform:
         Whether weights travel GPU-direct or through host memory with CPU averaging.
     server : ServerSpec
         The parameter-server role.
+    device_flops_per_s, device_memory_bandwidth_bytes_per_s : float
+        The accelerator's peak FLOP/s and memory bandwidth (spec sheet); 0 (default): unknown,
+        and the workload's ``compute`` time is taken as given. With them and a workload that
+        gives ``flops_per_sample``, the compute time follows from the device
+        (:meth:`Profile.resolved`, :mod:`psgdlab.core.workloads`).
+    compute_efficiency, memory_efficiency : float
+        Achieved fractions, in (0, 1], of the peak FLOP/s and of the memory bandwidth in a
+        training step.
+    input_efficiency : float
+        Achieved fraction, in (0, 1], of the socket's effective PCIe bandwidth by the per-step
+        input copies (``input_bytes_per_sample`` of every sample; a minibatch copied from
+        pageable host memory reaches less than the large copies of the model).
     host_cpu : HostCPU or None
         The hosts' cores and the CPU work of communication; ``None`` (default): cores are never
         the bottleneck.
@@ -227,10 +268,12 @@ class Platform:
     hosts: int = 1
     devices_per_host: int = 1
     sockets_per_host: int = 1
+    socket_fill: Literal["spread", "pack"] = "spread"
     device: str = "gpu"
     pcie: Link = field(default_factory=lambda: Link(latency_s=5e-6, bandwidth_bytes_per_s=16e9))
     nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
     nvlink: Link | None = None
+    socket_link: Link | None = None
     collective: Link | None = None
     allreduce: AllreduceAlgorithm = "ring"
     host_memory_bandwidth_bytes_per_s: float = 5e10
@@ -242,9 +285,20 @@ class Platform:
     step_overhead_s_per_byte: float = 0.0
     staging: Literal["direct", "host"] = "direct"
     server: ServerSpec = field(default_factory=ServerSpec)
+    device_flops_per_s: float = 0.0
+    device_memory_bandwidth_bytes_per_s: float = 0.0
+    compute_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    input_efficiency: float = 1.0
     host_cpu: HostCPU | None = None
 
     def __post_init__(self) -> None:
+        for name in ("device_flops_per_s", "device_memory_bandwidth_bytes_per_s"):
+            x = getattr(self, name)
+            require(_finite(x) and x >= 0, name, x, "must be >= 0 (0: unknown)")
+        for name in ("compute_efficiency", "memory_efficiency", "input_efficiency"):
+            x = getattr(self, name)
+            require(_finite(x) and 0 < x <= 1, name, x, "must be an efficiency in (0, 1]")
         for name in ("hosts", "devices_per_host", "sockets_per_host"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
@@ -261,6 +315,7 @@ class Platform:
             "must be a positive number of bytes per second",
         )
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
+        require(self.socket_fill in ("spread", "pack"), "socket_fill", self.socket_fill, "must be 'spread' or 'pack'")
         require(
             self.allreduce in ALLREDUCE_ALGORITHMS,
             "allreduce",
@@ -305,7 +360,11 @@ class Workload:
       ``loader_buffer_samples`` and CV ``loader_buffer_cv``; 0 samples means a streaming loader
       that never blocks (:func:`psgdlab.sim.workload.loader_pauses`);
     - ``samples_per_epoch``, ``epochs``, ``batch_per_worker`` and ``sample_unit`` (what one sample
-      is: a 21-frame BLSTM chunk, one frame, ...).
+      is: a 21-frame BLSTM chunk, one frame, ...);
+    - ``flops_per_sample`` and ``bytes_per_step`` -- the forward and backward FLOPs of one sample
+      and the device-memory bytes of a step whatever its batch (:mod:`psgdlab.core.workloads`);
+      0 (default): not given. With a platform that gives its device, they set the compute time
+      (:meth:`Profile.resolved`).
     """
 
     name: str = "model"
@@ -324,8 +383,13 @@ class Workload:
     samples_per_epoch: float = 1e6
     epochs: float = 1.0
     sample_unit: str = "samples"
+    flops_per_sample: float = 0.0
+    bytes_per_step: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("flops_per_sample", "bytes_per_step"):
+            x = getattr(self, name)
+            require(_finite(x) and x >= 0, name, x, "must be >= 0 (0: not given)")
         require(
             isinstance(self.n_params, int) and self.n_params >= 1, "n_params", self.n_params, "must be an integer >= 1"
         )
@@ -556,6 +620,44 @@ class Profile:
                     path,
                     "must name a positive number of the profile" + _closest(path, paths),
                 )
+
+    # ----- the device's compute law ------------------------------------------------------------
+    @property
+    def device_law(self) -> bool:
+        """Whether the compute time follows from the device: the platform gives its peak FLOP/s
+        and the workload its FLOPs per sample."""
+        return self.platform.device_flops_per_s > 0 and self.workload.flops_per_sample > 0
+
+    def resolved(self) -> Profile:
+        r"""The profile with the workload's compute time set by the device where
+        :attr:`device_law` holds (else unchanged):
+
+        .. math::
+            t(b) = \frac{F\,b}{P\,e_c} + \frac{M}{W\,e_m}
+
+        (:mod:`psgdlab.core.workloads`): the mean at ``reference_batch`` goes into ``compute``
+        (its kind and spread kept) and the batch-independent memory term into
+        ``compute_fixed_s``, so :meth:`Workload.mean_compute_s` gives :math:`t(b)` at any batch.
+
+        >>> from psgdlab.core.workloads import workload
+        >>> p = Profile(platform=Platform(device_flops_per_s=1e13, compute_efficiency=0.5,
+        ...             device_memory_bandwidth_bytes_per_s=3e11), workload=workload("dnn-13.5m"))
+        >>> w = p.resolved().workload
+        >>> round(w.mean_compute_s(4096) * 1e3, 2), round(w.compute_fixed_s * 1e3, 2)
+        (67.26, 0.9)
+        """
+        if not self.device_law:
+            return self
+        p, w = self.platform, self.workload
+        fixed = (
+            w.bytes_per_step / (p.device_memory_bandwidth_bytes_per_s * p.memory_efficiency)
+            if p.device_memory_bandwidth_bytes_per_s > 0
+            else 0.0
+        )
+        mean = w.flops_per_sample * w.reference_batch / (p.device_flops_per_s * p.compute_efficiency) + fixed
+        dist = ComputeTime.parse(w.compute)
+        spec = repr(mean) if dist.kind == "const" else f"{dist.kind}:{mean!r}:{dist.spread!r}"
+        return dataclasses.replace(self, workload=dataclasses.replace(w, compute=spec, compute_fixed_s=fixed))
 
     # ----- values by path ---------------------------------------------------------------------
     def get(self, path: str) -> Any:

@@ -1,0 +1,203 @@
+r"""Named workloads: what one training job asks of a device, apart from any platform.
+
+A calibrated cluster (a profile's ``[platform]``) predicts any model once the model is described
+by what it costs: its payload (parameters x bytes), the floating-point work of one sample's
+forward and backward pass, the bytes a step moves through device memory whatever its batch (the
+weights read by the forward and backward passes and written by the update), the input bytes of a
+sample, and the data's size. :func:`workload` turns a name of :data:`WORKLOADS` into a
+:class:`~psgdlab.core.profile.Workload`; ``psgdlab predict --workload NAME|FILE`` uses it.
+
+The compute time of a step follows from the device (:meth:`psgdlab.core.profile.Profile.resolved`):
+
+.. math::
+    t(b) = \frac{F\,b}{P\,e_c} + \frac{M}{W\,e_m}
+
+with :math:`F` = ``flops_per_sample``, :math:`M` = ``bytes_per_step``, the device's peak
+FLOP/s :math:`P` and memory bandwidth :math:`W` (spec sheet), and two efficiencies in (0, 1]
+of the platform. The second term is why a small batch does not fill a GPU: the weights are read
+and written once per step whatever the batch, so the time per sample grows as the batch shrinks.
+
+Counting rules (:func:`dense_cost`): a weight used once per sample costs 2 FLOPs forward and 4
+backward (the input gradient and the weight gradient), so :math:`F = 6\,n_\text{MAC}`; a step
+reads every weight twice (forward, backward), writes its gradient once and reads and writes the
+weights in the update: :math:`M = 5 \cdot n_\text{params} \cdot` itemsize. Frame-synchronous
+models (a DNN, and LSTMs trained frame by frame with truncated back-propagation, as Kaldi's nnet1
+does) use each weight once per frame (the first layer needs no input gradient, so the rule
+overcounts by 2 FLOPs per weight of that layer: under 3 % for the DNN); a window model (the
+BLSTM of the IBM papers) runs its recurrent layers over every frame of the window.
+
+Examples
+--------
+>>> w = workload("dnn-13.5m")
+>>> w.n_params, round(w.flops_per_sample / 1e6, 1), w.input_bytes_per_sample
+(13500000, 81.0, 5280.0)
+>>> sorted(WORKLOADS)[:2]
+['bilstm-43m', 'cldnn-13.8m']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.profile import Workload
+
+__all__ = ["WORKLOADS", "WorkloadEntry", "dense_cost", "workload", "workload_names", "load_workload"]
+
+#: FLOPs per multiply-accumulate per sample over forward + backward (2 forward, 4 backward)
+FLOPS_PER_MAC = 6.0
+#: passes over the weights per step: read forward, read backward, write the gradient, read and
+#: write in the update
+WEIGHT_PASSES = 5.0
+
+
+def dense_cost(macs_per_sample: float, n_params: int, itemsize: int = 4) -> tuple[float, float]:
+    """``(flops_per_sample, bytes_per_step)`` of a model whose weights are read once per sample
+    (module docstring's counting rules).
+
+    >>> dense_cost(1e6, 1_000_000)
+    (6000000.0, 20000000.0)
+    """
+    return FLOPS_PER_MAC * macs_per_sample, WEIGHT_PASSES * n_params * itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadEntry:
+    """A named workload with the provenance of its figures (ALGORITHMS.md tags)."""
+
+    workload: Workload
+    provenance: dict[str, str]
+
+
+def _dnn_13_5m() -> WorkloadEntry:
+    n = 13_500_000
+    flops, traffic = dense_cost(n, n)
+    return WorkloadEntry(
+        Workload(
+            name="dnn-13.5m",
+            description="Li et al. DNN: 6x1024 ReLU, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
+            n_params=n,
+            flops_per_sample=flops,
+            bytes_per_step=traffic,
+            compute="lognormal:0.06:0.02",
+            reference_batch=4096,
+            batch_per_worker=4096,
+            input_bytes_per_sample=1320 * 4.0,
+            samples_per_epoch=3.46e8,
+            epochs=10.0,
+            sample_unit="frames",
+        ),
+        {
+            "n_params": "[S003 §3.1] 13.5M",
+            "flops_per_sample": "[DER] 6 x 13.5M (each weight once per frame)",
+            "bytes_per_step": "[DER] 5 passes x 13.5M x 4 B",
+            "compute": "[INF] spread 2 %; the mean follows from the platform's device",
+            "batch_per_worker": "[S003 Tab.4] 4096 frames",
+            "input_bytes_per_sample": "[DER] 1320 fp32 inputs",
+            "samples_per_epoch": "[DER] 960 h x 100 frames/s",
+            "epochs": "[INF]",
+        },
+    )
+
+
+def _cldnn_13_8m() -> WorkloadEntry:
+    n = 13_800_000
+    flops, traffic = dense_cost(n, n)
+    return WorkloadEntry(
+        Workload(
+            name="cldnn-13.8m",
+            description="Li et al. CLDNN: conv 128 maps, 2 LSTM 1024/512 proj, 2 DNN 1024, 5723 states, FBANK+D",
+            n_params=n,
+            flops_per_sample=flops,
+            bytes_per_step=traffic,
+            compute="lognormal:0.06:0.02",
+            reference_batch=4096,
+            batch_per_worker=4096,
+            input_bytes_per_sample=80 * 4.0,
+            samples_per_epoch=3.46e8,
+            epochs=10.0,
+            sample_unit="frames",
+        ),
+        {
+            "n_params": "[S003 §3.1] 13.8M",
+            "flops_per_sample": "[DER] 6 x 13.8M: frame-synchronous LSTM training (truncated BPTT), each weight "
+            "once per frame [INF]",
+            "bytes_per_step": "[DER] 5 passes x 13.8M x 4 B",
+            "compute": "[INF] spread 2 %; the mean follows from the platform's device",
+            "batch_per_worker": "[INF] the DNN's 4096 frames; the paper does not give the CLDNN's",
+            "input_bytes_per_sample": "[DER] 80 fp32 inputs (FBANK + D), no frame splicing",
+            "samples_per_epoch": "[DER] 960 h x 100 frames/s",
+            "epochs": "[INF]",
+        },
+    )
+
+
+def _bilstm_43m() -> WorkloadEntry:
+    n = 43_130_368
+    window = 21
+    # recurrent and projection weights run over the 21 frames of a sample; the 32k softmax once per frame
+    flops, _ = dense_cost(window * n, n)
+    return WorkloadEntry(
+        Workload(
+            name="bilstm-43m",
+            description="6-layer BLSTM, 512 cells/direction, 256 projection, 32k outputs; SWB-2000, 21-frame samples",
+            n_params=n,
+            flops_per_sample=flops,
+            bytes_per_step=WEIGHT_PASSES * n * 4,
+            compute="lognormal:0.171:0.05",
+            reference_batch=128,
+            batch_per_worker=128,
+            input_bytes_per_sample=21 * 260 * 4.0,
+            samples_per_epoch=34285714.0,
+            epochs=16.0,
+            sample_unit="21-frame samples",
+        ),
+        {
+            "n_params": "[DER §D.4] 172.5 MB = 164.5 MiB fp32",
+            "flops_per_sample": "[DER] 6 x 21 frames x 43.1M (every layer over every frame of the window)",
+            "bytes_per_step": "[DER] 5 passes x 43.1M x 4 B",
+            "compute": "[DER §D.4] 203 h / 16 epochs on one V100 at 128 samples; CV 5 % [INF]",
+            "batch_per_worker": "[S000 §6.2] 128 per GPU",
+            "input_bytes_per_sample": "[DER] 21 frames x 260 dims x 4 B",
+            "samples_per_epoch": "[DER §D.4] 7.2e8 frames / 21",
+            "epochs": "[S000 §6.2]",
+        },
+    )
+
+
+#: the named workloads (the published models of ALGORITHMS.md §D)
+WORKLOADS: dict[str, WorkloadEntry] = {e.workload.name: e for e in (_bilstm_43m(), _dnn_13_5m(), _cldnn_13_8m())}
+
+
+def workload_names() -> tuple[str, ...]:
+    return tuple(sorted(WORKLOADS))
+
+
+def workload(name: str) -> Workload:
+    """The workload named ``name``; an unknown name is a one-line error with the closest name."""
+    if name not in WORKLOADS:
+        import difflib
+
+        close = difflib.get_close_matches(name, WORKLOADS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"workload {name!r} is not known (known: {', '.join(workload_names())}){hint}")
+    return WORKLOADS[name].workload
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A workload by name (:data:`WORKLOADS`) or from a TOML file with a ``[workload]`` table (the
+    profile's schema; unknown keys rejected with the closest key suggested)."""
+    if name_or_path in WORKLOADS or not name_or_path.endswith(".toml"):
+        return workload(name_or_path)
+    from psgdlab.core.config import check_keys, load_dataclass, load_toml
+
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(f"workload file {path} does not exist")
+    data = load_toml(path)
+    check_keys(data, ("workload",), where=str(path))
+    if "workload" not in data:
+        raise ConfigError(f"workload file {path} needs a [workload] table")
+    return dataclasses.replace(load_dataclass(Workload, data["workload"], where="workload"))

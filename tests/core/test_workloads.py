@@ -1,0 +1,91 @@
+"""core.workloads and the device law of core.profile: t(b) = F b / (P e_c) + M / (W e_m)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.profile import Link, Platform, Profile
+from psgdlab.core.workloads import WORKLOADS, dense_cost, load_workload, workload, workload_names
+
+positive = st.floats(1e-3, 1e3)
+efficiency = st.floats(0.01, 1.0)
+
+
+@given(
+    flops=st.floats(1e3, 1e10),
+    traffic=st.floats(0.0, 1e10),
+    peak=st.floats(1e9, 1e15),
+    bw=st.floats(1e9, 1e13),
+    e_c=efficiency,
+    e_m=efficiency,
+    batch=st.integers(1, 10_000),
+    ref=st.integers(1, 10_000),
+)
+@settings(max_examples=100, deadline=None)
+def test_device_law_at_any_batch(flops, traffic, peak, bw, e_c, e_m, batch, ref):
+    w = dataclasses.replace(workload("dnn-13.5m"), flops_per_sample=flops, bytes_per_step=traffic, reference_batch=ref)
+    platform = Platform(
+        device_flops_per_s=peak, device_memory_bandwidth_bytes_per_s=bw, compute_efficiency=e_c, memory_efficiency=e_m
+    )
+    p = Profile(platform=platform, workload=w)
+    r = p.resolved()
+    expected = flops * batch / (peak * e_c) + traffic / (bw * e_m)
+    assert r.workload.mean_compute_s(batch) == pytest.approx(expected, rel=1e-9)
+    assert r.resolved() == r  # idempotent
+    # the per-sample time never grows with the batch: a small batch does not fill the device
+    assert r.workload.mean_compute_s(batch + 1) / (batch + 1) <= r.workload.mean_compute_s(batch) / batch * (1 + 1e-12)
+
+
+def test_no_device_no_law():
+    p = Profile(platform=Platform(), workload=workload("dnn-13.5m"))
+    assert not p.device_law and p.resolved() is p
+
+
+def test_catalog_entries_follow_the_counting_rule():
+    assert set(workload_names()) == set(WORKLOADS) == {"bilstm-43m", "dnn-13.5m", "cldnn-13.8m"}
+    for name in ("dnn-13.5m", "cldnn-13.8m"):
+        w = workload(name)
+        assert (w.flops_per_sample, w.bytes_per_step) == dense_cost(w.n_params, w.n_params)
+    blstm = workload("bilstm-43m")
+    assert blstm.flops_per_sample == pytest.approx(6 * 21 * blstm.n_params)
+    assert dense_cost(10, 3, itemsize=2) == (60.0, 30.0)
+
+
+def test_workload_errors_and_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"did you mean 'cldnn-13\.8m'"):
+        workload("cldnn")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_workload(str(tmp_path / "none.toml"))
+    f = tmp_path / "mine.toml"
+    f.write_text('[workload]\nname = "mine"\nn_params = 1000\nflops_per_sample = 6000.0\n')
+    assert load_workload(str(f)).name == "mine"
+    f.write_text("[workload]\nn_param = 1000\n")
+    with pytest.raises(ConfigError, match="n_params"):
+        load_workload(str(f))
+    f.write_text("[platform]\nhosts = 1\n")
+    with pytest.raises(ConfigError):
+        load_workload(str(f))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"compute_efficiency": 0.0}, "compute_efficiency"),
+        ({"memory_efficiency": 1.5}, "memory_efficiency"),
+        ({"input_efficiency": -1.0}, "input_efficiency"),
+        ({"device_flops_per_s": -1.0}, "device_flops_per_s"),
+        ({"device_flops_per_s": math.inf}, "device_flops_per_s"),
+        ({"socket_fill": "scatter"}, "socket_fill"),
+    ],
+)
+def test_platform_efficiencies_are_checked(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        Platform(**kwargs)
+    with pytest.raises(ConfigError, match="efficiency"):
+        Link(efficiency=0.0)
