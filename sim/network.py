@@ -72,6 +72,7 @@ class Network:
         "_pcie_bw",
         "_per_socket",
         "_socket",
+        "_socket_bw",
         "_staging",
         "placement",
         "platform",
@@ -82,16 +83,18 @@ class Network:
         self.placement = placement
         self._n_hosts = platform.hosts
         self._flows: dict[int, list[list[float]]] = {}  # per link: [start, end, 1.0]
-        self._pcie_bw = platform.pcie.bandwidth_bytes_per_s
-        self._nic_bw = platform.nic.bandwidth_bytes_per_s
+        self._pcie_bw = platform.pcie.effective_bandwidth_bytes_per_s
+        self._nic_bw = platform.nic.effective_bandwidth_bytes_per_s
         self._host = placement.host
         self._socket = placement.socket
         self._per_socket = placement.per_socket
         nv = platform.nvlink
-        self._intra_bw = nv.bandwidth_bytes_per_s if nv is not None else None
+        self._intra_bw = nv.effective_bandwidth_bytes_per_s if nv is not None else None
         self._intra_lat = nv.latency_s if nv is not None else platform.pcie.latency_s
         self._inter_lat = platform.nic.latency_s + 2 * platform.pcie.latency_s
         self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
+        sl = platform.socket_link
+        self._socket_bw = sl.effective_bandwidth_bytes_per_s if sl is not None else None
         self._staging = platform.staging
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self._cpu = platform.host_cpu
@@ -148,8 +151,16 @@ class Network:
         if ha == hb:
             if self._intra_bw is not None:
                 return (), (), self._intra_lat, False
-            links = (H + sa,) if sa == sb else (H + sa, H + sb)
-            return links, (self._pcie_bw,) * len(links), self._intra_lat, False
+            if sa == sb:
+                return (H + sa,), (self._pcie_bw,), self._intra_lat, False
+            if self._socket_bw is not None:
+                return (
+                    (H + sa, H + sb, _socket_link(ha)),
+                    (self._pcie_bw, self._pcie_bw, self._socket_bw),
+                    self._intra_lat,
+                    False,
+                )
+            return (H + sa, H + sb), (self._pcie_bw,) * 2, self._intra_lat, False
         return (
             (H + sa, ha, hb, H + sb),
             (self._pcie_bw, self._nic_bw, self._nic_bw, self._pcie_bw),
@@ -189,6 +200,10 @@ class Network:
                 nics = (self._host[a], self._host[b])
                 net = transfer_s(nbytes, self._share(nics, (self._nic_bw,) * 2, t), self.platform.nic.latency_s)
                 self._register(nics, t, t + net)
+            elif sa != sb and self._socket_bw is not None:  # the host average reads the peer's socket memory
+                link = (_socket_link(self._host[a]),)
+                net = transfer_s(nbytes, self._share(link, (self._socket_bw,), t), 0.0)
+                self._register(link, t, t + net)
             t += net
             cpu = host_average_s(nbytes, self._mem_bw)
             t += cpu
@@ -241,14 +256,23 @@ class Network:
             lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
             links = tuple(hosts) if spans else ()
             links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
+            crossing = (
+                tuple(_socket_link(h) for h, m in by_host.items() if len({self._socket[r] for r in m}) > 1)
+                if self._socket_bw is not None and self._intra_bw is None
+                else ()
+            )
+            links += crossing
             coll = self.platform.collective
             if coll is not None and not spans:  # the implementation's own collective, measured as such
-                intra, lat = coll.bandwidth_bytes_per_s, coll.latency_s
+                intra, lat = coll.effective_bandwidth_bytes_per_s, coll.latency_s
             members = self._per_host(group)
-            info = (links, intra, lat, members, spans)
+            info = (links, intra, lat, members, spans, crossing)
             self._cache[key] = info
-        links, intra, lat, members, spans = info
+        links, intra, lat, members, spans, crossing = info
         bw = intra
+        if crossing:  # the ring's edges between sockets share each host's socket link
+            assert self._socket_bw is not None
+            bw = min(bw, self._share(crossing, (self._socket_bw,) * len(crossing), start))
         if spans:
             nic_links = tuple(link for link in links if link < self._n_hosts)
             bw = min(bw, self._share(nic_links, (self._nic_bw,) * len(nic_links), start))
@@ -281,7 +305,7 @@ class Network:
         :meth:`_cpu_wait`."""
         srv = self.platform.server
         update = host_average_s(nbytes, self._mem_bw) if srv.apply_on_host else 0.0
-        t = server_s(nbytes, srv.bandwidth_bytes_per_s, srv.latency_s, srv.service_overhead_s, update)
+        t = server_s(nbytes, srv.effective_bandwidth_bytes_per_s, srv.latency_s, srv.service_overhead_s, update)
         if self._cpu is None or rank is None or start is None:
             return t
         members = {0: 1}
@@ -289,11 +313,17 @@ class Network:
         return self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t)
 
     def input_copy_s(self, rank: int, nbytes: float) -> float:
-        """Per-step input copy of ``nbytes`` over the socket's PCIe, shared by the workers on it."""
+        """Per-step input copy of ``nbytes`` over the socket's PCIe (at the platform's
+        ``input_efficiency`` of it), shared by the workers on it."""
         if nbytes <= 0:
             return 0.0
-        share = self._pcie_bw / self._per_socket[self._socket[rank]]
+        share = self._pcie_bw * self.platform.input_efficiency / self._per_socket[self._socket[rank]]
         return transfer_s(nbytes, share, self.platform.pcie.latency_s)
+
+
+def _socket_link(host: int) -> int:
+    """The flow key of a host's socket link (NIC links are ``0..H-1``, PCIe links ``H..``)."""
+    return -1 - host
 
 
 def _running(flows: list[list[float]] | None, t: float, *, keep: int) -> float:

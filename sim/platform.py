@@ -82,12 +82,17 @@ class Placement:
     per_host: int
     hosts_used: int
     per_socket: tuple[int, ...]  # workers behind each global socket id
+    sockets_per_host: int = 1
+
+    def sockets_text(self) -> str:
+        """Workers behind each socket of the first host, ``"4+0"``."""
+        return "+".join(str(c) for c in self.per_socket[: self.sockets_per_host])
 
     @classmethod
     def pack(cls, platform: Platform, n_workers: int, per_host: int | None = None) -> Placement:
-        """Workers fill hosts ``per_host`` at a time (default: every device of a host),
-        spread evenly over the sockets of each host. Raises :class:`ConfigError` when the
-        platform is too small."""
+        """Workers fill hosts ``per_host`` at a time (default: every device of a host), placed
+        on the sockets of each host by the platform's ``socket_fill`` (evenly, or the first
+        socket's devices first). Raises :class:`ConfigError` when the platform is too small."""
         m = platform.devices_per_host if per_host is None else per_host
         m = min(m, n_workers) if per_host is None else m
         require(isinstance(m, int) and m >= 1, "gpus_per_node", m, "must be an integer >= 1")
@@ -104,8 +109,20 @@ class Placement:
             )
         k = platform.sockets_per_host
         host = tuple(r // m for r in range(n_workers))
-        socket = tuple((r // m) * k + ((r % m) * k) // m for r in range(n_workers))
+        per_socket_devices = platform.devices_per_host // k
+        if platform.socket_fill == "pack":
+            local = [(r % m) // per_socket_devices for r in range(n_workers)]
+        else:
+            local = [((r % m) * k) // m for r in range(n_workers)]
+        socket = tuple((r // m) * k + s for r, s in zip(range(n_workers), local))
         per_socket = [0] * (platform.hosts * k)
         for s in socket:
             per_socket[s] += 1
-        return cls(host=host, socket=socket, per_host=m, hosts_used=hosts_used, per_socket=tuple(per_socket))
+        return cls(
+            host=host,
+            socket=socket,
+            per_host=m,
+            hosts_used=hosts_used,
+            per_socket=tuple(per_socket),
+            sockets_per_host=k,
+        )

@@ -207,6 +207,7 @@ def predict_one(
         "workers": n_workers,
         "node_shape": shape,
         "gpus_per_node": placement.per_host if placement is not None else None,
+        "sockets": placement.sockets_text() if placement is not None else None,
         "step_time_s": step_time,
         "step_time_median_s": summ["step_time_s"],
         "step_time_p95_s": summ["step_time_p95_s"],
@@ -242,14 +243,18 @@ def predict_one(
 
 
 _BASELINES: dict[tuple[Any, ...], float] = {}
+#: the single-worker baseline simulates at least this many steps: every speedup of a sweep divides
+#: by it, and one worker's window costs little (no exchanges), so its sampling noise is kept small
+BASELINE_MIN_STEPS = 2000
 
 
 def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> float:
-    """Samples per second of single-worker SGD on the same platform and workload (cached)."""
+    """Samples per second of single-worker SGD on the same platform and workload (cached), over
+    a window of at least :data:`BASELINE_MIN_STEPS` steps."""
     key = (config.platform, config.workload, steps, seed)
     if key not in _BASELINES:
         algorithm = algorithm_from_flags("sgd", 1, seed=seed)
-        window = _window(algorithm, steps)
+        window = max(_window(algorithm, steps), BASELINE_MIN_STEPS)
         res = simulate(algorithm, config.platform, config.workload, steps=window, seed=seed)
         _BASELINES[key] = summarize(
             res.trace, samples_per_step=config.workload.batch_per_worker, warmup_steps=max(1, window // 10)

@@ -25,7 +25,16 @@ import numpy as np
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Defaults, Profile, Workload
 
-__all__ = ["Workload", "Defaults", "SimConfig", "load_config", "preset_names", "preset_path", "loader_pauses"]
+__all__ = [
+    "Workload",
+    "Defaults",
+    "SimConfig",
+    "load_config",
+    "with_workload",
+    "preset_names",
+    "preset_path",
+    "loader_pauses",
+]
 
 
 def loader_pauses(workload: Workload, steps: int, rng: np.random.Generator) -> np.ndarray:
@@ -102,13 +111,56 @@ def preset_path(name: str) -> Path:
 def load_config(
     *, preset: str | None = None, path: str | Path | None = None, data: dict[str, Any] | None = None
 ) -> SimConfig:
-    """Load a configuration from a preset name, a TOML file, or a dict (exactly one)."""
+    """Load a configuration from a preset name, a TOML file, or a dict (exactly one), with the
+    compute time set by the device where the profile has the device's law
+    (:meth:`~psgdlab.core.profile.Profile.resolved`)."""
     given = [x is not None for x in (preset, path, data)]
     if sum(given) != 1:
         raise ConfigError("give exactly one of preset, path or data")
     if preset is not None:
         path = preset_path(preset)
     if path is not None:
-        return Profile.read(path)
+        return Profile.read(path).resolved()
     assert data is not None
-    return Profile.from_dict(data, source="<dict>")
+    return Profile.from_dict(data, source="<dict>").resolved()
+
+
+def with_workload(config: SimConfig, name_or_path: str) -> SimConfig:
+    """``config`` with its workload replaced by a named one or one from a file
+    (:func:`psgdlab.core.workloads.load_workload`), its compute time set by the platform's
+    device. A platform that does not give its device (``device_flops_per_s``) cannot price
+    another model's compute: that is a one-line error."""
+    import dataclasses
+
+    from psgdlab.core.workloads import load_workload
+
+    new = load_workload(name_or_path)
+    if config.platform.device_flops_per_s <= 0 or new.flops_per_sample <= 0:
+        missing = (
+            "the platform's device_flops_per_s"
+            if config.platform.device_flops_per_s <= 0
+            else (f"the workload's flops_per_sample ({new.name})")
+        )
+        raise ConfigError(
+            f"--workload ({name_or_path}) needs {missing}: without the device's law the compute time of "
+            f"another model is unknown"
+        )
+    kept = {k: v for k, v in (config.provenance or {}).items() if not k.startswith("workload")}
+    return dataclasses.replace(config, workload=new, provenance=kept, uncertainty=_kept_uncertainty(config)).resolved()
+
+
+def _kept_uncertainty(config: SimConfig) -> Any:
+    """The profile's uncertainty without the workload's parameters (a new workload replaces them)."""
+    import dataclasses
+
+    u = config.uncertainty
+    if u is None:
+        return None
+    keep = [i for i, p in enumerate(u.parameters) if not p.startswith("workload.")]
+    return dataclasses.replace(
+        u,
+        parameters=tuple(u.parameters[i] for i in keep),
+        log_sd=tuple(u.log_sd[i] for i in keep),
+        correlation=tuple(tuple(u.correlation[i][j] for j in keep) for i in keep) if u.correlation else (),
+        unpinned=tuple(p for p in u.unpinned if not p.startswith("workload.")),
+    )

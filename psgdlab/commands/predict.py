@@ -39,6 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--platform": "copy a preset from sim/presets/",
         },
     )
+    p.add_argument(
+        "--workload",
+        metavar="NAME|FILE.toml",
+        default=None,
+        help="predict another model on the same platform: a named workload (bilstm-43m, dnn-13.5m, "
+        "cldnn-13.8m) or a TOML file with a [workload] table; its compute time follows from the "
+        "platform's device (peak FLOP/s and memory bandwidth times the platform's efficiencies); "
+        "default: the file's own [workload]",
+    )
     add_flags(
         p,
         "--algorithm",
@@ -98,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(path=args.platform)
     else:
         config = load_config(preset=args.preset or DEFAULT_PRESET)
+    if args.workload is not None:
+        from psgdlab.sim.workload import with_workload
+
+        config = with_workload(config, args.workload)
     algorithms = args.algorithm or config.defaults.algorithms
     workers = args.workers or config.defaults.workers
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):

@@ -197,3 +197,35 @@ def test_a_bad_sweep_fails_before_simulating_anything(monkeypatch, kwargs, messa
     monkeypatch.setattr(predict, "simulate", no_simulation)
     with pytest.raises(ConfigError, match=message):
         predict.predict_sweep(load_config(preset="interspeech2019-v100"), **kwargs)
+
+
+def test_workload_flag_predicts_another_model_on_the_calibrated_platform(tmp_path, capsys):
+    """The platform prices the named model's compute by its device law: one worker's step is the
+    law's compute time plus the input copy over its socket's PCIe."""
+    from psgdlab.sim.workload import with_workload
+
+    args = ["predict", "--preset", "librispeech-gtx1080", "--algorithm", "bmuf", "--workers", "1,4", "--json"]
+    assert main([*args, "--workload", "cldnn-13.8m", "--out", str(tmp_path / "c")]) == 0
+    cldnn = json.loads(capsys.readouterr().out)
+    assert main([*args, "--workload", "dnn-13.5m", "--out", str(tmp_path / "d")]) == 0
+    dnn = json.loads(capsys.readouterr().out)
+    assert cldnn["workload"] == "cldnn-13.8m" and dnn["workload"] == "dnn-13.5m"
+    for name, out in (("cldnn-13.8m", cldnn), ("dnn-13.5m", dnn)):
+        cfg = with_workload(load_config(preset="librispeech-gtx1080"), name)
+        w, p = cfg.workload, cfg.platform
+        copy = w.input_bytes_per_sample * w.batch_per_worker / (
+            p.pcie.effective_bandwidth_bytes_per_s * p.input_efficiency
+        )
+        expected = w.mean_compute_s(w.batch_per_worker) + copy + p.pcie.latency_s
+        assert out["rows"][0]["step_time_s"] == pytest.approx(expected, rel=0.02)
+    assert all(r["sockets"] for r in cldnn["rows"])
+
+
+def test_workload_flag_errors(tmp_path, capsys):
+    assert main(["predict", "--workload", "cldnn", "--out", str(tmp_path / "a")]) == 2
+    assert "did you mean 'cldnn-13.8m'" in capsys.readouterr().err
+    bare = tmp_path / "bare.toml"
+    bare.write_text("[platform]\nhosts = 1\n[workload]\nn_params = 10\n")
+    assert main(["predict", "--platform", str(bare), "--workload", "dnn-13.5m", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "device_flops_per_s" in err and len(err.strip().splitlines()) == 1

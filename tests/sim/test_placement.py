@@ -1,0 +1,46 @@
+"""Placement on sockets (socket_fill) and the inter-socket link the simulator prices."""
+
+from __future__ import annotations
+
+import pytest
+
+from psgdlab.core.profile import Link, Platform
+from psgdlab.sim.network import Network
+from psgdlab.sim.platform import Placement
+
+
+def _platform(**kw):
+    base = dict(
+        devices_per_host=8,
+        sockets_per_host=2,
+        pcie=Link(latency_s=0.0, bandwidth_bytes_per_s=16e9),
+    )
+    return Platform(**{**base, **kw})
+
+
+@pytest.mark.parametrize("fill,shape", [("spread", "2+2"), ("pack", "4+0")])
+def test_socket_fill_places_a_partial_host(fill, shape):
+    p = Placement.pack(_platform(socket_fill=fill), 4)
+    assert p.sockets_text() == shape
+    full = Placement.pack(_platform(socket_fill=fill), 8)
+    assert full.sockets_text() == "4+4"  # a full host is the same either way
+
+
+def test_input_copies_share_the_socket_they_are_packed_on():
+    for fill, sharers in (("spread", 2), ("pack", 4)):
+        net = Network(_platform(socket_fill=fill), Placement.pack(_platform(socket_fill=fill), 4))
+        assert net.input_copy_s(0, 16e9) == pytest.approx(sharers * 1.0)
+
+
+def test_socket_link_bounds_transfers_and_allreduces_across_sockets():
+    slow = Link(latency_s=0.0, bandwidth_bytes_per_s=1e9)
+    with_link = _platform(socket_link=slow)
+    net = Network(with_link, Placement.pack(with_link, 8))
+    assert net.transfer_s(0, 7, 1e9, 0.0) == pytest.approx(1.0)  # across sockets: the 1 GB/s link
+    assert net.transfer_s(0, 1, 1e9, 10.0) == pytest.approx(1e9 / 16e9)  # same socket: PCIe
+    net = Network(with_link, Placement.pack(with_link, 8))
+    t = net.allreduce_s(tuple(range(8)), 8e9, 0.0)
+    assert t == pytest.approx(2 * 7 / 8 * 8e9 / 1e9)  # the ring's crossing edges run at the link's rate
+    free = Network(_platform(), Placement.pack(_platform(), 8))
+    assert free.transfer_s(0, 7, 1e9, 0.0) == pytest.approx(1e9 / 16e9)
+    assert free.allreduce_s(tuple(range(8)), 8e9, 0.0) == pytest.approx(2 * 7 / 8 * 8e9 / 4e9)
