@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "data": "data",
     "calibrate": "calibrate",
+    "fit": "fit",
     "compare": "compare",
     "validate": "validate",
 }

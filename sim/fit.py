@@ -1,370 +1,311 @@
-r"""Calibrate the ``librispeech-gtx1080`` preset against Tables 4 and 5 of Li et al. (S003).
+r"""Fit a platform's efficiencies to published or measured figures, with cross-validated errors.
 
-Li et al. (arXiv 1703.05880) trained a 13.5M-parameter DNN on one node of 8 GTX1080 with Kaldi
-and OpenMPI; ALGORITHMS.md §D.3 gives their Table 4 (ASGD and BMUF, 4 GPUs, minibatch 4096,
-period 5/20/80) and Table 5 (BMUF, 4 GPUs, minibatch 256/1024/4096, period 5/20/80) speedups.
-Tables 1-3 are held out for validation and are not used here.
+A *figures table* (CSV, ``#`` comment lines allowed) has one row per configuration: the columns
+``algorithm``, ``workers``, ``batch`` (per worker), ``period`` (empty where the algorithm has
+none) and one of ``speedup`` (over one-worker SGD at the same batch) or ``step_time_s`` (mean
+time per local step). :func:`read_figures` reads it; :func:`simulate_figures` predicts each row
+with the simulator (:func:`~psgdlab.sim.predict.predict_one`, the mean over ``seeds``, windows of
+``blocks`` sync periods and at least ``MIN_STEPS`` steps, common random numbers across
+parameter values).
 
-:func:`fit_gtx1080` fits a few physical parameters so that the largest relative error of the
-**simulated** speedups is smallest (every evaluation runs the simulator):
+:func:`fit_profile` fits a few positive values of a base profile, named by dotted path (the
+efficiencies of :class:`~psgdlab.core.profile.Platform` and its links, a jitter), with
+:func:`psgdlab.core.fitting.fit_parameters`: log-normal priors at the base profile's values,
+the posterior uncertainty of each, the parameters the figures cannot pin down (kept near their
+prior and marked unpinned), and the errors in sample, leave-one-out and leave-one-group-out
+(groups: each worker count, algorithm, batch and period the table has more than one of). The
+fitted profile carries them in its ``[uncertainty]`` table and its header.
 
-- ``compute_fixed_s`` -- the part of a minibatch's compute time that does not grow with the
-  minibatch (kernel launches, per-minibatch work), with the mean at 4096 frames fixed at
-  ``COMPUTE_4096_S``; compute time is affine in the minibatch; ``cv`` its relative spread;
-- ``pcie_bandwidth_bytes_per_s`` -- the effective per-socket bandwidth of the (host-staged, MPI)
-  path the GPUs share, used by the model allreduce and the input feature copies;
-- ``input_bytes_per_sample`` -- the effective host-to-device traffic per frame through the shared
-  socket (1320 fp32 features are 5,280 B; the fit absorbs the host-side pipeline the workers
-  contend for, which is what caps the 4-GPU speedup below 4 at long periods);
-- ``loader_buffer_samples`` and ``loader_s_per_sample`` -- the host-side data loader
-  (:func:`psgdlab.sim.workload.loader_pauses`): each worker prepares its features a buffer of
-  about ``loader_buffer_samples`` frames at a time and blocks while it does [INF]. Refills of
-  different workers fall in different sync blocks, so a block waits for whichever worker
-  refilled: with a minibatch of 256 a worker refills every ~70 steps, so per step the refills
-  cost up to four workers' worth at short periods and about one worker's at long ones; with
-  4096 every ~4 steps, and it averages out. This is what makes the minibatch-256 row of Table 5
-  fall more slowly with the period than a per-block sync cost does, while the 1024 and 4096
-  rows follow one (the model without the loader, with absolute compute jitter instead, misses
-  that row by 5-5.5 % at best). Kaldi's nnet1 frame-level trainer, for one, shuffles frames in
-  a randomisation buffer that it fills from whole utterances, ``--randomizer-size`` 32768
-  frames by default [BK]; Li et al. do not say which loader they used. The fit lands at about
-  18k frames; 32768 fits the expected speedups about as well (in a Monte-Carlo stand-in), but
-  a refill every 128 steps at minibatch 256 needs windows several times longer for the same
-  seed-to-seed noise;
-- ``server_bandwidth_bytes_per_s`` and ``service_overhead_s`` -- the parameter server of ASGD
-  (refitted on the two ASGD entries, which nothing else touches).
-
-The CV of the loader's buffer sizes is fixed (``LOADER_BUFFER_CV``), the absolute compute
-jitter is 0. Each evaluation averages the speedups of ``FIT_SEEDS`` seeds over windows of
-``FIT_BLOCKS`` sync periods (at least ``MIN_STEPS`` steps), which keeps the fit from chasing one
-seed's noise.
-
-:func:`write_preset` writes ``sim/presets/librispeech-gtx1080.toml`` (atomically) with the fitted
-values and the residuals in comments; ``python -m psgdlab.sim.fit`` does both (5-10 minutes:
-Nelder-Mead from ``_X0``, an exploratory fit with a Monte-Carlo stand-in for 4-worker BMUF).
-``tests/sim/test_fit.py`` re-runs the simulator with the shipped preset and checks every table
-entry within 5 %.
+``psgdlab fit`` is the command; ``python -m psgdlab.sim.fit`` regenerates the shipped
+``librispeech-gtx1080`` preset from ``sim/presets/fit/`` (the base profile with spec-sheet values
+and priors, and Tables 4 and 5 of Li et al.) with :data:`GTX1080_PARAMETERS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+import csv
+import dataclasses
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from psgdlab.core.profile import Defaults, Link, Platform, Profile, ServerSpec, Workload
+from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.fitting import FitReport, fit_parameters
+from psgdlab.core.profile import Profile, Uncertainty
 
 __all__ = [
-    "TABLE_TARGETS",
-    "COMPUTE_4096_S",
-    "LOADER_BUFFER_CV",
-    "PARAM_NAMES",
-    "FitResult",
-    "gtx1080_profile",
-    "simulated_speedups",
-    "fit_gtx1080",
-    "write_preset",
+    "Figure",
+    "METRICS",
+    "GROUPINGS",
+    "GTX1080_PARAMETERS",
+    "read_figures",
+    "simulate_figures",
+    "fit_profile",
+    "fitted_profile",
+    "gtx1080_paths",
 ]
 
-#: (algorithm, minibatch frames, period) -> published speedup on 4 GPUs (ALGORITHMS.md §D.3,
-#: Tables 4 and 5; Table 4's BMUF rows are Table 5's minibatch-4096 rows)
-TABLE_TARGETS: dict[tuple[str, int, int], float] = {
-    ("asgd", 4096, 5): 2.74,
-    ("asgd", 4096, 20): 2.96,
-    ("bmuf", 4096, 5): 2.68,
-    ("bmuf", 4096, 20): 2.90,
-    ("bmuf", 4096, 80): 2.93,
-    ("bmuf", 256, 5): 1.85,
-    ("bmuf", 256, 20): 2.54,
-    ("bmuf", 256, 80): 3.21,
-    ("bmuf", 1024, 5): 2.14,
-    ("bmuf", 1024, 20): 2.76,
-    ("bmuf", 1024, 80): 2.98,
-}
-WORKERS = 4
-#: mean compute time of one 4096-frame minibatch on one GTX1080 [INF]: 6 x 13.5e6 x 4096 flops
-#: = 332 GFLOP at ~5.5 TFLOP/s sustained; speedups depend only on ratios, so this sets the scale
-COMPUTE_4096_S = 0.06
-#: CV of the loader's buffer sizes [INF]: weakly constrained by the tables (fits with 0.03 to 0.3 are
-#: equally good); 0.3 lets a window of a few hundred steps see the workers' refill phases mix
-LOADER_BUFFER_CV = 0.3
-PARAM_NAMES = (
-    "compute_fixed_s",
-    "cv",
-    "pcie_bandwidth_bytes_per_s",
-    "input_bytes_per_sample",
-    "loader_s_per_sample",
-    "loader_buffer_samples",
-    "server_bandwidth_bytes_per_s",
-    "service_overhead_s",
-)
+METRICS = ("speedup", "step_time_s")
+#: the groupings of leave-one-group-out
+GROUPINGS = ("workers", "algorithm", "batch", "period")
 FIT_BLOCKS = 24  # simulated window: this many sync periods
 MIN_STEPS = 960  # and at least this many steps
-FIT_SEEDS = (0, 1)  # the fit and the test use the mean speedup of these seeds
-HELDOUT_SEEDS = (2, 3, 4)  # reported, not fitted: each seed alone
+FIT_SEEDS = (0, 1)
+#: relative spread of a published speedup given to two decimals, with run-to-run noise [INF]
+FIGURE_NOISE = 0.02
+#: the fitted values of the shipped GTX1080 preset and the spread of their priors' logarithms
+GTX1080_PARAMETERS: dict[str, float] = {
+    "platform.compute_efficiency": 0.4,
+    "platform.memory_efficiency": 0.7,
+    "platform.pcie.efficiency": 0.7,
+    "platform.input_efficiency": 0.7,
+    "platform.server.efficiency": 0.7,
+    "workload.compute_jitter_s": 1.0,
+}
 
 
 @dataclass(frozen=True, slots=True)
-class FitResult:
-    """Fitted parameters, the speedups they simulate (the fit's evaluation) and the relative
-    errors; ``heldout_max_errors`` is the largest relative error with each of ``HELDOUT_SEEDS``
-    alone (seeds the fit did not see)."""
+class Figure:
+    """One row of a figures table."""
 
-    params: dict[str, float]
-    speedups: dict[tuple[str, int, int], float]
-    relative_errors: dict[tuple[str, int, int], float]
-    heldout_max_errors: dict[int, float] = field(default_factory=dict)
+    algorithm: str
+    workers: int
+    batch: int
+    period: int | None
+    metric: str
+    value: float
 
-    @property
-    def max_relative_error(self) -> float:
-        return max(abs(e) for e in self.relative_errors.values())
-
-
-def gtx1080_profile(
-    params: dict[str, float], *, notes: tuple[str, ...] = (), provenance: dict[str, str] | None = None
-) -> Profile:
-    """The preset as a profile for the given fitted parameters (``notes`` and ``provenance``: the
-    comments it writes, :mod:`psgdlab.core.profile`)."""
-    return Profile(
-        platform=Platform(
-            name="librispeech-gtx1080",
-            description="one node of 8 GTX1080, Kaldi + OpenMPI (Li et al. 2017), calibrated on Tables 4-5",
-            hosts=1,
-            devices_per_host=8,
-            sockets_per_host=2,
-            device="GTX1080",
-            host_memory_bandwidth_bytes_per_s=2.0e10,
-            staging="host",
-            pcie=Link(latency_s=1.0e-5, bandwidth_bytes_per_s=float(params["pcie_bandwidth_bytes_per_s"])),
-            nic=Link(latency_s=2.0e-5, bandwidth_bytes_per_s=1.25e9),
-            server=ServerSpec(
-                latency_s=1.0e-5,
-                bandwidth_bytes_per_s=float(params["server_bandwidth_bytes_per_s"]),
-                service_overhead_s=float(params["service_overhead_s"]),
-                apply_on_host=True,
-            ),
-        ),
-        workload=Workload(
-            name="dnn-13.5m",
-            description="6x1024 ReLU DNN, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
-            n_params=13_500_000,
-            itemsize=4,
-            compute=f"lognormal:{COMPUTE_4096_S}:{float(params['cv']):.6g}",
-            reference_batch=4096,
-            batch_per_worker=4096,
-            compute_fixed_s=float(params["compute_fixed_s"]),
-            input_bytes_per_sample=float(params["input_bytes_per_sample"]),
-            loader_buffer_samples=float(params["loader_buffer_samples"]),
-            loader_s_per_sample=float(params["loader_s_per_sample"]),
-            loader_buffer_cv=LOADER_BUFFER_CV,
-            samples_per_epoch=3.46e8,
-            epochs=10.0,
-            sample_unit="frames",
-        ),
-        defaults=Defaults(algorithms=("bmuf", "asgd", "bsp", "easgd"), workers=(1, 2, 4, 8), period=5),
-        source="sim/fit.py",
-        notes=notes,
-        provenance=dict(provenance or {}),
-    )
+    def label(self) -> str:
+        period = f" period={self.period}" if self.period is not None else ""
+        return f"{self.algorithm} x{self.workers} batch={self.batch}{period}: {self.metric}"
 
 
-def simulated_speedups(
-    params: dict[str, float],
-    *,
-    seeds: tuple[int, ...] = FIT_SEEDS,
-    blocks: int = FIT_BLOCKS,
-    targets: dict[tuple[str, int, int], float] = TABLE_TARGETS,
-) -> dict[tuple[str, int, int], float]:
-    """Speedups of the ``targets`` entries simulated with the preset built from ``params``: the
-    mean over ``seeds`` of :func:`~psgdlab.sim.predict.predict_one` with a window of ``blocks``
-    sync periods (at least ``MIN_STEPS`` steps), as ``psgdlab predict --steps`` runs them."""
-    from psgdlab.sim.predict import predict_one
-
-    config = gtx1080_profile(params)
-    out = {}
-    for alg, batch, period in targets:
-        cfg = replace(config, workload=config.workload.with_batch(batch))
-        steps = max(MIN_STEPS, blocks * period)
-        out[(alg, batch, period)] = float(
-            np.mean(
-                [predict_one(alg, WORKERS, cfg, steps=steps, period=period, seed=seed).row["speedup"] for seed in seeds]
-            )
+def read_figures(path_or_text: str | Path) -> list[Figure]:
+    """Read a figures table (module docstring) from a path or from the CSV text itself."""
+    text = str(path_or_text)
+    where = "figures"
+    if "\n" not in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"figures table {path} does not exist")
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    cols = reader.fieldnames or []
+    missing = [c for c in ("algorithm", "workers", "batch", "period") if c not in cols]
+    if missing:
+        raise ConfigError(
+            f"{where}: needs the columns algorithm, workers, batch, period (missing {', '.join(missing)})"
         )
+    metrics = [m for m in METRICS if m in cols]
+    if len(metrics) != 1:
+        raise ConfigError(f"{where}: needs exactly one of the columns {', '.join(METRICS)}")
+    metric = metrics[0]
+    out = []
+    for i, row in enumerate(reader, start=2):
+        try:
+            workers, batch = int(row["workers"]), int(row["batch"])
+            period = int(row["period"]) if (row["period"] or "").strip() else None
+            value = float(row[metric])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: row {i} ({dict(row)}) has a value that is not a number") from None
+        require(workers >= 1, f"{where}: row {i} workers", workers, "must be >= 1")
+        require(batch >= 1, f"{where}: row {i} batch", batch, "must be >= 1")
+        require(np.isfinite(value) and value > 0, f"{where}: row {i} {metric}", value, "must be a positive number")
+        out.append(Figure(row["algorithm"].strip(), workers, batch, period, metric, value))
+    require(len(out) >= 1, "figures table", where, "has no rows")
     return out
 
 
-#: starting point of the fit (an exploratory minimax fit with a Monte-Carlo stand-in for 4-worker
-#: BMUF: blocks of max-of-sums of step times) and the bounds of the non-server parameters
-_X0 = {
-    "compute_fixed_s": 0.00756,
-    "cv": 0.0014,
-    "pcie_bandwidth_bytes_per_s": 3.2e9,
-    "input_bytes_per_sample": 3.4e4,
-    "loader_s_per_sample": 6.1e-6,
-    "loader_buffer_samples": 2.1e4,
-    "server_bandwidth_bytes_per_s": 3.0e10,
-    "service_overhead_s": 0.06,
-}
-_BOUNDS = {
-    "compute_fixed_s": (1e-5, COMPUTE_4096_S * 0.99),
-    "cv": (1e-4, 1.0),
-    "pcie_bandwidth_bytes_per_s": (1e8, 1e11),
-    "input_bytes_per_sample": (1.0, 1e6),
-    "loader_s_per_sample": (1e-9, 1e-3),
-    "loader_buffer_samples": (64.0, 1e7),
-}
-_SERVER = ("server_bandwidth_bytes_per_s", "service_overhead_s")
+def simulate_figures(
+    profile: Profile,
+    figures: Sequence[Figure],
+    rows: Sequence[int] | np.ndarray | None = None,
+    *,
+    seeds: tuple[int, ...] = FIT_SEEDS,
+    blocks: int = FIT_BLOCKS,
+) -> np.ndarray:
+    """The simulator's value of each figure of ``rows`` (all by default) on ``profile``."""
+    from psgdlab.sim.predict import predict_one
+
+    profile = profile.resolved()
+    idx = range(len(figures)) if rows is None else [int(r) for r in rows]
+    out = []
+    for i in idx:
+        f = figures[i]
+        cfg = dataclasses.replace(profile, workload=profile.workload.with_batch(f.batch))
+        steps = max(MIN_STEPS, blocks * (f.period or 1))
+        values = [
+            predict_one(f.algorithm, f.workers, cfg, steps=steps, period=f.period, seed=seed).row[f.metric]
+            for seed in seeds
+        ]
+        out.append(float(np.mean(values)))
+    return np.array(out)
 
 
-def _relative_errors(sp: dict[tuple[str, int, int], float]) -> dict[tuple[str, int, int], float]:
-    return {k: v / TABLE_TARGETS[k] - 1.0 for k, v in sp.items()}
+def _bounds(path: str) -> tuple[float, float]:
+    return (1e-3, 1.0) if path.rsplit(".", 1)[-1].endswith("efficiency") else (0.0, np.inf)
 
 
-def fit_gtx1080(
-    *, seeds: tuple[int, ...] = FIT_SEEDS, minimax_iter: int = 150, x0: dict[str, float] | None = None
-) -> FitResult:
-    """Minimise the largest relative error of the BMUF entries over the six non-server
-    parameters (Nelder-Mead in log space from ``x0``, at most ``minimax_iter`` iterations; 0
-    keeps ``x0``), then least-squares the two server parameters on the ASGD entries, then
-    report each of ``HELDOUT_SEEDS`` alone."""
-    from scipy.optimize import minimize
-
-    params = dict(_X0 if x0 is None else x0)
-    names = [k for k in PARAM_NAMES if k not in _SERVER]
-    lo = np.log([_BOUNDS[k][0] for k in names])
-    hi = np.log([_BOUNDS[k][1] for k in names])
-    bmuf = {k: v for k, v in TABLE_TARGETS.items() if k[0] == "bmuf"}
-
-    def with_x(z: np.ndarray) -> dict[str, float]:
-        return {**params, **{k: float(np.exp(v)) for k, v in zip(names, np.clip(z, lo, hi))}}
-
-    def worst(z: np.ndarray) -> float:
-        sp = simulated_speedups(with_x(z), seeds=seeds, targets=bmuf)
-        return max(abs(e) for e in _relative_errors(sp).values())
-
-    z = np.log([params[k] for k in names])
-    if minimax_iter:
-        z = minimize(worst, z, method="Nelder-Mead", options={"maxiter": minimax_iter, "xatol": 1e-3, "fatol": 1e-5}).x
-    params = _refit_server(with_x(z), seeds=seeds)
-    sp = simulated_speedups(params, seeds=seeds)
-    heldout = {
-        seed: max(abs(e) for e in _relative_errors(simulated_speedups(params, seeds=(seed,))).values())
-        for seed in HELDOUT_SEEDS
-    }
-    return FitResult(params=params, speedups=sp, relative_errors=_relative_errors(sp), heldout_max_errors=heldout)
-
-
-def _refit_server(params: dict[str, float], *, seeds: tuple[int, ...] = FIT_SEEDS) -> dict[str, float]:
-    """Re-solve the two server parameters on the ASGD entries alone (they touch nothing else)."""
-    from scipy.optimize import least_squares
-
-    targets = {k: v for k, v in TABLE_TARGETS.items() if k[0] == "asgd"}
-
-    def residual(z: np.ndarray) -> np.ndarray:
-        q = {**params, "server_bandwidth_bytes_per_s": z[0] * 1e9, "service_overhead_s": z[1] * 1e-2}
-        sp = simulated_speedups(q, seeds=seeds, targets=targets)
-        return np.array([sp[k] / targets[k] - 1.0 for k in targets])
-
-    z0 = [params["server_bandwidth_bytes_per_s"] / 1e9, params["service_overhead_s"] / 1e-2]
-    sol = least_squares(residual, z0, bounds=([0.1, 0.0], [100.0, 50.0]), diff_step=0.02, max_nfev=30)
-    return {
-        **params,
-        "server_bandwidth_bytes_per_s": float(sol.x[0] * 1e9),
-        "service_overhead_s": float(sol.x[1] * 1e-2),
-    }
-
-
-#: provenance of each preset value (ALGORITHMS.md tags; "fitted" = set by :func:`fit_gtx1080`)
-_TAGS = {
-    "platform.hosts": "[S003] one node",
-    "platform.devices_per_host": "[S003] 8 GTX1080",
-    "platform.sockets_per_host": "[INF]",
-    "platform.host_memory_bandwidth_bytes_per_s": "[INF]",
-    "platform.staging": "[INF] MPI messages staged through host memory",
-    "platform.pcie.latency_s": "[INF]",
-    "platform.pcie.bandwidth_bytes_per_s": "fitted: effective per-socket bandwidth of the host-staged MPI path",
-    "platform.nic.latency_s": "[INF] unused on one host",
-    "platform.nic.bandwidth_bytes_per_s": "[INF] unused on one host",
-    "platform.server.latency_s": "[INF]",
-    "platform.server.bandwidth_bytes_per_s": "fitted (ASGD entries)",
-    "platform.server.service_overhead_s": "fitted (ASGD entries)",
-    "platform.server.apply_on_host": "[INF]",
-    "workload.n_params": "[S003 §3.1] 13.5M",
-    "workload.itemsize": "[INF] fp32",
-    "workload.compute": "mean [INF] (sets the time scale only), CV fitted",
-    "workload.reference_batch": "[S003 Tab.4] 4096 frames",
-    "workload.batch_per_worker": "[S003 Tab.4]",
-    "workload.compute_fixed_s": "fitted",
-    "workload.input_bytes_per_sample": "fitted (1320 fp32 inputs are 5280 B [DER])",
-    "workload.loader_buffer_samples": "fitted [INF] (Kaldi nnet1's randomizer buffer is 32768 frames [BK])",
-    "workload.loader_s_per_sample": "fitted",
-    "workload.loader_buffer_cv": "[INF] whole utterances per buffer",
-    "workload.samples_per_epoch": "[DER] 960 h x 100 frames/s",
-    "workload.epochs": "[INF]",
-}
-
-
-def write_preset(result: FitResult, path: str | Path | None = None) -> Path:
-    """Write the fitted preset (its parameters to 6 significant digits, the fit's residuals as
-    notes, :data:`_TAGS` as provenance), atomically."""
-    if path is None:
-        path = Path(__file__).resolve().parent / "presets" / "librispeech-gtx1080.toml"
-    notes = [
-        'Li, Zhang, Xie, Yu, "Empirical Evaluation of Parallel Training Algorithms on Acoustic Modeling"',
-        "(arXiv 1703.05880; ALGORITHMS.md §D.3): one node of 8 GTX1080, 13.5M-parameter DNN, LibriSpeech.",
-        "GENERATED by `python -m psgdlab.sim.fit` (sim/fit.py); do not edit by hand. Fitted to the",
-        "simulated speedups of Tables 4 and 5 (4 GPUs): compute_fixed_s, the compute CV, the effective",
-        "PCIe bandwidth and input bytes per frame, the data loader's buffer size and cost per frame, and",
-        "the parameter server's bandwidth and overhead; everything else is physical [DER] or assumed [INF]",
-        "(sim/fit.py and sim/workload.py say what each parameter models).",
-        "Fitted parameters: " + ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
-        f"Simulated (mean of seeds {', '.join(map(str, FIT_SEEDS))}; windows of {FIT_BLOCKS} periods, >= {MIN_STEPS} "
-        "steps) vs published speedup:",
-    ]
-    for k, v in result.speedups.items():
-        notes.append(
-            f"  {k[0]} mb={k[1]} period={k[2]}: {v:.3f} vs {TABLE_TARGETS[k]:.2f} "
-            f"({100 * result.relative_errors[k]:+.1f} %)"
+def fit_profile(
+    base: Profile,
+    figures: Sequence[Figure],
+    parameters: dict[str, float],
+    *,
+    loo: bool = True,
+    groupings: Sequence[str] = GROUPINGS,
+    noise: float = FIGURE_NOISE,
+    max_nfev: int = 20,
+    cv_steps: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Profile, FitReport]:
+    """Fit ``parameters`` (dotted path -> spread of the log prior, the prior being the base
+    profile's value) to ``figures``; returns the fitted profile (with its ``[uncertainty]``) and
+    the report."""
+    require(len(parameters) >= 1, "parameters", parameters, "must name at least one value to fit")
+    for path in parameters:
+        value = base.get(path)
+        require(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+            "fitted parameter",
+            path,
+            "must name a positive number of the profile (its prior)",
         )
-    if result.heldout_max_errors:
-        notes.append(
-            "Largest error with one held-out seed alone: "
-            + ", ".join(f"seed {s}: {100 * e:.1f} %" for s, e in result.heldout_max_errors.items())
+    prior = {p: float(base.get(p)) for p in parameters}
+    for f in figures:  # a bad configuration fails before anything is simulated
+        from psgdlab.sim.predict import build_algorithm
+
+        build_algorithm(f.algorithm, f.workers, base, period=f.period)
+
+    def model(values: dict[str, float], rows: np.ndarray) -> np.ndarray:
+        return simulate_figures(base.with_values(values), figures, rows)
+
+    groups = {g: [getattr(f, g) for f in figures] for g in groupings}
+    report = fit_parameters(
+        model,
+        [f.value for f in figures],
+        prior,
+        parameters,
+        noise=noise,
+        bounds={p: _bounds(p) for p in parameters},
+        groups=groups,
+        loo=loo,
+        max_nfev=max_nfev,
+        cv_steps=cv_steps,
+        progress=progress,
+    )
+    return fitted_profile(base, report), report
+
+
+def fitted_profile(base: Profile, report: FitReport) -> Profile:
+    """``base`` with the fitted values (6 significant digits) and the report's uncertainty."""
+    values = {k: float(f"{v:.6g}") for k, v in report.values.items()}
+    names = report.names
+    uncertainty = Uncertainty(
+        parameters=names,
+        log_sd=tuple(round(report.log_sd[k], 6) for k in names),
+        correlation=tuple(
+            tuple(1.0 if i == j else round(report.correlation[i][j], 6) for j in range(len(names)))
+            for i in range(len(names))
+        ),
+        unpinned=report.unpinned,
+        noise_cv=round(report.noise, 6),
+        in_sample_error=round(report.in_sample_error, 6),
+        loo_error=round(report.loo_error, 6) if report.loo else None,
+        logo_error=round(report.logo_error, 6) if report.logo else None,
+    )
+    provenance = dict(base.provenance)
+    for k in names:
+        provenance[k] = f"fitted (prior {report.prior[k]:.4g}, log-sd {report.prior_log_sd[k]:.2g})" + (
+            "; unpinned" if k in report.unpinned else ""
         )
-    notes += [
-        "[platform.host_cpu] (cores_per_host, work_per_message_s, work_per_byte_s) is left out: no source gives",
-        "the CPU work of communication on this system, and GPU-direct transfers do not hold host cores.",
+    return dataclasses.replace(base.with_values(values), uncertainty=uncertainty, provenance=provenance).resolved()
+
+
+def report_lines(report: FitReport, figures: Sequence[Figure]) -> list[str]:
+    """The fit's report as comment lines (values, spreads, errors per figure, flat directions)."""
+    lines = [
+        "Fitted (value, posterior log-sd, prior value, prior log-sd):",
+        *(
+            f"  {k} = {report.values[k]:.4g} (sd {report.log_sd[k]:.3f}; prior {report.prior[k]:.4g}, "
+            f"sd {report.prior_log_sd[k]:.2g}){' UNPINNED' if k in report.unpinned else ''}"
+            for k in report.names
+        ),
+        f"Median |relative error|: in sample {100 * report.in_sample_error:.1f} %"
+        + (f", leave-one-out {100 * report.loo_error:.1f} %" if report.loo else "")
+        + (f", leave-one-group-out {100 * report.logo_error:.1f} %" if report.logo else ""),
+        f"Residual spread (log): {report.noise:.3f}",
     ]
-    rounded = {k: float(f"{v:.6g}") for k, v in result.params.items()}
-    return gtx1080_profile(rounded, notes=tuple(notes), provenance=_TAGS).write(path)
+    for grouping, by_group in report.logo.items():
+        errs = [e for g in by_group.values() for e in g.values()]
+        lines.append(
+            f"  leave one {grouping} out: median {100 * float(np.median(np.abs(errs))):.1f} %, "
+            f"max {100 * float(np.max(np.abs(errs))):.1f} %"
+        )
+    lines.append("Per figure: simulated vs given (in sample / leave-one-out):")
+    for i, f in enumerate(figures):
+        loo = f" / {100 * report.loo[i]:+.1f} %" if i in report.loo else ""
+        lines.append(
+            f"  {f.label()} {report.predictions[i]:.3f} vs {f.value:g} ({100 * report.in_sample[i]:+.1f} %{loo})"
+        )
+    for d in report.flat_directions:
+        lines.append(
+            "Flat direction (the figures cannot tell these apart): " + ", ".join(f"{k} {v:+.2f}" for k, v in d.items())
+        )
+    return lines
+
+
+def write_fitted(
+    profile: Profile, report: FitReport, figures: Sequence[Figure], path: str | Path, *, head: Sequence[str] = ()
+) -> Path:
+    """Write the fitted profile with ``head`` and the fit's report as its header notes, atomically."""
+    notes = tuple(head) + tuple(report_lines(report, figures))
+    return dataclasses.replace(profile, notes=notes).write(path)
+
+
+# ----- the shipped preset ---------------------------------------------------------------------------
+def gtx1080_paths() -> tuple[Path, Path, Path]:
+    """``(base profile, figures table, shipped preset)`` of ``librispeech-gtx1080``."""
+    here = Path(__file__).resolve().parent / "presets"
+    return (
+        here / "fit" / "librispeech-gtx1080.base.toml",
+        here / "fit" / "librispeech-gtx1080.csv",
+        here / "librispeech-gtx1080.toml",
+    )
+
+
+GTX1080_HEAD = (
+    'Li, Zhang, Xie, Yu, "Empirical Evaluation of Parallel Training Algorithms on Acoustic Modeling"',
+    "(arXiv 1703.05880; ALGORITHMS.md §D.3): one node of 8 GTX1080, 13.5M-parameter DNN, LibriSpeech.",
+    "GENERATED by `python -m psgdlab.sim.fit` from sim/presets/fit/ (the base profile: spec-sheet values",
+    "and priors; the figures: Tables 4 and 5); do not edit by hand. Six values are fitted: the device's",
+    "compute and memory efficiencies, the PCIe, input-copy and server paths' efficiencies and the step-time jitter.",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a calibration script
-    """``python -m psgdlab.sim.fit [--out FILE]``: fit and write the preset (the shipped one by
-    default)."""
+    """``python -m psgdlab.sim.fit [--out FILE]``: regenerate the ``librispeech-gtx1080`` preset."""
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m psgdlab.sim.fit",
-        description="Fit the librispeech-gtx1080 preset to the published speedups of Li et al. (2017), Tables 4 "
-        "and 5, print the residuals, and write the preset (several minutes).",
+        description="Fit the librispeech-gtx1080 preset's efficiencies to Tables 4 and 5 of Li et al. (2017), "
+        "with leave-one-out and leave-one-group-out errors, and write the preset (several minutes).",
     )
-    parser.add_argument(
-        "--out",
-        metavar="FILE.toml",
-        default=None,
-        help="where to write the fitted preset (default: the shipped sim/presets/librispeech-gtx1080.toml)",
-    )
+    parser.add_argument("--out", metavar="FILE.toml", default=None, help="default: the shipped preset")
     args = parser.parse_args(argv)
-    result = fit_gtx1080()
-    path = write_preset(result, args.out)
-    print(f"wrote {path}; max relative error {100 * result.max_relative_error:.1f} %")
-    for k, v in result.relative_errors.items():
-        print(f"  {k}: {result.speedups[k]:.3f} vs {TABLE_TARGETS[k]} ({100 * v:+.1f} %)")
-    for seed, e in result.heldout_max_errors.items():
-        print(f"  held-out seed {seed} alone: max relative error {100 * e:.1f} %")
+    base_path, figures_path, shipped = gtx1080_paths()
+    from psgdlab.sim.workload import load_config
+
+    base = load_config(path=base_path)
+    figures = read_figures(figures_path)
+    profile, report = fit_profile(base, figures, GTX1080_PARAMETERS, progress=lambda s: print(s, flush=True))
+    path = write_fitted(profile, report, figures, args.out or shipped, head=GTX1080_HEAD)
+    print(f"wrote {path}")
+    print("\n".join(report_lines(report, figures)))
     return 0
 
 
