@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
             "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
-            "--json": "with a list `rows`; each row's KEY_low and KEY_high are its 90 % interval",
+            "--json": "with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
     p.set_defaults(func=run)
