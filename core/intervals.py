@@ -72,6 +72,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -179,6 +180,9 @@ def central_sensitivities(
     raised."""
     out: list[float] = []
     centre: float | None = None
+    # comments and the uncertainty play no part in a simulation, and checking them (their paths,
+    # with close matches for the error message) costs more than a short simulation
+    profile = dataclasses.replace(profile, provenance={}, uncertainty=None)
     for shift in shifts:
         sides: dict[float, float] = {}
         errors: list[ConfigError] = []

@@ -25,7 +25,7 @@ sensitivities re-simulate the configuration along each principal direction of th
 covariance, with the same seed, over a window of :func:`sensitivity_window` steps (at least
 ``SENSITIVITY_STEPS``, four sync periods, at most the prediction's window): a sensitivity is a
 difference under common random numbers, which a short window gives nearly as well as a long one,
-at a quarter of the cost. A profile without ``[uncertainty]`` costs no extra simulation.
+at a seventh of the cost. A profile without ``[uncertainty]`` costs no extra simulation.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ __all__ = [
 STEADY_TOLERANCE = 0.03
 DEFAULT_STEPS = 200
 #: the shortest window of a sensitivity re-simulation (module docstring)
-SENSITIVITY_STEPS = 50
+SENSITIVITY_STEPS = 30
 
 
 @dataclass(slots=True)
