@@ -34,6 +34,8 @@ function; :mod:`psgdlab.sim.predict` chooses the window). A correlation enters t
 directions: two perfectly correlated parameters are one direction. The speedup uses the
 difference of the row's and the baseline's sensitivities *to the same direction* (a parameter
 that scales every step's compute moves both and cancels in the ratio), never independent errors.
+Parameters act through the simulated step time only: one that changes nothing but the size of
+an epoch (``workload.samples_per_epoch``, ``workload.epochs``) has no sensitivity here.
 Why finite differences along principal directions: they are what the simulator would say under
 each parameter set (queueing, overlap and waiting for the slowest worker included, which a
 phase decomposition of one trace misses), and their cost is two short simulations per direction
