@@ -161,15 +161,35 @@ def error_figure(result: dict[str, Any]) -> Figure:
 # ----- a prediction (psgdlab predict) ----------------------------------------------------------
 def speedup_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:
     """Speedup against workers, one line per algorithm, with the ideal line (rows of
-    ``psgdlab predict``: ``algorithm``, ``workers``, ``speedup``)."""
+    ``psgdlab predict``: ``algorithm``, ``workers``, ``speedup``), and the 90 % interval as a
+    band and error bars where the rows carry ``speedup_low`` and ``speedup_high``."""
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
     algos = list(dict.fromkeys(r["algorithm"] for r in rows))
     all_w = sorted({r["workers"] for r in rows})
     ax.plot(all_w, all_w, color="0.7", ls="--", label="ideal")
+    banded = False
     for a in algos:
-        pts = sorted((r["workers"], r["speedup"]) for r in rows if r["algorithm"] == a)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=a)
+        mine = sorted((r for r in rows if r["algorithm"] == a), key=lambda r: r["workers"])
+        x = [r["workers"] for r in mine]
+        y = [r["speedup"] for r in mine]
+        (line,) = ax.plot(x, y, marker="o", label=a)
+        if all("speedup_low" in r and "speedup_high" in r for r in mine):
+            lo = [r["speedup_low"] for r in mine]
+            hi = [r["speedup_high"] for r in mine]
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+            ax.errorbar(
+                x,
+                y,
+                yerr=[np.subtract(y, lo), np.subtract(hi, y)],
+                fmt="none",
+                ecolor=line.get_color(),
+                capsize=3,
+                lw=1,
+            )
+            banded = True
+    if banded:
+        ax.fill_between([], [], [], color="0.5", alpha=0.2, lw=0, label="90 % interval")
     if len(all_w) > 1 and all_w[-1] / max(all_w[0], 1) >= 8:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)

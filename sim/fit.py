@@ -139,7 +139,9 @@ def simulate_figures(
         cfg = dataclasses.replace(profile, workload=profile.workload.with_batch(f.batch))
         steps = max(MIN_STEPS, blocks * (f.period or 1))
         values = [
-            predict_one(f.algorithm, f.workers, cfg, steps=steps, period=f.period, seed=seed).row[f.metric]
+            predict_one(f.algorithm, f.workers, cfg, steps=steps, period=f.period, seed=seed, intervals=False).row[
+                f.metric
+            ]
             for seed in seeds
         ]
         out.append(float(np.mean(values)))

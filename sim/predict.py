@@ -16,6 +16,16 @@ and the long run extrapolated from the window:
 The window is steady when the throughput of its two halves differs by less than
 ``STEADY_TOLERANCE``; if not, it is doubled (up to four times) before extrapolating, and the
 summary says whether steadiness was reached.
+
+Every row also carries a 90 % interval for each of those five figures (``KEY_low``,
+``KEY_high``) and says what it holds (``interval``; ``has_unpinned_parameters``): the profile's
+parameter uncertainty propagated by the delta method, the simulated window's own noise and the
+profile's run-to-run noise, as :mod:`psgdlab.core.intervals` defines them. The parameter
+sensitivities re-simulate the configuration along each principal direction of the parameters'
+covariance, with the same seed, over a window of :func:`sensitivity_window` steps (at least
+``SENSITIVITY_STEPS``, four sync periods, at most the prediction's window): a sensitivity is a
+difference under common random numbers, which a short window gives nearly as well as a long one,
+at a seventh of the cost. A profile without ``[uncertainty]`` costs no extra simulation.
 """
 
 from __future__ import annotations
@@ -29,16 +39,38 @@ import numpy as np
 
 from psgdlab.core.algorithms import ALGORITHMS, Algorithm, algorithm_from_flags, algorithm_parameters, check_flags
 from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.intervals import (
+    INTERVAL_KEYS,
+    Spread,
+    batch_log_step_times,
+    central_sensitivities,
+    directions,
+    interval_description,
+    log_step_time,
+    row_intervals,
+)
+from psgdlab.core.profile import Profile
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import SimResult, simulate
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["Prediction", "predict_one", "predict_sweep", "build_algorithm", "STEADY_TOLERANCE", "DEFAULT_STEPS"]
+__all__ = [
+    "Prediction",
+    "predict_one",
+    "predict_sweep",
+    "build_algorithm",
+    "sensitivity_window",
+    "STEADY_TOLERANCE",
+    "DEFAULT_STEPS",
+    "SENSITIVITY_STEPS",
+]
 
 STEADY_TOLERANCE = 0.03
 DEFAULT_STEPS = 200
+#: the shortest window of a sensitivity re-simulation (module docstring)
+SENSITIVITY_STEPS = 30
 
 
 @dataclass(slots=True)
@@ -104,12 +136,47 @@ def _steadiness(trace: np.ndarray, warmup: int) -> float:
     return abs(first - second) / max(first, second)
 
 
+def _period(algorithm: Algorithm) -> int:
+    return int(getattr(algorithm, "period", 1) or 1)
+
+
 def _window(algorithm: Algorithm, steps: int | None) -> int:
     if steps is not None:
         require(isinstance(steps, int) and steps >= 2, "steps", steps, "must be an integer >= 2")
         return steps
-    period = getattr(algorithm, "period", 1) or 1
-    return max(DEFAULT_STEPS, 10 * int(period))
+    return max(DEFAULT_STEPS, 10 * _period(algorithm))
+
+
+def sensitivity_window(algorithm: Algorithm, window: int) -> int:
+    """Steps per worker of a sensitivity re-simulation: ``SENSITIVITY_STEPS`` or four sync
+    periods, whichever is longer, and at most the prediction's ``window``."""
+    return min(window, max(SENSITIVITY_STEPS, 4 * _period(algorithm)))
+
+
+def _spread(
+    algorithm: Algorithm,
+    config: SimConfig,
+    trace: np.ndarray,
+    *,
+    window: int,
+    warmup: int,
+    seed: int,
+    **simulate_kwargs: Any,
+) -> tuple[Spread, int]:
+    """The batch means of a simulated window's trace and the configuration's sensitivities to
+    the profile's parameter directions (:mod:`psgdlab.core.intervals`), and the sensitivity
+    window (0 when there is nothing to re-simulate)."""
+    bounds, logs = batch_log_step_times(trace, warmup_steps=warmup, period=_period(algorithm))
+    shifts = directions(config.uncertainty)
+    if not shifts:
+        return Spread(bounds, logs, ()), 0
+    w = sensitivity_window(algorithm, window)
+
+    def log_t(profile: Profile) -> float:
+        res = simulate(algorithm, profile.platform, profile.workload, steps=w, seed=seed, **simulate_kwargs)
+        return log_step_time(res.trace, warmup_steps=max(1, w // 10))
+
+    return Spread(bounds, logs, central_sensitivities(log_t, config, shifts)), w
 
 
 def _prepare(
@@ -153,13 +220,16 @@ def predict_one(
     record: bool = True,
     workers_per_host: int | None = None,
     streams: Sequence[int] | None = None,
+    intervals: bool = True,
 ) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring).
 
     ``workers_per_host`` places the workers on hosts independently of the algorithm's
     ``gpus_per_node`` (default: the same), e.g. H-ADPSGD's nodes of 2 as logical groups of one
     machine's processes, as ``psgdlab validate`` runs them. ``streams`` relabels the workers'
-    compute-time streams (:func:`psgdlab.sim.engine.simulate`)."""
+    compute-time streams (:func:`psgdlab.sim.engine.simulate`). ``intervals=False`` leaves the
+    interval keys out and simulates nothing beyond the window (for callers that only need the
+    point values, such as fits)."""
     workload = config.workload
     algorithm, model = _prepare(
         name,
@@ -239,27 +309,73 @@ def predict_one(
         "batch_per_worker": b,
         "sim_events": result.events,
     }
+    if intervals:
+        spread, sens_window = _spread(
+            algorithm,
+            config,
+            result.trace,
+            window=window,
+            warmup=warmup,
+            seed=seed,
+            stragglers=model,
+            gpus_per_node=workers_per_host or gpus_per_node,
+            streams=streams,
+        )
+        base = _reference(config, steps=steps, seed=seed)
+        if base.spread is None:
+            base.spread, _ = _spread(
+                base.algorithm, config, base.trace, window=base.window, warmup=max(1, base.window // 10), seed=seed
+            )
+        u = config.uncertainty
+        keys, log_sd = row_intervals(
+            {k: row[k] for k in INTERVAL_KEYS}, spread, base.spread, noise_cv=u.noise_cv if u is not None else 0.0
+        )
+        row.update(keys)
+        row["interval"] = {
+            **interval_description(u, len(spread.sensitivities)),
+            "log_sd": log_sd,
+            "sensitivity_window_steps": sens_window,
+            "simulation_batches": max(0, len(spread.batch_bounds) - 1),
+        }
+        row["has_unpinned_parameters"] = bool(u is not None and u.unpinned)
     return Prediction(row=row, result=result, summary=summ)
 
 
-_BASELINES: dict[tuple[Any, ...], float] = {}
+@dataclass(slots=True)
+class _Reference:
+    """The single-worker SGD run a speedup is taken over, and its spread (filled when an
+    interval first needs it)."""
+
+    algorithm: Algorithm
+    window: int
+    trace: np.ndarray
+    samples_per_s: float
+    spread: Spread | None = None
+
+
+_BASELINES: dict[tuple[Any, ...], _Reference] = {}
 #: the single-worker baseline simulates at least this many steps: every speedup of a sweep divides
 #: by it, and one worker's window costs little (no exchanges), so its sampling noise is kept small
 BASELINE_MIN_STEPS = 2000
 
 
-def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> float:
-    """Samples per second of single-worker SGD on the same platform and workload (cached), over
-    a window of at least :data:`BASELINE_MIN_STEPS` steps."""
-    key = (config.platform, config.workload, steps, seed)
+def _reference(config: SimConfig, *, steps: int | None, seed: int) -> _Reference:
+    key = (config.platform, config.workload, config.uncertainty, steps, seed)
     if key not in _BASELINES:
         algorithm = algorithm_from_flags("sgd", 1, seed=seed)
         window = max(_window(algorithm, steps), BASELINE_MIN_STEPS)
         res = simulate(algorithm, config.platform, config.workload, steps=window, seed=seed)
-        _BASELINES[key] = summarize(
+        sps = summarize(
             res.trace, samples_per_step=config.workload.batch_per_worker, warmup_steps=max(1, window // 10)
         )["samples_per_s"]
+        _BASELINES[key] = _Reference(algorithm, window, res.trace, sps)
     return _BASELINES[key]
+
+
+def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> float:
+    """Samples per second of single-worker SGD on the same platform and workload (cached), over
+    a window of at least :data:`BASELINE_MIN_STEPS` steps."""
+    return _reference(config, steps=steps, seed=seed).samples_per_s
 
 
 def predict_sweep(

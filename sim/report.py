@@ -25,7 +25,7 @@ from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["write_prediction", "format_table"]
+__all__ = ["write_prediction", "format_table", "interval_lines"]
 
 TIMELINE_EVENTS = 4000
 
@@ -75,6 +75,9 @@ def write_prediction(
         "extrapolation_note": "time_to_train_s and epoch_time_s are extrapolated from a simulated window "
         "of each configuration (rows[i].extrapolation gives the window and "
         "whether it was steady)",
+        "interval_note": "KEY_low and KEY_high: the 90 % interval of KEY (rows[i].interval says what it "
+        "holds: parameter uncertainty, simulated-window noise, run-to-run noise)",
+        "has_unpinned_parameters": any(r.get("has_unpinned_parameters", False) for r in rows),
         "rows": rows,
     }
     run.write_json("summary.json", summary)
@@ -112,36 +115,43 @@ def format_table(
         f"({w.payload_bytes / 1e6:.1f} MB); batch {b} {w.sample_unit} per worker; "
         f"{w.epochs:g} epochs of {w.samples_per_epoch:.3g}"
     )
+    has_interval = bool(rows) and all("speedup_low" in r for r in rows)
     cols = (
         "algorithm",
         "workers",
         "nodes",
         "step ms",
         "samples/s",
-        "speedup",
+        "speedup [90 %]" if has_interval else "speedup",
         "epoch",
         "train*",
         "comm%",
         "idle%",
         "stale",
     )
-    lines = [head, "  ".join(f"{c:>9}" for c in cols)]
+    widths = [9] * len(cols)
+    if has_interval:
+        widths[5] = 22
+    lines = [head, _cells(cols, widths)]
     for r in rows:
         name = r["algorithm"] if r["ran_as"] == r["algorithm"] else f"{r['algorithm']}({r['ran_as']})"
+        speedup = f"{r['speedup']:.2f}"
+        if has_interval:
+            speedup += f" [{r['speedup_low']:.2f}, {r['speedup_high']:.2f}]"
         cells = (
             name,
             str(r["workers"]),
             r["node_shape"],
             f"{r['step_time_s'] * 1e3:.1f}",
             f"{r['samples_per_s']:.0f}",
-            f"{r['speedup']:.2f}",
+            speedup,
             _hms(r["epoch_time_s"]),
             _hms(r["time_to_train_s"]),
             f"{100 * r['comm_fraction']:.1f}",
             f"{100 * r['idle_fraction']:.1f}",
             f"{r['staleness_mean']:.2f}",
         )
-        lines.append("  ".join(f"{c:>9}" for c in cells))
+        lines.append(_cells(cells, widths))
     win = sorted({r["extrapolation"]["window_steps_per_worker"] for r in rows})
     unsteady = [f"{r['algorithm']}x{r['workers']}" for r in rows if not r["extrapolation"]["steady"]]
     lines.append(
@@ -150,9 +160,38 @@ def format_table(
         f"1-worker SGD; * train time extrapolated from a window of {'/'.join(map(str, win))} "
         f"steps per worker" + (f" (not steady: {', '.join(unsteady)})" if unsteady else "")
     )
+    if has_interval:
+        lines.extend(interval_lines(rows[0]["interval"]))
     if run_dir is not None:
         lines.append(f"run directory: {run_dir}" + (f"   ({wall_s:.1f} s)" if wall_s is not None else ""))
     return "\n".join(lines)
+
+
+def _cells(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+
+
+def interval_lines(interval: dict[str, Any]) -> list[str]:
+    """The lines under the table that say what the ``[90 %]`` intervals hold (a row's
+    ``interval``, :func:`psgdlab.core.intervals.interval_description`)."""
+    if interval["parameters_exact"]:
+        why = "log-sd 0" if interval["parameters"] else "no [uncertainty] table"
+        params = f"no parameter uncertainty (the profile's values taken as exact: {why})"
+    else:
+        params = (
+            f"the uncertainty of {len(interval['parameters'])} parameter(s) ({interval['directions']} "
+            "direction(s), delta method)"
+        )
+    lines = [
+        f"[{100 * interval['level']:g} %] intervals hold {params}, the simulated window's noise and "
+        f"run-to-run noise (cv {interval['noise_cv']:g})"
+    ]
+    if interval["unpinned"]:
+        lines.append(
+            "unpinned parameters (the data did not pin them down: spec-sheet prior, its spread in the "
+            f"interval): {', '.join(interval['unpinned'])}"
+        )
+    return lines
 
 
 def _case_summary(p: Any) -> Summary:

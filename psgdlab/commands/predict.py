@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
             "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
-            "--json": "with a list `rows`",
+            "--json": "with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
     p.set_defaults(func=run)
@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
                     "platform": config.platform.name,
                     "workload": config.workload.name,
                     "wall_s": wall,
+                    "has_unpinned_parameters": any(r.get("has_unpinned_parameters", False) for r in rows),
                     "rows": rows,
                 },
                 default=float,

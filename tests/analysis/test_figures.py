@@ -29,6 +29,21 @@ ROWS = [
 ]
 
 
+def test_the_speedup_figure_draws_the_interval_where_the_rows_carry_one():
+    from matplotlib.collections import PolyCollection
+
+    def bands(fig):
+        return [c for c in fig.axes[0].collections if isinstance(c, PolyCollection) and len(c.get_paths())]
+
+    assert bands(speedup_figure(ROWS)) == []
+    rows = [{**r, "speedup_low": 0.8 * r["speedup"], "speedup_high": 1.1 * r["speedup"]} for r in ROWS]
+    fig = speedup_figure(rows)
+    ssgd, _ = bands(fig)
+    lo, hi = ssgd.get_paths()[0].vertices[:, 1].min(), ssgd.get_paths()[0].vertices[:, 1].max()
+    assert (lo, hi) == pytest.approx((0.8 * 0.9, 1.1 * 0.9 * 4))
+    assert "90 % interval" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
 def test_save_figure_writes_a_png_and_leaves_no_temporary_file(tmp_path):
     path = save_figure(speedup_figure(ROWS), tmp_path / "speedup.png")
     assert path == tmp_path / "speedup.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -34,7 +34,11 @@ def test_default_run_prints_rows_and_writes_the_run_directory(tmp_path, capsys):
             "staleness_hist",
         ):
             assert key in r
+        for key in ("step_time_s", "samples_per_s", "speedup", "epoch_time_s", "time_to_train_s"):
+            assert r[f"{key}_low"] <= r[key] <= r[f"{key}_high"]
+        assert r["interval"]["parameters_exact"] is True and r["has_unpinned_parameters"] is False
         assert r["extrapolation"]["extrapolated"] is True
+    assert "speedup [90 %]" in out and "taken as exact" in out and "unpinned" not in out
     by = {(r["algorithm"], r["workers"]): r for r in rows}
     assert by[("ssgd", 1)]["speedup"] == pytest.approx(1.0, rel=0.02)
     assert by[("adpsgd", 64)]["speedup"] > by[("ssgd", 64)]["speedup"] > 1
@@ -116,6 +120,39 @@ def test_platform_file_unknown_key_and_negative_bandwidth(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"bandwidth_bytes_per_s .* must be a positive"):
         load_config(path=neg)
     assert main(["predict", "--platform", str(neg), "--out", str(tmp_path / "y")]) == 2
+
+
+UNCERTAIN = """
+[uncertainty]
+parameters = ["platform.pcie.bandwidth_bytes_per_s", "platform.nic.latency_s"]
+log_sd = [0.2, 0.5]
+unpinned = ["platform.nic.latency_s"]
+noise_cv = 0.02
+"""
+
+
+def test_json_rows_carry_the_interval_and_a_profile_with_unpinned_parameters_says_so(tmp_path, capsys):
+    path = tmp_path / "cluster.toml"
+    path.write_text(preset_path("interspeech2019-v100").read_text() + UNCERTAIN)
+    args = ["predict", "--platform", str(path), "--algorithm", "ssgd", "--workers", "1,16", "--steps", "40"]
+    assert main([*args, "--json", "--out", str(tmp_path / "a")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["has_unpinned_parameters"] is True
+    for r in doc["rows"]:
+        for key in ("speedup", "step_time_s", "samples_per_s", "time_to_train_s", "epoch_time_s"):
+            assert r[f"{key}_low"] <= r[key] <= r[f"{key}_high"]
+        assert r["has_unpinned_parameters"] is True and r["interval"]["unpinned"] == ["platform.nic.latency_s"]
+        assert r["interval"]["level"] == 0.9 and r["interval"]["noise_cv"] == 0.02
+    one, sixteen = doc["rows"]
+    # a socket's PCIe bounds the 16 workers' allreduce; one worker only copies its input over it
+    sd = [r["interval"]["log_sd"]["step_time_parameters"] for r in (one, sixteen)]
+    assert sd[1] > 0.01 > sd[0]
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["has_unpinned_parameters"] is True and summary["rows"][1]["speedup_low"] == sixteen["speedup_low"]
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "unpinned parameters" in out and "platform.nic.latency_s" in out and "2 parameter(s)" in out
+    assert f"{sixteen['speedup']:.2f} [{sixteen['speedup_low']:.2f}, {sixteen['speedup_high']:.2f}]" in out
 
 
 def test_platform_file_round_trips_the_preset(tmp_path):
