@@ -22,8 +22,9 @@ Every row also carries a 90 % interval for each of those five figures (``KEY_low
 parameter uncertainty propagated by the delta method, the simulated window's own noise and the
 profile's run-to-run noise, as :mod:`psgdlab.core.intervals` defines them. The parameter
 sensitivities re-simulate the configuration along each principal direction of the parameters'
-covariance, with the same seed, over a window of :func:`sensitivity_window` steps (at least
-``SENSITIVITY_STEPS``, four sync periods, at most the prediction's window): a sensitivity is a
+covariance, with the same seed, over a window of :func:`sensitivity_window` steps (``SENSITIVITY_STEPS``
+per worker up to eight workers and as many worker-steps beyond, at least four sync periods, at
+most the prediction's window): a sensitivity is a
 difference under common random numbers, which a short window gives nearly as well as a long one,
 at a seventh of the cost. A profile without ``[uncertainty]`` costs no extra simulation.
 """
@@ -71,6 +72,8 @@ STEADY_TOLERANCE = 0.03
 DEFAULT_STEPS = 200
 #: the shortest window of a sensitivity re-simulation (module docstring)
 SENSITIVITY_STEPS = 30
+SENSITIVITY_WORKERS = 8
+MIN_SENSITIVITY_STEPS = 10
 
 
 @dataclass(slots=True)
@@ -148,9 +151,13 @@ def _window(algorithm: Algorithm, steps: int | None) -> int:
 
 
 def sensitivity_window(algorithm: Algorithm, window: int) -> int:
-    """Steps per worker of a sensitivity re-simulation: ``SENSITIVITY_STEPS`` or four sync
-    periods, whichever is longer, and at most the prediction's ``window``."""
-    return min(window, max(SENSITIVITY_STEPS, 4 * _period(algorithm)))
+    """Steps per worker of a sensitivity re-simulation: ``SENSITIVITY_STEPS`` worker-steps per
+    worker up to ``SENSITIVITY_WORKERS`` workers (beyond, the same number of worker-steps over
+    more workers: a window's throughput averages its workers), at least ``MIN_SENSITIVITY_STEPS``
+    and four sync periods, and at most the prediction's ``window``."""
+    n = max(1, algorithm.n_workers)
+    per_worker = -(-SENSITIVITY_STEPS * SENSITIVITY_WORKERS // max(n, SENSITIVITY_WORKERS))
+    return min(window, max(per_worker, MIN_SENSITIVITY_STEPS, 4 * _period(algorithm)))
 
 
 def _spread(
@@ -176,7 +183,15 @@ def _spread(
         res = simulate(algorithm, profile.platform, profile.workload, steps=w, seed=seed, **simulate_kwargs)
         return log_step_time(res.trace, warmup_steps=max(1, w // 10))
 
-    return Spread(bounds, logs, central_sensitivities(log_t, config, shifts)), w
+    # a sweep's one-worker rows and its baseline are one configuration: re-simulate it once
+    given = {k: v for k, v in simulate_kwargs.items() if v is not None}
+    key = (repr(algorithm), config.platform, config.workload, config.uncertainty, w, seed, repr(given))
+    if key not in _SENSITIVITIES:
+        _SENSITIVITIES[key] = central_sensitivities(log_t, config, shifts)
+    return Spread(bounds, logs, _SENSITIVITIES[key]), w
+
+
+_SENSITIVITIES: dict[tuple[Any, ...], tuple[float, ...]] = {}
 
 
 def _prepare(
