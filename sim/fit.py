@@ -162,11 +162,12 @@ def fit_profile(
     noise: float = FIGURE_NOISE,
     max_nfev: int = 20,
     cv_steps: int = 3,
+    bounds: dict[str, tuple[float, float]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[Profile, FitReport]:
     """Fit ``parameters`` (dotted path -> spread of the log prior, the prior being the base
     profile's value) to ``figures``; returns the fitted profile (with its ``[uncertainty]``) and
-    the report."""
+    the report. An efficiency is bounded to (0.001, 1]; ``bounds`` adds others."""
     require(len(parameters) >= 1, "parameters", parameters, "must name at least one value to fit")
     for path in parameters:
         value = base.get(path)
@@ -192,7 +193,7 @@ def fit_profile(
         prior,
         parameters,
         noise=noise,
-        bounds={p: _bounds(p) for p in parameters},
+        bounds={p: (bounds or {}).get(p, _bounds(p)) for p in parameters},
         groups=groups,
         loo=loo,
         max_nfev=max_nfev,
