@@ -254,8 +254,10 @@ def test_workload_flag_predicts_another_model_on_the_calibrated_platform(tmp_pat
     for name, out in (("cldnn-13.8m", cldnn), ("dnn-13.5m", dnn)):
         cfg = with_workload(load_config(preset="librispeech-gtx1080"), name)
         w, p = cfg.workload, cfg.platform
-        copy = w.input_bytes_per_sample * w.batch_per_worker / (
-            p.pcie.effective_bandwidth_bytes_per_s * p.input_efficiency
+        copy = (
+            w.input_bytes_per_sample
+            * w.batch_per_worker
+            / (p.pcie.effective_bandwidth_bytes_per_s * p.input_efficiency)
         )
         expected = w.mean_compute_s(w.batch_per_worker) + copy + p.pcie.latency_s
         assert out["rows"][0]["step_time_s"] == pytest.approx(expected, rel=0.02)
