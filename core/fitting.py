@@ -43,6 +43,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -104,82 +105,66 @@ class FitReport:
         return median_abs(self.logo_errors())
 
 
-def _solve(
-    model: Model,
-    y: np.ndarray,
-    rows: np.ndarray,
-    names: tuple[str, ...],
-    z0: np.ndarray,
-    s: np.ndarray,
-    start: np.ndarray,
-    noise: float,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    max_nfev: int,
-    diff_step: float,
-) -> np.ndarray:
-    from scipy.optimize import least_squares
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    """The MAP objective of a fit (module docstring) in log parameters ``z``."""
 
-    def residual(z: np.ndarray) -> np.ndarray:
-        pred = model(dict(zip(names, np.exp(z).tolist())), rows)
-        return np.concatenate([(np.log(pred) - np.log(y[rows])) / noise, (z - z0) / s])
+    model: Model
+    y: np.ndarray
+    names: tuple[str, ...]
+    z0: np.ndarray
+    s: np.ndarray
+    noise: float
+    lo: np.ndarray
+    hi: np.ndarray
 
-    start = np.clip(start, lo + 1e-9, hi - 1e-9)
-    sol = least_squares(residual, start, bounds=(lo, hi), diff_step=diff_step, max_nfev=max_nfev, x_scale=s)
-    return np.asarray(sol.x)
+    def log_predictions(self, z: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return np.log(self.model(dict(zip(self.names, np.exp(z).tolist())), rows))
 
+    def residual(self, z: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Scaled misfits of the figures ``rows``, then the prior's."""
+        fit = (self.log_predictions(z, rows) - np.log(self.y[rows])) / self.noise
+        return np.concatenate([fit, (z - self.z0) / self.s])
 
-def _gauss_newton(
-    model: Model,
-    y: np.ndarray,
-    rows: np.ndarray,
-    names: tuple[str, ...],
-    z0: np.ndarray,
-    s: np.ndarray,
-    start: np.ndarray,
-    J: np.ndarray,
-    noise: float,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    steps: int,
-) -> np.ndarray:
-    """Gauss-Newton steps of the MAP objective on ``rows`` with a fixed Jacobian ``J`` (its rows
-    for ``rows``), from ``start``; each step is the bounded linear least-squares step
-    (:func:`scipy.optimize.lsq_linear`), so a parameter at a bound stays there and the others
-    move as the bounded problem says."""
-    from scipy.optimize import lsq_linear
+    def solve(self, rows: np.ndarray, start: np.ndarray, max_nfev: int, diff_step: float) -> np.ndarray:
+        from scipy.optimize import least_squares
 
-    A = np.vstack([J / noise, np.diag(1.0 / s)])
-    z = start.copy()
-    for _ in range(steps):
-        pred = model(dict(zip(names, np.exp(z).tolist())), rows)
-        r = np.concatenate([(np.log(pred) - np.log(y[rows])) / noise, (z - z0) / s])
-        dz = lsq_linear(A, -r, bounds=(lo - z, hi - z)).x
-        z = np.clip(z + dz, lo, hi)
-        if np.max(np.abs(dz)) < 1e-4:
-            break
-    return z
+        start = np.clip(start, self.lo + 1e-9, self.hi - 1e-9)
+        sol = least_squares(
+            lambda z: self.residual(z, rows),
+            start,
+            bounds=(self.lo, self.hi),
+            diff_step=diff_step,
+            max_nfev=max_nfev,
+            x_scale=self.s,
+        )
+        return np.asarray(sol.x)
 
+    def gauss_newton(self, rows: np.ndarray, start: np.ndarray, J: np.ndarray, steps: int) -> np.ndarray:
+        """Gauss-Newton steps on ``rows`` with a fixed Jacobian ``J`` (its rows for ``rows``),
+        from ``start``; each step is the bounded linear least-squares step
+        (:func:`scipy.optimize.lsq_linear`), so a parameter at a bound stays there and the others
+        move as the bounded problem says."""
+        from scipy.optimize import lsq_linear
 
-def _jacobian(
-    model: Model,
-    names: tuple[str, ...],
-    z: np.ndarray,
-    rows: np.ndarray,
-    step: float,
-    lo: np.ndarray,
-    hi: np.ndarray,
-) -> np.ndarray:
-    """Central differences of the log predictions in log parameters (one-sided at a bound)."""
-    cols = []
-    for j in range(len(z)):
-        up_z, down_z = z.copy(), z.copy()
-        up_z[j] = min(z[j] + step, hi[j])
-        down_z[j] = max(z[j] - step, lo[j])
-        up = np.log(model(dict(zip(names, np.exp(up_z).tolist())), rows))
-        down = np.log(model(dict(zip(names, np.exp(down_z).tolist())), rows))
-        cols.append((up - down) / (up_z[j] - down_z[j]))
-    return np.column_stack(cols)
+        A = np.vstack([J / self.noise, np.diag(1.0 / self.s)])
+        z = start.copy()
+        for _ in range(steps):
+            dz = lsq_linear(A, -self.residual(z, rows), bounds=(self.lo - z, self.hi - z)).x
+            z = np.clip(z + dz, self.lo, self.hi)
+            if np.max(np.abs(dz)) < 1e-4:
+                break
+        return z
+
+    def jacobian(self, z: np.ndarray, rows: np.ndarray, step: float) -> np.ndarray:
+        """Central differences of the log predictions in log parameters (one-sided at a bound)."""
+        cols = []
+        for j in range(len(z)):
+            up, down = z.copy(), z.copy()
+            up[j] = min(z[j] + step, self.hi[j])
+            down[j] = max(z[j] - step, self.lo[j])
+            cols.append((self.log_predictions(up, rows) - self.log_predictions(down, rows)) / (up[j] - down[j]))
+        return np.column_stack(cols)
 
 
 def fit_parameters(
@@ -238,13 +223,14 @@ def fit_parameters(
     lo = np.array([np.log(b[k][0]) if k in b and b[k][0] > 0 else -np.inf for k in names])
     hi = np.array([np.log(b[k][1]) if k in b else np.inf for k in names])
     rows = np.arange(n)
-    z = _solve(model, y, rows, names, z0, s, z0.copy(), noise, lo, hi, max_nfev, diff_step)
+    problem = _Problem(model, y, names, z0, s, noise, lo, hi)
+    z = problem.solve(rows, z0.copy(), max_nfev, diff_step)
     values = dict(zip(names, np.exp(z).tolist()))
     pred = model(values, rows)
     resid = np.log(pred) - np.log(y)
     dof = max(1, n - len(names))
     sigma = max(noise, float(np.sqrt(np.sum(resid**2) / dof)))
-    J = _jacobian(model, names, z, rows, diff_step, lo, hi)
+    J = problem.jacobian(z, rows, diff_step)
     info = J.T @ J / sigma**2
     cov = np.linalg.inv(info + np.diag(1.0 / s**2))
     sd = np.sqrt(np.diag(cov))
@@ -276,7 +262,7 @@ def fit_parameters(
         test = rows[mask]
         if train.size == 0:
             return {}
-        zt = _gauss_newton(model, y, train, names, z0, s, z, J[train], sigma, lo, hi, cv_steps)
+        zt = dataclasses.replace(problem, noise=sigma).gauss_newton(train, z, J[train], cv_steps)
         p = model(dict(zip(names, np.exp(zt).tolist())), test)
         return {int(i): float(v / y[i] - 1.0) for i, v in zip(test, p)}
 

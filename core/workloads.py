@@ -71,65 +71,59 @@ class WorkloadEntry:
     provenance: dict[str, str]
 
 
-def _dnn_13_5m() -> WorkloadEntry:
-    n = 13_500_000
+def _li_et_al(name: str, description: str, n: int, inputs: int, notes: dict[str, str]) -> WorkloadEntry:
+    """A model of Li et al.'s LibriSpeech study (frame-synchronous, 4096-frame minibatches)."""
     flops, traffic = dense_cost(n, n)
+    millions = f"{n / 1e6:g}M"
     return WorkloadEntry(
         Workload(
-            name="dnn-13.5m",
-            description="Li et al. DNN: 6x1024 ReLU, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
+            name=name,
+            description=description,
             n_params=n,
             flops_per_sample=flops,
             bytes_per_step=traffic,
             compute="lognormal:0.06:0.02",
             reference_batch=4096,
             batch_per_worker=4096,
-            input_bytes_per_sample=1320 * 4.0,
+            input_bytes_per_sample=inputs * 4.0,
             samples_per_epoch=3.46e8,
             epochs=10.0,
             sample_unit="frames",
         ),
         {
-            "n_params": "[S003 §3.1] 13.5M",
-            "flops_per_sample": "[DER] 6 x 13.5M (each weight once per frame)",
-            "bytes_per_step": "[DER] 5 passes x 13.5M x 4 B",
+            "n_params": f"[S003 §3.1] {millions}",
+            "flops_per_sample": f"[DER] 6 x {millions} (each weight once per frame)",
+            "bytes_per_step": f"[DER] 5 passes x {millions} x 4 B",
             "compute": "[INF] spread 2 %; the mean follows from the platform's device",
             "batch_per_worker": "[S003 Tab.4] 4096 frames",
-            "input_bytes_per_sample": "[DER] 1320 fp32 inputs",
             "samples_per_epoch": "[DER] 960 h x 100 frames/s",
             "epochs": "[INF]",
+            **notes,
         },
     )
 
 
+def _dnn_13_5m() -> WorkloadEntry:
+    return _li_et_al(
+        "dnn-13.5m",
+        "Li et al. DNN: 6x1024 ReLU, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
+        13_500_000,
+        1320,
+        {"input_bytes_per_sample": "[DER] 1320 fp32 inputs"},
+    )
+
+
 def _cldnn_13_8m() -> WorkloadEntry:
-    n = 13_800_000
-    flops, traffic = dense_cost(n, n)
-    return WorkloadEntry(
-        Workload(
-            name="cldnn-13.8m",
-            description="Li et al. CLDNN: conv 128 maps, 2 LSTM 1024/512 proj, 2 DNN 1024, 5723 states, FBANK+D",
-            n_params=n,
-            flops_per_sample=flops,
-            bytes_per_step=traffic,
-            compute="lognormal:0.06:0.02",
-            reference_batch=4096,
-            batch_per_worker=4096,
-            input_bytes_per_sample=80 * 4.0,
-            samples_per_epoch=3.46e8,
-            epochs=10.0,
-            sample_unit="frames",
-        ),
+    return _li_et_al(
+        "cldnn-13.8m",
+        "Li et al. CLDNN: conv 128 maps, 2 LSTM 1024/512 proj, 2 DNN 1024, 5723 states, FBANK+D",
+        13_800_000,
+        80,
         {
-            "n_params": "[S003 §3.1] 13.8M",
             "flops_per_sample": "[DER] 6 x 13.8M: frame-synchronous LSTM training (truncated BPTT), each weight "
             "once per frame [INF]",
-            "bytes_per_step": "[DER] 5 passes x 13.8M x 4 B",
-            "compute": "[INF] spread 2 %; the mean follows from the platform's device",
             "batch_per_worker": "[INF] the DNN's 4096 frames; the paper does not give the CLDNN's",
             "input_bytes_per_sample": "[DER] 80 fp32 inputs (FBANK + D), no frame splicing",
-            "samples_per_epoch": "[DER] 960 h x 100 frames/s",
-            "epochs": "[INF]",
         },
     )
 
