@@ -1,0 +1,210 @@
+r"""Membership changes: the topology of a gossip run rebuilt over the workers that survive.
+
+When workers die, the survivors go on with a schedule over themselves. :func:`rebuild` takes the
+original :class:`~psgdlab.core.topology.Topology` and the surviving ranks and returns a
+:class:`Rebuilt` topology over them: its mixing matrix of every round is doubly stochastic (the
+survivors' average is kept) and symmetric, indexed by the survivors in ascending rank order, and
+:meth:`Rebuilt.peers` speaks in the original ranks.
+
+Rules, by kind (ALGORITHMS.md §A.7-§A.10 for the original schedules):
+
+- **static** (``ring``, ``torus``, ``complete``, ``exponential``): the same kind over the ``k``
+  survivors, relabelled; where ``k`` is too small for the kind (a ring of 2, a torus without a
+  3 x 3 factorisation) the next kind that exists: ``torus`` -> ``ring`` -> ``complete``;
+- **matchings** (``fixed-ring``, ``random-ring``, ``hypercube``): the same kind over an even
+  number of survivors (``hypercube`` needs a power of two, else ``fixed-ring``). An **odd**
+  number is not refused: each round one survivor sits out -- survivor ``t mod k`` in round ``t``,
+  so each sits out once every ``k`` rounds -- and the others are matched by the kind's rule over
+  the ``k - 1`` in ring order from the one after it. The idle survivor's row is :math:`e_i` (it
+  keeps its model), so the matrix stays doubly stochastic, and over ``k`` rounds every pair of
+  ring neighbours meets, so the product of the rounds mixes everyone;
+- **hierarchical** (H-ADPSGD): a node that lost some GPUs goes on with the rest of its node (its
+  super-learner is the exact average over its surviving members); a node that lost all of them
+  leaves the super-ring; the surviving nodes follow the inner matching rule above (an odd number
+  of nodes: one node sits out per round). Two nodes that mix take the exact average over their
+  union, :math:`J/(m_a + m_b)` on it: for equal node sizes this is :math:`T_t \otimes J_m/m`,
+  and for unequal ones it is still doubly stochastic (weights by member, not by node).
+
+Examples
+--------
+>>> from psgdlab.core.topology import build_topology
+>>> r = rebuild(build_topology("fixed-ring", 6), alive=(0, 1, 2, 4, 5))
+>>> r.members, r.idle(0)
+((0, 1, 2, 4, 5), 0)
+>>> [r.peers(rank, 0) for rank in r.members]
+[(), (2,), (1,), (5,), (4,)]
+>>> h = rebuild(build_topology("hierarchical", 8, gpus_per_node=2), alive=(0, 1, 2, 4, 5, 6, 7))
+>>> h.nodes
+((0, 1), (2,), (4, 5), (6, 7))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from psgdlab.core.errors import TopologyError, require
+from psgdlab.core.topology import Topology, build_topology, torus_shape
+
+__all__ = ["Rebuilt", "rebuild"]
+
+_STATIC = ("ring", "torus", "complete", "exponential")
+_MATCHING = ("fixed-ring", "random-ring", "hypercube")
+
+
+def _static_kind(kind: str, k: int) -> str:
+    """The static kind that exists over ``k`` workers, falling back torus -> ring -> complete."""
+    if kind == "torus":
+        try:
+            torus_shape(k)
+            return "torus"
+        except TopologyError:
+            kind = "ring"
+    if kind in ("ring", "exponential") and k < 3:
+        return "complete"
+    return kind
+
+
+def _matching_kind(kind: str, k: int) -> str:
+    if kind == "hypercube" and (k & (k - 1)) != 0:
+        return "fixed-ring"
+    return kind
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    """A topology over the survivors (module docstring).
+
+    ``members`` are the surviving original ranks in ascending order (matrix index ``i`` is
+    ``members[i]``); ``nodes`` the surviving members of each surviving node (hierarchical; one
+    node per member otherwise); ``kind`` the rule the survivors follow and ``inner`` the
+    :class:`Topology` it uses over ``units`` (members, or nodes) when their count allows one.
+    """
+
+    original: Topology
+    members: tuple[int, ...]
+    nodes: tuple[tuple[int, ...], ...]
+    kind: str
+    inner: Topology | None
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def units(self) -> int:
+        """What the inner rule matches: nodes (hierarchical) or members."""
+        return len(self.nodes)
+
+    @property
+    def is_static(self) -> bool:
+        return self.kind in _STATIC
+
+    def idle(self, round: int) -> int | None:
+        """The unit (node index, or member index) that sits out ``round`` when a matching rule
+        has an odd number of units; ``None`` otherwise."""
+        if self.is_static or self.units % 2 == 0 or self.units == 1:
+            return None
+        return round % self.units
+
+    def _unit_pairs(self, round: int) -> list[tuple[int, int]]:
+        """Pairs of units that mix in ``round``."""
+        u = self.units
+        if u <= 1:
+            return []
+        idle = self.idle(round)
+        if idle is None:
+            assert self.inner is not None
+            perm = self.inner.matching(round)
+            assert perm is not None
+            return [(i, int(perm[i])) for i in range(u) if i < int(perm[i])]
+        order = [(idle + 1 + j) % u for j in range(u - 1)]  # ring order from the one after the idle unit
+        assert self.inner is not None
+        perm = self.inner.matching(round // u)
+        assert perm is not None
+        return [(order[i], order[int(perm[i])]) for i in range(u - 1) if i < int(perm[i])]
+
+    def matrix(self, round: int = 0) -> NDArray[np.float64]:
+        """The ``size x size`` mixing matrix of ``round`` (index ``i`` is ``members[i]``)."""
+        k = self.size
+        if self.is_static:
+            assert self.inner is not None
+            return self.inner.matrix(round)
+        index = {r: i for i, r in enumerate(self.members)}
+        W = np.zeros((k, k))
+        groups = [list(node) for node in self.nodes]
+        paired: set[int] = set()
+        for a, b in self._unit_pairs(round):
+            union = [index[r] for r in groups[a] + groups[b]]
+            W[np.ix_(union, union)] = 1.0 / len(union)
+            paired.update((a, b))
+        for u, node in enumerate(groups):
+            if u not in paired:
+                own = [index[r] for r in node]
+                W[np.ix_(own, own)] = 1.0 / len(own)
+        return W
+
+    def peers(self, rank: int, round: int = 0) -> tuple[int, ...]:
+        """The original ranks ``rank`` mixes with in ``round`` (not itself)."""
+        require(rank in self.members, "rank", rank, f"must be a survivor ({', '.join(map(str, self.members))})")
+        i = self.members.index(rank)
+        row = self.matrix(round)[i]
+        return tuple(self.members[j] for j in np.flatnonzero(row) if j != i)
+
+    def mean_square_matrix(self) -> NDArray[np.float64]:
+        r""":math:`E[W_t^\top W_t]` over one full cycle of the rebuilt schedule (the rounds after
+        which the idle unit and the inner matching repeat; for random kinds, 64 rounds)."""
+        if self.is_static:
+            W = self.matrix(0)
+            return np.asarray(W.T @ W)
+        inner_period = self.inner.period if self.inner is not None else 1
+        rounds = 64 if inner_period is None else max(1, inner_period) * max(1, self.units)
+        return np.mean([self.matrix(t).T @ self.matrix(t) for t in range(rounds)], axis=0)  # type: ignore[no-any-return]
+
+    def spectral_gap(self) -> float:
+        r"""``1 - λ_2`` of :meth:`mean_square_matrix` (ALGORITHMS.md §B.1); 1 for one survivor."""
+        if self.size == 1:
+            return 1.0
+        lam = np.sort(np.linalg.eigvalsh(self.mean_square_matrix()))[::-1]
+        return float(1.0 - lam[1])
+
+
+def rebuild(topology: Topology, alive: Iterable[int]) -> Rebuilt:
+    """The topology of ``topology``'s schedule over the surviving ranks ``alive`` (module
+    docstring); at least one must survive."""
+    members = tuple(sorted({int(r) for r in alive}))
+    n = topology.n_workers
+    require(len(members) >= 1, "survivors", members, "must hold at least one rank")
+    require(all(0 <= r < n for r in members), "survivors", members, f"must be ranks in [0, {n})")
+    kind = topology.kind
+    k = len(members)
+    if kind == "hierarchical":
+        m = topology.gpus_per_node or 1
+        nodes = tuple(
+            tuple(r for r in members if r // m == node)
+            for node in range(n // m)
+            if any(r // m == node for r in members)
+        )
+        inner_kind = topology.inner or "fixed-ring"
+        return Rebuilt(topology, members, nodes, "hierarchical", _inner(inner_kind, len(nodes), topology.seed))
+    singles = tuple((r,) for r in members)
+    if kind in _STATIC:
+        static = _static_kind(kind, k)
+        return Rebuilt(topology, members, singles, static, build_topology(static, k) if k >= 1 else None)
+    require(kind in _MATCHING, "topology kind", kind, "has no rebuild rule")
+    matching = _matching_kind(kind, k)
+    return Rebuilt(topology, members, singles, matching, _inner(matching, k, topology.seed))
+
+
+def _inner(kind: str, units: int, seed: int) -> Topology | None:
+    """The matching over ``units`` (or its even part ``units - 1``); ``None`` below two."""
+    even = units if units % 2 == 0 else units - 1
+    if even < 2:
+        return None
+    kind = _matching_kind(kind, even)
+    extra: dict[str, Any] = {"seed": seed} if kind == "random-ring" else {}
+    return build_topology(kind, even, **extra)

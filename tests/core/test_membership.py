@@ -1,0 +1,90 @@
+"""core.membership: a topology rebuilt over the survivors of any sequence of removals stays a valid
+gossip schedule (doubly stochastic, symmetric, mixing), equals the original when nobody left, and
+handles an odd number of survivors on a matching by a rotating idle worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.membership import rebuild
+from psgdlab.core.mixing import is_doubly_stochastic
+from psgdlab.core.strategies import topologies
+from psgdlab.core.topology import build_topology
+
+
+@st.composite
+def removals(draw):
+    """A topology and the survivors after removing workers one or a few at a time."""
+    topology = draw(topologies(max_workers=16))
+    alive = list(range(topology.n_workers))
+    for _ in range(draw(st.integers(0, topology.n_workers - 1))):
+        dead = draw(st.lists(st.sampled_from(alive), min_size=1, max_size=max(1, len(alive) - 1), unique=True))
+        if len(dead) < len(alive):
+            alive = [r for r in alive if r not in dead]
+    return topology, tuple(alive)
+
+
+@given(removals(), st.integers(0, 50))
+@settings(max_examples=150, deadline=None)
+def test_every_matrix_after_any_removals_is_doubly_stochastic_symmetric_and_mixes(case, round):
+    topology, alive = case
+    r = rebuild(topology, alive)
+    assert r.members == tuple(sorted(alive))
+    for t in (round, round + 1):
+        W = r.matrix(t)
+        assert W.shape == (len(alive), len(alive))
+        assert is_doubly_stochastic(W) and np.allclose(W, W.T)
+        for rank in r.members:  # peers are mutual and survivors only
+            for peer in r.peers(rank, t):
+                assert peer in alive and rank in r.peers(peer, t)
+    gap = r.spectral_gap()
+    assert 0.0 < gap <= 1.0 + 1e-12  # the survivors still reach a consensus
+
+
+@given(topologies(max_workers=16), st.integers(0, 20))
+@settings(max_examples=80, deadline=None)
+def test_nobody_removed_is_the_original_schedule(topology, round):
+    r = rebuild(topology, range(topology.n_workers))
+    np.testing.assert_allclose(r.matrix(round), topology.matrix(round), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["fixed-ring", "random-ring", "hypercube"])
+def test_an_odd_number_of_survivors_rotates_who_sits_out(kind):
+    r = rebuild(build_topology(kind, 8), alive=(0, 1, 2, 3, 5, 6, 7))
+    k = r.size
+    idle = [r.idle(t) for t in range(k)]
+    assert sorted(idle) == list(range(k))  # each survivor sits out once every k rounds
+    for t in range(k):
+        W = r.matrix(t)
+        i = r.idle(t)
+        assert W[i, i] == 1.0 and np.count_nonzero(W[i]) == 1
+        assert all(np.count_nonzero(W[j]) == 2 for j in range(k) if j != i)  # one peer each, half-half
+
+
+def test_hierarchical_nodes_shrink_and_empty_nodes_leave_the_ring():
+    t = build_topology("hierarchical", 8, gpus_per_node=2)
+    r = rebuild(t, alive=(0, 1, 3, 6, 7))  # node 1 lost a GPU, node 2 lost both
+    assert r.nodes == ((0, 1), (3,), (6, 7))
+    W = r.matrix(0)
+    assert is_doubly_stochastic(W)
+    # two mixing nodes take the exact average over their union: 1/3 each for nodes of 2 and 1
+    idle = r.idle(0)
+    pair = [u for u in range(3) if u != idle]
+    union = [r.members.index(x) for u in pair for x in r.nodes[u]]
+    np.testing.assert_allclose(W[np.ix_(union, union)], 1.0 / len(union))
+
+
+def test_static_kinds_fall_back_when_too_few_survive_and_bad_input():
+    assert rebuild(build_topology("torus", 9), range(8)).kind == "ring"
+    assert rebuild(build_topology("ring", 5), (1, 4)).kind == "complete"
+    assert rebuild(build_topology("fixed-ring", 4), (2,)).spectral_gap() == 1.0
+    with pytest.raises(ConfigError, match="at least one rank"):
+        rebuild(build_topology("ring", 5), ())
+    with pytest.raises(ConfigError, match=r"must be ranks in \[0, 5\)"):
+        rebuild(build_topology("ring", 5), (0, 7))
+    with pytest.raises(ConfigError, match="must be a survivor"):
+        rebuild(build_topology("ring", 5), (0, 1, 2)).peers(4)
