@@ -5,10 +5,14 @@ is cheap, and sim, runtime and analysis all build on it.
 
 Modules: :mod:`~psgdlab.core.topology`, :mod:`~psgdlab.core.mixing`,
 :mod:`~psgdlab.core.spectral` (topologies, mixing matrices, spectral gaps);
+:mod:`~psgdlab.core.membership` (a topology rebuilt over the workers that survive);
 :mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry);
 :mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics);
 :mod:`~psgdlab.core.cost` (the communication cost laws, forward and as the fits' design rows);
-:mod:`~psgdlab.core.profile` (the platform profile schema and its TOML round trip);
+:mod:`~psgdlab.core.profile` (the platform profile schema and its TOML round trip, the device's
+compute law); :mod:`~psgdlab.core.workloads` (named workloads apart from any platform);
+:mod:`~psgdlab.core.fitting` (fits of a few parameters with their uncertainty and
+cross-validated errors); :mod:`~psgdlab.core.intervals` (prediction intervals);
 :mod:`~psgdlab.core.flags` (the command-line flags every command shares);
 :mod:`~psgdlab.core.rundir` (the run directory's summary schema);
 :mod:`~psgdlab.core.replicas` (the protocol of the emulator's model replicas);
