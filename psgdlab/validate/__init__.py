@@ -82,6 +82,8 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
     from psgdlab.analysis.compare import compare_dirs
     from psgdlab.analysis.figures import write_prediction_figures
+    from psgdlab.analysis.load import load_run
+    from psgdlab.analysis.samples import workers_of
     from psgdlab.analysis.report import write_report
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
@@ -89,12 +91,13 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
 
     say = progress or (lambda msg: None)
     out = Path(vc.out)
+    cores = vc.cores or os.cpu_count() or 1
+    plan = calibration_plan(vc, cores)  # refuses a plan it cannot fit before anything is written
     out.mkdir(parents=True, exist_ok=True)
     # 1. calibration runs (never the validated cases)
-    cores = vc.cores or os.cpu_count() or 1
     load: dict[str, Any] = {"start": load_average()}
     calib_dirs = []
-    for alg, n, dim, name in calibration_plan(vc, cores):
+    for alg, n, dim, name in plan:
         d = out / "calibration" / name
         say(f"calibration run {d.name}")
         load[d.name] = wait_for_quiet(vc, say)
@@ -184,6 +187,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "ranking": ranking_detail,
         "targets": TARGETS,
         "platform": str(platform_path),
+        "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs}),
         "calibration": calibration,
         "config": dataclasses.asdict(vc),
         "load_average": {**load, "end": load_average()},
