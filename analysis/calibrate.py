@@ -36,12 +36,14 @@ from psgdlab.core.cost import (
 )
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Workload
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, RUN_NOISE_CV, STEP_NOISE_CV
+from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
 from psgdlab.core.trace import PHASES
 
 __all__ = [
     "calibrate_runs",
     "platform_profile",
+    "link_uncertainty",
     "SERVER_QUANTILE",
     # fitted and read by the modules above, named here too
     "fit_compute_time",
@@ -82,14 +84,25 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     """
     from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run
+    from psgdlab.analysis.probe import fit_probe, is_probe_dir
 
-    runs = [load_run(p) for p in run_dirs]
+    run_dirs = list(run_dirs)
+    probe_dirs = [p for p in run_dirs if is_probe_dir(p)]
+    runs = [load_run(p) for p in run_dirs if not is_probe_dir(p)]
     if not runs:
-        raise ConfigError("calibration needs at least one run directory")
+        raise ConfigError(
+            "calibration needs at least one run directory of psgdlab train (the compute law comes from "
+            "end-to-end runs; a probe measures the links only)"
+        )
+    if len(probe_dirs) > 1:
+        raise ConfigError(
+            f"give at most one probe directory ({len(probe_dirs)} given: {', '.join(map(str, probe_dirs))})"
+        )
     for run in runs:
         if run.trace is None:
             raise ConfigError(f"{run.path} has no trace.npz to calibrate from")
     cores = cores if cores is not None else cores_of(runs)
+    probe = fit_probe(probe_dirs[0], cores=cores) if probe_dirs else None
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
@@ -131,11 +144,36 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             f"with at most {cores} workers allreduces the model ({names})"
         )
     algorithm = allreduce_algorithm_of(runs)
+    if (
+        probe is not None
+        and probe["allreduce_algorithm"] != algorithm
+        and any(r.meta.get("allreduce_algorithm") for r in runs)
+    ):
+        raise ConfigError(
+            f"the probe's allreduce schedule ({probe['allreduce_algorithm']}) is not the runs' ({algorithm}); "
+            "probe the transport the runs used"
+        )
     parts = [link_samples(r, warmup_steps=warmup_steps) for r in plain]
-    link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)), algorithm=algorithm)
+    t, S, n, pair, rec, se = (np.concatenate([p[i] for p in parts]) for i in range(6))
+    link_noise = _run_noise_cv([(key, float(x)) for p in parts for key, x in zip(zip(p[3], p[2], p[1]), p[0])])
+    sd = np.sqrt(se**2 + ((link_noise if link_noise is not None else RUN_NOISE_CV) * t) ** 2)
+    link_source = "runs"
+    try:
+        link, collective = fit_links(t, S, n, pair, rec, sd, algorithm=algorithm, bandwidth_prior=LOOPBACK_BANDWIDTH)
+    except ConfigError:
+        if probe is None:
+            raise
+        link, collective = probe["link"], probe["collective"]
+        link_source = "probe"
+    if probe is not None and link_source == "runs" and _unpinned(link, collective):
+        # what the runs could not pin down the probe measured (a sweep of sizes on the transport)
+        link, collective = probe["link"], probe["collective"]
+        link_source = "probe"
+    algorithm = probe["allreduce_algorithm"] if link_source == "probe" else algorithm
+    step_noise = _run_noise_cv([((algorithm_of(r), workers_of(r), payload_of(r)), _mean_step_s(r)) for r in free])
     model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)
-    host_cpu = None
+    host_cpu = probe["host_cpu"] if probe is not None else None
     if busy:
         assert cores is not None  # without a core count every run is free
         host_cpu = fit_host_cpu(
@@ -159,14 +197,49 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         "host_cpu": host_cpu,
         "model_average": model_average,
         "mix_merge": mix_merge,
+        "link_source": link_source,
+        "probe": probe["path"] if probe is not None else None,
+        "noise": {
+            "link_cv": link_noise,
+            "step_cv": step_noise,
+            "link_cv_used": link_noise if link_noise is not None else RUN_NOISE_CV,
+            "step_cv_used": step_noise if step_noise is not None else STEP_NOISE_CV,
+        },
         "cores": cores,
         "allreduce_algorithm": algorithm,
-        "runs": [str(r.path) for r in runs],
+        "runs": [str(r.path) for r in runs] + [str(p) for p in probe_dirs],
         "payload_bytes": payloads,
         "itemsize": max(itemsizes) or None,
         "batch": max(batches) or None,
         "max_workers": max(workers_of(r) for r in runs),
     }
+
+
+def _unpinned(*fits: dict[str, Any] | None) -> bool:
+    """Whether a link fit left a value at its prior."""
+    return any(f is not None and f.get("unpinned") for f in fits)
+
+
+def _run_noise_cv(points: list[tuple[Any, float]]) -> float | None:
+    """Run-to-run relative scatter of ``(configuration, value)`` points: the standard deviation
+    of the logarithms of the values of each configuration measured more than once, pooled over
+    configurations (by their degrees of freedom); ``None`` when no configuration repeats."""
+    groups: dict[Any, list[float]] = {}
+    for key, value in points:
+        if value > 0:
+            groups.setdefault(key, []).append(float(np.log(value)))
+    ss = sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in groups.values() if len(v) > 1)
+    dof = sum(len(v) - 1 for v in groups.values() if len(v) > 1)
+    return float(np.sqrt(ss / dof)) if dof else None
+
+
+def _mean_step_s(run: Any) -> float:
+    """The run's mean time between consecutive compute starts, over its workers (after 2 steps)."""
+    tr = run.trace
+    comp = tr[(tr["phase"] == PHASES["compute"]) & (tr["step"] >= 2)]
+    gaps = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    gaps = [g for g in gaps if g.size]
+    return float(np.mean(np.concatenate(gaps))) if gaps else 0.0
 
 
 def _fit_mix_merge(
@@ -336,6 +409,7 @@ def platform_profile(
         batch_per_worker=batch,
     )
     defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
+    uncertainty = link_uncertainty(calibration)
     notes = [
         f"Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
         *[f"  {r}" for r in calibration["runs"]],
@@ -393,8 +467,13 @@ def platform_profile(
             "  host cores: "
             + (
                 f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
-                f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
-                f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
+                f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} "
+                + (
+                    "exchanges of the probe (their CPU time; median "
+                    if cpu.get("source")
+                    else "allreduces in runs with more workers than cores (median excess "
+                )
+                + f"{cpu['median_excess_s']} s, "
                 f"rms residual "
                 f"{cpu['rms_residual_s']:.4g} s)"
                 if cpu
@@ -402,4 +481,49 @@ def platform_profile(
             )
         ),
     ]
-    return Profile(platform=platform, workload=workload, defaults=defaults, notes=tuple(notes))
+    notes.append(
+        "  uncertainty: "
+        + (
+            ", ".join(f"{p} log-sd {sd:.3g}" for p, sd in zip(uncertainty.parameters, uncertainty.log_sd))
+            + (f"; unpinned (kept at the prior): {', '.join(uncertainty.unpinned)}" if uncertainty.unpinned else "")
+            + f"; run-to-run noise of a mean step {uncertainty.noise_cv:.3g}"
+        )
+    )
+    return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=tuple(notes))
+
+
+def link_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
+    """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit's links: the
+    log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
+    ``platform.collective``; a latency at its bound 0 has none), their correlation within each
+    link, the bandwidths the data did not pin (kept at :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`,
+    marked unpinned) and the run-to-run noise of a mean step (measured where a configuration
+    repeats, else :data:`~psgdlab.core.priors.STEP_NOISE_CV`). The ``nic`` copy of the link is
+    left out: the calibrated platform is one host."""
+    params: list[str] = []
+    sds: list[float] = []
+    blocks: list[tuple[int, int, float]] = []
+    unpinned: list[str] = []
+    for table, fit in (("platform.pcie", calibration["link"]), ("platform.collective", calibration.get("collective"))):
+        if not fit:
+            continue
+        first = len(params)
+        for key, sd_key in (("latency_s", "latency_log_sd"), ("bandwidth_bytes_per_s", "bandwidth_log_sd")):
+            if fit.get(sd_key) is not None and fit[key] > 0:
+                params.append(f"{table}.{key}")
+                sds.append(float(fit[sd_key]))
+                if key in fit.get("unpinned", ()):
+                    unpinned.append(f"{table}.{key}")
+        if len(params) - first == 2 and fit.get("log_correlation") is not None:
+            blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -1.0, 1.0))))
+    corr = [[1.0 if i == j else 0.0 for j in range(len(params))] for i in range(len(params))]
+    for i, j, c in blocks:
+        corr[i][j] = corr[j][i] = c
+    noise = calibration.get("noise", {})
+    return Uncertainty(
+        parameters=tuple(params),
+        log_sd=tuple(sds),
+        correlation=tuple(tuple(row) for row in corr) if blocks else (),
+        unpinned=tuple(unpinned),
+        noise_cv=float(noise.get("step_cv_used", STEP_NOISE_CV)),
+    )

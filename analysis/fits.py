@@ -38,10 +38,12 @@ from psgdlab.core.cost import (
     transfer_terms,
 )
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.priors import Prior
 from psgdlab.core.trace import PHASES
 
 __all__ = [
     "MIN_RECORDS",
+    "PINNED_SHRINK",
     "fit_compute_time",
     "fit_link",
     "fit_links",
@@ -51,6 +53,10 @@ __all__ = [
 
 
 MIN_RECORDS = 8
+
+#: a value with a prior is *unpinned* when the data narrowed the standard deviation of its
+#: logarithm to no less than this fraction of the prior's
+PINNED_SHRINK = 0.5
 
 
 def fit_compute_time(trace: np.ndarray, *, warmup_steps: int = 2) -> dict[str, Any]:
@@ -95,13 +101,26 @@ def fit_link(
     pairwise: np.ndarray | None = None,
     records: int | None = None,
     algorithm: str = "ring",
+    sd_s: np.ndarray | None = None,
+    bandwidth_prior: Prior | None = None,
 ) -> dict[str, Any]:
-    r"""Least-squares latency and bandwidth from exchange durations and payloads.
+    r"""Latency and bandwidth from exchange durations and payloads, with their uncertainty.
+
+    Weighted least squares of the cost law (module docstring) in :math:`(\alpha, \ln(1/\beta))`
+    with :math:`\alpha \ge 0`, each point weighted by ``1 / sd_s**2``. The covariance is the
+    inverse of the Gauss-Newton information at the solution, scaled up by the reduced
+    :math:`\chi^2` when the points scatter more than their ``sd_s`` say (without ``sd_s``: by
+    the residual variance, and unknown without spare points). With ``bandwidth_prior``, its
+    :math:`\ln \beta` is one more observation (value and ``log_sd``): a design that cannot
+    separate latency from bandwidth (one payload size, durations that do not grow with the size)
+    then keeps the prior, and the bandwidth is ``unpinned`` when the data narrowed the prior's
+    spread by less than :data:`PINNED_SHRINK`. Without a prior such a design is refused.
 
     Parameters
     ----------
     durations_s, payload_bytes : array
-        One entry per measured exchange (``S`` is the model bytes moved, not the wire bytes).
+        One entry per measured exchange or per summary of several (``S`` is the model bytes
+        moved, not the wire bytes).
     group_sizes : array, optional
         Ranks in each exchange's allreduce group (``None`` or 2 entries mean pairwise exchanges).
     pairwise : bool array, optional
@@ -113,6 +132,19 @@ def fit_link(
     algorithm : str
         The allreduces' schedule (:data:`psgdlab.core.exchange.ALLREDUCE_ALGORITHMS`), which sets
         their latency rounds; alike for groups of 2.
+    sd_s : array, optional
+        Standard deviation of each entry (default: equal weights).
+    bandwidth_prior : Prior, optional
+        What the bandwidth is known to be before the data (:mod:`psgdlab.core.priors`).
+
+    Returns
+    -------
+    dict
+        ``latency_s``, ``bandwidth_bytes_per_s``; ``latency_log_sd`` and ``bandwidth_log_sd``
+        (standard deviations of the logarithms; ``None`` where unknown or the latency is 0),
+        ``log_correlation`` (of the two logarithms), ``unpinned`` (names of the values the
+        data did not pin down), ``samples``, ``points``, ``rms_residual_s``,
+        ``max_rel_residual``, ``reduced_chi2``.
     """
     t = np.asarray(durations_s, dtype=float)
     S = np.asarray(payload_bytes, dtype=float)
@@ -121,11 +153,45 @@ def fit_link(
     records = t.size if records is None else int(records)
     if records < MIN_RECORDS or t.size == 0:
         raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
-    if np.unique(S).size < 2:  # also one point summarizing many exchanges of one size
+    if np.unique(S).size < 2 and bandwidth_prior is None:  # also one point summarizing many exchanges
         raise ConfigError(
             f"cannot separate latency from bandwidth with a single payload size ({records} exchanges, all of "
             f"{S[0]:.0f} bytes); measure exchanges of at least two sizes"
         )
+    X = _link_design(S, group_sizes, pairwise, algorithm)
+    sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
+    if bandwidth_prior is None:
+        (_, inv_beta), *_ = np.linalg.lstsq(X / sd[:, None], t / sd, rcond=None)
+        if inv_beta <= 0:
+            raise ConfigError(
+                f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B): the durations do not "
+                "grow with payload size; measure larger payloads"
+            )
+    post = _posterior(X, t, sd, bandwidth_prior, weighted=sd_s is not None)
+    alpha, inv_beta = post["alpha"], post["inv_beta"]
+    resid = t - X @ np.array([alpha, inv_beta])
+    unpinned = []
+    if bandwidth_prior is not None and (
+        post["sd_log_inv_beta"] is None or post["sd_log_inv_beta"] > PINNED_SHRINK * bandwidth_prior.log_sd
+    ):
+        unpinned.append("bandwidth_bytes_per_s")
+    return {
+        "latency_s": alpha,
+        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
+        "latency_log_sd": post["sd_alpha"] / alpha if post["sd_alpha"] is not None and alpha > 0 else None,
+        "bandwidth_log_sd": post["sd_log_inv_beta"],
+        "log_correlation": post["corr"],
+        "unpinned": unpinned,
+        "samples": records,
+        "points": int(t.size),
+        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
+        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+        "reduced_chi2": post["reduced_chi2"],
+    }
+
+
+def _link_design(S: np.ndarray, group_sizes: Any, pairwise: Any, algorithm: str) -> np.ndarray:
+    """Rows of the coefficients of :math:`(\alpha, 1/\beta)` of each point (pairwise or allreduce)."""
     if group_sizes is None:
         a_coef, b_coef = transfer_terms(S)
     else:
@@ -134,37 +200,87 @@ def fit_link(
         rounds, sent = allreduce_terms(n, S, algorithm)
         a_coef = np.where(pair, transfer_terms(S)[0], rounds)
         b_coef = np.where(pair, transfer_terms(S)[1], sent)
-    X = np.column_stack([a_coef, b_coef])
-    (alpha, inv_beta), *_ = np.linalg.lstsq(X, t, rcond=None)
-    if inv_beta <= 0:
-        raise ConfigError(
-            f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B): the durations do not "
-            "grow with payload size; measure larger payloads"
-        )
-    pred = X @ np.array([alpha, inv_beta])
-    resid = t - pred
-    return {
-        "latency_s": float(max(alpha, 0.0)),
-        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
-        "samples": records,
-        "points": int(t.size),
-        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
-        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+    return np.column_stack([np.broadcast_to(a_coef, S.shape), b_coef]).astype(float)
+
+
+def _posterior(X: np.ndarray, t: np.ndarray, sd: np.ndarray, prior: Prior | None, *, weighted: bool) -> dict[str, Any]:
+    """The weighted least-squares fit of ``t ~ X @ (alpha, exp(v))`` with ``alpha >= 0`` and, with
+    ``prior``, ``v`` observed at ``-ln(prior.value)`` with sd ``prior.log_sd``; its covariance."""
+    from scipy.optimize import least_squares
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        r = (X @ np.array([theta[0], math.exp(theta[1])]) - t) / sd
+        return np.append(r, (theta[1] + math.log(prior.value)) / prior.log_sd) if prior else r
+
+    scale = float(np.median(t / np.maximum(X[:, 1], 1e-30)))
+    v0 = -math.log(prior.value) if prior else math.log(max(scale, 1e-15))
+    start = np.array([max(float(np.min(t / np.maximum(X[:, 0], 1e-30))) * 0.5, 0.0), v0])
+    sol = least_squares(
+        resid,
+        start,
+        bounds=([0.0, -np.inf], [np.inf, np.inf]),
+        x_scale=[scale * 1e6 or 1e-3, 1.0],
+        xtol=1e-15,
+        ftol=1e-15,
+        gtol=1e-15,
+    )
+    alpha, v = float(sol.x[0]), float(sol.x[1])
+    J = sol.jac
+    free = [1] if alpha <= 1e-15 else [0, 1]  # a latency at its bound 0 is not a free parameter
+    data_rows = X.shape[0]
+    dof = data_rows - len(free) + (1 if prior else 0)
+    chi2 = float(np.sum(sol.fun[:data_rows] ** 2))
+    red = chi2 / (data_rows - len(free)) if data_rows > len(free) else None
+    if weighted:
+        inflate = max(1.0, red) if red is not None else 1.0
+    else:
+        inflate = red if red is not None else None
+    out: dict[str, Any] = {
+        "alpha": alpha,
+        "inv_beta": math.exp(v),
+        "sd_alpha": None,
+        "sd_log_inv_beta": None,
+        "corr": None,
+        "reduced_chi2": red,
     }
+    if inflate is None or dof <= 0 and not prior:
+        return out
+    info = J[:, free].T @ J[:, free]
+    try:
+        cov = np.linalg.inv(info) * inflate
+    except np.linalg.LinAlgError:
+        return out
+    if len(free) == 2:
+        out["sd_alpha"] = float(math.sqrt(max(cov[0, 0], 0.0)))
+        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[1, 1], 0.0)))
+        denom = math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))
+        out["corr"] = float(-cov[0, 1] / denom)  # of ln(alpha) and ln(beta) = -v
+    else:
+        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[0, 0], 0.0)))
+    return out
 
 
 def fit_links(
-    t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec: np.ndarray, *, algorithm: str = "ring"
+    t: np.ndarray,
+    S: np.ndarray,
+    n: np.ndarray,
+    pair: np.ndarray,
+    rec: np.ndarray,
+    sd: np.ndarray | None = None,
+    *,
+    algorithm: str = "ring",
+    bandwidth_prior: Prior | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
-    points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records).
+    points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records,
+    standard deviations).
 
     An implementation's allreduce need not move bytes as its point-to-point transfers do (gloo's
     ring against its ``isend``/``irecv``, docs/measurements.md): with at least two payload sizes
     and :data:`MIN_RECORDS` records of each kind,
     the pairwise points fit the link and the allreduce points the collective; otherwise one fit
     over every point is the link and the collective is ``None`` (the simulator then derives it
-    from the link). ``algorithm``: the allreduces' schedule, as in :func:`fit_link`.
+    from the link). ``algorithm`` and ``bandwidth_prior``: as in :func:`fit_link`.
     """
 
     def enough(sel: np.ndarray) -> bool:
@@ -172,7 +288,14 @@ def fit_links(
 
     def one(sel: np.ndarray) -> dict[str, Any]:
         fit = fit_link(
-            t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()), algorithm=algorithm
+            t[sel],
+            S[sel],
+            group_sizes=n[sel],
+            pairwise=pair[sel],
+            records=int(rec[sel].sum()),
+            algorithm=algorithm,
+            sd_s=None if sd is None else sd[sel],
+            bandwidth_prior=bandwidth_prior,
         )
         fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
         fit["pairwise_samples"] = int(rec[sel & pair].sum())

@@ -59,6 +59,7 @@ from psgdlab.validate.plan import (
     calibration_plan,
     case_name,
     default_calibration_dims,
+    probe_groups,
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import launch_fresh, measure, remeasure, train_config
@@ -83,6 +84,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     from psgdlab.analysis.compare import compare_dirs
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.analysis.load import load_run
+    from psgdlab.analysis.probe import is_probe_dir
     from psgdlab.analysis.samples import workers_of
     from psgdlab.analysis.report import write_report
     from psgdlab.sim.predict import predict_one
@@ -107,6 +109,13 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             )
         )
         calib_dirs.append(d)
+    groups = probe_groups(vc, cores)
+    if groups:  # the CPU work of communication, measured where no calibration run oversubscribes the cores
+        from psgdlab.runtime.probe import ProbeConfig, probe
+
+        say(f"probe of the transport (groups {', '.join(map(str, groups))})")
+        load["probe"] = wait_for_quiet(vc, say)
+        calib_dirs.append(probe(ProbeConfig(out=str(out / "calibration" / "probe"), backend=vc.backend, groups=groups)))
     calibration = calibrate_runs(calib_dirs, cores=cores)
     platform_path = out / "platform.toml"
     platform_profile(
@@ -187,7 +196,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "ranking": ranking_detail,
         "targets": TARGETS,
         "platform": str(platform_path),
-        "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs}),
+        "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)}),
         "calibration": calibration,
         "config": dataclasses.asdict(vc),
         "load_average": {**load, "end": load_average()},

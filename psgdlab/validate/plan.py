@@ -16,6 +16,7 @@ __all__ = [
     "default_calibration_dims",
     "case_name",
     "calibration_plan",
+    "probe_groups",
 ]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
@@ -198,6 +199,23 @@ def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int
         again = sum(p == (alg, n, dim) for p in plan[:i])
         out.append((alg, n, dim, f"{alg}-w{n}-d{dim}" + (f"-r{again + 1}" if again else "")))
     return out
+
+
+def probe_groups(vc: ValidateConfig, cores: int) -> tuple[int, ...]:
+    """The allreduce group sizes of the probe a calibration runs, ``()`` for none: a probe of
+    the calibration worker counts that have a core per worker, when a case has more workers than
+    cores and no calibration run does (the CPU work of communication is then measured by the
+    probe -- the CPU time of each exchange -- instead of fitted from oversubscribed runs).
+
+    >>> probe_groups(ValidateConfig(out="x", workers=(4, 8), calibrate_workers=(2,)), cores=2)
+    (2,)
+    >>> probe_groups(ValidateConfig(out="x", workers=(4, 8)), cores=2)
+    ()
+    """
+    counts = (2,) if vc.calibrate_workers is None else vc.calibrate_workers
+    if max(vc.workers) <= cores or vc.calibrate_workers is None or max(counts) > cores:
+        return ()
+    return tuple(sorted({n for n in counts if n <= cores}))
 
 
 def _folds_model(algorithm: str, variant: str | None, steps: int) -> bool:
