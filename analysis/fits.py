@@ -228,7 +228,6 @@ def _posterior(X: np.ndarray, t: np.ndarray, sd: np.ndarray, prior: Prior | None
     J = sol.jac
     free = [1] if alpha <= 1e-15 else [0, 1]  # a latency at its bound 0 is not a free parameter
     data_rows = X.shape[0]
-    dof = data_rows - len(free) + (1 if prior else 0)
     chi2 = float(np.sum(sol.fun[:data_rows] ** 2))
     red = chi2 / (data_rows - len(free)) if data_rows > len(free) else None
     if weighted:
@@ -243,7 +242,7 @@ def _posterior(X: np.ndarray, t: np.ndarray, sd: np.ndarray, prior: Prior | None
         "corr": None,
         "reduced_chi2": red,
     }
-    if inflate is None or dof <= 0 and not prior:
+    if inflate is None:
         return out
     info = J[:, free].T @ J[:, free]
     try:

@@ -214,9 +214,9 @@ def run_rank(cfg: ProbeConfig) -> None:
     rank, rows, done = env.rank, [], 0
     out = Path(cfg.out)
 
-    def timed(kind: str, group: int, size: int, rep: int, op: Callable[[], None]) -> None:
+    def timed(kind: str, group: int, size: int, rep: int, op: Callable[..., None], *args: Any) -> None:
         c0, t0 = time.process_time(), time.perf_counter()
-        op()
+        op(*args)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         rows.append((KINDS[kind], group, size, rep, rank, wall, cpu, rep < cfg.warmup))
 
@@ -230,9 +230,9 @@ def run_rank(cfg: ProbeConfig) -> None:
                 main.barrier()
                 if rank in members:
                     if kind == "pairwise":
-                        timed(kind, g, size, rep, lambda: main.sendrecv(buf, other, peer=1 - rank, tag=_TAG))
+                        timed(kind, g, size, rep, main.sendrecv, buf, other, 1 - rank, _TAG)
                     else:
-                        timed(kind, g, size, rep, lambda: main.allreduce_sum(buf, members))
+                        timed(kind, g, size, rep, main.allreduce_sum, buf, members)
                         buf.fill_(1.0)  # keep the values finite and the work alike
                 done += 1
                 if rank == 0 and done % 5 == 0:

@@ -85,8 +85,8 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
-    from psgdlab.analysis.samples import workers_of
     from psgdlab.analysis.report import write_report
+    from psgdlab.analysis.samples import workers_of
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
     from psgdlab.sim.workload import load_config
