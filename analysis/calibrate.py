@@ -515,7 +515,9 @@ def link_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
                 if key in fit.get("unpinned", ()):
                     unpinned.append(f"{table}.{key}")
         if len(params) - first == 2 and fit.get("log_correlation") is not None:
-            blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -1.0, 1.0))))
+            # +-1 (one size: the latency is the duration less the prior's bytes term) would make the
+            # matrix singular; 0.999 keeps it positive definite for a Cholesky factor
+            blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -0.999, 0.999))))
     corr = [[1.0 if i == j else 0.0 for j in range(len(params))] for i in range(len(params))]
     for i, j, c in blocks:
         corr[i][j] = corr[j][i] = c

@@ -106,15 +106,17 @@ def fit_link(
 ) -> dict[str, Any]:
     r"""Latency and bandwidth from exchange durations and payloads, with their uncertainty.
 
-    Weighted least squares of the cost law (module docstring) in :math:`(\alpha, \ln(1/\beta))`
-    with :math:`\alpha \ge 0`, each point weighted by ``1 / sd_s**2``. The covariance is the
-    inverse of the Gauss-Newton information at the solution, scaled up by the reduced
-    :math:`\chi^2` when the points scatter more than their ``sd_s`` say (without ``sd_s``: by
-    the residual variance, and unknown without spare points). With ``bandwidth_prior``, its
-    :math:`\ln \beta` is one more observation (value and ``log_sd``): a design that cannot
-    separate latency from bandwidth (one payload size, durations that do not grow with the size)
-    then keeps the prior, and the bandwidth is ``unpinned`` when the data narrowed the prior's
-    spread by less than :data:`PINNED_SHRINK`. Without a prior such a design is refused.
+    Weighted least squares of the cost law (module docstring) in :math:`(\alpha, 1/\beta)` with
+    :math:`\alpha \ge 0`, each point weighted by ``1 / sd_s**2``. The covariance is
+    :math:`(X^T W X)^{-1}`, scaled up by the reduced :math:`\chi^2` when the points scatter more
+    than their ``sd_s`` say (without ``sd_s``: by the residual variance, and unknown without
+    spare points); the log-sds follow by the delta method. The bandwidth is *pinned* when the
+    data alone give :math:`1/\beta > 0` with a log-sd of at most :data:`PINNED_SHRINK` times the
+    prior's. Otherwise (one payload size, durations that do not grow with the size, a spread as
+    wide as the prior's) a fit with ``bandwidth_prior`` keeps the prior: its
+    :math:`\ln \beta` is one more observation (value and ``log_sd``) of a least-squares fit in
+    :math:`(\alpha, \ln(1/\beta))` whose covariance comes from the Jacobian at the solution,
+    and the bandwidth is reported ``unpinned``; without a prior the design is refused.
 
     Parameters
     ----------
@@ -160,21 +162,25 @@ def fit_link(
         )
     X = _link_design(S, group_sizes, pairwise, algorithm)
     sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
-    if bandwidth_prior is None:
-        (_, inv_beta), *_ = np.linalg.lstsq(X / sd[:, None], t / sd, rcond=None)
-        if inv_beta <= 0:
+    weighted = sd_s is not None
+    post = _wls(X, t, sd, weighted=weighted) if np.unique(S).size >= 2 else None
+    pinned = post is not None and post["inv_beta"] > 0
+    if pinned and bandwidth_prior is not None:
+        pinned = (
+            post["sd_log_inv_beta"] is not None and post["sd_log_inv_beta"] <= PINNED_SHRINK * bandwidth_prior.log_sd
+        )
+    if not pinned:
+        if bandwidth_prior is None:
+            assert post is not None  # a single size without a prior was refused above
             raise ConfigError(
-                f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B): the durations do not "
+                f"fitted bandwidth is not positive (1/beta = {post['inv_beta']:.3g} s/B): the durations do not "
                 "grow with payload size; measure larger payloads"
             )
-    post = _posterior(X, t, sd, bandwidth_prior, weighted=sd_s is not None)
+        post = _posterior(X, t, sd, bandwidth_prior, weighted=weighted)
+    assert post is not None
     alpha, inv_beta = post["alpha"], post["inv_beta"]
     resid = t - X @ np.array([alpha, inv_beta])
-    unpinned = []
-    if bandwidth_prior is not None and (
-        post["sd_log_inv_beta"] is None or post["sd_log_inv_beta"] > PINNED_SHRINK * bandwidth_prior.log_sd
-    ):
-        unpinned.append("bandwidth_bytes_per_s")
+    unpinned = [] if pinned else ["bandwidth_bytes_per_s"]
     return {
         "latency_s": alpha,
         "bandwidth_bytes_per_s": float(1.0 / inv_beta),
@@ -201,6 +207,50 @@ def _link_design(S: np.ndarray, group_sizes: Any, pairwise: Any, algorithm: str)
         a_coef = np.where(pair, transfer_terms(S)[0], rounds)
         b_coef = np.where(pair, transfer_terms(S)[1], sent)
     return np.column_stack([np.broadcast_to(a_coef, S.shape), b_coef]).astype(float)
+
+
+def _covariance(J: np.ndarray) -> np.ndarray:
+    """:math:`(J^T J)^{-1}` through the singular values of ``J`` (stable when one direction is
+    measured far more precisely than another); a direction with no information gets a variance of 1e300."""
+    _, sv, vt = np.linalg.svd(J, full_matrices=False)
+    inv = np.where(sv > sv.max() * 1e-15, 1.0 / np.maximum(sv, 1e-150) ** 2, 1e300)
+    return (vt.T * inv) @ vt
+
+
+def _wls(X: np.ndarray, t: np.ndarray, sd: np.ndarray, *, weighted: bool) -> dict[str, Any]:
+    """Weighted linear least squares of ``t ~ X @ (alpha, 1/beta)`` with ``alpha >= 0`` (at the
+    bound, ``1/beta`` alone), and the covariance (:func:`fit_link` says how it is scaled)."""
+    A, b = X / sd[:, None], t / sd
+    coef, *_ = np.linalg.lstsq(A, b, rcond=None)
+    free = [0, 1]
+    if coef[0] < 0:
+        free = [1]
+        coef = np.array([0.0, float(np.linalg.lstsq(A[:, 1:], b, rcond=None)[0][0])])
+    out: dict[str, Any] = {
+        "alpha": float(coef[0]),
+        "inv_beta": float(coef[1]),
+        "sd_alpha": None,
+        "sd_log_inv_beta": None,
+        "corr": None,
+        "reduced_chi2": None,
+    }
+    rows = X.shape[0]
+    chi2 = float(np.sum((A @ coef - b) ** 2))
+    red = chi2 / (rows - len(free)) if rows > len(free) else None
+    out["reduced_chi2"] = red
+    inflate = (max(1.0, red) if red is not None else 1.0) if weighted else red
+    if inflate is None or coef[1] <= 0:
+        return out
+    cov = _covariance(A[:, free]) * inflate
+    u = coef[1]
+    if len(free) == 2:
+        out["sd_alpha"] = float(math.sqrt(max(cov[0, 0], 0.0)))
+        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[1, 1], 0.0))) / u
+        denom = math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))
+        out["corr"] = float(-cov[0, 1] / denom)  # of ln(alpha) and ln(beta) = -ln(1/beta)
+    else:
+        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[0, 0], 0.0))) / u
+    return out
 
 
 def _posterior(X: np.ndarray, t: np.ndarray, sd: np.ndarray, prior: Prior | None, *, weighted: bool) -> dict[str, Any]:
@@ -244,11 +294,7 @@ def _posterior(X: np.ndarray, t: np.ndarray, sd: np.ndarray, prior: Prior | None
     }
     if inflate is None:
         return out
-    info = J[:, free].T @ J[:, free]
-    try:
-        cov = np.linalg.inv(info) * inflate
-    except np.linalg.LinAlgError:
-        return out
+    cov = _covariance(J[:, free]) * inflate
     if len(free) == 2:
         out["sd_alpha"] = float(math.sqrt(max(cov[0, 0], 0.0)))
         out["sd_log_inv_beta"] = float(math.sqrt(max(cov[1, 1], 0.0)))
