@@ -154,12 +154,14 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             "probe the transport the runs used"
         )
     parts = [link_samples(r, warmup_steps=warmup_steps) for r in plain]
-    t, S, n, pair, rec, se = (np.concatenate([p[i] for p in parts]) for i in range(6))
+    pts = [np.concatenate([p[i] for p in parts]) for i in range(6)]  # durations, sizes, groups, pairwise, ...
     link_noise = _run_noise_cv([(key, float(x)) for p in parts for key, x in zip(zip(p[3], p[2], p[1]), p[0])])
-    sd = np.sqrt(se**2 + ((link_noise if link_noise is not None else RUN_NOISE_CV) * t) ** 2)
+    sd = np.sqrt(pts[5] ** 2 + ((link_noise if link_noise is not None else RUN_NOISE_CV) * pts[0]) ** 2)
     link_source = "runs"
     try:
-        link, collective = fit_links(t, S, n, pair, rec, sd, algorithm=algorithm, bandwidth_prior=LOOPBACK_BANDWIDTH)
+        link, collective = fit_links(
+            pts[0], pts[1], pts[2], pts[3], pts[4], sd, algorithm=algorithm, bandwidth_prior=LOOPBACK_BANDWIDTH
+        )
     except ConfigError:
         if probe is None:
             raise
@@ -169,7 +171,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         # what the runs could not pin down the probe measured (a sweep of sizes on the transport)
         link, collective = probe["link"], probe["collective"]
         link_source = "probe"
-    algorithm = probe["allreduce_algorithm"] if link_source == "probe" else algorithm
+    algorithm = probe["allreduce_algorithm"] if probe is not None and link_source == "probe" else algorithm
     step_noise = _run_noise_cv([((algorithm_of(r), workers_of(r), payload_of(r)), _mean_step_s(r)) for r in free])
     model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)

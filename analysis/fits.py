@@ -165,7 +165,7 @@ def fit_link(
     weighted = sd_s is not None
     post = _wls(X, t, sd, weighted=weighted) if np.unique(S).size >= 2 else None
     pinned = post is not None and post["inv_beta"] > 0
-    if pinned and bandwidth_prior is not None:
+    if pinned and bandwidth_prior is not None and post is not None:
         pinned = (
             post["sd_log_inv_beta"] is not None and post["sd_log_inv_beta"] <= PINNED_SHRINK * bandwidth_prior.log_sd
         )

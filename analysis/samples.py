@@ -139,7 +139,7 @@ def link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
     """
     tr = run.trace
     S_model = payload_of(run)
-    pts: list[tuple[float, float, float, bool, int]] = []
+    pts: list[tuple[float, float, float, bool, int, float]] = []
     step, wire, n, cost = allreduce_spans(run)
     ok = step >= warmup_steps
     for w in np.unique(wire[ok]):

@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
     require(args.cores is None or args.cores >= 1, "cores", args.cores, "must be >= 1")
+    if not args.probe and (args.sizes is not None or args.groups != (2,) or args.probe_out is not None):
+        raise ConfigError("--sizes, --groups and --probe-out set up a probe; add --probe")
     if not args.run_dirs and not args.probe:
         raise ConfigError("give RUN_DIRs of psgdlab train, or --probe to measure the transport")
     if args.out is None and args.run_dirs:
@@ -122,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
     run_dirs = list(args.run_dirs)
     if args.probe:
         run_dirs.append(_run_probe(args))
-    elif args.sizes is not None or args.groups != (2,) or args.probe_out is not None:
-        raise ConfigError("--sizes, --groups and --probe-out set up a probe; add --probe")
     if not args.run_dirs:
         return _print_probe(run_dirs[-1], args)
     fit = calibrate_runs(run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
