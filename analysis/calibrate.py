@@ -81,6 +81,15 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     count: every run counts as uncontended). Also returned: what the runs were (``runs``,
     ``payload_bytes``, ``itemsize``, ``batch``, ``max_workers``, ``cores``). Too little data
     raises :class:`ConfigError` (from the fits).
+
+    Each link point is weighted by its error: its standard error within the run and a
+    run-to-run part, the scatter of repeated configurations (``noise``; else
+    :data:`~psgdlab.core.priors.RUN_NOISE_CV`); a bandwidth the points do not pin keeps
+    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH` and is reported unpinned
+    (:func:`fit_link`). One of ``run_dirs`` may be a probe's
+    (:func:`psgdlab.analysis.probe.fit_probe`): its links replace the runs' where the runs
+    do not pin the bandwidth or cannot be fitted (``link_source``), and its measured CPU
+    work is ``host_cpu`` unless runs with more workers than cores fit it.
     """
     from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run

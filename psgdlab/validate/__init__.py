@@ -8,7 +8,11 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              and 1.5 times the cases' size; with more workers than cores, ssgd
                              oversubscribing the cores, for the CPU work of communication), each
                              ``--calibration-runs`` times (pooled by the fits): never a
-                             validated case (other payload sizes)
+                             validated case (other payload sizes); with --calibrate-workers
+                             only at those worker counts
+    OUT/calibration/probe/   a probe of the transport (psgdlab.runtime.probe), when cases have
+                             more workers than cores and no calibration run does: the CPU work
+                             of communication, measured (validate.plan.probe_groups)
     OUT/platform.toml        the fitted platform profile (psgdlab.analysis.calibrate)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
