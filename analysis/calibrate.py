@@ -12,6 +12,7 @@ import numpy as np
 
 from psgdlab.analysis.fits import (
     MIN_RECORDS,
+    PINNED_SHRINK,
     fit_compute_time,
     fit_link,
     fit_links,
@@ -36,7 +37,7 @@ from psgdlab.core.cost import (
 )
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, RUN_NOISE_CV, STEP_NOISE_CV
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, RUN_NOISE_CV, STEP_NOISE_CV, Prior
 from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
 from psgdlab.core.trace import PHASES
 
@@ -87,9 +88,11 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     :data:`~psgdlab.core.priors.RUN_NOISE_CV`); a bandwidth the points do not pin keeps
     :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH` and is reported unpinned
     (:func:`fit_link`). One of ``run_dirs`` may be a probe's
-    (:func:`psgdlab.analysis.probe.fit_probe`): its links replace the runs' where the runs
-    do not pin the bandwidth or cannot be fitted (``link_source``), and its measured CPU
-    work is ``host_cpu`` unless runs with more workers than cores fit it.
+    (:func:`psgdlab.analysis.probe.fit_probe`): the bandwidths it pinned are the priors of the
+    runs' fits, so a bandwidth the runs do not pin is the probe's while the latency stays the
+    runs' (what a step sees: arrival skew, wake-ups); its laws replace the runs' where those
+    cannot be fitted at all (``link_source``, per law); its measured CPU work is ``host_cpu``
+    unless runs with more workers than cores fit it.
     """
     from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run
@@ -166,21 +169,34 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     pts = [np.concatenate([p[i] for p in parts]) for i in range(6)]  # durations, sizes, groups, pairwise, ...
     link_noise = _run_noise_cv([(key, float(x)) for p in parts for key, x in zip(zip(p[3], p[2], p[1]), p[0])])
     sd = np.sqrt(pts[5] ** 2 + ((link_noise if link_noise is not None else RUN_NOISE_CV) * pts[0]) ** 2)
-    link_source = "runs"
+    # a probe's pinned bandwidths are the priors of the runs' fits: where the runs' points pin a
+    # bandwidth it is theirs (what a training step sees), where they do not it is the probe's
+    priors = {
+        key: _measured_prior(probe[key], f"the probe's {key}") if probe is not None else None
+        for key in ("link", "collective")
+    }
+    source = {"link": "runs", "collective": "runs"}
     try:
         link, collective = fit_links(
-            pts[0], pts[1], pts[2], pts[3], pts[4], sd, algorithm=algorithm, bandwidth_prior=LOOPBACK_BANDWIDTH
+            *pts[:5],
+            sd,
+            algorithm=algorithm,
+            bandwidth_prior=priors["link"] or LOOPBACK_BANDWIDTH,
+            collective_prior=priors["collective"] or LOOPBACK_BANDWIDTH,
         )
     except ConfigError:
         if probe is None:
             raise
         link, collective = probe["link"], probe["collective"]
-        link_source = "probe"
-    if probe is not None and link_source == "runs" and _unpinned(link, collective):
-        # what the runs could not pin down the probe measured (a sweep of sizes on the transport)
-        link, collective = probe["link"], probe["collective"]
-        link_source = "probe"
-    algorithm = probe["allreduce_algorithm"] if probe is not None and link_source == "probe" else algorithm
+        source = {"link": "probe", "collective": "probe"}
+        algorithm = probe["allreduce_algorithm"]
+    for key, fit in (("link", link), ("collective", collective)):
+        if fit is not None and source[key] == "runs" and priors[key] is not None and fit["unpinned"]:
+            # the probe pinned what the runs did not: unpinned only where the result is as wide
+            # as the spec-sheet prior's spread
+            source[key] = "runs, bandwidth from the probe"
+            wide = (fit["bandwidth_log_sd"] or np.inf) > PINNED_SHRINK * LOOPBACK_BANDWIDTH.log_sd
+            fit["unpinned"] = ["bandwidth_bytes_per_s"] if wide else []
     step_noise = _run_noise_cv([((algorithm_of(r), workers_of(r), payload_of(r)), _mean_step_s(r)) for r in free])
     model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)
@@ -208,7 +224,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         "host_cpu": host_cpu,
         "model_average": model_average,
         "mix_merge": mix_merge,
-        "link_source": link_source,
+        "link_source": source,
         "probe": probe["path"] if probe is not None else None,
         "noise": {
             "link_cv": link_noise,
@@ -226,9 +242,12 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     }
 
 
-def _unpinned(*fits: dict[str, Any] | None) -> bool:
-    """Whether a link fit left a value at its prior."""
-    return any(f is not None and f.get("unpinned") for f in fits)
+def _measured_prior(fit: dict[str, Any] | None, source: str) -> Prior | None:
+    """A pinned bandwidth of a probe's link fit as the prior of another fit; ``None`` when the
+    probe did not pin it."""
+    if not fit or fit.get("unpinned") or not fit.get("bandwidth_log_sd"):
+        return None
+    return Prior(value=float(fit["bandwidth_bytes_per_s"]), log_sd=float(fit["bandwidth_log_sd"]), source=source)
 
 
 def _run_noise_cv(points: list[tuple[Any, float]]) -> float | None:

@@ -315,6 +315,7 @@ def fit_links(
     *,
     algorithm: str = "ring",
     bandwidth_prior: Prior | None = None,
+    collective_prior: Prior | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
     points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records,
@@ -325,13 +326,14 @@ def fit_links(
     and :data:`MIN_RECORDS` records of each kind,
     the pairwise points fit the link and the allreduce points the collective; otherwise one fit
     over every point is the link and the collective is ``None`` (the simulator then derives it
-    from the link). ``algorithm`` and ``bandwidth_prior``: as in :func:`fit_link`.
+    from the link). ``algorithm`` and ``bandwidth_prior``: as in :func:`fit_link`;
+    ``collective_prior`` (default ``bandwidth_prior``) is the allreduce fit's prior.
     """
 
     def enough(sel: np.ndarray) -> bool:
         return np.unique(S[sel]).size >= 2 and int(rec[sel].sum()) >= MIN_RECORDS
 
-    def one(sel: np.ndarray) -> dict[str, Any]:
+    def one(sel: np.ndarray, prior: Prior | None) -> dict[str, Any]:
         fit = fit_link(
             t[sel],
             S[sel],
@@ -340,7 +342,7 @@ def fit_links(
             records=int(rec[sel].sum()),
             algorithm=algorithm,
             sd_s=None if sd is None else sd[sel],
-            bandwidth_prior=bandwidth_prior,
+            bandwidth_prior=prior,
         )
         fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
         fit["pairwise_samples"] = int(rec[sel & pair].sum())
@@ -348,8 +350,8 @@ def fit_links(
         return fit
 
     if enough(pair) and enough(~pair):
-        return one(pair), one(~pair)
-    return one(np.ones(t.shape, dtype=bool)), None
+        return one(pair, bandwidth_prior), one(~pair, collective_prior or bandwidth_prior)
+    return one(np.ones(t.shape, dtype=bool), bandwidth_prior), None
 
 
 def fit_overhead_per_byte(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -182,8 +182,9 @@ def run(args: argparse.Namespace) -> int:
         unc = fit["link"].get("unpinned") or []
         if unc:
             print(f"unpinned (kept at the prior, marked in [uncertainty]): link {', '.join(unc)}")
-        if fit.get("link_source") == "probe":
-            print(f"links from the probe ({fit['probe']})")
+        from_probe = [f"{k} ({v})" for k, v in (fit.get("link_source") or {}).items() if "probe" in v]
+        if from_probe:
+            print(f"from the probe ({fit['probe']}): {', '.join(from_probe)}")
         print(f"wrote {args.out}")
     return 0
 
