@@ -165,7 +165,7 @@ def quantile_se(x: np.ndarray, q: float) -> float:
     for the median). Robust to the few exchanges another process stretched.
 
     >>> round(quantile_se(np.array([1.0, 2.0, 3.0, 4.0]), 0.5), 3)
-    0.927
+    0.929
     """
     from scipy import stats
 
