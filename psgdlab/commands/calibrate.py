@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -121,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
             f"--out {args.out}: a profile needs a RUN_DIR of psgdlab train for the compute law (the probe "
             "measures the links only)"
         )
+    for path in args.run_dirs:  # before a probe spends its seconds
+        if not os.path.isdir(path):
+            raise ConfigError(f"run directory {path} does not exist (give directories written by psgdlab train)")
     run_dirs = list(args.run_dirs)
     if args.probe:
         run_dirs.append(_run_probe(args))

@@ -53,6 +53,7 @@ def test_probe_flags_are_checked_before_anything_runs(tmp_path, capsys):
         (["--probe", "--out", str(tmp_path / "x.toml")], "needs a RUN_DIR of psgdlab train"),
         ([], "give RUN_DIRs of psgdlab train, or --probe"),
         (["--sizes", "8k,64k"], "add --probe"),
+        (["--probe", str(tmp_path / "missing"), "--out", str(tmp_path / "x.toml")], "missing does not exist"),
     ):
         assert (
             _status(["calibrate", *argv, "--probe-out", str(out)] if "--probe" in argv else ["calibrate", *argv]) == 2
