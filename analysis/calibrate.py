@@ -37,7 +37,7 @@ from psgdlab.core.cost import (
 )
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, RUN_NOISE_CV, STEP_NOISE_CV, Prior
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, STEP_NOISE_CV, Prior
 from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
 from psgdlab.core.trace import PHASES
 
@@ -183,6 +183,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             algorithm=algorithm,
             bandwidth_prior=priors["link"] or LOOPBACK_BANDWIDTH,
             collective_prior=priors["collective"] or LOOPBACK_BANDWIDTH,
+            latency_prior=LOOPBACK_LATENCY,
         )
     except ConfigError:
         if probe is None:
@@ -191,12 +192,13 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         source = {"link": "probe", "collective": "probe"}
         algorithm = probe["allreduce_algorithm"]
     for key, fit in (("link", link), ("collective", collective)):
-        if fit is not None and source[key] == "runs" and priors[key] is not None and fit["unpinned"]:
+        bw = "bandwidth_bytes_per_s"
+        if fit is not None and source[key] == "runs" and priors[key] is not None and bw in fit["unpinned"]:
             # the probe pinned what the runs did not: unpinned only where the result is as wide
             # as the spec-sheet prior's spread
             source[key] = "runs, bandwidth from the probe"
             wide = (fit["bandwidth_log_sd"] or np.inf) > PINNED_SHRINK * LOOPBACK_BANDWIDTH.log_sd
-            fit["unpinned"] = ["bandwidth_bytes_per_s"] if wide else []
+            fit["unpinned"] = [x for x in fit["unpinned"] if x != bw] + ([bw] if wide else [])
     step_noise = _run_noise_cv([((algorithm_of(r), workers_of(r), payload_of(r)), _mean_step_s(r)) for r in free])
     model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)

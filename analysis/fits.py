@@ -103,6 +103,7 @@ def fit_link(
     algorithm: str = "ring",
     sd_s: np.ndarray | None = None,
     bandwidth_prior: Prior | None = None,
+    latency_prior: Prior | None = None,
 ) -> dict[str, Any]:
     r"""Latency and bandwidth from exchange durations and payloads, with their uncertainty.
 
@@ -112,11 +113,12 @@ def fit_link(
     than their ``sd_s`` say (without ``sd_s``: by the residual variance, and unknown without
     spare points); the log-sds follow by the delta method. The bandwidth is *pinned* when the
     data alone give :math:`1/\beta > 0` with a log-sd of at most :data:`PINNED_SHRINK` times the
-    prior's. Otherwise (one payload size, durations that do not grow with the size, a spread as
-    wide as the prior's) a fit with ``bandwidth_prior`` keeps the prior: its
-    :math:`\ln \beta` is one more observation (value and ``log_sd``) of a least-squares fit in
-    :math:`(\alpha, \ln(1/\beta))` whose covariance comes from the Jacobian at the solution,
-    and the bandwidth is reported ``unpinned``; without a prior the design is refused.
+    prior's, and the latency likewise with ``latency_prior`` (without one, any latency the data
+    give is pinned). Otherwise (one payload size, durations that do not grow with the size, a
+    spread as wide as the prior's) what is not pinned keeps its prior: the prior's logarithm is
+    one more observation (value and ``log_sd``) of a least-squares fit in
+    :math:`(\ln\alpha, \ln(1/\beta))`, whose covariance comes from the Jacobian at the
+    solution, and the value is reported ``unpinned``; a bandwidth without a prior is refused.
 
     Parameters
     ----------
@@ -136,8 +138,9 @@ def fit_link(
         their latency rounds; alike for groups of 2.
     sd_s : array, optional
         Standard deviation of each entry (default: equal weights).
-    bandwidth_prior : Prior, optional
-        What the bandwidth is known to be before the data (:mod:`psgdlab.core.priors`).
+    bandwidth_prior, latency_prior : Prior, optional
+        What the bandwidth and the latency are known to be before the data
+        (:mod:`psgdlab.core.priors`).
 
     Returns
     -------
@@ -164,27 +167,34 @@ def fit_link(
     sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
     weighted = sd_s is not None
     post = _wls(X, t, sd, weighted=weighted) if np.unique(S).size >= 2 else None
-    pinned = post is not None and post["inv_beta"] > 0
-    if pinned and bandwidth_prior is not None and post is not None:
-        pinned = (
-            post["sd_log_inv_beta"] is not None and post["sd_log_inv_beta"] <= PINNED_SHRINK * bandwidth_prior.log_sd
+    sd_v = post["sd_log_inv_beta"] if post is not None else None
+    bw_pinned = post is not None and post["inv_beta"] > 0
+    if bw_pinned and bandwidth_prior is not None:
+        bw_pinned = sd_v is not None and sd_v <= PINNED_SHRINK * bandwidth_prior.log_sd
+    if not bw_pinned and bandwidth_prior is None:
+        assert post is not None  # a single size without a prior was refused above
+        raise ConfigError(
+            f"fitted bandwidth is not positive (1/beta = {post['inv_beta']:.3g} s/B): the durations do not "
+            "grow with payload size; measure larger payloads"
         )
-    if not pinned:
-        if bandwidth_prior is None:
-            assert post is not None  # a single size without a prior was refused above
-            raise ConfigError(
-                f"fitted bandwidth is not positive (1/beta = {post['inv_beta']:.3g} s/B): the durations do not "
-                "grow with payload size; measure larger payloads"
-            )
-        post = _posterior(X, t, sd, bandwidth_prior, weighted=weighted)
+    sd_a = post["sd_alpha"] / post["alpha"] if post and post["sd_alpha"] is not None and post["alpha"] > 0 else None
+    lat_pinned = latency_prior is None or (
+        bw_pinned and sd_a is not None and sd_a <= PINNED_SHRINK * latency_prior.log_sd
+    )
+    if not (bw_pinned and lat_pinned):  # what the data do not pin keeps its prior
+        post = _posterior(X, t, sd, (latency_prior, None if bw_pinned else bandwidth_prior), weighted=weighted)
+        sd_a = post["sd_log_alpha"]
+        # the latency is judged given the bandwidth (its data-only spread is meaningless when the
+        # bandwidth is not pinned): pinned where the data narrowed its prior's spread enough
+        lat_pinned = latency_prior is None or sd_a <= PINNED_SHRINK * latency_prior.log_sd
     assert post is not None
     alpha, inv_beta = post["alpha"], post["inv_beta"]
     resid = t - X @ np.array([alpha, inv_beta])
-    unpinned = [] if pinned else ["bandwidth_bytes_per_s"]
+    unpinned = [name for name, ok in (("latency_s", lat_pinned), ("bandwidth_bytes_per_s", bw_pinned)) if not ok]
     return {
         "latency_s": alpha,
         "bandwidth_bytes_per_s": float(1.0 / inv_beta),
-        "latency_log_sd": post["sd_alpha"] / alpha if post["sd_alpha"] is not None and alpha > 0 else None,
+        "latency_log_sd": sd_a,
         "bandwidth_log_sd": post["sd_log_inv_beta"],
         "log_correlation": post["corr"],
         "unpinned": unpinned,
@@ -253,56 +263,40 @@ def _wls(X: np.ndarray, t: np.ndarray, sd: np.ndarray, *, weighted: bool) -> dic
     return out
 
 
-def _posterior(X: np.ndarray, t: np.ndarray, sd: np.ndarray, prior: Prior | None, *, weighted: bool) -> dict[str, Any]:
-    """The weighted least-squares fit of ``t ~ X @ (alpha, exp(v))`` with ``alpha >= 0`` and, with
-    ``prior``, ``v`` observed at ``-ln(prior.value)`` with sd ``prior.log_sd``; its covariance."""
+def _posterior(
+    X: np.ndarray, t: np.ndarray, sd: np.ndarray, priors: tuple[Prior | None, Prior | None], *, weighted: bool
+) -> dict[str, Any]:
+    """The weighted least-squares fit of ``t ~ X @ (exp(a), exp(v))`` (latency and inverse
+    bandwidth in log terms, so both stay positive), each prior of ``priors`` (latency,
+    bandwidth) one more observation of ``a`` or ``-v`` with its ``log_sd``; the covariance
+    of ``(a, v)`` from the Jacobian at the solution."""
     from scipy.optimize import least_squares
 
-    def resid(theta: np.ndarray) -> np.ndarray:
-        r = (X @ np.array([theta[0], math.exp(theta[1])]) - t) / sd
-        return np.append(r, (theta[1] + math.log(prior.value)) / prior.log_sd) if prior else r
+    lat, bw = priors
 
-    scale = float(np.median(t / np.maximum(X[:, 1], 1e-30)))
-    v0 = -math.log(prior.value) if prior else math.log(max(scale, 1e-15))
-    start = np.array([max(float(np.min(t / np.maximum(X[:, 0], 1e-30))) * 0.5, 0.0), v0])
-    sol = least_squares(
-        resid,
-        start,
-        bounds=([0.0, -np.inf], [np.inf, np.inf]),
-        x_scale=[scale * 1e6 or 1e-3, 1.0],
-        xtol=1e-15,
-        ftol=1e-15,
-        gtol=1e-15,
-    )
-    alpha, v = float(sol.x[0]), float(sol.x[1])
-    J = sol.jac
-    free = [1] if alpha <= 1e-15 else [0, 1]  # a latency at its bound 0 is not a free parameter
+    def resid(theta: np.ndarray) -> np.ndarray:
+        r = (X @ np.exp(theta) - t) / sd
+        extra = [] if lat is None else [(theta[0] - math.log(lat.value)) / lat.log_sd]
+        extra += [] if bw is None else [(theta[1] + math.log(bw.value)) / bw.log_sd]
+        return np.append(r, extra)
+
+    a0 = math.log(lat.value) if lat else math.log(max(float(np.min(t / np.maximum(X[:, 0], 1e-30))) * 0.5, 1e-9))
+    v0 = -math.log(bw.value) if bw else math.log(max(float(np.median(t / np.maximum(X[:, 1], 1e-30))), 1e-15))
+    sol = least_squares(resid, np.array([a0, v0]), xtol=1e-15, ftol=1e-15, gtol=1e-15)
     data_rows = X.shape[0]
     chi2 = float(np.sum(sol.fun[:data_rows] ** 2))
-    red = chi2 / (data_rows - len(free)) if data_rows > len(free) else None
-    if weighted:
-        inflate = max(1.0, red) if red is not None else 1.0
-    else:
-        inflate = red if red is not None else None
-    out: dict[str, Any] = {
-        "alpha": alpha,
-        "inv_beta": math.exp(v),
-        "sd_alpha": None,
-        "sd_log_inv_beta": None,
-        "corr": None,
+    red = chi2 / (data_rows - 2) if data_rows > 2 else None
+    inflate = (max(1.0, red) if red is not None else 1.0) if weighted else (red if red is not None else 1.0)
+    cov = _covariance(sol.jac) * inflate
+    sd_a, sd_v = (float(math.sqrt(max(cov[i, i], 0.0))) for i in (0, 1))
+    return {
+        "alpha": float(math.exp(sol.x[0])),
+        "inv_beta": float(math.exp(sol.x[1])),
+        "sd_log_alpha": sd_a,
+        "sd_log_inv_beta": sd_v,
+        "corr": float(-cov[0, 1] / math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))),
         "reduced_chi2": red,
     }
-    if inflate is None:
-        return out
-    cov = _covariance(J[:, free]) * inflate
-    if len(free) == 2:
-        out["sd_alpha"] = float(math.sqrt(max(cov[0, 0], 0.0)))
-        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[1, 1], 0.0)))
-        denom = math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))
-        out["corr"] = float(-cov[0, 1] / denom)  # of ln(alpha) and ln(beta) = -v
-    else:
-        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[0, 0], 0.0)))
-    return out
 
 
 def fit_links(
@@ -316,6 +310,7 @@ def fit_links(
     algorithm: str = "ring",
     bandwidth_prior: Prior | None = None,
     collective_prior: Prior | None = None,
+    latency_prior: Prior | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
     points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records,
@@ -327,7 +322,8 @@ def fit_links(
     the pairwise points fit the link and the allreduce points the collective; otherwise one fit
     over every point is the link and the collective is ``None`` (the simulator then derives it
     from the link). ``algorithm`` and ``bandwidth_prior``: as in :func:`fit_link`;
-    ``collective_prior`` (default ``bandwidth_prior``) is the allreduce fit's prior.
+    ``collective_prior`` (default ``bandwidth_prior``) is the allreduce fit's prior;
+    ``latency_prior`` that of both.
     """
 
     def enough(sel: np.ndarray) -> bool:
@@ -343,6 +339,7 @@ def fit_links(
             algorithm=algorithm,
             sd_s=None if sd is None else sd[sel],
             bandwidth_prior=prior,
+            latency_prior=latency_prior,
         )
         fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
         fit["pairwise_samples"] = int(rec[sel & pair].sum())

@@ -35,7 +35,7 @@ from psgdlab.analysis.fits import MIN_RECORDS, fit_link, fit_links
 from psgdlab.analysis.samples import quantile_se
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_bytes, allreduce_messages
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, RUN_NOISE_CV
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV
 
 __all__ = ["is_probe_dir", "read_probe", "fit_probe"]
 
@@ -85,6 +85,7 @@ def fit_probe(path: Any, *, cores: int | None = None) -> dict[str, Any]:
         sd[free],
         algorithm=schedule,
         bandwidth_prior=LOOPBACK_BANDWIDTH,
+        latency_prior=LOOPBACK_LATENCY,
     )
     out = {
         "points": points,

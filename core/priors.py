@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from psgdlab.core.errors import require
 
-__all__ = ["Prior", "LOOPBACK_BANDWIDTH", "RUN_NOISE_CV", "STEP_NOISE_CV"]
+__all__ = ["Prior", "LOOPBACK_BANDWIDTH", "LOOPBACK_LATENCY", "RUN_NOISE_CV", "STEP_NOISE_CV"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +52,16 @@ LOOPBACK_BANDWIDTH = Prior(
     value=2e9,
     log_sd=math.log(4.0),
     source="one core copying through host memory behind the transport's synchronisation; x/ 4",
+)
+
+#: latency (per message, per allreduce round) between worker processes of one host: waking a
+#: waiting process and the transport's handshakes, tens of microseconds to a few milliseconds
+#: on a busy host (docs/measurements.md, "Priors": 0.1-2.9 ms fitted here); a factor of 10
+#: either way
+LOOPBACK_LATENCY = Prior(
+    value=5e-4,
+    log_sd=math.log(10.0),
+    source="a wake-up of a waiting process and the transport's handshakes on one host; x/ 10",
 )
 
 #: relative run-to-run scatter of one run's summary of an exchange (the median allreduce span,

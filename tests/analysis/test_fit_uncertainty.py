@@ -9,7 +9,7 @@ import pytest
 
 from psgdlab.analysis.fits import PINNED_SHRINK, fit_link
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
 
 ALPHA, BETA = 3e-4, 1.5e9
 SIZES = np.array([8e3, 6.4e4, 5.12e5, 4e6])
@@ -86,3 +86,36 @@ def test_well_measured_data_are_not_pulled_towards_the_prior():
     assert fit["unpinned"] == []
     assert fit["bandwidth_bytes_per_s"] == pytest.approx(BETA, rel=1e-9)
     assert fit["latency_s"] == pytest.approx(ALPHA, rel=1e-9)
+
+
+def test_one_size_leaves_the_latency_unpinned_too_with_a_finite_spread():
+    """With one payload size the latency is the duration less the prior's bytes term: given a
+    latency prior it is reported unpinned with a spread no wider than the priors' (not the
+    delta method's log-sd of a latency near zero, which came out 17 on the docs' 4 MB run)."""
+    t, S = np.array([2.16e-3, 2.2e-3]), np.array([4e6, 4e6])
+    fit = fit_link(
+        t,
+        S,
+        records=76,
+        group_sizes=np.array([2, 2]),
+        algorithm="direct",
+        sd_s=0.2 * t,
+        bandwidth_prior=LOOPBACK_BANDWIDTH,
+        latency_prior=LOOPBACK_LATENCY,
+    )
+    assert fit["unpinned"] == ["latency_s", "bandwidth_bytes_per_s"]
+    assert 0 < fit["latency_log_sd"] <= LOOPBACK_LATENCY.log_sd
+    assert 0 < fit["bandwidth_log_sd"] <= LOOPBACK_BANDWIDTH.log_sd
+    assert fit["latency_s"] > 0
+    # two sizes that pin the latency but not the bandwidth: only the bandwidth is unpinned
+    falling = fit_link(
+        np.array([3.41e-3, 2.16e-3]),
+        np.array([4e5, 4e6]),
+        records=76,
+        group_sizes=np.array([2, 2]),
+        algorithm="direct",
+        sd_s=np.array([0.03e-3, 0.04e-3]),
+        bandwidth_prior=LOOPBACK_BANDWIDTH,
+        latency_prior=LOOPBACK_LATENCY,
+    )
+    assert falling["unpinned"] == ["bandwidth_bytes_per_s"]
