@@ -178,7 +178,11 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     source = {"link": "runs", "collective": "runs"}
     try:
         link, collective = fit_links(
-            *pts[:5],
+            pts[0],
+            pts[1],
+            pts[2],
+            pts[3],
+            pts[4],
             sd,
             algorithm=algorithm,
             bandwidth_prior=priors["link"] or LOOPBACK_BANDWIDTH,
