@@ -9,9 +9,11 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from psgdlab.core.flags import DefaultsHelpFormatter
+
     p = sub.add_parser(
         "calibrate",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         help="fit the simulator's platform profile (compute time, link latency and bandwidth) from measured runs",
         description=(
             "Fit, from one or more runtime run directories (psgdlab train), the per-step compute-time "
@@ -53,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="BYTES[,...]",
         help="message sizes of the probe, with an optional k or M suffix (KiB, MiB), multiples of 8 bytes "
-        "(default 8k,64k,512k,4M)",
+        "(default: 8k,64k,512k,4M)",
     )
     p.add_argument(
         "--groups",
