@@ -7,7 +7,8 @@ It reads only what the simulator and the runtime write to disk (``summary.json``
 Modules: :mod:`~psgdlab.analysis.load` (run directories and their cases),
 :mod:`~psgdlab.analysis.compare` (errors per case), :mod:`~psgdlab.analysis.calibrate`
 (a platform profile from measured runs: :mod:`~psgdlab.analysis.samples` reads them,
-:mod:`~psgdlab.analysis.fits` and :mod:`~psgdlab.analysis.cores` fit the cost laws),
+:mod:`~psgdlab.analysis.fits` and :mod:`~psgdlab.analysis.cores` fit the cost laws,
+:mod:`~psgdlab.analysis.probe` the links and CPU work from a probe of the transport),
 :mod:`~psgdlab.analysis.figures` and :mod:`~psgdlab.analysis.report`.
 """
 
@@ -29,6 +30,7 @@ _LAZY = {
     "fit_link": "fits",
     "calibrate_runs": "calibrate",
     "platform_profile": "calibrate",
+    "fit_probe": "probe",
 }
 __all__ = list(_LAZY)
 

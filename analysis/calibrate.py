@@ -12,6 +12,7 @@ import numpy as np
 
 from psgdlab.analysis.fits import (
     MIN_RECORDS,
+    PINNED_SHRINK,
     fit_compute_time,
     fit_link,
     fit_links,
@@ -36,12 +37,14 @@ from psgdlab.core.cost import (
 )
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Workload
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, STEP_NOISE_CV, Prior
+from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
 from psgdlab.core.trace import PHASES
 
 __all__ = [
     "calibrate_runs",
     "platform_profile",
+    "link_uncertainty",
     "SERVER_QUANTILE",
     # fitted and read by the modules above, named here too
     "fit_compute_time",
@@ -79,17 +82,39 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     count: every run counts as uncontended). Also returned: what the runs were (``runs``,
     ``payload_bytes``, ``itemsize``, ``batch``, ``max_workers``, ``cores``). Too little data
     raises :class:`ConfigError` (from the fits).
+
+    Each link point is weighted by its error: its standard error within the run and a
+    run-to-run part, the scatter of repeated configurations (``noise``; else
+    :data:`~psgdlab.core.priors.RUN_NOISE_CV`); a bandwidth the points do not pin keeps
+    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH` and is reported unpinned
+    (:func:`fit_link`). One of ``run_dirs`` may be a probe's
+    (:func:`psgdlab.analysis.probe.fit_probe`): the bandwidths it pinned are the priors of the
+    runs' fits, so a bandwidth the runs do not pin is the probe's while the latency stays the
+    runs' (what a step sees: arrival skew, wake-ups); its laws replace the runs' where those
+    cannot be fitted at all (``link_source``, per law); its measured CPU work is ``host_cpu``
+    unless runs with more workers than cores fit it.
     """
     from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run
+    from psgdlab.analysis.probe import fit_probe, is_probe_dir
 
-    runs = [load_run(p) for p in run_dirs]
+    run_dirs = list(run_dirs)
+    probe_dirs = [p for p in run_dirs if is_probe_dir(p)]
+    runs = [load_run(p) for p in run_dirs if not is_probe_dir(p)]
     if not runs:
-        raise ConfigError("calibration needs at least one run directory")
+        raise ConfigError(
+            "calibration needs at least one run directory of psgdlab train (the compute law comes from "
+            "end-to-end runs; a probe measures the links only)"
+        )
+    if len(probe_dirs) > 1:
+        raise ConfigError(
+            f"give at most one probe directory ({len(probe_dirs)} given: {', '.join(map(str, probe_dirs))})"
+        )
     for run in runs:
         if run.trace is None:
             raise ConfigError(f"{run.path} has no trace.npz to calibrate from")
     cores = cores if cores is not None else cores_of(runs)
+    probe = fit_probe(probe_dirs[0], cores=cores) if probe_dirs else None
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
@@ -131,11 +156,57 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             f"with at most {cores} workers allreduces the model ({names})"
         )
     algorithm = allreduce_algorithm_of(runs)
+    if (
+        probe is not None
+        and probe["allreduce_algorithm"] != algorithm
+        and any(r.meta.get("allreduce_algorithm") for r in runs)
+    ):
+        raise ConfigError(
+            f"the probe's allreduce schedule ({probe['allreduce_algorithm']}) is not the runs' ({algorithm}); "
+            "probe the transport the runs used"
+        )
     parts = [link_samples(r, warmup_steps=warmup_steps) for r in plain]
-    link, collective = fit_links(*(np.concatenate([p[i] for p in parts]) for i in range(5)), algorithm=algorithm)
+    pts = [np.concatenate([p[i] for p in parts]) for i in range(6)]  # durations, sizes, groups, pairwise, ...
+    link_noise = _run_noise_cv([(key, float(x)) for p in parts for key, x in zip(zip(p[3], p[2], p[1]), p[0])])
+    sd = np.sqrt(pts[5] ** 2 + ((link_noise if link_noise is not None else RUN_NOISE_CV) * pts[0]) ** 2)
+    # a probe's pinned bandwidths are the priors of the runs' fits: where the runs' points pin a
+    # bandwidth it is theirs (what a training step sees), where they do not it is the probe's
+    priors = {
+        key: _measured_prior(probe[key], f"the probe's {key}") if probe is not None else None
+        for key in ("link", "collective")
+    }
+    source = {"link": "runs", "collective": "runs"}
+    try:
+        link, collective = fit_links(
+            pts[0],
+            pts[1],
+            pts[2],
+            pts[3],
+            pts[4],
+            sd,
+            algorithm=algorithm,
+            bandwidth_prior=priors["link"] or LOOPBACK_BANDWIDTH,
+            collective_prior=priors["collective"] or LOOPBACK_BANDWIDTH,
+            latency_prior=LOOPBACK_LATENCY,
+        )
+    except ConfigError:
+        if probe is None:
+            raise
+        link, collective = probe["link"], probe["collective"]
+        source = {"link": "probe", "collective": "probe"}
+        algorithm = probe["allreduce_algorithm"]
+    for key, fit in (("link", link), ("collective", collective)):
+        bw = "bandwidth_bytes_per_s"
+        if fit is not None and source[key] == "runs" and priors[key] is not None and bw in fit["unpinned"]:
+            # the probe pinned what the runs did not: unpinned only where the result is as wide
+            # as the spec-sheet prior's spread
+            source[key] = "runs, bandwidth from the probe"
+            wide = (fit["bandwidth_log_sd"] or np.inf) > PINNED_SHRINK * LOOPBACK_BANDWIDTH.log_sd
+            fit["unpinned"] = [x for x in fit["unpinned"] if x != bw] + ([bw] if wide else [])
+    step_noise = _run_noise_cv([((algorithm_of(r), workers_of(r), payload_of(r)), _mean_step_s(r)) for r in free])
     model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)
-    host_cpu = None
+    host_cpu = probe["host_cpu"] if probe is not None else None
     if busy:
         assert cores is not None  # without a core count every run is free
         host_cpu = fit_host_cpu(
@@ -159,14 +230,52 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         "host_cpu": host_cpu,
         "model_average": model_average,
         "mix_merge": mix_merge,
+        "link_source": source,
+        "probe": probe["path"] if probe is not None else None,
+        "noise": {
+            "link_cv": link_noise,
+            "step_cv": step_noise,
+            "link_cv_used": link_noise if link_noise is not None else RUN_NOISE_CV,
+            "step_cv_used": step_noise if step_noise is not None else STEP_NOISE_CV,
+        },
         "cores": cores,
         "allreduce_algorithm": algorithm,
-        "runs": [str(r.path) for r in runs],
+        "runs": [str(r.path) for r in runs] + [str(p) for p in probe_dirs],
         "payload_bytes": payloads,
         "itemsize": max(itemsizes) or None,
         "batch": max(batches) or None,
         "max_workers": max(workers_of(r) for r in runs),
     }
+
+
+def _measured_prior(fit: dict[str, Any] | None, source: str) -> Prior | None:
+    """A pinned bandwidth of a probe's link fit as the prior of another fit; ``None`` when the
+    probe did not pin it."""
+    if not fit or fit.get("unpinned") or not fit.get("bandwidth_log_sd"):
+        return None
+    return Prior(value=float(fit["bandwidth_bytes_per_s"]), log_sd=float(fit["bandwidth_log_sd"]), source=source)
+
+
+def _run_noise_cv(points: list[tuple[Any, float]]) -> float | None:
+    """Run-to-run relative scatter of ``(configuration, value)`` points: the standard deviation
+    of the logarithms of the values of each configuration measured more than once, pooled over
+    configurations (by their degrees of freedom); ``None`` when no configuration repeats."""
+    groups: dict[Any, list[float]] = {}
+    for key, value in points:
+        if value > 0:
+            groups.setdefault(key, []).append(float(np.log(value)))
+    ss = sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in groups.values() if len(v) > 1)
+    dof = sum(len(v) - 1 for v in groups.values() if len(v) > 1)
+    return float(np.sqrt(ss / dof)) if dof else None
+
+
+def _mean_step_s(run: Any) -> float:
+    """The run's mean time between consecutive compute starts, over its workers (after 2 steps)."""
+    tr = run.trace
+    comp = tr[(tr["phase"] == PHASES["compute"]) & (tr["step"] >= 2)]
+    gaps = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    gaps = [g for g in gaps if g.size]
+    return float(np.mean(np.concatenate(gaps))) if gaps else 0.0
 
 
 def _fit_mix_merge(
@@ -336,6 +445,7 @@ def platform_profile(
         batch_per_worker=batch,
     )
     defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
+    uncertainty = link_uncertainty(calibration)
     notes = [
         f"Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
         *[f"  {r}" for r in calibration["runs"]],
@@ -393,8 +503,13 @@ def platform_profile(
             "  host cores: "
             + (
                 f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
-                f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} allreduces in "
-                f"runs with more workers than cores (median excess {cpu['median_excess_s']} s, "
+                f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} "
+                + (
+                    "exchanges of the probe (their CPU time; median "
+                    if cpu.get("source")
+                    else "allreduces in runs with more workers than cores (median excess "
+                )
+                + f"{cpu['median_excess_s']} s, "
                 f"rms residual "
                 f"{cpu['rms_residual_s']:.4g} s)"
                 if cpu
@@ -402,4 +517,51 @@ def platform_profile(
             )
         ),
     ]
-    return Profile(platform=platform, workload=workload, defaults=defaults, notes=tuple(notes))
+    notes.append(
+        "  uncertainty: "
+        + (
+            ", ".join(f"{p} log-sd {sd:.3g}" for p, sd in zip(uncertainty.parameters, uncertainty.log_sd))
+            + (f"; unpinned (kept at the prior): {', '.join(uncertainty.unpinned)}" if uncertainty.unpinned else "")
+            + f"; run-to-run noise of a mean step {uncertainty.noise_cv:.3g}"
+        )
+    )
+    return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=tuple(notes))
+
+
+def link_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
+    """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit's links: the
+    log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
+    ``platform.collective``; a latency at its bound 0 has none), their correlation within each
+    link, the bandwidths the data did not pin (kept at :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`,
+    marked unpinned) and the run-to-run noise of a mean step (measured where a configuration
+    repeats, else :data:`~psgdlab.core.priors.STEP_NOISE_CV`). The ``nic`` copy of the link is
+    left out: the calibrated platform is one host."""
+    params: list[str] = []
+    sds: list[float] = []
+    blocks: list[tuple[int, int, float]] = []
+    unpinned: list[str] = []
+    for table, fit in (("platform.pcie", calibration["link"]), ("platform.collective", calibration.get("collective"))):
+        if not fit:
+            continue
+        first = len(params)
+        for key, sd_key in (("latency_s", "latency_log_sd"), ("bandwidth_bytes_per_s", "bandwidth_log_sd")):
+            if fit.get(sd_key) is not None and fit[key] > 0:
+                params.append(f"{table}.{key}")
+                sds.append(float(fit[sd_key]))
+                if key in fit.get("unpinned", ()):
+                    unpinned.append(f"{table}.{key}")
+        if len(params) - first == 2 and fit.get("log_correlation") is not None:
+            # +-1 (one size: the latency is the duration less the prior's bytes term) would make the
+            # matrix singular; 0.999 keeps it positive definite for a Cholesky factor
+            blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -0.999, 0.999))))
+    corr = [[1.0 if i == j else 0.0 for j in range(len(params))] for i in range(len(params))]
+    for i, j, c in blocks:
+        corr[i][j] = corr[j][i] = c
+    noise = calibration.get("noise", {})
+    return Uncertainty(
+        parameters=tuple(params),
+        log_sd=tuple(sds),
+        correlation=tuple(tuple(row) for row in corr) if blocks else (),
+        unpinned=tuple(unpinned),
+        noise_cv=float(noise.get("step_cv_used", STEP_NOISE_CV)),
+    )

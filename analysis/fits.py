@@ -38,10 +38,12 @@ from psgdlab.core.cost import (
     transfer_terms,
 )
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.priors import Prior
 from psgdlab.core.trace import PHASES
 
 __all__ = [
     "MIN_RECORDS",
+    "PINNED_SHRINK",
     "fit_compute_time",
     "fit_link",
     "fit_links",
@@ -51,6 +53,10 @@ __all__ = [
 
 
 MIN_RECORDS = 8
+
+#: a value with a prior is *unpinned* when the data narrowed the standard deviation of its
+#: logarithm to no less than this fraction of the prior's
+PINNED_SHRINK = 0.5
 
 
 def fit_compute_time(trace: np.ndarray, *, warmup_steps: int = 2) -> dict[str, Any]:
@@ -95,13 +101,30 @@ def fit_link(
     pairwise: np.ndarray | None = None,
     records: int | None = None,
     algorithm: str = "ring",
+    sd_s: np.ndarray | None = None,
+    bandwidth_prior: Prior | None = None,
+    latency_prior: Prior | None = None,
 ) -> dict[str, Any]:
-    r"""Least-squares latency and bandwidth from exchange durations and payloads.
+    r"""Latency and bandwidth from exchange durations and payloads, with their uncertainty.
+
+    Weighted least squares of the cost law (module docstring) in :math:`(\alpha, 1/\beta)` with
+    :math:`\alpha \ge 0`, each point weighted by ``1 / sd_s**2``. The covariance is
+    :math:`(X^T W X)^{-1}`, scaled up by the reduced :math:`\chi^2` when the points scatter more
+    than their ``sd_s`` say (without ``sd_s``: by the residual variance, and unknown without
+    spare points); the log-sds follow by the delta method. The bandwidth is *pinned* when the
+    data alone give :math:`1/\beta > 0` with a log-sd of at most :data:`PINNED_SHRINK` times the
+    prior's, and the latency likewise with ``latency_prior`` (without one, any latency the data
+    give is pinned). Otherwise (one payload size, durations that do not grow with the size, a
+    spread as wide as the prior's) what is not pinned keeps its prior: the prior's logarithm is
+    one more observation (value and ``log_sd``) of a least-squares fit in
+    :math:`(\ln\alpha, \ln(1/\beta))`, whose covariance comes from the Jacobian at the
+    solution, and the value is reported ``unpinned``; a bandwidth without a prior is refused.
 
     Parameters
     ----------
     durations_s, payload_bytes : array
-        One entry per measured exchange (``S`` is the model bytes moved, not the wire bytes).
+        One entry per measured exchange or per summary of several (``S`` is the model bytes
+        moved, not the wire bytes).
     group_sizes : array, optional
         Ranks in each exchange's allreduce group (``None`` or 2 entries mean pairwise exchanges).
     pairwise : bool array, optional
@@ -113,6 +136,20 @@ def fit_link(
     algorithm : str
         The allreduces' schedule (:data:`psgdlab.core.exchange.ALLREDUCE_ALGORITHMS`), which sets
         their latency rounds; alike for groups of 2.
+    sd_s : array, optional
+        Standard deviation of each entry (default: equal weights).
+    bandwidth_prior, latency_prior : Prior, optional
+        What the bandwidth and the latency are known to be before the data
+        (:mod:`psgdlab.core.priors`).
+
+    Returns
+    -------
+    dict
+        ``latency_s``, ``bandwidth_bytes_per_s``; ``latency_log_sd`` and ``bandwidth_log_sd``
+        (standard deviations of the logarithms; ``None`` where unknown or the latency is 0),
+        ``log_correlation`` (of the two logarithms), ``unpinned`` (names of the values the
+        data did not pin down), ``samples``, ``points``, ``rms_residual_s``,
+        ``max_rel_residual``, ``reduced_chi2``.
     """
     t = np.asarray(durations_s, dtype=float)
     S = np.asarray(payload_bytes, dtype=float)
@@ -121,11 +158,56 @@ def fit_link(
     records = t.size if records is None else int(records)
     if records < MIN_RECORDS or t.size == 0:
         raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
-    if np.unique(S).size < 2:  # also one point summarizing many exchanges of one size
+    if np.unique(S).size < 2 and bandwidth_prior is None:  # also one point summarizing many exchanges
         raise ConfigError(
             f"cannot separate latency from bandwidth with a single payload size ({records} exchanges, all of "
             f"{S[0]:.0f} bytes); measure exchanges of at least two sizes"
         )
+    X = _link_design(S, group_sizes, pairwise, algorithm)
+    sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
+    weighted = sd_s is not None
+    post = _wls(X, t, sd, weighted=weighted) if np.unique(S).size >= 2 else None
+    sd_v = post["sd_log_inv_beta"] if post is not None else None
+    bw_pinned = post is not None and post["inv_beta"] > 0
+    if bw_pinned and bandwidth_prior is not None:
+        bw_pinned = sd_v is not None and sd_v <= PINNED_SHRINK * bandwidth_prior.log_sd
+    if not bw_pinned and bandwidth_prior is None:
+        assert post is not None  # a single size without a prior was refused above
+        raise ConfigError(
+            f"fitted bandwidth is not positive (1/beta = {post['inv_beta']:.3g} s/B): the durations do not "
+            "grow with payload size; measure larger payloads"
+        )
+    sd_a = post["sd_alpha"] / post["alpha"] if post and post["sd_alpha"] is not None and post["alpha"] > 0 else None
+    lat_pinned = latency_prior is None or (
+        bw_pinned and sd_a is not None and sd_a <= PINNED_SHRINK * latency_prior.log_sd
+    )
+    if not (bw_pinned and lat_pinned):  # what the data do not pin keeps its prior
+        post = _posterior(X, t, sd, (latency_prior, None if bw_pinned else bandwidth_prior), weighted=weighted)
+        sd_a = post["sd_log_alpha"]
+        # the latency is judged given the bandwidth (its data-only spread is meaningless when the
+        # bandwidth is not pinned): pinned where the data narrowed its prior's spread enough
+        lat_pinned = latency_prior is None or sd_a <= PINNED_SHRINK * latency_prior.log_sd
+    assert post is not None
+    alpha, inv_beta = post["alpha"], post["inv_beta"]
+    resid = t - X @ np.array([alpha, inv_beta])
+    unpinned = [name for name, ok in (("latency_s", lat_pinned), ("bandwidth_bytes_per_s", bw_pinned)) if not ok]
+    return {
+        "latency_s": alpha,
+        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
+        "latency_log_sd": sd_a,
+        "bandwidth_log_sd": post["sd_log_inv_beta"],
+        "log_correlation": post["corr"],
+        "unpinned": unpinned,
+        "samples": records,
+        "points": int(t.size),
+        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
+        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+        "reduced_chi2": post["reduced_chi2"],
+    }
+
+
+def _link_design(S: np.ndarray, group_sizes: Any, pairwise: Any, algorithm: str) -> np.ndarray:
+    """Rows of the coefficients of :math:`(\alpha, 1/\beta)` of each point (pairwise or allreduce)."""
     if group_sizes is None:
         a_coef, b_coef = transfer_terms(S)
     else:
@@ -134,45 +216,130 @@ def fit_link(
         rounds, sent = allreduce_terms(n, S, algorithm)
         a_coef = np.where(pair, transfer_terms(S)[0], rounds)
         b_coef = np.where(pair, transfer_terms(S)[1], sent)
-    X = np.column_stack([a_coef, b_coef])
-    (alpha, inv_beta), *_ = np.linalg.lstsq(X, t, rcond=None)
-    if inv_beta <= 0:
-        raise ConfigError(
-            f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B): the durations do not "
-            "grow with payload size; measure larger payloads"
-        )
-    pred = X @ np.array([alpha, inv_beta])
-    resid = t - pred
+    return np.column_stack([np.broadcast_to(a_coef, S.shape), b_coef]).astype(float)
+
+
+def _covariance(J: np.ndarray) -> np.ndarray:
+    """:math:`(J^T J)^{-1}` through the singular values of ``J`` (stable when one direction is
+    measured far more precisely than another); a direction with no information gets a variance of 1e300."""
+    _, sv, vt = np.linalg.svd(J, full_matrices=False)
+    inv = np.where(sv > sv.max() * 1e-15, 1.0 / np.maximum(sv, 1e-150) ** 2, 1e300)
+    return (vt.T * inv) @ vt
+
+
+def _wls(X: np.ndarray, t: np.ndarray, sd: np.ndarray, *, weighted: bool) -> dict[str, Any]:
+    """Weighted linear least squares of ``t ~ X @ (alpha, 1/beta)`` with ``alpha >= 0`` (at the
+    bound, ``1/beta`` alone), and the covariance (:func:`fit_link` says how it is scaled)."""
+    A, b = X / sd[:, None], t / sd
+    coef, *_ = np.linalg.lstsq(A, b, rcond=None)
+    free = [0, 1]
+    if coef[0] < 0:
+        free = [1]
+        coef = np.array([0.0, float(np.linalg.lstsq(A[:, 1:], b, rcond=None)[0][0])])
+    out: dict[str, Any] = {
+        "alpha": float(coef[0]),
+        "inv_beta": float(coef[1]),
+        "sd_alpha": None,
+        "sd_log_inv_beta": None,
+        "corr": None,
+        "reduced_chi2": None,
+    }
+    rows = X.shape[0]
+    chi2 = float(np.sum((A @ coef - b) ** 2))
+    red = chi2 / (rows - len(free)) if rows > len(free) else None
+    out["reduced_chi2"] = red
+    inflate = (max(1.0, red) if red is not None else 1.0) if weighted else red
+    if inflate is None or coef[1] <= 0:
+        return out
+    cov = _covariance(A[:, free]) * inflate
+    u = coef[1]
+    if len(free) == 2:
+        out["sd_alpha"] = float(math.sqrt(max(cov[0, 0], 0.0)))
+        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[1, 1], 0.0))) / u
+        denom = math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))
+        out["corr"] = float(-cov[0, 1] / denom)  # of ln(alpha) and ln(beta) = -ln(1/beta)
+    else:
+        out["sd_log_inv_beta"] = float(math.sqrt(max(cov[0, 0], 0.0))) / u
+    return out
+
+
+def _posterior(
+    X: np.ndarray, t: np.ndarray, sd: np.ndarray, priors: tuple[Prior | None, Prior | None], *, weighted: bool
+) -> dict[str, Any]:
+    """The weighted least-squares fit of ``t ~ X @ (exp(a), exp(v))`` (latency and inverse
+    bandwidth in log terms, so both stay positive), each prior of ``priors`` (latency,
+    bandwidth) one more observation of ``a`` or ``-v`` with its ``log_sd``; the covariance
+    of ``(a, v)`` from the Jacobian at the solution."""
+    from scipy.optimize import least_squares
+
+    lat, bw = priors
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        r = (X @ np.exp(theta) - t) / sd
+        extra = [] if lat is None else [(theta[0] - math.log(lat.value)) / lat.log_sd]
+        extra += [] if bw is None else [(theta[1] + math.log(bw.value)) / bw.log_sd]
+        return np.append(r, extra)
+
+    a0 = math.log(lat.value) if lat else math.log(max(float(np.min(t / np.maximum(X[:, 0], 1e-30))) * 0.5, 1e-9))
+    v0 = -math.log(bw.value) if bw else math.log(max(float(np.median(t / np.maximum(X[:, 1], 1e-30))), 1e-15))
+    sol = least_squares(resid, np.array([a0, v0]), xtol=1e-15, ftol=1e-15, gtol=1e-15)
+    data_rows = X.shape[0]
+    chi2 = float(np.sum(sol.fun[:data_rows] ** 2))
+    red = chi2 / (data_rows - 2) if data_rows > 2 else None
+    inflate = (max(1.0, red) if red is not None else 1.0) if weighted else (red if red is not None else 1.0)
+    cov = _covariance(sol.jac) * inflate
+    sd_a, sd_v = (float(math.sqrt(max(cov[i, i], 0.0))) for i in (0, 1))
     return {
-        "latency_s": float(max(alpha, 0.0)),
-        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
-        "samples": records,
-        "points": int(t.size),
-        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
-        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+        "alpha": float(math.exp(sol.x[0])),
+        "inv_beta": float(math.exp(sol.x[1])),
+        "sd_log_alpha": sd_a,
+        "sd_log_inv_beta": sd_v,
+        "corr": float(-cov[0, 1] / math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300))),
+        "reduced_chi2": red,
     }
 
 
 def fit_links(
-    t: np.ndarray, S: np.ndarray, n: np.ndarray, pair: np.ndarray, rec: np.ndarray, *, algorithm: str = "ring"
+    t: np.ndarray,
+    S: np.ndarray,
+    n: np.ndarray,
+    pair: np.ndarray,
+    rec: np.ndarray,
+    sd: np.ndarray | None = None,
+    *,
+    algorithm: str = "ring",
+    bandwidth_prior: Prior | None = None,
+    collective_prior: Prior | None = None,
+    latency_prior: Prior | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
-    points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records).
+    points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records,
+    standard deviations).
 
     An implementation's allreduce need not move bytes as its point-to-point transfers do (gloo's
     ring against its ``isend``/``irecv``, docs/measurements.md): with at least two payload sizes
     and :data:`MIN_RECORDS` records of each kind,
     the pairwise points fit the link and the allreduce points the collective; otherwise one fit
     over every point is the link and the collective is ``None`` (the simulator then derives it
-    from the link). ``algorithm``: the allreduces' schedule, as in :func:`fit_link`.
+    from the link). ``algorithm`` and ``bandwidth_prior``: as in :func:`fit_link`;
+    ``collective_prior`` (default ``bandwidth_prior``) is the allreduce fit's prior;
+    ``latency_prior`` that of both.
     """
 
     def enough(sel: np.ndarray) -> bool:
         return np.unique(S[sel]).size >= 2 and int(rec[sel].sum()) >= MIN_RECORDS
 
-    def one(sel: np.ndarray) -> dict[str, Any]:
+    def one(sel: np.ndarray, prior: Prior | None) -> dict[str, Any]:
         fit = fit_link(
-            t[sel], S[sel], group_sizes=n[sel], pairwise=pair[sel], records=int(rec[sel].sum()), algorithm=algorithm
+            t[sel],
+            S[sel],
+            group_sizes=n[sel],
+            pairwise=pair[sel],
+            records=int(rec[sel].sum()),
+            algorithm=algorithm,
+            sd_s=None if sd is None else sd[sel],
+            bandwidth_prior=prior,
+            latency_prior=latency_prior,
         )
         fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
         fit["pairwise_samples"] = int(rec[sel & pair].sum())
@@ -180,8 +347,8 @@ def fit_links(
         return fit
 
     if enough(pair) and enough(~pair):
-        return one(pair), one(~pair)
-    return one(np.ones(t.shape, dtype=bool)), None
+        return one(pair, bandwidth_prior), one(~pair, collective_prior or bandwidth_prior)
+    return one(np.ones(t.shape, dtype=bool), bandwidth_prior), None
 
 
 def fit_overhead_per_byte(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -73,6 +73,37 @@ def test_calibration_plan_runs_every_configuration_k_times_interleaved_and_never
     assert main(["validate", "--calibration-runs", "0", "--out", str(tmp_path)]) == 2
 
 
+def test_calibrate_workers_selects_the_calibration_runs_and_the_probe(tmp_path):
+    """--calibrate-workers 2 --workers 4,8: every calibration run has 2 workers (none at a case's
+    count), and a probe of groups of 2 measures the CPU work of communication the oversubscribed
+    runs measure otherwise; a count above the cores joins as an oversubscribed ssgd run; a plan
+    without a count that has a core per worker is refused."""
+    from psgdlab.validate import calibration_plan
+    from psgdlab.validate.plan import probe_groups
+
+    vc = ValidateConfig(out=str(tmp_path), workers=(4, 8), calibrate_workers=(2,), calibration_runs=1)
+    plan = calibration_plan(vc, cores=2)
+    assert {n for _, n, _, _ in plan} == {2}
+    assert sorted({a for a, *_ in plan}) == ["adpsgd", "bmuf", "easgd", "ssgd"]
+    assert probe_groups(vc, cores=2) == (2,)
+    default = ValidateConfig(out=str(tmp_path), workers=(4, 8), calibration_runs=1)
+    assert {n for _, n, _, _ in calibration_plan(default, cores=2)} == {2, 4, 8}  # today's plan
+    assert probe_groups(default, cores=2) == ()
+    mixed = ValidateConfig(out=str(tmp_path), workers=(8,), calibrate_workers=(2, 4), calibration_runs=1)
+    assert sorted({(a, n) for a, n, *_ in calibration_plan(mixed, cores=2) if n == 4}) == [("ssgd", 4)]
+    assert probe_groups(mixed, cores=2) == ()  # the oversubscribed run measures the CPU work
+    assert probe_groups(ValidateConfig(out=str(tmp_path), workers=(2,), calibrate_workers=(2,)), cores=2) == ()
+    with pytest.raises(ConfigError, match=r"calibrate_workers \(\(4,\)\) must include a count of at most the 2 cores"):
+        calibration_plan(ValidateConfig(out=str(tmp_path), workers=(8,), calibrate_workers=(4,)), cores=2)
+    with pytest.raises(ConfigError, match=r"calibrate_workers \(1\) must be integers >= 2"):
+        ValidateConfig(out=str(tmp_path), calibrate_workers=(1,))
+    assert (
+        main(["validate", "--calibrate-workers", "4", "--workers", "8", "--cores", "2", "--out", str(tmp_path / "v")])
+        == 2
+    )
+    assert not (tmp_path / "v").exists()  # refused before anything is written
+
+
 def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():
     """With 2 workers and no straggler AD-PSGD's fixed ring (rank 1 active) and random ring
     (rank 0 active) are one system with the workers renamed: averaged over the streams in rank

@@ -1,14 +1,19 @@
-"""``psgdlab calibrate RUN_DIR... --out PLATFORM.toml``: fit this machine's platform profile."""
+"""``psgdlab calibrate [--probe] RUN_DIR... --out PLATFORM.toml``: fit this machine's platform profile."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from psgdlab.core.flags import DefaultsHelpFormatter
+
     p = sub.add_parser(
         "calibrate",
+        formatter_class=DefaultsHelpFormatter,
         help="fit the simulator's platform profile (compute time, link latency and bandwidth) from measured runs",
         description=(
             "Fit, from one or more runtime run directories (psgdlab train), the per-step compute-time "
@@ -18,11 +23,49 @@ def register(sub: argparse._SubParsersAction) -> None:
             "workers than cores, the CPU work of communication per message and per byte), and write "
             "them as a "
             "platform+workload TOML the simulator reads (psgdlab predict --platform FILE.toml), with "
-            "the fit's residuals as comments. Too little data is an error, not a guess."
+            "the fit's residuals and each fitted value's uncertainty ([uncertainty]: standard errors in "
+            "log terms, run-to-run noise) as comments and tables. Too little data is an error; a value the "
+            "data cannot pin down (one payload size, durations that do not grow with the size) keeps its "
+            "prior and is marked unpinned. "
+            "--probe first measures the transport's building blocks as nccl-tests does: pairwise "
+            "exchanges and allreduces timed over a sweep of message sizes (--sizes) and group sizes "
+            "(--groups), --repeats times each after a barrier, with the CPU time of each exchange; its "
+            "samples go to a run directory (--probe-out) and give the link laws (latency, bandwidth, "
+            "bus bandwidth per size, the allreduce schedule) and the CPU work of communication, while the "
+            "RUN_DIRs (short psgdlab train runs of your model) give the compute law. A probe directory may "
+            "also be given as a RUN_DIR. Without RUN_DIRs, --probe prints the probe's fit and writes no "
+            "profile."
         ),
     )
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by psgdlab train")
-    p.add_argument("--out", required=True, metavar="PLATFORM.toml", help="the TOML file to write (atomically)")
+    p.add_argument(
+        "run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by psgdlab train (or a probe's)"
+    )
+    p.add_argument("--out", metavar="PLATFORM.toml", help="the TOML file to write (atomically); needs a RUN_DIR")
+    p.add_argument("--probe", action="store_true", help="probe the transport first (about 10-20 s with the defaults)")
+    p.add_argument(
+        "--probe-out",
+        metavar="DIR",
+        default=None,
+        help="the probe's run directory (default: runs/probe-TIMESTAMP)",
+    )
+    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo", help="the transport the probe measures")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        metavar="BYTES[,...]",
+        help="message sizes of the probe, with an optional k or M suffix (KiB, MiB), multiples of 8 bytes "
+        "(default: 8k,64k,512k,4M)",
+    )
+    p.add_argument(
+        "--groups",
+        type=_ints,
+        default=(2,),
+        metavar="N[,...]",
+        help="allreduce group sizes of the probe (it starts max(N) processes; groups with more members than "
+        "cores measure the cores' contention and stay out of the link fit)",
+    )
+    p.add_argument("--repeats", type=int, default=20, help="timed repetitions per kind, group and size of the probe")
     p.add_argument("--name", default="calibrated", help="platform name in the file")
     p.add_argument(
         "--devices",
@@ -45,18 +88,54 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """``"2,4"`` -> ``(2, 4)``; anything else is a one-line usage error."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated integers (e.g. 2,4)") from None
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """``"8k,4M"`` -> ``(8192, 4194304)``; anything else is a one-line usage error."""
+    units = {"k": 1 << 10, "K": 1 << 10, "m": 1 << 20, "M": 1 << 20}
+    try:
+        return tuple(int(x[:-1]) * units[x[-1]] if x[-1:] in units else int(x) for x in text.split(","))
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated byte counts (e.g. 8k,64k,4M)") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
     from psgdlab.core.cost import allreduce_rounds
-    from psgdlab.core.errors import require
+    from psgdlab.core.errors import ConfigError, require
 
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
     require(args.cores is None or args.cores >= 1, "cores", args.cores, "must be >= 1")
-    fit = calibrate_runs(args.run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
+    if not args.probe and (args.sizes is not None or args.groups != (2,) or args.probe_out is not None):
+        raise ConfigError("--sizes, --groups and --probe-out set up a probe; add --probe")
+    if not args.run_dirs and not args.probe:
+        raise ConfigError("give RUN_DIRs of psgdlab train, or --probe to measure the transport")
+    if args.out is None and args.run_dirs:
+        raise ConfigError("--out PLATFORM.toml is needed to write the profile fitted from the RUN_DIRs")
+    if args.out is not None and not args.run_dirs:
+        raise ConfigError(
+            f"--out {args.out}: a profile needs a RUN_DIR of psgdlab train for the compute law (the probe "
+            "measures the links only)"
+        )
+    for path in args.run_dirs:  # before a probe spends its seconds
+        if not os.path.isdir(path):
+            raise ConfigError(f"run directory {path} does not exist (give directories written by psgdlab train)")
+    run_dirs = list(args.run_dirs)
+    if args.probe:
+        run_dirs.append(_run_probe(args))
+    if not args.run_dirs:
+        return _print_probe(run_dirs[-1], args)
+    fit = calibrate_runs(run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
     platform_profile(fit, name=args.name, devices=args.devices, n_params=args.n_params).write(args.out)
     if args.json:
-        print(json.dumps({**fit, "out": args.out}, indent=2))
+        print(json.dumps({**fit, "out": args.out}, indent=2, default=str))
     else:
         c, lk = fit["compute"], fit["link"]
         print(f"compute: mean {c['mean_s']:.6g} s, cv {c['cv']:.3g}, p95 {c['p95_s']:.6g} s ({c['samples']} steps)")
@@ -106,5 +185,74 @@ def run(args: argparse.Namespace) -> int:
             else "host cores: not modelled (no run had more workers than "
             + (f"the {fit['cores']} cores)" if fit["cores"] else "cores: no core count recorded, give --cores)")
         )
+        unc = fit["link"].get("unpinned") or []
+        if unc:
+            print(f"unpinned (kept at the prior, marked in [uncertainty]): link {', '.join(unc)}")
+        from_probe = [f"{k} ({v})" for k, v in (fit.get("link_source") or {}).items() if "probe" in v]
+        if from_probe:
+            print(f"from the probe ({fit['probe']}): {', '.join(from_probe)}")
         print(f"wrote {args.out}")
+    return 0
+
+
+def _run_probe(args: argparse.Namespace) -> str:
+    """Run the probe of ``args`` (a progress bar on stderr); its run directory."""
+    from tqdm import tqdm
+
+    from psgdlab.core.rundir import default_run_dir
+    from psgdlab.runtime.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
+
+    cfg = ProbeConfig(
+        out=str(args.probe_out or default_run_dir("probe")),
+        backend=args.backend,
+        sizes_bytes=args.sizes or DEFAULT_SIZES_BYTES,
+        groups=args.groups,
+        repeats=args.repeats,
+    )
+    bar = tqdm(total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False)
+
+    def progress(done: int, total: int) -> None:
+        bar.update(max(done - bar.n, 0))
+
+    try:
+        return str(probe(cfg, progress=progress))
+    finally:
+        bar.close()
+
+
+def _print_probe(path: str, args: argparse.Namespace) -> int:
+    """The probe's points and fitted laws (or ``--json``)."""
+    from psgdlab.analysis.probe import fit_probe
+
+    fit = fit_probe(path, cores=args.cores)
+    if args.json:
+        print(json.dumps(fit, indent=2, default=str))
+        return 0
+    print(
+        f"{'kind':<10} {'group':>5} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'cpu us':>8}"
+    )
+    for p in fit["points"]:
+        kind = "pairwise" if p["kind"] == 0 else "allreduce"
+        print(
+            f"{kind:<10} {p['group']:>5} {p['size_bytes']:>10} {p['wall_s'] * 1e6:>10.1f} "
+            f"{p['algbw_bytes_per_s'] / 1e9:>11.3f} {p['busbw_bytes_per_s'] / 1e9:>11.3f} {p['cpu_s'] * 1e6:>8.1f}"
+        )
+    for what, lk in (("pairwise link", fit["link"]), ("allreduce", fit["collective"])):
+        if lk:
+            print(
+                f"{what}: latency {lk['latency_s'] * 1e6:.1f} us (log-sd {lk['latency_log_sd'] or 0:.2f}), bandwidth "
+                f"{lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s (log-sd {lk['bandwidth_log_sd'] or 0:.2f})"
+                + (f"; unpinned: {', '.join(lk['unpinned'])}" if lk["unpinned"] else "")
+            )
+    print(
+        f"allreduce schedule: {fit['allreduce_algorithm']}"
+        + (f" (fit per schedule, reduced chi-square: {fit['schedule_fit']})" if fit["schedule_fit"] else "")
+    )
+    cpu = fit["host_cpu"]
+    if cpu:
+        print(
+            f"CPU work of communication: {cpu['work_per_message_s'] * 1e6:.1f} us per message, "
+            f"{cpu['work_per_byte_s'] * 1e9:.3g} ns per byte ({cpu['cores_per_host']} cores)"
+        )
+    print(f"probe samples: {path}/probe.npz")
     return 0

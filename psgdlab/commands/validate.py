@@ -109,9 +109,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run each calibration configuration K times and fit on all of them (one calibration "
         "moves between runs by more than the gaps that order some algorithms)",
     )
+    p.add_argument(
+        "--calibrate-workers",
+        type=_counts,
+        default=None,
+        metavar="N[,...]",
+        help="calibrate only from runs with these worker counts (at least one of them at most the cores) "
+        "and validate the --workers cases from them: extrapolation in workers (e.g. --calibrate-workers 2 "
+        "--workers 4,8). Default: 2 workers, and with more case workers than cores also twice the cores "
+        "and the largest case count",
+    )
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     add_flags(p, "--out", "--json", required={"--out"}, helps={"--out": "required here"})
     p.set_defaults(func=run)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """``"2,4"`` -> ``(2, 4)``; anything else is a one-line usage error."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated integers (e.g. 2 or 2,4)") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         remeasure=args.remeasure,
         prediction_seeds=args.prediction_seeds,
         calibration_runs=args.calibration_runs,
+        calibrate_workers=args.calibrate_workers,
     )
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
@@ -152,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             "targets",
             "targets_met",
             "platform",
+            "calibrate_workers",
             "load_average",
         )
         print(json.dumps({k: summary[k] for k in keys}, indent=2))

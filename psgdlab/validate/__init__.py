@@ -8,7 +8,11 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              and 1.5 times the cases' size; with more workers than cores, ssgd
                              oversubscribing the cores, for the CPU work of communication), each
                              ``--calibration-runs`` times (pooled by the fits): never a
-                             validated case (other payload sizes)
+                             validated case (other payload sizes); with --calibrate-workers
+                             only at those worker counts
+    OUT/calibration/probe/   a probe of the transport (psgdlab.runtime.probe), when cases have
+                             more workers than cores and no calibration run does: the CPU work
+                             of communication, measured (validate.plan.probe_groups)
     OUT/platform.toml        the fitted platform profile (psgdlab.analysis.calibrate)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
@@ -59,6 +63,7 @@ from psgdlab.validate.plan import (
     calibration_plan,
     case_name,
     default_calibration_dims,
+    probe_groups,
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import launch_fresh, measure, remeasure, train_config
@@ -82,19 +87,23 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
     from psgdlab.analysis.compare import compare_dirs
     from psgdlab.analysis.figures import write_prediction_figures
+    from psgdlab.analysis.load import load_run
+    from psgdlab.analysis.probe import is_probe_dir
     from psgdlab.analysis.report import write_report
+    from psgdlab.analysis.samples import workers_of
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
     from psgdlab.sim.workload import load_config
 
     say = progress or (lambda msg: None)
     out = Path(vc.out)
+    cores = vc.cores or os.cpu_count() or 1
+    plan = calibration_plan(vc, cores)  # refuses a plan it cannot fit before anything is written
     out.mkdir(parents=True, exist_ok=True)
     # 1. calibration runs (never the validated cases)
-    cores = vc.cores or os.cpu_count() or 1
     load: dict[str, Any] = {"start": load_average()}
     calib_dirs = []
-    for alg, n, dim, name in calibration_plan(vc, cores):
+    for alg, n, dim, name in plan:
         d = out / "calibration" / name
         say(f"calibration run {d.name}")
         load[d.name] = wait_for_quiet(vc, say)
@@ -104,6 +113,13 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             )
         )
         calib_dirs.append(d)
+    groups = probe_groups(vc, cores)
+    if groups:  # the CPU work of communication, measured where no calibration run oversubscribes the cores
+        from psgdlab.runtime.probe import ProbeConfig, probe
+
+        say(f"probe of the transport (groups {', '.join(map(str, groups))})")
+        load["probe"] = wait_for_quiet(vc, say)
+        calib_dirs.append(probe(ProbeConfig(out=str(out / "calibration" / "probe"), backend=vc.backend, groups=groups)))
     calibration = calibrate_runs(calib_dirs, cores=cores)
     platform_path = out / "platform.toml"
     platform_profile(
@@ -184,6 +200,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "ranking": ranking_detail,
         "targets": TARGETS,
         "platform": str(platform_path),
+        "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)}),
         "calibration": calibration,
         "config": dataclasses.asdict(vc),
         "load_average": {**load, "end": load_average()},

@@ -16,6 +16,7 @@ __all__ = [
     "default_calibration_dims",
     "case_name",
     "calibration_plan",
+    "probe_groups",
 ]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
@@ -61,6 +62,10 @@ class ValidateConfig:
     #: runs of each calibration configuration (the fits pool them: calibrations moved between
     #: runs by more than the gaps that order some algorithms)
     calibration_runs: int = 3
+    #: the worker counts the calibration runs may use (``None``: 2 workers, and with more case
+    #: workers than cores also twice the cores and the largest case count); extrapolation in
+    #: workers is validated by calibrating at fewer workers than the cases
+    calibrate_workers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -106,6 +111,14 @@ class ValidateConfig:
             self.prediction_seeds,
             "must be an integer >= 1",
         )
+        for w in self.calibrate_workers or ():
+            require(isinstance(w, int) and w >= 2, "calibrate_workers", w, "must be integers >= 2")
+        require(
+            self.calibrate_workers is None or len(self.calibrate_workers) >= 1,
+            "calibrate_workers",
+            self.calibrate_workers,
+            "must name at least one worker count",
+        )
         require(
             isinstance(self.calibration_runs, int) and self.calibration_runs >= 1,
             "calibration_runs",
@@ -144,36 +157,65 @@ def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int
     """The calibration runs of ``vc`` on ``cores`` cores, ``(algorithm, workers, dim, directory
     name)`` each; never a validated case (other sizes).
 
-    Always a gradient allreduce (ssgd) and a pairwise average (adpsgd) with 2 workers, for the
-    link and the collective; the first case algorithm with a parameter server, for the server;
-    the first whose schedule allreduces the model (:func:`~psgdlab.core.exchange.folds_model`),
-    for the fold of the averaged model beyond the allreduce; ssgd with twice as many workers as
-    cores and with the cases' largest worker count when a case has more workers than cores, for
-    the CPU work of communication. Each at both :attr:`ValidateConfig.calibration_dims`,
-    ``vc.calibration_runs`` times, interleaved; the fits pool the runs (one calibration moves
-    by more than some gaps of the ranking: docs/measurements.md, "Validation").
+    A gradient allreduce (ssgd) and a pairwise average (adpsgd), for the link and the
+    collective; the first case algorithm with a parameter server, for the server; the first
+    whose schedule allreduces the model (:func:`~psgdlab.core.exchange.folds_model`), for the
+    fold of the averaged model beyond the allreduce -- each with 2 workers, or with each of
+    :attr:`ValidateConfig.calibrate_workers` that has a core per worker; ssgd at every
+    calibration worker count above the cores, for the CPU work of communication (by default
+    twice the cores and the cases' largest count, when a case has more workers than cores).
+    Each at both :attr:`ValidateConfig.calibration_dims`, ``vc.calibration_runs`` times,
+    interleaved; the fits pool the runs (one calibration moves by more than some gaps of the
+    ranking: docs/measurements.md, "Validation").
 
     >>> [p[3] for p in calibration_plan(ValidateConfig(out="x", algorithms=("ssgd", "easgd", "bmuf"),
     ...                                                calibration_runs=1), cores=2)][::2]
     ['ssgd-w2-d125000', 'adpsgd-w2-d125000', 'easgd-w2-d125000', 'bmuf-w2-d125000', 'ssgd-w4-d125000']
+    >>> [p[3] for p in calibration_plan(ValidateConfig(out="x", algorithms=("ssgd",), workers=(4, 8),
+    ...                                                calibration_runs=1, calibrate_workers=(2,)), cores=2)][::2]
+    ['ssgd-w2-d125000', 'adpsgd-w2-d125000']
     """
     dims = vc.calibration_dims or ()  # set by ValidateConfig
-    kinds = [("ssgd", 2), ("adpsgd", 2)]
+    if vc.calibrate_workers is None:
+        free, busy = [2], sorted({2 * cores, max(vc.workers)}) if max(vc.workers) > cores else []
+    else:
+        free = sorted({n for n in vc.calibrate_workers if n <= cores})
+        busy = sorted({n for n in vc.calibrate_workers if n > cores})
+        require(
+            bool(free),
+            "calibrate_workers",
+            vc.calibrate_workers,
+            f"must include a count of at most the {cores} cores (the links and the compute are fitted "
+            "from runs that have a core per worker)",
+        )
     cases = [ALGORITHM_CASES[a] for a in vc.algorithms]
     server = next((alg for alg, variant in cases if algorithm_from_flags(alg, 2, variant=variant).has_server), None)
-    if server is not None:
-        kinds.append((server, 2))
     fold = next((alg for alg, variant in cases if _folds_model(alg, variant, vc.calibration_steps)), None)
-    if fold is not None:
-        kinds.append((fold, 2))
-    if max(vc.workers) > cores:
-        kinds += [("ssgd", n) for n in sorted({2 * cores, max(vc.workers)})]
+    base = ["ssgd", "adpsgd", *(a for a in (server, fold) if a is not None)]
+    kinds = [(alg, n) for n in free for alg in base] + [("ssgd", n) for n in busy]
     plan = [(alg, n, d) for _ in range(vc.calibration_runs) for alg, n in kinds for d in dims]
     out = []
     for i, (alg, n, dim) in enumerate(plan):
         again = sum(p == (alg, n, dim) for p in plan[:i])
         out.append((alg, n, dim, f"{alg}-w{n}-d{dim}" + (f"-r{again + 1}" if again else "")))
     return out
+
+
+def probe_groups(vc: ValidateConfig, cores: int) -> tuple[int, ...]:
+    """The allreduce group sizes of the probe a calibration runs, ``()`` for none: a probe of
+    the calibration worker counts that have a core per worker, when a case has more workers than
+    cores and no calibration run does (the CPU work of communication is then measured by the
+    probe -- the CPU time of each exchange -- instead of fitted from oversubscribed runs).
+
+    >>> probe_groups(ValidateConfig(out="x", workers=(4, 8), calibrate_workers=(2,)), cores=2)
+    (2,)
+    >>> probe_groups(ValidateConfig(out="x", workers=(4, 8)), cores=2)
+    ()
+    """
+    counts = (2,) if vc.calibrate_workers is None else vc.calibrate_workers
+    if max(vc.workers) <= cores or vc.calibrate_workers is None or max(counts) > cores:
+        return ()
+    return tuple(sorted({n for n in counts if n <= cores}))
 
 
 def _folds_model(algorithm: str, variant: str | None, steps: int) -> bool:

@@ -297,13 +297,24 @@ def test_calibrate_cli_writes_loadable_toml(runs, tmp_path, capsys):
     assert not list(tmp_path.glob(".platform.toml.tmp*"))
 
 
-def test_single_payload_size_is_refused(tmp_path, capsys):
+def test_single_payload_size_keeps_the_bandwidth_prior_and_marks_it_unpinned(tmp_path, capsys):
+    """One payload size cannot separate latency from bandwidth: the bandwidth keeps its prior
+    (core.priors.LOOPBACK_BANDWIDTH) and the profile marks it unpinned with the prior's spread,
+    instead of refusing (the issue's "a single run stops") or inventing a value."""
+    from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
+    from psgdlab.core.profile import Profile
+
     runs = [write_run(tmp_path / "a", n_params=10_000), write_run(tmp_path / "b", n_params=10_000, seed=1)]
-    with pytest.raises(ConfigError, match="single payload size"):
-        calibrate_runs(runs)
-    assert main(["calibrate", *map(str, runs), "--out", str(tmp_path / "p.toml")]) == 2
-    assert "at least two sizes" in capsys.readouterr().err
-    assert not (tmp_path / "p.toml").exists()
+    fit = calibrate_runs(runs)
+    assert fit["link"]["unpinned"] == ["bandwidth_bytes_per_s"]
+    bw = fit["link"]["bandwidth_bytes_per_s"]
+    assert LOOPBACK_BANDWIDTH.low() < bw < LOOPBACK_BANDWIDTH.high()
+    assert fit["link"]["bandwidth_log_sd"] == pytest.approx(LOOPBACK_BANDWIDTH.log_sd, rel=0.1)
+    assert main(["calibrate", *map(str, runs), "--out", str(tmp_path / "p.toml")]) == 0
+    assert "unpinned" in capsys.readouterr().out
+    unc = Profile.read(tmp_path / "p.toml").uncertainty
+    assert unc is not None and "platform.pcie.bandwidth_bytes_per_s" in unc.unpinned
+    assert all(sd <= max(LOOPBACK_BANDWIDTH.log_sd, LOOPBACK_LATENCY.log_sd) for sd in unc.log_sd)
 
 
 def test_too_few_steps_is_refused(tmp_path):

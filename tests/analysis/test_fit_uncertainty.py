@@ -1,0 +1,121 @@
+"""The link fit's standard errors, and what it does with data that cannot pin the bandwidth."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from psgdlab.analysis.fits import PINNED_SHRINK, fit_link
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
+
+ALPHA, BETA = 3e-4, 1.5e9
+SIZES = np.array([8e3, 6.4e4, 5.12e5, 4e6])
+
+
+def _draw(rng, *, cv=0.05, sizes=SIZES, n=2):
+    """Pairwise points ``alpha + S / beta`` with relative Gaussian noise ``cv``, ``n`` per size."""
+    S = np.repeat(sizes, n)
+    truth = ALPHA + S / BETA
+    return truth * (1 + cv * rng.standard_normal(S.size)), S, cv * truth
+
+
+def test_the_reported_standard_errors_cover_the_truth_as_often_as_they_say():
+    """Over 300 noisy draws with known parameters, the truth lies within one reported standard
+    deviation of the fit about 68 % of the time (the log-sds are calibrated, not decoration)."""
+    rng = np.random.default_rng(7)
+    inside_bw, inside_lat, sds = 0, 0, []
+    draws = 300
+    for _ in range(draws):
+        t, S, sd = _draw(rng)
+        fit = fit_link(t, S, records=40, sd_s=sd, bandwidth_prior=LOOPBACK_BANDWIDTH)
+        assert fit["unpinned"] == []
+        inside_bw += abs(math.log(fit["bandwidth_bytes_per_s"] / BETA)) <= fit["bandwidth_log_sd"]
+        inside_lat += abs(math.log(fit["latency_s"] / ALPHA)) <= fit["latency_log_sd"]
+        sds.append(fit["bandwidth_log_sd"])
+    assert 0.58 <= inside_bw / draws <= 0.78
+    assert 0.58 <= inside_lat / draws <= 0.78
+    assert 0.01 < float(np.median(sds)) < 0.1  # 5 % noise on 8 points: a few percent
+
+
+def test_one_noisy_draw_is_estimated_within_three_reported_sds():
+    t, S, sd = _draw(np.random.default_rng(1), cv=0.1)
+    fit = fit_link(t, S, records=40, sd_s=sd)
+    assert abs(math.log(fit["bandwidth_bytes_per_s"] / BETA)) < 3 * fit["bandwidth_log_sd"]
+    assert abs(math.log(fit["latency_s"] / ALPHA)) < 3 * fit["latency_log_sd"]
+    assert -1 <= fit["log_correlation"] <= 1
+
+
+def test_a_degenerate_design_reports_the_bandwidth_unpinned_at_its_prior_not_a_wild_value():
+    """One payload size cannot separate latency from bandwidth; durations that fall with the
+    size (a loaded machine: the docs' recipe measured 3.4 ms at 0.4 MB and 2.2 ms at 4 MB) have
+    no positive bandwidth. Without a prior both are refused; with one the bandwidth keeps the
+    prior's value and spread and is marked unpinned."""
+    one_size = (np.array([1.0e-3, 1.1e-3]), np.array([4e5, 4e5]))
+    falling = (np.array([3.41e-3, 2.16e-3]), np.array([4e5, 4e6]))
+    with pytest.raises(ConfigError, match="single payload size"):
+        fit_link(*one_size, records=40)
+    with pytest.raises(ConfigError, match="fitted bandwidth is not positive"):
+        fit_link(*falling, records=76, group_sizes=np.array([2, 2]), algorithm="direct")
+    for t, S in (one_size, falling):
+        fit = fit_link(
+            t,
+            S,
+            records=76,
+            group_sizes=np.array([2, 2]),
+            algorithm="direct",
+            sd_s=0.2 * t,
+            bandwidth_prior=LOOPBACK_BANDWIDTH,
+        )
+        assert fit["unpinned"] == ["bandwidth_bytes_per_s"]
+        # within two of the prior's standard deviations (the falling points push it up: they say
+        # the bytes term is small), not the negative or unbounded bandwidth the data alone give
+        assert abs(math.log(fit["bandwidth_bytes_per_s"] / LOOPBACK_BANDWIDTH.value)) < 2 * LOOPBACK_BANDWIDTH.log_sd
+        assert fit["bandwidth_log_sd"] > PINNED_SHRINK * LOOPBACK_BANDWIDTH.log_sd
+        assert fit["latency_s"] > 0
+
+
+def test_well_measured_data_are_not_pulled_towards_the_prior():
+    """Where the data pin the bandwidth the fit is the data's alone: exact points give the exact
+    parameters although the prior (2 GB/s) differs."""
+    S = SIZES
+    t = ALPHA + S / BETA
+    fit = fit_link(t, S, records=40, sd_s=0.01 * t, bandwidth_prior=LOOPBACK_BANDWIDTH)
+    assert fit["unpinned"] == []
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(BETA, rel=1e-9)
+    assert fit["latency_s"] == pytest.approx(ALPHA, rel=1e-9)
+
+
+def test_one_size_leaves_the_latency_unpinned_too_with_a_finite_spread():
+    """With one payload size the latency is the duration less the prior's bytes term: given a
+    latency prior it is reported unpinned with a spread no wider than the priors' (not the
+    delta method's log-sd of a latency near zero, which came out 17 on the docs' 4 MB run)."""
+    t, S = np.array([2.16e-3, 2.2e-3]), np.array([4e6, 4e6])
+    fit = fit_link(
+        t,
+        S,
+        records=76,
+        group_sizes=np.array([2, 2]),
+        algorithm="direct",
+        sd_s=0.2 * t,
+        bandwidth_prior=LOOPBACK_BANDWIDTH,
+        latency_prior=LOOPBACK_LATENCY,
+    )
+    assert fit["unpinned"] == ["latency_s", "bandwidth_bytes_per_s"]
+    assert 0 < fit["latency_log_sd"] <= LOOPBACK_LATENCY.log_sd
+    assert 0 < fit["bandwidth_log_sd"] <= LOOPBACK_BANDWIDTH.log_sd
+    assert fit["latency_s"] > 0
+    # two sizes that pin the latency but not the bandwidth: only the bandwidth is unpinned
+    falling = fit_link(
+        np.array([3.41e-3, 2.16e-3]),
+        np.array([4e5, 4e6]),
+        records=76,
+        group_sizes=np.array([2, 2]),
+        algorithm="direct",
+        sd_s=np.array([0.03e-3, 0.04e-3]),
+        bandwidth_prior=LOOPBACK_BANDWIDTH,
+        latency_prior=LOOPBACK_LATENCY,
+    )
+    assert falling["unpinned"] == ["bandwidth_bytes_per_s"]
