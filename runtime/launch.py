@@ -2,14 +2,19 @@
 
 - gloo / nccl: ``world_size`` processes ``python -m psgdlab.runtime --config OUT/launch.json``
   with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a free ``MASTER_PORT`` on 127.0.0.1;
-- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same.
+- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same;
+- ``hosts > 1`` (gloo): emulated hosts (:mod:`psgdlab.runtime.netns`): the launcher removes the
+  leftovers of runs whose launcher was killed (one line on stderr), makes one network namespace
+  per host, starts each rank inside its host's namespace (``ip netns exec``; ranks in contiguous
+  blocks) with ``MASTER_ADDR`` = host 0's address, gloo bound to the host's interface and the
+  host named in ``PSGDLAB_HOST_ID``, and removes the namespaces when the run ends however it ends.
 
 Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
 The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
 that exits with an error or disappears without its ``done`` file stops the run -- the others
 are terminated (SIGTERM, then SIGKILL after a grace period) and :class:`TransportError` names
 the rank, well within 60 s. SIGTERM/SIGINT to the launcher is forwarded to every rank, which
-checkpoints at its next step boundary.
+checkpoints at its next step boundary; ranks still running :data:`STOP_GRACE_S` later are killed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,15 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import TrainConfig, world_size_of
+from psgdlab.runtime.netns import (
+    HOST_ENV,
+    IFACE,
+    EmulatedHosts,
+    contiguous_placement,
+    remove_stale,
+    require_netns,
+    set_parent_death_signal,
+)
 
 __all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
 
@@ -38,6 +52,8 @@ RANKS_DIR = ".ranks"
 #: still reaches the ranks.
 RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
 GRACE_S = 5.0
+#: after a forwarded SIGINT/SIGTERM, how long ranks have to checkpoint and leave
+STOP_GRACE_S = 30.0
 
 
 def free_port() -> int:
@@ -94,25 +110,14 @@ def launch(
     cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
     stderr = subprocess.DEVNULL if quiet else None
     procs: dict[int, subprocess.Popen] = {}
-    if config.backend == "mpi":
-        mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
-        procs[-1] = subprocess.Popen(mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-    else:
-        port = free_port()
-        for r in range(world):
-            env_r = dict(
-                env,
-                RANK=str(r),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(r),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-            procs[r] = subprocess.Popen(cmd, env=env_r, stdout=subprocess.DEVNULL, stderr=stderr)
-    forwarded: dict[str, int | None] = {"sig": None}
+    forwarded: dict[str, Any] = {"sig": None, "at": None, "setting_up": True}
 
     def _forward(signum: int, frame: Any) -> None:
+        first = forwarded["sig"] is None
         forwarded["sig"] = signum
+        forwarded["at"] = forwarded["at"] or time.monotonic()
+        if forwarded["setting_up"] and first:  # unwind; the finally below removes what was made
+            raise _Stopped(signum)
         for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -121,11 +126,63 @@ def launch(
     if _in_main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _forward)
+    hosts = None
     try:
-        _watch(procs, ranks_dir, world, timeout_s)
+        if config.hosts > 1:
+            hosts = _emulated_hosts(config)
+            hosts.up()
+            hosts.wait_until_reachable()
+        if config.backend == "mpi":
+            mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
+            procs[-1] = subprocess.Popen(
+                mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+            )
+            forwarded["setting_up"] = False
+        else:
+            port = free_port() if hosts is None else MASTER_PORT
+            placement = contiguous_placement(world, config.hosts)
+            for r in range(world):
+                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_PORT=str(port))
+                env_r["MASTER_ADDR"] = "127.0.0.1"
+                prefix: list[str] = []
+                if hosts is not None:
+                    host = placement[r]
+                    env_r.update(
+                        LOCAL_RANK=str(placement[:r].count(host)),
+                        MASTER_ADDR=hosts.address(0),
+                        GLOO_SOCKET_IFNAME=IFACE,
+                        # c10d warns on every connection that it cannot name the peer (no
+                        # reverse DNS for the namespaces' addresses); its errors still show
+                        TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+                        **{HOST_ENV: hosts.namespace(host)},
+                    )
+                    prefix = hosts.exec_prefix(host)
+                procs[r] = subprocess.Popen(
+                    [*prefix, *cmd],
+                    env=env_r,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    preexec_fn=None if hosts is None else set_parent_death_signal,
+                )
+                forwarded["setting_up"] = False
+        if forwarded["sig"] is not None:  # arrived while the ranks were starting
+            _forward(forwarded["sig"], None)
+        _watch(procs, ranks_dir, world, timeout_s, forwarded)
+    except _Stopped:
+        pass
     finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
+        forwarded["setting_up"] = False
+        try:
+            _terminate(procs)
+            if hosts is not None:
+                hosts.down()
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+    if forwarded["sig"] is not None and not procs:
+        raise TransportError(
+            f"run stopped by signal {signal.Signals(forwarded['sig']).name} during set-up; no rank ran"
+        )
     if forwarded["sig"] is not None:
         raise TransportError(
             f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
@@ -135,6 +192,28 @@ def launch(
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
     return json.loads(summary_path.read_text())
+
+
+#: the rendezvous port inside emulated hosts (a fresh namespace: nothing else listens there)
+MASTER_PORT = 29500
+
+
+class _Stopped(Exception):
+    """SIGINT/SIGTERM arrived before any rank ran."""
+
+
+def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
+    """Remove the leftovers of killed launchers (saying so); this run's hosts, not made yet."""
+    require_netns(config.hosts)
+    removed = remove_stale()
+    if removed:
+        owners = sorted({name.split("-")[1] for name in removed})
+        print(
+            f"psgdlab: removed {len(removed)} network namespaces left by killed launchers (pid "
+            f"{', '.join(owners)}): {', '.join(removed)}",
+            file=sys.stderr,
+        )
+    return EmulatedHosts(config.hosts, config.nic_bandwidth_bytes_per_s)
 
 
 def _in_main_thread() -> bool:
@@ -157,7 +236,13 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, timeout_s: float | None) -> None:
+def _watch(
+    procs: dict[int, subprocess.Popen],
+    ranks_dir: Path,
+    world: int,
+    timeout_s: float | None,
+    forwarded: dict[str, Any] | None = None,
+) -> None:
     start = time.monotonic()
     seen: dict[int, int] = {}
     while True:
@@ -184,6 +269,10 @@ def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, time
                 f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})" if len(failed) > 1 else "")
             )
         if all(p.poll() is not None for p in procs.values()):
+            return
+        stopped_at = (forwarded or {}).get("at")
+        if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+            _terminate(procs)  # asked to stop, and some rank did not within the grace period
             return
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             _terminate(procs)

@@ -17,6 +17,9 @@ Segments
     name: from then on nothing of the run is in ``/dev/shm``, the memory lives as long as a
     mapping, and a rank killed at any later moment leaves nothing behind. (A rank killed inside
     setup, before that allgather, leaves its file until a peer that got past it unlinks it.)
+    The host is :func:`~psgdlab.runtime.transport.host_identity`: the machine's name, or the
+    emulated host the launcher named (:mod:`psgdlab.runtime.netns`), so ranks of different
+    emulated hosts on one machine never share memory.
 
 Control words, not gloo tokens
     Control travels through words of the header, each written by one process only, which waits
@@ -72,7 +75,6 @@ import logging
 import mmap
 import os
 import secrets
-import socket
 import threading
 import time
 import warnings
@@ -87,7 +89,7 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime import shm_sys
-from psgdlab.runtime.transport import CHANNELS
+from psgdlab.runtime.transport import CHANNELS, host_identity
 
 __all__ = [
     "SharedMemoryPlane",
@@ -278,7 +280,7 @@ def open_plane(
     """
     mode, capacity = shm_settings()
     infos: list[Any] = [None] * world_size
-    dist.all_gather_object(infos, (socket.gethostname(), mode, capacity, shm_sys.SUPPORTED), group=ctrl)
+    dist.all_gather_object(infos, (host_identity(), mode, capacity, shm_sys.SUPPORTED), group=ctrl)
     if world_size < 2 or any(i[1] == "off" or not i[3] for i in infos):
         return None
     all_groups = sorted({tuple(g) for g in groups if len(g) > 1} | {tuple(range(world_size))})

@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train", help="real distributed training (gloo, nccl, mpi)", description=__doc__.split("\n\n")[0]
     )
-    TrainConfig.add_arguments(parser)
+    TrainConfig.add_arguments(parser, launcher=True)
     add_flags(parser, "--json")
     parser.set_defaults(func=run)
 
