@@ -285,13 +285,6 @@ class TrainConfig:
             f"must divide the {world} ranks{server}: ranks go on hosts in equal contiguous blocks",
         )
         require(
-            self.backend != "mpi",
-            "hosts",
-            self.hosts,
-            "is not supported with --backend mpi yet (mpiexec does not start ranks inside emulated hosts)",
-            hint="use --backend gloo",
-        )
-        require(
             self.backend != "nccl",
             "hosts",
             self.hosts,

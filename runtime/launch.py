@@ -3,11 +3,13 @@
 - gloo / nccl: ``world_size`` processes ``python -m psgdlab.runtime --config OUT/launch.json``
   with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a free ``MASTER_PORT`` on 127.0.0.1;
 - mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same;
-- ``hosts > 1`` (gloo): emulated hosts (:mod:`psgdlab.runtime.netns`): the launcher removes the
+- ``hosts > 1`` (gloo or mpi): emulated hosts (:mod:`psgdlab.runtime.netns`): the launcher removes the
   leftovers of runs whose launcher was killed (one line on stderr), makes one network namespace
   per host, starts each rank inside its host's namespace (``ip netns exec``; ranks in contiguous
   blocks) with ``MASTER_ADDR`` = host 0's address, gloo bound to the host's interface and the
-  host named in ``PSGDLAB_HOST_ID``, and removes the namespaces when the run ends however it ends.
+  host named in ``PSGDLAB_HOST_ID`` (mpi: mpiexec in the bridge's namespace starts each host's
+  proxy inside the host's), writes ``OUT/hosts.json`` (the hosts, the placement, the bytes each
+  host's link carried), and removes the namespaces when the run ends however it ends.
 
 Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
 The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
@@ -33,8 +35,10 @@ from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import TrainConfig, world_size_of
 from psgdlab.runtime.netns import (
+    BRIDGE,
     HOST_ENV,
     IFACE,
+    MPI_NETWORK_ENV,
     EmulatedHosts,
     contiguous_placement,
     remove_stale,
@@ -134,8 +138,18 @@ def launch(
             hosts.wait_until_reachable()
         if config.backend == "mpi":
             mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
+            mpi_env = env
+            if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
+                hydra = _hydra_options(hosts, ranks_dir, world)
+                mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path()), *hydra, "-n", str(world), *cmd]
+                mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
             procs[-1] = subprocess.Popen(
-                mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+                mpi_cmd,
+                env=mpi_env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=None if hosts is None else set_parent_death_signal,
             )
             forwarded["setting_up"] = False
         else:
@@ -175,6 +189,7 @@ def launch(
         try:
             _terminate(procs)
             if hosts is not None:
+                _record_hosts(hosts, out, world)
                 hosts.down()
         finally:
             for sig, handler in old_handlers.items():
@@ -196,6 +211,35 @@ def launch(
 
 #: the rendezvous port inside emulated hosts (a fresh namespace: nothing else listens there)
 MASTER_PORT = 29500
+
+
+def _record_hosts(hosts: EmulatedHosts, out: Path, world: int) -> None:
+    """``OUT/hosts.json``: the emulated hosts, the placement, and the bytes each host's link
+    carried (what crossed the shaped links: traffic between hosts, never within one)."""
+    try:
+        carried = hosts.link_bytes()
+    except TransportError:  # set-up did not get that far
+        return
+    atomic_write_json(
+        out / "hosts.json",
+        {
+            "hosts": hosts.hosts,
+            "placement": list(contiguous_placement(world, hosts.hosts)),
+            "addresses": [hosts.address(h) for h in range(hosts.hosts)],
+            "nic_bandwidth_bytes_per_s": hosts.rate_bytes_per_s,
+            "link_bytes": carried,
+        },
+    )
+
+
+def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, world: int) -> list[str]:
+    """mpiexec's options for emulated hosts: listen on the bridge, a host file of the hosts'
+    addresses with ``world / hosts`` slots each (contiguous blocks), the namespace launcher hook."""
+    per_host = world // hosts.hosts
+    host_file = ranks_dir / "hosts.txt"
+    host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
+    hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")
+    return ["-iface", BRIDGE, "-f", str(host_file), "-launcher", "ssh", "-launcher-exec", str(hook)]
 
 
 class _Stopped(Exception):
@@ -263,7 +307,7 @@ def _watch(
         mpi = procs.get(-1)
         if mpi is not None and mpi.poll() not in (None, 0) and not failed:
             failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")
-        if failed:
+        if failed and (forwarded or {}).get("sig") is None:  # after a forwarded stop, ranks end as they may
             _terminate(procs)
             raise TransportError(
                 f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})" if len(failed) > 1 else "")
@@ -297,7 +341,7 @@ def _signal(p: subprocess.Popen, sig: int) -> None:
     """Send ``sig`` to a rank process, or to mpiexec's whole process group (its ranks included)."""
     try:
         args = p.args if isinstance(p.args, (list, tuple)) else [p.args]
-        if args and "mpiexec" in str(args[0]):
+        if any("mpiexec" in str(a) for a in args[:6]):  # also behind ``ip netns exec NS``
             os.killpg(p.pid, sig)
         else:
             p.send_signal(sig)

@@ -5,7 +5,8 @@ that a message between hosts crosses a real TCP path through a real rate limit, 
 contention when several ranks of a host send at once. A run with prefix
 ``P = psgd-<launcher pid>-<its start time>`` creates only namespaces::
 
-    P-br    the bridge br0, and one veth end h<i> per host enslaved to it (no address)
+    P-br    the bridge br0 (10.213.0.254/24, where mpiexec listens for its proxies), and one veth
+            end h<i> per host enslaved to it
     P-h<i>  host i: the other veth end, named nic0, with 10.213.0.<i+1>/24; lo up
 
 Both ends of every veth live in namespaces of the run (they are created there, never in the
@@ -26,6 +27,17 @@ Placement
     Ranks of one emulated host share the shared-memory data plane; those of different hosts do
     not, because the launcher gives each rank its host's identity (:data:`HOST_ENV`, read by
     :func:`psgdlab.runtime.transport.host_identity`), where by default it is the machine's name.
+
+MPI
+    ``mpiexec`` (MPICH's hydra) runs in the bridge's namespace, listening on br0
+    (``-iface br0``), with a host file of the hosts' addresses (``ADDRESS:ranks per host``) and
+    a launcher hook in place of ssh (``-launcher ssh -launcher-exec``,
+    :meth:`EmulatedHosts.write_hydra_launcher`) that starts each host's proxy inside the host's
+    namespace with :data:`HOST_ENV` set; hydra places ranks in the same contiguous blocks, and
+    MPICH treats ranks under different proxies as different nodes (network, not shared memory).
+    The network libraries are pointed at nic0 (:data:`MPI_NETWORK_ENV`), and UCX is held to TCP:
+    its shared-memory transports judge by the machine, not the host, and carried every payload
+    between emulated hosts (a 2x2 run moved 15 kB over the links instead of megabytes).
 
 Clean-up
     :meth:`EmulatedHosts.down` kills what runs in the run's namespaces and deletes them; the
@@ -49,12 +61,16 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from psgdlab.core.errors import ConfigError, TransportError
 
 __all__ = [
+    "BRIDGE",
     "EmulatedHosts",
     "HOST_ENV",
+    "LAUNCHER_ADDRESS",
+    "MPI_NETWORK_ENV",
     "IFACE",
     "contiguous_placement",
     "remove_stale",
@@ -72,7 +88,18 @@ HOST_ENV = "PSGDLAB_HOST_ID"
 IFACE = "nic0"
 BRIDGE = "br0"
 SUBNET = "10.213.0"
+#: the bridge's own address (mpiexec's, in the bridge's namespace)
+LAUNCHER_ADDRESS = f"{SUBNET}.254"
 MTU = 9000
+#: what points MPICH's network libraries (libfabric's tcp and sockets providers, UCX) at nic0; UCX
+#: is held to TCP, since its shared-memory transports see one machine and would bypass the links
+#: (MPICH's own shared memory still serves the ranks of one host: they share a hydra proxy)
+MPI_NETWORK_ENV = {
+    "FI_TCP_IFACE": IFACE,
+    "FI_SOCKETS_IFACE": IFACE,
+    "UCX_NET_DEVICES": IFACE,
+    "UCX_TLS": "tcp,self",
+}
 MAX_HOSTS = 200
 CMD_TIMEOUT_S = 20.0
 _NAME_RE = re.compile(r"^psgd-(\d+)-(\d+)-(br|h\d+)$")
@@ -232,9 +259,10 @@ class EmulatedHosts:
         """The address of host ``host`` (on :data:`IFACE` in its namespace)."""
         return f"{SUBNET}.{host + 1}"
 
-    def exec_prefix(self, host: int) -> list[str]:
-        """The command prefix that runs a program inside host ``host``'s namespace."""
-        return ["ip", "netns", "exec", self.namespace(host)]
+    def exec_prefix(self, host: int | None) -> list[str]:
+        """The command prefix that runs a program inside host ``host``'s namespace (None: the
+        bridge's)."""
+        return ["ip", "netns", "exec", self.bridge_namespace if host is None else self.namespace(host)]
 
     def up(self) -> EmulatedHosts:
         """Create the namespaces, the bridge, the links and their qdiscs (a failure removes what
@@ -250,6 +278,7 @@ class EmulatedHosts:
         br = self.bridge_namespace
         _run(["ip", "netns", "add", br])
         _run(["ip", "-n", br, "link", "add", BRIDGE, "type", "bridge"])
+        _run(["ip", "-n", br, "addr", "add", f"{LAUNCHER_ADDRESS}/24", "dev", BRIDGE])
         _run(["ip", "-n", br, "link", "set", BRIDGE, "up"])
         for host in range(self.hosts):
             ns, end = self.namespace(host), f"h{host}"
@@ -309,6 +338,37 @@ class EmulatedHosts:
                 return
             time.sleep(0.05)
         raise TransportError(f"the links of {self.prefix} did not come up within {timeout_s:.0f} s")
+
+    def link_bytes(self) -> list[dict[str, int]]:
+        """Bytes each host's interface has sent and received so far (``ip -s link``)."""
+        import json
+
+        out = []
+        for host in range(self.hosts):
+            done = _run(["ip", "-n", self.namespace(host), "-s", "-j", "link", "show", IFACE])
+            stats = json.loads(done.stdout)[0].get("stats64", {})
+            out.append({"sent": int(stats["tx"]["bytes"]), "received": int(stats["rx"]["bytes"])})
+        return out
+
+    def write_hydra_launcher(self, path: Path) -> Path:
+        """Write the executable that hydra's ssh launcher calls (``-launcher-exec``): given
+        ``[-x] ADDRESS COMMAND...``, it runs ``COMMAND`` inside the namespace of the host with
+        that address, with :data:`HOST_ENV` naming the host."""
+        cases = "\n".join(f"  {self.address(h)}) ns={self.namespace(h)} ;;" for h in range(self.hosts))
+        script = f"""#!/bin/sh
+# written by psgdlab's launcher: hydra's ssh launcher hook for the emulated hosts of {self.prefix}
+[ "$1" = "-x" ] && shift
+case "$1" in
+{cases}
+  *) echo "psgdlab: $1 is not an emulated host of {self.prefix}" >&2; exit 1 ;;
+esac
+shift
+export {HOST_ENV}="$ns"
+exec ip netns exec "$ns" sh -c "$*"
+"""
+        path.write_text(script)
+        path.chmod(0o755)
+        return path
 
     def __enter__(self) -> EmulatedHosts:
         return self.up()
