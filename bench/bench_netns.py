@@ -177,7 +177,7 @@ def leak(runs: int, seed: int) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-netns-"))
     argv = ["--algorithm", "ssgd", "--workers", "2", "--hosts", "2", "--nic-bandwidth", "100Mbit/s"]
     argv += ["--model", "least-squares", "--steps", "5000", "--compute-time", "0.02", "--timeout", "30"]
-    left_total, pending = 0, []
+    left_total, pending, removed_by_starts = 0, [], 0
     for i in range(runs):
         kind = rng.choice(["sigint", "rank", "launcher"])
         when = rng.choice(["set-up", "running"])
@@ -220,7 +220,11 @@ def leak(runs: int, seed: int) -> int:
             proc.kill()
             _, err = proc.communicate(timeout=30)
             err += " [launcher did not stop within 120 s]"
-        last = (err or "").strip().splitlines()[-1:] or [""]
+        lines = (err or "").strip().splitlines()
+        last = lines[-1:] or [""]
+        for line in lines:  # the clean-up of earlier killed launchers, said by this start
+            if line.startswith("psgdlab: removed "):
+                removed_by_starts += int(line.split()[2])
         if kind == "launcher":
             pending.append(prefix)
             left = _names(prefix)
@@ -230,7 +234,10 @@ def leak(runs: int, seed: int) -> int:
         left_total += len(left)
         print(f"run {i:2d}: {kind:8s} at {when:8s}: exit {proc.returncode}, left {left or 'nothing'}: {last[0][:100]}")
     removed = netns.remove_stale()  # the next start's clean-up
-    print(f"next start removed {len(removed)} namespaces of {len(pending)} killed launchers")
+    print(
+        f"{len(pending)} launchers killed: the next starts removed {removed_by_starts} of their namespaces, "
+        f"a last clean-up {len(removed)}"
+    )
     after_all = [n for prefix in pending for n in _names(prefix)]
     left_total += len(after_all)
     same = _state() == before

@@ -303,7 +303,8 @@ def _watch(
                     if text.isdigit() and int(text) > 0:
                         seen[r] = int(text)
             elif not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
-                failed.append(f"rank {r} died")
+                if not any(f.startswith(f"rank {r} ") for f in failed):  # its exit status said it already
+                    failed.append(f"rank {r} died")
         mpi = procs.get(-1)
         if mpi is not None and mpi.poll() not in (None, 0) and not failed:
             failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")

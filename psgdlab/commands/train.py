@@ -3,8 +3,8 @@
 Starts the N local processes itself (gloo/nccl: spawned processes on 127.0.0.1 with a free
 port; mpi: the ``mpiexec`` beside the Python interpreter; ``--hosts H``: inside H emulated hosts,
 network namespaces with links shaped to ``--nic-bandwidth``, see :mod:`psgdlab.runtime.netns`),
-watches them, and prints the summary (``--json``: the summary object). For torchrun, mpiexec and srun use the per-rank entry
-``python -m psgdlab.runtime`` with the same flags.
+watches them, and prints the summary (``--json``: the summary object). For torchrun, mpiexec
+and srun use the per-rank entry ``python -m psgdlab.runtime`` with the same flags.
 """
 
 from __future__ import annotations
