@@ -92,8 +92,8 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--hosts": dict(
         type=int,
         metavar="H",
-        help="emulated hosts on this machine: one network namespace each, joined by a bridge (needs "
-        "root); ranks go on hosts in contiguous blocks of world/H (ranks 0..k-1 on host 0, ...)",
+        help="emulated hosts on this machine (gloo or mpi): one network namespace each, joined by a bridge "
+        "(needs root); ranks go on hosts in contiguous blocks of world/H (ranks 0..k-1 on host 0, ...)",
     ),
     "--nic-bandwidth": dict(
         metavar="RATE",
