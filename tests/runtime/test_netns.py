@@ -20,21 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.rundir import Summary
 from psgdlab.runtime import netns
+from psgdlab.tests.runtime._runtime_helpers import train_fails
 
 REASON = netns.unavailable_reason()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 
-def _fails(capsys, argv, pattern):
-    status = main(["train", *argv])
-    err = capsys.readouterr().err.strip()
-    assert status == 2, err
-    assert len(err.splitlines()) == 1, err
-    assert re.search(pattern, err), err
+_fails = train_fails
 
 
 # --- bad input, without root ---
