@@ -189,8 +189,10 @@ def launch(
         try:
             _terminate(procs)
             if hosts is not None:
-                _record_hosts(hosts, out, world)
-                hosts.down()
+                try:
+                    _record_hosts(hosts, out, world)
+                finally:
+                    hosts.down()
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
@@ -218,7 +220,7 @@ def _record_hosts(hosts: EmulatedHosts, out: Path, world: int) -> None:
     carried (what crossed the shaped links: traffic between hosts, never within one)."""
     try:
         carried = hosts.link_bytes()
-    except TransportError:  # set-up did not get that far
+    except (TransportError, LookupError, ValueError):  # set-up did not get that far
         return
     atomic_write_json(
         out / "hosts.json",

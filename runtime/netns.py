@@ -3,7 +3,7 @@ r"""Emulated hosts on one machine: a Linux network namespace per host, a bridge,
 ``psgdlab train --hosts H --nic-bandwidth RATE`` places the ranks on ``H`` emulated hosts, so
 that a message between hosts crosses a real TCP path through a real rate limit, with real
 contention when several ranks of a host send at once. A run with prefix
-``P = psgd-<launcher pid>-<its start time>`` creates only namespaces::
+``P = psgd-<launcher pid>-<its start time>-<n>`` creates only namespaces::
 
     P-br    the bridge br0 (10.213.0.254/24, where mpiexec listens for its proxies), and one veth
             end h<i> per host enslaved to it
@@ -53,6 +53,7 @@ It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN, to create and mount namespaces),
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import re
 import shutil
@@ -102,7 +103,8 @@ MPI_NETWORK_ENV = {
 }
 MAX_HOSTS = 200
 CMD_TIMEOUT_S = 20.0
-_NAME_RE = re.compile(r"^psgd-(\d+)-(\d+)-(br|h\d+)$")
+_NAME_RE = re.compile(r"^psgd-(\d+)-(\d+)-\d+-(br|h\d+)$")
+_RUNS = itertools.count()  # the runs of this process (two launches at once stay apart)
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
 
 
@@ -168,11 +170,11 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19]) if fields[0] != "Z" else None
 
 
-def run_prefix(pid: int | None = None) -> str:
-    """``psgd-<pid>-<start time>``: the names of a run's namespaces, unique while it runs and
-    recognisably stale after."""
-    pid = os.getpid() if pid is None else pid
-    return f"psgd-{pid}-{_start_time(pid) or 0}"
+def run_prefix() -> str:
+    """``psgd-<pid>-<start time>-<n>`` (this process's n-th run): the names of a run's
+    namespaces, unique while it runs and recognisably stale after its process is gone."""
+    pid = os.getpid()
+    return f"psgd-{pid}-{_start_time(pid) or 0}-{next(_RUNS)}"
 
 
 def _run(cmd: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:

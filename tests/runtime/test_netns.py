@@ -131,6 +131,24 @@ def test_set_up_and_tear_down_leave_nothing():
 
 
 @needs_netns
+def test_only_namespaces_whose_owner_is_gone_are_stale():
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    live = netns.EmulatedHosts(1).prefix  # this process, its start time: a run in progress
+    reused = f"psgd-{os.getpid()}-1-0"  # this pid, another start time: a dead owner whose pid was reused
+    names = [f"psgd-{dead.pid}-12345-0-br", f"{reused}-h0", f"{live}-br"]
+    try:
+        for name in names:
+            _ip("netns", "add", name)
+        removed = netns.remove_stale()
+        assert sorted(removed) == sorted(names[:2])
+        assert _mine(live) == [f"{live}-br"]
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+
+@needs_netns
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
