@@ -26,7 +26,7 @@ Placement
     ranks 0..k-1 on host 0 and so on, as srun's block distribution and mpiexec's ``-ppn`` do.
     Ranks of one emulated host share the shared-memory data plane; those of different hosts do
     not, because the launcher gives each rank its host's identity (:data:`HOST_ENV`, read by
-    :func:`psgdlab.runtime.transport.host_identity`), where by default it is the machine's name.
+    :func:`host_identity`), where by default it is the machine's name.
 
 MPI
     ``mpiexec`` (MPICH's hydra) runs in the bridge's namespace, listening on br0
@@ -58,6 +58,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -74,6 +75,7 @@ __all__ = [
     "MPI_NETWORK_ENV",
     "IFACE",
     "contiguous_placement",
+    "host_identity",
     "remove_stale",
     "unavailable_reason",
     "require_netns",
@@ -83,7 +85,7 @@ __all__ = [
 ]
 
 #: the environment variable that names a rank's host where the machine's name does not (the
-#: launcher of emulated hosts sets it to the host's namespace; read by ``transport.host_identity``)
+#: launcher of emulated hosts sets it to the host's namespace; read by :func:`host_identity`)
 HOST_ENV = "PSGDLAB_HOST_ID"
 #: the host's interface inside its namespace (gloo binds it: ``GLOO_SOCKET_IFNAME``)
 IFACE = "nic0"
@@ -377,3 +379,14 @@ exec ip netns exec "$ns" sh -c "$*"
 
     def __exit__(self, *exc: object) -> None:
         self.down()
+
+
+def host_identity(environ: dict[str, str] | None = None) -> str:
+    """The host this process runs on: :data:`HOST_ENV` where the launcher set it (emulated hosts
+    share one machine), else the machine's name. Ranks that share it may share memory.
+
+    >>> host_identity({HOST_ENV: "psgd-1-2-h0"})
+    'psgd-1-2-h0'
+    """
+    env = os.environ if environ is None else environ
+    return env.get(HOST_ENV) or socket.gethostname()

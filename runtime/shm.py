@@ -17,7 +17,7 @@ Segments
     name: from then on nothing of the run is in ``/dev/shm``, the memory lives as long as a
     mapping, and a rank killed at any later moment leaves nothing behind. (A rank killed inside
     setup, before that allgather, leaves its file until a peer that got past it unlinks it.)
-    The host is :func:`~psgdlab.runtime.transport.host_identity`: the machine's name, or the
+    The host is :func:`~psgdlab.runtime.netns.host_identity`: the machine's name, or the
     emulated host the launcher named (:mod:`psgdlab.runtime.netns`), so ranks of different
     emulated hosts on one machine never share memory.
 
@@ -89,7 +89,8 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime import shm_sys
-from psgdlab.runtime.transport import CHANNELS, host_identity
+from psgdlab.runtime.netns import host_identity
+from psgdlab.runtime.transport import CHANNELS
 
 __all__ = [
     "SharedMemoryPlane",

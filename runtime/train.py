@@ -44,9 +44,10 @@ from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
-from psgdlab.runtime.transport import LaunchEnv, host_identity, launch_env
+from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
 __all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]
@@ -433,7 +434,7 @@ def _write_run_dir(
 
 def _placement(results: list[RankResult]) -> tuple[int, tuple[int, ...]]:
     """How many hosts the ranks ran on, and each rank's host (numbered in order of first
-    appearance), from the host each rank reported (:func:`~psgdlab.runtime.transport.host_identity`)."""
+    appearance), from the host each rank reported (:func:`~psgdlab.runtime.netns.host_identity`)."""
     numbers: dict[str, int] = {}
     placement = tuple(
         numbers.setdefault(str(r.extra.get("host", "")), len(numbers)) for r in sorted(results, key=lambda r: r.rank)

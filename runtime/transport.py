@@ -50,9 +50,8 @@ from typing import Any
 import torch
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.runtime.netns import HOST_ENV
 
-__all__ = ["Transport", "LaunchEnv", "launch_env", "host_identity", "HOST_ENV", "Tags", "CHANNELS"]
+__all__ = ["Transport", "LaunchEnv", "launch_env", "Tags", "CHANNELS"]
 
 #: the channels of a process (module docstring), in the order of their shared-memory regions and slots
 CHANNELS = ("main", "comm", "responder")
@@ -207,16 +206,3 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
                 ) from None
             return LaunchEnv(rank=rank, world_size=size, local_rank=local, launcher=launcher)
     return LaunchEnv(rank=0, world_size=1, local_rank=0, launcher="single")
-
-
-def host_identity(environ: dict[str, str] | None = None) -> str:
-    """The host this process runs on: :data:`HOST_ENV` where the launcher set it (emulated hosts
-    share one machine), else the machine's name. Ranks that share it may share memory.
-
-    >>> host_identity({HOST_ENV: "psgd-1-2-h0"})
-    'psgd-1-2-h0'
-    """
-    import socket
-
-    env = os.environ if environ is None else environ
-    return env.get(HOST_ENV) or socket.gethostname()

@@ -85,10 +85,8 @@ def test_the_summary_keeps_hosts_and_placement():
 
 
 def test_the_host_identity_comes_from_the_launcher():
-    from psgdlab.runtime.transport import host_identity
-
-    assert host_identity({netns.HOST_ENV: "psgd-1-2-h1"}) == "psgd-1-2-h1"
-    assert host_identity({}) == os.uname().nodename
+    assert netns.host_identity({netns.HOST_ENV: "psgd-1-2-h1"}) == "psgd-1-2-h1"
+    assert netns.host_identity({}) == os.uname().nodename
 
 
 # --- with root ---
