@@ -45,6 +45,7 @@ from psgdlab.runtime.netns import (
     require_netns,
     set_parent_death_signal,
 )
+from psgdlab.runtime.shm_sys import remove_segments
 
 __all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
 
@@ -188,6 +189,7 @@ def launch(
         forwarded["setting_up"] = False
         try:
             _terminate(procs)
+            remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
             if hosts is not None:
                 try:
                     _record_hosts(hosts, out, world)

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.runtime.shm_sys import start_time
 
 __all__ = [
     "BRIDGE",
@@ -162,21 +163,11 @@ def require_netns(hosts: int) -> None:
         raise ConfigError(f"hosts ({hosts}): {reason}; run as root, or without --hosts")
 
 
-def _start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (None if it does not run)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19]) if fields[0] != "Z" else None
-
-
 def run_prefix() -> str:
     """``psgd-<pid>-<start time>-<n>`` (this process's n-th run): the names of a run's
     namespaces, unique while it runs and recognisably stale after its process is gone."""
     pid = os.getpid()
-    return f"psgd-{pid}-{_start_time(pid) or 0}-{next(_RUNS)}"
+    return f"psgd-{pid}-{start_time(pid) or 0}-{next(_RUNS)}"
 
 
 def _run(cmd: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -217,7 +208,7 @@ def remove_stale() -> list[str]:
         if match is None:
             continue
         pid, started = int(match.group(1)), int(match.group(2))
-        if _start_time(pid) == started:
+        if start_time(pid) == started:
             continue  # its launcher still runs: another run's
         _delete_namespace(name)
         removed.append(name)
