@@ -22,8 +22,9 @@ Leak check::
 point (seeded): SIGINT to the launcher, SIGKILL of a rank, or SIGKILL of the launcher, during
 set-up or up to 3 s after the ranks started. After each it checks that nothing of the run is
 left in ``ip netns list`` (for a killed launcher: after the next start, which must say what it
-removed), and at the end that ``ip link`` and ``tc qdisc`` are as before. Prints one line per run
-and a count. Figures only: nothing here asserts a timing.
+removed), and at the end that ``ip link``, ``tc qdisc`` and the ``psgdlab-*`` segments in
+``/dev/shm`` are as before. Prints one line per run and a count. Figures only: nothing here
+asserts a timing.
 """
 
 from __future__ import annotations
@@ -165,10 +166,10 @@ def _names(prefix: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
-def _state() -> tuple[str, str]:
+def _state() -> tuple[str, str, list[str]]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=20).stdout
     qdiscs = subprocess.run(["tc", "qdisc"], capture_output=True, text=True, timeout=20).stdout
-    return links, qdiscs
+    return links, qdiscs, sorted(p.name for p in Path("/dev/shm").glob("psgdlab-*"))
 
 
 def leak(runs: int, seed: int) -> int:
@@ -233,7 +234,7 @@ def leak(runs: int, seed: int) -> int:
         left = _names(prefix)
         left_total += len(left)
         print(f"run {i:2d}: {kind:8s} at {when:8s}: exit {proc.returncode}, left {left or 'nothing'}: {last[0][:100]}")
-    removed = netns.remove_stale()  # the next start's clean-up
+    removed, _ = netns.remove_stale()  # the next start's clean-up
     print(
         f"{len(pending)} launchers killed: the next starts removed {removed_by_starts} of their namespaces, "
         f"a last clean-up {len(removed)}"
@@ -242,8 +243,8 @@ def leak(runs: int, seed: int) -> int:
     left_total += len(after_all)
     same = _state() == before
     print(
-        f"{runs} interrupted runs: {left_total} namespaces left, ip link and tc qdisc "
-        f"{'as before' if same else 'CHANGED'}"
+        f"{runs} interrupted runs: {left_total} namespaces left, ip link, tc qdisc and the data plane's "
+        f"/dev/shm segments {'as before' if same else 'CHANGED'}"
     )
     shutil.rmtree(work, ignore_errors=True)
     return 0 if left_total == 0 and same else 1

@@ -180,6 +180,8 @@ def launch(
                     preexec_fn=None if hosts is None else set_parent_death_signal,
                 )
                 forwarded["setting_up"] = False
+            if hosts is not None:
+                hosts.record_ranks([p.pid for p in procs.values()])
         if forwarded["sig"] is not None:  # arrived while the ranks were starting
             _forward(forwarded["sig"], None)
         _watch(procs, ranks_dir, world, timeout_s, forwarded)
@@ -253,12 +255,13 @@ class _Stopped(Exception):
 def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
     """Remove the leftovers of killed launchers (saying so); this run's hosts, not made yet."""
     require_netns(config.hosts)
-    removed = remove_stale()
-    if removed:
-        owners = sorted({name.split("-")[1] for name in removed})
+    namespaces, segments = remove_stale()
+    if namespaces or segments:
+        owners = sorted({name.split("-")[1] for name in namespaces})
         print(
-            f"psgdlab: removed {len(removed)} network namespaces left by killed launchers (pid "
-            f"{', '.join(owners)}): {', '.join(removed)}",
+            f"psgdlab: removed {len(namespaces)} network namespaces left by killed launchers (pid "
+            f"{', '.join(owners) or '?'}): {', '.join(namespaces) or 'none'}; and {len(segments)} "
+            f"shared-memory segments of their ranks{': ' if segments else ''}{', '.join(segments)}",
             file=sys.stderr,
         )
     return EmulatedHosts(config.hosts, config.nic_bandwidth_bytes_per_s)

@@ -42,9 +42,11 @@ MPI
 Clean-up
     :meth:`EmulatedHosts.down` kills what runs in the run's namespaces and deletes them; the
     launcher calls it in a ``finally`` (after a failed rank, SIGINT or SIGTERM). A launcher killed
-    by SIGKILL cannot: the next start calls :func:`remove_stale`, which finds namespaces whose
-    owner (pid and start time in the name) no longer runs, and removes them. Every command has
-    a time limit.
+    by SIGKILL cannot: its ranks die with it (parent-death signal), and the next start calls
+    :func:`remove_stale`, which finds namespaces whose owner (pid and start time in the name) no
+    longer runs and removes them, with the shared-memory segments of their ranks (pids recorded
+    in ``/run/psgdlab-<prefix>.pids``: a rank killed inside the data plane's set-up leaves its
+    segment). Every command has a time limit.
 
 It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN, to create and mount namespaces), ``ip`` and
 ``tc`` (iproute2): :func:`unavailable_reason` says what is missing, in one line.
@@ -66,7 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.runtime.shm_sys import start_time
+from psgdlab.core.trace import atomic_write_text
+from psgdlab.runtime.shm_sys import remove_segments, start_time
 
 __all__ = [
     "BRIDGE",
@@ -106,7 +109,10 @@ MPI_NETWORK_ENV = {
 }
 MAX_HOSTS = 200
 CMD_TIMEOUT_S = 20.0
-_NAME_RE = re.compile(r"^psgd-(\d+)-(\d+)-\d+-(br|h\d+)$")
+_NAME_RE = re.compile(r"^(psgd-(\d+)-(\d+)-\d+)-(br|h\d+)$")
+#: where a run records its ranks' pids (``psgdlab-<prefix>.pids``), so that the next start can
+#: remove the shared-memory segments of ranks that died with a killed launcher
+RECORD_DIR = Path("/run")
 _RUNS = itertools.count()  # the runs of this process (two launches at once stay apart)
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
 
@@ -199,20 +205,41 @@ def _delete_namespace(name: str) -> None:
         raise TransportError(f"could not delete network namespace {name}: {' '.join(done.stderr.split())}")
 
 
-def remove_stale() -> list[str]:
-    """Delete the namespaces of runs whose launcher no longer runs (killed by SIGKILL) and what
-    runs in them; returns their names."""
-    removed = []
+def _record(prefix: str) -> Path:
+    return RECORD_DIR / f"psgdlab-{prefix}.pids"
+
+
+def _forget(prefix: str) -> list[str]:
+    """Unlink the shared-memory segments of the run's ranks (pids in its record), which a rank
+    killed inside the data plane's set-up leaves, and the record; returns the segments' names."""
+    record = _record(prefix)
+    try:
+        pids = [int(x) for x in record.read_text().split()]
+    except (OSError, ValueError):
+        pids = []
+    removed = remove_segments(pids)
+    record.unlink(missing_ok=True)
+    return removed
+
+
+def remove_stale() -> tuple[list[str], list[str]]:
+    """Delete what runs whose launcher no longer runs (killed by SIGKILL) left: their namespaces
+    (and what runs in them) and the shared-memory segments of their ranks; returns the names of
+    both."""
+    namespaces, stale = [], set()
     for name in _namespaces():
         match = _NAME_RE.match(name)
-        if match is None:
-            continue
-        pid, started = int(match.group(1)), int(match.group(2))
-        if start_time(pid) == started:
-            continue  # its launcher still runs: another run's
+        if match is None or start_time(int(match.group(2))) == int(match.group(3)):
+            continue  # not a run's, or its launcher still runs
         _delete_namespace(name)
-        removed.append(name)
-    return removed
+        namespaces.append(name)
+        stale.add(match.group(1))
+    for record in RECORD_DIR.glob("psgdlab-psgd-*.pids"):
+        match = _NAME_RE.match(f"{record.stem.removeprefix('psgdlab-')}-br")
+        if match is not None and start_time(int(match.group(2))) != int(match.group(3)):
+            stale.add(match.group(1))
+    segments = [name for prefix in sorted(stale) for name in _forget(prefix)]
+    return namespaces, segments
 
 
 def set_parent_death_signal() -> None:
@@ -307,9 +334,14 @@ class EmulatedHosts:
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", *tbf])  # what the host sends
                 _run(["tc", "-n", br, "qdisc", "add", "dev", end, "root", *tbf])  # what it receives
 
+    def record_ranks(self, pids: Sequence[int]) -> None:
+        """Record the ranks' pids (for :func:`remove_stale`, should this process be killed)."""
+        atomic_write_text(_record(self.prefix), " ".join(str(p) for p in pids))
+
     def down(self) -> list[str]:
         """Kill what runs in the run's namespaces and delete them (also those a failed ``up``
-        left half made); returns their names. Never raises for a namespace already gone."""
+        left half made), then the segments of the recorded ranks; returns the namespaces' names.
+        Never raises for a namespace already gone."""
         mine = [n for n in _namespaces() if n == self.bridge_namespace or n.startswith(f"{self.prefix}-h")]
         errors = []
         for name in sorted(mine, key=lambda n: n.endswith("-br")):  # hosts first, then the bridge
@@ -317,6 +349,7 @@ class EmulatedHosts:
                 _delete_namespace(name)
             except TransportError as exc:
                 errors.append(str(exc))
+        _forget(self.prefix)
         if errors:
             raise TransportError(errors[0])
         return mine

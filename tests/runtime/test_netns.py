@@ -135,15 +135,28 @@ def test_only_namespaces_whose_owner_is_gone_are_stale():
     live = netns.EmulatedHosts(1).prefix  # this process, its start time: a run in progress
     reused = f"psgd-{os.getpid()}-1-0"  # this pid, another start time: a dead owner whose pid was reused
     names = [f"psgd-{dead.pid}-12345-0-br", f"{reused}-h0", f"{live}-br"]
+    # the dead owner's ranks (here: the dead process) left a segment; the live run's rank did too
+    records = {prefix: netns.RECORD_DIR / f"psgdlab-{prefix}.pids" for prefix in (f"psgd-{dead.pid}-12345-0", live)}
+    segments = [Path("/dev/shm") / f"psgdlab-{dead.pid}-test", Path("/dev/shm") / f"psgdlab-{os.getpid()}-test"]
     try:
         for name in names:
             _ip("netns", "add", name)
-        removed = netns.remove_stale()
+        for record, segment, pid in zip(records.values(), segments, (dead.pid, os.getpid())):
+            record.write_text(str(pid))
+            segment.touch()
+        removed, removed_segments = netns.remove_stale()
         assert sorted(removed) == sorted(names[:2])
-        assert _mine(live) == [f"{live}-br"]
+        assert removed_segments == [segments[0].name] and not segments[0].exists() and segments[1].exists()
+        assert (
+            _mine(live) == [f"{live}-br"]
+            and records[live].exists()
+            and not records[f"psgd-{dead.pid}-12345-0"].exists()
+        )
     finally:
         for name in names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        for path in [*records.values(), *segments]:
+            path.unlink(missing_ok=True)
 
 
 @needs_netns
@@ -249,3 +262,6 @@ def test_interrupted_runs_leave_nothing_behind(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"pid {runs['launcher'][0].pid}" in err[0] and all(n in err[0] for n in left), err
     assert _mine(f"psgd-{runs['launcher'][0].pid}-") == []
+    # and the shared-memory segments of its ranks, had they died inside the data plane's set-up
+    assert not [p for pid in pids["launcher"] for p in Path("/dev/shm").glob(f"psgdlab-{pid}-*")]
+    assert not list(netns.RECORD_DIR.glob(f"psgdlab-psgd-{runs['launcher'][0].pid}-*"))
