@@ -35,9 +35,10 @@ MPI
     :meth:`EmulatedHosts.write_hydra_launcher`) that starts each host's proxy inside the host's
     namespace with :data:`HOST_ENV` set; hydra places ranks in the same contiguous blocks, and
     MPICH treats ranks under different proxies as different nodes (network, not shared memory).
-    The network libraries are pointed at nic0 (:data:`MPI_NETWORK_ENV`), and UCX is held to TCP:
-    its shared-memory transports judge by the machine, not the host, and carried every payload
-    between emulated hosts (a 2x2 run moved 15 kB over the links instead of megabytes).
+    MPICH is told to use libfabric's tcp provider on nic0 (:data:`MPI_NETWORK_ENV`): its default,
+    UCX, judges shared memory by the machine, not the host, and carried every payload between
+    emulated hosts (a 2x2 run moved 15 kB over the links instead of megabytes); held to TCP, it
+    hung H-ADPSGD's threaded gossip now and then.
 
 Clean-up
     :meth:`EmulatedHosts.down` kills what runs in the run's namespaces and deletes them; the
@@ -98,10 +99,14 @@ SUBNET = "10.213.0"
 #: the bridge's own address (mpiexec's, in the bridge's namespace)
 LAUNCHER_ADDRESS = f"{SUBNET}.254"
 MTU = 9000
-#: what points MPICH's network libraries (libfabric's tcp and sockets providers, UCX) at nic0; UCX
-#: is held to TCP, since its shared-memory transports see one machine and would bypass the links
-#: (MPICH's own shared memory still serves the ranks of one host: they share a hydra proxy)
+#: MPICH between emulated hosts: the libfabric netmod with its tcp provider on nic0 (UCX's
+#: shared-memory transports see one machine and bypass the links; held to TCP, UCX hung
+#: H-ADPSGD's threaded gossip in 3 of 8 runs under load, libfabric's tcp in none of 8). UCX is
+#: still held to TCP on nic0 should an MPICH without libfabric pick it. MPICH's own shared memory
+#: serves the ranks of one host (they share a hydra proxy).
 MPI_NETWORK_ENV = {
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+    "FI_PROVIDER": "tcp",
     "FI_TCP_IFACE": IFACE,
     "FI_SOCKETS_IFACE": IFACE,
     "UCX_NET_DEVICES": IFACE,
