@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 
 from psgdlab.core.errors import ConfigError
 
-__all__ = ["load_toml", "load_dataclass", "check_keys", "apply_overrides", "closest"]
+__all__ = ["load_toml", "load_dataclass", "check_keys", "apply_overrides", "closest", "parse_rate", "format_rate"]
 
 T = TypeVar("T")
 
@@ -123,3 +124,57 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> di
 
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+#: unit of a rate -> bytes per second (SI prefixes, powers of 1000, as NIC rates are quoted)
+_RATE_UNITS = {
+    "bit/s": 1 / 8,
+    "kbit/s": 1e3 / 8,
+    "Mbit/s": 1e6 / 8,
+    "Gbit/s": 1e9 / 8,
+    "B/s": 1.0,
+    "kB/s": 1e3,
+    "MB/s": 1e6,
+    "GB/s": 1e9,
+}
+_RATE_RE = re.compile(r"^\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+/s)\s*$")
+#: the rates a shaped link (``tc`` tbf) honours here: 1 Mbit/s to 400 Gbit/s
+RATE_RANGE_BYTES_PER_S = (1e6 / 8, 400e9 / 8)
+
+
+def parse_rate(text: str, *, name: str = "nic-bandwidth") -> float:
+    """Bytes per second of a rate written as a number and a unit (``1Gbit/s``, ``500Mbit/s``,
+    ``125MB/s``; SI prefixes, powers of 1000); anything else is a :class:`ConfigError` naming
+    ``name``, the value and the rule.
+
+    Examples
+    --------
+    >>> parse_rate("1Gbit/s"), parse_rate("500 Mbit/s"), parse_rate("2.5GB/s")
+    (125000000.0, 62500000.0, 2500000000.0)
+    >>> parse_rate("1Gbps")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    psgdlab.core.errors.ConfigError: nic-bandwidth ('1Gbps') must be a number and a unit, one of bit/s, ...
+    """
+    units = ", ".join(_RATE_UNITS)
+    match = _RATE_RE.match(text) if isinstance(text, str) else None
+    if match is None or match.group(2) not in _RATE_UNITS:
+        raise ConfigError(f"{name} ({text!r}) must be a number and a unit, one of {units} (like 1Gbit/s or 500Mbit/s)")
+    rate = float(match.group(1)) * _RATE_UNITS[match.group(2)]
+    low, high = RATE_RANGE_BYTES_PER_S
+    if not low <= rate <= high:
+        raise ConfigError(f"{name} ({text!r}) must be between 1Mbit/s and 400Gbit/s (what a shaped link honours)")
+    return rate
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """The rate in the largest bit/s unit that keeps it >= 1: ``format_rate(125e6) == "1Gbit/s"``.
+
+    >>> format_rate(125e6), format_rate(62.5e6), format_rate(1.5e9 / 8)
+    ('1Gbit/s', '500Mbit/s', '1.5Gbit/s')
+    """
+    bits = bytes_per_s * 8
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.6g}{unit}"
+    return f"{bits:.6g}bit/s"

@@ -89,6 +89,17 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--hosts": dict(
+        type=int,
+        metavar="H",
+        help="emulated hosts on this machine (gloo or mpi): one network namespace each, joined by a bridge "
+        "(needs root); ranks go on hosts in contiguous blocks of world/H (ranks 0..k-1 on host 0, ...)",
+    ),
+    "--nic-bandwidth": dict(
+        metavar="RATE",
+        help="each emulated host's link, shaped in both directions (tc tbf), like 1Gbit/s or 500Mbit/s "
+        "(default: not shaped)",
+    ),
 }
 _LIST_TYPES = {int: int_list, None: name_list}
 

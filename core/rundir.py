@@ -105,7 +105,7 @@ class RunDir:
 
 
 #: the keys of summary.json that say which case it is; everything else is a figure
-_CASE_KEYS = ("source", "algorithm", "algorithm_params", "workers", "case")
+_CASE_KEYS = ("source", "algorithm", "algorithm_params", "workers", "case", "hosts", "placement")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +125,12 @@ class Summary:
     case : str or None
         A name that tells apart cases of one algorithm (``"adpsgd-random-w4"`` in a
         validation), ``None`` where the algorithm's name and workers suffice.
+    hosts : int or None
+        How many hosts the ranks ran on (emulated hosts count as hosts); ``None`` where the
+        executor does not say (written only when given).
+    placement : tuple of int or None
+        The host of every rank (index ``r``: rank ``r``'s host, numbered ``0..hosts-1`` in order
+        of first appearance; a parameter server's rank included); ``None`` where not recorded.
     figures : dict
         Everything measured or predicted (:func:`psgdlab.core.trace.summarize` and the
         executor's extras), JSON-able; written flat beside the case keys.
@@ -137,6 +143,10 @@ class Summary:
     True
     >>> s.to_json()["samples_per_s"]
     512.0
+    >>> two = Summary(source="runtime", algorithm="ssgd", algorithm_params={}, workers=4, hosts=2,
+    ...               placement=(0, 0, 1, 1))
+    >>> Summary.from_json(two.to_json()) == two, two.to_json()["placement"]
+    (True, [0, 0, 1, 1])
     """
 
     source: str
@@ -144,9 +154,20 @@ class Summary:
     algorithm_params: dict[str, Any]
     workers: int
     case: str | None = None
+    hosts: int | None = None
+    placement: tuple[int, ...] | None = None
     figures: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.hosts is not None and (not isinstance(self.hosts, int) or self.hosts < 1):
+            raise ConfigError(f"summary hosts {self.hosts!r} must be an integer >= 1")
+        if self.placement is not None:
+            ok = self.hosts is not None and sorted(set(self.placement)) == list(range(self.hosts))
+            if not ok or len(self.placement) < self.workers:
+                raise ConfigError(
+                    f"summary placement {list(self.placement)!r} must give each of the >= {self.workers} ranks "
+                    f"a host in 0..{(self.hosts or 1) - 1}, every host used (hosts = {self.hosts!r})"
+                )
         if not isinstance(self.algorithm, str) or not self.algorithm:
             raise ConfigError(f"summary algorithm {self.algorithm!r} must be a registry name (a non-empty string)")
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -169,6 +190,10 @@ class Summary:
             "workers": self.workers,
             "case": self.case,
         }
+        if self.hosts is not None:
+            head["hosts"] = self.hosts
+        if self.placement is not None:
+            head["placement"] = list(self.placement)
         return {**head, **self.figures}
 
     @classmethod
@@ -185,6 +210,8 @@ class Summary:
             algorithm_params=dict(obj["algorithm_params"]),
             workers=int(obj["workers"]),
             case=obj.get("case"),
+            hosts=None if obj.get("hosts") is None else int(obj["hosts"]),
+            placement=None if obj.get("placement") is None else tuple(int(h) for h in obj["placement"]),
             figures=figures,
         )
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
-from psgdlab.core.config import check_keys, closest
+from psgdlab.core.config import check_keys, closest, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
 from psgdlab.core.flags import add_flags
 from psgdlab.core.rundir import default_run_dir
@@ -180,6 +180,8 @@ class TrainConfig:
     lsq_samples_per_worker: int = 256
     synthetic_utterances: int = 64
     evaluate: bool = True
+    hosts: int = 1
+    nic_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
@@ -237,6 +239,7 @@ class TrainConfig:
             ComputeTime.parse(self.compute_time)
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
         build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
+        self._check_hosts()
         if self.backend == "nccl":
             import torch
 
@@ -256,6 +259,43 @@ class TrainConfig:
             from psgdlab.runtime.data import inspect_corpus
 
             inspect_corpus(self.data)  # missing file, not HDF5, missing dataset named
+
+    def _check_hosts(self) -> None:
+        """``--hosts`` and ``--nic-bandwidth`` (:mod:`psgdlab.runtime.netns`): hosts that divide
+        the ranks, a rate that parses, a backend that crosses emulated hosts."""
+        from psgdlab.runtime.netns import MAX_HOSTS
+
+        require(
+            isinstance(self.hosts, int) and 1 <= self.hosts <= MAX_HOSTS,
+            "hosts",
+            self.hosts,
+            f"must be an integer from 1 to {MAX_HOSTS}",
+        )
+        if self.nic_bandwidth is not None:
+            parse_rate(self.nic_bandwidth)
+            require(self.hosts >= 2, "nic-bandwidth", self.nic_bandwidth, "applies only with --hosts 2 or more")
+        if self.hosts == 1:
+            return
+        world = world_size_of(self)
+        server = " (workers plus the parameter server)" if world > self.workers else ""
+        require(
+            world % self.hosts == 0,
+            "hosts",
+            self.hosts,
+            f"must divide the {world} ranks{server}: ranks go on hosts in equal contiguous blocks",
+        )
+        require(
+            self.backend != "nccl",
+            "hosts",
+            self.hosts,
+            "is not supported with --backend nccl (the GPUs of one machine would still talk through NVLink/PCIe)",
+            hint="use --backend gloo",
+        )
+
+    @property
+    def nic_bandwidth_bytes_per_s(self) -> float | None:
+        """The emulated hosts' link rate in bytes per second (None: not shaped)."""
+        return None if self.nic_bandwidth is None else parse_rate(self.nic_bandwidth)
 
     # ----- derived -----
     @property
@@ -287,11 +327,13 @@ class TrainConfig:
 
     # ----- command line -----
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def add_arguments(parser: argparse.ArgumentParser, *, launcher: bool = False) -> None:
         """The training flags, shared by ``psgdlab train`` and ``python -m psgdlab.runtime``.
 
         Flags that several commands share come from :mod:`psgdlab.core.flags`; ``--lr``,
         ``--lr-schedule``, ``--momentum`` and ``--batch`` default to the model's recipe.
+        ``launcher=True`` adds the flags of a command that starts the ranks itself (``--hosts``,
+        ``--nic-bandwidth``); the per-rank entry runs where its launcher put it.
         """
         recipes = "; ".join(f"{name}: {r.describe()}" for name, r in MODEL_RECIPES.items())
         recipe_help = "default: the model's recipe"
@@ -361,6 +403,8 @@ class TrainConfig:
         )
         parser.add_argument("--window", type=int, default=21, help="frames per input window")
         parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
+        if launcher:
+            add_flags(parser, "--hosts", "--nic-bandwidth", defaults={"--hosts": 1})
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
@@ -414,6 +458,8 @@ class TrainConfig:
             timeout_s=args.timeout,
             record_params=args.record_params,
             lsq_dim=args.lsq_dim,
+            hosts=getattr(args, "hosts", 1),
+            nic_bandwidth=getattr(args, "nic_bandwidth", None),
         )
 
 

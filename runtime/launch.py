@@ -2,14 +2,21 @@
 
 - gloo / nccl: ``world_size`` processes ``python -m psgdlab.runtime --config OUT/launch.json``
   with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a free ``MASTER_PORT`` on 127.0.0.1;
-- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same.
+- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same;
+- ``hosts > 1`` (gloo or mpi): emulated hosts (:mod:`psgdlab.runtime.netns`): the launcher removes the
+  leftovers of runs whose launcher was killed (one line on stderr), makes one network namespace
+  per host, starts each rank inside its host's namespace (``ip netns exec``; ranks in contiguous
+  blocks) with ``MASTER_ADDR`` = host 0's address, gloo bound to the host's interface and the
+  host named in ``PSGDLAB_HOST_ID`` (mpi: mpiexec in the bridge's namespace starts each host's
+  proxy inside the host's), writes ``OUT/hosts.json`` (the hosts, the placement, the bytes each
+  host's link carried), and removes the namespaces when the run ends however it ends.
 
 Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
 The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
 that exits with an error or disappears without its ``done`` file stops the run -- the others
 are terminated (SIGTERM, then SIGKILL after a grace period) and :class:`TransportError` names
 the rank, well within 60 s. SIGTERM/SIGINT to the launcher is forwarded to every rank, which
-checkpoints at its next step boundary.
+checkpoints at its next step boundary; ranks still running :data:`STOP_GRACE_S` later are killed.
 """
 
 from __future__ import annotations
@@ -27,6 +34,18 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import TrainConfig, world_size_of
+from psgdlab.runtime.netns import (
+    BRIDGE,
+    HOST_ENV,
+    IFACE,
+    MPI_NETWORK_ENV,
+    EmulatedHosts,
+    contiguous_placement,
+    remove_stale,
+    require_netns,
+    set_parent_death_signal,
+)
+from psgdlab.runtime.shm_sys import remove_segments
 
 __all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
 
@@ -38,6 +57,8 @@ RANKS_DIR = ".ranks"
 #: still reaches the ranks.
 RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
 GRACE_S = 5.0
+#: after a forwarded SIGINT/SIGTERM, how long ranks have to checkpoint and leave
+STOP_GRACE_S = 30.0
 
 
 def free_port() -> int:
@@ -94,25 +115,14 @@ def launch(
     cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
     stderr = subprocess.DEVNULL if quiet else None
     procs: dict[int, subprocess.Popen] = {}
-    if config.backend == "mpi":
-        mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
-        procs[-1] = subprocess.Popen(mpi_cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-    else:
-        port = free_port()
-        for r in range(world):
-            env_r = dict(
-                env,
-                RANK=str(r),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(r),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-            procs[r] = subprocess.Popen(cmd, env=env_r, stdout=subprocess.DEVNULL, stderr=stderr)
-    forwarded: dict[str, int | None] = {"sig": None}
+    forwarded: dict[str, Any] = {"sig": None, "at": None, "setting_up": True}
 
     def _forward(signum: int, frame: Any) -> None:
+        first = forwarded["sig"] is None
         forwarded["sig"] = signum
+        forwarded["at"] = forwarded["at"] or time.monotonic()
+        if forwarded["setting_up"] and first:  # unwind; the finally below removes what was made
+            raise _Stopped(signum)
         for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -121,11 +131,79 @@ def launch(
     if _in_main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _forward)
+    hosts = None
     try:
-        _watch(procs, ranks_dir, world, timeout_s)
+        if config.hosts > 1:
+            hosts = _emulated_hosts(config)
+            hosts.up()
+            hosts.wait_until_reachable()
+        if config.backend == "mpi":
+            mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
+            mpi_env = env
+            if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
+                hydra = _hydra_options(hosts, ranks_dir, world)
+                mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path()), *hydra, "-n", str(world), *cmd]
+                mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
+            procs[-1] = subprocess.Popen(
+                mpi_cmd,
+                env=mpi_env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=None if hosts is None else set_parent_death_signal,
+            )
+            forwarded["setting_up"] = False
+        else:
+            port = free_port() if hosts is None else MASTER_PORT
+            placement = contiguous_placement(world, config.hosts)
+            for r in range(world):
+                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_PORT=str(port))
+                env_r["MASTER_ADDR"] = "127.0.0.1"
+                prefix: list[str] = []
+                if hosts is not None:
+                    host = placement[r]
+                    env_r.update(
+                        LOCAL_RANK=str(placement[:r].count(host)),
+                        MASTER_ADDR=hosts.address(0),
+                        GLOO_SOCKET_IFNAME=IFACE,
+                        # c10d warns on every connection that it cannot name the peer (no
+                        # reverse DNS for the namespaces' addresses); its errors still show
+                        TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+                        **{HOST_ENV: hosts.namespace(host)},
+                    )
+                    prefix = hosts.exec_prefix(host)
+                procs[r] = subprocess.Popen(
+                    [*prefix, *cmd],
+                    env=env_r,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    preexec_fn=None if hosts is None else set_parent_death_signal,
+                )
+                forwarded["setting_up"] = False
+            if hosts is not None:
+                hosts.record_ranks([p.pid for p in procs.values()])
+        if forwarded["sig"] is not None:  # arrived while the ranks were starting
+            _forward(forwarded["sig"], None)
+        _watch(procs, ranks_dir, world, timeout_s, forwarded)
+    except _Stopped:
+        pass
     finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
+        forwarded["setting_up"] = False
+        try:
+            _terminate(procs)
+            remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
+            if hosts is not None:
+                try:
+                    _record_hosts(hosts, out, world)
+                finally:
+                    hosts.down()
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+    if forwarded["sig"] is not None and not procs:
+        raise TransportError(
+            f"run stopped by signal {signal.Signals(forwarded['sig']).name} during set-up; no rank ran"
+        )
     if forwarded["sig"] is not None:
         raise TransportError(
             f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
@@ -135,6 +213,58 @@ def launch(
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
     return json.loads(summary_path.read_text())
+
+
+#: the rendezvous port inside emulated hosts (a fresh namespace: nothing else listens there)
+MASTER_PORT = 29500
+
+
+def _record_hosts(hosts: EmulatedHosts, out: Path, world: int) -> None:
+    """``OUT/hosts.json``: the emulated hosts, the placement, and the bytes each host's link
+    carried (what crossed the shaped links: traffic between hosts, never within one)."""
+    try:
+        carried = hosts.link_bytes()
+    except (TransportError, LookupError, ValueError):  # set-up did not get that far
+        return
+    atomic_write_json(
+        out / "hosts.json",
+        {
+            "hosts": hosts.hosts,
+            "placement": list(contiguous_placement(world, hosts.hosts)),
+            "addresses": [hosts.address(h) for h in range(hosts.hosts)],
+            "nic_bandwidth_bytes_per_s": hosts.rate_bytes_per_s,
+            "link_bytes": carried,
+        },
+    )
+
+
+def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, world: int) -> list[str]:
+    """mpiexec's options for emulated hosts: listen on the bridge, a host file of the hosts'
+    addresses with ``world / hosts`` slots each (contiguous blocks), the namespace launcher hook."""
+    per_host = world // hosts.hosts
+    host_file = ranks_dir / "hosts.txt"
+    host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
+    hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")
+    return ["-iface", BRIDGE, "-f", str(host_file), "-launcher", "ssh", "-launcher-exec", str(hook)]
+
+
+class _Stopped(Exception):
+    """SIGINT/SIGTERM arrived before any rank ran."""
+
+
+def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
+    """Remove the leftovers of killed launchers (saying so); this run's hosts, not made yet."""
+    require_netns(config.hosts)
+    namespaces, segments = remove_stale()
+    if namespaces or segments:
+        owners = sorted({name.split("-")[1] for name in namespaces})
+        print(
+            f"psgdlab: removed {len(namespaces)} network namespaces left by killed launchers (pid "
+            f"{', '.join(owners) or '?'}): {', '.join(namespaces) or 'none'}; and {len(segments)} "
+            f"shared-memory segments of their ranks{': ' if segments else ''}{', '.join(segments)}",
+            file=sys.stderr,
+        )
+    return EmulatedHosts(config.hosts, config.nic_bandwidth_bytes_per_s)
 
 
 def _in_main_thread() -> bool:
@@ -157,7 +287,13 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, timeout_s: float | None) -> None:
+def _watch(
+    procs: dict[int, subprocess.Popen],
+    ranks_dir: Path,
+    world: int,
+    timeout_s: float | None,
+    forwarded: dict[str, Any] | None = None,
+) -> None:
     start = time.monotonic()
     seen: dict[int, int] = {}
     while True:
@@ -174,16 +310,21 @@ def _watch(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int, time
                     if text.isdigit() and int(text) > 0:
                         seen[r] = int(text)
             elif not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
-                failed.append(f"rank {r} died")
+                if not any(f.startswith(f"rank {r} ") for f in failed):  # its exit status said it already
+                    failed.append(f"rank {r} died")
         mpi = procs.get(-1)
         if mpi is not None and mpi.poll() not in (None, 0) and not failed:
             failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")
-        if failed:
+        if failed and (forwarded or {}).get("sig") is None:  # after a forwarded stop, ranks end as they may
             _terminate(procs)
             raise TransportError(
                 f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})" if len(failed) > 1 else "")
             )
         if all(p.poll() is not None for p in procs.values()):
+            return
+        stopped_at = (forwarded or {}).get("at")
+        if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+            _terminate(procs)  # asked to stop, and some rank did not within the grace period
             return
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             _terminate(procs)
@@ -208,7 +349,7 @@ def _signal(p: subprocess.Popen, sig: int) -> None:
     """Send ``sig`` to a rank process, or to mpiexec's whole process group (its ranks included)."""
     try:
         args = p.args if isinstance(p.args, (list, tuple)) else [p.args]
-        if args and "mpiexec" in str(args[0]):
+        if any("mpiexec" in str(a) for a in args[:6]):  # also behind ``ip netns exec NS``
             os.killpg(p.pid, sig)
         else:
             p.send_signal(sig)

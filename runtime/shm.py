@@ -16,7 +16,11 @@ Segments
     memory when each mapped the other -- and is the barrier after which every rank unlinks every
     name: from then on nothing of the run is in ``/dev/shm``, the memory lives as long as a
     mapping, and a rank killed at any later moment leaves nothing behind. (A rank killed inside
-    setup, before that allgather, leaves its file until a peer that got past it unlinks it.)
+    setup, before that allgather, leaves its file until a peer that got past it unlinks it, or
+    ``psgdlab train``'s launcher does after the run: :func:`~psgdlab.runtime.shm_sys.remove_segments`.)
+    The host is :func:`~psgdlab.runtime.netns.host_identity`: the machine's name, or the
+    emulated host the launcher named (:mod:`psgdlab.runtime.netns`), so ranks of different
+    emulated hosts on one machine never share memory.
 
 Control words, not gloo tokens
     Control travels through words of the header, each written by one process only, which waits
@@ -72,13 +76,11 @@ import logging
 import mmap
 import os
 import secrets
-import socket
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,6 +89,8 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime import shm_sys
+from psgdlab.runtime.netns import host_identity
+from psgdlab.runtime.shm_sys import SHM_DIR, segment_prefix
 from psgdlab.runtime.transport import CHANNELS
 
 __all__ = [
@@ -107,7 +111,6 @@ SHM_ENV = "PSGDLAB_SHM"
 #: size of each channel's data region in bytes; larger payloads go over gloo
 SHM_BYTES_ENV = "PSGDLAB_SHM_BYTES"
 DEFAULT_CAPACITY_BYTES = 64 * 2**20
-SHM_DIR = Path("/dev/shm")
 _PAGE = 4096
 _SPIN = 64  # polls of a word before sleeping on it
 _CHECK_S = 0.5  # liveness check period of a sleeping wait
@@ -143,11 +146,6 @@ def shm_settings(environ: dict[str, str] | None = None) -> tuple[str, int]:
     if capacity < 1:
         raise ConfigError(f"{SHM_BYTES_ENV} ({raw!r}) must be a positive number of bytes")
     return modes[flag], capacity
-
-
-def segment_prefix(pid: int) -> str:
-    """The name prefix of the segment process ``pid`` creates in ``/dev/shm``."""
-    return f"psgdlab-{pid}-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +276,7 @@ def open_plane(
     """
     mode, capacity = shm_settings()
     infos: list[Any] = [None] * world_size
-    dist.all_gather_object(infos, (socket.gethostname(), mode, capacity, shm_sys.SUPPORTED), group=ctrl)
+    dist.all_gather_object(infos, (host_identity(), mode, capacity, shm_sys.SUPPORTED), group=ctrl)
     if world_size < 2 or any(i[1] == "off" or not i[3] for i in infos):
         return None
     all_groups = sorted({tuple(g) for g in groups if len(g) > 1} | {tuple(range(world_size))})

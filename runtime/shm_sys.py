@@ -5,7 +5,9 @@
 - :func:`cma_read`: ``process_vm_readv``, one copy from another process's memory into ours
   (cross-memory attach, what MPICH and Open MPI use for large intra-node messages); the kernel
   allows it to a process that may ptrace the other (same user, and Yama ``ptrace_scope`` 0);
-- :func:`start_time` / :func:`is_alive`: a process identity that survives pid reuse.
+- :func:`start_time` / :func:`is_alive`: a process identity that survives pid reuse;
+- :func:`segment_prefix` / :func:`remove_segments`: the names of a process's segments, and their
+  removal after it died (a rank killed inside the plane's setup, before the names are unlinked).
 
 Everything here is x86-64 Linux: the data plane relies on its ordered stores (a word written
 after a payload is never seen before the payload) and is off elsewhere.
@@ -17,8 +19,23 @@ import ctypes
 import os
 import platform
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 
-__all__ = ["SUPPORTED", "futex_wait", "futex_wake", "cma_read", "start_time", "is_alive"]
+__all__ = [
+    "SUPPORTED",
+    "SHM_DIR",
+    "futex_wait",
+    "futex_wake",
+    "cma_read",
+    "start_time",
+    "is_alive",
+    "segment_prefix",
+    "remove_segments",
+]
+
+#: where the data plane's segments live (POSIX shared memory)
+SHM_DIR = Path("/dev/shm")
 
 #: the data plane needs Linux futexes and x86's store order
 SUPPORTED = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
@@ -102,3 +119,24 @@ def start_time(pid: int) -> int | None:
 def is_alive(pid: int, started: int) -> bool:
     """Whether process ``pid`` that started at ``started`` (:func:`start_time`) still runs."""
     return start_time(pid) == started
+
+
+def segment_prefix(pid: int) -> str:
+    """The name prefix of the segment process ``pid`` creates in ``/dev/shm``."""
+    return f"psgdlab-{pid}-"
+
+
+def remove_segments(pids: Iterable[int]) -> list[str]:
+    """Unlink the segments of the processes ``pids`` that no longer run (the launcher's clean-up
+    after its ranks ended); returns the names removed."""
+    removed = []
+    for pid in pids:
+        if start_time(pid) is not None:
+            continue  # still runs (or its pid was taken again): its segments are its own
+        for path in SHM_DIR.glob(f"{segment_prefix(pid)}*"):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except FileNotFoundError:
+                pass
+    return removed

@@ -44,6 +44,7 @@ from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
 from psgdlab.runtime.transport import LaunchEnv, launch_env
@@ -245,6 +246,9 @@ def train(
         if isinstance(exc, TransportError):
             raise
         raise TransportError(f"rank {rank}: {exc}") from exc
+    result.extra["host"] = host_identity()
+    plane = getattr(main, "plane", None)
+    result.extra["shm_peers"] = sorted(plane.local - {rank}) if plane is not None else []
     snapshots, result.snapshots = result.snapshots, []  # averaged below; nothing to send
     results = main.gather_object(result, root=0)
     wall_s = time.time() - t0
@@ -375,11 +379,17 @@ def _write_run_dir(
         summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {config.workers} workers"
         summary["held_out_last"] = evaluations[-1]
     params = algorithm.params()
+    hosts, placement = _placement(results)
+    summary["shm_peers"] = [r.extra.get("shm_peers", []) for r in sorted(results, key=lambda r: r.rank)]
+    if config.nic_bandwidth is not None:
+        summary["nic_bandwidth_bytes_per_s"] = config.nic_bandwidth_bytes_per_s
     case = Summary(
         source="runtime",
         algorithm=str(params["algorithm"]),
         algorithm_params=params,
         workers=config.workers,
+        hosts=hosts,
+        placement=placement,
         figures=summary,
     )
     if out is None:
@@ -420,6 +430,16 @@ def _write_run_dir(
         _save_npz(run / "final_params.npz", params=np.stack(finals))
     write_summary(run, case)
     return case.to_json()
+
+
+def _placement(results: list[RankResult]) -> tuple[int, tuple[int, ...]]:
+    """How many hosts the ranks ran on, and each rank's host (numbered in order of first
+    appearance), from the host each rank reported (:func:`~psgdlab.runtime.netns.host_identity`)."""
+    numbers: dict[str, int] = {}
+    placement = tuple(
+        numbers.setdefault(str(r.extra.get("host", "")), len(numbers)) for r in sorted(results, key=lambda r: r.rank)
+    )
+    return len(numbers), placement
 
 
 def _payload(workload: Any) -> dict[str, int] | None:

@@ -1,9 +1,10 @@
 """``psgdlab train``: real data-parallel training with any algorithm on gloo, NCCL or MPI.
 
 Starts the N local processes itself (gloo/nccl: spawned processes on 127.0.0.1 with a free
-port; mpi: the ``mpiexec`` beside the Python interpreter), watches them, and prints the summary
-(``--json``: the summary object). For torchrun, mpiexec and srun use the per-rank entry
-``python -m psgdlab.runtime`` with the same flags.
+port; mpi: the ``mpiexec`` beside the Python interpreter; ``--hosts H``: inside H emulated hosts,
+network namespaces with links shaped to ``--nic-bandwidth``, see :mod:`psgdlab.runtime.netns`),
+watches them, and prints the summary (``--json``: the summary object). For torchrun, mpiexec
+and srun use the per-rank entry ``python -m psgdlab.runtime`` with the same flags.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train", help="real distributed training (gloo, nccl, mpi)", description=__doc__.split("\n\n")[0]
     )
-    TrainConfig.add_arguments(parser)
+    TrainConfig.add_arguments(parser, launcher=True)
     add_flags(parser, "--json")
     parser.set_defaults(func=run)
 

@@ -86,3 +86,16 @@ def leftover_segments(run_dir) -> list[str]:
     pids = [int(f.read_text()) for f in (Path(run_dir) / ".ranks").glob("rank*.pid")]
     assert pids, f"no rank pid files in {run_dir}"
     return [name for pid in pids for name in glob.glob(f"/dev/shm/{segment_prefix(pid)}*")]
+
+
+def train_fails(capsys, argv, pattern):
+    """``psgdlab train ARGV`` exits with status 2 and one line on stderr that matches ``pattern``."""
+    import re
+
+    from psgdlab.cli import main
+
+    status = main(["train", *argv])
+    err = capsys.readouterr().err.strip()
+    assert status == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert re.search(pattern, err), err

@@ -203,3 +203,22 @@ def test_settings_come_from_the_environment():
         shm_settings({"PSGDLAB_SHM": "yes"})
     with pytest.raises(ConfigError, match=r"PSGDLAB_SHM_BYTES \('-5'\) must be a positive number of bytes"):
         shm_settings({"PSGDLAB_SHM_BYTES": "-5"})
+
+
+def test_the_segments_of_dead_processes_are_removed_and_no_others():
+    import os
+
+    from psgdlab.runtime.shm_sys import SHM_DIR, remove_segments
+    from psgdlab.runtime.shm_sys import segment_prefix as prefix
+
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    gone, mine = SHM_DIR / f"{prefix(dead.pid)}test", SHM_DIR / f"{prefix(os.getpid())}test"
+    try:
+        gone.touch()
+        mine.touch()
+        assert remove_segments([dead.pid, os.getpid()]) == [gone.name]
+        assert not gone.exists() and mine.exists()
+    finally:
+        for path in (gone, mine):
+            path.unlink(missing_ok=True)

@@ -10,17 +10,9 @@ import numpy as np
 import pytest
 
 from psgdlab.cli import main
-from psgdlab.tests.runtime._runtime_helpers import needs_topology
+from psgdlab.tests.runtime._runtime_helpers import needs_topology, train_fails
 
-
-def _fails(capsys, argv, pattern):
-    status = main(["train", *argv])
-    err = capsys.readouterr().err.strip()
-    assert status == 2, err
-    assert len(err.splitlines()) == 1, err
-    import re
-
-    assert re.search(pattern, err), err
+_fails = train_fails
 
 
 @needs_topology

@@ -1,0 +1,282 @@
+"""Emulated hosts: a shaped link's achieved bandwidth against its configured rate, and a leak check
+over interrupted runs (needs root; ``runtime/netns.py``).
+
+Bandwidth (the default)::
+
+    sudo .venv/bin/python bench/bench_netns.py [--rates 100Mbit/s,1Gbit/s,2Gbit/s] [--seconds 3]
+
+For each rate, two emulated hosts (:class:`psgdlab.runtime.netns.EmulatedHosts`) shaped to it;
+host 1 sends to host 0 for about ``--seconds``, first on a plain TCP stream, then with
+torch.distributed gloo ``send``/``recv`` of 16 MiB tensors (a rank in each namespace, gloo bound
+to nic0); then, on three hosts, hosts 1 and 2 send to host 0 at once, so that host 0's incoming
+link is the limit (their sum against the rate: the shaping of what a host receives). Each line
+prints the payload rate and its ratio to the configured rate (target: within 5 %, i.e. >= 0.95).
+The ceiling of TCP payload at MTU 9000 is 0.993 of the rate (each 9014-byte frame carries 8948
+bytes with TCP timestamps). The receiver's clock runs from the first byte to the last.
+
+Leak check::
+
+    sudo .venv/bin/python bench/bench_netns.py --leak 20 [--seed 0]
+
+``--leak N`` starts ``N`` runs of ``psgdlab train --hosts 2`` and interrupts each at a random
+point (seeded): SIGINT to the launcher, SIGKILL of a rank, or SIGKILL of the launcher, during
+set-up or up to 3 s after the ranks started. After each it checks that nothing of the run is
+left in ``ip netns list`` (for a killed launcher: after the next start, which must say what it
+removed), and at the end that ``ip link``, ``tc qdisc`` and the ``psgdlab-*`` segments in
+``/dev/shm`` are as before. Prints one line per run and a count. Figures only: nothing here
+asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from psgdlab.core.config import format_rate, parse_rate
+from psgdlab.runtime import netns
+
+MIB = 1 << 20
+TCP_CEILING_MTU9000 = 8948 / 9014
+
+
+def _tcp_worker(role: str, address: str, seconds: float, rate: float, port: int) -> None:
+    import socket
+
+    if role == "recv":
+        srv = socket.create_server((address, port))
+        srv.settimeout(30)
+        conn, _ = srv.accept()
+        conn.settimeout(60)
+        buf = bytearray(MIB)
+        got, first, last = 0, None, None
+        while True:
+            n = conn.recv_into(buf)
+            if not n:
+                break
+            now = time.monotonic()  # one clock for every process of the machine
+            first = first or now
+            last = now
+            got += n
+        print(json.dumps({"bytes": got, "first": first, "last": last}))
+        return
+    total = int(rate * seconds)
+    for _ in range(100):
+        try:
+            conn = socket.create_connection((address, port), timeout=30)
+            break
+        except OSError:
+            time.sleep(0.05)
+    data = b"\0" * MIB
+    sent = 0
+    while sent < total:
+        conn.sendall(data)
+        sent += len(data)
+    conn.shutdown(socket.SHUT_WR)
+    conn.recv(1)
+
+
+def _gloo_worker(rank: int, address: str, seconds: float, rate: float) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR=address, MASTER_PORT="29511", GLOO_SOCKET_IFNAME=netns.IFACE)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    size = 16 * MIB
+    reps = max(3, int(rate * seconds / size))
+    buf = torch.zeros(size // 4, dtype=torch.float32)
+    if rank == 1:
+        dist.send(buf, 0)  # warm-up: connections made, windows open
+        for _ in range(reps):
+            dist.send(buf, 0)
+    else:
+        dist.recv(buf, 1)
+        t0 = time.monotonic()
+        for _ in range(reps):
+            dist.recv(buf, 1)
+        print(json.dumps({"bytes": reps * size, "first": t0, "last": time.monotonic()}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _pair(hosts: netns.EmulatedHosts, kind: str, seconds: float, rate: float, senders: int = 1) -> float:
+    """Receivers in host 0, one sender in each of hosts 1..senders (at once); the payload rate
+    into host 0 in bytes/s (all bytes over the span from the first to the last)."""
+    me = [sys.executable, str(Path(__file__).resolve()), "--worker", kind]
+    args = ["--address", hosts.address(0), "--seconds", str(seconds), "--rate-bytes", str(rate)]
+    roles = ("recv", "send") if kind == "tcp" else ("0", "1")
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")  # no reverse DNS in the namespaces: c10d warns
+    procs, recvs = [], []
+    try:
+        for s in range(1, senders + 1):
+            port = ["--port", str(5200 + s)]
+            recvs.append(
+                subprocess.Popen(
+                    [*hosts.exec_prefix(0), *me, roles[0], *args, *port], stdout=subprocess.PIPE, text=True, env=env
+                )
+            )
+            procs.append(
+                subprocess.Popen(
+                    [*hosts.exec_prefix(s), *me, roles[1], *args, *port], stdout=subprocess.DEVNULL, env=env
+                )
+            )
+        results = [json.loads(r.communicate(timeout=seconds * 4 + 120)[0].strip().splitlines()[-1]) for r in recvs]
+        for p in procs:
+            p.wait(timeout=60)
+    finally:
+        for p in procs + recvs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    span = max(r["last"] for r in results) - min(r["first"] for r in results)
+    return sum(r["bytes"] for r in results) / span
+
+
+def bandwidth(rates: list[str], seconds: float) -> None:
+    print(f"shaped link, host 1 -> host 0, {seconds:g} s per case (ceiling of TCP payload at MTU 9000: 0.993)")
+    print(f"{'rate':>10s} {'transport':>16s} {'achieved':>12s} {'ratio':>7s}")
+    for text in rates:
+        rate = parse_rate(text)
+        with netns.EmulatedHosts(2, rate) as hosts:
+            hosts.wait_until_reachable()
+            for kind, label in (("tcp", "tcp stream"), ("gloo", "gloo send/recv")):
+                achieved = _pair(hosts, kind, seconds, rate)
+                print(f"{format_rate(rate):>10s} {label:>16s} {format_rate(achieved):>12s} {achieved / rate:7.3f}")
+        with netns.EmulatedHosts(3, rate) as hosts:  # host 0's incoming link shared by two senders
+            hosts.wait_until_reachable()
+            achieved = _pair(hosts, "tcp", seconds, rate, senders=2)
+            print(
+                f"{format_rate(rate):>10s} {'2 tcp into one':>16s} {format_rate(achieved):>12s} {achieved / rate:7.3f}"
+            )
+
+
+def _names(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def _state() -> tuple[str, str, list[str]]:
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=20).stdout
+    qdiscs = subprocess.run(["tc", "qdisc"], capture_output=True, text=True, timeout=20).stdout
+    return links, qdiscs, sorted(p.name for p in Path("/dev/shm").glob("psgdlab-*"))
+
+
+def leak(runs: int, seed: int) -> int:
+    rng = random.Random(seed)
+    before = _state()
+    work = Path(tempfile.mkdtemp(prefix="bench-netns-"))
+    argv = ["--algorithm", "ssgd", "--workers", "2", "--hosts", "2", "--nic-bandwidth", "100Mbit/s"]
+    argv += ["--model", "least-squares", "--steps", "5000", "--compute-time", "0.02", "--timeout", "30"]
+    left_total, pending, removed_by_starts = 0, [], 0
+    for i in range(runs):
+        kind = rng.choice(["sigint", "rank", "launcher"])
+        when = rng.choice(["set-up", "running"])
+        delay = rng.uniform(0.0, 3.0)
+        out = work / f"run{i}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "psgdlab", "train", *argv, "--out", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        prefix = f"psgd-{proc.pid}-"
+        deadline = time.monotonic() + 120
+        if when == "set-up":
+            while not _names(prefix) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            pid_files = [out / ".ranks" / f"rank{r}.pid" for r in range(2)]
+            while not all(f.is_file() for f in pid_files) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(delay)
+        if kind == "sigint":
+            proc.send_signal(signal.SIGINT)
+        elif kind == "launcher":
+            proc.kill()
+        else:
+            pid_file = out / ".ranks" / "rank1.pid"
+            text = pid_file.read_text().strip() if pid_file.is_file() else ""
+            if text.isdigit():
+                try:
+                    os.kill(int(text), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            else:
+                proc.send_signal(signal.SIGINT)  # no rank yet to kill: stop the launcher instead
+                kind = "sigint (no rank yet)"
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+            err += " [launcher did not stop within 120 s]"
+        lines = (err or "").strip().splitlines()
+        last = lines[-1:] or [""]
+        for line in lines:  # the clean-up of earlier killed launchers, said by this start
+            if line.startswith("psgdlab: removed "):
+                removed_by_starts += int(line.split()[2])
+        if kind == "launcher":
+            pending.append(prefix)
+            left = _names(prefix)
+            print(f"run {i:2d}: {kind:8s} at {when:8s}: {len(left)} namespaces wait for the next start")
+            continue
+        left = _names(prefix)
+        left_total += len(left)
+        print(f"run {i:2d}: {kind:8s} at {when:8s}: exit {proc.returncode}, left {left or 'nothing'}: {last[0][:100]}")
+    removed, _ = netns.remove_stale()  # the next start's clean-up
+    print(
+        f"{len(pending)} launchers killed: the next starts removed {removed_by_starts} of their namespaces, "
+        f"a last clean-up {len(removed)}"
+    )
+    after_all = [n for prefix in pending for n in _names(prefix)]
+    left_total += len(after_all)
+    same = _state() == before
+    print(
+        f"{runs} interrupted runs: {left_total} namespaces left, ip link, tc qdisc and the data plane's "
+        f"/dev/shm segments {'as before' if same else 'CHANGED'}"
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if left_total == 0 and same else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", default="100Mbit/s,1Gbit/s,2Gbit/s")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--leak", type=int, default=0, metavar="N", help="N interrupted runs instead")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--worker", nargs=2, metavar=("KIND", "ROLE"), help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--rate-bytes", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=5201, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, role = args.worker
+        if kind == "tcp":
+            _tcp_worker(role, args.address, args.seconds, args.rate_bytes, args.port)
+        else:
+            _gloo_worker(int(role), args.address, args.seconds, args.rate_bytes)
+        return 0
+    reason = netns.unavailable_reason()
+    if reason is not None:
+        print(f"bench_netns: {reason}", file=sys.stderr)
+        return 2
+    if args.leak:
+        return leak(args.leak, args.seed)
+    bandwidth([r for r in args.rates.split(",") if r], args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
