@@ -45,7 +45,7 @@ from psgdlab.runtime.netns import (
     require_netns,
     set_parent_death_signal,
 )
-from psgdlab.runtime.shm_sys import remove_segments
+from psgdlab.runtime.shm_sys import remove_orphaned, remove_segments
 
 __all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
 
@@ -116,6 +116,7 @@ def launch(
     stderr = subprocess.DEVNULL if quiet else None
     procs: dict[int, subprocess.Popen] = {}
     forwarded: dict[str, Any] = {"sig": None, "at": None, "setting_up": True}
+    started = time.time() - 1.0  # file times have a coarser clock
 
     def _forward(signum: int, frame: Any) -> None:
         first = forwarded["sig"] is None
@@ -192,6 +193,8 @@ def launch(
         try:
             _terminate(procs)
             remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
+            if config.backend == "mpi":  # MPICH's own, of ranks killed before MPI_Finalize
+                remove_orphaned("mpich_shm_*", started)
             if hosts is not None:
                 try:
                     _record_hosts(hosts, out, world)

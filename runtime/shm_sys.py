@@ -7,7 +7,10 @@
   allows it to a process that may ptrace the other (same user, and Yama ``ptrace_scope`` 0);
 - :func:`start_time` / :func:`is_alive`: a process identity that survives pid reuse;
 - :func:`segment_prefix` / :func:`remove_segments`: the names of a process's segments, and their
-  removal after it died (a rank killed inside the plane's setup, before the names are unlinked).
+  removal after it died (a rank killed inside the plane's setup, before the names are unlinked);
+- :func:`remove_orphaned`: segments of another library (MPICH's ``mpich_shm_*``, which a rank
+  killed before ``MPI_Finalize`` leaves behind) created since a moment and mapped or held open
+  by no process.
 
 Everything here is x86-64 Linux: the data plane relies on its ordered stores (a word written
 after a payload is never seen before the payload) and is off elsewhere.
@@ -32,6 +35,7 @@ __all__ = [
     "is_alive",
     "segment_prefix",
     "remove_segments",
+    "remove_orphaned",
 ]
 
 #: where the data plane's segments live (POSIX shared memory)
@@ -139,4 +143,51 @@ def remove_segments(pids: Iterable[int]) -> list[str]:
                 removed.append(path.name)
             except FileNotFoundError:
                 pass
+    return removed
+
+
+def _in_use() -> set[str]:
+    """Names under ``/dev/shm`` that some process maps or holds open (``/proc/*/maps``, ``fd``)."""
+    used: set[str] = set()
+    prefix = str(SHM_DIR) + "/"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                at = line.find(prefix)
+                if at >= 0:
+                    used.add(line[at + len(prefix) :].split(" ")[0])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith(prefix):
+                    used.add(target[len(prefix) :])
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return used
+
+
+def remove_orphaned(pattern: str, since: float) -> list[str]:
+    """Unlink the segments of ``/dev/shm`` matching ``pattern`` (a glob) that were changed at or
+    after ``since`` (a :func:`time.time`) and that no process maps or holds open; returns the
+    names removed. A segment another run still uses is mapped by its ranks, so it stays."""
+    candidates = []
+    for path in SHM_DIR.glob(pattern):
+        try:
+            if path.stat().st_mtime >= since:
+                candidates.append(path)
+        except FileNotFoundError:
+            pass
+    if not candidates:
+        return []
+    used = _in_use()
+    removed = []
+    for path in candidates:
+        if path.name in used:
+            continue
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            pass
     return removed

@@ -158,12 +158,16 @@ def test_checkpoint_and_resume_matches_an_uninterrupted_run(tmp_path):
 
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
 def test_a_killed_worker_stops_the_run_naming_the_rank(tmp_path, backend):
+    from pathlib import Path
+
     config = lsq_config(tmp_path, "ssgd", 2, steps=100000, backend=backend, compute_time="0.001")
+    mpich_before = set(Path("/dev/shm").glob("mpich_shm_*"))
     start = time.monotonic()
     with pytest.raises(TransportError, match=r"rank 1 (was killed by signal SIGKILL|died)"):
         _launch(config, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
     assert time.monotonic() - start < 60
     assert not leftover_segments(config.out)
+    assert set(Path("/dev/shm").glob("mpich_shm_*")) <= mpich_before  # MPICH's own, of the killed rank
 
 
 def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():

@@ -85,6 +85,10 @@ import os, sys
 import torch.distributed as dist
 if dist.is_initialized():
     dist.destroy_process_group()
+if "{backend}" == "mpi":  # MPICH unlinks its shared-memory segments in MPI_Finalize, which os._exit skips
+    from mpi4py import MPI
+    if not MPI.Is_finalized():
+        MPI.Finalize()
 print("ok", r)
 sys.stdout.flush()
 os._exit(0)
