@@ -133,16 +133,19 @@ def segment_prefix(pid: int) -> str:
 def remove_segments(pids: Iterable[int]) -> list[str]:
     """Unlink the segments of the processes ``pids`` that no longer run (the launcher's clean-up
     after its ranks ended); returns the names removed."""
+    gone = [pid for pid in pids if start_time(pid) is None]  # a running pid's segments are its own
+    return _unlink(path for pid in gone for path in SHM_DIR.glob(f"{segment_prefix(pid)}*"))
+
+
+def _unlink(paths: Iterable[Path]) -> list[str]:
+    """Unlink ``paths`` (those already gone are skipped); the names removed."""
     removed = []
-    for pid in pids:
-        if start_time(pid) is not None:
-            continue  # still runs (or its pid was taken again): its segments are its own
-        for path in SHM_DIR.glob(f"{segment_prefix(pid)}*"):
-            try:
-                path.unlink()
-                removed.append(path.name)
-            except FileNotFoundError:
-                pass
+    for path in paths:
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            pass
     return removed
 
 
@@ -181,13 +184,4 @@ def remove_orphaned(pattern: str, since: float) -> list[str]:
     if not candidates:
         return []
     used = _in_use()
-    removed = []
-    for path in candidates:
-        if path.name in used:
-            continue
-        try:
-            path.unlink()
-            removed.append(path.name)
-        except FileNotFoundError:
-            pass
-    return removed
+    return _unlink(path for path in candidates if path.name not in used)
