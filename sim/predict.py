@@ -259,6 +259,8 @@ def predict_one(
     )
     window = _window(algorithm, steps)
     fixed_window = steps is not None
+    if n_workers == 1:  # the speedup baseline's configuration: simulated as it is, so its speedup is 1
+        window, fixed_window = max(window, BASELINE_MIN_STEPS), True
     while True:
         result = simulate(
             algorithm,
