@@ -85,6 +85,10 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _require_efficiency(name: str, x: float) -> None:
+    require(_finite(x) and 0 < x <= 1, name, x, "must be an efficiency in (0, 1]")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Link:
     """One link class: latency (seconds) and bandwidth (bytes per second, per direction), and the
@@ -100,12 +104,7 @@ class Link:
         return self.bandwidth_bytes_per_s * self.efficiency
 
     def __post_init__(self) -> None:
-        require(
-            _finite(self.efficiency) and 0 < self.efficiency <= 1,
-            "efficiency",
-            self.efficiency,
-            "must be an efficiency in (0, 1]",
-        )
+        _require_efficiency("efficiency", self.efficiency)
         require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0 seconds")
         require(
             _finite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0,
@@ -297,8 +296,7 @@ class Platform:
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 (0: unknown)")
         for name in ("compute_efficiency", "memory_efficiency", "input_efficiency"):
-            x = getattr(self, name)
-            require(_finite(x) and 0 < x <= 1, name, x, "must be an efficiency in (0, 1]")
+            _require_efficiency(name, getattr(self, name))
         for name in ("hosts", "devices_per_host", "sockets_per_host"):
             v = getattr(self, name)
             require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")

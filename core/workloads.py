@@ -37,9 +37,7 @@ Examples
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Workload
@@ -172,11 +170,11 @@ def workload_names() -> tuple[str, ...]:
 def workload(name: str) -> Workload:
     """The workload named ``name``; an unknown name is a one-line error with the closest name."""
     if name not in WORKLOADS:
-        import difflib
+        from psgdlab.core.config import closest
 
-        close = difflib.get_close_matches(name, WORKLOADS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"workload {name!r} is not known (known: {', '.join(workload_names())}){hint}")
+        raise ConfigError(
+            f"workload {name!r} is not known (known: {', '.join(workload_names())}){closest(name, WORKLOADS)}"
+        )
     return WORKLOADS[name].workload
 
 
@@ -187,11 +185,8 @@ def load_workload(name_or_path: str) -> Workload:
         return workload(name_or_path)
     from psgdlab.core.config import check_keys, load_dataclass, load_toml
 
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise ConfigError(f"workload file {path} does not exist")
-    data = load_toml(path)
-    check_keys(data, ("workload",), where=str(path))
+    data = load_toml(name_or_path)  # a missing or malformed file is a one-line error there
+    check_keys(data, ("workload",), where=name_or_path)
     if "workload" not in data:
-        raise ConfigError(f"workload file {path} needs a [workload] table")
-    return dataclasses.replace(load_dataclass(Workload, data["workload"], where="workload"))
+        raise ConfigError(f"workload file {name_or_path} needs a [workload] table")
+    return load_dataclass(Workload, data["workload"], where="workload")
