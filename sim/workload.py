@@ -134,19 +134,21 @@ def with_workload(config: SimConfig, name_or_path: str) -> SimConfig:
 
     from psgdlab.core.workloads import load_workload
 
-    new = load_workload(name_or_path)
-    if config.platform.device_flops_per_s <= 0 or new.flops_per_sample <= 0:
+    kept = {k: v for k, v in (config.provenance or {}).items() if not k.startswith("workload")}
+    out = dataclasses.replace(
+        config, workload=load_workload(name_or_path), provenance=kept, uncertainty=_kept_uncertainty(config)
+    )
+    if not out.device_law:
         missing = (
             "the platform's device_flops_per_s"
-            if config.platform.device_flops_per_s <= 0
-            else (f"the workload's flops_per_sample ({new.name})")
+            if out.platform.device_flops_per_s <= 0
+            else f"the workload's flops_per_sample ({out.workload.name})"
         )
         raise ConfigError(
             f"--workload ({name_or_path}) needs {missing}: without the device's law the compute time of "
             f"another model is unknown"
         )
-    kept = {k: v for k, v in (config.provenance or {}).items() if not k.startswith("workload")}
-    return dataclasses.replace(config, workload=new, provenance=kept, uncertainty=_kept_uncertainty(config)).resolved()
+    return out.resolved()
 
 
 def _kept_uncertainty(config: SimConfig) -> Any:
