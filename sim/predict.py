@@ -22,11 +22,11 @@ Every row also carries a 90 % interval for each of those five figures (``KEY_low
 parameter uncertainty propagated by the delta method, the simulated window's own noise and the
 profile's run-to-run noise, as :mod:`psgdlab.core.intervals` defines them. The parameter
 sensitivities re-simulate the configuration along each principal direction of the parameters'
-covariance, with the same seed, over a window of :func:`sensitivity_window` steps (``SENSITIVITY_STEPS``
-per worker up to eight workers and as many worker-steps beyond, at least four sync periods, at
-most the prediction's window): a sensitivity is a
-difference under common random numbers, which a short window gives nearly as well as a long one,
-at a seventh of the cost. A profile without ``[uncertainty]`` costs no extra simulation.
+covariance, with the same seed, over a window of :func:`sensitivity_window` steps
+(``SENSITIVITY_STEPS`` per worker up to eight workers and as many worker-steps beyond, at least
+four sync periods, at most the prediction's window): a sensitivity is a difference under common
+random numbers, which a short window gives nearly as well as a long one, at a seventh of the cost.
+A profile without ``[uncertainty]`` costs no extra simulation.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ __all__ = [
 
 STEADY_TOLERANCE = 0.03
 DEFAULT_STEPS = 200
+#: the single-worker baseline simulates at least this many steps: every speedup of a sweep divides
+#: by it, and one worker's window costs little (no exchanges), so its sampling noise is kept small
+BASELINE_MIN_STEPS = 2000
 #: the shortest window of a sensitivity re-simulation (module docstring)
 SENSITIVITY_STEPS = 30
 SENSITIVITY_WORKERS = 8
@@ -144,10 +147,14 @@ def _period(algorithm: Algorithm) -> int:
 
 
 def _window(algorithm: Algorithm, steps: int | None) -> int:
+    """Steps per worker of a prediction's window: ``steps``, else ``DEFAULT_STEPS`` or ten sync
+    periods; one worker (the speedup baseline) at least ``BASELINE_MIN_STEPS``."""
     if steps is not None:
         require(isinstance(steps, int) and steps >= 2, "steps", steps, "must be an integer >= 2")
-        return steps
-    return max(DEFAULT_STEPS, 10 * _period(algorithm))
+        window = steps
+    else:
+        window = max(DEFAULT_STEPS, 10 * _period(algorithm))
+    return max(window, BASELINE_MIN_STEPS) if algorithm.n_workers == 1 else window
 
 
 def sensitivity_window(algorithm: Algorithm, window: int) -> int:
@@ -258,9 +265,8 @@ def predict_one(
         workers_per_host=workers_per_host,
     )
     window = _window(algorithm, steps)
-    fixed_window = steps is not None
-    if n_workers == 1:  # the speedup baseline's configuration: simulated as it is, so its speedup is 1
-        window, fixed_window = max(window, BASELINE_MIN_STEPS), True
+    # one worker is the speedup baseline's configuration: simulated as it is, so its speedup is 1
+    fixed_window = steps is not None or n_workers == 1
     while True:
         result = simulate(
             algorithm,
@@ -371,16 +377,13 @@ class _Reference:
 
 
 _BASELINES: dict[tuple[Any, ...], _Reference] = {}
-#: the single-worker baseline simulates at least this many steps: every speedup of a sweep divides
-#: by it, and one worker's window costs little (no exchanges), so its sampling noise is kept small
-BASELINE_MIN_STEPS = 2000
 
 
 def _reference(config: SimConfig, *, steps: int | None, seed: int) -> _Reference:
     key = (config.platform, config.workload, config.uncertainty, steps, seed)
     if key not in _BASELINES:
         algorithm = algorithm_from_flags("sgd", 1, seed=seed)
-        window = max(_window(algorithm, steps), BASELINE_MIN_STEPS)
+        window = _window(algorithm, steps)
         res = simulate(algorithm, config.platform, config.workload, steps=window, seed=seed)
         sps = summarize(
             res.trace, samples_per_step=config.workload.batch_per_worker, warmup_steps=max(1, window // 10)
