@@ -90,15 +90,11 @@ class FitReport:
     def loo_error(self) -> float:
         return median_abs(self.loo)
 
-    def logo_errors(self) -> dict[int, float]:
-        """Each figure's error when its group was left out, pooled over every grouping (a figure
-        appears once per grouping)."""
-        return {
-            len(self.in_sample) * g + i: e
-            for g, by_group in enumerate(self.logo.values())
-            for errs in by_group.values()
-            for i, e in errs.items()
-        }
+    def logo_errors(self, grouping: str | None = None) -> list[float]:
+        """Each figure's error when its group was left out, for one ``grouping`` or pooled over
+        every grouping (a figure appears once per grouping)."""
+        groups = [self.logo[grouping]] if grouping is not None else list(self.logo.values())
+        return [e for by_group in groups for errs in by_group.values() for e in errs.values()]
 
     @property
     def logo_error(self) -> float:

@@ -242,11 +242,11 @@ def report_lines(report: FitReport, figures: Sequence[Figure]) -> list[str]:
         + (f", leave-one-group-out {100 * report.logo_error:.1f} %" if report.logo else ""),
         f"Residual spread (log): {report.noise:.3f}",
     ]
-    for grouping, by_group in report.logo.items():
-        errs = [e for g in by_group.values() for e in g.values()]
+    for grouping in report.logo:
+        errs = np.abs(report.logo_errors(grouping))
         lines.append(
-            f"  leave one {grouping} out: median {100 * float(np.median(np.abs(errs))):.1f} %, "
-            f"max {100 * float(np.max(np.abs(errs))):.1f} %"
+            f"  leave one {grouping} out: median {100 * float(np.median(errs)):.1f} %, "
+            f"max {100 * float(errs.max()):.1f} %"
         )
     lines.append("Per figure: simulated vs given (in sample / leave-one-out):")
     for i, f in enumerate(figures):
