@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
+from psgdlab.core.failure import ON_FAILURE
 from psgdlab.core.schedules import LR_SCHEDULE_NAMES
 
 __all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]
@@ -94,6 +95,15 @@ FLAGS: dict[str, dict[str, Any]] = {
         metavar="H",
         help="emulated hosts on this machine (gloo or mpi): one network namespace each, joined by a bridge "
         "(needs root); ranks go on hosts in contiguous blocks of world/H (ranks 0..k-1 on host 0, ...)",
+    ),
+    "--on-failure": dict(
+        choices=ON_FAILURE,
+        help="when a worker dies: continue (survivors re-form the gossip topology; gossip algorithms' "
+        "default), stop (every rank exits naming the dead rank; the others' default), restart (from the "
+        "last checkpoint under torchrun's elastic agent, --max-restarts times)",
+    ),
+    "--max-restarts": dict(
+        type=int, metavar="R", help="--on-failure restart: restarts before the run gives up (default 3)"
     ),
     "--nic-bandwidth": dict(
         metavar="RATE",

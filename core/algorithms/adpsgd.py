@@ -89,6 +89,7 @@ class ADPSGD(Algorithm):
     """
 
     name: ClassVar[str] = "adpsgd"
+    gossip: ClassVar[bool] = True
     variants: ClassVar[tuple[str, ...]] = VARIANTS
     asynchronous: ClassVar[bool] = True
 
