@@ -98,9 +98,9 @@ FLAGS: dict[str, dict[str, Any]] = {
     ),
     "--on-failure": dict(
         choices=ON_FAILURE,
-        help="when a worker dies: continue (survivors re-form the gossip topology; gossip algorithms' "
-        "default), stop (every rank exits naming the dead rank; the others' default), restart (from the "
-        "last checkpoint under torchrun's elastic agent, --max-restarts times)",
+        help="when a worker dies: continue (survivors re-form the gossip topology; gossip algorithms "
+        "only), stop (every rank exits, the error names the dead rank and the step), restart (from the "
+        "last complete checkpoint under torchrun's elastic agent, --max-restarts times)",
     ),
     "--max-restarts": dict(
         type=int, metavar="R", help="--on-failure restart: restarts before the run gives up (default 3)"

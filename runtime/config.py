@@ -27,6 +27,7 @@ from typing import Any
 from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
 from psgdlab.core.config import check_keys, closest, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
+from psgdlab.core.failure import check_on_failure
 from psgdlab.core.flags import add_flags
 from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.stragglers import StragglerModel
@@ -182,6 +183,8 @@ class TrainConfig:
     evaluate: bool = True
     hosts: int = 1
     nic_bandwidth: str | None = None
+    on_failure: str = "stop"
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
@@ -240,6 +243,7 @@ class TrainConfig:
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
         build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_hosts()
+        self._check_on_failure()
         if self.backend == "nccl":
             import torch
 
@@ -290,6 +294,23 @@ class TrainConfig:
             self.hosts,
             "is not supported with --backend nccl (the GPUs of one machine would still talk through NVLink/PCIe)",
             hint="use --backend gloo",
+        )
+
+    def _check_on_failure(self) -> None:
+        """``--on-failure`` (:mod:`psgdlab.core.failure`) and ``--max-restarts``."""
+        check_on_failure(self.algorithm, self.on_failure)
+        require(
+            self.on_failure != "continue",
+            "on-failure",
+            self.on_failure,
+            "is not built in the runtime yet: survivors do not re-form the gossip topology",
+            hint="use stop or restart",
+        )
+        require(
+            isinstance(self.max_restarts, int) and self.max_restarts >= 0,
+            "max-restarts",
+            self.max_restarts,
+            "must be an integer >= 0",
         )
 
     @property
@@ -403,8 +424,11 @@ class TrainConfig:
         )
         parser.add_argument("--window", type=int, default=21, help="frames per input window")
         parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
+        add_flags(parser, "--on-failure", defaults={"--on-failure": "stop"})
         if launcher:
-            add_flags(parser, "--hosts", "--nic-bandwidth", defaults={"--hosts": 1})
+            add_flags(
+                parser, "--hosts", "--nic-bandwidth", "--max-restarts", defaults={"--hosts": 1, "--max-restarts": 3}
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
@@ -460,6 +484,8 @@ class TrainConfig:
             lsq_dim=args.lsq_dim,
             hosts=getattr(args, "hosts", 1),
             nic_bandwidth=getattr(args, "nic_bandwidth", None),
+            on_failure=args.on_failure,
+            max_restarts=getattr(args, "max_restarts", 3),
         )
 
 

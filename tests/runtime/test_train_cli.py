@@ -68,6 +68,18 @@ def test_newbob_is_refused_not_run_as_a_constant_rate(capsys, tmp_path):
     )
 
 
+def test_continue_after_a_failure_needs_a_gossip_algorithm(capsys, tmp_path):
+    _fails(
+        capsys,
+        ["--algorithm", "bmuf", "--on-failure", "continue", "--out", str(tmp_path)],
+        r"on-failure \('continue'\) needs a gossip algorithm \(.*adpsgd.*\), not bmuf; use stop or restart",
+    )
+
+
+def test_negative_max_restarts_is_refused(capsys, tmp_path):
+    _fails(capsys, ["--max-restarts", "-1", "--out", str(tmp_path)], r"max-restarts \(-1\) must be an integer >= 0")
+
+
 def test_resume_without_a_run_directory(capsys, tmp_path):
     _fails(capsys, ["--resume", str(tmp_path / "none")], r"has no config.resolved.json")
 
