@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "predict": "predict",
     "emulate": "emulate",
     "train": "train",
+    "hosts": "hosts",
     "data": "data",
     "calibrate": "calibrate",
     "fit": "fit",

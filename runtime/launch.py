@@ -41,7 +41,7 @@ from psgdlab.runtime.netns import (
     MPI_NETWORK_ENV,
     EmulatedHosts,
     contiguous_placement,
-    remove_stale,
+    fresh_hosts,
     require_netns,
     set_parent_death_signal,
 )
@@ -256,18 +256,9 @@ class _Stopped(Exception):
 
 
 def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
-    """Remove the leftovers of killed launchers (saying so); this run's hosts, not made yet."""
+    """This run's hosts, not made yet, after the leftovers of killed launchers are removed."""
     require_netns(config.hosts)
-    namespaces, segments = remove_stale()
-    if namespaces or segments:
-        owners = sorted({name.split("-")[1] for name in namespaces})
-        print(
-            f"psgdlab: removed {len(namespaces)} network namespaces left by killed launchers (pid "
-            f"{', '.join(owners) or '?'}): {', '.join(namespaces) or 'none'}; and {len(segments)} "
-            f"shared-memory segments of their ranks{': ' if segments else ''}{', '.join(segments)}",
-            file=sys.stderr,
-        )
-    return EmulatedHosts(config.hosts, config.nic_bandwidth_bytes_per_s)
+    return fresh_hosts(config.hosts, config.nic_bandwidth_bytes_per_s)
 
 
 def _in_main_thread() -> bool:

@@ -63,6 +63,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ __all__ = [
     "MPI_NETWORK_ENV",
     "IFACE",
     "contiguous_placement",
+    "fresh_hosts",
     "host_identity",
     "remove_stale",
     "unavailable_reason",
@@ -245,6 +247,21 @@ def remove_stale() -> tuple[list[str], list[str]]:
             stale.add(match.group(1))
     segments = [name for prefix in sorted(stale) for name in _forget(prefix)]
     return namespaces, segments
+
+
+def fresh_hosts(hosts: int, rate_bytes_per_s: float | None) -> EmulatedHosts:
+    """Remove what killed launchers left (:func:`remove_stale`, saying so on stderr in one line);
+    then ``hosts`` emulated hosts of a new run, not made yet."""
+    namespaces, segments = remove_stale()
+    if namespaces or segments:
+        owners = sorted({name.split("-")[1] for name in namespaces})
+        print(
+            f"psgdlab: removed {len(namespaces)} network namespaces left by killed launchers (pid "
+            f"{', '.join(owners) or '?'}): {', '.join(namespaces) or 'none'}; and {len(segments)} "
+            f"shared-memory segments of their ranks{': ' if segments else ''}{', '.join(segments)}",
+            file=sys.stderr,
+        )
+    return EmulatedHosts(hosts, rate_bytes_per_s)
 
 
 def set_parent_death_signal() -> None:
