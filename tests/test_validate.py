@@ -228,5 +228,10 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert (out / "platform.toml").is_file() and (out / "compare" / "report.md").is_file()
     assert set(result["load_average"]) >= {"start", "end", "ssgd-w2"}
     assert result["ranking"]["none"]["2"]["predicted"] == [["ssgd"]]
+    # the prediction's 90 % interval around it, and whether the measured step fell inside
+    assert case["interval_low"] < 1 < case["interval_high"]
+    ratio = case["measured_step_time_s"] / case["predicted_step_time_s"]
+    assert case["in_interval"] == (case["interval_low"] <= ratio <= case["interval_high"])
+    assert result["interval_coverage"] == float(case["in_interval"])
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())

@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
             "max_abs_staleness_mean_error",
             "ranking_identical",
             "ranking",
+            "interval_coverage",
+            "interval_max_half_width",
             "targets",
             "targets_met",
             "platform",

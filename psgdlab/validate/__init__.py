@@ -67,7 +67,14 @@ from psgdlab.validate.plan import (
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import launch_fresh, measure, remeasure, train_config
-from psgdlab.validate.stats import pooled_ranking, predicted_samples_per_s, relabelled_seeds, staleness_ok
+from psgdlab.validate.stats import (
+    interval_coverage,
+    mark_intervals,
+    pooled_ranking,
+    predicted_samples_per_s,
+    relabelled_seeds,
+    staleness_ok,
+)
 
 __all__ = [
     "ValidateConfig",
@@ -181,6 +188,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             )
             result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
         result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
+        mark_intervals(result["cases"], [p.row for p in preds])
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
         for c in result["cases"]:
             table.append({**case_row(c), "straggler": straggler})
@@ -191,8 +199,11 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
 
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
     st_errs = [c["staleness_mean_rel_error"] for c in cases if c["staleness_mean_rel_error"] is not None]
+    coverage, widest = interval_coverage(cases)
     summary: dict[str, Any] = {
         "cases": cases,
+        "interval_coverage": coverage,
+        "interval_max_half_width": widest,
         "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,
         "max_abs_staleness_mean_error": float(max(abs(x) for x in st_errs)) if st_errs else None,
@@ -212,6 +223,10 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         and summary["max_abs_step_time_error"] <= TARGETS["max_abs_step_time_error"],
         "staleness_mean": all(staleness_ok(c) for c in cases),
         "ranking_identical": all(rankings.values()),
+        "interval_coverage": summary["interval_coverage"] is not None
+        and summary["interval_coverage"] >= TARGETS["interval_coverage"],
+        "interval_max_half_width": summary["interval_max_half_width"] is not None
+        and summary["interval_max_half_width"] <= TARGETS["interval_half_width"],
     }
     atomic_write_json(out / "validate.json", summary)
     return summary

@@ -26,7 +26,25 @@ def case_row(c: dict[str, Any]) -> dict[str, Any]:
         "staleness_mean_rel_error": sm["rel_error"] if sm["measured"] else None,
         "predicted_samples_per_s": c["samples_per_s"]["predicted"],
         "measured_samples_per_s": c["samples_per_s"]["measured"],
+        # the prediction's 90 % step-time interval, relative to the prediction, and whether the
+        # measured step time fell inside (None: the prediction had no interval)
+        "interval_low": c["step_time_interval"][0] / c["predicted_step_time_s"] if "step_time_interval" in c else None,
+        "interval_high": c["step_time_interval"][1] / c["predicted_step_time_s"] if "step_time_interval" in c else None,
+        "in_interval": c.get("in_interval"),
     }
+
+
+def _interval_line(summary: dict[str, Any]) -> str:
+    """The coverage of the 90 % intervals and their widest half-width, against issue 16's targets."""
+    cov, width = summary.get("interval_coverage"), summary.get("interval_max_half_width")
+    if cov is None or width is None:
+        return "90% intervals: none (the platform has no [uncertainty] table)"
+    met = summary["targets_met"]
+    return (
+        f"measured inside the 90% interval {cov * 100:.0f}% of cases "
+        f"(target >= 80%: {'met' if met['interval_coverage'] else 'MISSED'}); widest half-width "
+        f"{width * 100:.1f}% (target <= 15%: {'met' if met['interval_max_half_width'] else 'MISSED'})"
+    )
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -55,6 +73,7 @@ def format_table(summary: dict[str, Any]) -> str:
         f"max    |step-time error| {mx * 100:.1f}% "
         f"(target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
         f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
+        _interval_line(summary),
         f"ranking by samples/s identical (exact ties in the prediction are one class): {summary['ranking_identical']}",
     ]
     for straggler, per_n in summary.get("ranking", {}).items():

@@ -7,7 +7,14 @@ from typing import Any
 
 from psgdlab.validate.plan import TARGETS
 
-__all__ = ["relabelled_seeds", "pooled_ranking", "predicted_samples_per_s", "spread", "staleness_ok"]
+__all__ = [
+    "relabelled_seeds",
+    "pooled_ranking",
+    "predicted_samples_per_s",
+    "spread",
+    "staleness_ok",
+    "interval_coverage",
+]
 
 
 def relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
@@ -99,3 +106,48 @@ def staleness_ok(c: dict[str, Any]) -> bool:
     if m == 0:
         return abs(p) <= 0.05  # both zero (synchronous): an absolute tolerance of 0.05 updates
     return abs(p - m) / m <= TARGETS["staleness_mean_rel_error"]
+
+
+def mark_intervals(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """Mark which measured step times fall inside their prediction's 90 % interval (issue 16).
+
+    ``rows`` are the predictions' rows (:func:`psgdlab.sim.predict.predict_one`, with
+    ``step_time_s_low``/``_high``); ``cases`` the comparison's cases, which compare the traces cut
+    at the first finish, not the rows' own figures. The interval is a band of factors around the
+    prediction (from the fit's parameter uncertainty and the run-to-run noise), so each case gets
+    its row's band applied to its windowed prediction, written into the case as
+    ``step_time_interval`` and ``in_interval``; a case whose row has no band is left unmarked.
+
+    >>> case = {"algorithm": "ssgd", "workers": 2, "predicted_step_time_s": 1.0, "measured_step_time_s": 1.08}
+    >>> row = {"algorithm": "ssgd", "workers": 2, "step_time_s": 2.0, "step_time_s_low": 1.8, "step_time_s_high": 2.2}
+    >>> mark_intervals([case], [row])
+    >>> case["step_time_interval"], case["in_interval"]
+    ([0.9, 1.1], True)
+    """
+    bands = {}
+    for r in rows:
+        if r.get("step_time_s_low") is not None and r.get("step_time_s"):
+            bands[(r["algorithm"], r["workers"])] = (r["step_time_s_low"], r["step_time_s_high"], r["step_time_s"])
+    for c in cases:
+        band = bands.get((c["algorithm"], c["workers"]))
+        pred, meas = c.get("predicted_step_time_s"), c.get("measured_step_time_s")
+        if band is None or pred is None or meas is None:
+            continue
+        low, high, centre = band
+        c["step_time_interval"] = [low / centre * pred, high / centre * pred]
+        c["in_interval"] = bool(c["step_time_interval"][0] <= meas <= c["step_time_interval"][1])
+
+
+def interval_coverage(table: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(fraction of ``validate.json``'s cases inside their interval, the widest relative
+    half-width); ``(None, None)`` when no case has an interval.
+
+    >>> interval_coverage([{"in_interval": True, "interval_low": 0.9, "interval_high": 1.12},
+    ...                    {"in_interval": False, "interval_low": 0.95, "interval_high": 1.05}, {"in_interval": None}])
+    (0.5, 0.11000000000000004)
+    """
+    marked = [c for c in table if c.get("in_interval") is not None]
+    if not marked:
+        return None, None
+    inside = sum(c["in_interval"] for c in marked) / len(marked)
+    return inside, max((c["interval_high"] - c["interval_low"]) / 2 for c in marked)
