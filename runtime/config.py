@@ -312,6 +312,20 @@ class TrainConfig:
             self.max_restarts,
             "must be an integer >= 0",
         )
+        if self.on_failure == "restart":  # torchrun's elastic agent (psgdlab.runtime.elastic) restarts the ranks
+            require(
+                self.backend != "mpi",
+                "on-failure",
+                "restart",
+                "needs --backend gloo or nccl: torchrun's elastic agent starts processes, not MPI ranks",
+            )
+            require(
+                self.hosts == 1,
+                "on-failure",
+                "restart",
+                f"does not run on emulated hosts (--hosts {self.hosts}): torchrun's elastic agent cannot "
+                "start a rank inside a network namespace",
+            )
 
     @property
     def nic_bandwidth_bytes_per_s(self) -> float | None:
