@@ -448,9 +448,12 @@ class TrainConfig:
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         """The configuration the flags of :meth:`add_arguments` describe, with the model's recipe
         for the learning rate, schedule, momentum and batch not given; ``--resume DIR`` reloads
-        DIR's resolved configuration (``--steps``/``--epochs`` may extend it)."""
+        DIR's resolved configuration, or that of its ``launch.json`` when the run failed before
+        writing it (``--steps``/``--epochs`` may extend it)."""
         if args.resume:
             path = Path(args.resume) / "config.resolved.json"
+            if not path.is_file():  # a run that failed: the configuration it was launched with
+                path = Path(args.resume) / "launch.json"
             if not path.is_file():
                 raise ConfigError(f"resume directory {args.resume} has no config.resolved.json")
             saved = cls.from_json(json.loads(path.read_text())["train"])

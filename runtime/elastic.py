@@ -384,7 +384,11 @@ def launch_elastic(
             f"{ckpt.checkpoint_root(out)} (continue with --resume {out})"
         )
     if agent.returncode != 0:
-        raise TransportError(_failure_message(ranks_dir, config.max_restarts, agent.returncode, len(records)))
+        message = _failure_message(ranks_dir, config.max_restarts, agent.returncode, len(records))
+        found = ckpt.latest_complete_step(out, config.workers)
+        if found is not None:
+            message += f"; the newest complete checkpoint is step {found} (continue with --resume {out})"
+        raise TransportError(message)
     summary_path = out / "summary.json"
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")

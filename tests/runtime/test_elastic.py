@@ -86,7 +86,9 @@ def test_a_rank_killed_and_restarted_ends_bit_identical_to_an_uninterrupted_run(
 def test_restarts_run_out_with_an_error_naming_the_rank(tmp_path):
     config = lsq_config(tmp_path, "ssgd", 2, steps=12, checkpoint_every=2, on_failure="restart", max_restarts=1)
     with pytest.raises(
-        TransportError, match=r"rank 1 was killed by signal SIGKILL.*after 1 restart \(--max-restarts 1\)"
+        TransportError,
+        match=r"rank 1 was killed by signal SIGKILL.*after 1 restart \(--max-restarts 1\); the newest complete "
+        r"checkpoint is step 2 \(continue with --resume .*\)",
     ):
         _launch(config, extra_env={"PSGDLAB_TEST_CRASH": "1:3:5"})  # crashes in the first five attempts
     lines = (Path(config.out) / ".ranks" / "restarts.jsonl").read_text().splitlines()
