@@ -157,6 +157,14 @@ def train(
         default: the model and data named by ``config``. Pass ``steps`` (not ``epochs``) then.
     env : LaunchEnv, optional
         Default: from the launcher's environment variables.
+
+    Notes
+    -----
+    ``config.resume``, or ``config.on_failure == "restart"`` in a worker group torchrun's agent
+    restarted (``TORCHELASTIC_RESTART_COUNT`` > 0): the ranks resume from the newest complete
+    checkpoint every rank can read (:func:`_agree_on_checkpoint`; a restart with none starts at
+    step 0). Under ``psgdlab train --on-failure restart`` every worker also keeps its
+    :class:`~psgdlab.runtime.elastic.Progress` record.
     """
     env = env or launch_env()
     algorithm = build_algorithm(config)
