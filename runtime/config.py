@@ -312,6 +312,20 @@ class TrainConfig:
             self.max_restarts,
             "must be an integer >= 0",
         )
+        if self.on_failure == "restart":  # torchrun's elastic agent (psgdlab.runtime.elastic) restarts the ranks
+            require(
+                self.backend != "mpi",
+                "on-failure",
+                "restart",
+                "needs --backend gloo or nccl: torchrun's elastic agent starts processes, not MPI ranks",
+            )
+            require(
+                self.hosts == 1,
+                "on-failure",
+                "restart",
+                f"does not run on emulated hosts (--hosts {self.hosts}): torchrun's elastic agent cannot "
+                "start a rank inside a network namespace",
+            )
 
     @property
     def nic_bandwidth_bytes_per_s(self) -> float | None:
@@ -434,9 +448,12 @@ class TrainConfig:
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         """The configuration the flags of :meth:`add_arguments` describe, with the model's recipe
         for the learning rate, schedule, momentum and batch not given; ``--resume DIR`` reloads
-        DIR's resolved configuration (``--steps``/``--epochs`` may extend it)."""
+        DIR's resolved configuration, or that of its ``launch.json`` when the run failed before
+        writing it (``--steps``/``--epochs`` may extend it)."""
         if args.resume:
             path = Path(args.resume) / "config.resolved.json"
+            if not path.is_file():  # a run that failed: the configuration it was launched with
+                path = Path(args.resume) / "launch.json"
             if not path.is_file():
                 raise ConfigError(f"resume directory {args.resume} has no config.resolved.json")
             saved = cls.from_json(json.loads(path.read_text())["train"])

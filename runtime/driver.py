@@ -96,7 +96,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: test hook: ``"RANK:STEP"`` makes that rank kill itself (SIGKILL) at the start of that step
+#: test hook: ``"RANK:STEP"`` makes that rank kill itself (SIGKILL) at the start of that step;
+#: ``"RANK:STEP:N"`` only in the first ``N`` attempts of a restarted run (``--on-failure restart``:
+#: torchrun's ``TORCHELASTIC_RESTART_COUNT`` < N; default 1, the first attempt only)
 CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
@@ -148,7 +150,8 @@ class DriverOptions:
         stalls rank 0 -- which would skew an asynchronous run -- nor counts in the measured
         training time.
     progress : callable (step, loss, samples_per_s) -> None, optional
-        Called by rank 0 after every step (the tqdm bar).
+        Called after every step (rank 0's tqdm bar; under ``--on-failure restart`` every rank's
+        progress record, :class:`psgdlab.runtime.elastic.Progress`).
     """
 
     steps: int
@@ -195,6 +198,17 @@ class _Step:
     staleness: int = 0
 
 
+def _crash_step(spec: str, rank: int) -> int | None:
+    """The step at which :data:`CRASH_ENV` (``RANK:STEP[:ATTEMPTS]``) kills ``rank``, if any."""
+    if not spec:
+        return None
+    fields = spec.split(":")
+    attempts = int(fields[2]) if len(fields) > 2 else 1
+    if int(fields[0]) != rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) >= attempts:
+        return None
+    return int(fields[1])
+
+
 # ----- the worker -----------------------------------------------------------------------------------
 class _Worker:
     def __init__(
@@ -236,8 +250,7 @@ class _Worker:
         self.stop_requested = False
         self.jitter = float(os.environ.get(JITTER_ENV, "0") or 0)
         self._jitter_rng = np.random.default_rng([options.seed, rank, 77])
-        crash = os.environ.get(CRASH_ENV, "")
-        self.crash_step = int(crash.split(":")[1]) if crash and int(crash.split(":")[0]) == rank else None
+        self.crash_step = _crash_step(os.environ.get(CRASH_ENV, ""), rank)
 
     def now(self) -> float:
         return time.time() - self.origin
@@ -470,7 +483,7 @@ class _Worker:
                     (opt.checkpoint_every and done % opt.checkpoint_every == 0) or stop or done == opt.steps
                 ):
                     self._save(done)
-                if opt.progress is not None and self.rank == 0:
+                if opt.progress is not None:
                     t = self.now()
                     rate = samples * alg.n_workers / (t - t_prev) if t_prev is not None and t > t_prev else math.nan
                     t_prev = t
@@ -629,7 +642,17 @@ class _Worker:
                 "merges": self.merges,
                 "algorithm": self.alg.params(),
             }
-        ckpt.save_checkpoint(self.opt.run_dir, step=done, rank=self.rank, payload=payload)  # type: ignore[arg-type]
+        try:
+            ckpt.save_checkpoint(
+                self.opt.run_dir,  # type: ignore[arg-type]
+                step=done,
+                rank=self.rank,
+                payload=payload,
+                n_ranks=self.alg.n_workers,
+            )
+        except ckpt.CheckpointError as exc:  # a full disk: say so and train on; the next one may fit
+            log.warning("%s; training goes on", exc)
+            warnings.warn(f"{exc}; training goes on", TestbedWarning, stacklevel=2)
 
 
 #: the handler of each exchange kind, keyed by the class of its record (:mod:`psgdlab.core.exchange`);

@@ -95,7 +95,14 @@ def _describe(code: int) -> str:
 def launch(
     config: TrainConfig, *, extra_env: dict[str, str] | None = None, timeout_s: float | None = None, quiet: bool = False
 ) -> dict[str, Any]:
-    """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``)."""
+    """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``).
+
+    ``config.on_failure == "restart"``: under torchrun's elastic agent instead
+    (:func:`psgdlab.runtime.elastic.launch_elastic`)."""
+    if config.on_failure == "restart":
+        from psgdlab.runtime.elastic import launch_elastic
+
+        return launch_elastic(config, extra_env=extra_env, timeout_s=timeout_s, quiet=quiet)
     if not config.out:
         raise ConfigError("launch needs an output directory (config.out)")
     out = Path(config.out)

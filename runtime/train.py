@@ -44,6 +44,7 @@ from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.elastic import Progress, restart_count
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
@@ -156,6 +157,14 @@ def train(
         default: the model and data named by ``config``. Pass ``steps`` (not ``epochs``) then.
     env : LaunchEnv, optional
         Default: from the launcher's environment variables.
+
+    Notes
+    -----
+    ``config.resume``, or ``config.on_failure == "restart"`` in a worker group torchrun's agent
+    restarted (``TORCHELASTIC_RESTART_COUNT`` > 0): the ranks resume from the newest complete
+    checkpoint every rank can read (:func:`_agree_on_checkpoint`; a restart with none starts at
+    step 0). Under ``psgdlab train --on-failure restart`` every worker also keeps its
+    :class:`~psgdlab.runtime.elastic.Progress` record.
     """
     env = env or launch_env()
     algorithm = build_algorithm(config)
@@ -184,24 +193,27 @@ def train(
             raise ConfigError("epochs needs the built-in data; give --steps with a custom workload")
         steps = max(1, math.ceil(config.epochs * spe))  # type: ignore[operator]
     out = Path(config.out) if config.out else None
-    start_step, resume_payload = 0, None
-    if config.resume:
-        if out is None:
-            raise ConfigError("resume needs the run directory (--resume DIR)")
-        found = ckpt.latest_complete_step(out, config.workers)
-        if found is None:
-            raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
-        start_step = found
-        if rank < config.workers:
-            resume_payload = ckpt.load_checkpoint(out, step=found, rank=rank)
-        else:
-            resume_payload = ckpt.load_server(out)
+    restarted = config.on_failure == "restart" and restart_count() > 0
+    if (config.resume or restarted) and out is None:
+        raise ConfigError("resume needs the run directory (--resume DIR)")
+    if config.resume and ckpt.latest_complete_step(out, config.workers) is None:  # type: ignore[arg-type]
+        raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
     torch.set_num_threads(1)
     groups = collect_groups(algorithm, steps)
     channels = open_channels(
         config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master, device=device
     )
     main = channels["main"]
+    start_step, resume_payload = 0, None
+    if config.resume or restarted:
+        start_step, resume_payload = _agree_on_checkpoint(main, out, workers=config.workers)  # type: ignore[arg-type]
+        if config.resume and start_step == 0 and resume_payload is None:
+            raise ConfigError(f"run directory {out} has no readable complete checkpoint to resume from")
+    progress = _progress_bar(steps, start_step) if rank == 0 else None
+    ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
+    if config.on_failure == "restart" and ranks_dir and rank < config.workers:
+        record = Progress(ranks_dir, rank=rank, attempt=restart_count(), start_step=start_step)
+        progress = record if progress is None else _both(progress, record)
     stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
     main.broadcast(stamp, 0, tuple(range(world)))
     origin = float(stamp.item())
@@ -224,7 +236,7 @@ def train(
         record_params=config.record_params,
         seed=config.seed,
         evaluate_every=(spe or 0) if config.evaluate else 0,
-        progress=_progress_bar(steps, start_step) if rank == 0 else None,
+        progress=progress,
     )
     t0 = time.time()
     try:
@@ -276,6 +288,49 @@ def train(
         evaluate=workload.evaluate if config.evaluate else None,
         payload=_payload(workload),
     )
+
+
+def _agree_on_checkpoint(main: Any, out: Path, *, workers: int) -> tuple[int, dict[str, Any] | None]:
+    """The newest complete checkpoint every rank can read, and this rank's payload of it;
+    ``(0, None)`` if there is none. Collective over every rank: each loads its own file of the
+    newest complete step (:func:`psgdlab.runtime.checkpoint.complete_steps`) and rank 0 decides;
+    when some rank's file is corrupt or unreadable rank 0 says so in one line and every rank
+    tries the previous complete step. The parameter server loads ``server.pt``."""
+    rank, world = main.rank, main.world_size
+    everyone = tuple(range(world))
+    for step in ckpt.complete_steps(out, workers):
+        payload, problem = None, None
+        if rank < workers:
+            try:
+                payload = ckpt.load_checkpoint(out, step=step, rank=rank)
+            except ckpt.CheckpointError as exc:
+                problem = str(exc)
+        problems = main.gather_object(problem, root=0)
+        verdict = torch.zeros(1, dtype=torch.float64, device=main.device)
+        if rank == 0:
+            bad = [p for p in problems if p is not None]
+            verdict[0] = float(len(bad))
+            if bad:
+                print(
+                    f"psgdlab: the checkpoint of step {step} is unusable ({'; '.join(bad)}); "
+                    "falling back to the previous complete checkpoint",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        main.broadcast(verdict, 0, everyone)
+        if verdict.item() == 0:
+            if rank >= workers:
+                payload = ckpt.load_server(out)
+            return step, payload
+    return 0, None
+
+
+def _both(first: Callable[[int, float, float], None], second: Callable[[int, float, float], None]) -> Callable:
+    def call(step: int, loss: float, rate: float) -> None:
+        first(step, loss, rate)
+        second(step, loss, rate)
+
+    return call
 
 
 def _mean_snapshots(
@@ -333,7 +388,9 @@ def _write_run_dir(
 ) -> dict[str, Any]:
     workers = [r for r in results if r.rank < config.workers]
     trace = np.concatenate([r.trace for r in workers])
-    if start_step > 0 and out is not None and (out / "trace.npz").is_file():
+    # the trace of the run resumed (a restart keeps no trace of its failed attempt: steps before the
+    # restart's checkpoint are missing from it unless that checkpoint came from --resume's run)
+    if config.resume and start_step > 0 and out is not None and (out / "trace.npz").is_file():
         old, _ = read_trace(out / "trace.npz")
         old = old[old["step"] < start_step]
         if old.size:
