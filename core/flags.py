@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
+from psgdlab.core.failures import ON_FAILURE
 from psgdlab.core.schedules import LR_SCHEDULE_NAMES
 
 __all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]
@@ -94,6 +95,25 @@ FLAGS: dict[str, dict[str, Any]] = {
         metavar="H",
         help="emulated hosts on this machine (gloo or mpi): one network namespace each, joined by a bridge "
         "(needs root); ranks go on hosts in contiguous blocks of world/H (ranks 0..k-1 on host 0, ...)",
+    ),
+    "--on-failure": dict(
+        choices=ON_FAILURE,
+        help="when a worker dies: continue (survivors rebuild the schedule over themselves and go on; "
+        "gossip algorithms only, their default), stop (end the run cleanly; the default of the others) "
+        "or restart (relaunch with the same workers from the last checkpoint)",
+    ),
+    "--checkpoint-every": dict(
+        type=int, metavar="S", help="steps between checkpoints (0: at the end only; a restart then begins again)"
+    ),
+    "--fail": dict(
+        action="append",
+        metavar="RANK@SECONDS",
+        help="worker RANK dies SECONDS after the start (repeatable)",
+    ),
+    "--failure-rate": dict(
+        type=float,
+        metavar="R",
+        help="random failures, R per worker-hour (exponential lifetimes seeded by --seed)",
     ),
     "--nic-bandwidth": dict(
         metavar="RATE",
