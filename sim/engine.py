@@ -40,6 +40,35 @@ merges (pairwise averages on either side, gossip merges) whose completion falls 
 start of the step whose weights the gradient reads (``gradient_delay`` steps back) and the
 gradient's application; for server exchanges it is the server's staleness.
 
+Failures
+--------
+A :class:`FailureSpec` kills workers at given times (:mod:`psgdlab.core.failures`). A dead
+worker does nothing from its death on: its step in flight is never applied, an exchange it has
+not reached never sees it (one it had reached before dying still counts it: its model or
+gradient was sent). The survivors act on a death ``detection_s`` later (the runtime's watchdog
+deadline):
+
+- ``continue``: waits on the dead worker are released (a gossip wait goes on without it; a
+  collective whose other members are all waiting runs over them; a pairwise average with it holds
+  the requester's communication thread until then, and merges nothing), and every step that
+  begins from then on follows the schedule rebuilt over the survivors
+  (:func:`psgdlab.core.membership.rebuild`, :func:`~psgdlab.core.membership.survivor_exchanges`);
+  ``dead`` ranks are absent from the start, their rebuilt schedule in force from step 0;
+- ``stop``: the run ends ``detection_s`` after the first death (a restart is priced from this
+  by :mod:`psgdlab.sim.failures`).
+
+Accounting, per rank, in ``SimResult.extras["failures"]``: steps *started*, *applied* (the
+gradient applied), *kept* and *lost*. A survivor loses nothing (the steps the window cuts are
+``started - applied``). A dead worker under ``continue`` loses its step in flight and its
+*unshared* applied steps: those applied after the model read of its last exchange that
+completed before its death (a pairwise average or a gossip reads the model when it starts; a
+gradient allreduce holds its own step's gradient), so ``kept = applied - unshared`` and
+``kept + lost = started``. Under ``stop`` every rank keeps the steps of the last complete
+checkpoint, :math:`c = K \lfloor \min_r \text{applied}_r / K \rfloor` (``checkpoint_every``
+:math:`= K`; 0 without checkpoints), and loses ``started - c``. ``membership_changes`` lists
+``{failed_at_s, time_s, step, removed, detection_s}`` per detection (``time_s`` when the
+survivors act; ``step`` the first step of the slowest survivor that may run on the new schedule).
+
 The communication threads, the responders and the server queue are analytical FIFO queues (a
 ``busy_until`` time per resource): with service times known when a request is made, this gives
 exactly the schedule of a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD
