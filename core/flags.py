@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
-from psgdlab.core.failures import ON_FAILURE
+from psgdlab.core.failure import ON_FAILURE
 from psgdlab.core.schedules import LR_SCHEDULE_NAMES
 
 __all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]
@@ -98,22 +98,12 @@ FLAGS: dict[str, dict[str, Any]] = {
     ),
     "--on-failure": dict(
         choices=ON_FAILURE,
-        help="when a worker dies: continue (survivors rebuild the schedule over themselves and go on; "
-        "gossip algorithms only, their default), stop (end the run cleanly; the default of the others) "
-        "or restart (relaunch with the same workers from the last checkpoint)",
+        help="when a worker dies: continue (survivors re-form the gossip topology; gossip algorithms' "
+        "default), stop (every rank exits naming the dead rank; the others' default), restart (from the "
+        "last checkpoint under torchrun's elastic agent, --max-restarts times)",
     ),
-    "--checkpoint-every": dict(
-        type=int, metavar="S", help="steps between checkpoints (0: at the end only; a restart then begins again)"
-    ),
-    "--fail": dict(
-        action="append",
-        metavar="RANK@SECONDS",
-        help="worker RANK dies SECONDS after the start (repeatable)",
-    ),
-    "--failure-rate": dict(
-        type=float,
-        metavar="R",
-        help="random failures, R per worker-hour (exponential lifetimes seeded by --seed)",
+    "--max-restarts": dict(
+        type=int, metavar="R", help="--on-failure restart: restarts before the run gives up (default 3)"
     ),
     "--nic-bandwidth": dict(
         metavar="RATE",

@@ -92,6 +92,7 @@ class ADPSGD(Algorithm):
     """
 
     name: ClassVar[str] = "adpsgd"
+    gossip: ClassVar[bool] = True
     variants: ClassVar[tuple[str, ...]] = VARIANTS
     asynchronous: ClassVar[bool] = True
 

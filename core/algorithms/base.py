@@ -100,6 +100,9 @@ class Algorithm:
     name: ClassVar[str] = "base"
     #: True when workers run without a global barrier (gossip, parameter server)
     asynchronous: ClassVar[bool] = False
+    #: True when the schedule is gossip over a topology that :func:`psgdlab.core.membership.rebuild`
+    #: can re-form without some workers, so survivors may go on after a worker dies
+    gossip: ClassVar[bool] = False
     #: the values of the ``variant`` parameter, for algorithms that have one
     variants: ClassVar[tuple[str, ...]] = ()
 

@@ -56,6 +56,7 @@ class DPSGD(Algorithm):
     """
 
     name: ClassVar[str] = "dpsgd"
+    gossip: ClassVar[bool] = True
 
     topology: str = "ring"
 

@@ -61,6 +61,7 @@ class HADPSGD(Algorithm):
     """
 
     name: ClassVar[str] = "hadpsgd"
+    gossip: ClassVar[bool] = True
     variants: ClassVar[tuple[str, ...]] = ("fixed", "random")
     asynchronous: ClassVar[bool] = True
 
