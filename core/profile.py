@@ -264,7 +264,7 @@ class Platform:
         Seconds from a worker's death until the survivors act on it (notice it and agree on the
         new membership, or stop): the runtime's watchdog deadline on a silent peer. Default 30 s
         (a deadline in the tens of seconds, long beside a step so that a slow step is not taken
-        for a death; set it to the deadline the runtime runs with). :mod:`psgdlab.core.failures`.
+        for a death; set it to the deadline the runtime runs with). :mod:`psgdlab.core.failure`.
     restart_s : float
         Seconds to relaunch a run after a detected failure under ``--on-failure restart``:
         torchrun's elastic agent tears the workers down, re-runs the rendezvous and starts new

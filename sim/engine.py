@@ -42,7 +42,7 @@ gradient's application; for server exchanges it is the server's staleness.
 
 Failures
 --------
-A :class:`FailureSpec` kills workers at given times (:mod:`psgdlab.core.failures`). A dead
+A :class:`FailureSpec` kills workers at given times (:mod:`psgdlab.core.failure`). A dead
 worker does nothing from its death on: its step in flight is never applied, an exchange it has
 not reached never sees it (one it had reached before dying still counts it: its model or
 gradient was sent). The survivors act on a death ``detection_s`` later (the runtime's watchdog
@@ -109,7 +109,7 @@ from psgdlab.core.exchange import (
     trainer_merges,
     wire_bytes,
 )
-from psgdlab.core.failures import Failure
+from psgdlab.core.failure import Failure
 from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder

@@ -4,7 +4,7 @@ A prediction's row (:func:`psgdlab.sim.predict.predict_one`) gives the steady th
 :math:`X_0` (samples/s) of the configuration and the samples :math:`N` its training needs. The
 failures of a :class:`FailureRequest` (``--fail RANK@SECONDS``, or random ones at
 ``--failure-rate`` per worker-hour) are priced on top of it, by policy
-(:mod:`psgdlab.core.failures`):
+(:mod:`psgdlab.core.failure`):
 
 ``continue`` (gossip algorithms)
     Each failure is simulated in a *failure window* (:func:`failure_window`): the configuration
@@ -38,7 +38,7 @@ failures of a :class:`FailureRequest` (``--fail RANK@SECONDS``, or random ones a
 With ``--checkpoint-every K`` every K steps all workers pause to write their model
 (``payload_bytes / checkpoint_bytes_per_s``): the step time of the timeline is
 :math:`t_\text{step} + t_\text{ckpt}/K`. Random failures are drawn ``draws`` times
-(:func:`psgdlab.core.failures.draw_failures`, seeded by ``--seed``), each draw composed as above,
+(:func:`psgdlab.core.failure.draw_failures`, seeded by ``--seed``), each draw composed as above,
 and summarised by the mean, the 10th and 90th percentiles of the time to train and the fraction
 of draws that do not finish.
 """
@@ -54,7 +54,14 @@ import numpy as np
 
 from psgdlab.core.algorithms import Algorithm
 from psgdlab.core.errors import require
-from psgdlab.core.failures import ON_FAILURE, Failure, check_failures, check_on_failure, draw_failures
+from psgdlab.core.failure import (
+    ON_FAILURE,
+    Failure,
+    check_failures,
+    check_on_failure,
+    default_on_failure,
+    draw_failures,
+)
 from psgdlab.core.profile import Profile
 from psgdlab.sim.engine import FailureSpec, simulate
 
@@ -81,13 +88,13 @@ class FailureRequest:
     def __post_init__(self) -> None:
         require(
             self.policy is None or self.policy in ON_FAILURE,
-            "--on-failure",
+            "on-failure",
             self.policy,
             f"must be one of {', '.join(ON_FAILURE)}",
         )
         require(
             isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0,
-            "--checkpoint-every",
+            "checkpoint-every",
             self.checkpoint_every,
             "must be an integer >= 0",
         )
@@ -102,7 +109,10 @@ class FailureRequest:
     def check(self, algorithm: Algorithm) -> str:
         """The policy for ``algorithm`` (refused where it does not apply) with the explicit
         failures checked against its workers."""
-        policy = check_on_failure(algorithm, self.policy)
+        if self.policy is None:
+            policy = default_on_failure(algorithm.name)
+        else:
+            policy = check_on_failure(algorithm.name, self.policy)
         check_failures(self.failures, algorithm.n_workers, policy=policy)
         return policy
 

@@ -135,7 +135,7 @@ class Algorithm:
         """The topology this schedule follows, which :func:`psgdlab.core.membership.rebuild`
         rebuilds over the survivors when workers die; ``None`` (default): the schedule needs
         every worker (an allreduce, a block sync, a server), so a failure stops or restarts the
-        run (:mod:`psgdlab.core.failures`)."""
+        run (:mod:`psgdlab.core.failure`)."""
         return None
 
     @property

@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 def _failure_request(args: argparse.Namespace) -> FailureRequest | None:
     """The failures the flags ask about, or ``None`` (bad values: one-line ConfigError)."""
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.failures import parse_failure
+    from psgdlab.core.failure import Failure
     from psgdlab.sim.failures import DEFAULT_DRAWS, FailureRequest
 
     given = bool(args.fail) or args.failure_rate is not None
@@ -239,7 +239,7 @@ def _failure_request(args: argparse.Namespace) -> FailureRequest | None:
     if args.failure_draws is not None and args.failure_rate is None:
         raise ConfigError(f"--failure-draws ({args.failure_draws}) needs --failure-rate")
     return FailureRequest(
-        failures=tuple(parse_failure(text) for text in args.fail or ()),
+        failures=tuple(Failure.parse(text) for text in args.fail or ()),
         rate_per_worker_hour=args.failure_rate,
         policy=args.on_failure,
         checkpoint_every=args.checkpoint_every,

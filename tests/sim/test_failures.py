@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from psgdlab.cli import main
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.failures import Failure, check_failures, check_on_failure, draw_failures, parse_failure
+from psgdlab.core.failure import Failure, check_failures, check_on_failure, default_on_failure, draw_failures
 from psgdlab.core.membership import rebuild
 from psgdlab.core.trace import PHASES
 from psgdlab.sim.engine import FailureSpec, simulate
@@ -215,27 +215,11 @@ def test_any_failures_leave_consistent_survivors_and_account_for_every_step(case
 
 
 # ----- checks and errors ----------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("3", "must be RANK@SECONDS"),
-        ("x@3", "RANK must be an integer"),
-        ("1@soon", "SECONDS must be a number"),
-        ("1@-2", "SECONDS must be a finite number >= 0"),
-        ("-1@2", "RANK must be >= 0"),
-    ],
-)
-def test_parse_failure_errors(text, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_failure(text)
-
-
 def test_policy_and_failure_checks():
-    assert check_on_failure(make_algorithm("adpsgd", n_workers=4), None) == "continue"
-    assert check_on_failure(make_algorithm("ssgd", n_workers=4), None) == "stop"
-    with pytest.raises(ConfigError, match=r"--on-failure \(continue\) does not apply to ssgd"):
-        check_on_failure(make_algorithm("ssgd", n_workers=4), "continue")
-    with pytest.raises(ConfigError, match=r"RANK must be in \[0, 4\)"):
+    assert default_on_failure("hadpsgd") == "continue" and default_on_failure("bmuf") == "stop"
+    with pytest.raises(ConfigError, match=r"needs a gossip algorithm .*, not ssgd"):
+        check_on_failure("ssgd", "continue")
+    with pytest.raises(ConfigError, match=r"names no worker of 4"):
         check_failures([Failure(4, 1.0)], 4, policy="stop")
     with pytest.raises(ConfigError, match="names a rank twice"):
         check_failures([Failure(1, 1.0), Failure(1, 2.0)], 4, policy="continue")
@@ -247,12 +231,13 @@ def test_policy_and_failure_checks():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--fail", "9@10"], "RANK must be in [0, 8)"),
-        (["--fail", "1@-5"], "SECONDS must be a finite number >= 0"),
-        (["--algorithm", "ssgd", "--fail", "1@5", "--on-failure", "continue"], "does not apply to ssgd"),
+        (["--fail", "9@10"], "fail ('9@10') names no worker of 8"),
+        (["--fail", "1@-5"], "needs a finite time >= 0 seconds"),
+        (["--fail", "1@soon"], "must be RANK@SECONDS"),
+        (["--algorithm", "ssgd", "--fail", "1@5", "--on-failure", "continue"], "not ssgd; use stop or restart"),
         (["--on-failure", "stop"], "needs --fail or --failure-rate"),
-        (["--failure-rate", "-1"], "--failure-rate (-1.0) must be"),
-        (["--fail", "1@5", "--checkpoint-every", "-3"], "--checkpoint-every (-3) must be"),
+        (["--failure-rate", "-1"], "failure-rate (-1.0) must be"),
+        (["--fail", "1@5", "--checkpoint-every", "-3"], "checkpoint-every (-3) must be"),
     ],
 )
 def test_bad_failure_flags_exit_2_with_one_line(tmp_path, capsys, argv, message):
