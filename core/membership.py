@@ -229,10 +229,11 @@ def survivor_exchanges(rebuilt: Rebuilt, template: Sequence[Exchange], rank: int
     - :class:`Gossip` -- column ``rank`` of :meth:`Rebuilt.matrix` (peers, their weights, the self
       weight);
     - :class:`PairwiseAverage` -- with the partner of ``rank``'s unit in :meth:`Rebuilt.unit_pairs`
-      (none when its unit sits out the round); the unit of lower index is active. Between nodes
-      of ``m_a`` and ``m_b`` survivors the model is sharded over :math:`k = \min(m_a, m_b)`: the
-      ``l``-th survivor of one node averages shard ``l`` of ``k`` with the ``l``-th of the other,
-      survivors beyond ``k`` take no shard and get the result with their node's gather.
+      (none when its unit sits out the round); the unit of lower index is active. Each node
+      shards the model over its own ``m`` survivors: its ``l``-th survivor averages shard ``l``
+      of ``m`` with survivor ``l mod m'`` of the partner node of ``m'`` (equal nodes: the
+      original rule, ``l`` with ``l``; a node that lost a GPU sends bigger shards, and a member
+      of a larger partner may serve two).
 
     Examples
     --------
@@ -284,16 +285,13 @@ def _pairwise(rebuilt: Rebuilt, ex: PairwiseAverage, rank: int, round: int) -> P
     for a, b in rebuilt.unit_pairs(round):
         if unit in (a, b):
             own, other = rebuilt.nodes[unit], rebuilt.nodes[b if unit == a else a]
-            k = min(len(own), len(other))
             local = own.index(rank)
-            if local >= k:
-                return None
             return PairwiseAverage(
-                peer=other[local],
+                peer=other[local % len(other)],
                 active=unit == a,
                 blocking=ex.blocking,
                 shard=local,
-                n_shards=k,
+                n_shards=len(own),
                 gather_group=own if len(own) > 1 else (),
             )
     return None

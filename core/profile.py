@@ -262,9 +262,10 @@ class Platform:
         the bottleneck.
     failure_detection_s : float
         Seconds from a worker's death until the survivors act on it (notice it and agree on the
-        new membership, or stop): the runtime's watchdog deadline on a silent peer. Default 30 s
-        (a deadline in the tens of seconds, long beside a step so that a slow step is not taken
-        for a death; set it to the deadline the runtime runs with). :mod:`psgdlab.core.failure`.
+        new membership, or stop). Default 600 s: the runtime's deadline on a wait (``train
+        --timeout``), after which a rank whose peer is silent -- a lost host, a hung process --
+        gives up on it. A process killed on a host whose launcher watches it is seen within the
+        launcher's poll (0.1 s): set 0.1 to price that case (:mod:`psgdlab.core.failure`).
     restart_s : float
         Seconds to relaunch a run after a detected failure under ``--on-failure restart``:
         torchrun's elastic agent tears the workers down, re-runs the rendezvous and starts new
@@ -304,7 +305,7 @@ class Platform:
     memory_efficiency: float = 1.0
     input_efficiency: float = 1.0
     host_cpu: HostCPU | None = None
-    failure_detection_s: float = 30.0
+    failure_detection_s: float = 600.0
     restart_s: float = 20.0
     checkpoint_bytes_per_s: float = 1e9
 

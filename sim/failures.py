@@ -11,7 +11,11 @@ failures of a :class:`FailureRequest` (``--fail RANK@SECONDS``, or random ones a
     with the earlier failures' ranks absent from the start (their schedule rebuilt over the
     survivors), the new failure after a third of the window, detection
     ``platform.failure_detection_s`` later, and as many steps after it again as the prediction's
-    window. The window gives the survivors' steady throughput :math:`X_1` (applied samples per
+    window (a longer detection time is simulated as ``window`` steps, and the rest of it priced
+    at the survivors' throughput over the second half of the simulated wait,
+    :math:`\sigma \mathrel{+}= (D - D_\text{sim})(1 - X_\text{wait}/X_1)`: the wait is
+    steady once the survivors that need the dead worker have stopped). The window gives the
+    survivors' steady throughput :math:`X_1` (applied samples per
     second from a settling time :math:`t_a` after the detection to the end of the window), the
     *stall*
 
@@ -143,8 +147,11 @@ def failure_window(
     """Simulate ``rank`` dying in ``algorithm``'s configuration without ``dead`` (module
     docstring) and measure its effect. ``step_time_s`` is the configuration's step time before
     the failure (it sizes the window so that the failure, the detection and ``window`` steps
-    after it fit)."""
-    D = config.platform.failure_detection_s
+    after it fit). A detection time longer than ``window`` steps is simulated as ``window``
+    steps and its remainder priced at the survivors' throughput in the simulated part of it
+    (module docstring)."""
+    D_full = config.platform.failure_detection_s
+    D = min(D_full, window * step_time_s)
     lead = max(1, int(window * LEAD_FRACTION))
     t_fail = lead * step_time_s
     steps = lead + math.ceil(D / step_time_s) + window
@@ -170,9 +177,14 @@ def failure_window(
     require(after > 0 and t_end > t_a, "failure window", (t_a, t_end), "has no steps after the detection")
     rate_after = after / (t_end - t_a)
     during = int(np.count_nonzero((times > t_fail) & (times <= t_a))) * b
+    stall_s = max(0.0, (t_a - t_fail) - during / rate_after)
+    if D_full > D:  # the rest of the wait at the throughput of its simulated second half
+        t_h = t_fail + 0.5 * D
+        waiting = int(np.count_nonzero((times > t_h) & (times <= t_det))) * b / (t_det - t_h)
+        stall_s += (D_full - D) * max(0.0, 1.0 - waiting / rate_after)
     return _Effect(
         rate_after=rate_after,
-        stall_s=max(0.0, (t_a - t_fail) - during / rate_after),
+        stall_s=stall_s,
         in_flight_steps=int(f["steps_in_flight"][rank]),
         unshared_steps=int(f["steps_lost"][rank] - f["steps_in_flight"][rank]),
         survivors=alive,

@@ -209,6 +209,7 @@ def failure_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         if "membership_changes" in f:
             for c in f["membership_changes"]:
                 extra = f", resumed from step {c['restarted_from_step']}" if "restarted_from_step" in c else ""
+                extra += f"; survivors stall {c['stall_s']:.1f} s" if "stall_s" in c else ""
                 lines.append(
                     f"  rank {','.join(map(str, c['removed']))} dies at {_hms(c['failed_at_s'])} (step {c['step']}), "
                     f"acted on {c['detection_s']:g} s later{extra}"

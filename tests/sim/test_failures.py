@@ -26,7 +26,7 @@ COMPUTE_S = 0.1
 BATCH = 32
 
 
-def flat(*, failure_detection_s: float = 30.0, restart_s: float = 20.0) -> Platform:
+def flat(*, failure_detection_s: float = 600.0, restart_s: float = 20.0) -> Platform:
     """One host of 8 devices on unshared links; the averages (about 10 ms) hide under the
     compute (0.1 s), so every step of a gossip worker takes exactly the compute time."""
     nvlink = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9)
@@ -67,6 +67,27 @@ def test_adpsgd_after_a_death_runs_at_n_minus_1_over_n(rank):
     assert e.survivors == tuple(r for r in range(8) if r != rank)
 
 
+@pytest.mark.parametrize("rank, waiting", [(2, 2), (3, 0)])
+def test_adpsgd_stall_is_the_detection_time_of_the_neighbours_that_must_start_an_average(rank, waiting):
+    """On the fixed ring odd ranks start the averages. A dead passive rank leaves its two active
+    neighbours waiting the whole detection time D while the other survivors go on: the stall, in
+    seconds of the survivors' throughput, is 2 D / (n - 1). A dead active rank blocks nobody: its
+    passive neighbours only answer.
+
+    Bounds: a waiting neighbour starts to wait at its first round with the dead rank (half a step
+    to a step and a half after the death, c = compute time) and its compute of that step overlaps
+    the wait, so it loses between D - 2.5 c and D - c. The throughput after, X1, is counted over
+    L seconds, each survivor's steps off by at most one at either end: relative error 2c/L, which
+    moves the stall by at most (t_a - t_f) 2c/L, with t_a - t_f = D + L/4 (the settling time is a
+    fifth of the time after the detection, L the other four fifths)."""
+    a = make_algorithm("adpsgd", n_workers=8)
+    c, D = COMPUTE_S, 5.0
+    config = SimConfig(platform=flat(failure_detection_s=D), workload=work())
+    e = failure_window(a, config, dead=(), rank=rank, window=300, step_time_s=c, seed=0)
+    slack = (D + e.measured_s / 4) * 2 * c / e.measured_s
+    assert waiting * (D - 2.5 * c) / 7 - slack <= e.stall_s <= waiting * (D - c) / 7 + slack
+
+
 def test_dpsgd_survivors_stall_for_the_detection_and_lose_nothing_else():
     """D-PSGD blocks on its neighbours: the dead one's neighbours wait for the whole detection
     time, the others as soon as they need those; the stall is at most the detection time plus a step."""
@@ -75,6 +96,15 @@ def test_dpsgd_survivors_stall_for_the_detection_and_lose_nothing_else():
     config = SimConfig(platform=flat(failure_detection_s=D), workload=work())
     e = failure_window(a, config, dead=(), rank=5, window=90, step_time_s=0.11, seed=0)
     assert D - 0.2 <= e.stall_s <= D + 0.2
+
+
+def test_a_detection_longer_than_the_window_is_priced_at_the_waiting_throughput():
+    """D-PSGD waits out the whole detection: the part beyond the simulated window (9.9 s of 60 s)
+    is priced at the throughput while waiting (none), so the stall is the detection time again."""
+    a = make_algorithm("dpsgd", n_workers=8)
+    config = SimConfig(platform=flat(failure_detection_s=60.0), workload=work())
+    e = failure_window(a, config, dead=(), rank=5, window=90, step_time_s=0.11, seed=0)
+    assert 60.0 - 0.2 <= e.stall_s <= 60.0 + 0.2
 
 
 def test_gossip_loses_only_the_dead_workers_unshared_steps():
