@@ -43,8 +43,9 @@ With ``--checkpoint-every K`` every K steps all workers pause to write their mod
 (``payload_bytes / checkpoint_bytes_per_s``): the step time of the timeline is
 :math:`t_\text{step} + t_\text{ckpt}/K`. Random failures are drawn ``draws`` times
 (:func:`psgdlab.core.failure.draw_failures`, seeded by ``--seed``), each draw composed as above,
-and summarised by the mean, the 10th and 90th percentiles of the time to train and the fraction
-of draws that do not finish.
+and summarised by the mean, the 10th and 90th percentiles of the time to train of the draws that
+finish and the fraction that do (a draw not done by 64 times the failure-free time to train does
+not finish: under ``restart`` failures can come faster than the run gets back to where it was).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ from psgdlab.sim.engine import FailureSpec, simulate
 __all__ = ["FailureRequest", "Timeline", "failure_window", "predict_failures", "DEFAULT_DRAWS"]
 
 DEFAULT_DRAWS = 20
+#: a draw of random failures that has not finished by this many times the first horizon (4 times
+#: the failure-free time to train) does not finish (restarts that never reach the end)
+MAX_HORIZON = 16
 #: the failure happens after this fraction of the prediction's window
 LEAD_FRACTION = 1 / 3
 #: the survivors' throughput is measured after this fraction of the time after the detection
@@ -425,12 +429,12 @@ def _random(
                 drawn = _keep_one_alive(drawn, run.n)
             tl = course(drawn)
             end = tl.time_to_train_s if tl.time_to_train_s is not None else tl.stopped_at_s
-            if end is None or end <= horizon:
+            if end is None or end <= horizon or horizon >= MAX_HORIZON * horizon_s:
                 break
             horizon *= 2
         failures_per_draw.append(len(tl.changes))
-        if tl.time_to_train_s is None:
-            stopped += 1
+        if tl.time_to_train_s is None or tl.time_to_train_s > horizon:
+            stopped += 1  # stopped, or past the horizon: failures come faster than the run recovers
         else:
             times.append(tl.time_to_train_s)
     arr = np.asarray(times)

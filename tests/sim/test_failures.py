@@ -206,6 +206,14 @@ def test_random_failure_prediction_is_deterministic():
     assert rnd["time_to_train_mean_s"] > one["failures"]["time_to_train_without_failures_s"]
 
 
+def test_restarts_that_never_catch_up_do_not_finish():
+    """Without checkpoints every restart begins again; failures every 18 s on average against a
+    run of more than ten minutes: no draw finishes, and the prediction says so (and ends)."""
+    _, row = _row("ssgd", rate_per_worker_hour=50.0, draws=2, policy="restart")
+    rnd = row["failures"]["random"]
+    assert rnd["finished_fraction"] == 0.0 and rnd["time_to_train_mean_s"] is None
+
+
 # ----- any sequence of failures ----------------------------------------------------------------------
 CASES = [
     ("adpsgd", 6, {}),
