@@ -442,7 +442,7 @@ class _Sim:
         key = (kind, getattr(ex, "payload", ""), group[0], len(group), s)
         entry = self.coll.get(key)
         if entry is None:
-            entry = [simpy.Event(env), 0, group, []]
+            entry = [simpy.Event(env), 0, group, [] if self.failing else None]
             self.coll[key] = entry
         entry[1] += 1
         if self.failing:
@@ -457,7 +457,7 @@ class _Sim:
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             ev = _release_after(env, ev, dur)
         yield ev
-        if r in self.tracked and kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "grad":
+        if self.tracked and r in self.tracked and kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "grad":
             self.covered[r].append((env.now, s + 1))  # the group holds this step's gradient
         if self.record:
             self.rows.append((r, s, _COMM, kind, t_arr, env.now, -1, nbytes, -1, _NAN))
@@ -535,7 +535,8 @@ class _Sim:
     # ----- the worker process -----------------------------------------------------------------
     def worker(self, r: int):
         env = self.env
-        sched = self.schedule if self.failing else self.alg.exchanges
+        failing = self.failing
+        sched = self.schedule if failing else self.alg.exchanges
         death = self.death[r]
         applied = self.applied[r]
         comp = self.comp[r]
@@ -551,9 +552,10 @@ class _Sim:
         overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, self.S)  # update, snapshot, loop
         for s in range(self.steps):
             t0 = env.now
-            if t0 >= death:
-                return
-            self.started[r] += 1
+            if failing:
+                if t0 >= death:
+                    return
+                self.started[r] = s + 1
             reads.append(self.merges_done(r, t0))
             exs: Sequence[Any] = sched(s, r)  # dispatched on exact type below (faster than isinstance)
             mix_end = t0
@@ -606,9 +608,10 @@ class _Sim:
                     rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
                 yield timeout(need - now)
                 now = need
-            if now >= death:
-                return
-            applied.append(now)
+            if failing:
+                if now >= death:
+                    return
+                applied.append(now)
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = self.merges_done(r, now) - read
             if merge_s > 0.0 and trainer_merges(exs):
