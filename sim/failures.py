@@ -245,7 +245,7 @@ def _continue(run: _Run, failures: Sequence[Failure], effect: Callable[[tuple[in
                 "removed": [f.rank],
                 "detection_s": run.detection_s,
                 "stall_s": e.stall_s,
-                "steps_lost": e.in_flight_steps + e.unshared_steps,
+                "steps_lost": e.in_flight_steps + e.unshared_steps,  # the dead worker's
                 "samples_after_per_s": e.rate_after,
             }
         )
@@ -273,7 +273,7 @@ def _stop(run: _Run, failures: Sequence[Failure]) -> Timeline:
     lost = math.ceil(reached) - kept  # per worker, the step in flight included
     return Timeline(
         time_to_train_s=None,
-        changes=[_change(f, run, int(reached))],
+        changes=[{**_change(f, run, int(reached)), "steps_lost": lost}],
         steps_lost=lost * run.n,
         samples_lost=lost * run.n * run.batch,
         stopped_at_s=f.time_s + run.detection_s,
@@ -299,7 +299,15 @@ def _restart(run: _Run, failures: Sequence[Failure]) -> Timeline:
         out.steps_lost += lost * run.n
         out.samples_lost += lost * run.n * run.batch
         t = f.time_s + run.detection_s + run.restart_s + run.reload_s
-        out.changes.append({**_change(f, run, int(reached)), "restarted_from_step": ckpt, "resumed_at_s": t})
+        out.changes.append(
+            {
+                **_change(f, run, int(reached)),
+                "resumed_from_step": ckpt,
+                "steps_lost": lost,  # per worker, as the runtime's restart record counts them
+                "resumed_at_s": t,
+                "time_to_first_step_s": t - f.time_s + run.step_time_s,
+            }
+        )
         p = float(ckpt)
     out.time_to_train_s = t + (steps_needed - p) * run.step_time_s
     out.samples_done = run.samples_needed

@@ -208,7 +208,7 @@ def failure_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(f"{head}, {ckpt}); train {_hms(f['time_to_train_without_failures_s'])} without failures")
         if "membership_changes" in f:
             for c in f["membership_changes"]:
-                extra = f", resumed from step {c['restarted_from_step']}" if "restarted_from_step" in c else ""
+                extra = f", resumed from step {c['resumed_from_step']}" if "resumed_from_step" in c else ""
                 extra += f"; survivors stall {c['stall_s']:.1f} s" if "stall_s" in c else ""
                 lines.append(
                     f"  rank {','.join(map(str, c['removed']))} dies at {_hms(c['failed_at_s'])} (step {c['step']}), "
@@ -247,9 +247,7 @@ def _outcome(f: dict[str, Any]) -> str:
 
 
 def _before(f: dict[str, Any]) -> int:
-    return len(f["survivors"]) + sum(
-        len(c["removed"]) for c in f["membership_changes"] if "restarted_from_step" not in c
-    )
+    return len(f["survivors"]) + sum(len(c["removed"]) for c in f["membership_changes"] if "resumed_from_step" not in c)
 
 
 def _case_summary(p: Any) -> Summary:

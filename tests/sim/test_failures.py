@@ -159,7 +159,8 @@ def test_restart_costs_detection_relaunch_reload_and_the_steps_since_the_checkpo
     reached = 1000.0 / step
     c = (int(reached) // 50) * 50
     (change,) = f["membership_changes"]
-    assert change["restarted_from_step"] == c
+    assert change["resumed_from_step"] == c and change["steps_lost"] == math.ceil(reached) - c
+    assert change["time_to_first_step_s"] == pytest.approx(5.0 + 40.0 + ckpt_s + step)
     assert f["steps_lost"] == 4 * (math.ceil(reached) - c)
     cost = 5.0 + 40.0 + ckpt_s + (reached - c) * step
     assert f["time_to_train_s"] - f["time_to_train_without_failures_s"] == pytest.approx(cost, rel=1e-9)
