@@ -245,7 +245,9 @@ def _continue(run: _Run, failures: Sequence[Failure], effect: Callable[[tuple[in
                 "removed": [f.rank],
                 "detection_s": run.detection_s,
                 "stall_s": e.stall_s,
-                "steps_lost": e.in_flight_steps + e.unshared_steps,  # the dead worker's
+                "steps_lost": e.in_flight_steps + e.unshared_steps,  # the dead worker's:
+                "steps_in_flight": e.in_flight_steps,  # its step begun, never applied
+                "steps_unshared": e.unshared_steps,  # applied, in no survivor's model
                 "samples_after_per_s": e.rate_after,
             }
         )

@@ -304,7 +304,9 @@ def test_predict_json_and_text_carry_the_failure_keys(tmp_path, capsys):
     ):
         assert key in f
     assert f["survivors"] == [0, 1, 3] and f["membership_changes"][0]["removed"] == [2]
-    assert {"time_s", "step", "removed", "detection_s"} <= set(f["membership_changes"][0])
+    change = f["membership_changes"][0]
+    assert {"time_s", "step", "removed", "detection_s", "stall_s"} <= set(change)
+    assert change["steps_lost"] == change["steps_in_flight"] + change["steps_unshared"] == f["steps_lost"]
     s = next(r for r in rows if r["algorithm"] == "ssgd" and r["workers"] == 4)["failures"]
     assert s["policy"] == "stop" and s["time_to_train_s"] is None
     assert main([*argv, "--out", str(tmp_path / "t")]) == 0
