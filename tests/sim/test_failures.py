@@ -253,6 +253,45 @@ def test_any_failures_leave_consistent_survivors_and_account_for_every_step(case
     assert set(late["peer"].tolist()) <= set(survivors) and set(late["rank"].tolist()) <= set(survivors)
 
 
+def test_gossip_flag_and_membership_topology_agree():
+    """core.failure's policy check reads ``gossip``; the simulator rebuilds ``membership_topology``."""
+    from psgdlab.core.algorithms import ALGORITHMS
+
+    for name, cls in ALGORITHMS.items():
+        n = 1 if name == "sgd" else 4
+        a = make_algorithm(name, n_workers=n, **({"gpus_per_node": 2} if name == "hadpsgd" else {}))
+        assert cls.gossip == (a.membership_topology() is not None), name
+
+
+@given(case=st.sampled_from(CASES), data=st.data(), step=st.integers(0, 50))
+def test_survivor_exchanges_pair_survivors_only_and_mix_by_columns(case, data, step):
+    """Every peer is a survivor; a gossip column sums to 1; singleton pairs are mutual with
+    exactly one active side (nodes of unequal size pair member l with l mod m')."""
+    from psgdlab.core.exchange import Gossip, PairwiseAverage
+    from psgdlab.core.membership import survivor_exchanges
+
+    name, n, kw = case
+    a = make_algorithm(name, n_workers=n, **kw)
+    dead = data.draw(st.sets(st.integers(0, n - 1), max_size=n - 1), label="dead")
+    alive = [r for r in range(n) if r not in dead]
+    topology = a.membership_topology()
+    assert topology is not None
+    rb = rebuild(topology, alive)
+    ex = {r: survivor_exchanges(rb, a.exchanges(step, r), r, step) for r in alive}
+    pairs = {}
+    for r, exs in ex.items():
+        for e in exs:
+            peers = e.peers if isinstance(e, Gossip) else (e.peer,) if isinstance(e, PairwiseAverage) else e.group
+            assert set(peers) <= set(alive)
+            if isinstance(e, Gossip):
+                assert e.self_weight + sum(e.weights) == pytest.approx(1.0, abs=1e-12)
+            if isinstance(e, PairwiseAverage):
+                pairs[r] = e
+    if all(len(node) == 1 for node in rb.nodes):
+        for r, e in pairs.items():
+            assert pairs[e.peer].peer == r and pairs[e.peer].active != e.active
+
+
 # ----- checks and errors ----------------------------------------------------------------------------
 def test_policy_and_failure_checks():
     assert default_on_failure("hadpsgd") == "continue" and default_on_failure("bmuf") == "stop"
