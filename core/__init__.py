@@ -6,6 +6,8 @@ is cheap, and sim, runtime and analysis all build on it.
 Modules: :mod:`~psgdlab.core.topology`, :mod:`~psgdlab.core.mixing`,
 :mod:`~psgdlab.core.spectral` (topologies, mixing matrices, spectral gaps);
 :mod:`~psgdlab.core.membership` (a topology rebuilt over the workers that survive);
+:mod:`~psgdlab.core.failure` (what a run does when a worker dies, failures ``RANK@SECONDS``
+and seeded random ones);
 :mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry);
 :mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics);
 :mod:`~psgdlab.core.cost` (the communication cost laws, forward and as the fits' design rows);

@@ -14,7 +14,15 @@ restart    the run restarts from its last complete checkpoint with the same work
 ========== ========================================================================================
 
 A failure to inject or to predict is written ``RANK@SECONDS`` (:class:`Failure`): worker ``RANK``
-dies ``SECONDS`` after the run's first step.
+dies ``SECONDS`` after the run's first step; :func:`check_failures` checks a sequence of them
+against a run.
+
+Random failures (``psgdlab predict --failure-rate R``, :func:`draw_failures`): each worker fails
+after an exponential time of mean :math:`3600 / R` seconds (``R`` failures per worker-hour), drawn
+from ``numpy.random.default_rng([seed, draw, rank, 0xFA11])`` so that one worker's draws do not
+depend on how many workers there are. Under ``continue`` and ``stop`` a worker fails at most once
+(a dead worker does not come back); under ``restart`` the replacement has its own exponential
+lifetime from then on, so each rank is a Poisson process of rate ``R`` per hour of run time.
 
 Examples
 --------
@@ -26,16 +34,30 @@ Traceback (most recent call last):
 psgdlab.core.errors.ConfigError: on-failure ('continue') needs a gossip algorithm (...), not bmuf; use stop or restart
 >>> Failure.parse("3@12.5")
 Failure(rank=3, time_s=12.5)
+>>> [f.rank for f in draw_failures(2.0, 4, horizon_s=3600.0, seed=0)]
+[0, 3, 2, 1]
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from psgdlab.core.algorithms import ALGORITHMS
 from psgdlab.core.errors import ConfigError, require
 
-__all__ = ["ON_FAILURE", "Failure", "check_on_failure", "default_on_failure", "gossip_algorithms"]
+__all__ = [
+    "ON_FAILURE",
+    "Failure",
+    "check_on_failure",
+    "default_on_failure",
+    "gossip_algorithms",
+    "check_failures",
+    "draw_failures",
+]
 
 #: the values of ``--on-failure``
 ON_FAILURE = ("continue", "stop", "restart")
@@ -89,3 +111,67 @@ class Failure:
     def check_rank(self, n_workers: int) -> None:
         """A :class:`ConfigError` unless the rank is one of ``n_workers`` workers."""
         require(self.rank < n_workers, "fail", f"{self.rank}@{self.time_s:g}", f"names no worker of {n_workers}")
+
+
+def check_failures(failures: Iterable[Failure], n_workers: int, *, policy: str) -> tuple[Failure, ...]:
+    """The failures sorted by time, each checked against ``n_workers`` (:meth:`Failure.check_rank`);
+    under ``continue`` a rank fails at most once and at least one worker survives."""
+    out = tuple(sorted(failures, key=lambda f: (f.time_s, f.rank)))
+    for f in out:
+        f.check_rank(n_workers)
+        require(
+            math.isfinite(f.time_s) and f.time_s >= 0,
+            "fail",
+            f"{f.rank}@{f.time_s}",
+            "needs a finite time >= 0 seconds",
+        )
+    if policy == "continue":
+        ranks = [f.rank for f in out]
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        require(not twice, "fail", twice, "names a rank twice: a dead worker does not come back under continue")
+        require(len(set(ranks)) < n_workers, "fail", ranks, f"kills all {n_workers} workers: one must survive")
+    return out
+
+
+def draw_failures(
+    rate_per_worker_hour: float,
+    n_workers: int,
+    *,
+    horizon_s: float,
+    seed: int,
+    draw: int = 0,
+    restart: bool = False,
+) -> tuple[Failure, ...]:
+    """Seeded random failures before ``horizon_s`` (module docstring), sorted by time.
+
+    Parameters
+    ----------
+    rate_per_worker_hour : float
+        Failures per worker per hour, ``>= 0`` (0: none).
+    n_workers : int
+    horizon_s : float
+        Only failures before this time are drawn.
+    seed, draw : int
+        Draw ``draw`` of seed ``seed`` (independent streams per draw and per rank).
+    restart : bool
+        Each rank may fail again (a replaced worker); else at most once.
+    """
+    require(
+        math.isfinite(rate_per_worker_hour) and rate_per_worker_hour >= 0,
+        "failure-rate",
+        rate_per_worker_hour,
+        "must be a finite number of failures per worker-hour >= 0",
+    )
+    if rate_per_worker_hour == 0 or horizon_s <= 0:
+        return ()
+    mean_s = 3600.0 / rate_per_worker_hour
+    out: list[Failure] = []
+    for rank in range(n_workers):
+        rng = np.random.default_rng([seed, draw, rank, 0xFA11])
+        t = float(rng.exponential(mean_s))
+        while t < horizon_s:
+            out.append(Failure(rank=rank, time_s=t))
+            if not restart:
+                break
+            t += float(rng.exponential(mean_s))
+    return tuple(sorted(out, key=lambda f: (f.time_s, f.rank)))

@@ -90,6 +90,17 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--checkpoint-every": dict(
+        type=int, metavar="S", help="steps between checkpoints (0: at the end only; a restart then begins again)"
+    ),
+    "--fail": dict(
+        action="append", metavar="RANK@SECONDS", help="worker RANK dies SECONDS after the start (repeatable)"
+    ),
+    "--failure-rate": dict(
+        type=float,
+        metavar="R",
+        help="random failures, R per worker-hour (exponential lifetimes seeded by --seed)",
+    ),
     "--hosts": dict(
         type=int,
         metavar="H",

@@ -40,7 +40,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +48,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psgdlab.core.errors import TopologyError, require
+from psgdlab.core.exchange import AllReduce, Barrier, Exchange, Gossip, PairwiseAverage
 from psgdlab.core.topology import Topology, build_topology, torus_shape
 
-__all__ = ["Rebuilt", "rebuild"]
+__all__ = ["Rebuilt", "rebuild", "survivor_exchanges"]
 
 _STATIC = ("ring", "torus", "complete", "exponential")
 _MATCHING = ("fixed-ring", "random-ring", "hypercube")
@@ -110,6 +111,12 @@ class Rebuilt:
         if self.is_static or self.units % 2 == 0 or self.units == 1:
             return None
         return round % self.units
+
+    def unit_pairs(self, round: int) -> list[tuple[int, int]]:
+        """Pairs ``(a, b)``, ``a < b``, of units (indices into :attr:`nodes`) that mix in
+        ``round`` under a matching rule; the static kinds have none (they mix by
+        :meth:`matrix`)."""
+        return [] if self.is_static else [(min(a, b), max(a, b)) for a, b in self._unit_pairs(round)]
 
     def _unit_pairs(self, round: int) -> list[tuple[int, int]]:
         """Pairs of units that mix in ``round``."""
@@ -208,3 +215,83 @@ def _inner(kind: str, units: int, seed: int) -> Topology | None:
     kind = _matching_kind(kind, even)
     extra: dict[str, Any] = {"seed": seed} if kind == "random-ring" else {}
     return build_topology(kind, even, **extra)
+
+
+def survivor_exchanges(rebuilt: Rebuilt, template: Sequence[Exchange], rank: int, round: int) -> tuple[Exchange, ...]:
+    r"""The exchanges of survivor ``rank`` in ``round`` of the schedule rebuilt over the survivors.
+
+    ``template`` is what the original schedule gives ``rank`` at that step
+    (:meth:`~psgdlab.core.algorithms.Algorithm.exchanges`): its exchange *kinds* are kept, their
+    peers, weights and groups come from ``rebuilt`` (so the rule depends on no algorithm name):
+
+    - :class:`AllReduce`, :class:`Barrier` -- over the group's survivors (dropped when one is left:
+      a node that lost all but one GPU);
+    - :class:`Gossip` -- column ``rank`` of :meth:`Rebuilt.matrix` (peers, their weights, the self
+      weight);
+    - :class:`PairwiseAverage` -- with the partner of ``rank``'s unit in :meth:`Rebuilt.unit_pairs`
+      (none when its unit sits out the round); the unit of lower index is active. Each node
+      shards the model over its own ``m`` survivors: its ``l``-th survivor averages shard ``l``
+      of ``m`` with survivor ``l mod m'`` of the partner node of ``m'`` (equal nodes: the
+      original rule, ``l`` with ``l``; a node that lost a GPU sends bigger shards, and a member
+      of a larger partner may serve two).
+
+    Examples
+    --------
+    >>> from psgdlab.core.algorithms import make_algorithm
+    >>> a = make_algorithm("adpsgd", n_workers=6)
+    >>> r = rebuild(a.membership_topology(), alive=(0, 1, 2, 4, 5))
+    >>> survivor_exchanges(r, a.exchanges(1, 0), 0, 1)  # round 1: rank 1 sits out, 0 pairs with 5
+    (PairwiseAverage(peer=5, active=True, blocking=False, shard=0, n_shards=1, gather_group=()),)
+    >>> survivor_exchanges(r, a.exchanges(1, 1), 1, 1)
+    ()
+    """
+    require(rank in rebuilt.members, "rank", rank, "must be a survivor")
+    alive = set(rebuilt.members)
+    out: list[Exchange] = []
+    for ex in template:
+        if isinstance(ex, (AllReduce, Barrier)):
+            group = tuple(r for r in ex.group if r in alive)
+            if len(group) > 1:
+                out.append(
+                    AllReduce(group=group, payload=ex.payload, blocking=ex.blocking)
+                    if isinstance(ex, AllReduce)
+                    else Barrier(group=group)
+                )
+        elif isinstance(ex, Gossip):
+            out.append(_gossip_column(rebuilt, ex, rank, round))
+        elif isinstance(ex, PairwiseAverage):
+            pair = _pairwise(rebuilt, ex, rank, round)
+            if pair is not None:
+                out.append(pair)
+        else:
+            raise TopologyError(f"exchange {type(ex).__name__} has no rule over survivors")
+    return tuple(out)
+
+
+def _gossip_column(rebuilt: Rebuilt, ex: Gossip, rank: int, round: int) -> Gossip:
+    i = rebuilt.members.index(rank)
+    col = rebuilt.matrix(round)[:, i]
+    peers = [j for j in np.flatnonzero(col) if j != i]
+    return Gossip(
+        peers=tuple(rebuilt.members[j] for j in peers),
+        weights=tuple(float(col[j]) for j in peers),
+        self_weight=float(col[i]),
+        blocking=ex.blocking,
+    )
+
+
+def _pairwise(rebuilt: Rebuilt, ex: PairwiseAverage, rank: int, round: int) -> PairwiseAverage | None:
+    unit = next(u for u, node in enumerate(rebuilt.nodes) if rank in node)
+    for a, b in rebuilt.unit_pairs(round):
+        if unit in (a, b):
+            own, other = rebuilt.nodes[unit], rebuilt.nodes[b if unit == a else a]
+            local = own.index(rank)
+            return PairwiseAverage(
+                peer=other[local % len(other)],
+                active=unit == a,
+                blocking=ex.blocking,
+                shard=local,
+                n_shards=len(own),
+                gather_group=own if len(own) > 1 else (),
+            )
+    return None

@@ -260,6 +260,21 @@ class Platform:
     host_cpu : HostCPU or None
         The hosts' cores and the CPU work of communication; ``None`` (default): cores are never
         the bottleneck.
+    failure_detection_s : float
+        Seconds from a worker's death until the survivors act on it (notice it and agree on the
+        new membership, or stop). Default 600 s: the runtime's deadline on a wait (``train
+        --timeout``), after which a rank whose peer is silent -- a lost host, a hung process --
+        gives up on it. A process killed on a host whose launcher watches it is seen within the
+        launcher's poll (0.1 s): set 0.1 to price that case (:mod:`psgdlab.core.failure`).
+    restart_s : float
+        Seconds to relaunch a run after a detected failure under ``--on-failure restart``:
+        torchrun's elastic agent tears the workers down, re-runs the rendezvous and starts new
+        processes (interpreter, torch and device set-up). Default 20 s (an estimate of those
+        steps on one host, not a measurement); the checkpoint's reload is priced apart.
+    checkpoint_bytes_per_s : float
+        Bandwidth of writing or reading one worker's checkpoint (its model, ``payload_bytes``);
+        every worker writes its own at once. Prices each checkpoint's write (a pause of every
+        worker) and the reload after a restart. Default 1e9 (a local SSD).
     """
 
     name: str = "custom"
@@ -290,6 +305,9 @@ class Platform:
     memory_efficiency: float = 1.0
     input_efficiency: float = 1.0
     host_cpu: HostCPU | None = None
+    failure_detection_s: float = 600.0
+    restart_s: float = 20.0
+    checkpoint_bytes_per_s: float = 1e9
 
     def __post_init__(self) -> None:
         for name in ("device_flops_per_s", "device_memory_bandwidth_bytes_per_s"):
@@ -327,9 +345,17 @@ class Platform:
             "mix_merge_s_per_byte",
             "step_overhead_s",
             "step_overhead_s_per_byte",
+            "failure_detection_s",
+            "restart_s",
         ):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
+        require(
+            _finite(self.checkpoint_bytes_per_s) and self.checkpoint_bytes_per_s > 0,
+            "checkpoint_bytes_per_s",
+            self.checkpoint_bytes_per_s,
+            "must be a positive number of bytes per second",
+        )
 
     @property
     def total_devices(self) -> int:

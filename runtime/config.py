@@ -426,13 +426,7 @@ class TrainConfig:
             metavar="NAMES",
             help="comma-separated speakers scored each epoch, not trained on",
         )
-        parser.add_argument(
-            "--checkpoint-every",
-            type=int,
-            default=0,
-            metavar="S",
-            help="steps between checkpoints (0: at the end only)",
-        )
+        add_flags(parser, "--checkpoint-every", defaults={"--checkpoint-every": 0})
         parser.add_argument(
             "--timeout", type=float, default=600.0, metavar="SECONDS", help="communication timeout in seconds"
         )

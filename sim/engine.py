@@ -40,6 +40,35 @@ merges (pairwise averages on either side, gossip merges) whose completion falls 
 start of the step whose weights the gradient reads (``gradient_delay`` steps back) and the
 gradient's application; for server exchanges it is the server's staleness.
 
+Failures
+--------
+A :class:`FailureSpec` kills workers at given times (:mod:`psgdlab.core.failure`). A dead
+worker does nothing from its death on: its step in flight is never applied, an exchange it has
+not reached never sees it (one it had reached before dying still counts it: its model or
+gradient was sent). The survivors act on a death ``detection_s`` later (the runtime's watchdog
+deadline):
+
+- ``continue``: waits on the dead worker are released (a gossip wait goes on without it; a
+  collective whose other members are all waiting runs over them; a pairwise average with it holds
+  the requester's communication thread until then, and merges nothing), and every step that
+  begins from then on follows the schedule rebuilt over the survivors
+  (:func:`psgdlab.core.membership.rebuild`, :func:`~psgdlab.core.membership.survivor_exchanges`);
+  ``dead`` ranks are absent from the start, their rebuilt schedule in force from step 0;
+- ``stop``: the run ends ``detection_s`` after the first death (a restart is priced from this
+  by :mod:`psgdlab.sim.failures`).
+
+Accounting, per rank, in ``SimResult.extras["failures"]``: steps *started*, *applied* (the
+gradient applied), *kept* and *lost*. A survivor loses nothing (the steps the window cuts are
+``started - applied``). A dead worker under ``continue`` loses its step in flight and its
+*unshared* applied steps: those applied after the model read of its last exchange that
+completed before its death (a pairwise average or a gossip reads the model when it starts; a
+gradient allreduce holds its own step's gradient), so ``kept = applied - unshared`` and
+``kept + lost = started``. Under ``stop`` every rank keeps the steps of the last complete
+checkpoint, :math:`c = K \lfloor \min_r \text{applied}_r / K \rfloor` (``checkpoint_every``
+:math:`= K`; 0 without checkpoints), and loses ``started - c``. ``membership_changes`` lists
+``{failed_at_s, time_s, step, removed, detection_s}`` per detection (``time_s`` when the
+survivors act; ``step`` the first step of the slowest survivor that may run on the new schedule).
+
 The communication threads, the responders and the server queue are analytical FIFO queues (a
 ``busy_until`` time per resource): with service times known when a request is made, this gives
 exactly the schedule of a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD
@@ -57,6 +86,7 @@ Examples
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -79,13 +109,15 @@ from psgdlab.core.exchange import (
     trainer_merges,
     wire_bytes,
 )
+from psgdlab.core.failure import Failure
+from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import Placement, Platform
 from psgdlab.sim.workload import Workload, loader_pauses
 
-__all__ = ["SimResult", "simulate", "compute_times"]
+__all__ = ["SimResult", "FailureSpec", "simulate", "compute_times"]
 
 _COMPUTE = PHASES["compute"]
 _COMM = PHASES["comm"]
@@ -111,6 +143,29 @@ class SimResult:
     events: int = 0
     placement: Placement | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureSpec:
+    """Workers that die in a simulation (the *Failures* section of the module docstring).
+
+    ``failures`` die at their ``time_s``; ``dead`` are absent from the start (a configuration
+    that already lost them: its schedule is the rebuilt one from step 0); ``policy`` is
+    ``"continue"`` (the survivors switch to the rebuilt schedule ``detection_s`` after each
+    death) or ``"stop"`` (the run ends ``detection_s`` after the first death; a restart is
+    priced by the predictor from this); ``checkpoint_every`` sets the last complete checkpoint
+    that a stop reports (0: none)."""
+
+    failures: tuple[Failure, ...] = ()
+    dead: tuple[int, ...] = ()
+    policy: str = "continue"
+    detection_s: float = 0.0
+    checkpoint_every: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.policy in ("continue", "stop"), "policy", self.policy, "must be 'continue' or 'stop'")
+        require(self.detection_s >= 0, "detection_s", self.detection_s, "must be >= 0 seconds")
+        require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "must be >= 0")
 
 
 def compute_times(
@@ -218,6 +273,126 @@ class _Sim:
         self.rows: list[tuple[Any, ...]] = []
         self.record = record
         self.pair_bytes: dict[int, int] = {}  # wire bytes of a pairwise average by its number of shards
+        # failures (FailureSpec): death and detection times, the schedules rebuilt over survivors
+        self.death = [math.inf] * n
+        self.detect = [math.inf] * n
+        self.detected: set[int] = set()
+        self.switch_s: list[float] = []  # when each rebuilt schedule takes over (sorted)
+        self.epochs: list[tuple[Rebuilt, int | None]] = []  # rebuilt topology, its cycle of rounds
+        self.survivor_cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.started = [0] * n
+        self.applied: list[list[float]] = [[] for _ in range(n)]  # apply time of each step's gradient
+        self.tracked: frozenset[int] = frozenset()  # ranks that die: their shares are recorded
+        self.shares: dict[int, list[tuple[float, float]]] = {}  # (model read at, exchange done at)
+        self.covered: dict[int, list[tuple[float, int]]] = {}  # (allreduce done at, steps it covers)
+        self.changes: list[dict[str, Any]] = []
+        self.failing = False
+
+    # ----- failures ---------------------------------------------------------------------------
+    def plan(self, spec: FailureSpec) -> float:
+        """Set up ``spec``'s deaths and rebuilt schedules; returns when a stop ends the run
+        (``inf`` under continue)."""
+        n, D = self.n, spec.detection_s
+        dead = set(spec.dead)
+        for r in dead:
+            self.death[r] = self.detect[r] = 0.0
+        self.detected |= dead
+        topo = self.alg.membership_topology()
+        if dead:
+            require(topo is not None, "dead", spec.dead, f"needs a schedule that {self.alg.name} can rebuild")
+            assert topo is not None
+            self._add_epoch(0.0, rebuild(topo, [r for r in range(n) if r not in dead]))
+        failures = [f for f in spec.failures if f.rank not in dead]
+        if spec.policy == "stop":
+            failures = failures[:1]
+        for f in failures:
+            self.death[f.rank] = min(self.death[f.rank], f.time_s)
+            self.detect[f.rank] = self.death[f.rank] + D
+        self.tracked = frozenset(f.rank for f in failures)
+        self.failing = bool(self.tracked or self.detected)
+        self.shares = {r: [] for r in self.tracked}
+        self.covered = {r: [] for r in self.tracked}
+        if spec.policy == "stop":
+            return failures[0].time_s + D if failures else math.inf
+        assert topo is not None or not failures
+        for t in sorted({self.detect[f.rank] for f in failures}):
+            gone = dead | {r for r in range(n) if self.detect[r] <= t}
+            assert topo is not None
+            self._add_epoch(t, rebuild(topo, [r for r in range(n) if r not in gone]))
+        return math.inf
+
+    def _add_epoch(self, t: float, rebuilt: Rebuilt) -> None:
+        cycle: int | None = 1
+        if not rebuilt.is_static and rebuilt.inner is not None:
+            period = rebuilt.inner.period
+            cycle = None if period is None else max(1, period) * max(1, rebuilt.units)
+        self.switch_s.append(t)
+        self.epochs.append((rebuilt, cycle))
+
+    def schedule(self, s: int, r: int) -> tuple[Any, ...]:
+        """The exchanges of step ``s`` of ``r``: the algorithm's, or after a detected failure
+        the schedule rebuilt over the survivors (:func:`psgdlab.core.membership.survivor_exchanges`)."""
+        template = self.alg.exchanges(s, r)
+        i = bisect.bisect_right(self.switch_s, self.env.now) - 1 if self.switch_s else -1
+        if i < 0:
+            return template
+        rebuilt, cycle = self.epochs[i]
+        key = (i, s if cycle is None else s % cycle, r, template)
+        out = self.survivor_cache.get(key)
+        if out is None:
+            out = self.survivor_cache[key] = survivor_exchanges(rebuilt, template, r, s)
+        return out
+
+    def failure_process(self):
+        """At each detection time: the dead are known, waits on them are released."""
+        env = self.env
+        for t in sorted({self.detect[r] for r in self.tracked}):
+            yield env.timeout(t - env.now)
+            newly = {r for r in self.tracked if self.detect[r] == t}
+            self.detected |= newly
+            alive = [r for r in range(self.n) if r not in self.detected]
+            self.changes.append(
+                {
+                    "failed_at_s": min(self.death[r] for r in newly),
+                    "time_s": t,
+                    "step": min(self.started[r] for r in alive) if alive else 0,
+                    "removed": sorted(newly),
+                    "detection_s": t - min(self.death[r] for r in newly),
+                }
+            )
+            for (j, _s), ev in list(self.arrive.items()):
+                if j in newly and not ev.triggered:
+                    ev.succeed()  # a gossip partner waiting on the dead goes on without it
+            for key, entry in list(self.coll.items()):
+                ev, _count, group, arrived = entry
+                living = tuple(g for g in group if g not in self.detected)
+                if living == group:
+                    continue
+                del self.coll[key]
+                here = [a for a in arrived if a not in self.detected]
+                kind, payload, _first, _size, step = key
+                if len(here) == len(living):  # every survivor of the group is waiting: go
+                    dur = self.net.allreduce_s(living, self.S if kind == _K_ALLREDUCE else 0.0, env.now)
+                    if kind == _K_ALLREDUCE and payload == "model" and len(living) > 1:
+                        dur += self.net.model_average_s(living, self.S, env.now + dur)
+                    _release_after(env, ev, dur if len(living) > 1 else 0.0)
+                else:
+                    self.coll[(kind, payload, living[0], len(living), step)] = [ev, len(here), living, here]
+
+    def lost_steps(self, r: int) -> tuple[int, int]:
+        """``(in_flight, unshared)`` of a worker that died: its step begun but not applied, and
+        its applied steps whose update no exchange completed before its death carried to
+        another worker (the *Failures* section of the module docstring)."""
+        death = self.death[r]
+        applied = self.applied[r]
+        covered = 0
+        for read_at, done_at in self.shares.get(r, ()):
+            if done_at <= death:
+                covered = max(covered, bisect.bisect_right(applied, read_at))
+        for done_at, steps in self.covered.get(r, ()):
+            if done_at <= death:
+                covered = max(covered, steps)
+        return self.started[r] - len(applied), max(0, len(applied) - covered)
 
     # ----- staleness bookkeeping --------------------------------------------------------------
     def merges_done(self, r: int, t: float) -> int:
@@ -238,10 +413,19 @@ class _Sim:
         nbytes = self.pair_bytes.get(ex.n_shards)
         if nbytes is None:
             nbytes = self.pair_bytes[ex.n_shards] = wire_bytes(ex, self.n_params, self.itemsize)[0]
+        if start >= self.detect[peer]:
+            return start, start, 0  # a peer known dead: nothing to average with
         dur = self.net.pair_average_s(
             r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1, model_bytes=self.S
         )
         end = start + dur
+        if end > self.death[peer]:  # the peer dies first: the request hangs until the deadline
+            self.comm_free[r] = self.detect[peer]
+            return start, self.detect[peer], 0
+        if self.tracked:
+            for x in (r, peer):
+                if x in self.tracked:
+                    self.shares[x].append((start, end))
         self.comm_free[r] = end
         self.resp_free[peer] = end
         self.mq[r].append(end)
@@ -250,15 +434,19 @@ class _Sim:
 
     def collective(self, r: int, s: int, ex: AllReduce | Barrier, kind: int):
         group = ex.group
+        if self.detected:
+            group = tuple(g for g in group if g not in self.detected)
         if len(group) <= 1:
             return
         env = self.env
         key = (kind, getattr(ex, "payload", ""), group[0], len(group), s)
         entry = self.coll.get(key)
         if entry is None:
-            entry = [simpy.Event(env), 0]
+            entry = [simpy.Event(env), 0, group, [] if self.failing else None]
             self.coll[key] = entry
         entry[1] += 1
+        if self.failing:
+            entry[3].append(r)
         t_arr = env.now
         ev = entry[0]
         nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
@@ -269,6 +457,8 @@ class _Sim:
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             ev = _release_after(env, ev, dur)
         yield ev
+        if self.tracked and r in self.tracked and kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "grad":
+            self.covered[r].append((env.now, s + 1))  # the group holds this step's gradient
         if self.record:
             self.rows.append((r, s, _COMM, kind, t_arr, env.now, -1, nbytes, -1, _NAN))
 
@@ -282,7 +472,10 @@ class _Sim:
         ev.succeed()
         self.arrive[key] = ev
         waits = []
-        for j in ex.peers:
+        peers = ex.peers
+        if self.detected:
+            peers = tuple(j for j in peers if j not in self.detected)
+        for j in peers:
             e = self.arrive.get((j, s))
             if e is None:
                 e = simpy.Event(env)
@@ -293,10 +486,13 @@ class _Sim:
             yield simpy.AllOf(env, waits)
         start = env.now
         dur = 0.0
-        for j in ex.peers:
-            dur = max(dur, self.net.transfer_s(r, j, self.S, start))
+        for j in peers:
+            if j not in self.detected:  # a peer found dead while waiting sends nothing
+                dur = max(dur, self.net.transfer_s(r, j, self.S, start))
         if dur > 0:
             yield env.timeout(dur)
+        if r in self.tracked:
+            self.shares[r].append((start, env.now))
         self.mq[r].append(env.now)
         self.arrive.pop((r, s - 2), None)
         if self.record:
@@ -339,7 +535,10 @@ class _Sim:
     # ----- the worker process -----------------------------------------------------------------
     def worker(self, r: int):
         env = self.env
-        sched = self.alg.exchanges
+        failing = self.failing
+        sched = self.schedule if failing else self.alg.exchanges
+        death = self.death[r]
+        applied = self.applied[r]
         comp = self.comp[r]
         rows = self.rows
         record = self.record
@@ -353,6 +552,10 @@ class _Sim:
         overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, self.S)  # update, snapshot, loop
         for s in range(self.steps):
             t0 = env.now
+            if failing:
+                if t0 >= death:
+                    return
+                self.started[r] = s + 1
             reads.append(self.merges_done(r, t0))
             exs: Sequence[Any] = sched(s, r)  # dispatched on exact type below (faster than isinstance)
             mix_end = t0
@@ -382,6 +585,8 @@ class _Sim:
             yield timeout(comp[s])
             t_c = env.now
             for ex in late:
+                if env.now >= death:
+                    return
                 if type(ex) is Gossip:
                     yield from self.gossip(r, s, ex)
                 elif ex.active:
@@ -390,8 +595,10 @@ class _Sim:
                         rows.append((r, s, _COMM, _K_PAIR, env.now, end, ex.peer, nb, -1, _NAN))
                     yield timeout(end - env.now)
             for ex in grad:
+                if env.now >= death:
+                    return
                 yield from self.collective(r, s, ex, _K_ALLREDUCE)
-            if agree is not None:  # the node agrees on the sharded passive merges to apply
+            if agree is not None and env.now < death:  # the node agrees on the sharded passive merges to apply
                 yield from self.collective(r, s, agree, _K_BARRIER)
             # the gradient of step s is applied after the mix of step s - delay has merged
             need = mix_ends.popleft() if len(mix_ends) > delay else t0
@@ -401,6 +608,10 @@ class _Sim:
                     rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
                 yield timeout(need - now)
                 now = need
+            if failing:
+                if now >= death:
+                    return
+                applied.append(now)
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = self.merges_done(r, now) - read
             if merge_s > 0.0 and trainer_merges(exs):
@@ -408,6 +619,8 @@ class _Sim:
                 # a passive side merges in its responder, off the step
                 yield timeout(merge_s)
             for ex in post:
+                if env.now >= death:
+                    return
                 T = type(ex)
                 if T is ServerExchange:
                     stale = yield from self.server(
@@ -436,6 +649,7 @@ def simulate(
     record: bool = True,
     until: str = "first",
     streams: Sequence[int] | None = None,
+    failures: FailureSpec | None = None,
 ) -> SimResult:
     """Simulate ``steps`` local steps of every worker of ``algorithm``.
 
@@ -465,6 +679,9 @@ def simulate(
         prediction averaged over relabellings (:func:`psgdlab.sim.predict.predict_one`'s
         ``streams``) gives two configurations that are one system with the workers renamed the
         same figure.
+    failures : FailureSpec, optional
+        Workers that die (the *Failures* section of the module docstring); ``until`` then
+        counts the survivors only, and ``extras["failures"]`` says what happened.
 
     Returns
     -------
@@ -482,11 +699,22 @@ def simulate(
     comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network, streams=streams)
     sim = _Sim(algorithm, network, workload, comp, steps, record)
     require(until in ("first", "all"), "until", until, "must be 'first' or 'all'")
+    t_end = math.inf
+    if failures is not None:
+        for f in failures.failures:
+            require(0 <= f.rank < n, "failure rank", f.rank, f"must be in [0, {n})")
+        require(all(0 <= r < n for r in failures.dead), "dead", failures.dead, f"must be ranks in [0, {n})")
+        t_end = sim.plan(failures)
     procs = [sim.env.process(sim.worker(r)) for r in range(n)]
+    survivors = [p for r, p in enumerate(procs) if sim.death[r] == math.inf]
+    require(len(survivors) >= 1, "failures", failures, "leave no worker alive")
+    if sim.failing and failures is not None and failures.policy == "continue":
+        sim.env.process(sim.failure_process())
     # the window ends when the first worker has done ``steps`` steps: every worker is active over
     # the whole window, so a straggler does not stretch it (asynchronous workers drift apart)
+    done = simpy.AnyOf(sim.env, survivors) if until == "first" else simpy.AllOf(sim.env, survivors)
     try:
-        sim.env.run(until=simpy.AnyOf(sim.env, procs) if until == "first" else simpy.AllOf(sim.env, procs))
+        sim.env.run(until=done if t_end == math.inf else simpy.AnyOf(sim.env, [done, sim.env.timeout(t_end)]))
     except RuntimeError as exc:
         raise SimulationError(
             f"simulation of {algorithm.name} stalled with {len(sim.coll)} collectives "
@@ -512,4 +740,50 @@ def simulate(
         "stragglers": stragglers.spec() if stragglers is not None else "",
         "payload_bytes": workload.payload_bytes,
     }
-    return SimResult(trace=trace, meta=meta, events=sim.env.scheduled, placement=placement)
+    extras: dict[str, Any] = {}
+    if failures is not None:
+        extras["failures"] = _failure_extras(sim, failures, t_stop, stopped=t_end < math.inf and t_stop >= t_end)
+    return SimResult(trace=trace, meta=meta, events=sim.env.scheduled, placement=placement, extras=extras)
+
+
+def _failure_extras(sim: _Sim, spec: FailureSpec, t_stop: float, *, stopped: bool) -> dict[str, Any]:
+    """What the failures did to a simulation: membership changes, survivors, steps begun,
+    applied, kept and lost per rank (the *Failures* section of the module docstring)."""
+    n = sim.n
+    started = list(sim.started)
+    applied = [len(a) for a in sim.applied]
+    kept = list(applied)
+    lost = [0] * n
+    in_flight = [0] * n
+    checkpoint = None
+    if spec.policy == "stop" and stopped:
+        k = spec.checkpoint_every
+        floor = min(applied[r] for r in range(n) if r not in spec.dead)
+        checkpoint = (floor // k) * k if k > 0 else 0
+        for r in range(n):
+            if r not in spec.dead:
+                kept[r] = checkpoint
+                lost[r] = started[r] - checkpoint
+                in_flight[r] = started[r] - applied[r]
+    else:
+        for r in sim.tracked:
+            if sim.death[r] <= t_stop:
+                flying, unshared = sim.lost_steps(r)
+                in_flight[r] = flying
+                lost[r] = flying + unshared
+                kept[r] = applied[r] - unshared
+    return {
+        "policy": spec.policy,
+        "detection_s": spec.detection_s,
+        "membership_changes": list(sim.changes),
+        "survivors": [r for r in range(n) if sim.death[r] == math.inf],
+        "dead": [r for r in range(n) if sim.death[r] <= t_stop],
+        "stopped_at_s": t_stop if stopped else None,
+        "checkpoint_step": checkpoint,
+        "steps_started": started,
+        "steps_applied": applied,
+        "steps_kept": kept,
+        "steps_lost": lost,
+        "steps_in_flight": in_flight,
+        "applied_at_s": [np.asarray(a) for a in sim.applied],
+    }

@@ -54,6 +54,7 @@ from psgdlab.core.profile import Profile
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import SimResult, simulate
+from psgdlab.sim.failures import FailureRequest, predict_failures
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.workload import SimConfig
 
@@ -212,6 +213,7 @@ def _prepare(
     stragglers: str | None,
     seed: int,
     workers_per_host: int | None = None,
+    failures: FailureRequest | None = None,
 ) -> tuple[Algorithm, StragglerModel | None]:
     """The algorithm and straggler model of one configuration, with its placement checked (every
     configuration error surfaces here, before anything is simulated; placement as in
@@ -224,6 +226,8 @@ def _prepare(
         gpus_per_node if gpus_per_node is not None else getattr(algorithm, "gpus_per_node", None)
     )
     Placement.pack(config.platform, n_workers, per_host)
+    if failures is not None and not failures.is_empty and n_workers > 1:
+        failures.check(algorithm)
     return algorithm, model
 
 
@@ -243,6 +247,7 @@ def predict_one(
     workers_per_host: int | None = None,
     streams: Sequence[int] | None = None,
     intervals: bool = True,
+    failures: FailureRequest | None = None,
 ) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring).
 
@@ -251,7 +256,8 @@ def predict_one(
     machine's processes, as ``psgdlab validate`` runs them. ``streams`` relabels the workers'
     compute-time streams (:func:`psgdlab.sim.engine.simulate`). ``intervals=False`` leaves the
     interval keys out and simulates nothing beyond the window (for callers that only need the
-    point values, such as fits)."""
+    point values, such as fits). ``failures`` prices worker failures (:mod:`psgdlab.sim.failures`)
+    into the row's ``failures`` (not for one worker: the speedup baseline has none)."""
     workload = config.workload
     algorithm, model = _prepare(
         name,
@@ -263,6 +269,7 @@ def predict_one(
         stragglers=stragglers,
         seed=seed,
         workers_per_host=workers_per_host,
+        failures=failures,
     )
     window = _window(algorithm, steps)
     # one worker is the speedup baseline's configuration: simulated as it is, so its speedup is 1
@@ -361,6 +368,17 @@ def predict_one(
             "simulation_batches": max(0, len(spread.batch_bounds) - 1),
         }
         row["has_unpinned_parameters"] = bool(u is not None and u.unpinned)
+    if failures is not None and not failures.is_empty and n_workers > 1:
+        row["failures"] = predict_failures(
+            algorithm,
+            config,
+            row,
+            failures,
+            seed=seed,
+            stragglers=model,
+            gpus_per_node=workers_per_host or gpus_per_node,
+            streams=streams,
+        )
     return Prediction(row=row, result=result, summary=summ)
 
 
@@ -436,6 +454,7 @@ def predict_sweep(
                 stragglers=flags.get("stragglers"),
                 seed=flags.get("seed", 0),
                 workers_per_host=flags.get("workers_per_host"),
+                failures=flags.get("failures"),
             )
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     out = []

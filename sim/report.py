@@ -25,7 +25,7 @@ from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["write_prediction", "format_table", "interval_lines"]
+__all__ = ["write_prediction", "format_table", "interval_lines", "failure_lines"]
 
 TIMELINE_EVENTS = 4000
 
@@ -162,6 +162,7 @@ def format_table(
     )
     if has_interval:
         lines.extend(interval_lines(rows[0]["interval"]))
+    lines.extend(failure_lines(rows))
     if run_dir is not None:
         lines.append(f"run directory: {run_dir}" + (f"   ({wall_s:.1f} s)" if wall_s is not None else ""))
     return "\n".join(lines)
@@ -192,6 +193,61 @@ def interval_lines(interval: dict[str, Any]) -> list[str]:
             f"interval): {', '.join(interval['unpinned'])}"
         )
     return lines
+
+
+def failure_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What failures cost each row that has them (its ``failures``, :mod:`psgdlab.sim.failures`)."""
+    lines = []
+    for r in rows:
+        f = r.get("failures")
+        if not f:
+            continue
+        head = f"{r['algorithm']} x{r['workers']}: on failure {f['policy']} (detection {f['detection_s']:g} s"
+        head += f", restart {f['restart_s']:g} s" if f["restart_s"] is not None else ""
+        ckpt = f"checkpoint every {f['checkpoint_every']} steps" if f["checkpoint_every"] else "no checkpoints"
+        lines.append(f"{head}, {ckpt}); train {_hms(f['time_to_train_without_failures_s'])} without failures")
+        if "membership_changes" in f:
+            for c in f["membership_changes"]:
+                extra = f", resumed from step {c['resumed_from_step']}" if "resumed_from_step" in c else ""
+                extra += f"; survivors stall {c['stall_s']:.1f} s" if "stall_s" in c else ""
+                lines.append(
+                    f"  rank {','.join(map(str, c['removed']))} dies at {_hms(c['failed_at_s'])} (step {c['step']}), "
+                    f"acted on {c['detection_s']:g} s later{extra}"
+                )
+            lines.append(f"  lost {f['steps_lost']} steps ({f['samples_lost']:.0f} samples); {_outcome(f)}")
+        rnd = f.get("random")
+        if rnd:
+            mean = rnd["time_to_train_mean_s"]
+            train = (
+                f"the draws that finish train {_hms(mean)} on average [p10 {_hms(rnd['time_to_train_p10_s'])}, "
+                f"p90 {_hms(rnd['time_to_train_p90_s'])}]"
+                if mean is not None
+                else "no draw finishes"
+            )
+            lines.append(
+                f"  {rnd['per_worker_hour']:g} failures per worker-hour ({rnd['draws']} draws, "
+                f"{rnd['failures_mean']:.1f} failures each on average): {train}; "
+                f"{100 * rnd['finished_fraction']:.0f} % of draws finish"
+            )
+    return lines
+
+
+def _outcome(f: dict[str, Any]) -> str:
+    if f["stopped_at_s"] is not None:
+        return (
+            f"the run stops at {_hms(f['stopped_at_s'])} with {f['samples_kept_at_stop']:.0f} samples "
+            "checkpointed; it does not finish"
+        )
+    n_after = len(f["survivors"])
+    return (
+        f"throughput {f['throughput_before_samples_per_s']:.0f} -> {f['throughput_after_samples_per_s']:.0f} "
+        f"samples/s ({f['throughput_after_ratio']:.3f} of {n_after}/{_before(f)} of before); "
+        f"train {_hms(f['time_to_train_s'])}"
+    )
+
+
+def _before(f: dict[str, Any]) -> int:
+    return len(f["survivors"]) + sum(len(c["removed"]) for c in f["membership_changes"] if "resumed_from_step" not in c)
 
 
 def _case_summary(p: Any) -> Summary:

@@ -43,12 +43,15 @@ TASLP 2021.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from psgdlab.core.algorithms._matching import partner
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import Exchange, PairwiseAverage
+
+if TYPE_CHECKING:
+    from psgdlab.core.topology import Topology
 
 __all__ = ["ADPSGD", "matching_exchange", "check_even"]
 
@@ -115,6 +118,12 @@ class ADPSGD(Algorithm):
     @property
     def ring_kind(self) -> str:
         return "random-ring" if self.variant == "random" else "fixed-ring"
+
+    def membership_topology(self) -> Topology:
+        """The ring's matching schedule (``fixed-ring`` or ``random-ring``)."""
+        from psgdlab.core.topology import build_topology
+
+        return build_topology(self.ring_kind, self.n_workers, seed=self.seed)
 
     @property
     def gradient_delay(self) -> int:

@@ -21,11 +21,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from psgdlab.core import kernels
 from psgdlab.core.errors import SimulationError, require
 from psgdlab.core.exchange import AllReduce, Exchange, Gossip, PairwiseAverage, ServerExchange
+
+if TYPE_CHECKING:
+    from psgdlab.core.topology import Topology
 
 __all__ = ["Algorithm", "WorkerState", "ServerState", "is_sync_step", "check_period"]
 
@@ -127,6 +130,13 @@ class Algorithm:
         """Steps between reading the weights and applying their gradient beyond the overlap of
         one step (``D`` of the delay-by-one variant; 0 for every other algorithm)."""
         return 0
+
+    def membership_topology(self) -> Topology | None:
+        """The topology this schedule follows, which :func:`psgdlab.core.membership.rebuild`
+        rebuilds over the survivors when workers die; ``None`` (default): the schedule needs
+        every worker (an allreduce, a block sync, a server), so a failure stops or restarts the
+        run (:mod:`psgdlab.core.failure`)."""
+        return None
 
     @property
     def has_server(self) -> bool:

@@ -29,12 +29,15 @@ Lian et al., NeurIPS 2017.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from psgdlab.core.algorithms._matching import mixing_column
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import require
 from psgdlab.core.exchange import Exchange, Gossip
+
+if TYPE_CHECKING:
+    from psgdlab.core.topology import Topology
 
 __all__ = ["DPSGD"]
 
@@ -69,6 +72,12 @@ class DPSGD(Algorithm):
             from psgdlab.core.topology import build_topology
 
             build_topology(self.topology, self.n_workers, seed=self.seed)  # validates the size
+
+    def membership_topology(self) -> Topology:
+        """The static topology whose mixing matrix the gossip uses."""
+        from psgdlab.core.topology import build_topology
+
+        return build_topology(self.topology, self.n_workers, seed=self.seed)
 
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         if self.n_workers == 1:

@@ -33,12 +33,15 @@ Zhang et al., Interspeech 2019 §4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from psgdlab.core.algorithms.adpsgd import check_even, matching_exchange
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import AllReduce, Exchange, PairwiseAverage
+
+if TYPE_CHECKING:
+    from psgdlab.core.topology import Topology
 
 __all__ = ["HADPSGD"]
 
@@ -87,6 +90,15 @@ class HADPSGD(Algorithm):
     def node_group(self, node: int) -> tuple[int, ...]:
         m = self.gpus_per_node
         return tuple(range(node * m, node * m + m))
+
+    def membership_topology(self) -> Topology:
+        """The hierarchical topology: nodes of ``gpus_per_node`` on the super-learners' ring."""
+        from psgdlab.core.topology import build_topology
+
+        inner: Literal["fixed-ring", "random-ring"] = "random-ring" if self.variant == "random" else "fixed-ring"
+        return build_topology(
+            "hierarchical", self.n_workers, gpus_per_node=self.gpus_per_node, seed=self.seed, inner=inner
+        )
 
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         m = self.gpus_per_node

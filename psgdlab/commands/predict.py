@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
+
+if TYPE_CHECKING:
+    from psgdlab.sim.failures import FailureRequest
 
 DEFAULT_PRESET = "interspeech2019-v100"
 
@@ -89,6 +93,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--json": "with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
+    fail = p.add_argument_group(
+        "failures",
+        "price worker deaths: detection (the platform's failure_detection_s), the schedule rebuilt over "
+        "the survivors or a stop or a restart from the last checkpoint (restart_s, checkpoint_bytes_per_s), "
+        "the work lost and the time to train; rows of one worker have none",
+    )
+    add_flags(
+        fail,
+        "--fail",
+        "--failure-rate",
+        "--on-failure",
+        "--checkpoint-every",
+        defaults={"--checkpoint-every": 0},
+        helps={"--failure-rate": "the time to train is the mean over --failure-draws draws"},
+    )
+    fail.add_argument(
+        "--failure-draws",
+        type=int,
+        default=None,
+        metavar="K",
+        help="draws of random failures with --failure-rate (default 20)",
+    )
     p.set_defaults(func=run)
 
 
@@ -124,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             f"[1, {config.platform.devices_per_host}]: {config.platform.name} has "
             f"{config.platform.devices_per_host} devices per host"
         )
+    failures = _failure_request(args)
     request = {
         "algorithms": list(algorithms),
         "workers": list(workers),
@@ -135,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "straggler": args.straggler,
         "seed": args.seed,
+        "fail": list(args.fail or []),
+        "failure_rate": args.failure_rate,
+        "on_failure": args.on_failure,
+        "checkpoint_every": args.checkpoint_every,
+        "failure_draws": args.failure_draws,
     }
 
     bar = None
@@ -163,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
             stragglers=args.straggler,
             seed=args.seed,
             workers_per_host=args.workers_per_host,
+            failures=failures,
         )
     finally:
         if bar is not None:
@@ -189,3 +222,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
     return 0
+
+
+def _failure_request(args: argparse.Namespace) -> FailureRequest | None:
+    """The failures the flags ask about, or ``None`` (bad values: one-line ConfigError)."""
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.core.failure import Failure
+    from psgdlab.sim.failures import DEFAULT_DRAWS, FailureRequest
+
+    given = bool(args.fail) or args.failure_rate is not None
+    if not given:
+        for flag, value in (("--on-failure", args.on_failure), ("--failure-draws", args.failure_draws)):
+            if value is not None:
+                raise ConfigError(f"{flag} ({value}) needs --fail or --failure-rate")
+        return None
+    if args.failure_draws is not None and args.failure_rate is None:
+        raise ConfigError(f"--failure-draws ({args.failure_draws}) needs --failure-rate")
+    return FailureRequest(
+        failures=tuple(Failure.parse(text) for text in args.fail or ()),
+        rate_per_worker_hour=args.failure_rate,
+        policy=args.on_failure,
+        checkpoint_every=args.checkpoint_every,
+        draws=args.failure_draws if args.failure_draws is not None else DEFAULT_DRAWS,
+    )
