@@ -50,6 +50,9 @@ from psgdlab.runtime.flight import ABORT_FILE, FLIGHT_DIR, describe_wait, flight
 __all__ = ["RankWatch", "RankFailure", "stop_run", "process_state", "remove_partial_files", "FAILURE_FILE"]
 
 FAILURE_FILE = "failure.json"
+#: states of ``/proc/PID/stat``: stopped (SIGSTOP; ``t``: by a debugger), and running or sleeping
+_STOPPED = frozenset("Tt")
+_RUNNING = frozenset("RSDI")
 #: after the abort file, how long the survivors have to write their records and leave
 ABORT_GRACE_S = 3.0
 
@@ -131,23 +134,29 @@ class RankWatch:
         overdue = []
         for r, pid in pids.items():
             state = process_state(pid)
-            if state == "T":
+            if state in _STOPPED:
                 since = self.stopped_since.setdefault(r, now)
                 if now - since > self.deadline_s:
                     overdue.append(r)
-            elif state not in (None, "Z"):  # running again (SIGCONT); a rank gone stays noted
+            elif state in _RUNNING:  # running again (SIGCONT); a rank ending or gone stays noted
                 self.stopped_since.pop(r, None)
         return overdue
 
-    def kill_stopped(self, pids: dict[int, int], ranks: Iterable[int]) -> None:
-        """SIGKILL stopped ranks and note them dead, stopped since the first time seen so."""
+    def note_stopped(self, ranks: Iterable[int]) -> None:
+        """Note stopped ranks as dead, since the first time seen stopped (the cause, whatever was noted)."""
         now = time.time()
         for r in ranks:
             since = self.stopped_since.get(r, now)
             text = f"rank {r} was stopped (SIGSTOP or a debugger) for {now - since:.1f} s and was killed"
             if now - since > self.deadline_s:
                 text += f" (past the deadline of {self.deadline_s:g} s, --timeout)"
-            self.failures[r] = RankFailure(r, text, True, since)  # stopped is the cause, whatever was noted
+            self.failures[r] = RankFailure(r, text, True, since)
+
+    def kill_stopped(self, pids: dict[int, int], ranks: Iterable[int]) -> None:
+        """SIGKILL stopped ranks (noted dead where they were not yet)."""
+        ranks = list(ranks)
+        self.note_stopped(r for r in ranks if r not in self.failures)
+        for r in ranks:
             self.killed_by_us.add(r)
             try:
                 os.kill(pids[r], signal.SIGKILL)
@@ -179,11 +188,19 @@ def stop_run(
     except OSError:
         pass
     current = pids()
-    watch.kill_stopped(current, [r for r in watch.stopped_since if r in current])
+    stopped = [r for r in watch.stopped_since if r in current]
+    watch.note_stopped(stopped)
+
+    def settled() -> bool:  # every rank left, wrote its record, or is stopped
+        return all_exited() or all(
+            r in stopped or r in watch.exited or flight_path(out, r).exists() for r in range(world)
+        )
+
     end = time.monotonic() + ABORT_GRACE_S
-    while time.monotonic() < end and not all_exited():
+    while time.monotonic() < end and not settled():
         poll(watch)
         watch.wait_exits(pids(), 0.05)
+    watch.kill_stopped(current, stopped)  # only now: mpiexec kills every rank when one dies
     poll(watch)
     terminate()
     watch.close()

@@ -47,6 +47,7 @@ __all__ = [
     "FLIGHT_CAPACITY_ENV",
     "ABORT_FILE",
     "POLL_S",
+    "SETUP_DEADLINE_S",
 ]
 
 #: the records' folder in the run directory
@@ -58,6 +59,10 @@ DEFAULT_CAPACITY = 64
 ABORT_FILE = "abort"
 #: how often the watchdog looks at the pending waits and for the abort file
 POLL_S = 0.2
+#: the least deadline of the set-up (the rendezvous waits for the slowest rank to start: imports,
+#: MPI_Init; seconds apart on a loaded machine), and of the backends' own timeouts, which back the
+#: watchdog up (gloo's process groups, the shared-memory plane)
+SETUP_DEADLINE_S = 60.0
 
 
 def flight_path(out: str | os.PathLike[str], rank: int) -> Path:
@@ -141,9 +146,11 @@ class FlightRecorder:
         nbytes: int = 0,
         what: str = "",
         tag: int | None = None,
+        deadline_s: float | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Record the blocking wait of the ``with`` body (pending until it ends; ``failed`` if it
-        raises). The body may fill ``peers`` of the yielded record once it knows them."""
+        raises). The body may fill ``peers`` of the yielded record once it knows them.
+        ``deadline_s``: this wait's own deadline (default: the recorder's)."""
         rec: dict[str, Any] = {
             "kind": kind,
             "what": what,
@@ -155,6 +162,7 @@ class FlightRecorder:
             "start_s": self.now(),
             "end_s": None,
             "state": "pending",
+            "deadline_s": self.deadline_s if deadline_s is None else float(deadline_s),
         }
         key = next(self._ids)
         with self._lock:
@@ -173,14 +181,14 @@ class FlightRecorder:
                 self._pending.pop(key, None)
 
     def overdue(self) -> tuple[dict[str, Any], float] | None:
-        """The oldest pending wait and how long it has waited, if longer than the deadline."""
+        """The pending wait that has waited longest past its deadline, and how long it waited."""
         now = self.now()
         with self._lock:
-            if not self._pending:
-                return None
-            oldest = min(self._pending.values(), key=lambda r: r["start_s"])
-        waited = now - oldest["start_s"]
-        return (dict(oldest), waited) if waited > self.deadline_s else None
+            late = [r for r in self._pending.values() if now - r["start_s"] > r["deadline_s"]]
+        if not late:
+            return None
+        oldest = min(late, key=lambda r: r["start_s"])
+        return dict(oldest), now - oldest["start_s"]
 
     def snapshot(self) -> dict[str, Any]:
         """What :meth:`dump` writes, less the reason and the error."""
@@ -243,7 +251,7 @@ class Watchdog:
                 record, waited = late
                 message = (
                     f"rank {rec.rank}: waited {waited:.1f} s on {describe_wait(record)}, past the "
-                    f"deadline of {rec.deadline_s:g} s (--timeout); a peer is dead, stopped or hung"
+                    f"deadline of {record['deadline_s']:g} s (--timeout); a peer is dead, stopped or hung"
                 )
                 rec.dump("deadline", message)
                 print(f"psgdlab: error: {message}", file=sys.stderr, flush=True)

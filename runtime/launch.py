@@ -13,10 +13,12 @@
 
 Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
 The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
-that exits with an error or disappears without its ``done`` file stops the run -- the others
-are terminated (SIGTERM, then SIGKILL after a grace period) and :class:`TransportError` names
-the rank, well within 60 s. SIGTERM/SIGINT to the launcher is forwarded to every rank, which
-checkpoints at its next step boundary; ranks still running :data:`STOP_GRACE_S` later are killed.
+that exits with an error, disappears without its ``done`` file, or stays stopped (SIGSTOP) past
+the deadline (``--timeout``) stops the run (:mod:`psgdlab.runtime.failures`: the survivors write
+their flight records, the others are terminated, :class:`TransportError` names the failed rank
+and the step, ``OUT/failure.json`` records it). SIGTERM/SIGINT to the launcher is forwarded to
+every rank, which checkpoints at its next step boundary; ranks still running
+:data:`STOP_GRACE_S` later are killed.
 """
 
 from __future__ import annotations
@@ -322,7 +324,8 @@ def _watch(
                     text = pid_file.read_text().strip()
                     if text.isdigit() and int(text) > 0:
                         seen[r] = int(text)
-            elif not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
+            elif r not in procs and not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
+                # (the launcher's own children are judged by their exit status above)
                 # a rank that wrote its flight record left on its own (an error, a deadline)
                 wrote = out is not None and flight_path(out, r).exists()
                 w.saw(
@@ -338,8 +341,7 @@ def _watch(
             poll(watch)
             pids = _rank_pids(procs, ranks_dir, world) | seen
             overdue = watch.check_stopped(pids)
-            if overdue:  # stopped past the deadline: dead
-                watch.kill_stopped(pids, overdue)
+            watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
             mpi = procs.get(-1)
             if mpi is not None and mpi.poll() not in (None, 0) and not watch.failures:
                 watch.saw(-1, f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)", dead=False)

@@ -20,6 +20,7 @@ updates it applied between this worker's last pull and this push.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ import torch
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.flight import FlightRecorder
 from psgdlab.runtime.scan import count_server_requests
 from psgdlab.runtime.transport import Tags, Transport
 
@@ -64,7 +66,7 @@ def run_server(
     *,
     options: Any,
     resume_payload: dict[str, Any] | None = None,
-    flight: Any = None,
+    flight: FlightRecorder | None = None,
 ) -> dict[str, Any]:
     """Serve every worker's server exchange, one at a time in arrival order (rank ``n_workers``).
 
@@ -111,9 +113,7 @@ def run_server(
     t_start = time.perf_counter()
     every = max(options.checkpoint_every, 1) * algorithm.n_workers
     if flight is None:
-        from psgdlab.runtime.flight import FlightRecorder
-
-        flight = FlightRecorder(main.rank, out=None, deadline_s=float("inf"))
+        flight = FlightRecorder(main.rank, out=None, deadline_s=math.inf)
     nbytes = x0.numel() * x0.element_size()
     for i in range(n_requests):
         header = torch.zeros(4, dtype=torch.int64)

@@ -44,7 +44,7 @@ from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
-from psgdlab.runtime.flight import FlightRecorder, Watchdog
+from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
@@ -224,9 +224,12 @@ def _train(
     torch.set_num_threads(1)
     groups = collect_groups(algorithm, steps)
     everyone = tuple(range(world))
-    with flight.wait("setup", step=start_step, peers=everyone):
+    # the watchdog holds every exchange to --timeout; the set-up and the backends' own timeouts
+    # (a backstop) get at least SETUP_DEADLINE_S: the rendezvous waits for the slowest rank to start
+    backstop_s = max(config.timeout_s, SETUP_DEADLINE_S)
+    with flight.wait("setup", step=start_step, peers=everyone, deadline_s=backstop_s):
         channels = open_channels(
-            config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master, device=device
+            config.backend, env=env, groups=groups, timeout_s=backstop_s, master=master, device=device
         )
         main = channels["main"]
         stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)

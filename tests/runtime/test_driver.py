@@ -58,6 +58,8 @@ def test_synchronous_algorithms_follow_the_reference_trajectory(tmp_path, backen
     assert not leftover_segments(config.out)  # gloo: the shared-memory segments were unlinked at setup
     assert summary["staleness_max"] == (1 if algorithm == "dpsgd" else 0)
     assert summary["steps"] == workers * config.steps
+    assert summary["membership_changes"] == [] and summary["survivors"] == list(range(workers))
+    assert not (tmp_path / f"{algorithm}-{backend}" / "flight").exists()  # records only after a failure
 
 
 @needs_topology
