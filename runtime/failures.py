@@ -12,7 +12,7 @@ first failure :func:`stop_run`:
    terminates what is left (SIGTERM, then SIGKILL);
 3. names the rank that failed -- a dead or stopped rank before any rank that merely exited with
    an error (a survivor whose peer vanished errs too, sometimes first), and among those the first
-   seen -- with the step its survivors waited on it, and which rank waited on which exchange;
+   seen -- with its step (:func:`_step_of`) and which rank waited on which exchange;
 4. writes ``OUT/failure.json`` (temporary name, then renamed)::
 
        {"error": "...", "on_failure": "stop",
@@ -210,10 +210,14 @@ def stop_run(
     # the first failed rank, and every other whose own exit status or stop says it was killed
     removed = sorted(({f.rank for f in culprits if f.dead and f.known} | {first.rank}) - {-1})
     waits = _waits(records, removed)
-    step, exact = _step_of(waits, records, removed)
+    step, how = _step_of(waits, records, removed)
     message = first.text
     if step is not None:
-        message += f" at step {step}" if exact else f" by step {step} (the newest step a survivor reached)"
+        message += {
+            "collective": f" at step {step}",
+            "request": f" at step {step} or after (its last request a survivor answered)",
+            "front": f" by step {step} (the newest step a survivor reached)",
+        }[how]
 
     others = [f.text for f in culprits[1:] if f.dead]
     if others:
@@ -292,22 +296,34 @@ _COLLECTIVE = frozenset({"allreduce", "barrier", "allgather"})
 
 def _step_of(
     waits: list[dict[str, Any]], records: dict[int, dict[str, Any]], removed: list[int]
-) -> tuple[int | None, bool]:
-    """The step at which the removed ranks failed, and whether it is exact: the step of a
-    collective its peers waited on it in (synchronous algorithms), else the newest step any
-    survivor recorded (asynchronous ones: the ranks' steps differ and a dead rank tells nothing)."""
+) -> tuple[int | None, str]:
+    """The step at which the removed ranks failed, and how it is known: ``collective``, the step
+    of a collective its peers waited on it in (synchronous algorithms: exact); ``request``, the
+    step of its last pairwise or server request a survivor answered (asynchronous ones: it failed
+    then or later); ``front``, the newest step any survivor recorded (a dead rank tells nothing)."""
     steps = [w["step"] for w in waits if w["kind"] in _COLLECTIVE and set(w["peers"]) & set(removed)]
     steps = [s for s in steps if s is not None]
     if steps:
-        return int(min(steps)), True
+        return int(min(steps)), "collective"
+    survivors = [rec for r, rec in records.items() if r not in removed]
+    asked = [
+        x["step"]
+        for rec in survivors
+        for x in rec.get("records", [])
+        if x.get("what") in ("passive", "request")
+        and x.get("step") is not None
+        and len(x.get("peers", [])) == 1
+        and x["peers"][0] in removed
+    ]
+    if asked:
+        return int(max(asked)), "request"
     recorded = [
         x["step"]
-        for r, rec in records.items()
-        if r not in removed
+        for rec in survivors
         for x in rec.get("records", [])
         if x.get("step") is not None and x.get("kind") not in ("setup", "gather")
     ]
-    return (int(max(recorded)), False) if recorded else (None, False)
+    return (int(max(recorded)), "front") if recorded else (None, "front")
 
 
 def _say_waits(waits: list[dict[str, Any]]) -> list[str]:
