@@ -15,7 +15,7 @@ first failure :func:`stop_run`:
    seen -- with its step (:func:`_step_of`) and which rank waited on which exchange;
 4. writes ``OUT/failure.json`` (temporary name, then renamed)::
 
-       {"error": "...", "on_failure": "stop",
+       {"error": "...", "on_failure": "stop" (the run's --on-failure),
         "membership_changes": [{"time_s", "step", "removed": [ranks], "detection_s"}],
         "survivors": [ranks], "waits": [{"rank", "kind", "what", "peers", "step", "waited_s", "state"}],
         "flight": ["flight/rank0.json", ...]}
@@ -178,6 +178,7 @@ def stop_run(
     ranks_dir: Path,
     out: Path,
     world: int,
+    policy: str = "stop",
 ) -> str:
     """Stop every rank after the first failure and return the error that names the failed rank
     (steps 1-4 of the module docstring). ``poll`` notes failures seen meanwhile; ``terminate``
@@ -239,7 +240,7 @@ def stop_run(
         out / FAILURE_FILE,
         {
             "error": f"run failed: {message}",
-            "on_failure": "stop",
+            "on_failure": policy,
             "time_origin": "run" if origin is not None else "launch",
             "membership_changes": [change],
             "survivors": [r for r in range(world) if r not in removed],

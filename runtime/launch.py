@@ -190,7 +190,16 @@ def launch(
                 hosts.record_ranks([p.pid for p in procs.values()])
         if forwarded["sig"] is not None:  # arrived while the ranks were starting
             _forward(forwarded["sig"], None)
-        _watch(procs, ranks_dir, world, timeout_s, forwarded, deadline_s=config.timeout_s, out=out)
+        _watch(
+            procs,
+            ranks_dir,
+            world,
+            timeout_s,
+            forwarded,
+            deadline_s=config.timeout_s,
+            out=out,
+            policy=config.on_failure,
+        )
     except _Stopped:
         pass
     finally:
@@ -305,6 +314,7 @@ def _watch(
     *,
     deadline_s: float = float("inf"),
     out: Path | None = None,
+    policy: str = "stop",
 ) -> None:
     """Poll the ranks until they all exit; on the first failure stop the run
     (:func:`psgdlab.runtime.failures.stop_run`) and raise the error that names the failed rank."""
@@ -358,6 +368,7 @@ def _watch(
                     ranks_dir=ranks_dir,
                     out=out,
                     world=world,
+                    policy=policy,
                 )
                 raise TransportError(f"run failed: {message}")
             if all(p.poll() is not None for p in procs.values()):
