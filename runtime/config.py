@@ -428,7 +428,12 @@ class TrainConfig:
         )
         add_flags(parser, "--checkpoint-every", defaults={"--checkpoint-every": 0})
         parser.add_argument(
-            "--timeout", type=float, default=600.0, metavar="SECONDS", help="communication timeout in seconds"
+            "--timeout",
+            type=float,
+            default=600.0,
+            metavar="SECONDS",
+            help="deadline of every blocking wait (exchange, allreduce, barrier, server request; the set-up "
+            "gets at least 60 s): past it a rank writes its flight record and exits, and a stopped rank is dead",
         )
         parser.add_argument("--window", type=int, default=21, help="frames per input window")
         parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")

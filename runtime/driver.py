@@ -51,6 +51,7 @@ import math
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -80,6 +81,7 @@ from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.flight import FlightRecorder
 from psgdlab.runtime.scan import count_passive, overlap_group, shard_bounds
 from psgdlab.runtime.server import server_exchange
 from psgdlab.runtime.transport import Tags, Transport
@@ -97,8 +99,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: test hook: ``"RANK:STEP"`` makes that rank kill itself (SIGKILL) at the start of that step;
-#: ``"RANK:STEP:N"`` only in the first ``N`` attempts of a restarted run (``--on-failure restart``:
-#: torchrun's ``TORCHELASTIC_RESTART_COUNT`` < N; default 1, the first attempt only)
+#: ``"RANK:STEP:STOP"`` makes it stop itself (SIGSTOP) instead; a last field ``N`` fails it only in
+#: the first ``N`` attempts of a restarted run (``--on-failure restart``: torchrun's
+#: ``TORCHELASTIC_RESTART_COUNT`` < N; default 1, the first attempt only), e.g. ``"1:3:KILL:2"``
 CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
@@ -198,17 +201,6 @@ class _Step:
     staleness: int = 0
 
 
-def _crash_step(spec: str, rank: int) -> int | None:
-    """The step at which :data:`CRASH_ENV` (``RANK:STEP[:ATTEMPTS]``) kills ``rank``, if any."""
-    if not spec:
-        return None
-    fields = spec.split(":")
-    attempts = int(fields[2]) if len(fields) > 2 else 1
-    if int(fields[0]) != rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) >= attempts:
-        return None
-    return int(fields[1])
-
-
 # ----- the worker -----------------------------------------------------------------------------------
 class _Worker:
     def __init__(
@@ -222,6 +214,7 @@ class _Worker:
         origin: float,
         state: WorkerState | None,
         merges: int,
+        flight: FlightRecorder | None = None,
     ) -> None:
         self.alg = algorithm
         self.workload = workload
@@ -250,7 +243,9 @@ class _Worker:
         self.stop_requested = False
         self.jitter = float(os.environ.get(JITTER_ENV, "0") or 0)
         self._jitter_rng = np.random.default_rng([options.seed, rank, 77])
-        self.crash_step = _crash_step(os.environ.get(CRASH_ENV, ""), rank)
+        #: every blocking wait of every thread (:mod:`psgdlab.runtime.flight`); without one, nothing is written
+        self.flight = flight if flight is not None else FlightRecorder(rank, out=None, deadline_s=math.inf)
+        self.crash_step, self.crash_signal = _crash_hook(rank)
 
     def now(self) -> float:
         return time.time() - self.origin
@@ -266,24 +261,27 @@ class _Worker:
         lo, hi = shard_bounds(self.n_params, ex.n_shards)[ex.shard]
         sent = sent_full[lo:hi].contiguous()
         header = torch.tensor([step, self.rank, ex.shard, ex.n_shards], dtype=torch.int64)
-        self.comm.send(header, ex.peer, Tags.PAIR_HEADER)
-        received = torch.empty_like(sent)
-        self.comm.sendrecv(sent, received, ex.peer, Tags.PAIR_PAYLOAD)
+        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        with self.flight.wait("pairwise", what="active", step=step, peers=[ex.peer], nbytes=nbytes):
+            self.comm.send(header, ex.peer, Tags.PAIR_HEADER)
+            received = torch.empty_like(sent)
+            self.comm.sendrecv(sent, received, ex.peer, Tags.PAIR_PAYLOAD)
         delta = self.alg.mix(ex, sent, received) - sent
         if ex.n_shards > 1:
             sizes = [b - a for a, b in shard_bounds(self.n_params, ex.n_shards)]
-            delta = self.comm.allgather(delta, sizes, ex.gather_group)
-        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+            with self.flight.wait("allgather", what="shards", step=step, peers=ex.gather_group):
+                delta = self.comm.allgather(delta, sizes, ex.gather_group)
         rows = [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_PAIR, peer=ex.peer, nbytes=nbytes)]
         return delta, rows
 
-    def _gossip(self, ex: Gossip, sent: torch.Tensor) -> tuple[torch.Tensor, list]:
+    def _gossip(self, ex: Gossip, sent: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
         t0 = self.now()
         self._sleep_jitter()
         bufs = [torch.empty_like(sent) for _ in ex.peers]
-        self.comm.multi_exchange(sent, bufs, list(ex.peers), Tags.GOSSIP)
-        delta = self.alg.mix(ex, sent, bufs) - sent
         nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        with self.flight.wait("gossip", step=step, peers=ex.peers, nbytes=nbytes, tag=Tags.GOSSIP):
+            self.comm.multi_exchange(sent, bufs, list(ex.peers), Tags.GOSSIP)
+        delta = self.alg.mix(ex, sent, bufs) - sent
         return delta, [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_GOSSIP, peer=-1, nbytes=nbytes)]
 
     # --- responder thread: passive side ---
@@ -297,52 +295,59 @@ class _Worker:
         sharded = example is not None and example.n_shards > 1
         group = tuple(example.gather_group) if example is not None and sharded else ()
         for _ in range(n_requests):
-            header = torch.zeros(4, dtype=torch.int64)
-            if sharded:
-                leader = group[0]
-                decision = torch.zeros(1, dtype=torch.int64)
-                if self.rank == leader:
-                    src = self.resp.recv(header, None, Tags.PAIR_HEADER)
-                    decision[0] = src - int(header[2])  # base rank of the active node
-                decision = decision.to(self.device)  # a collective: on the backend's device (NCCL: GPU)
-                self.resp.broadcast(decision, leader, group)
-                local = group.index(self.rank)
-                if self.rank != leader:
-                    src = int(decision[0]) + local
-                    self.resp.recv(header, src, Tags.PAIR_HEADER)
-            else:
+            with self.flight.wait("pairwise", what="passive", step=None, peers=group) as rec:
+                self._serve_one(sharded, group, rec)
+
+    def _serve_one(self, sharded: bool, group: tuple[int, ...], rec: dict[str, Any]) -> None:
+        """Wait for one pairwise request, answer it, merge (or queue) the result; ``rec`` is the
+        flight record of the wait (its peer and step filled in once the header names them)."""
+        header = torch.zeros(4, dtype=torch.int64)
+        if sharded:
+            leader = group[0]
+            decision = torch.zeros(1, dtype=torch.int64)
+            if self.rank == leader:
                 src = self.resp.recv(header, None, Tags.PAIR_HEADER)
-            t0 = self.now()
-            shard, n_shards = int(header[2]), int(header[3])
-            ex = PairwiseAverage(
-                peer=src, active=False, shard=shard, n_shards=n_shards, gather_group=group if n_shards > 1 else ()
-            )
-            lo, hi = shard_bounds(self.n_params, n_shards)[shard]
+                decision[0] = src - int(header[2])  # base rank of the active node
+            decision = decision.to(self.device)  # a collective: on the backend's device (NCCL: GPU)
+            self.resp.broadcast(decision, leader, group)
+            local = group.index(self.rank)
+            if self.rank != leader:
+                src = int(decision[0]) + local
+                self.resp.recv(header, src, Tags.PAIR_HEADER)
+        else:
+            src = self.resp.recv(header, None, Tags.PAIR_HEADER)
+        t0 = self.now()
+        shard, n_shards = int(header[2]), int(header[3])
+        ex = PairwiseAverage(
+            peer=src, active=False, shard=shard, n_shards=n_shards, gather_group=group if n_shards > 1 else ()
+        )
+        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        rec.update(peers=[src], step=int(header[0]), nbytes=nbytes)
+        lo, hi = shard_bounds(self.n_params, n_shards)[shard]
+        with self.lock:
+            sent = self.state.params[lo:hi].clone()
+        received = torch.empty_like(sent)
+        self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
+        delta = self.alg.mix(ex, sent, received) - sent
+        if n_shards > 1:
+            sizes = [b - a for a, b in shard_bounds(self.n_params, n_shards)]
+            delta = self.resp.allgather(delta, sizes, group)
             with self.lock:
-                sent = self.state.params[lo:hi].clone()
-            received = torch.empty_like(sent)
-            self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
-            delta = self.alg.mix(ex, sent, received) - sent
-            if n_shards > 1:
-                sizes = [b - a for a, b in shard_bounds(self.n_params, n_shards)]
-                delta = self.resp.allgather(delta, sizes, group)
-                with self.lock:
-                    self.pending.append(delta)
-            else:
-                with self.lock:
-                    self.state = self.state.replace(params=self.state.params + delta)
-                    self.merges += 1
-            nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
-            self.trace.add(
-                rank=self.rank,
-                step=self.step,
-                phase="overlap",
-                start_s=t0,
-                end_s=self.now(),
-                kind=_PAIR,
-                peer=src,
-                nbytes=nbytes,
-            )
+                self.pending.append(delta)
+        else:
+            with self.lock:
+                self.state = self.state.replace(params=self.state.params + delta)
+                self.merges += 1
+        self.trace.add(
+            rank=self.rank,
+            step=self.step,
+            phase="overlap",
+            start_s=t0,
+            end_s=self.now(),
+            kind=_PAIR,
+            peer=src,
+            nbytes=nbytes,
+        )
 
     def _check_errors(self) -> None:
         if not self.errors.empty():
@@ -386,9 +391,10 @@ class _Worker:
         with self.lock:
             have = len(self.pending)
         t0 = self.now()
-        counts = self.main.allgather(
-            torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group), group
-        )
+        with self.flight.wait("barrier", what="passive merges", step=step, peers=group):
+            counts = self.main.allgather(
+                torch.tensor([have], dtype=torch.int64, device=self.device), [1] * len(group), group
+            )
         self.trace.add(rank=self.rank, step=step, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
         k = int(counts.min())
         with self.lock:
@@ -425,8 +431,7 @@ class _Worker:
             for s in range(opt.start_step, opt.steps):
                 self.step = s
                 if self.crash_step == s:
-                    log.error("rank %d: injected crash at step %d", self.rank, s)
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    _crash(self.rank, s, self.crash_signal)
                 self._check_errors()
                 exchanges = alg.exchanges(s, self.rank)
                 with self.lock:
@@ -476,7 +481,8 @@ class _Worker:
                 stop = self.stop_requested and not sync  # synchronous ranks stop together, below
                 if sync and ((s + 1) % STOP_CHECK_EVERY == 0 or s + 1 == opt.steps):
                     flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
-                    self.main.allreduce_mean(flag, alg.all_ranks)
+                    with self.flight.wait("allreduce", what="stop check", step=s, peers=alg.all_ranks):
+                        self.main.allreduce_mean(flag, alg.all_ranks)
                     stop = bool(flag.item() > 0)
                 done = s + 1
                 if opt.run_dir is not None and (
@@ -500,7 +506,8 @@ class _Worker:
                     self._check_errors()
             self._check_errors()
         finally:
-            self.pool.shutdown(wait=True)
+            # after a failure the communication thread may wait on a dead peer: do not join it
+            self.pool.shutdown(wait=sys.exc_info()[0] is None)
             if self.reducer is not None:
                 self.workload.end_overlap()
             self.main.close()
@@ -544,7 +551,7 @@ class _Worker:
     def _on_gossip(self, ex: Gossip, st: _Step) -> None:
         """Mix: on the communication thread during the compute."""
         assert self.pool is not None  # made by run() before the first step
-        st.jobs.append((_GOSSIP, self.pool.submit(self._gossip, ex, st.snapshot)))
+        st.jobs.append((_GOSSIP, self.pool.submit(self._gossip, ex, st.snapshot, st.step)))
 
     def _on_allreduce(self, ex: AllReduce, st: _Step) -> None:
         """Grad: sum the gradient over the group; post: average the model and ``combine`` it."""
@@ -559,7 +566,8 @@ class _Worker:
         nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
         reducer = self.reducer
         if reducer is not None and tuple(ex.group) == reducer.group:
-            st.grad = reducer.finish()
+            with self.flight.wait("allreduce", what="gradient, overlapped", step=s, peers=ex.group, nbytes=nbytes):
+                st.grad = reducer.finish()
             t_end = self.now()
             started = reducer.first_start_s - self.origin if reducer.first_start_s else t_c1
             self.trace.add(
@@ -578,7 +586,8 @@ class _Worker:
                 st.grad = st.grad * st.scale
             t0 = self.now()
             self._sleep_jitter()
-            self.main.allreduce_sum(st.grad, ex.group)
+            with self.flight.wait("allreduce", what="gradient", step=s, peers=ex.group, nbytes=nbytes):
+                self.main.allreduce_sum(st.grad, ex.group)
             self.trace.add(
                 rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE, nbytes=nbytes
             )
@@ -589,7 +598,9 @@ class _Worker:
         self._sleep_jitter()
         with self.lock:
             mean = self.state.params.clone()
-        self.main.allreduce_mean(mean, ex.group)
+        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
+        with self.flight.wait("allreduce", what="model", step=st.step, peers=ex.group, nbytes=nbytes):
+            self.main.allreduce_mean(mean, ex.group)
         with self.lock:
             self.state = self.alg.combine(self.state, ex, mean)
         self.trace.add(
@@ -599,7 +610,7 @@ class _Worker:
             start_s=t0,
             end_s=self.now(),
             kind=_ALLREDUCE,
-            nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0],
+            nbytes=nbytes,
         )
 
     def _on_server(self, ex: ServerExchange, st: _Step) -> None:
@@ -609,9 +620,11 @@ class _Worker:
         self._sleep_jitter()
         with self.lock:
             message = self.alg.server_message(self.state).contiguous()
-        reply, st.staleness = server_exchange(
-            self.main, self.alg.n_workers, step=st.step, rank=self.rank, message=message
-        )
+        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
+        with self.flight.wait("server", what="push and pull", step=st.step, peers=[self.alg.n_workers], nbytes=nbytes):
+            reply, st.staleness = server_exchange(
+                self.main, self.alg.n_workers, step=st.step, rank=self.rank, message=message
+            )
         with self.lock:
             self.state = self.alg.combine(self.state, ex, reply)
         self.trace.add(
@@ -622,12 +635,13 @@ class _Worker:
             end_s=self.now(),
             kind=_SERVER,
             peer=SERVER_PEER,
-            nbytes=wire_bytes(ex, self.n_params, self.itemsize)[0],
+            nbytes=nbytes,
         )
 
     def _on_barrier(self, ex: Barrier, st: _Step) -> None:
         t0 = self.now()
-        self.main.barrier(ex.group)
+        with self.flight.wait("barrier", step=st.step, peers=ex.group):
+            self.main.barrier(ex.group)
         self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
 
     def _save(self, done: int) -> None:
@@ -666,6 +680,39 @@ EXCHANGE_HANDLERS: dict[type, Callable[[_Worker, Any, _Step], None]] = {
 }
 
 
+def _crash_hook(rank: int) -> tuple[int | None, int]:
+    """The step at which :data:`CRASH_ENV` (``RANK:STEP[:KILL|STOP][:ATTEMPTS]``) makes ``rank``
+    fail in this attempt (None: never), and the signal.
+
+    >>> os.environ[CRASH_ENV] = "1:3:STOP:2"; _crash_hook(1), _crash_hook(0)
+    ((3, <Signals.SIGSTOP: 19>), (None, <Signals.SIGSTOP: 19>))
+    >>> del os.environ[CRASH_ENV]
+    """
+    spec = os.environ.get(CRASH_ENV, "")
+    if not spec:
+        return None, signal.SIGKILL
+    parts = spec.split(":")
+    how = next((p for p in parts[2:] if not p.isdigit()), "KILL")
+    attempts = next((int(p) for p in parts[2:] if p.isdigit()), 1)
+    if not (2 <= len(parts) <= 4 and parts[0].isdigit() and parts[1].isdigit() and how in ("KILL", "STOP")):
+        raise ConfigError(f"{CRASH_ENV} ({spec!r}) must be RANK:STEP[:KILL|STOP][:ATTEMPTS]")
+    sig = signal.SIGKILL if how == "KILL" else signal.SIGSTOP
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return (int(parts[1]) if int(parts[0]) == rank and restarts < attempts else None), sig
+
+
+def _crash(rank: int, step: int, sig: int) -> None:
+    """The injected failure: note the wall time in ``RANKS_DIR/rank{r}.crash`` (the tests measure
+    detection from it), then send ``sig`` to this process."""
+    log.error("rank %d: injected %s at step %d", rank, signal.Signals(sig).name, step)
+    ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
+    if ranks_dir:
+        from psgdlab.core.trace import atomic_write_text
+
+        atomic_write_text(Path(ranks_dir, f"rank{rank}.crash"), f"{time.time()!r} {step}")
+    os.kill(os.getpid(), sig)
+
+
 def state_from_checkpoint(payload: dict[str, Any], device: torch.device) -> tuple[WorkerState, int]:
     def dev(t: Any) -> Any:
         return t.to(device) if isinstance(t, torch.Tensor) else t
@@ -686,14 +733,24 @@ def run_worker(
     options: DriverOptions,
     origin: float,
     resume_payload: dict[str, Any] | None = None,
+    flight: FlightRecorder | None = None,
 ) -> RankResult:
-    """Run the worker loop of this rank (``channels["main"].rank < algorithm.n_workers``)."""
+    """Run the worker loop of this rank (``channels["main"].rank < algorithm.n_workers``); its
+    waits go to ``flight`` (:mod:`psgdlab.runtime.flight`) where given."""
     rank = channels["main"].rank
     state, merges = (None, 0)
     if resume_payload is not None:
         state, merges = state_from_checkpoint(resume_payload, channels["main"].device)
     worker = _Worker(
-        algorithm, workload, channels, rank=rank, options=options, origin=origin, state=state, merges=merges
+        algorithm,
+        workload,
+        channels,
+        rank=rank,
+        options=options,
+        origin=origin,
+        state=state,
+        merges=merges,
+        flight=flight,
     )
     previous = signal.getsignal(signal.SIGTERM)
     in_main = threading.current_thread() is threading.main_thread()

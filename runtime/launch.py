@@ -13,10 +13,12 @@
 
 Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
 The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
-that exits with an error or disappears without its ``done`` file stops the run -- the others
-are terminated (SIGTERM, then SIGKILL after a grace period) and :class:`TransportError` names
-the rank, well within 60 s. SIGTERM/SIGINT to the launcher is forwarded to every rank, which
-checkpoints at its next step boundary; ranks still running :data:`STOP_GRACE_S` later are killed.
+that exits with an error, disappears without its ``done`` file, or stays stopped (SIGSTOP) past
+the deadline (``--timeout``) stops the run (:mod:`psgdlab.runtime.failures`: the survivors write
+their flight records, the others are terminated, :class:`TransportError` names the failed rank
+and the step, ``OUT/failure.json`` records it). SIGTERM/SIGINT to the launcher is forwarded to
+every rank, which checkpoints at its next step boundary; ranks still running
+:data:`STOP_GRACE_S` later are killed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import TrainConfig, world_size_of
+from psgdlab.runtime.failures import FAILURE_FILE, RankWatch, remove_partial_files, stop_run
+from psgdlab.runtime.flight import FLIGHT_DIR, flight_path
 from psgdlab.runtime.netns import (
     BRIDGE,
     HOST_ENV,
@@ -111,6 +115,7 @@ def launch(
     ranks_dir.mkdir(exist_ok=True)
     for old in ranks_dir.iterdir():
         old.unlink()
+    _clear_failure_records(out)
     world = world_size_of(config)
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
     env = dict(os.environ)
@@ -192,7 +197,16 @@ def launch(
                 hosts.record_ranks([p.pid for p in procs.values()])
         if forwarded["sig"] is not None:  # arrived while the ranks were starting
             _forward(forwarded["sig"], None)
-        _watch(procs, ranks_dir, world, timeout_s, forwarded)
+        _watch(
+            procs,
+            ranks_dir,
+            world,
+            timeout_s,
+            forwarded,
+            deadline_s=config.timeout_s,
+            out=out,
+            policy=config.on_failure,
+        )
     except _Stopped:
         pass
     finally:
@@ -200,6 +214,7 @@ def launch(
         try:
             _terminate(procs)
             remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
+            remove_partial_files(out, _rank_pids(procs, ranks_dir, world).values())  # of ranks killed writing
             if config.backend == "mpi":  # MPICH's own, of ranks killed before MPI_Finalize
                 remove_orphaned("mpich_shm_*", started)
             if hosts is not None:
@@ -294,15 +309,22 @@ def _watch(
     world: int,
     timeout_s: float | None,
     forwarded: dict[str, Any] | None = None,
+    *,
+    deadline_s: float = float("inf"),
+    out: Path | None = None,
+    policy: str = "stop",
 ) -> None:
+    """Poll the ranks until they all exit; on the first failure stop the run
+    (:func:`psgdlab.runtime.failures.stop_run`) and raise the error that names the failed rank."""
     start = time.monotonic()
     seen: dict[int, int] = {}
-    while True:
-        failed: list[str] = []
+    watch = RankWatch(deadline_s)
+
+    def poll(w: RankWatch) -> None:
         for r, p in procs.items():
             code = p.poll()
-            if code is not None and code != 0 and r >= 0:
-                failed.append(f"rank {r} {_describe(code)}")
+            if code is not None and code != 0 and r >= 0 and r not in w.killed_by_us:
+                w.saw(r, f"rank {r} {_describe(code)}", dead=_killed(code), when=w.exited.get(r))
         for r in range(world):  # under mpiexec: a rank that vanished without finishing
             if r not in seen:
                 pid_file = ranks_dir / f"rank{r}.pid"
@@ -310,27 +332,84 @@ def _watch(
                     text = pid_file.read_text().strip()
                     if text.isdigit() and int(text) > 0:
                         seen[r] = int(text)
-            elif not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
-                if not any(f.startswith(f"rank {r} ") for f in failed):  # its exit status said it already
-                    failed.append(f"rank {r} died")
-        mpi = procs.get(-1)
-        if mpi is not None and mpi.poll() not in (None, 0) and not failed:
-            failed.append(f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)")
-        if failed and (forwarded or {}).get("sig") is None:  # after a forwarded stop, ranks end as they may
-            _terminate(procs)
-            raise TransportError(
-                f"run failed: {failed[0]}" + (f" (then: {'; '.join(failed[1:3])})" if len(failed) > 1 else "")
-            )
-        if all(p.poll() is not None for p in procs.values()):
-            return
-        stopped_at = (forwarded or {}).get("at")
-        if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
-            _terminate(procs)  # asked to stop, and some rank did not within the grace period
-            return
-        if timeout_s is not None and time.monotonic() - start > timeout_s:
-            _terminate(procs)
-            raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
-        time.sleep(0.1)
+            elif r not in procs and not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
+                # (the launcher's own children are judged by their exit status above)
+                # a rank that wrote its flight record left on its own (an error, a deadline)
+                wrote = out is not None and flight_path(out, r).exists()
+                w.saw(
+                    r,
+                    f"rank {r} {'exited after an error' if wrote else 'died'}",
+                    dead=not wrote,
+                    when=w.exited.get(r),
+                    known=False,
+                )
+
+    try:
+        while True:
+            poll(watch)
+            pids = _rank_pids(procs, ranks_dir, world) | seen
+            overdue = watch.check_stopped(pids)
+            watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
+            mpi = procs.get(-1)
+            if mpi is not None and mpi.poll() not in (None, 0) and not watch.failures:
+                watch.saw(-1, f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)", dead=False)
+            if watch.failures and (forwarded or {}).get("sig") is None:  # after a forwarded stop, ranks end as they may
+                if out is None:
+                    _terminate(procs)
+                    raise TransportError(f"run failed: {watch.culprits()[0].text}")
+                message = stop_run(
+                    watch,
+                    pids=lambda: _rank_pids(procs, ranks_dir, world) | seen,
+                    poll=poll,
+                    all_exited=lambda: all(p.poll() is not None for p in procs.values()),
+                    terminate=lambda: _terminate(procs),
+                    ranks_dir=ranks_dir,
+                    out=out,
+                    world=world,
+                    policy=policy,
+                )
+                raise TransportError(f"run failed: {message}")
+            if all(p.poll() is not None for p in procs.values()):
+                return
+            stopped_at = (forwarded or {}).get("at")
+            if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                _terminate(procs)  # asked to stop, and some rank did not within the grace period
+                return
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                _terminate(procs)
+                raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
+            watch.wait_exits(pids, 0.1)  # the exit times to the millisecond: who died first
+    finally:
+        watch.close()
+
+
+def _killed(code: int) -> bool:
+    """Whether an exit status says the rank was killed from outside (a signal other than SIGABRT,
+    which a rank raises itself: a C++ library's terminate after its peer vanished)."""
+    return code < 0 and -code != signal.SIGABRT
+
+
+def _rank_pids(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int) -> dict[int, int]:
+    """Each rank's process id: the launcher's children, else the ranks' pid files (mpiexec)."""
+    pids = {r: p.pid for r, p in procs.items() if r >= 0}
+    for r in range(world):
+        if r not in pids:
+            try:
+                text = (ranks_dir / f"rank{r}.pid").read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                pids[r] = int(text)
+    return pids
+
+
+def _clear_failure_records(out: Path) -> None:
+    """Remove the flight records and ``failure.json`` of an earlier launch into ``out``."""
+    (out / FAILURE_FILE).unlink(missing_ok=True)
+    flight = out / FLIGHT_DIR
+    if flight.is_dir():
+        for old in flight.iterdir():
+            old.unlink()
 
 
 def _terminate(procs: dict[int, subprocess.Popen]) -> None:

@@ -20,6 +20,7 @@ updates it applied between this worker's last pull and this push.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ import torch
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState
 from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.flight import FlightRecorder
 from psgdlab.runtime.scan import count_server_requests
 from psgdlab.runtime.transport import Tags, Transport
 
@@ -64,6 +66,7 @@ def run_server(
     *,
     options: Any,
     resume_payload: dict[str, Any] | None = None,
+    flight: FlightRecorder | None = None,
 ) -> dict[str, Any]:
     """Serve every worker's server exchange, one at a time in arrival order (rank ``n_workers``).
 
@@ -79,6 +82,8 @@ def run_server(
         ``start_step``, ``steps``, ``run_dir`` and ``checkpoint_every`` are read.
     resume_payload : dict, optional
         A server checkpoint (:func:`psgdlab.runtime.checkpoint.load_server`) to resume from.
+    flight : psgdlab.runtime.flight.FlightRecorder, optional
+        Where each request's wait is recorded.
 
     Returns
     -------
@@ -107,15 +112,20 @@ def run_server(
     busy = 0.0
     t_start = time.perf_counter()
     every = max(options.checkpoint_every, 1) * algorithm.n_workers
+    if flight is None:
+        flight = FlightRecorder(main.rank, out=None, deadline_s=math.inf)
+    nbytes = x0.numel() * x0.element_size()
     for i in range(n_requests):
         header = torch.zeros(4, dtype=torch.int64)
-        src = main.recv(header, None, Tags.SERVER_HEADER)
-        t0 = time.perf_counter()
-        message = torch.empty(x0.numel(), dtype=x0.dtype, device=main.device)
-        main.recv(message, src, Tags.SERVER_PAYLOAD)
-        server, reply, staleness = algorithm.server_apply(server, message, src)
-        main.send(torch.tensor([staleness, server.version], dtype=torch.int64), src, Tags.SERVER_REPLY_HEADER)
-        main.send(reply.contiguous(), src, Tags.SERVER_REPLY)
+        with flight.wait("server", what="request", step=None, nbytes=2 * nbytes) as rec:
+            src = main.recv(header, None, Tags.SERVER_HEADER)
+            rec.update(peers=[src], step=int(header[0]))
+            t0 = time.perf_counter()
+            message = torch.empty(x0.numel(), dtype=x0.dtype, device=main.device)
+            main.recv(message, src, Tags.SERVER_PAYLOAD)
+            server, reply, staleness = algorithm.server_apply(server, message, src)
+            main.send(torch.tensor([staleness, server.version], dtype=torch.int64), src, Tags.SERVER_REPLY_HEADER)
+            main.send(reply.contiguous(), src, Tags.SERVER_REPLY)
         busy += time.perf_counter() - t0
         if options.run_dir is not None and (
             (options.checkpoint_every and (i + 1) % every == 0) or stop["flag"] or i + 1 == n_requests

@@ -45,6 +45,7 @@ from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
 from psgdlab.runtime.elastic import Progress, restart_count
+from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
@@ -160,6 +161,10 @@ def train(
 
     Notes
     -----
+    Every blocking wait of the rank has the deadline ``config.timeout_s`` (:mod:`psgdlab.runtime.flight`):
+    past it, or when the launcher aborts the run, the rank writes ``OUT/flight/rank{r}.json`` and
+    exits the process; a run that raises writes it too.
+
     ``config.resume``, or ``config.on_failure == "restart"`` in a worker group torchrun's agent
     restarted (``TORCHELASTIC_RESTART_COUNT`` > 0): the ranks resume from the newest complete
     checkpoint every rank can read (:func:`_agree_on_checkpoint`; a restart with none starts at
@@ -167,6 +172,26 @@ def train(
     :class:`~psgdlab.runtime.elastic.Progress` record.
     """
     env = env or launch_env()
+    flight = FlightRecorder(env.rank, out=config.out or None, deadline_s=config.timeout_s)
+    watchdog = Watchdog(flight, ranks_dir=os.environ.get("PSGDLAB_RANKS_DIR")).start()
+    try:
+        return _train(config, flight, workload_factory=workload_factory, env=env, master=master)
+    except BaseException as exc:
+        flight.dump("error", " ".join(str(exc).split()) or type(exc).__name__)
+        raise
+    finally:
+        watchdog.stop()
+
+
+def _train(
+    config: TrainConfig,
+    flight: FlightRecorder,
+    *,
+    workload_factory: Callable[[int, int], Any] | None,
+    env: LaunchEnv,
+    master: tuple[str, int] | None,
+) -> dict[str, Any] | None:
+    """:func:`train`, its waits recorded in ``flight``."""
     algorithm = build_algorithm(config)
     world = world_size_of(config)
     if env.world_size != world:
@@ -200,23 +225,29 @@ def train(
         raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
     torch.set_num_threads(1)
     groups = collect_groups(algorithm, steps)
-    channels = open_channels(
-        config.backend, env=env, groups=groups, timeout_s=config.timeout_s, master=master, device=device
-    )
-    main = channels["main"]
-    start_step, resume_payload = 0, None
-    if config.resume or restarted:
-        start_step, resume_payload = _agree_on_checkpoint(main, out, workers=config.workers)  # type: ignore[arg-type]
-        if config.resume and start_step == 0 and resume_payload is None:
-            raise ConfigError(f"run directory {out} has no readable complete checkpoint to resume from")
+    everyone = tuple(range(world))
+    # the watchdog holds every exchange to --timeout; the set-up and the backends' own timeouts
+    # (a backstop) get at least SETUP_DEADLINE_S: the rendezvous waits for the slowest rank to start
+    backstop_s = max(config.timeout_s, SETUP_DEADLINE_S)
+    with flight.wait("setup", step=0, peers=everyone, deadline_s=backstop_s):
+        channels = open_channels(
+            config.backend, env=env, groups=groups, timeout_s=backstop_s, master=master, device=device
+        )
+        main = channels["main"]
+        start_step, resume_payload = 0, None
+        if config.resume or restarted:
+            start_step, resume_payload = _agree_on_checkpoint(main, out, workers=config.workers)  # type: ignore[arg-type]
+            if config.resume and start_step == 0 and resume_payload is None:
+                raise ConfigError(f"run directory {out} has no readable complete checkpoint to resume from")
+        stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
+        main.broadcast(stamp, 0, everyone)
     progress = _progress_bar(steps, start_step) if rank == 0 else None
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     if config.on_failure == "restart" and ranks_dir and rank < config.workers:
         record = Progress(ranks_dir, rank=rank, attempt=restart_count(), start_step=start_step)
         progress = record if progress is None else _both(progress, record)
-    stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
-    main.broadcast(stamp, 0, tuple(range(world)))
     origin = float(stamp.item())
+    flight.set_origin(origin)
     base_lr = lr_schedule(
         config.lr_schedule,
         lr=config.lr,
@@ -242,10 +273,18 @@ def train(
     try:
         if rank < config.workers:
             result: Any = run_worker(
-                algorithm, workload, channels, options=options, origin=origin, resume_payload=resume_payload
+                algorithm,
+                workload,
+                channels,
+                options=options,
+                origin=origin,
+                resume_payload=resume_payload,
+                flight=flight,
             )
         else:
-            info = run_server(algorithm, workload, channels, options=options, resume_payload=resume_payload)
+            info = run_server(
+                algorithm, workload, channels, options=options, resume_payload=resume_payload, flight=flight
+            )
             result = RankResult(
                 rank=rank,
                 trace=empty_trace(),
@@ -262,10 +301,12 @@ def train(
     plane = getattr(main, "plane", None)
     result.extra["shm_peers"] = sorted(plane.local - {rank}) if plane is not None else []
     snapshots, result.snapshots = result.snapshots, []  # averaged below; nothing to send
-    results = main.gather_object(result, root=0)
+    with flight.wait("gather", what="results", step=steps, peers=everyone):
+        results = main.gather_object(result, root=0)
     wall_s = time.time() - t0
-    snapshots = _mean_snapshots(main, snapshots, rank=rank, workers=config.workers)
-    main.barrier()
+    with flight.wait("gather", what="model snapshots", step=steps, peers=everyone):
+        snapshots = _mean_snapshots(main, snapshots, rank=rank, workers=config.workers)
+        main.barrier()
     if config.backend != "mpi":
         import torch.distributed as dist
 
@@ -414,6 +455,10 @@ def _write_run_dir(
             "samples_per_step": samples,
             "steps_per_worker": steps,
             "wall_s": wall_s,
+            # a run that finished lost no rank; a failed run writes OUT/failure.json instead
+            # (psgdlab.runtime.failures: the same two keys, filled by the launcher)
+            "membership_changes": [],
+            "survivors": list(range(world)),
             **(payload or {}),
         }
     )

@@ -58,6 +58,8 @@ def test_synchronous_algorithms_follow_the_reference_trajectory(tmp_path, backen
     assert not leftover_segments(config.out)  # gloo: the shared-memory segments were unlinked at setup
     assert summary["staleness_max"] == (1 if algorithm == "dpsgd" else 0)
     assert summary["steps"] == workers * config.steps
+    assert summary["membership_changes"] == [] and summary["survivors"] == list(range(workers))
+    assert not (tmp_path / f"{algorithm}-{backend}" / "flight").exists()  # records only after a failure
 
 
 @needs_topology
@@ -166,6 +168,8 @@ def test_a_killed_worker_stops_the_run_naming_the_rank(tmp_path, backend):
     with pytest.raises(TransportError, match=r"rank 1 (was killed by signal SIGKILL|died)"):
         _launch(config, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
     assert time.monotonic() - start < 60
+    failure = json.loads((Path(config.out) / "failure.json").read_text())
+    assert failure["membership_changes"][0]["removed"] == [1] and failure["survivors"] == [0]
     assert not leftover_segments(config.out)
     assert set(Path("/dev/shm").glob("mpich_shm_*")) <= mpich_before  # MPICH's own, of the killed rank
 
