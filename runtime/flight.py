@@ -11,7 +11,8 @@ The :class:`Watchdog` thread looks at the records every :data:`POLL_S`:
 - a wait still pending after the deadline (``--timeout``) -- a peer that hangs, is stopped
   (SIGSTOP) or died where the backend cannot tell (MPI has no timeout; gloo's own timeout is the
   same deadline) -- makes the rank write its record (reason ``deadline``), print one error naming
-  the exchange, its peers, its step and how long it waited, and exit (status 1) at once;
+  the exchange, its peers, its step and how long it waited, and exit (status 1) once the launcher
+  aborts the run or :data:`LINGER_S` later (so that every survivor writes its record first);
 - the launcher's abort file (``RANKS_DIR/abort``, written by :mod:`psgdlab.runtime.launch` when
   some rank failed) makes the rank write its record (reason ``abort``) and exit (status 1) at once,
   whatever it is blocked in.
@@ -63,6 +64,8 @@ POLL_S = 0.2
 #: MPI_Init; seconds apart on a loaded machine), and of the backends' own timeouts, which back the
 #: watchdog up (gloo's process groups, the shared-memory plane)
 SETUP_DEADLINE_S = 60.0
+#: how long a rank past its deadline waits for the launcher's abort file before it exits
+LINGER_S = 3.0
 
 
 def flight_path(out: str | os.PathLike[str], rank: int) -> Path:
@@ -255,7 +258,16 @@ class Watchdog:
                 )
                 rec.dump("deadline", message)
                 print(f"psgdlab: error: {message}", file=sys.stderr, flush=True)
+                self._linger()
                 _leave()
+
+    def _linger(self) -> None:
+        """Stay up to :data:`LINGER_S` after a deadline, until the launcher's abort file appears:
+        the other survivors' deadlines pass about now too, and an MPI launcher kills every rank
+        as soon as one exits, before the others could write their records."""
+        end = time.monotonic() + LINGER_S
+        while self.abort_file is not None and not self.abort_file.exists() and time.monotonic() < end:
+            time.sleep(POLL_S / 4)
 
 
 def _read(path: Path) -> str:
