@@ -7,9 +7,9 @@ for longer than the deadline (``--timeout``) is treated as dead: the launcher ki
 first failure :func:`stop_run`:
 
 1. writes ``RANKS_DIR/abort``: every surviving rank's watchdog (:mod:`psgdlab.runtime.flight`)
-   writes its flight record ``OUT/flight/rank{r}.json`` and exits at once, whatever it waits on;
-2. kills the ranks that are stopped, waits up to :data:`ABORT_GRACE_S` for the others, then
-   terminates what is left (SIGTERM, then SIGKILL);
+   writes its flight record ``OUT/flight/rank{r}.json``, whatever it waits on;
+2. waits up to :data:`ABORT_GRACE_S` for those records, removes the abort file (the survivors
+   exit), kills the ranks that are stopped, then terminates what is left (SIGTERM, then SIGKILL);
 3. names the rank that failed -- a dead or stopped rank before any rank that merely exited with
    an error (a survivor whose peer vanished errs too, sometimes first), and among those the first
    seen -- with its step (:func:`_step_of`) and which rank waited on which exchange;
@@ -201,6 +201,7 @@ def stop_run(
     while time.monotonic() < end and not settled():
         poll(watch)
         watch.wait_exits(pids(), 0.05)
+    (ranks_dir / ABORT_FILE).unlink(missing_ok=True)  # every record is in: the survivors may exit
     watch.kill_stopped(current, stopped)  # only now: mpiexec kills every rank when one dies
     poll(watch)
     terminate()

@@ -11,11 +11,14 @@ The :class:`Watchdog` thread looks at the records every :data:`POLL_S`:
 - a wait still pending after the deadline (``--timeout``) -- a peer that hangs, is stopped
   (SIGSTOP) or died where the backend cannot tell (MPI has no timeout; gloo's own timeout is the
   same deadline) -- makes the rank write its record (reason ``deadline``), print one error naming
-  the exchange, its peers, its step and how long it waited, and exit (status 1) once the launcher
-  aborts the run or :data:`LINGER_S` later (so that every survivor writes its record first);
+  the exchange, its peers, its step and how long it waited, and exit (status 1);
 - the launcher's abort file (``RANKS_DIR/abort``, written by :mod:`psgdlab.runtime.launch` when
-  some rank failed) makes the rank write its record (reason ``abort``) and exit (status 1) at once,
+  some rank failed) makes the rank write its record (reason ``abort``) and exit (status 1),
   whatever it is blocked in.
+
+Either way the rank exits once the launcher has every survivor's record (it removes the abort file
+then), or :data:`LINGER_S` after its own: under mpiexec the first rank to exit takes the others
+with it, and they must have written theirs first.
 
 A rank whose run raised writes its record too (reason ``error``, :func:`dump_on_error`). Records
 go to ``OUT/flight/rank{r}.json`` (written to a temporary name, then renamed):
@@ -248,6 +251,7 @@ class Watchdog:
         while not self._stop.wait(POLL_S):
             if self.abort_file is not None and self.abort_file.exists():
                 rec.dump("abort", _read(self.abort_file))
+                self._linger()
                 _leave()
             late = rec.overdue()
             if late is not None:
@@ -262,11 +266,16 @@ class Watchdog:
                 _leave()
 
     def _linger(self) -> None:
-        """Stay up to :data:`LINGER_S` after a deadline, until the launcher's abort file appears:
-        the other survivors' deadlines pass about now too, and an MPI launcher kills every rank
-        as soon as one exits, before the others could write their records."""
+        """After its record is written, stay until the launcher has every survivor's (it removes
+        its abort file then), at most :data:`LINGER_S`: an MPI launcher kills every rank as soon as
+        one exits, and the other survivors, whose deadlines pass about now too, would lose theirs."""
         end = time.monotonic() + LINGER_S
-        while self.abort_file is not None and not self.abort_file.exists() and time.monotonic() < end:
+        seen = False
+        while self.abort_file is not None and time.monotonic() < end:
+            there = self.abort_file.exists()
+            if seen and not there:
+                return
+            seen = seen or there
             time.sleep(POLL_S / 4)
 
 
