@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     from psgdlab.runtime.transport import launch_env
 
     env = launch_env()
-    if ranks_dir:
-        from psgdlab.core.trace import atomic_write_text
-
-        atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
     try:
+        if ranks_dir:
+            from psgdlab.core.trace import atomic_write_text
+
+            atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
         config = TrainConfig.load(args.config) if args.config else TrainConfig.from_args(args)
         from psgdlab.runtime.train import train
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
             )
-    except (TestbedError, ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (TestbedError, ValueError, OSError, RuntimeError) as exc:  # OSError: a full disk, say
         status = 2 if isinstance(exc, (ValueError, FileNotFoundError)) else 1
         message = " ".join(str(exc).split())
         print(

@@ -237,18 +237,21 @@ def stop_run(
         "removed": removed,
         "detection_s": max(0.0, detected - dead_wall),
     }
-    atomic_write_json(
-        out / FAILURE_FILE,
-        {
-            "error": f"run failed: {message}",
-            "on_failure": policy,
-            "time_origin": "run" if origin is not None else "launch",
-            "membership_changes": [change],
-            "survivors": [r for r in range(world) if r not in removed],
-            "waits": waits,
-            "flight": [str(Path(FLIGHT_DIR) / f"rank{r}.json") for r in sorted(records)],
-        },
-    )
+    try:
+        atomic_write_json(
+            out / FAILURE_FILE,
+            {
+                "error": f"run failed: {message}",
+                "on_failure": policy,
+                "time_origin": "run" if origin is not None else "launch",
+                "membership_changes": [change],
+                "survivors": [r for r in range(world) if r not in removed],
+                "waits": waits,
+                "flight": [str(Path(FLIGHT_DIR) / f"rank{r}.json") for r in sorted(records)],
+            },
+        )
+    except OSError as exc:  # a full disk, as like as not what failed the run: the error still says it all
+        message += f"; {FAILURE_FILE} not written: {exc.strerror or exc}"
     return message
 
 

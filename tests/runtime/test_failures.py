@@ -254,3 +254,23 @@ def test_a_stopped_rank_is_dead_after_the_deadline(tmp_path, backend):
     assert process_state(pid) is None  # killed, not left stopped
     _check_left_nothing(config, [1], 3)
     assert set(Path("/dev/shm").glob("mpich_shm_*")) <= mpich_before
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_a_failure_record_that_cannot_be_written_still_ends_in_one_error(tmp_path, monkeypatch):
+    """A full disk (often what failed the run) must not turn the launcher's error into a traceback."""
+    from psgdlab.runtime import failures
+    from psgdlab.runtime.launch import launch
+
+    def full(path, obj):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(failures, "atomic_write_json", full)
+    config = lsq_config(tmp_path, "ssgd", 2, steps=100000, compute_time="0.002").replace(record_params=False)
+    with pytest.raises(TransportError) as info:
+        launch(config, quiet=True, timeout_s=60, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
+    message = str(info.value)
+    assert message.startswith("run failed: rank 1 was killed by signal SIGKILL"), message
+    assert message.endswith("; failure.json not written: No space left on device") and "\n" not in message
+    assert not (Path(config.out) / "failure.json").exists()
