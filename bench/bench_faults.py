@@ -1,0 +1,307 @@
+"""Fault-injection campaign: runs of every algorithm, each with one fault at a random time, and a
+soak of short gossip runs with random delays on every exchange (issue 18's figures).
+
+::
+
+    python bench/bench_faults.py --runs 40 [--soak 100] [--seed 0] [--json]
+
+Each run is a ``psgdlab train`` of the least-squares model with emulated compute (4 workers,
+``--steps`` steps of ``--compute-time``), one algorithm after the other, with one fault drawn at
+random (seeded) and injected at a random time after every rank has started:
+
+=============== =================================================================================
+sigkill         SIGKILL of a random rank (rank 0 included); the synchronous algorithms run half of
+                these with ``--on-failure restart``
+sigstop         SIGSTOP of a random rank: it must be treated as dead after the deadline
+disk-full       the run directory is a small tmpfs (root only) that a filler file fills, so a
+                checkpoint write meets ENOSPC
+corrupt         a finished run's newest checkpoint is overwritten with garbage, then ``--resume``
+                extends the run: it must fall back to the previous complete checkpoint or say why not
+link-down       on two emulated hosts (root only), host 1's link is set down
+=============== =================================================================================
+
+A run *hangs* when the launcher has not ended by itself ``--hang-after`` seconds after the fault
+(the bench then kills it). *Partial files* are temporary files (``.NAME.tmpPID``,
+``.NAME.PID.tmp``) left anywhere in the run directory. *Detection* is the time from a kill, a stop or a
+link set down to the run's end under ``stop`` (the launcher's decision, the survivors' flight
+records and the clean-up included: an upper bound). Under ``restart``, *work lost* is, per
+restart, the steps done since the checkpoint it resumed from, and ``restart_p50_s`` the median time
+from the failure to the first step after it (the summary's ``restarts``).
+*Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
+that named another). ``throughput_after_ratio`` is the survivors' throughput after a failure
+against ``(n-1)/n`` of the throughput before; it needs ``--on-failure continue``, which the runtime
+does not have yet, so it is ``null``. Figures only: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ALGORITHMS = ("ssgd", "bsp", "bmuf", "easgd", "asgd", "adpsgd", "dpsgd", "hadpsgd")
+SYNCHRONOUS = ("ssgd", "bsp", "bmuf")
+#: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
+PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
+WORKERS = 4
+
+
+def _train_command(algorithm: str, out: Path, args: argparse.Namespace, *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "psgdlab", "train", "--algorithm", algorithm, "--workers", str(WORKERS)]
+    cmd += ["--model", "least-squares", "--steps", str(args.steps), "--compute-time", str(args.compute_time)]
+    cmd += ["--checkpoint-every", str(args.checkpoint_every), "--timeout", str(args.deadline), "--out", str(out)]
+    if algorithm in ("bmuf", "bsp", "asgd"):
+        cmd += ["--period", "4"]
+    if algorithm == "easgd":
+        cmd += ["--variant", "sync"]
+    if algorithm == "hadpsgd":
+        cmd += ["--gpus-per-node", "2"]
+    return [*cmd, "--json", *extra]
+
+
+def _rank_pids(out: Path, world: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> list[int] | None:
+    """The ranks' pids, once every rank has written its pid file (None if the run ended first)."""
+    deadline = time.monotonic() + timeout_s
+    files = [out / ".ranks" / f"rank{r}.pid" for r in range(world)]
+    while time.monotonic() < deadline and proc.poll() is None:
+        texts = [f.read_text().strip() if f.is_file() else "" for f in files]
+        if all(texts):
+            return [int(t) for t in texts]
+        time.sleep(0.05)
+    return None
+
+
+def _partial_files(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and PARTIAL.match(p.name)]
+
+
+def _shm_left(pids: list[int]) -> list[str]:
+    return [str(p) for pid in pids for p in Path("/dev/shm").glob(f"psgdlab-{pid}-*")]
+
+
+def _namespaces(launcher: int) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"psgd-{launcher}-")]
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _failure(out: Path) -> dict[str, Any]:
+    """What the launcher wrote of a stopped run (``OUT/failure.json``): the error and the change."""
+    try:
+        obj = json.loads((out / "failure.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"membership_changes": obj.get("membership_changes", []), "survivors": obj.get("survivors")}
+
+
+def _wait(proc: subprocess.Popen, limit_s: float) -> tuple[bool, float]:
+    """(ended by itself, seconds waited)."""
+    start = time.monotonic()
+    try:
+        proc.wait(timeout=limit_s)
+        return True, time.monotonic() - start
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return False, time.monotonic() - start
+
+
+def _reap(pids: list[int]) -> None:
+    """SIGCONT and SIGKILL what is left of a run's ranks (a stopped rank the run did not kill)."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+
+
+def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+    """One training run with one fault; what happened, as a record."""
+    base = Path(tempfile.mkdtemp(prefix=f"faults-{index}-"))
+    out = base / "run"
+    record: dict[str, Any] = {"run": index, "algorithm": algorithm, "fault": fault, "policy": "stop"}
+    mounted = False
+    extra: list[str] = []
+    try:
+        if fault == "disk-full":
+            base.joinpath("run").mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(out)], check=True)
+            mounted = True
+        if fault == "link-down":
+            extra += ["--hosts", "2", "--nic-bandwidth", "1Gbit/s"]
+        if fault == "sigkill" and algorithm in SYNCHRONOUS and rng.random() < 0.5:
+            record["policy"] = "restart"
+            extra += ["--on-failure", "restart", "--max-restarts", "2"]
+        if fault == "corrupt":
+            first = subprocess.run(_train_command(algorithm, out, args), capture_output=True, text=True)
+            if first.returncode != 0:
+                record.update(ended=True, rc=first.returncode, error=first.stderr.strip().splitlines()[-1:])
+                return record
+            steps = sorted((out / "checkpoints").glob("step*"))
+            victim = sorted(steps[-1].glob("rank*.pt"))[0]
+            victim.write_bytes(os.urandom(max(64, victim.stat().st_size)))
+            record.update(corrupted=str(victim.relative_to(out)), injected=True)
+            cmd = [sys.executable, "-m", "psgdlab", "train", "--resume", str(out), "--steps", str(2 * args.steps)]
+            cmd += ["--json"]
+        else:
+            cmd = _train_command(algorithm, out, args, *extra)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        world = WORKERS + (1 if algorithm == "asgd" else 0)
+        pids = _rank_pids(out, world, proc) or []
+        injected = time.monotonic()
+        if pids and fault != "corrupt":
+            time.sleep(rng.uniform(0.2, args.fault_window))
+            if fault in ("sigkill", "sigstop"):
+                victim_rank = rng.randrange(world)  # asgd's server (the last rank) included
+                record["victim"] = victim_rank
+            injected = time.monotonic()
+            record["injected"] = True
+            if fault == "sigkill":
+                _signal(pids[record["victim"]], signal.SIGKILL)
+            elif fault == "sigstop":
+                _signal(pids[record["victim"]], signal.SIGSTOP)
+            elif fault == "disk-full":
+                _fill(out)
+            elif fault == "link-down":
+                for name in _namespaces(proc.pid):
+                    if name.endswith("-h1"):
+                        subprocess.run(["ip", "-n", name, "link", "set", "nic0", "down"], check=False)
+        ended, _ = _wait(proc, args.hang_after + (time.monotonic() - injected))
+        _, stderr = proc.communicate()
+        _reap(pids)
+        record.update(ended=ended, rc=proc.returncode, seconds_after_fault=round(time.monotonic() - injected, 3))
+        record["error"] = stderr.strip().splitlines()[-1:] if proc.returncode else []
+        if "victim" in record and proc.returncode and fault in ("sigkill", "sigstop"):
+            failed = re.search(r"run failed: rank (\d+)", " ".join(record["error"]))
+            record["named"] = failed is not None and int(failed.group(1)) == record["victim"]
+        summary = _summary(out)
+        record["restarts"] = summary.get("restarts", [])
+        record["failure"] = _failure(out)
+        record["partial_files"] = _partial_files(out) if out.is_dir() else []
+        record["shm_left"] = _shm_left(pids)
+        record["namespaces_left"] = _namespaces(proc.pid)
+        return record
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(out)], check=False)
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _fill(out: Path) -> None:
+    """Fill the tmpfs under ``out`` but for a few KiB."""
+    stat = os.statvfs(out)
+    free = stat.f_bavail * stat.f_frsize
+    try:
+        with open(out / "filler", "wb") as fh:
+            fh.write(b"\0" * max(0, free - 8192))
+    except OSError:
+        pass
+
+
+def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+    """``runs`` short gossip runs with random delays (up to ``--soak-jitter`` s) on every exchange."""
+    hangs = failures = 0
+    for i in range(runs):
+        algorithm = ("adpsgd", "dpsgd", "hadpsgd")[i % 3]
+        with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+            cmd = _train_command(algorithm, Path(tmp) / "run", args)
+            cmd[cmd.index("--steps") + 1] = "20"
+            env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter), "PSGDLAB_TEST_SEED": str(rng.random())}
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
+            )
+            ended, _ = _wait(proc, args.hang_after + 30)
+            proc.communicate()
+            hangs += not ended
+            failures += ended and proc.returncode != 0
+    return {"runs": runs, "hangs": hangs, "failures": failures}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]) if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=16, help="fault runs (default 16)")
+    parser.add_argument("--soak", type=int, default=0, help="short gossip runs with random delays (default 0)")
+    parser.add_argument("--soak-jitter", type=float, default=0.005, help="largest delay per exchange, seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--compute-time", type=float, default=0.01)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--deadline", type=float, default=5.0, help="the runs' --timeout, seconds")
+    parser.add_argument("--fault-window", type=float, default=2.5, help="faults land up to this long after start")
+    parser.add_argument(
+        "--hang-after", type=float, default=60.0, help="a run not ended this long after its fault hangs"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    kinds = ["sigkill", "sigstop", "corrupt"] + (["disk-full", "link-down"] if _is_root() else [])
+    records = []
+    for i in range(args.runs):
+        algorithm, fault = ALGORITHMS[i % len(ALGORITHMS)], rng.choice(kinds)
+        if fault == "link-down" and algorithm == "asgd":  # 5 ranks do not split over 2 hosts
+            fault = "sigkill"
+        record = one_run(i, algorithm, fault, rng, args)
+        records.append(record)
+        if not args.json:
+            print(json.dumps(record), file=sys.stderr, flush=True)
+    stops = [r for r in records if r["policy"] == "stop" and r["fault"] in ("sigkill", "sigstop", "link-down")]
+    detections = [r["seconds_after_fault"] for r in stops if r.get("ended") and r.get("rc")]
+    restarts = [x for r in records for x in r["restarts"]]
+    result = {
+        "runs": len(records),
+        "faults": sum(1 for r in records if r.get("injected")),
+        "hangs": sum(1 for r in records if not r.get("ended", True)),
+        "partial_files": sum(len(r.get("partial_files", [])) for r in records),
+        "leftovers": sum(len(r.get("shm_left", [])) + len(r.get("namespaces_left", [])) for r in records),
+        "named": sum(1 for r in records if r.get("named") is True),
+        "misnamed": sum(1 for r in records if r.get("named") is False),
+        "work_lost_steps": sum(x.get("steps_lost", 0) for x in restarts),
+        "detection_p50_s": _pct(detections, 50),
+        "detection_p99_s": _pct(detections, 99),
+        "restarts": len(restarts),
+        "restart_p50_s": _pct([x["time_to_first_step_s"] for x in restarts if x.get("time_to_first_step_s")], 50),
+        "throughput_after_ratio": None,
+        "by_fault": {k: sum(1 for r in records if r["fault"] == k) for k in kinds},
+    }
+    if args.soak:
+        result["soak"] = soak(args.soak, rng, args)
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
