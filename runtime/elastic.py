@@ -290,7 +290,14 @@ def launch_elastic(
     from psgdlab.core.trace import atomic_write_json
     from psgdlab.runtime import checkpoint as ckpt
     from psgdlab.runtime.config import world_size_of
-    from psgdlab.runtime.launch import GRACE_S, RANK_ENV, RANKS_DIR, STOP_GRACE_S, _in_main_thread, free_port
+    from psgdlab.runtime.launch import (
+        GRACE_S,
+        RANKS_DIR,
+        STOP_GRACE_S,
+        _in_main_thread,
+        free_port,
+        rank_environment,
+    )
     from psgdlab.runtime.shm_sys import remove_segments
 
     if not config.out:
@@ -304,12 +311,7 @@ def launch_elastic(
         ckpt.remove_checkpoints(out)
     world = world_size_of(config)
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
-    env = dict(os.environ)
-    env.update(extra_env or {})
-    for key, value in RANK_ENV.items():
-        env.setdefault(key, value)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    env = rank_environment(ranks_dir, extra_env)
     env.pop(RESTART_ENV, None)
     # the workers' store: rank 0's own, on a fresh port each attempt. Shared with the rendezvous
     # (torch's default) it outlives an attempt, and a restarted rank can read the dead attempt's

@@ -118,12 +118,7 @@ def launch(
     _clear_failure_records(out)
     world = world_size_of(config)
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
-    env = dict(os.environ)
-    env.update(extra_env or {})
-    for key, value in RANK_ENV.items():
-        env.setdefault(key, value)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    env = rank_environment(ranks_dir, extra_env)
     cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
     stderr = subprocess.DEVNULL if quiet else None
     procs: dict[int, subprocess.Popen] = {}
@@ -275,6 +270,18 @@ def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, world: int) -> list[st
 
 class _Stopped(Exception):
     """SIGINT/SIGTERM arrived before any rank ran."""
+
+
+def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
+    """The environment every rank starts with: this process's, ``extra_env``, :data:`RANK_ENV`
+    where neither sets it, unbuffered output, and ``PSGDLAB_RANKS_DIR``."""
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    for key, value in RANK_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    return env
 
 
 def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
