@@ -141,9 +141,10 @@ def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():
 
 
 def test_pooled_ranking_decides_on_the_mean_of_every_run():
-    """A pair measured once out of the predicted order is decided by the means of its runs, and
-    a pair whose means stay reversed is still a swap (with the means' difference): the rule is
-    the same, only the measurement is finer. Groups without repeats are ranked as before."""
+    """A pair measured once out of the predicted order is decided by the means of its runs and
+    their standard errors: repeated runs that put the pair within two combined standard errors
+    make it a tie, means that stay apart and reversed keep it misordered. Groups without
+    repeats are ranked as before."""
     from psgdlab.analysis.compare import ranking
     from psgdlab.validate import pooled_ranking
 
@@ -154,20 +155,25 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
         _case("easgd", 37.0, 36.0, workers=2),
         _case("bmuf", 38.0, 37.0, workers=2),
     ]
-    assert not ranking(cases)[4]["identical"]
-    fixed = pooled_ranking(cases, {("easgd", 4): [73.5, 74.4, 74.3], ("bmuf", 4): [73.9, 73.1, 73.3]})
+    first = ranking(cases)[4]
+    assert not first["identical"] and (first["ranked"], first["misordered"]) == (3, 1)
+    runs = {("easgd", 4): [(73.5, 0.1), (74.4, 0.1), (74.3, 0.1)], ("bmuf", 4): [(73.9, 0.1), (73.1, 0.1), (73.3, 0.1)]}
+    fixed = pooled_ranking(cases, runs)
     assert fixed["4"]["identical"] and fixed["4"]["measured"] == ["easgd", "bmuf", "ssgd"]
+    assert (fixed["4"]["ranked"], fixed["4"]["tied"], fixed["4"]["misordered"]) == (2, 1, 0)
     assert fixed["4"]["remeasured"]["easgd"]["samples_per_s"] == [73.5, 74.4, 74.3]
-    assert fixed["4"]["remeasured"]["bmuf"]["se"] == pytest.approx(0.2404, abs=1e-4)
+    assert fixed["4"]["remeasured"]["bmuf"]["se"] == pytest.approx(0.2404, abs=1e-4)  # the runs' spread
     assert "remeasured" not in fixed["2"] and fixed["2"] == {**ranking(cases)[2]}
     # the prediction's mean over seeds orders the pair too (here it turns the predicted order round)
     turned = pooled_ranking(cases, {}, {("easgd", 4): [74.0, 72.0], ("bmuf", 4): [73.0, 73.2]})["4"]
     assert turned["identical"] and turned["predicted"][0] == ["bmuf"] and turned["predictions"] == 2
     tie = pooled_ranking(cases, {}, {("easgd", 4): [73.1, 73.3], ("bmuf", 4): [73.1, 73.3]})["4"]
     assert tie["predicted"][0] == ["bmuf", "easgd"] and tie["identical"]  # exact ties stay one class
-    kept = pooled_ranking(cases, {("easgd", 4): [73.5, 73.6], ("bmuf", 4): [73.9, 73.8]})["4"]
-    assert not kept["identical"]
-    ((a, b, _, dm),) = kept["swaps"]
+    kept = pooled_ranking(
+        cases, {("easgd", 4): [(73.5, 0.02), (73.6, 0.02)], ("bmuf", 4): [(73.9, 0.02), (73.8, 0.02)]}
+    )
+    assert not kept["4"]["identical"] and kept["4"]["misordered"] == 1
+    ((a, b, _, dm),) = kept["4"]["swaps"]
     assert (a, b) == ("easgd", "bmuf") and dm == pytest.approx(73.55 / 73.85 - 1)
 
 
@@ -227,6 +233,7 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert case["staleness_mean_measured"] == 0.0
     assert (out / "platform.toml").is_file() and (out / "compare" / "report.md").is_file()
     assert set(result["load_average"]) >= {"start", "end", "ssgd-w2"}
-    assert result["ranking"]["none"]["2"]["predicted"] == [["ssgd"]]
+    assert result["ranking_detail"]["none"]["2"]["predicted"] == [["ssgd"]]
+    assert result["ranking"] == {"ranked": 0, "tied": 0, "misordered": 0} and result["ranking_identical"] is True
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "predict every (algorithm, workers) case with the fitted platform, "
             "measure the same cases with the runtime (emulated compute by default), and compare: step "
             "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
-            "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
+            "ranking by samples/s (a pair is ranked only when its measured difference exceeds two combined "
+            "standard errors of the measured means; exact ties in the prediction are one class). The default (6 "
             "algorithm cases x 2, 4 workers, 80 steps, 0.05 s compute, 250000 float64 parameters) takes "
             "a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
             "without a straggler)."
@@ -166,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
             "median_abs_step_time_error",
             "max_abs_step_time_error",
             "max_abs_staleness_mean_error",
-            "ranking_identical",
             "ranking",
+            "ranking_identical",
+            "ranking_detail",
             "targets",
             "targets_met",
             "platform",

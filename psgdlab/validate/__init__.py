@@ -85,7 +85,7 @@ __all__ = [
 def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole loop (module docstring) and return the comparison with the case table."""
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
-    from psgdlab.analysis.compare import compare_dirs
+    from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
@@ -180,13 +180,14 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler, load, say
             )
             result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
-        result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
+        result["ranking_counts"] = ranking_counts(result["ranking"].values())
+        result["ranking_identical"] = result["ranking_counts"]["misordered"] == 0
         write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
         for c in result["cases"]:
             table.append({**case_row(c), "straggler": straggler})
         ranking_detail[straggler or "none"] = result["ranking"]
     cases = table
-    rankings = {k: all(r["identical"] for r in v.values()) for k, v in ranking_detail.items()}
+    counts = ranking_counts(r for per_n in ranking_detail.values() for r in per_n.values())
     import numpy as np
 
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
@@ -196,8 +197,9 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,
         "max_abs_staleness_mean_error": float(max(abs(x) for x in st_errs)) if st_errs else None,
-        "ranking_identical": rankings,
-        "ranking": ranking_detail,
+        "ranking": counts,
+        "ranking_identical": counts["misordered"] == 0,
+        "ranking_detail": ranking_detail,
         "targets": TARGETS,
         "platform": str(platform_path),
         "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)}),
@@ -211,7 +213,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "max_abs_step_time_error": summary["max_abs_step_time_error"] is not None
         and summary["max_abs_step_time_error"] <= TARGETS["max_abs_step_time_error"],
         "staleness_mean": all(staleness_ok(c) for c in cases),
-        "ranking_identical": all(rankings.values()),
+        "ranking_identical": counts["misordered"] == 0,
     }
     atomic_write_json(out / "validate.json", summary)
     return summary

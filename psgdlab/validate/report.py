@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from psgdlab.analysis.compare import RANK_SE
 from psgdlab.validate.plan import case_name
 
 __all__ = ["MAX_REL_RESIDUAL", "case_row", "format_table"]
@@ -55,20 +56,24 @@ def format_table(summary: dict[str, Any]) -> str:
         f"max    |step-time error| {mx * 100:.1f}% "
         f"(target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
         f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
-        f"ranking by samples/s identical (exact ties in the prediction are one class): {summary['ranking_identical']}",
+        f"ranking by samples/s: {summary['ranking']['ranked']} pairs ranked, {summary['ranking']['tied']} "
+        f"measured ties (within {RANK_SE:g} combined standard errors), {summary['ranking']['misordered']} "
+        f"misordered ({'met' if met['ranking_identical'] else 'MISSED'})",
     ]
-    for straggler, per_n in summary.get("ranking", {}).items():
+    for straggler, per_n in summary.get("ranking_detail", {}).items():
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
             seeds = f" (mean of {r['predictions']} predictions)" if r.get("predictions") else ""
             lines.append(
-                f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; measured {' > '.join(r['measured'])}"
+                f"  straggler {straggler}, {n}: predicted{seeds} {pred}; measured {' > '.join(r['measured'])} "
+                f"({r['ranked']} ranked, {r['tied']} tied, {r['misordered']} misordered)"
             )
             for a, b, dp, dm in r["swaps"]:
-                lines.append(f"    swap: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
+                lines.append(f"    misordered: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
             for a, sp in r.get("remeasured", {}).items():
+                se = f"{sp['se']:.2f}" if sp["se"] is not None else "?"
                 lines.append(
-                    f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
+                    f"    re-measured {a}: {sp['mean']:.2f} +- {se} samples/s (mean +- standard "
                     f"error of {len(sp['samples_per_s'])} runs: "
                     f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})"
                 )

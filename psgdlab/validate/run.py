@@ -118,14 +118,15 @@ def remeasure(
     straggler: str,
     load: dict[str, Any],
     say: Callable[[str], None],
-) -> dict[tuple[str, int], list[float]]:
-    """Measure each case of a swapped pair of ``result["ranking"]`` ``vc.remeasure`` more times
-    (interleaved, into ``rep_root``); returns the samples/s of every run of every case, first run
-    first, for :func:`~psgdlab.validate.stats.pooled_ranking` to rank again on their means.
+) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+    """Measure each case of a misordered pair of ``result["ranking"]`` ``vc.remeasure`` more times
+    (interleaved, into ``rep_root``); returns the samples/s of every run of every case with its
+    within-run standard error, first run first, for
+    :func:`~psgdlab.validate.stats.pooled_ranking` to rank again on their means.
 
-    Two algorithms that run at the same speed are measured in either order by single runs; more
-    runs shrink the standard error of the mean (as one over the root of the runs) without
-    changing the rule: the means must come in the predicted order.
+    One run's standard error holds only the noise within it; what moves between runs (launch
+    offsets, the machine's other load) shows in repeated runs, and more runs shrink the standard
+    error of the mean (as one over the root of the runs) without changing the rule.
     """
     from psgdlab.analysis.compare import compare_cases
     from psgdlab.analysis.load import load_cases, load_run
@@ -134,8 +135,9 @@ def remeasure(
         {(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"] for name in (a, b)}
     )
     preds = load_cases(pred_root)
-    runs: dict[tuple[str, int], list[float]] = {
-        (c["algorithm"], c["workers"]): [c["samples_per_s"]["measured"]] for c in result["cases"]
+    runs: dict[tuple[str, int], list[tuple[float, float | None]]] = {
+        (c["algorithm"], c["workers"]): [(c["samples_per_s"]["measured"], c["samples_per_s"].get("measured_se"))]
+        for c in result["cases"]
     }
     for i in range(vc.remeasure):
         for name, n in involved:
@@ -143,8 +145,8 @@ def remeasure(
             label = f"{case_name(name, n, straggler)} run {i + 2}"
             say(f"measure {label} (a pair came out of the predicted order)")
             measure(vc, name, n, straggler, d, label, load, say)
-            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
-            runs[(name, n)].append(got)
+            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]
+            runs[(name, n)].append((got["measured"], got["measured_se"]))
     return runs
 
 
