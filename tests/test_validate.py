@@ -11,6 +11,15 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.validate import ValidateConfig
 
 
+def _netns_reason() -> str | None:
+    from psgdlab.runtime.netns import unavailable_reason
+
+    return unavailable_reason()
+
+
+NETNS_REASON = _netns_reason()
+
+
 def test_validate_config_checks(tmp_path):
     with pytest.raises(ConfigError, match="algorithms"):
         ValidateConfig(out=str(tmp_path), algorithms=("nope",))
@@ -237,3 +246,58 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert result["ranking"] == {"ranked": 0, "tied": 0, "misordered": 0} and result["ranking_identical"] is True
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())
+
+
+def test_multi_host_cases_and_bad_input(capsys, monkeypatch, tmp_path):
+    """--hosts makes the cases H x N/H with at least 2 workers per host, leaves out the server
+    algorithm, and calibrates between hosts at every rate; bad input is one line and exit 2,
+    and so is a machine where emulated hosts cannot be made (nothing is written)."""
+    from psgdlab.runtime import netns
+    from psgdlab.validate.plan import ValidateConfig, between_hosts_plan, case_algorithms, host_cases
+
+    vc = ValidateConfig(out="x", hosts=(2, 4), workers=(4, 8), nic_bandwidths=("100Mbit/s", "2Gbit/s"))
+    assert host_cases(vc) == [(2, 4), (2, 8), (4, 8)]
+    assert "easgd" not in case_algorithms(vc) and "hadpsgd" in case_algorithms(vc)
+    plan = between_hosts_plan(vc)
+    assert len(plan) == 2 * 2 * 2 * vc.calibration_runs and {p[2] for p in plan} == {"100Mbit/s", "2Gbit/s"}
+    with pytest.raises(ConfigError, match="no case"):
+        ValidateConfig(out="x", hosts=(4,), workers=(4,))
+    with pytest.raises(ConfigError, match="applies only with --hosts"):
+        ValidateConfig(out="x", nic_bandwidths=("1Gbit/s",))
+    with pytest.raises(ConfigError, match="nic-bandwidth"):
+        ValidateConfig(out="x", hosts=(2,), workers=(4,), nic_bandwidths=("1Gbps",))
+    with pytest.raises(ConfigError, match="without a parameter server"):
+        ValidateConfig(out="x", hosts=(2,), workers=(4,), algorithms=("easgd",))
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "emulated hosts need root (CAP_NET_ADMIN)")
+    out = tmp_path / "v"
+    assert main(["validate", "--hosts", "2", "--nic-bandwidth", "1Gbit/s", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "emulated hosts need root" in err[0] and not out.exists()
+    assert main(["validate", "--nic-bandwidth", "1Gbit/s", "--out", str(out)]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
+    """2 emulated hosts of 2 workers at one shaped rate: calibration between hosts, a platform
+    of 2 hosts whose NIC is the fitted link, cases measured across the hosts."""
+    out = tmp_path / "v"
+    args = ["validate", "--hosts", "2", "--workers", "4", "--nic-bandwidth", "200Mbit/s", "--algorithms"]
+    args += ["ssgd,hadpsgd", "--steps", "12", "--dim", "2000", "--calibration-runs", "1", "--prediction-seeds", "1"]
+    assert main([*args, "--remeasure", "0", "--cores", "4", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {(c["algorithm"], c["hosts"], c["nic_bandwidth"]) for c in result["cases"]} == {
+        ("ssgd", 2, "200Mbit/s"),
+        ("hadpsgd", 2, "200Mbit/s"),
+    }
+    assert result["ranking"]["ranked"] + result["ranking"]["tied"] == 1
+    assert result["hosts"]["cases"] == ["2x2"] and {a["over"] for a in result["hosts"]["advantage"]} == {"ssgd"}
+    from psgdlab.core.profile import Profile
+
+    platform = Profile.read(out / "platform-200Mbit-s.toml").platform
+    assert (platform.hosts, platform.devices_per_host, platform.allreduce_between_hosts) == (2, 2, "ring")
+    assert 0.5 * 25e6 < platform.nic.bandwidth_bytes_per_s < 1.1 * 25e6  # the shaped 200 Mbit/s, fitted
+    placement = json.loads((out / "measured-h2-200Mbit-s" / "runs" / "hadpsgd-w4" / "hosts.json").read_text())
+    assert placement["placement"] == [0, 0, 1, 1]

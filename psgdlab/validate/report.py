@@ -38,7 +38,7 @@ def format_table(summary: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for c in summary["cases"]:
-        label = case_name(c["algorithm"], c["workers"], c["straggler"])
+        label = case_name(c["algorithm"], c["workers"], c["straggler"], c.get("hosts", 1), c.get("nic_bandwidth"))
         err = c["step_time_error"]
         ps, ms = c["predicted_samples_per_s"], c["measured_samples_per_s"]
         lines.append(
@@ -64,8 +64,9 @@ def format_table(summary: dict[str, Any]) -> str:
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
             seeds = f" (mean of {r['predictions']} predictions)" if r.get("predictions") else ""
+            group = straggler if "hosts" in straggler else f"straggler {straggler}"
             lines.append(
-                f"  straggler {straggler}, {n}: predicted{seeds} {pred}; measured {' > '.join(r['measured'])} "
+                f"  {group}, {n} workers: predicted{seeds} {pred}; measured {' > '.join(r['measured'])} "
                 f"({r['ranked']} ranked, {r['tied']} tied, {r['misordered']} misordered)"
             )
             for a, b, dp, dm in r["swaps"]:
@@ -77,10 +78,22 @@ def format_table(summary: dict[str, Any]) -> str:
                     f"error of {len(sp['samples_per_s'])} runs: "
                     f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})"
                 )
+    for a in summary.get("hosts", {}).get("advantage", []):
+        lines.append(
+            f"hadpsgd over {a['over']} ({a['hosts']} hosts, {a['workers']} workers, nic {a['nic_bandwidth']}, "
+            f"straggler {a['straggler'] or 'none'}): predicted {a['predicted'] * 100:+.1f}%, measured "
+            f"{a['measured'] * 100:+.1f}% (same sign: {a['same_sign']}, within 10 % of each other: {a['within_10pct']})"
+        )
+    if summary.get("hosts", {}).get("skipped"):
+        lines.append(f"left out on emulated hosts (a parameter server): {', '.join(summary['hosts']['skipped'])}")
     calibration = summary.get("calibration", {})
+    if "link" not in calibration and calibration:  # one calibration per NIC rate
+        calibration = next(iter(calibration.values()))
     schedule = calibration.get("allreduce_algorithm") or "ring"
+    nic = calibration.get("nic")
     for what, link in (
         ("link", calibration.get("link")),
+        (f"between hosts (NIC shaped to {(nic or {}).get('rate_bytes_per_s') or 0:.4g} B/s)", nic),
         (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective")),
     ):
         if not link:

@@ -34,14 +34,21 @@ def train_config(
     straggler: str,
     steps: int,
     out: Path,
+    hosts: int = 1,
+    nic_bandwidth: str | None = None,
 ) -> Any:
+    """The runtime's configuration of one run of a validation; on ``hosts`` emulated hosts
+    (shaped to ``nic_bandwidth``) H-ADPSGD's nodes are the hosts."""
     from psgdlab.runtime.config import LSQ_MODEL, TrainConfig
 
+    gpn = vc.gpus_per_node if hosts == 1 else workers // hosts
     return TrainConfig(
         algorithm=algorithm,
         variant=variant,
         workers=workers,
-        gpus_per_node=vc.gpus_per_node if "gpus_per_node" in algorithm_parameters(algorithm) else 1,
+        gpus_per_node=gpn if "gpus_per_node" in algorithm_parameters(algorithm) else 1,
+        hosts=hosts,
+        nic_bandwidth=nic_bandwidth,
         backend=vc.backend,
         model=LSQ_MODEL,
         lsq_dim=dim,
@@ -86,9 +93,12 @@ def measure(
     label: str,
     load: dict[str, Any],
     say: Callable[[str], None],
+    hosts: int = 1,
+    nic_bandwidth: str | None = None,
 ) -> None:
-    """One measured run of case ``name`` with ``workers`` into ``d``, named by the case (measured
-    once more if another process stalled it); ``load[label]`` records the machine's load."""
+    """One measured run of case ``name`` with ``workers`` (on ``hosts`` emulated hosts) into
+    ``d``, named by the case (measured once more if another process stalled it); ``load[label]``
+    records the machine's load."""
     algorithm, variant = ALGORITHM_CASES[name]
     cfg = train_config(
         vc,
@@ -99,6 +109,8 @@ def measure(
         straggler=straggler,
         steps=vc.steps,
         out=d,
+        hosts=hosts,
+        nic_bandwidth=nic_bandwidth,
     )
     load[label] = wait_for_quiet(vc, say)
     launch_fresh(cfg)
@@ -118,6 +130,8 @@ def remeasure(
     straggler: str,
     load: dict[str, Any],
     say: Callable[[str], None],
+    hosts: int = 1,
+    nic_bandwidth: str | None = None,
 ) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
     """Measure each case of a misordered pair of ``result["ranking"]`` ``vc.remeasure`` more times
     (interleaved, into ``rep_root``); returns the samples/s of every run of every case with its
@@ -142,9 +156,9 @@ def remeasure(
     for i in range(vc.remeasure):
         for name, n in involved:
             d = rep_root / f"{name}-w{n}-r{i + 1}"
-            label = f"{case_name(name, n, straggler)} run {i + 2}"
+            label = f"{case_name(name, n, straggler, hosts, nic_bandwidth)} run {i + 2}"
             say(f"measure {label} (a pair came out of the predicted order)")
-            measure(vc, name, n, straggler, d, label, load, say)
+            measure(vc, name, n, straggler, d, label, load, say, hosts, nic_bandwidth)
             got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]
             runs[(name, n)].append((got["measured"], got["measured_se"]))
     return runs

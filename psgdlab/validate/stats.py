@@ -9,7 +9,15 @@ from typing import Any
 
 from psgdlab.validate.plan import TARGETS
 
-__all__ = ["relabelled_seeds", "pooled_ranking", "pooled_mean", "predicted_samples_per_s", "spread", "staleness_ok"]
+__all__ = [
+    "hadpsgd_advantage",
+    "relabelled_seeds",
+    "pooled_ranking",
+    "pooled_mean",
+    "predicted_samples_per_s",
+    "spread",
+    "staleness_ok",
+]
 
 
 def relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
@@ -129,3 +137,47 @@ def staleness_ok(c: dict[str, Any]) -> bool:
     if m == 0:
         return abs(p) <= 0.05  # both zero (synchronous): an absolute tolerance of 0.05 updates
     return abs(p - m) / m <= TARGETS["staleness_mean_rel_error"]
+
+
+def hadpsgd_advantage(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The advantage of H-ADPSGD in samples/s over AD-PSGD (fixed ring) and SSGD, predicted and
+    measured, per group of cases (NIC rate, hosts, straggler, workers) of ``validate.json``'s
+    table: ``(hadpsgd - other) / other`` on each side, whether the two agree in sign, and whether
+    they are within 10 % of each other (``|p - m| <= 0.1 max(|p|, |m|)``).
+
+    >>> rows = [{"algorithm": a, "workers": 4, "hosts": 2, "nic_bandwidth": "1Gbit/s", "straggler": "",
+    ...          "predicted_samples_per_s": p, "measured_samples_per_s": m}
+    ...         for a, p, m in (("hadpsgd", 60.0, 58.0), ("ssgd", 40.0, 39.0))]
+    >>> [(a["over"], round(a["predicted"], 3), round(a["measured"], 3), a["same_sign"], a["within_10pct"])
+    ...  for a in hadpsgd_advantage(rows)]
+    [('ssgd', 0.5, 0.487, True, True)]
+    """
+    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for c in cases:
+        key = (c.get("nic_bandwidth"), c.get("hosts", 1), c["straggler"], c["workers"])
+        groups.setdefault(key, {})[c["algorithm"]] = c
+    out = []
+    for (rate, hosts, straggler, workers), by in groups.items():
+        h = by.get("hadpsgd")
+        if h is None:
+            continue
+        for other in ("adpsgd", "ssgd"):
+            o = by.get(other)
+            if o is None:
+                continue
+            p = h["predicted_samples_per_s"] / o["predicted_samples_per_s"] - 1
+            m = h["measured_samples_per_s"] / o["measured_samples_per_s"] - 1
+            out.append(
+                {
+                    "nic_bandwidth": rate,
+                    "hosts": hosts,
+                    "straggler": straggler,
+                    "workers": workers,
+                    "over": other,
+                    "predicted": p,
+                    "measured": m,
+                    "same_sign": p * m > 0,
+                    "within_10pct": abs(p - m) <= 0.1 * max(abs(p), abs(m)),
+                }
+            )
+    return out
