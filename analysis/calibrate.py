@@ -121,6 +121,9 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             raise ConfigError(f"{run.path} has no trace.npz to calibrate from")
     cores = cores if cores is not None else cores_of(runs)
     probe = fit_probe(probe_dirs[0], cores=cores) if probe_dirs else None
+    nic_probe = None
+    if probe is not None and probe["hosts"] > 1:  # a probe between emulated hosts: the NIC, not this host
+        nic_probe, probe = probe, None
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
@@ -231,14 +234,14 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     return {
         "compute": compute,
         "link": link,
-        "nic": fit_between_hosts(crossing, warmup_steps=warmup_steps) if crossing else None,
+        "nic": fit_between_hosts(crossing, warmup_steps=warmup_steps) if crossing else _probe_nic(nic_probe),
         "collective": collective,
         "server": server,
         "host_cpu": host_cpu,
         "model_average": model_average,
         "mix_merge": mix_merge,
         "link_source": source,
-        "probe": probe["path"] if probe is not None else None,
+        "probe": probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
         "noise": {
             "link_cv": link_noise,
             "step_cv": step_noise,
@@ -276,8 +279,8 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     --workers H``, :mod:`psgdlab.runtime.netns`): every exchange of such a run crosses hosts, so
     :func:`fit_link` over their allreduce and pairwise points (:func:`link_samples`, both kinds
     in one fit, with the schedule the runs recorded) is what a message between two hosts costs,
-    end to end: :math:`lpha + S/eta`. The bandwidth's prior is the shaped rate the runs
-    recorded (``hosts.json``; :math:`	imes/\ 4`), the latency's
+    end to end: :math:`\alpha + S/\beta`. The bandwidth's prior is the shaped rate the runs
+    recorded (``hosts.json``, :func:`psgdlab.analysis.probe.nic_prior`), the latency's
     :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
     ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
     ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the most of the runs)
@@ -303,11 +306,9 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     pts = [np.concatenate([p[i] for p in parts]) for i in range(6)]
     noise = _run_noise_cv([(key, float(x)) for p in parts for key, x in zip(zip(p[3], p[2], p[1]), p[0])])
     sd = np.sqrt(pts[5] ** 2 + ((noise if noise is not None else RUN_NOISE_CV) * pts[0]) ** 2)
-    prior = (
-        Prior(value=rate, log_sd=float(np.log(4.0)), source="the emulated NIC's shaped rate (hosts.json); x/ 4")
-        if rate
-        else LOOPBACK_BANDWIDTH
-    )
+    from psgdlab.analysis.probe import nic_prior
+
+    prior = nic_prior(rate)
     fit = fit_link(
         pts[0],
         pts[1],
@@ -325,6 +326,20 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
         "hosts": max(hosts_of(r) for r in runs),
         "allreduce_algorithm": algorithm,
         "runs": [str(r.path) for r in runs],
+    }
+
+
+def _probe_nic(probe: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The link between hosts of a probe on emulated hosts (:func:`psgdlab.analysis.probe.fit_probe`):
+    its pairwise link (a message between two hosts), the schedule it reported."""
+    if probe is None:
+        return None
+    return {
+        **probe["link"],
+        "rate_bytes_per_s": probe["rate_bytes_per_s"],
+        "hosts": probe["hosts"],
+        "allreduce_algorithm": probe["allreduce_algorithm"],
+        "runs": [probe["path"]],
     }
 
 
