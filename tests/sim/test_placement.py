@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from psgdlab.core.profile import Link, Platform
@@ -51,20 +53,24 @@ def test_an_allreduce_across_hosts_takes_the_schedule_between_hosts():
     group across hosts takes ``allreduce_between_hosts`` (a ring of 4: 6 rounds) at the NIC's
     latency plus the two host-side legs, and without it the platform's own."""
     lat, nic = 1e-3, 2e-3
-    kw = dict(
-        hosts=2,
-        devices_per_host=2,
-        sockets_per_host=2,
-        pcie=Link(latency_s=lat, bandwidth_bytes_per_s=1e9),
-        nic=Link(latency_s=nic, bandwidth_bytes_per_s=1e8),
-        allreduce="direct",
-    )
-    split = Platform(**kw, allreduce_between_hosts="ring")
+
+    def two_hosts(between: Literal["ring"] | None) -> Platform:
+        return Platform(
+            hosts=2,
+            devices_per_host=2,
+            sockets_per_host=2,
+            pcie=Link(latency_s=lat, bandwidth_bytes_per_s=1e9),
+            nic=Link(latency_s=nic, bandwidth_bytes_per_s=1e8),
+            allreduce="direct",
+            allreduce_between_hosts=between,
+        )
+
+    split = two_hosts("ring")
     net = Network(split, Placement.pack(split, 4))
     assert net.allreduce_s((0, 1), 0.0, 0.0) == pytest.approx(2 * lat)
     assert net.allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(6 * (nic + 2 * lat))
     assert net.allreduce_s((0, 1, 2, 3), 1e8, 10.0) == pytest.approx(6 * (nic + 2 * lat) + 1.5)  # 2(n-1)/n S / NIC
-    same = Platform(**kw)
+    same = two_hosts(None)
     assert Network(same, Placement.pack(same, 4)).allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(
         2 * (nic + 2 * lat)
     )
