@@ -45,6 +45,9 @@ __all__ = [
     "calibrate_runs",
     "platform_profile",
     "link_uncertainty",
+    "fit_between_hosts",
+    "hosts_of",
+    "nic_rate_of",
     "SERVER_QUANTILE",
     # fitted and read by the modules above, named here too
     "fit_compute_time",
@@ -101,10 +104,13 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     run_dirs = list(run_dirs)
     probe_dirs = [p for p in run_dirs if is_probe_dir(p)]
     runs = [load_run(p) for p in run_dirs if not is_probe_dir(p)]
+    crossing = [r for r in runs if hosts_of(r) > 1]
+    runs = [r for r in runs if hosts_of(r) == 1]
     if not runs:
         raise ConfigError(
-            "calibration needs at least one run directory of psgdlab train (the compute law comes from "
-            "end-to-end runs; a probe measures the links only)"
+            "calibration needs at least one run directory of psgdlab train on one host (the compute law and "
+            "the links inside a host come from end-to-end runs; a probe measures the links only, runs with "
+            "--hosts the link between hosts)"
         )
     if len(probe_dirs) > 1:
         raise ConfigError(
@@ -115,6 +121,9 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             raise ConfigError(f"{run.path} has no trace.npz to calibrate from")
     cores = cores if cores is not None else cores_of(runs)
     probe = fit_probe(probe_dirs[0], cores=cores) if probe_dirs else None
+    nic_probe = None
+    if probe is not None and probe["hosts"] > 1:  # a probe between emulated hosts: the NIC, not this host
+        nic_probe, probe = probe, None
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
@@ -225,13 +234,14 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     return {
         "compute": compute,
         "link": link,
+        "nic": fit_between_hosts(crossing, warmup_steps=warmup_steps) if crossing else _probe_nic(nic_probe),
         "collective": collective,
         "server": server,
         "host_cpu": host_cpu,
         "model_average": model_average,
         "mix_merge": mix_merge,
         "link_source": source,
-        "probe": probe["path"] if probe is not None else None,
+        "probe": probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
         "noise": {
             "link_cv": link_noise,
             "step_cv": step_noise,
@@ -240,11 +250,96 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         },
         "cores": cores,
         "allreduce_algorithm": algorithm,
-        "runs": [str(r.path) for r in runs] + [str(p) for p in probe_dirs],
+        "runs": [str(r.path) for r in runs + crossing] + [str(p) for p in probe_dirs],
         "payload_bytes": payloads,
         "itemsize": max(itemsizes) or None,
         "batch": max(batches) or None,
         "max_workers": max(workers_of(r) for r in runs),
+    }
+
+
+def hosts_of(run: Any) -> int:
+    """The hosts a run's ranks ran on (1 where the summary does not say: one machine)."""
+    return int(run.case.hosts or 1)
+
+
+def nic_rate_of(run: Any) -> float | None:
+    """The shaped NIC rate of a run on emulated hosts, bytes/s (``hosts.json``), or ``None``."""
+    import json
+
+    path = run.path / "hosts.json"
+    if not path.is_file():
+        return None
+    rate = json.loads(path.read_text()).get("nic_bandwidth_bytes_per_s")
+    return float(rate) if rate else None
+
+
+def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, Any]:
+    r"""The link between hosts from runs with one rank per host (``psgdlab train --hosts H
+    --workers H``, :mod:`psgdlab.runtime.netns`): every exchange of such a run crosses hosts, so
+    :func:`fit_link` over their allreduce and pairwise points (:func:`link_samples`, both kinds
+    in one fit, with the schedule the runs recorded) is what a message between two hosts costs,
+    end to end: :math:`\alpha + S/\beta`. The bandwidth's prior is the shaped rate the runs
+    recorded (``hosts.json``, :func:`psgdlab.analysis.probe.nic_prior`), the latency's
+    :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
+    ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
+    ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the most of the runs)
+    and ``allreduce_algorithm`` (the schedule of an allreduce across hosts)."""
+    for r in runs:
+        placement = list(r.case.placement or [])
+        if len(set(placement)) != len(placement) or not placement:
+            raise ConfigError(
+                f"{r.path} has several ranks on one host (placement {placement}): the link between hosts is "
+                "fitted from runs with one rank per host (--hosts H --workers H)"
+            )
+        if r.trace is None:
+            raise ConfigError(f"{r.path} has no trace.npz to calibrate from")
+    rates = {nic_rate_of(r) for r in runs}
+    if len(rates) > 1:
+        raise ConfigError(
+            f"the runs between hosts were shaped to different NIC rates {sorted(map(str, rates))}: "
+            "calibrate one rate at a time"
+        )
+    rate = rates.pop()
+    algorithm = allreduce_algorithm_of(runs)
+    parts = [link_samples(r, warmup_steps=warmup_steps) for r in runs]
+    pts = [np.concatenate([p[i] for p in parts]) for i in range(6)]
+    noise = _run_noise_cv([(key, float(x)) for p in parts for key, x in zip(zip(p[3], p[2], p[1]), p[0])])
+    sd = np.sqrt(pts[5] ** 2 + ((noise if noise is not None else RUN_NOISE_CV) * pts[0]) ** 2)
+    from psgdlab.analysis.probe import nic_prior
+
+    prior = nic_prior(rate)
+    fit = fit_link(
+        pts[0],
+        pts[1],
+        group_sizes=pts[2],
+        pairwise=pts[3],
+        records=int(pts[4].sum()),
+        algorithm=algorithm,
+        sd_s=sd,
+        bandwidth_prior=prior,
+        latency_prior=LOOPBACK_LATENCY,
+    )
+    return {
+        **fit,
+        "rate_bytes_per_s": rate,
+        "hosts": max(hosts_of(r) for r in runs),
+        "allreduce_algorithm": algorithm,
+        "runs": [str(r.path) for r in runs],
+    }
+
+
+def _probe_nic(probe: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The link between hosts of a probe on emulated hosts (:func:`psgdlab.analysis.probe.fit_probe`):
+    its pairwise link (a message between two hosts), the schedule it reported."""
+    if probe is None:
+        return None
+    return {
+        **probe["link"],
+        "rate_bytes_per_s": probe["rate_bytes_per_s"],
+        "hosts": probe["hosts"],
+        "allreduce_algorithm": probe["allreduce_algorithm"],
+        "runs": [probe["path"]],
     }
 
 
@@ -363,6 +458,7 @@ def platform_profile(
     itemsize: int | None = None,
     batch: int | None = None,
     workers: tuple[int, ...] | None = None,
+    hosts: int | None = None,
 ) -> Profile:
     """The simulator's platform profile (:class:`psgdlab.core.profile.Profile`) of a
     :func:`calibrate_runs` fit, with the fit's residuals as its notes.
@@ -376,6 +472,13 @@ def platform_profile(
     schedule (:func:`allreduce_algorithm_of`). The workload is ``n_params`` items of ``itemsize``
     bytes (default: the runs' payload) with the fitted compute distribution at ``batch``;
     ``workers``, the sweep's default worker counts.
+
+    With a fit of the link between hosts (``nic``, :func:`fit_between_hosts`): ``hosts`` hosts
+    (default: the most the runs between hosts used) of ``devices`` devices each, joined by
+    ``nic``: its bandwidth the fitted one, its latency the fitted end-to-end latency less the two
+    host-side legs the simulator adds to a message between hosts (``2 * pcie.latency_s``, at
+    least 0), and ``allreduce_between_hosts`` the runs' schedule across hosts. Without it, one
+    host and the fitted link is the NIC too.
     """
     comp, link, srv = calibration["compute"], calibration["link"], calibration["server"]
     cpu = calibration.get("host_cpu")
@@ -398,15 +501,32 @@ def platform_profile(
     mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
     fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw))
     memory: dict[str, Any] = {"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}
+    nic_fit = calibration.get("nic")
+    between: dict[str, Any] = {}
+    if nic_fit:
+        between = {
+            "hosts": int(hosts or nic_fit["hosts"]),
+            "nic": Link(
+                latency_s=max(0.0, float(nic_fit["latency_s"]) - 2 * float(lat)),
+                bandwidth_bytes_per_s=float(nic_fit["bandwidth_bytes_per_s"]),
+            ),
+            "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
+        }
     platform = Platform(
         name=name,
-        description="this machine, fitted from measured runs (loopback transport, emulated devices)",
-        hosts=1,
+        description=(
+            f"{between['hosts']} emulated hosts of this machine (network namespaces, shaped links), fitted from "
+            "measured runs"
+            if between
+            else "this machine, fitted from measured runs (loopback transport, emulated devices)"
+        ),
+        hosts=between.get("hosts", 1),
         devices_per_host=devices,
         sockets_per_host=devices,
         device="cpu-process",
         pcie=fitted_link,
-        nic=fitted_link,
+        nic=between.get("nic", fitted_link),
+        allreduce_between_hosts=between.get("allreduce_between_hosts"),
         collective=Link(
             latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"])
         )
@@ -465,6 +585,17 @@ def platform_profile(
                 f"residual {coll_fit['max_rel_residual']:.4g}"
                 if coll_fit
                 else "not fitted apart (too few allreduce or pairwise sizes): the link's"
+            )
+        ),
+        (
+            "  between hosts: "
+            + (
+                f"{nic_fit['latency_s']:.4g} s + S / {nic_fit['bandwidth_bytes_per_s']:.4g} B/s end to end "
+                f"({nic_fit['allreduce_algorithm']} allreduce) from {nic_fit['samples']} exchanges of runs with one "
+                f"rank per host, NIC shaped to {nic_fit['rate_bytes_per_s'] or 0:.4g} B/s (0: unshaped), rms "
+                f"residual {nic_fit['rms_residual_s']:.4g} s, max relative residual {nic_fit['max_rel_residual']:.4g}"
+                if nic_fit
+                else "no runs between hosts: one host, the link above is the NIC too"
             )
         ),
         (

@@ -6,7 +6,8 @@ two histograms, :math:`\tfrac12 \sum_k |p_k - q_k|`), each as the predicted and 
 the absolute error and the relative error ``(predicted - measured) / measured``. Across cases:
 the median and maximum absolute relative step-time error, and whether ranking the algorithms
 by samples/s gives the same order (per worker count) in prediction and measurement
-(:func:`ranking`: exact ties in the prediction are one class; every other pair must keep its order).
+(:func:`ranking`: a pair is ranked only when its measured difference exceeds two combined
+standard errors, :func:`samples_per_s_se`; exact ties in the prediction are one class).
 
 One definition for both sides. When both cases have a trace, every timing figure is recomputed
 from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the median
@@ -26,6 +27,7 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,8 +47,11 @@ __all__ = [
     "windowed_summaries",
     "window_summary",
     "ranking",
+    "ranking_counts",
+    "samples_per_s_se",
     "METRICS",
     "TIE_REL",
+    "RANK_SE",
 ]
 
 #: summary keys compared for every case
@@ -112,9 +117,12 @@ def windowed_summaries(pred: Run, meas: Run) -> tuple[dict[str, Any], dict[str, 
 
 def window_summary(cut: np.ndarray, *, samples_per_step: int, steps: int | None = None) -> dict[str, Any]:
     """``summarize`` of a trace cut at the first finish (:func:`cut_at_first_finish`) with the
-    comparison's warm-up: a tenth of ``steps`` (default: the cut trace's own steps per worker)."""
+    comparison's warm-up: a tenth of ``steps`` (default: the cut trace's own steps per worker),
+    and ``samples_per_s_se`` (:func:`samples_per_s_se`)."""
     steps = _steps_per_worker(cut) if steps is None else steps
-    return summarize(cut, samples_per_step=samples_per_step, warmup_steps=max(1, steps // 10))
+    out = summarize(cut, samples_per_step=samples_per_step, warmup_steps=max(1, steps // 10))
+    out["samples_per_s_se"] = samples_per_s_se(cut, samples_per_step=samples_per_step, steps=steps)
+    return out
 
 
 def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
@@ -129,6 +137,8 @@ def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
     )
     for name in METRICS:
         out[name] = _error(ps.get(name), ms.get(name))
+    for side, summary in (("predicted", ps), ("measured", ms)):
+        out["samples_per_s"][f"{side}_se"] = summary.get("samples_per_s_se")
     out["staleness_tv"] = total_variation(ps.get("staleness_hist", {}) or {}, ms.get("staleness_hist", {}) or {})
     out["predicted_step_time_s"] = out["step_time_s"]["predicted"]
     out["measured_step_time_s"] = out["step_time_s"]["measured"]
@@ -141,23 +151,42 @@ def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
 #: predicted values this close (relative) are one value computed along two paths: a tie
 TIE_REL = 1e-9
 
+#: a pair of cases is ranked only when its measured difference exceeds this many combined
+#: standard errors of the two measured means (:func:`ranking`)
+RANK_SE = 2.0
+
+#: the batch-means standard error of a run's samples/s (:func:`samples_per_s_se`) splits the timed
+#: steps into at most this many consecutive batches of at least :data:`MIN_BATCH_STEPS` steps
+SE_BATCHES, MIN_BATCH_STEPS = 8, 4
+
 
 def ranking(cases: list[dict[str, Any]], metric: str = "samples_per_s") -> dict[int, dict[str, Any]]:
-    """The ranking of the cases by ``metric`` (higher first), per worker count, predicted against
-    measured.
+    r"""The ranking of the cases by ``metric`` (higher first), per worker count, predicted against
+    measured, pair by pair.
 
-    The prediction ranks ties together: cases whose predicted values are equal up to
-    floating-point rounding (relative :data:`TIE_REL`; the simulator gives bit-identical figures
-    when two algorithms exchange alike, e.g. H-ADPSGD with a single node and SSGD) form one class,
-    and the prediction makes no claim about their order. Every other pair must be measured in
-    the predicted order (an equal measurement of two cases predicted apart is a miss too). There
-    is no tolerance on either side: a predicted difference of 0.1 % that the measurement reverses
-    is a miss, reported in ``swaps`` with both relative differences.
+    A pair of cases is *ranked* only when its measured difference exceeds :data:`RANK_SE`
+    combined standard errors of the measured means,
+    :math:`|m_a - m_b| > 2\sqrt{s_a^2 + s_b^2}` (``c[metric]["measured_se"]``; a case without
+    one counts as exact, 0); a pair inside that is a *measured tie* and passes whatever order
+    the prediction gives. A ranked pair is *misordered* when the prediction orders it the other
+    way. Cases whose predicted values are equal up to floating-point rounding (relative
+    :data:`TIE_REL`: the simulator gives bit-identical figures when two algorithms exchange
+    alike, e.g. H-ADPSGD with a single node and SSGD) form one predicted class, and the
+    prediction makes no claim about their order: such a pair is never misordered.
 
     Returns, per worker count: ``predicted`` (the classes, best first, each a list of
-    algorithms), ``measured`` (algorithms, best first), ``identical`` and ``swaps`` (``[a, b,
-    predicted (a-b)/b, measured (a-b)/b]`` for each pair predicted ``a`` above ``b`` but not
-    measured so).
+    algorithms), ``measured`` (algorithms by measured mean, best first), ``ranked``, ``tied``
+    and ``misordered`` (counts of pairs: ``ranked + tied`` is :math:`n(n-1)/2` for ``n`` cases),
+    ``identical`` (no pair misordered), ``swaps`` (``[a, b, predicted (a-b)/b, measured
+    (a-b)/b]`` for each misordered pair, ``a`` the one predicted higher) and ``ties``
+    (``[a, b, measured (a-b)/b, difference in combined standard errors]`` for each measured
+    tie, ``a`` measured higher).
+
+    >>> c = [{"algorithm": a, "workers": 2, "samples_per_s": {"predicted": p, "measured": m, "measured_se": 0.1}}
+    ...      for a, p, m in (("x", 10.0, 10.1), ("y", 9.0, 10.2), ("z", 8.0, 9.0))]
+    >>> r = ranking(c)[2]
+    >>> r["ranked"], r["tied"], r["misordered"], r["identical"]
+    (2, 1, 0, True)
     """
     out: dict[int, dict[str, Any]] = {}
     by_workers: dict[int, list[dict[str, Any]]] = {}
@@ -166,6 +195,7 @@ def ranking(cases: list[dict[str, Any]], metric: str = "samples_per_s") -> dict[
     for n, group in sorted(by_workers.items()):
         pred = {c["algorithm"]: c[metric]["predicted"] or 0.0 for c in group}
         meas = {c["algorithm"]: c[metric]["measured"] or 0.0 for c in group}
+        se = {c["algorithm"]: c[metric].get("measured_se") or 0.0 for c in group}
         classes: list[list[str]] = []
         for name in sorted(pred, key=lambda k: (-pred[k], k)):
             if classes and math.isclose(pred[classes[-1][0]], pred[name], rel_tol=TIE_REL):
@@ -173,20 +203,68 @@ def ranking(cases: list[dict[str, Any]], metric: str = "samples_per_s") -> dict[
             else:
                 classes.append([name])
         classes = [sorted(c) for c in classes]
-        swaps = []
-        for i, upper in enumerate(classes):
-            for lower in classes[i + 1 :]:
-                for a in upper:
-                    for b in lower:
-                        if not meas[a] > meas[b]:
-                            swaps.append([a, b, _rel(pred[a], pred[b]), _rel(meas[a], meas[b])])
+        rank_of = {a: i for i, cls in enumerate(classes) for a in cls}
+        names = sorted(pred)
+        swaps, ties, ranked = [], [], 0
+        for i, first in enumerate(names):
+            for second in names[i + 1 :]:
+                a, b = (first, second) if meas[first] >= meas[second] else (second, first)  # a measured higher
+                combined = math.hypot(se[a], se[b])
+                diff = meas[a] - meas[b]
+                if diff <= RANK_SE * combined:
+                    ties.append([a, b, _rel(meas[a], meas[b]), diff / combined if combined else 0.0])
+                    continue
+                ranked += 1
+                if rank_of[b] < rank_of[a]:  # predicted the other way round
+                    swaps.append([b, a, _rel(pred[b], pred[a]), _rel(meas[b], meas[a])])
         out[n] = {
             "predicted": classes,
             "measured": sorted(meas, key=lambda k: (-meas[k], k)),
+            "ranked": ranked,
+            "tied": len(ties),
+            "misordered": len(swaps),
             "identical": not swaps,
-            "swaps": swaps,
+            "swaps": sorted(swaps),
+            "ties": sorted(ties),
         }
     return out
+
+
+def ranking_counts(groups: Any) -> dict[str, int]:
+    """The pairs ranked, measured as ties and misordered, summed over groups of :func:`ranking`."""
+    groups = list(groups)
+    return {k: sum(int(g[k]) for g in groups) for k in ("ranked", "tied", "misordered")}
+
+
+def samples_per_s_se(cut: np.ndarray, *, samples_per_step: int, steps: int | None = None) -> float | None:
+    r"""The standard error of a trace's samples/s (the sum of the workers' rates, as
+    :func:`psgdlab.core.trace.summarize` and :func:`window_summary` compute it), by batch means.
+
+    Consecutive steps of a run are correlated (a slow exchange delays the next steps of every
+    worker that waits on it), so the steps are not independent draws. The timed steps (after
+    :func:`window_summary`'s warm-up) of every worker are cut into ``K`` consecutive batches of
+    equal length, ``K`` the largest up to :data:`SE_BATCHES` that leaves at least
+    :data:`MIN_BATCH_STEPS` steps in a batch; batch ``k`` gives one estimate of samples/s,
+    :math:`b \sum_r 1/\bar\Delta_{r,k}` (:math:`\bar\Delta_{r,k}` worker ``r``'s mean time
+    between compute starts in batch ``k``: the workers' rates summed within a batch, so that
+    their correlation is kept), and the standard error is the spread of the ``K`` estimates,
+    :math:`\mathrm{sd}/\sqrt{K}`. ``None`` with fewer than ``2 * MIN_BATCH_STEPS`` timed steps.
+    What varies from one run to the next (the launch offsets, the machine's other load) is not
+    in it: repeated runs measure that (:func:`psgdlab.validate.stats.pooled_ranking`).
+    """
+    steps = _steps_per_worker(cut) if steps is None else steps
+    warmup = max(1, steps // 10)
+    comp = cut[(cut["phase"] == PHASES["compute"]) & (cut["step"] >= warmup)]
+    gaps = [np.diff(np.sort(comp["start_s"][comp["rank"] == r])) for r in np.unique(comp["rank"])]
+    m = min((g.size for g in gaps), default=0)
+    k = min(SE_BATCHES, m // MIN_BATCH_STEPS)
+    if k < 2:
+        return None
+    edges = [i * m // k for i in range(k + 1)]
+    est = [
+        samples_per_step * sum((hi - lo) / float(g[lo:hi].sum()) for g in gaps) for lo, hi in itertools.pairwise(edges)
+    ]
+    return float(np.std(est, ddof=1) / math.sqrt(k))
 
 
 def _rel(a: float, b: float) -> float | None:
@@ -214,5 +292,6 @@ def compare_dirs(pred_dir: str | Path, run_dir: str | Path) -> dict[str, Any]:
         "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,
         "ranking": {str(n): r for n, r in rank.items()},
+        "ranking_counts": ranking_counts(rank.values()),
         "ranking_identical": all(r["identical"] for r in rank.values()),
     }

@@ -21,6 +21,11 @@ in it. :func:`fit_probe` reads ``probe.npz`` and ``env.json`` and returns:
   pairwise exchange one message of ``S``), non-negative least squares over the median CPU time
   of each point, with the machine's cores (``cpu_count`` of ``env.json``). Measured directly,
   not inferred from oversubscribed runs.
+
+A probe on emulated hosts (``psgdlab calibrate --probe --hosts H --nic-bandwidth RATE``, one rank
+per host) fits the link between hosts instead, with the shaped rate as the bandwidth's prior
+(:func:`nic_prior`); ``hosts`` and ``rate_bytes_per_s`` say so, and
+:func:`psgdlab.analysis.calibrate.calibrate_runs` makes it the platform's NIC.
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ from psgdlab.analysis.fits import MIN_RECORDS, fit_link, fit_links
 from psgdlab.analysis.samples import quantile_se
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_bytes, allreduce_messages
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV
+from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, Prior
 
-__all__ = ["is_probe_dir", "read_probe", "fit_probe"]
+__all__ = ["is_probe_dir", "read_probe", "fit_probe", "nic_prior"]
 
 _PAIRWISE, _ALLREDUCE = 0, 1  # kind codes of psgdlab.runtime.probe.KINDS
 
@@ -62,6 +67,13 @@ def fit_probe(path: Any, *, cores: int | None = None) -> dict[str, Any]:
     """The points, link laws and CPU work of the probe in ``path`` (module docstring); ``cores``
     overrides the ``cpu_count`` the probe recorded."""
     records, env = read_probe(path)
+    hosts = int(env.get("hosts") or 1)
+    rate = env.get("nic_bandwidth_bytes_per_s")
+    if hosts > 1 and int(env.get("world_size") or hosts) != hosts:
+        raise ConfigError(
+            f"the probe in {path} ran {env.get('world_size')} ranks on {hosts} emulated hosts: the link between "
+            "hosts is fitted from a probe with one rank per host (--groups H with --hosts H)"
+        )
     cores = int(cores or env.get("cpu_count") or 0) or None
     schedule = str(env.get("allreduce_algorithm") or "ring")
     if schedule not in ALLREDUCE_ALGORITHMS:
@@ -84,7 +96,7 @@ def fit_probe(path: Any, *, cores: int | None = None) -> dict[str, Any]:
         sel["records"].astype(int),
         sd[free],
         algorithm=schedule,
-        bandwidth_prior=LOOPBACK_BANDWIDTH,
+        bandwidth_prior=nic_prior(rate) if hosts > 1 else LOOPBACK_BANDWIDTH,
         latency_prior=LOOPBACK_LATENCY,
     )
     out = {
@@ -95,9 +107,19 @@ def fit_probe(path: Any, *, cores: int | None = None) -> dict[str, Any]:
         "schedule_fit": _schedule_fit(cols, free & ~pair, sd),
         "host_cpu": _fit_cpu(cols, free, schedule, cores),
         "cores": cores,
+        "hosts": hosts,
+        "rate_bytes_per_s": float(rate) if rate else None,
         "path": str(path),
     }
     return out
+
+
+def nic_prior(rate: float | None) -> Prior:
+    """The prior of the bandwidth between emulated hosts: their shaped rate (x/ 4), or
+    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH` unshaped."""
+    if not rate:
+        return LOOPBACK_BANDWIDTH
+    return Prior(value=float(rate), log_sd=float(np.log(4.0)), source="the emulated NIC's shaped rate; x/ 4")
 
 
 def _points(records: np.ndarray) -> list[dict[str, Any]]:

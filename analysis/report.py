@@ -44,14 +44,19 @@ def markdown_report(result: dict[str, Any]) -> str:
         f"Median absolute step-time error: {_pct(result['median_abs_step_time_error'])}; "
         f"maximum: {_pct(result['max_abs_step_time_error'])}.",
         f"Ranking of algorithms by samples/s identical: {'yes' if result['ranking_identical'] else 'no'} "
-        "(exact ties in the prediction are one class, in either order).",
+        "(a pair is ranked only when its measured difference exceeds two combined standard errors; "
+        "exact ties in the prediction are one class, in either order).",
         "",
     ]
     for n, r in (result.get("ranking") or {}).items():
         pred = " > ".join(" = ".join(c) for c in r["predicted"])
-        lines.append(f"- {n} workers: predicted {pred}; measured {' > '.join(r['measured'])}")
+        lines.append(
+            f"- {n} workers: predicted {pred}; measured {' > '.join(r['measured'])} "
+            f"({r.get('ranked', '?')} pairs ranked, {r.get('tied', '?')} measured ties, "
+            f"{r.get('misordered', len(r['swaps']))} misordered)"
+        )
         for a, b, dp, dm in r["swaps"]:
-            lines.append(f"  - swap: {a} predicted {_pct(dp)} over {b}, measured {_pct(dm)}")
+            lines.append(f"  - misordered: {a} predicted {_pct(dp)} over {b}, measured {_pct(dm)}")
         for a, sp in (r.get("remeasured") or {}).items():
             lines.append(
                 f"  - {a} measured {len(sp['samples_per_s'])} times (a pair came out of the predicted "

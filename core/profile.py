@@ -219,6 +219,11 @@ class Platform:
         members (:func:`psgdlab.core.exchange.allreduce_rounds`: :math:`2(n-1)`,
         :math:`2\lceil\log_2 n\rceil`, 2). Default ``"ring"`` (NCCL, gloo); ``psgdlab calibrate``
         takes it from the runs (``direct`` for psgdlab's shared-memory data plane).
+    allreduce_between_hosts : {"ring", "halving-doubling", "direct"} or None
+        The schedule of an allreduce whose group spans hosts, where the implementation runs
+        another one there (psgdlab's shared-memory plane inside a host, gloo's ring between
+        emulated hosts); ``None`` (default): ``allreduce``. ``psgdlab calibrate`` takes it from
+        runs with ranks on several hosts.
     host_memory_bandwidth_bytes_per_s : float
         Host memory bandwidth for CPU averaging and staging.
     model_average_s, model_average_s_per_byte : float
@@ -290,6 +295,7 @@ class Platform:
     socket_link: Link | None = None
     collective: Link | None = None
     allreduce: AllreduceAlgorithm = "ring"
+    allreduce_between_hosts: AllreduceAlgorithm | None = None
     host_memory_bandwidth_bytes_per_s: float = 5e10
     model_average_s: float = 0.0
     model_average_s_per_byte: float = 0.0
@@ -336,6 +342,12 @@ class Platform:
             self.allreduce in ALLREDUCE_ALGORITHMS,
             "allreduce",
             self.allreduce,
+            f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}",
+        )
+        require(
+            self.allreduce_between_hosts is None or self.allreduce_between_hosts in ALLREDUCE_ALGORITHMS,
+            "allreduce_between_hosts",
+            self.allreduce_between_hosts,
             f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}",
         )
         for name in (

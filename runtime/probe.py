@@ -87,6 +87,13 @@ class ProbeConfig:
         Repetitions before them, recorded and marked, ``>= 0``.
     timeout_s : float
         Deadline of every wait and of the whole probe.
+    hosts : int
+        Emulated hosts the ranks go on (:mod:`psgdlab.runtime.netns`, gloo only, needs root), in
+        contiguous blocks as ``psgdlab train --hosts`` places them; with one rank per host
+        (``--hosts 2`` and the default groups) every exchange crosses the NIC, and
+        :func:`psgdlab.analysis.calibrate.calibrate_runs` fits the link between hosts from it.
+    nic_bandwidth : str or None
+        The emulated hosts' link rate (``1Gbit/s``); ``None``: not shaped.
     """
 
     out: str
@@ -96,6 +103,8 @@ class ProbeConfig:
     repeats: int = 20
     warmup: int = 3
     timeout_s: float = 120.0
+    hosts: int = 1
+    nic_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
         require(self.backend in ("gloo", "mpi"), "backend", self.backend, "must be gloo or mpi")
@@ -113,6 +122,25 @@ class ProbeConfig:
         require(isinstance(self.repeats, int) and self.repeats >= 3, "repeats", self.repeats, "must be an integer >= 3")
         require(isinstance(self.warmup, int) and self.warmup >= 0, "warmup", self.warmup, "must be an integer >= 0")
         require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
+        require(isinstance(self.hosts, int) and self.hosts >= 1, "hosts", self.hosts, "must be an integer >= 1")
+        if self.nic_bandwidth is not None:
+            from psgdlab.core.config import parse_rate
+
+            parse_rate(self.nic_bandwidth)
+            require(self.hosts >= 2, "nic-bandwidth", self.nic_bandwidth, "applies only with --hosts 2 or more")
+        if self.hosts > 1:
+            require(
+                self.backend == "gloo",
+                "hosts",
+                self.hosts,
+                "is supported by the probe with --backend gloo only (psgdlab train --hosts runs MPI too)",
+            )
+            require(
+                self.world % self.hosts == 0,
+                "hosts",
+                self.hosts,
+                f"must divide the probe's {self.world} ranks (the largest group): ranks go on hosts in equal blocks",
+            )
 
     @property
     def world(self) -> int:
@@ -142,23 +170,80 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     cmd = [sys.executable, "-m", "psgdlab.runtime.probe", "--config", str(config_path)]
     env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen[bytes]] = []
+    hosts = None
     try:
         if cfg.backend == "mpi":
             mpi = [str(mpiexec_path()), "-n", str(cfg.world), *cmd]
             procs.append(subprocess.Popen(mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
         else:
             port = free_port()
+            placement = [0] * cfg.world
+            if cfg.hosts > 1:
+                hosts, placement, port = _up_hosts(cfg)
             for r in range(cfg.world):
                 env_r = dict(env, RANK=str(r), WORLD_SIZE=str(cfg.world), LOCAL_RANK=str(r))
                 env_r.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                procs.append(subprocess.Popen(cmd, env=env_r, stdout=subprocess.DEVNULL))
+                prefix: list[str] = []
+                if hosts is not None:
+                    from psgdlab.runtime.netns import HOST_ENV, IFACE
+
+                    host = placement[r]
+                    env_r.update(
+                        LOCAL_RANK=str(placement[:r].count(host)),
+                        MASTER_ADDR=hosts.address(0),
+                        GLOO_SOCKET_IFNAME=IFACE,
+                        TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+                        **{HOST_ENV: hosts.namespace(host)},
+                    )
+                    prefix = hosts.exec_prefix(host)
+                procs.append(
+                    subprocess.Popen(
+                        [*prefix, *cmd],
+                        env=env_r,
+                        stdout=subprocess.DEVNULL,
+                        preexec_fn=None if hosts is None else _parent_death_signal(),
+                    )
+                )
+            if hosts is not None:
+                hosts.record_ranks([p.pid for p in procs])
         _wait(procs, out, cfg, progress)
     finally:
         _stop(procs)
         (out / "progress").unlink(missing_ok=True)
+        if hosts is not None:
+            from psgdlab.runtime.shm_sys import remove_segments
+
+            remove_segments(p.pid for p in procs)
+            hosts.down()
     if not (out / "probe.npz").is_file():
         raise TransportError(f"every probe rank exited but rank 0 wrote no {out / 'probe.npz'}")
     return out
+
+
+def _up_hosts(cfg: ProbeConfig) -> tuple[Any, list[int], int]:
+    """The probe's emulated hosts, made and reachable (the leftovers of killed launchers
+    removed first); the host of every rank; the rendezvous port."""
+    from psgdlab.core.config import parse_rate
+    from psgdlab.runtime.launch import MASTER_PORT
+    from psgdlab.runtime.netns import EmulatedHosts, contiguous_placement, remove_stale, require_netns
+
+    require_netns(cfg.hosts)
+    remove_stale()
+    rate = parse_rate(cfg.nic_bandwidth) if cfg.nic_bandwidth is not None else None
+    hosts = EmulatedHosts(cfg.hosts, rate)
+    try:
+        hosts.up()
+        hosts.wait_until_reachable()
+    except BaseException:
+        hosts.down()
+        raise
+    return hosts, list(contiguous_placement(cfg.world, cfg.hosts)), MASTER_PORT
+
+
+def _parent_death_signal() -> Callable[[], None]:
+    from psgdlab.runtime.netns import set_parent_death_signal
+
+    return set_parent_death_signal
 
 
 def _wait(
@@ -253,9 +338,22 @@ def run_rank(cfg: ProbeConfig) -> None:
     atomic_write_json(
         out / "env.json",
         environment(
-            source="probe", world_size=cfg.world, extra={"backend": cfg.backend, "allreduce_algorithm": schedule}
+            source="probe",
+            world_size=cfg.world,
+            extra={
+                "backend": cfg.backend,
+                "allreduce_algorithm": schedule,
+                "hosts": cfg.hosts,
+                "nic_bandwidth_bytes_per_s": _rate(cfg.nic_bandwidth),
+            },
         ),
     )
+
+
+def _rate(text: str | None) -> float | None:
+    from psgdlab.core.config import parse_rate
+
+    return None if text is None else parse_rate(text)
 
 
 def _close(backend: str) -> None:

@@ -17,7 +17,8 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   another.
 - allreduce over a group (:func:`~psgdlab.core.cost.allreduce_s`) with the platform's
   ``allreduce`` schedule and the slowest link class on the ring: per-device share of each
-  socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts;
+  socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts
+  (with ``platform.allreduce_between_hosts`` as its schedule, when set);
   a group inside one host uses ``platform.collective`` instead when it is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
   :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
@@ -279,6 +280,8 @@ class Network:
         if bw == float("inf"):
             bw = self._pcie_bw
         algorithm = self.platform.allreduce
+        if spans and self.platform.allreduce_between_hosts is not None:
+            algorithm = self.platform.allreduce_between_hosts
         dur = allreduce_s(n, nbytes, bw, lat, algorithm)
         if self._cpu is not None:
             work = self._cpu.work_s(allreduce_messages(n, algorithm), allreduce_bytes(n, nbytes))

@@ -11,6 +11,15 @@ from psgdlab.core.errors import ConfigError
 from psgdlab.validate import ValidateConfig
 
 
+def _netns_reason() -> str | None:
+    from psgdlab.runtime.netns import unavailable_reason
+
+    return unavailable_reason()
+
+
+NETNS_REASON = _netns_reason()
+
+
 def test_validate_config_checks(tmp_path):
     with pytest.raises(ConfigError, match="algorithms"):
         ValidateConfig(out=str(tmp_path), algorithms=("nope",))
@@ -141,9 +150,10 @@ def test_relabelled_predictions_tie_the_two_rings_that_are_one_system():
 
 
 def test_pooled_ranking_decides_on_the_mean_of_every_run():
-    """A pair measured once out of the predicted order is decided by the means of its runs, and
-    a pair whose means stay reversed is still a swap (with the means' difference): the rule is
-    the same, only the measurement is finer. Groups without repeats are ranked as before."""
+    """A pair measured once out of the predicted order is decided by the means of its runs and
+    their standard errors: repeated runs that put the pair within two combined standard errors
+    make it a tie, means that stay apart and reversed keep it misordered. Groups without
+    repeats are ranked as before."""
     from psgdlab.analysis.compare import ranking
     from psgdlab.validate import pooled_ranking
 
@@ -154,20 +164,25 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
         _case("easgd", 37.0, 36.0, workers=2),
         _case("bmuf", 38.0, 37.0, workers=2),
     ]
-    assert not ranking(cases)[4]["identical"]
-    fixed = pooled_ranking(cases, {("easgd", 4): [73.5, 74.4, 74.3], ("bmuf", 4): [73.9, 73.1, 73.3]})
+    first = ranking(cases)[4]
+    assert not first["identical"] and (first["ranked"], first["misordered"]) == (3, 1)
+    runs = {("easgd", 4): [(73.5, 0.1), (74.4, 0.1), (74.3, 0.1)], ("bmuf", 4): [(73.9, 0.1), (73.1, 0.1), (73.3, 0.1)]}
+    fixed = pooled_ranking(cases, runs)
     assert fixed["4"]["identical"] and fixed["4"]["measured"] == ["easgd", "bmuf", "ssgd"]
+    assert (fixed["4"]["ranked"], fixed["4"]["tied"], fixed["4"]["misordered"]) == (2, 1, 0)
     assert fixed["4"]["remeasured"]["easgd"]["samples_per_s"] == [73.5, 74.4, 74.3]
-    assert fixed["4"]["remeasured"]["bmuf"]["se"] == pytest.approx(0.2404, abs=1e-4)
+    assert fixed["4"]["remeasured"]["bmuf"]["se"] == pytest.approx(0.2404, abs=1e-4)  # the runs' spread
     assert "remeasured" not in fixed["2"] and fixed["2"] == {**ranking(cases)[2]}
     # the prediction's mean over seeds orders the pair too (here it turns the predicted order round)
     turned = pooled_ranking(cases, {}, {("easgd", 4): [74.0, 72.0], ("bmuf", 4): [73.0, 73.2]})["4"]
     assert turned["identical"] and turned["predicted"][0] == ["bmuf"] and turned["predictions"] == 2
     tie = pooled_ranking(cases, {}, {("easgd", 4): [73.1, 73.3], ("bmuf", 4): [73.1, 73.3]})["4"]
     assert tie["predicted"][0] == ["bmuf", "easgd"] and tie["identical"]  # exact ties stay one class
-    kept = pooled_ranking(cases, {("easgd", 4): [73.5, 73.6], ("bmuf", 4): [73.9, 73.8]})["4"]
-    assert not kept["identical"]
-    ((a, b, _, dm),) = kept["swaps"]
+    kept = pooled_ranking(
+        cases, {("easgd", 4): [(73.5, 0.02), (73.6, 0.02)], ("bmuf", 4): [(73.9, 0.02), (73.8, 0.02)]}
+    )
+    assert not kept["4"]["identical"] and kept["4"]["misordered"] == 1
+    ((a, b, _, dm),) = kept["4"]["swaps"]
     assert (a, b) == ("easgd", "bmuf") and dm == pytest.approx(73.55 / 73.85 - 1)
 
 
@@ -227,7 +242,8 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert case["staleness_mean_measured"] == 0.0
     assert (out / "platform.toml").is_file() and (out / "compare" / "report.md").is_file()
     assert set(result["load_average"]) >= {"start", "end", "ssgd-w2"}
-    assert result["ranking"]["none"]["2"]["predicted"] == [["ssgd"]]
+    assert result["ranking_detail"]["none"]["2"]["predicted"] == [["ssgd"]]
+    assert result["ranking"] == {"ranked": 0, "tied": 0, "misordered": 0} and result["ranking_identical"] is True
     # the prediction's 90 % interval around it, and whether the measured step fell inside
     assert case["interval_low"] < 1 < case["interval_high"]
     ratio = case["measured_step_time_s"] / case["predicted_step_time_s"]
@@ -235,3 +251,58 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert result["interval_coverage"] == float(case["in_interval"])
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())
+
+
+def test_multi_host_cases_and_bad_input(capsys, monkeypatch, tmp_path):
+    """--hosts makes the cases H x N/H with at least 2 workers per host, leaves out the server
+    algorithm, and calibrates between hosts at every rate; bad input is one line and exit 2,
+    and so is a machine where emulated hosts cannot be made (nothing is written)."""
+    from psgdlab.runtime import netns
+    from psgdlab.validate.plan import ValidateConfig, between_hosts_plan, case_algorithms, host_cases
+
+    vc = ValidateConfig(out="x", hosts=(2, 4), workers=(4, 8), nic_bandwidths=("100Mbit/s", "2Gbit/s"))
+    assert host_cases(vc) == [(2, 4), (2, 8), (4, 8)]
+    assert "easgd" not in case_algorithms(vc) and "hadpsgd" in case_algorithms(vc)
+    plan = between_hosts_plan(vc)
+    assert len(plan) == 2 * 2 * 2 * vc.calibration_runs and {p[2] for p in plan} == {"100Mbit/s", "2Gbit/s"}
+    with pytest.raises(ConfigError, match="no case"):
+        ValidateConfig(out="x", hosts=(4,), workers=(4,))
+    with pytest.raises(ConfigError, match="applies only with --hosts"):
+        ValidateConfig(out="x", nic_bandwidths=("1Gbit/s",))
+    with pytest.raises(ConfigError, match="nic-bandwidth"):
+        ValidateConfig(out="x", hosts=(2,), workers=(4,), nic_bandwidths=("1Gbps",))
+    with pytest.raises(ConfigError, match="without a parameter server"):
+        ValidateConfig(out="x", hosts=(2,), workers=(4,), algorithms=("easgd",))
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "emulated hosts need root (CAP_NET_ADMIN)")
+    out = tmp_path / "v"
+    assert main(["validate", "--hosts", "2", "--nic-bandwidth", "1Gbit/s", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "emulated hosts need root" in err[0] and not out.exists()
+    assert main(["validate", "--nic-bandwidth", "1Gbit/s", "--out", str(out)]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
+    """2 emulated hosts of 2 workers at one shaped rate: calibration between hosts, a platform
+    of 2 hosts whose NIC is the fitted link, cases measured across the hosts."""
+    out = tmp_path / "v"
+    args = ["validate", "--hosts", "2", "--workers", "4", "--nic-bandwidth", "200Mbit/s", "--algorithms"]
+    args += ["ssgd,hadpsgd", "--steps", "12", "--dim", "2000", "--calibration-runs", "1", "--prediction-seeds", "1"]
+    assert main([*args, "--remeasure", "0", "--cores", "4", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {(c["algorithm"], c["hosts"], c["nic_bandwidth"]) for c in result["cases"]} == {
+        ("ssgd", 2, "200Mbit/s"),
+        ("hadpsgd", 2, "200Mbit/s"),
+    }
+    assert result["ranking"]["ranked"] + result["ranking"]["tied"] == 1
+    assert result["hosts"]["cases"] == ["2x2"] and {a["over"] for a in result["hosts"]["advantage"]} == {"ssgd"}
+    from psgdlab.core.profile import Profile
+
+    platform = Profile.read(out / "platform-200Mbit-s.toml").platform
+    assert (platform.hosts, platform.devices_per_host, platform.allreduce_between_hosts) == (2, 2, "ring")
+    assert 0.5 * 25e6 < platform.nic.bandwidth_bytes_per_s < 1.1 * 25e6  # the shaped 200 Mbit/s, fitted
+    placement = json.loads((out / "measured-h2-200Mbit-s" / "runs" / "hadpsgd-w4" / "hosts.json").read_text())
+    assert placement["placement"] == [0, 0, 1, 1]

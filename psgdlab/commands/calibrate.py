@@ -9,7 +9,7 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from psgdlab.core.flags import DefaultsHelpFormatter
+    from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 
     p = sub.add_parser(
         "calibrate",
@@ -66,6 +66,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cores measure the cores' contention and stay out of the link fit)",
     )
     p.add_argument("--repeats", type=int, default=20, help="timed repetitions per kind, group and size of the probe")
+    add_flags(
+        p,
+        "--hosts",
+        "--nic-bandwidth",
+        defaults={"--hosts": 1},
+        helps={
+            "--hosts": "-- here the probe's ranks (gloo): with one rank per host (--hosts 2 and the default "
+            "--groups 2) every exchange crosses the NIC, and the fit is the link between hosts, the "
+            "platform's [platform.nic]; train runs with --hosts and one worker per host give it too",
+        },
+    )
+    p.add_argument(
+        "--platform-hosts",
+        type=int,
+        default=None,
+        metavar="H",
+        help="hosts of the platform written, when a probe or runs between hosts fitted the link between "
+        "them (default: as many as they used); --devices is then the devices of each host",
+    )
     p.add_argument("--name", default="calibrated", help="platform name in the file")
     p.add_argument(
         "--devices",
@@ -113,8 +132,15 @@ def run(args: argparse.Namespace) -> int:
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
     require(args.cores is None or args.cores >= 1, "cores", args.cores, "must be >= 1")
-    if not args.probe and (args.sizes is not None or args.groups != (2,) or args.probe_out is not None):
-        raise ConfigError("--sizes, --groups and --probe-out set up a probe; add --probe")
+    require(
+        args.platform_hosts is None or args.platform_hosts >= 1, "platform-hosts", args.platform_hosts, "must be >= 1"
+    )
+    probing = (args.sizes, args.probe_out, args.nic_bandwidth) != (None, None, None) or (args.groups, args.hosts) != (
+        (2,),
+        1,
+    )
+    if not args.probe and probing:
+        raise ConfigError("--sizes, --groups, --probe-out, --hosts and --nic-bandwidth set up a probe; add --probe")
     if not args.run_dirs and not args.probe:
         raise ConfigError("give RUN_DIRs of psgdlab train, or --probe to measure the transport")
     if args.out is None and args.run_dirs:
@@ -133,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_dirs:
         return _print_probe(run_dirs[-1], args)
     fit = calibrate_runs(run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
-    platform_profile(fit, name=args.name, devices=args.devices, n_params=args.n_params).write(args.out)
+    platform_profile(
+        fit, name=args.name, devices=args.devices, n_params=args.n_params, hosts=args.platform_hosts
+    ).write(args.out)
     if args.json:
         print(json.dumps({**fit, "out": args.out}, indent=2, default=str))
     else:
@@ -143,6 +171,14 @@ def run(args: argparse.Namespace) -> int:
             f"link: latency {lk['latency_s'] * 1e6:.1f} us, bandwidth {lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
             f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)"
         )
+        nic = fit.get("nic")
+        if nic:
+            print(
+                f"between hosts: latency {nic['latency_s'] * 1e6:.1f} us, bandwidth "
+                f"{nic['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s end to end ({nic['samples']} exchanges; NIC shaped to "
+                + (f"{nic['rate_bytes_per_s'] / 1e9:.3g} GB/s" if nic["rate_bytes_per_s"] else "no rate")
+                + f"; {nic['allreduce_algorithm']} allreduce across hosts)"
+            )
         co = fit.get("collective")
         schedule = fit["allreduce_algorithm"]
         print(
@@ -208,6 +244,8 @@ def _run_probe(args: argparse.Namespace) -> str:
         sizes_bytes=args.sizes or DEFAULT_SIZES_BYTES,
         groups=args.groups,
         repeats=args.repeats,
+        hosts=args.hosts,
+        nic_bandwidth=args.nic_bandwidth,
     )
     bar = tqdm(total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False)
 
@@ -237,6 +275,8 @@ def _print_probe(path: str, args: argparse.Namespace) -> int:
             f"{kind:<10} {p['group']:>5} {p['size_bytes']:>10} {p['wall_s'] * 1e6:>10.1f} "
             f"{p['algbw_bytes_per_s'] / 1e9:>11.3f} {p['busbw_bytes_per_s'] / 1e9:>11.3f} {p['cpu_s'] * 1e6:>8.1f}"
         )
+    if fit["hosts"] > 1:
+        print(f"between {fit['hosts']} emulated hosts, one rank each: the links below are the link between hosts")
     for what, lk in (("pairwise link", fit["link"]), ("allreduce", fit["collective"])):
         if lk:
             print(

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from psgdlab.core.errors import ConfigError
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, name_list
 from psgdlab.validate.plan import ALGORITHM_CASES
 
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "predict every (algorithm, workers) case with the fitted platform, "
             "measure the same cases with the runtime (emulated compute by default), and compare: step "
             "time (one definition and window for both, see psgdlab.analysis.compare), mean staleness, "
-            "ranking by samples/s (exact ties in the prediction are one class). The default (6 "
+            "ranking by samples/s (a pair is ranked only when its measured difference exceeds two combined "
+            "standard errors of the measured means; exact ties in the prediction are one class). The default (6 "
             "algorithm cases x 2, 4 workers, 80 steps, 0.05 s compute, 250000 float64 parameters) takes "
             "a few minutes; the full target grid is --full (2, 4, 8 workers, with and "
             "without a straggler)."
@@ -36,7 +38,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="CASE[,...]",
         help=f"cases among {','.join(ALGORITHM_CASES)} (default: all)",
     )
-    add_flags(p, "--workers", many={"--workers"}, helps={"--workers": "default 2,4; --full: 2,4,8"})
+    add_flags(
+        p,
+        "--workers",
+        many={"--workers"},
+        helps={"--workers": "default 2,4; --full: 2,4,8; with --hosts: 4,8 (workers in all, as for train)"},
+    )
+    add_flags(
+        p,
+        "--hosts",
+        "--nic-bandwidth",
+        many={"--hosts", "--nic-bandwidth"},
+        helps={
+            "--hosts": "-- here the cases' host counts: every H that divides a --workers count N with at least "
+            "2 workers per host is a case H x N/H (ssgd, bmuf, adpsgd, adpsgd-random, hadpsgd with a node per "
+            "host; easgd's server rank breaks the equal blocks and is left out), predicted on a platform of "
+            "the same hosts; calibration adds runs of 2 hosts with one worker each for the link between hosts",
+            "--nic-bandwidth": "-- here a comma list: every case at each rate (e.g. one where the NIC is the "
+            "bottleneck and one where it is not)",
+        },
+    )
     p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo", help="the runtime's transport")
     p.add_argument(
         "--compute-time", default="0.05", metavar="T", help="emulated compute per step (psgdlab.core.timing spec)"
@@ -135,7 +156,13 @@ def _counts(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from psgdlab.validate import ALGORITHM_CASES, ValidateConfig, format_table, validate
 
-    workers = args.workers or ((2, 4, 8) if args.full else (2, 4))
+    if args.nic_bandwidth and not args.hosts:
+        raise ConfigError(f"nic-bandwidth ({','.join(args.nic_bandwidth)}) applies only with --hosts")
+    if args.hosts:  # one line and exit 2 where emulated hosts cannot be made, before anything runs
+        from psgdlab.runtime.netns import require_netns
+
+        require_netns(max(args.hosts))
+    workers = args.workers or ((2, 4, 8) if args.full else (4, 8) if args.hosts else (2, 4))
     straggler = args.straggler if args.straggler is not None else ("1:2" if args.full else None)
     if straggler:
         from psgdlab.core.stragglers import StragglerModel
@@ -157,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         prediction_seeds=args.prediction_seeds,
         calibration_runs=args.calibration_runs,
         calibrate_workers=args.calibrate_workers,
+        hosts=tuple(args.hosts or ()),
+        nic_bandwidths=tuple(args.nic_bandwidth or ()),
     )
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
@@ -166,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
             "median_abs_step_time_error",
             "max_abs_step_time_error",
             "max_abs_staleness_mean_error",
-            "ranking_identical",
             "ranking",
+            "ranking_identical",
+            "ranking_detail",
             "interval_coverage",
             "interval_max_half_width",
             "targets",
@@ -176,8 +206,8 @@ def run(args: argparse.Namespace) -> int:
             "calibrate_workers",
             "load_average",
         )
-        print(json.dumps({k: summary[k] for k in keys}, indent=2))
+        print(json.dumps({k: summary[k] for k in (*keys, "hosts") if k in summary}, indent=2))
     else:
         print(format_table(summary))
-        print(f"report: {args.out}/compare/report.md, {args.out}/validate.json")
+        print(f"reports: {args.out}/compare*/report.md, {args.out}/validate.json")
     return 0

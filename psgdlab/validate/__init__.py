@@ -19,7 +19,25 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
     OUT/measured-repeats/    more runs of the cases of a pair measured out of the predicted order
                              (``--remeasure``; the ranking then compares their mean samples/s)
     OUT/compare/             compare.json, report.md (psgdlab.analysis.report)
-    OUT/validate.json        the case table, the targets, the load before every run
+    OUT/validate.json        the case table, the targets, the ranking (pairs ranked, measured
+                             as ties, misordered: psgdlab.analysis.compare.ranking), the load
+                             before every run
+
+**On emulated hosts** (``--hosts H[,...] --nic-bandwidth RATE[,...]``, :mod:`psgdlab.runtime.netns`,
+needs root): the cases are every ``H x N/H`` (:func:`~psgdlab.validate.plan.host_cases`: ``H``
+divides a ``--workers`` count ``N`` with at least 2 workers per host), ssgd, bmuf, adpsgd (both
+rings) and hadpsgd with a node per host (easgd's server rank would break the equal blocks of
+ranks per host), each at every NIC rate, and calibration adds runs of 2 hosts with one worker
+each (a gradient allreduce and a pairwise average at both calibration sizes, per rate:
+:func:`~psgdlab.validate.plan.between_hosts_plan`), from which
+:func:`psgdlab.analysis.calibrate.fit_between_hosts` fits the link between hosts. One platform
+per rate, ``OUT/platform-RATE.toml``: this machine's fits inside a host and that rate's between
+hosts, ``H`` hosts of ``N/H`` devices; the predictions place the workers on hosts as the runtime
+does (contiguous blocks). Directories get ``-hH-RATE`` appended; ``validate.json`` adds
+``hosts``: the cases, the algorithms left out, and H-ADPSGD's advantage over AD-PSGD and SSGD,
+predicted and measured (:func:`~psgdlab.validate.stats.hadpsgd_advantage`). What the simulator
+does not see: every emulated host shares this machine's cores (its CPU model counts the cores
+per host).
 
 The machine is shared. Before every run the load averages and the idle cores are recorded
 (``--min-idle-cores`` waits for a quieter machine: :mod:`~psgdlab.validate.machine`), and a
@@ -60,14 +78,19 @@ from psgdlab.validate.plan import (
     ALGORITHM_CASES,
     TARGETS,
     ValidateConfig,
+    between_hosts_plan,
     calibration_plan,
+    case_algorithms,
     case_name,
     default_calibration_dims,
+    host_cases,
     probe_groups,
+    rate_slug,
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import launch_fresh, measure, remeasure, train_config
 from psgdlab.validate.stats import (
+    hadpsgd_advantage,
     interval_coverage,
     mark_intervals,
     pooled_ranking,
@@ -92,7 +115,7 @@ __all__ = [
 def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole loop (module docstring) and return the comparison with the case table."""
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
-    from psgdlab.analysis.compare import compare_dirs
+    from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
@@ -101,6 +124,11 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
     from psgdlab.sim.workload import load_config
+
+    if vc.hosts:  # one line and nothing written where emulated hosts cannot be made
+        from psgdlab.runtime.netns import require_netns
+
+        require_netns(max(vc.hosts))
 
     say = progress or (lambda msg: None)
     out = Path(vc.out)
@@ -127,79 +155,140 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         say(f"probe of the transport (groups {', '.join(map(str, groups))})")
         load["probe"] = wait_for_quiet(vc, say)
         calib_dirs.append(probe(ProbeConfig(out=str(out / "calibration" / "probe"), backend=vc.backend, groups=groups)))
-    calibration = calibrate_runs(calib_dirs, cores=cores)
-    platform_path = out / "platform.toml"
-    platform_profile(
-        calibration,
-        name="this-machine",
-        devices=max(vc.workers),
-        n_params=vc.dim,
-        itemsize=8,
-        batch=vc.batch,
-        workers=vc.workers,
-    ).write(platform_path)
-    config = load_config(path=platform_path)
+    between: dict[str | None, list[Path]] = {}
+    if vc.hosts:
+        for alg, dim, rate, name in between_hosts_plan(vc):
+            d = out / "calibration" / name
+            say(f"calibration run {d.name} (2 emulated hosts, one worker each)")
+            load[d.name] = wait_for_quiet(vc, say)
+            cfg = train_config(
+                vc,
+                algorithm=alg,
+                variant=None,
+                workers=2,
+                dim=dim,
+                straggler="",
+                steps=vc.calibration_steps,
+                out=d,
+                hosts=2,
+                nic_bandwidth=rate,
+            )
+            launch_fresh(cfg)
+            between.setdefault(rate, []).append(d)
+    # one platform per NIC rate: this machine's fits inside a host, the rate's between hosts
+    settings: list[tuple[str | None, int]] = (
+        [(rate, h) for rate in (vc.nic_bandwidths or (None,)) for h in vc.hosts] if vc.hosts else [(None, 1)]
+    )
+    configs: dict[str | None, Any] = {}
+    calibrations: dict[str, Any] = {}
+    for rate in dict.fromkeys(r for r, _ in settings):
+        calibration = calibrate_runs(calib_dirs + between.get(rate, []), cores=cores)
+        platform_path = out / ("platform.toml" if not vc.hosts else f"platform-{rate_slug(rate)}.toml")
+        per_host = max(n // h for h, n in host_cases(vc)) if vc.hosts else max(vc.workers)
+        platform_profile(
+            calibration,
+            name="this-machine" if not vc.hosts else f"emulated-hosts-{rate_slug(rate)}",
+            devices=per_host,
+            n_params=vc.dim,
+            itemsize=8,
+            batch=vc.batch,
+            workers=vc.workers,
+            hosts=max(vc.hosts) if vc.hosts else None,
+        ).write(platform_path)
+        configs[rate] = load_config(path=platform_path)
+        calibrations[str(platform_path.name)] = calibration
     # 2. one measured run and one prediction per case
     table: list[dict[str, Any]] = []
     ranking_detail: dict[str, Any] = {}
-    for straggler in vc.stragglers:
-        preds = []
-        predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each of a case's predictions
-        meas_root = out / ("measured" if not straggler else "measured-straggler")
-        pred_root = out / ("predicted" if not straggler else "predicted-straggler")
-        for name in vc.algorithms:
-            algorithm, variant = ALGORITHM_CASES[name]
-            for n in vc.workers:
-                gpn = vc.gpus_per_node if "gpus_per_node" in algorithm_parameters(algorithm) else None
-                say(f"predict {case_name(name, n, straggler)}")
-                case: dict[str, Any] = dict(
-                    steps=vc.steps, variant=variant, gpus_per_node=gpn, stragglers=straggler or None, workers_per_host=n
-                )
-                # every seed twice, the workers' compute-time streams in rank order and reversed; the
-                # first (seed offset 0, rank order) is the case's prediction, written and compared
-                first, *more = relabelled_seeds(n, vc.prediction_seeds)
-                p = predict_one(algorithm, n, config, seed=vc.seed + first[0], streams=first[1], **case)
-                p.row["algorithm"] = name
-                preds.append(p)
-                predicted[(name, n)] = [
-                    predicted_samples_per_s(q.result.trace, vc.batch)
-                    for q in [
-                        p,
-                        *(
-                            predict_one(algorithm, n, config, seed=vc.seed + k, streams=order, **case)
-                            for k, order in more
-                        ),
-                    ]
-                ]
-                say(f"measure {case_name(name, n, straggler)}")
-                d = meas_root / "runs" / f"{name}-w{n}"
-                measure(vc, name, n, straggler, d, case_name(name, n, straggler), load, say)
-        if pred_root.exists():
-            shutil.rmtree(pred_root)
-        write_prediction(pred_root, config, preds, {"validate": dataclasses.asdict(vc), "straggler": straggler})
-        write_prediction_figures(
-            pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
-        )
-        result = compare_dirs(pred_root, meas_root)
-        result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
-        if vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):
-            runs = remeasure(
-                vc, result, pred_root, meas_root.with_name(meas_root.name + "-repeats"), straggler, load, say
+    for rate, hosts in settings:
+        config = configs[rate]
+        counts_n = [n for h, n in host_cases(vc) if h == hosts] if vc.hosts else list(vc.workers)
+        for straggler in vc.stragglers:
+            tag = "" if hosts == 1 else f"-h{hosts}-{rate_slug(rate)}"
+            label = (
+                (straggler or "none")
+                if hosts == 1
+                else f"{hosts} hosts, nic {rate or 'unshaped'}, straggler {straggler or 'none'}"
             )
-            result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
-        result["ranking_identical"] = all(r["identical"] for r in result["ranking"].values())
-        mark_intervals(result["cases"], [p.row for p in preds])
-        write_report(result, out / ("compare" if not straggler else "compare-straggler"), figures=True)
-        for c in result["cases"]:
-            table.append({**case_row(c), "straggler": straggler})
-        ranking_detail[straggler or "none"] = result["ranking"]
+            preds = []
+            predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each of a case's predictions
+            meas_root = out / (("measured" if not straggler else "measured-straggler") + tag)
+            pred_root = out / (("predicted" if not straggler else "predicted-straggler") + tag)
+            for name in case_algorithms(vc):
+                algorithm, variant = ALGORITHM_CASES[name]
+                for n in counts_n:
+                    per_host = n if hosts == 1 else n // hosts
+                    node = vc.gpus_per_node if hosts == 1 else per_host  # on emulated hosts a node is a host
+                    gpn = node if "gpus_per_node" in algorithm_parameters(algorithm) else None
+                    cname = case_name(name, n, straggler, hosts, rate)
+                    say(f"predict {cname}")
+                    case: dict[str, Any] = dict(
+                        steps=vc.steps,
+                        variant=variant,
+                        gpus_per_node=gpn,
+                        stragglers=straggler or None,
+                        workers_per_host=per_host,
+                    )
+                    # every seed twice, the workers' compute-time streams in rank order and reversed; the
+                    # first (seed offset 0, rank order) is the case's prediction, written and compared
+                    first, *more = relabelled_seeds(n, vc.prediction_seeds)
+                    p = predict_one(algorithm, n, config, seed=vc.seed + first[0], streams=first[1], **case)
+                    p.row["algorithm"] = name
+                    preds.append(p)
+                    predicted[(name, n)] = [
+                        predicted_samples_per_s(q.result.trace, vc.batch)
+                        for q in [
+                            p,
+                            *(
+                                predict_one(algorithm, n, config, seed=vc.seed + k, streams=order, **case)
+                                for k, order in more
+                            ),
+                        ]
+                    ]
+                    say(f"measure {cname}")
+                    d = meas_root / "runs" / f"{name}-w{n}"
+                    measure(vc, name, n, straggler, d, cname, load, say, hosts, rate)
+            if pred_root.exists():
+                shutil.rmtree(pred_root)
+            write_prediction(
+                pred_root,
+                config,
+                preds,
+                {"validate": dataclasses.asdict(vc), "straggler": straggler, "hosts": hosts, "nic_bandwidth": rate},
+            )
+            write_prediction_figures(
+                pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
+            )
+            result = compare_dirs(pred_root, meas_root)
+            result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
+            if vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):
+                runs = remeasure(
+                    vc,
+                    result,
+                    pred_root,
+                    meas_root.with_name(meas_root.name + "-repeats"),
+                    straggler,
+                    load,
+                    say,
+                    hosts,
+                    rate,
+                )
+                result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
+            result["ranking_counts"] = ranking_counts(result["ranking"].values())
+            result["ranking_identical"] = result["ranking_counts"]["misordered"] == 0
+            mark_intervals(result["cases"], [p.row for p in preds])
+            write_report(result, out / (("compare" if not straggler else "compare-straggler") + tag), figures=True)
+            for c in result["cases"]:
+                table.append({**case_row(c), "straggler": straggler, "hosts": hosts, "nic_bandwidth": rate})
+            ranking_detail[label] = result["ranking"]
     cases = table
-    rankings = {k: all(r["identical"] for r in v.values()) for k, v in ranking_detail.items()}
+    counts = ranking_counts(r for per_n in ranking_detail.values() for r in per_n.values())
     import numpy as np
 
     errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
     st_errs = [c["staleness_mean_rel_error"] for c in cases if c["staleness_mean_rel_error"] is not None]
     coverage, widest = interval_coverage(cases)
+    only = next(iter(calibrations.values()))
     summary: dict[str, Any] = {
         "cases": cases,
         "interval_coverage": coverage,
@@ -207,22 +296,29 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
         "max_abs_step_time_error": float(errs.max()) if errs.size else None,
         "max_abs_staleness_mean_error": float(max(abs(x) for x in st_errs)) if st_errs else None,
-        "ranking_identical": rankings,
-        "ranking": ranking_detail,
+        "ranking": counts,
+        "ranking_identical": counts["misordered"] == 0,
+        "ranking_detail": ranking_detail,
         "targets": TARGETS,
-        "platform": str(platform_path),
+        "platform": str(out / "platform.toml") if not vc.hosts else [str(out / k) for k in calibrations],
         "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)}),
-        "calibration": calibration,
+        "calibration": only if not vc.hosts else calibrations,
         "config": dataclasses.asdict(vc),
         "load_average": {**load, "end": load_average()},
     }
+    if vc.hosts:
+        summary["hosts"] = {
+            "cases": [f"{h}x{n // h}" for h, n in host_cases(vc)],
+            "skipped": [a for a in vc.algorithms if a not in case_algorithms(vc)],
+            "advantage": hadpsgd_advantage(cases),
+        }
     summary["targets_met"] = {
         "median_abs_step_time_error": summary["median_abs_step_time_error"] is not None
         and summary["median_abs_step_time_error"] <= TARGETS["median_abs_step_time_error"],
         "max_abs_step_time_error": summary["max_abs_step_time_error"] is not None
         and summary["max_abs_step_time_error"] <= TARGETS["max_abs_step_time_error"],
         "staleness_mean": all(staleness_ok(c) for c in cases),
-        "ranking_identical": all(rankings.values()),
+        "ranking_identical": counts["misordered"] == 0,
         "interval_coverage": summary["interval_coverage"] is not None
         and summary["interval_coverage"] >= TARGETS["interval_coverage"],
         "interval_max_half_width": summary["interval_max_half_width"] is not None

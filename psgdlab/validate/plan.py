@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from psgdlab.core.algorithms import algorithm_from_flags
+from psgdlab.core.config import parse_rate
 from psgdlab.core.errors import require
 from psgdlab.core.exchange import folds_model
 
@@ -17,6 +19,10 @@ __all__ = [
     "case_name",
     "calibration_plan",
     "probe_groups",
+    "case_algorithms",
+    "host_cases",
+    "between_hosts_plan",
+    "rate_slug",
 ]
 
 #: (case name, algorithm, variant) -- adpsgd is validated with both peer schedules
@@ -73,6 +79,11 @@ class ValidateConfig:
     #: workers than cores also twice the cores and the largest case count); extrapolation in
     #: workers is validated by calibrating at fewer workers than the cases
     calibrate_workers: tuple[int, ...] | None = None
+    #: emulated hosts of the cases (``--hosts``; ``()``: every worker on this machine's one host):
+    #: the cases are then :func:`host_cases`
+    hosts: tuple[int, ...] = ()
+    #: the emulated hosts' NIC rates (``--nic-bandwidth``), every case at each (``()``: not shaped)
+    nic_bandwidths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for a in self.algorithms:
@@ -132,6 +143,31 @@ class ValidateConfig:
             self.calibration_runs,
             "must be an integer >= 1",
         )
+        for h in self.hosts:
+            require(isinstance(h, int) and h >= 2, "hosts", h, "must be integers >= 2 (emulated hosts)")
+        for rate in self.nic_bandwidths:
+            parse_rate(rate)
+        require(
+            not self.nic_bandwidths or bool(self.hosts),
+            "nic_bandwidth",
+            ",".join(self.nic_bandwidths),
+            "applies only with --hosts",
+        )
+        if self.hosts:
+            require(
+                bool(host_cases(self)),
+                "hosts",
+                ",".join(map(str, self.hosts)),
+                f"give no case with the workers {','.join(map(str, self.workers))}: a case needs hosts that "
+                "divide its workers with at least 2 workers per host",
+            )
+            require(
+                bool(case_algorithms(self)),
+                "algorithms",
+                ",".join(self.algorithms),
+                "has no case without a parameter server (the server's rank would break the equal blocks "
+                "of ranks per host)",
+            )
 
 
 #: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
@@ -155,9 +191,64 @@ def default_calibration_dims(dim: int) -> tuple[int, int]:
     return (dim // 2, 3 * dim // 2) if dim >= MIN_BRACKETED_DIM else (50_000, 500_000)
 
 
-def case_name(name: str, workers: int, straggler: str) -> str:
-    """``adpsgd-random-w4`` (``-straggler`` appended for a case with a straggler)."""
-    return f"{name}-w{workers}" + ("" if not straggler else "-straggler")
+def case_name(name: str, workers: int, straggler: str, hosts: int = 1, nic_bandwidth: str | None = None) -> str:
+    """``adpsgd-random-w4``, or on emulated hosts ``hadpsgd-2x4-1Gbit-s`` (hosts x workers per
+    host, the NIC rate); ``-straggler`` appended for a case with a straggler.
+
+    >>> case_name("adpsgd-random", 4, ""), case_name("hadpsgd", 8, "1:2", 2, "1Gbit/s")
+    ('adpsgd-random-w4', 'hadpsgd-2x4-1Gbit-s-straggler')
+    """
+    where = f"w{workers}" if hosts == 1 else f"{hosts}x{workers // hosts}-{rate_slug(nic_bandwidth)}"
+    return f"{name}-{where}" + ("" if not straggler else "-straggler")
+
+
+def rate_slug(rate: str | None) -> str:
+    """A NIC rate as a file name: ``"1Gbit/s"`` -> ``"1Gbit-s"``, ``None`` -> ``"unshaped"``."""
+    return "unshaped" if rate is None else re.sub(r"[^A-Za-z0-9.]+", "-", rate).strip("-")
+
+
+def case_algorithms(vc: ValidateConfig) -> tuple[str, ...]:
+    """The algorithm cases ``vc`` validates: all of ``vc.algorithms`` on one host; on emulated
+    hosts those without a parameter server (the runtime puts ranks on hosts in equal contiguous
+    blocks, and the server is one rank more than the workers).
+
+    >>> case_algorithms(ValidateConfig(out="x", hosts=(2,), workers=(4,)))
+    ('ssgd', 'bmuf', 'adpsgd', 'adpsgd-random', 'hadpsgd')
+    """
+    if not vc.hosts:
+        return vc.algorithms
+    return tuple(a for a in vc.algorithms if not algorithm_from_flags(ALGORITHM_CASES[a][0], 2).has_server)
+
+
+def host_cases(vc: ValidateConfig) -> list[tuple[int, int]]:
+    """The ``(hosts, workers)`` of the cases on emulated hosts: every count of ``vc.hosts`` that
+    divides a count of ``vc.workers`` with at least 2 workers per host (a host of one worker
+    has nothing inside it: H-ADPSGD's node would be one worker).
+
+    >>> host_cases(ValidateConfig(out="x", hosts=(2, 4), workers=(4, 8)))
+    [(2, 4), (2, 8), (4, 8)]
+    """
+    return [(h, n) for h in vc.hosts for n in vc.workers if n % h == 0 and n // h >= 2]
+
+
+def between_hosts_plan(vc: ValidateConfig) -> list[tuple[str, int, str | None, str]]:
+    """The calibration runs between emulated hosts, ``(algorithm, dim, NIC rate, directory
+    name)`` each: a gradient allreduce (ssgd) and a pairwise average (adpsgd) of 2 workers on 2
+    hosts (one each, so every exchange crosses the NIC), at both calibration sizes, at each NIC
+    rate, ``vc.calibration_runs`` times (:func:`psgdlab.analysis.calibrate.fit_between_hosts`).
+
+    >>> [p[3] for p in between_hosts_plan(ValidateConfig(out="x", hosts=(2,), workers=(4,),
+    ...                                                  nic_bandwidths=("1Gbit/s",), calibration_runs=1))]
+    ['ssgd-h2-d125000-1Gbit-s', 'ssgd-h2-d375000-1Gbit-s', 'adpsgd-h2-d125000-1Gbit-s', 'adpsgd-h2-d375000-1Gbit-s']
+    """
+    dims = vc.calibration_dims or ()
+    out = []
+    for rate in vc.nic_bandwidths or (None,):
+        for i in range(vc.calibration_runs):
+            for alg in ("ssgd", "adpsgd"):
+                for d in dims:
+                    out.append((alg, d, rate, f"{alg}-h2-d{d}-{rate_slug(rate)}" + (f"-r{i + 1}" if i else "")))
+    return out
 
 
 def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int, str]]:
@@ -195,7 +286,7 @@ def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int
             f"must include a count of at most the {cores} cores (the links and the compute are fitted "
             "from runs that have a core per worker)",
         )
-    cases = [ALGORITHM_CASES[a] for a in vc.algorithms]
+    cases = [ALGORITHM_CASES[a] for a in case_algorithms(vc)]
     server = next((alg for alg, variant in cases if algorithm_from_flags(alg, 2, variant=variant).has_server), None)
     fold = next((alg for alg, variant in cases if _folds_model(alg, variant, vc.calibration_steps)), None)
     base = ["ssgd", "adpsgd", *(a for a in (server, fold) if a is not None)]

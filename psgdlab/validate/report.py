@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from psgdlab.analysis.compare import RANK_SE
 from psgdlab.validate.plan import case_name
 
 __all__ = ["MAX_REL_RESIDUAL", "case_row", "format_table"]
@@ -55,7 +56,7 @@ def format_table(summary: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for c in summary["cases"]:
-        label = case_name(c["algorithm"], c["workers"], c["straggler"])
+        label = case_name(c["algorithm"], c["workers"], c["straggler"], c.get("hosts", 1), c.get("nic_bandwidth"))
         err = c["step_time_error"]
         ps, ms = c["predicted_samples_per_s"], c["measured_samples_per_s"]
         lines.append(
@@ -74,27 +75,44 @@ def format_table(summary: dict[str, Any]) -> str:
         f"(target <= 20%: {'met' if met['max_abs_step_time_error'] else 'MISSED'})",
         f"mean staleness within 10%: {'met' if met['staleness_mean'] else 'MISSED'}",
         _interval_line(summary),
-        f"ranking by samples/s identical (exact ties in the prediction are one class): {summary['ranking_identical']}",
+        f"ranking by samples/s: {summary['ranking']['ranked']} pairs ranked, {summary['ranking']['tied']} "
+        f"measured ties (within {RANK_SE:g} combined standard errors), {summary['ranking']['misordered']} "
+        f"misordered ({'met' if met['ranking_identical'] else 'MISSED'})",
     ]
-    for straggler, per_n in summary.get("ranking", {}).items():
+    for straggler, per_n in summary.get("ranking_detail", {}).items():
         for n, r in per_n.items():
             pred = " > ".join(" = ".join(c) for c in r["predicted"])
             seeds = f" (mean of {r['predictions']} predictions)" if r.get("predictions") else ""
+            group = straggler if "hosts" in straggler else f"straggler {straggler}"
             lines.append(
-                f"  straggler {straggler}, {n} workers: predicted{seeds} {pred}; measured {' > '.join(r['measured'])}"
+                f"  {group}, {n} workers: predicted{seeds} {pred}; measured {' > '.join(r['measured'])} "
+                f"({r['ranked']} ranked, {r['tied']} tied, {r['misordered']} misordered)"
             )
             for a, b, dp, dm in r["swaps"]:
-                lines.append(f"    swap: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
+                lines.append(f"    misordered: {a} predicted {dp * 100:+.2f}% over {b}, measured {dm * 100:+.2f}%")
             for a, sp in r.get("remeasured", {}).items():
+                se = f"{sp['se']:.2f}" if sp["se"] is not None else "?"
                 lines.append(
-                    f"    re-measured {a}: {sp['mean']:.2f} +- {sp['se']:.2f} samples/s (mean +- standard "
+                    f"    re-measured {a}: {sp['mean']:.2f} +- {se} samples/s (mean +- standard "
                     f"error of {len(sp['samples_per_s'])} runs: "
                     f"{', '.join(f'{x:.1f}' for x in sp['samples_per_s'])})"
                 )
+    for a in summary.get("hosts", {}).get("advantage", []):
+        lines.append(
+            f"hadpsgd over {a['over']} ({a['hosts']} hosts, {a['workers']} workers, nic {a['nic_bandwidth']}, "
+            f"straggler {a['straggler'] or 'none'}): predicted {a['predicted'] * 100:+.1f}%, measured "
+            f"{a['measured'] * 100:+.1f}% (same sign: {a['same_sign']}, within 10 % of each other: {a['within_10pct']})"
+        )
+    if summary.get("hosts", {}).get("skipped"):
+        lines.append(f"left out on emulated hosts (a parameter server): {', '.join(summary['hosts']['skipped'])}")
     calibration = summary.get("calibration", {})
+    if "link" not in calibration and calibration:  # one calibration per NIC rate
+        calibration = next(iter(calibration.values()))
     schedule = calibration.get("allreduce_algorithm") or "ring"
+    nic = calibration.get("nic")
     for what, link in (
         ("link", calibration.get("link")),
+        (f"between hosts (NIC shaped to {(nic or {}).get('rate_bytes_per_s') or 0:.4g} B/s)", nic),
         (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective")),
     ):
         if not link:

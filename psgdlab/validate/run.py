@@ -34,14 +34,21 @@ def train_config(
     straggler: str,
     steps: int,
     out: Path,
+    hosts: int = 1,
+    nic_bandwidth: str | None = None,
 ) -> Any:
+    """The runtime's configuration of one run of a validation; on ``hosts`` emulated hosts
+    (shaped to ``nic_bandwidth``) H-ADPSGD's nodes are the hosts."""
     from psgdlab.runtime.config import LSQ_MODEL, TrainConfig
 
+    gpn = vc.gpus_per_node if hosts == 1 else workers // hosts
     return TrainConfig(
         algorithm=algorithm,
         variant=variant,
         workers=workers,
-        gpus_per_node=vc.gpus_per_node if "gpus_per_node" in algorithm_parameters(algorithm) else 1,
+        gpus_per_node=gpn if "gpus_per_node" in algorithm_parameters(algorithm) else 1,
+        hosts=hosts,
+        nic_bandwidth=nic_bandwidth,
         backend=vc.backend,
         model=LSQ_MODEL,
         lsq_dim=dim,
@@ -86,9 +93,12 @@ def measure(
     label: str,
     load: dict[str, Any],
     say: Callable[[str], None],
+    hosts: int = 1,
+    nic_bandwidth: str | None = None,
 ) -> None:
-    """One measured run of case ``name`` with ``workers`` into ``d``, named by the case (measured
-    once more if another process stalled it); ``load[label]`` records the machine's load."""
+    """One measured run of case ``name`` with ``workers`` (on ``hosts`` emulated hosts) into
+    ``d``, named by the case (measured once more if another process stalled it); ``load[label]``
+    records the machine's load."""
     algorithm, variant = ALGORITHM_CASES[name]
     cfg = train_config(
         vc,
@@ -99,6 +109,8 @@ def measure(
         straggler=straggler,
         steps=vc.steps,
         out=d,
+        hosts=hosts,
+        nic_bandwidth=nic_bandwidth,
     )
     load[label] = wait_for_quiet(vc, say)
     launch_fresh(cfg)
@@ -118,14 +130,17 @@ def remeasure(
     straggler: str,
     load: dict[str, Any],
     say: Callable[[str], None],
-) -> dict[tuple[str, int], list[float]]:
-    """Measure each case of a swapped pair of ``result["ranking"]`` ``vc.remeasure`` more times
-    (interleaved, into ``rep_root``); returns the samples/s of every run of every case, first run
-    first, for :func:`~psgdlab.validate.stats.pooled_ranking` to rank again on their means.
+    hosts: int = 1,
+    nic_bandwidth: str | None = None,
+) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+    """Measure each case of a misordered pair of ``result["ranking"]`` ``vc.remeasure`` more times
+    (interleaved, into ``rep_root``); returns the samples/s of every run of every case with its
+    within-run standard error, first run first, for
+    :func:`~psgdlab.validate.stats.pooled_ranking` to rank again on their means.
 
-    Two algorithms that run at the same speed are measured in either order by single runs; more
-    runs shrink the standard error of the mean (as one over the root of the runs) without
-    changing the rule: the means must come in the predicted order.
+    One run's standard error holds only the noise within it; what moves between runs (launch
+    offsets, the machine's other load) shows in repeated runs, and more runs shrink the standard
+    error of the mean (as one over the root of the runs) without changing the rule.
     """
     from psgdlab.analysis.compare import compare_cases
     from psgdlab.analysis.load import load_cases, load_run
@@ -134,17 +149,18 @@ def remeasure(
         {(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"] for name in (a, b)}
     )
     preds = load_cases(pred_root)
-    runs: dict[tuple[str, int], list[float]] = {
-        (c["algorithm"], c["workers"]): [c["samples_per_s"]["measured"]] for c in result["cases"]
+    runs: dict[tuple[str, int], list[tuple[float, float | None]]] = {
+        (c["algorithm"], c["workers"]): [(c["samples_per_s"]["measured"], c["samples_per_s"].get("measured_se"))]
+        for c in result["cases"]
     }
     for i in range(vc.remeasure):
         for name, n in involved:
             d = rep_root / f"{name}-w{n}-r{i + 1}"
-            label = f"{case_name(name, n, straggler)} run {i + 2}"
+            label = f"{case_name(name, n, straggler, hosts, nic_bandwidth)} run {i + 2}"
             say(f"measure {label} (a pair came out of the predicted order)")
-            measure(vc, name, n, straggler, d, label, load, say)
-            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]["measured"]
-            runs[(name, n)].append(got)
+            measure(vc, name, n, straggler, d, label, load, say, hosts, nic_bandwidth)
+            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]
+            runs[(name, n)].append((got["measured"], got["measured_se"]))
     return runs
 
 

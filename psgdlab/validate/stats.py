@@ -1,18 +1,23 @@
 """The statistics of a validation: the seeds each case is predicted with, the ranking on pooled
-runs and predictions, the spread of repeated runs, the staleness target."""
+runs and predictions (a pair ranked only outside two combined standard errors of the measured
+means), the spread of repeated runs, the staleness target."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psgdlab.validate.plan import TARGETS
 
 __all__ = [
+    "hadpsgd_advantage",
     "relabelled_seeds",
     "pooled_ranking",
+    "pooled_mean",
     "predicted_samples_per_s",
     "spread",
     "staleness_ok",
+    "mark_intervals",
     "interval_coverage",
 ]
 
@@ -38,14 +43,16 @@ def relabelled_seeds(n: int, seeds: int) -> list[tuple[int, list[int] | None]]:
 
 def pooled_ranking(
     cases: list[dict[str, Any]],
-    runs: dict[tuple[str, int], list[float]],
-    predicted: dict[tuple[str, int], list[float]] | None = None,
+    runs: Mapping[tuple[str, int], Sequence[tuple[float, float | None]]],
+    predicted: Mapping[tuple[str, int], Sequence[float]] | None = None,
 ) -> dict[str, Any]:
-    """:func:`psgdlab.analysis.compare.ranking` of ``cases`` on the mean measured samples/s of
-    ``runs`` (``(algorithm, workers)`` -> the samples/s of each run, the cases' own first) and
-    the mean predicted samples/s of ``predicted`` (the same, one entry per simulated seed); a
-    group with a case of more than one run gets ``remeasured`` (:func:`spread` per such case),
-    one predicted more than once ``predictions`` (how many).
+    """:func:`psgdlab.analysis.compare.ranking` of ``cases`` on the measured mean samples/s and
+    its standard error (:func:`pooled_mean`) of ``runs`` (``(algorithm, workers)`` -> the
+    samples/s of each run with its within-run standard error, the case's own first; a case
+    absent: its one run in ``cases``) and the mean predicted samples/s of ``predicted`` (the
+    same, one entry per simulated seed); a group with a case of more than one run gets
+    ``remeasured`` (:func:`spread` per such case), one predicted more than once ``predictions``
+    (how many).
 
     A prediction of a few steps is one draw of the compute times and matchings; the mean over
     seeds (each also with the workers' streams relabelled, :func:`relabelled_seeds`) is the
@@ -54,9 +61,10 @@ def pooled_ranking(
 
     >>> cases = [{"algorithm": a, "workers": 4, "samples_per_s": {"predicted": p, "measured": m}}
     ...          for a, p, m in (("easgd", 74.0, 73.5), ("bmuf", 73.0, 73.9))]
-    >>> r = pooled_ranking(cases, {("easgd", 4): [73.5, 74.4, 74.3], ("bmuf", 4): [73.9, 73.1, 73.3]})["4"]
-    >>> r["identical"], r["measured"], [round(r["remeasured"]["bmuf"]["mean"], 2)]
-    (True, ['easgd', 'bmuf'], [73.43])
+    >>> runs = {("easgd", 4): [(73.5, 0.1), (74.4, 0.1), (74.3, 0.1)], ("bmuf", 4): [(73.9, 0.1), (73.1, 0.1)]}
+    >>> r = pooled_ranking(cases, runs)["4"]
+    >>> r["identical"], r["measured"], r["ranked"], r["tied"], [round(r["remeasured"]["bmuf"]["mean"], 2)]
+    (True, ['easgd', 'bmuf'], 0, 1, [73.5])
     """
     import numpy as np
 
@@ -66,9 +74,11 @@ def pooled_ranking(
     pooled = []
     for c in cases:
         key, sp = (c["algorithm"], c["workers"]), c["samples_per_s"]
-        meas = np.array(runs.get(key, [sp["measured"]]), dtype=float)
+        mean, se = pooled_mean(runs.get(key, [(sp["measured"], sp.get("measured_se"))]))
         pred = np.array(predicted.get(key, [sp["predicted"]]), dtype=float)
-        pooled.append({**c, "samples_per_s": {**sp, "measured": float(meas.mean()), "predicted": float(pred.mean())}})
+        pooled.append(
+            {**c, "samples_per_s": {**sp, "measured": mean, "measured_se": se, "predicted": float(pred.mean())}}
+        )
     ranked = {str(n): r for n, r in ranking(pooled).items()}
     for n, r in ranked.items():
         more = {a: spread(v) for (a, m), v in sorted(runs.items()) if str(m) == n and len(v) > 1}
@@ -80,6 +90,31 @@ def pooled_ranking(
     return ranked
 
 
+def pooled_mean(runs: Sequence[tuple[float, float | None]]) -> tuple[float, float | None]:
+    r"""The mean samples/s of a case's runs and its standard error: the larger of the spread of
+    the runs, :math:`\mathrm{sd}(x)/\sqrt{m}` (with two runs or more: what varies from one run
+    to the next, launch offsets and the machine's other load, is in it) and the runs' own
+    batch-means standard errors combined, :math:`\sqrt{\sum_i s_i^2}/m`
+    (:func:`psgdlab.analysis.compare.samples_per_s_se`: the noise within the runs, the only
+    measure one run gives). ``None`` when neither is known.
+
+    >>> pooled_mean([(10.0, 0.3)])
+    (10.0, 0.3)
+    >>> m, se = pooled_mean([(10.0, 0.1), (11.0, 0.1)]); round(m, 2), round(se, 2)
+    (10.5, 0.5)
+    """
+    import math
+
+    import numpy as np
+
+    x = np.array([v for v, _ in runs], dtype=float)
+    own = [s for _, s in runs if s is not None]
+    within = math.sqrt(sum(s * s for s in own)) / len(own) if own else None
+    between = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
+    known = [s for s in (within, between) if s is not None]
+    return float(x.mean()), (max(known) if known else None)
+
+
 def predicted_samples_per_s(trace: Any, samples_per_step: int) -> float:
     """Samples/s of a predicted trace under the comparison's window
     (:func:`psgdlab.analysis.compare.window_summary`, as against a measured run of as many steps)."""
@@ -88,13 +123,11 @@ def predicted_samples_per_s(trace: Any, samples_per_step: int) -> float:
     return float(window_summary(cut_at_first_finish(trace), samples_per_step=samples_per_step)["samples_per_s"])
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    """The samples/s of every run of a case, their mean and the standard error of the mean."""
-    import numpy as np
-
-    v = np.array(values, dtype=float)
-    se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
-    return {"samples_per_s": [round(float(x), 4) for x in v], "mean": float(v.mean()), "se": se}
+def spread(runs: Sequence[tuple[float, float | None]]) -> dict[str, Any]:
+    """The samples/s of every run of a case, their mean and its standard error
+    (:func:`pooled_mean`)."""
+    mean, se = pooled_mean(runs)
+    return {"samples_per_s": [round(float(x), 4) for x, _ in runs], "mean": mean, "se": se}
 
 
 def staleness_ok(c: dict[str, Any]) -> bool:
@@ -151,3 +184,47 @@ def interval_coverage(table: list[dict[str, Any]]) -> tuple[float | None, float 
         return None, None
     inside = sum(c["in_interval"] for c in marked) / len(marked)
     return inside, max((c["interval_high"] - c["interval_low"]) / 2 for c in marked)
+
+
+def hadpsgd_advantage(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The advantage of H-ADPSGD in samples/s over AD-PSGD (fixed ring) and SSGD, predicted and
+    measured, per group of cases (NIC rate, hosts, straggler, workers) of ``validate.json``'s
+    table: ``(hadpsgd - other) / other`` on each side, whether the two agree in sign, and whether
+    they are within 10 % of each other (``|p - m| <= 0.1 max(|p|, |m|)``).
+
+    >>> rows = [{"algorithm": a, "workers": 4, "hosts": 2, "nic_bandwidth": "1Gbit/s", "straggler": "",
+    ...          "predicted_samples_per_s": p, "measured_samples_per_s": m}
+    ...         for a, p, m in (("hadpsgd", 60.0, 58.0), ("ssgd", 40.0, 39.0))]
+    >>> [(a["over"], round(a["predicted"], 3), round(a["measured"], 3), a["same_sign"], a["within_10pct"])
+    ...  for a in hadpsgd_advantage(rows)]
+    [('ssgd', 0.5, 0.487, True, True)]
+    """
+    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for c in cases:
+        key = (c.get("nic_bandwidth"), c.get("hosts", 1), c["straggler"], c["workers"])
+        groups.setdefault(key, {})[c["algorithm"]] = c
+    out = []
+    for (rate, hosts, straggler, workers), by in groups.items():
+        h = by.get("hadpsgd")
+        if h is None:
+            continue
+        for other in ("adpsgd", "ssgd"):
+            o = by.get(other)
+            if o is None:
+                continue
+            p = h["predicted_samples_per_s"] / o["predicted_samples_per_s"] - 1
+            m = h["measured_samples_per_s"] / o["measured_samples_per_s"] - 1
+            out.append(
+                {
+                    "nic_bandwidth": rate,
+                    "hosts": hosts,
+                    "straggler": straggler,
+                    "workers": workers,
+                    "over": other,
+                    "predicted": p,
+                    "measured": m,
+                    "same_sign": p * m > 0,
+                    "within_10pct": abs(p - m) <= 0.1 * max(abs(p), abs(m)),
+                }
+            )
+    return out

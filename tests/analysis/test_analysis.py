@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from psgdlab.analysis import compare_dirs, fit_compute_time, fit_link, load_cases, total_variation
-from psgdlab.analysis.compare import ranking
+from psgdlab.analysis.compare import RANK_SE, TIE_REL, ranking, ranking_counts
 from psgdlab.analysis.report import write_report
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
@@ -82,10 +85,11 @@ def test_ranking_difference_is_detected(tmp_path):
     assert compare_dirs(pred, meas)["ranking_identical"] is False
 
 
-def _cases(pred, meas, workers=2):
+def _cases(pred, meas, workers=2, se=None):
+    se = se or [None] * len(pred)
     return [
-        {"algorithm": a, "workers": workers, "samples_per_s": {"predicted": p, "measured": m}}
-        for a, p, m in zip("abcd", pred, meas)
+        {"algorithm": a, "workers": workers, "samples_per_s": {"predicted": p, "measured": m, "measured_se": s}}
+        for a, p, m, s in zip("abcdefgh", pred, meas, se)
     ]
 
 
@@ -94,16 +98,77 @@ def test_ranking_treats_only_exact_predicted_ties_as_one_class():
     for meas in ([300.0, 301.0, 250.0], [301.0, 300.0, 250.0]):
         r = ranking(_cases([300.5, 300.5 * (1 + 1e-12), 250.0], meas))[2]
         assert r["identical"] and r["predicted"] == [["a", "b"], ["c"]] and r["swaps"] == []
-    # a predicted 0.1 % above b is a claim: measured the other way round, it is a miss (no tolerance)
+        assert (r["ranked"], r["tied"], r["misordered"]) == (3, 0, 0)
+    # without standard errors every measured difference ranks a pair: a predicted 0.1 % above b
+    # and measured the other way round is misordered
     r = ranking(_cases([300.3, 300.0, 250.0], [300.0, 300.2, 250.0]))[2]
-    assert not r["identical"]
+    assert not r["identical"] and r["misordered"] == 1
     (swap,) = r["swaps"]
     assert swap[:2] == ["a", "b"] and swap[2] == pytest.approx(0.001) and swap[3] == pytest.approx(-0.2 / 300.2)
-    # an equal measurement of two cases predicted apart does not confirm the order
-    assert not ranking(_cases([2.0, 1.0], [1.0, 1.0]))[2]["identical"]
+    # ... and with them, the same measurement is a tie (0.2 apart, 2 standard errors of 0.1 each)
+    r = ranking(_cases([300.3, 300.0, 250.0], [300.0, 300.2, 250.0], se=[0.1, 0.1, 0.1]))[2]
+    assert r["identical"] and (r["ranked"], r["tied"], r["misordered"]) == (2, 1, 0)
+    assert r["ties"][0][:2] == ["b", "a"] and r["ties"][0][3] == pytest.approx(0.2 / np.hypot(0.1, 0.1))
+    # an equal measurement is a tie, whatever the prediction
+    assert ranking(_cases([2.0, 1.0], [1.0, 1.0]))[2]["tied"] == 1
     # a tie class is compared with every case below it
     r = ranking(_cases([3.0, 3.0, 1.0], [2.0, 0.5, 1.0]))[2]
     assert r["swaps"] == [["b", "c", 2.0, -0.5]]
+
+
+_value = hst.floats(1.0, 1000.0, allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hst.lists(hst.tuples(_value, _value, hst.floats(0.0, 5.0)), min_size=2, max_size=7, unique_by=lambda t: t[0]),
+    hst.integers(2, 3),
+)
+def test_ranking_counts_every_pair_once(values, groups):
+    """Per group, ranked + tied is n(n-1)/2; a pair within two combined standard errors is a tie
+    whatever the predicted order; a pair outside them that the prediction orders the other way
+    is misordered, and only then."""
+    pred, meas, se = (list(x) for x in zip(*values))
+    cases = [c for g in range(2, 2 + groups) for c in _cases(pred, meas, workers=g, se=se)]
+    result = ranking(cases)
+    n = len(values)
+    for r in result.values():
+        assert r["ranked"] + r["tied"] == n * (n - 1) // 2
+        assert r["misordered"] == len(r["swaps"]) <= r["ranked"] and r["identical"] == (r["misordered"] == 0)
+    assert ranking_counts(result.values())["ranked"] == groups * result[2]["ranked"]
+    by = {a: (p, m, s) for a, (p, m, s) in zip("abcdefgh", values)}
+    swapped = {tuple(sorted(s[:2])) for s in result[2]["swaps"]}
+    tied = {tuple(sorted(t[:2])) for t in result[2]["ties"]}
+    for i, a in enumerate(sorted(by)):
+        for b in sorted(by)[i + 1 :]:
+            (pa, ma, sa), (pb, mb, sb) = by[a], by[b]
+            inside = abs(ma - mb) <= RANK_SE * np.hypot(sa, sb)
+            assert ((a, b) in tied) == inside
+            apart = not math.isclose(pa, pb, rel_tol=TIE_REL)
+            assert ((a, b) in swapped) == (not inside and apart and (pa - pb) * (ma - mb) < 0)
+
+
+def test_samples_per_s_se_is_the_spread_of_batch_means():
+    """Steady steps have no spread; steps that alternate in blocks give batch estimates whose
+    standard error is that of the batch means; too few steps give none."""
+    from psgdlab.analysis.compare import samples_per_s_se
+
+    def trace(gaps):
+        tb = TraceBuilder()
+        for r in range(2):
+            t = 0.0
+            for s, g in enumerate(gaps):
+                tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=t + g / 2)
+                t += g
+        return tb.array()
+
+    assert samples_per_s_se(trace([0.1] * 41), samples_per_step=1) == pytest.approx(0.0, abs=1e-9)
+    gaps = [0.1] * 41
+    for k in range(4, 41, 10):  # one batch of 5 (steps 4..8 after a warm-up of 4) in every other batch slow
+        gaps[k : k + 5] = [0.2] * 5
+    se = samples_per_s_se(trace(gaps), samples_per_step=1)
+    assert se is not None and se > 0
+    assert samples_per_s_se(trace([0.1] * 8), samples_per_step=1) is None
 
 
 def test_report_and_cli(dirs, tmp_path, capsys):

@@ -436,3 +436,56 @@ def test_calibrate_writes_a_profile_that_reads_back(runs, tmp_path):
     back = Profile.read(profile.write(tmp_path / "p.toml"))
     assert back == profile and back.notes[0].startswith("Platform profile fitted by `psgdlab calibrate`")
     assert back.defaults.workers == (1, 2) and back.platform.pcie == back.platform.nic
+
+
+def _between_hosts(path, rate):
+    """Mark a run directory as one of 2 emulated hosts with one rank each, shaped to ``rate``."""
+    from dataclasses import replace
+
+    from psgdlab.core.rundir import read_summary
+
+    write_summary(path, replace(read_summary(path), hosts=2, placement=(0, 1)))
+    RunDir(path).write_json("hosts.json", {"hosts": 2, "placement": [0, 1], "nic_bandwidth_bytes_per_s": rate})
+    return path
+
+
+def test_calibrate_fits_the_link_between_hosts_apart(runs, tmp_path, monkeypatch):
+    """Runs with one rank per emulated host give the link between hosts (their own latency and
+    bandwidth, fitted apart from the runs of one host, which keep theirs); the platform then has
+    the hosts, the NIC at that bandwidth with the host-side legs taken off its latency, and the
+    schedule of an allreduce across hosts. Runs with two ranks on a host, or of two rates, are
+    refused."""
+    nic_alpha, nic_beta = 3e-3, 1.2e7
+    monkeypatch.setitem(write_run.__globals__, "ALPHA", nic_alpha)  # the law write_run draws from
+    monkeypatch.setitem(write_run.__globals__, "BETA", nic_beta)
+    crossing = [
+        _between_hosts(write_run(tmp_path / f"x{i}", n_params=n, pairwise=True, seed=40 + i), 1.25e7)
+        for i, n in enumerate((10_000, 200_000))
+    ]
+    monkeypatch.undo()
+    fit = calibrate_runs(runs + crossing)
+    assert fit["link"]["latency_s"] == pytest.approx(ALPHA, rel=1e-6)  # the hosts' own link is untouched
+    nic = fit["nic"]
+    assert nic["latency_s"] == pytest.approx(nic_alpha, rel=1e-6)
+    assert nic["bandwidth_bytes_per_s"] == pytest.approx(nic_beta, rel=1e-6)
+    assert nic["rate_bytes_per_s"] == 1.25e7 and nic["hosts"] == 2
+    platform = platform_profile(fit, n_params=50_000, devices=2, hosts=4).platform
+    assert (platform.hosts, platform.devices_per_host) == (4, 2)
+    assert platform.nic.bandwidth_bytes_per_s == pytest.approx(nic_beta, rel=1e-6)
+    assert platform.nic.latency_s == pytest.approx(nic_alpha - 2 * ALPHA, rel=1e-6)
+    assert platform.allreduce_between_hosts == "ring"
+    assert (
+        calibrate_runs(runs)["nic"] is None and platform_profile(calibrate_runs(runs), n_params=10).platform.hosts == 1
+    )
+    other = _between_hosts(write_run(tmp_path / "y", n_params=10_000, pairwise=True, seed=50), 2.5e7)
+    with pytest.raises(ConfigError, match="different NIC rates"):
+        calibrate_runs(runs + crossing + [other])
+    from dataclasses import replace
+
+    from psgdlab.core.rundir import read_summary
+
+    write_summary(other, replace(read_summary(other), hosts=2, placement=(0, 0, 1, 1), workers=4))
+    with pytest.raises(ConfigError, match="several ranks on one host"):
+        calibrate_runs(runs + [other])
+    with pytest.raises(ConfigError, match="on one host"):
+        calibrate_runs(crossing)

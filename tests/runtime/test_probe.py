@@ -53,6 +53,11 @@ def test_probe_flags_are_checked_before_anything_runs(tmp_path, capsys):
         (["--probe", "--out", str(tmp_path / "x.toml")], "needs a RUN_DIR of psgdlab train"),
         ([], "give RUN_DIRs of psgdlab train, or --probe"),
         (["--sizes", "8k,64k"], "add --probe"),
+        (["--hosts", "2"], "add --probe"),
+        (["--probe", "--hosts", "2", "--backend", "mpi"], "with --backend gloo only"),
+        (["--probe", "--hosts", "2", "--groups", "3"], r"must divide the probe's 3 ranks"),
+        (["--probe", "--nic-bandwidth", "1Gbit/s"], "applies only with --hosts 2 or more"),
+        (["--probe", "--hosts", "2", "--nic-bandwidth", "fast"], r"nic-bandwidth \('fast'\)"),
         (["--probe", str(tmp_path / "missing"), "--out", str(tmp_path / "x.toml")], "missing does not exist"),
     ):
         assert (
@@ -63,3 +68,28 @@ def test_probe_flags_are_checked_before_anything_runs(tmp_path, capsys):
     assert not out.exists()
     with pytest.raises(ConfigError, match="backend"):
         ProbeConfig(out=str(out), backend="tcp")
+
+
+def _netns_reason():
+    from psgdlab.runtime.netns import unavailable_reason
+
+    return unavailable_reason()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.skipif(_netns_reason() is not None, reason=_netns_reason() or "")
+def test_probe_between_emulated_hosts_fits_the_nic(tmp_path, capsys):
+    """--probe --hosts 2: one rank per emulated host, so every exchange crosses the shaped link;
+    its fit is the link between hosts (near the shaped rate), and nothing of the hosts is left."""
+    import os
+    import subprocess
+
+    out = tmp_path / "probe"
+    argv = ["calibrate", "--probe", "--hosts", "2", "--nic-bandwidth", "200Mbit/s", "--probe-out", str(out)]
+    assert main([*argv, "--sizes", "64k,2M", "--repeats", "4", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["hosts"] == 2 and fit["rate_bytes_per_s"] == 25e6 and fit["allreduce_algorithm"] == "ring"
+    assert 0.3 * 25e6 < fit["link"]["bandwidth_bytes_per_s"] < 1.5 * 25e6  # a 2 MB message took the shaped link
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert f"psgd-{os.getpid()}-" not in left  # this process's hosts are gone (other runs may have theirs)

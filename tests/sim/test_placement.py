@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from psgdlab.core.profile import Link, Platform
@@ -44,3 +46,31 @@ def test_socket_link_bounds_transfers_and_allreduces_across_sockets():
     free = Network(_platform(), Placement.pack(_platform(), 8))
     assert free.transfer_s(0, 7, 1e9, 0.0) == pytest.approx(1e9 / 16e9)
     assert free.allreduce_s(tuple(range(8)), 8e9, 0.0) == pytest.approx(2 * 7 / 8 * 8e9 / 4e9)
+
+
+def test_an_allreduce_across_hosts_takes_the_schedule_between_hosts():
+    """A group inside one host keeps the platform's schedule (2 latency rounds for ``direct``); a
+    group across hosts takes ``allreduce_between_hosts`` (a ring of 4: 6 rounds) at the NIC's
+    latency plus the two host-side legs, and without it the platform's own."""
+    lat, nic = 1e-3, 2e-3
+
+    def two_hosts(between: Literal["ring"] | None) -> Platform:
+        return Platform(
+            hosts=2,
+            devices_per_host=2,
+            sockets_per_host=2,
+            pcie=Link(latency_s=lat, bandwidth_bytes_per_s=1e9),
+            nic=Link(latency_s=nic, bandwidth_bytes_per_s=1e8),
+            allreduce="direct",
+            allreduce_between_hosts=between,
+        )
+
+    split = two_hosts("ring")
+    net = Network(split, Placement.pack(split, 4))
+    assert net.allreduce_s((0, 1), 0.0, 0.0) == pytest.approx(2 * lat)
+    assert net.allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(6 * (nic + 2 * lat))
+    assert net.allreduce_s((0, 1, 2, 3), 1e8, 10.0) == pytest.approx(6 * (nic + 2 * lat) + 1.5)  # 2(n-1)/n S / NIC
+    same = two_hosts(None)
+    assert Network(same, Placement.pack(same, 4)).allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(
+        2 * (nic + 2 * lat)
+    )
