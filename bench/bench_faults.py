@@ -229,20 +229,25 @@ def _fill(out: Path) -> None:
 def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
     """``runs`` short gossip runs with random delays (up to ``--soak-jitter`` s) on every exchange."""
     hangs = failures = 0
+    errors: dict[str, int] = {}
     for i in range(runs):
         algorithm = ("adpsgd", "dpsgd", "hadpsgd")[i % 3]
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
             cmd = _train_command(algorithm, Path(tmp) / "run", args)
             cmd[cmd.index("--steps") + 1] = "20"
-            env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter), "PSGDLAB_TEST_SEED": str(rng.random())}
+            cmd += ["--seed", str(rng.randrange(1 << 30))]  # the seed of the delays' draws too
+            env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter)}
             proc = subprocess.Popen(
                 cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
             )
             ended, _ = _wait(proc, args.hang_after + 30)
-            proc.communicate()
+            _, stderr = proc.communicate()
             hangs += not ended
-            failures += ended and proc.returncode != 0
-    return {"runs": runs, "hangs": hangs, "failures": failures}
+            if ended and proc.returncode != 0:
+                failures += 1
+                last = (stderr.strip().splitlines() or ["(no message)"])[-1]
+                errors[last] = errors.get(last, 0) + 1
+    return {"runs": runs, "hangs": hangs, "failures": failures, "errors": errors}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -276,8 +281,7 @@ def main() -> int:
             fault = "sigkill"
         record = one_run(i, algorithm, fault, rng, args)
         records.append(record)
-        if not args.json:
-            print(json.dumps(record), file=sys.stderr, flush=True)
+        print(json.dumps(record), file=sys.stderr, flush=True)  # one line a run, --json or not
     stops = [r for r in records if r["policy"] == "stop" and r["fault"] in ("sigkill", "sigstop", "link-down")]
     detections = [r["seconds_after_fault"] for r in stops if r.get("ended") and r.get("rc")]
     restarts = [x for r in records for x in r["restarts"]]
