@@ -8,7 +8,7 @@ backward pass (the default) and psgdlab ssgd without it (``PSGDLAB_OVERLAP=0``: 
 the flat gradient after the backward pass), one after another, so load from other processes
 hits all three alike. Prints samples/s of each run and the median over rounds of the per-round
 ratio to DDP (target >= 0.95). DDP runs with ``THP_MEM_ALLOC_ENABLE=0`` like psgdlab's ranks
-(``runtime.launch.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
+(``runtime.ranks.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Lines:
   a plain gloo group -- the ceiling of anything built on gloo's TCP transport.
 
 Every case moves the same torch-allocated buffers (raw mpi4py through ``tensor.numpy()``), with
-``THP_MEM_ALLOC_ENABLE=0`` as the runtime's ranks have it (``runtime.launch.RANK_ENV``; set
+``THP_MEM_ALLOC_ENABLE=0`` as the runtime's ranks have it (``runtime.ranks.RANK_ENV``; set
 ``THP_MEM_ALLOC_ENABLE=1`` to see buffers on transparent huge pages). Each line prints MB/s and the
 ratio to raw MPI (target >= 0.8). Shared machine: noisy.
 """

@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-# before torch allocates: torch's default allocator, no huge pages (see runtime.launch.RANK_ENV)
+# before torch allocates: torch's default allocator, no huge pages (see runtime.ranks.RANK_ENV)
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
 
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.runtime.ranks import describe_exit
 
 __all__ = [
     "launch_elastic",
@@ -152,12 +153,6 @@ def restart_records(ranks_dir: str | Path) -> list[dict[str, Any]]:
 
 
 # ----- the agent ----------------------------------------------------------------------------------
-def _describe(code: int) -> str:
-    from psgdlab.runtime.launch import _describe as describe
-
-    return describe(code)
-
-
 def _make_agent_class() -> type:
     """:class:`LocalElasticAgent` that records every failure and every worker it starts, and
     removes the shared-memory segments of the workers it stops (imported lazily: torch)."""
@@ -202,7 +197,7 @@ def _make_agent_class() -> type:
                 "attempt": self.attempt,
                 "time": time.time(),
                 "rank": int(rank),
-                "cause": _describe(int(failure.exitcode)),
+                "cause": describe_exit(int(failure.exitcode)),
                 "restarted": restarted,
                 "others": sorted(int(r) for r in result.failures if r != rank),
             }
@@ -290,12 +285,12 @@ def launch_elastic(
     from psgdlab.core.trace import atomic_write_json
     from psgdlab.runtime import checkpoint as ckpt
     from psgdlab.runtime.config import world_size_of
-    from psgdlab.runtime.launch import (
+    from psgdlab.runtime.ranks import (
         GRACE_S,
         RANKS_DIR,
         STOP_GRACE_S,
-        _in_main_thread,
         free_port,
+        in_main_thread,
         rank_environment,
     )
     from psgdlab.runtime.shm_sys import remove_segments
@@ -341,7 +336,7 @@ def launch_elastic(
             agent.send_signal(signal.SIGTERM)  # the agent stops every worker with it
 
     old_handlers = {}
-    if _in_main_thread():
+    if in_main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _forward)
     start = time.monotonic()
@@ -404,7 +399,7 @@ def _failure_message(ranks_dir: Path, max_restarts: int, code: int, restarts: in
     path = ranks_dir / RESTARTS_FILE
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     if not lines:
-        return f"run failed: the elastic agent {_describe(code)} before any rank failed"
+        return f"run failed: the elastic agent {describe_exit(code)} before any rank failed"
     last = lines[-1]
     others = f" (then: rank {', '.join(map(str, last['others']))} exited too)" if last["others"] else ""
     return (

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,26 +48,28 @@ from psgdlab.runtime.netns import (
     require_netns,
     set_parent_death_signal,
 )
+from psgdlab.runtime.ranks import (
+    GRACE_S,
+    RANK_ENV,
+    RANKS_DIR,
+    STOP_GRACE_S,
+    describe_exit,
+    free_port,
+    in_main_thread,
+    rank_environment,
+)
 from psgdlab.runtime.shm_sys import remove_orphaned, remove_segments
 
-__all__ = ["launch", "free_port", "mpiexec_path", "RANKS_DIR"]
-
-RANKS_DIR = ".ranks"
-#: set for every rank unless the caller's environment says otherwise. ``THP_MEM_ALLOC_ENABLE``
-#: stays torch's default (off): with it, every tensor of 2 MiB or more is a fresh huge-page
-#: mapping, zeroed on first touch and unmapped when freed, which the per-step temporaries of a
-#: training step pay for (docs/measurements.md, "Huge pages"). Setting it in the environment
-#: still reaches the ranks.
-RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
-GRACE_S = 5.0
-#: after a forwarded SIGINT/SIGTERM, how long ranks have to checkpoint and leave
-STOP_GRACE_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = [
+    "launch",
+    "free_port",
+    "mpiexec_path",
+    "RANKS_DIR",
+    "RANK_ENV",
+    "GRACE_S",
+    "STOP_GRACE_S",
+    "rank_environment",
+]
 
 
 def mpiexec_path() -> Path:
@@ -85,15 +86,6 @@ def mpiexec_path() -> Path:
             "PATH; install the mpich wheel (pip install mpich)"
         )
     return Path(found)
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 def launch(
@@ -136,7 +128,7 @@ def launch(
                 p.send_signal(signal.SIGTERM)
 
     old_handlers = {}
-    if _in_main_thread():
+    if in_main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _forward)
     hosts = None
@@ -272,28 +264,10 @@ class _Stopped(Exception):
     """SIGINT/SIGTERM arrived before any rank ran."""
 
 
-def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
-    """The environment every rank starts with: this process's, ``extra_env``, :data:`RANK_ENV`
-    where neither sets it, unbuffered output, and ``PSGDLAB_RANKS_DIR``."""
-    env = dict(os.environ)
-    env.update(extra_env or {})
-    for key, value in RANK_ENV.items():
-        env.setdefault(key, value)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
-    return env
-
-
 def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
     """This run's hosts, not made yet, after the leftovers of killed launchers are removed."""
     require_netns(config.hosts)
     return fresh_hosts(config.hosts, config.nic_bandwidth_bytes_per_s)
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -331,7 +305,7 @@ def _watch(
         for r, p in procs.items():
             code = p.poll()
             if code is not None and code != 0 and r >= 0 and r not in w.killed_by_us:
-                w.saw(r, f"rank {r} {_describe(code)}", dead=_killed(code), when=w.exited.get(r))
+                w.saw(r, f"rank {r} {describe_exit(code)}", dead=_killed(code), when=w.exited.get(r))
         for r in range(world):  # under mpiexec: a rank that vanished without finishing
             if r not in seen:
                 pid_file = ranks_dir / f"rank{r}.pid"
@@ -359,7 +333,9 @@ def _watch(
             watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
             mpi = procs.get(-1)
             if mpi is not None and mpi.poll() not in (None, 0) and not watch.failures:
-                watch.saw(-1, f"mpiexec {_describe(mpi.returncode)} (a rank failed; see its message above)", dead=False)
+                watch.saw(
+                    -1, f"mpiexec {describe_exit(mpi.returncode)} (a rank failed; see its message above)", dead=False
+                )
             if watch.failures and (forwarded or {}).get("sig") is None:  # after a forwarded stop, ranks end as they may
                 if out is None:
                     _terminate(procs)

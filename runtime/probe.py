@@ -158,7 +158,8 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     ``progress(done, total)`` is called as rank 0 goes through the operations. A rank that fails
     or a probe past ``cfg.timeout_s`` stops every rank and raises :class:`TransportError`.
     """
-    from psgdlab.runtime.launch import RANK_ENV, free_port, mpiexec_path
+    from psgdlab.runtime.launch import mpiexec_path
+    from psgdlab.runtime.ranks import RANK_ENV, free_port
 
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():

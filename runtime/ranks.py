@@ -1,0 +1,70 @@
+"""What every launcher gives the ranks it starts (:mod:`psgdlab.runtime.launch`, and
+:mod:`psgdlab.runtime.elastic`'s agent): their run-time directory, their environment, the grace
+periods of stopping them, and how their exits are said."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+__all__ = [
+    "GRACE_S",
+    "RANK_ENV",
+    "RANKS_DIR",
+    "STOP_GRACE_S",
+    "describe_exit",
+    "free_port",
+    "in_main_thread",
+    "rank_environment",
+]
+
+#: under the run directory: the ranks' pid, done, crash and abort files
+RANKS_DIR = ".ranks"
+#: set for every rank unless the caller's environment says otherwise. ``THP_MEM_ALLOC_ENABLE``
+#: stays torch's default (off): with it, every tensor of 2 MiB or more is a fresh huge-page
+#: mapping, zeroed on first touch and unmapped when freed, which the per-step temporaries of a
+#: training step pay for (docs/measurements.md, "Huge pages"). Setting it in the environment
+#: still reaches the ranks.
+RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
+#: between SIGTERM and SIGKILL when ranks are stopped
+GRACE_S = 5.0
+#: after a forwarded SIGINT/SIGTERM, how long ranks have to checkpoint and leave
+STOP_GRACE_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit code: ``was killed by signal SIGKILL``, ``exited with status 1``."""
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
+    """The environment every rank starts with: this process's, ``extra_env``, :data:`RANK_ENV`
+    where neither sets it, unbuffered output, and ``PSGDLAB_RANKS_DIR``."""
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    for key, value in RANK_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    return env
+
+
+def in_main_thread() -> bool:
+    """True in the main thread (where signal handlers may be set)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
