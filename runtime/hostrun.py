@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.runtime.netns import HOST_ENV, IFACE, fresh_hosts, require_netns, set_parent_death_signal
+from psgdlab.runtime.netns import fresh_hosts, require_netns, set_parent_death_signal
 
 __all__ = ["FIELDS", "fill", "run_on_hosts"]
 
@@ -88,8 +88,7 @@ def run_on_hosts(
         emulated.wait_until_reachable()
         base = dict(os.environ if environ is None else environ)
         for h, words in enumerate(commands):
-            env = dict(base, MASTER_ADDR=master, GLOO_SOCKET_IFNAME=IFACE, **{HOST_ENV: emulated.namespace(h)})
-            env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's reverse-DNS warnings
+            env = {**base, **emulated.environment(h, base)}
             procs.append(
                 subprocess.Popen(
                     [*emulated.exec_prefix(h), *words],

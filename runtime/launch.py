@@ -40,7 +40,6 @@ from psgdlab.runtime.flight import FLIGHT_DIR, flight_path
 from psgdlab.runtime.netns import (
     BRIDGE,
     HOST_ENV,
-    IFACE,
     MPI_NETWORK_ENV,
     EmulatedHosts,
     contiguous_placement,
@@ -162,15 +161,7 @@ def launch(
                 prefix: list[str] = []
                 if hosts is not None:
                     host = placement[r]
-                    env_r.update(
-                        LOCAL_RANK=str(placement[:r].count(host)),
-                        MASTER_ADDR=hosts.address(0),
-                        GLOO_SOCKET_IFNAME=IFACE,
-                        # c10d warns on every connection that it cannot name the peer (no
-                        # reverse DNS for the namespaces' addresses); its errors still show
-                        TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
-                        **{HOST_ENV: hosts.namespace(host)},
-                    )
+                    env_r.update(hosts.environment(host, env), LOCAL_RANK=str(placement[:r].count(host)))
                     prefix = hosts.exec_prefix(host)
                 procs[r] = subprocess.Popen(
                     [*prefix, *cmd],

@@ -65,7 +65,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,6 +302,19 @@ class EmulatedHosts:
     def address(self, host: int) -> str:
         """The address of host ``host`` (on :data:`IFACE` in its namespace)."""
         return f"{SUBNET}.{host + 1}"
+
+    def environment(self, host: int, environ: Mapping[str, str]) -> dict[str, str]:
+        """What a process started on host ``host`` adds to ``environ``: ``MASTER_ADDR`` (host 0,
+        where the rendezvous is), gloo bound to the host's link, the host named in
+        :data:`HOST_ENV` (only ranks of one host share memory), and c10d's warning on every
+        connection that it cannot name the peer (no reverse DNS for the namespaces' addresses)
+        silenced unless ``environ`` sets its log level; its errors still show."""
+        return {
+            "MASTER_ADDR": self.address(0),
+            "GLOO_SOCKET_IFNAME": IFACE,
+            "TORCH_CPP_LOG_LEVEL": environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+            HOST_ENV: self.namespace(host),
+        }
 
     def exec_prefix(self, host: int | None) -> list[str]:
         """The command prefix that runs a program inside host ``host``'s namespace (None: the

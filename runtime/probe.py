@@ -186,16 +186,8 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
                 env_r.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 prefix: list[str] = []
                 if hosts is not None:
-                    from psgdlab.runtime.netns import HOST_ENV, IFACE
-
                     host = placement[r]
-                    env_r.update(
-                        LOCAL_RANK=str(placement[:r].count(host)),
-                        MASTER_ADDR=hosts.address(0),
-                        GLOO_SOCKET_IFNAME=IFACE,
-                        TORCH_CPP_LOG_LEVEL=env.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
-                        **{HOST_ENV: hosts.namespace(host)},
-                    )
+                    env_r.update(hosts.environment(host, env), LOCAL_RANK=str(placement[:r].count(host)))
                     prefix = hosts.exec_prefix(host)
                 procs.append(
                     subprocess.Popen(
