@@ -31,7 +31,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import TransportError
@@ -62,7 +62,6 @@ class Epoch:
     time_s: float = 0.0
     step: int | None = None
     detection_s: float | None = None
-    extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -82,6 +82,7 @@ from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.flight import FlightRecorder
+from psgdlab.runtime.ranks import in_main_thread
 from psgdlab.runtime.scan import count_passive, overlap_group, shard_bounds
 from psgdlab.runtime.server import server_exchange
 from psgdlab.runtime.transport import Tags, Transport
@@ -753,7 +754,7 @@ def run_worker(
         flight=flight,
     )
     previous = signal.getsignal(signal.SIGTERM)
-    in_main = threading.current_thread() is threading.main_thread()
+    in_main = in_main_thread()
 
     def _on_term(signum: int, frame: Any) -> None:
         log.warning("rank %d: SIGTERM, checkpointing at the end of step %d", rank, worker.step + 1)

@@ -31,6 +31,7 @@ from typing import Any
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime.netns import fresh_hosts, require_netns, set_parent_death_signal
+from psgdlab.runtime.ranks import describe_exit
 
 __all__ = ["FIELDS", "fill", "run_on_hosts"]
 
@@ -117,8 +118,9 @@ def _wait(procs: list[subprocess.Popen], stopped: dict[str, int | None]) -> None
         for h, p in enumerate(procs):
             code = p.poll()
             if code not in (None, 0):
-                how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-                raise TransportError(f"the command on host {h} {how}; the other hosts' commands were stopped")
+                raise TransportError(
+                    f"the command on host {h} {describe_exit(code)}; the other hosts' commands were stopped"
+                )
         if all(p.poll() == 0 for p in procs):
             return
         time.sleep(0.1)

@@ -35,7 +35,7 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import TrainConfig, world_size_of
-from psgdlab.runtime.failures import FAILURE_FILE, RankWatch, remove_partial_files, stop_run
+from psgdlab.runtime.failures import FAILURE_FILE, RankWatch, process_state, remove_partial_files, stop_run
 from psgdlab.runtime.flight import FLIGHT_DIR, flight_path
 from psgdlab.runtime.netns import (
     BRIDGE,
@@ -261,20 +261,6 @@ def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
     return fresh_hosts(config.hosts, config.nic_bandwidth_bytes_per_s)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is dead
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _watch(
     procs: dict[int, subprocess.Popen],
     ranks_dir: Path,
@@ -304,7 +290,9 @@ def _watch(
                     text = pid_file.read_text().strip()
                     if text.isdigit() and int(text) > 0:
                         seen[r] = int(text)
-            elif r not in procs and not _pid_alive(seen[r]) and not (ranks_dir / f"rank{r}.done").exists():
+            elif (
+                r not in procs and process_state(seen[r]) in (None, "Z") and not (ranks_dir / f"rank{r}.done").exists()
+            ):
                 # (the launcher's own children are judged by their exit status above)
                 # a rank that wrote its flight record left on its own (an error, a deadline)
                 wrote = out is not None and flight_path(out, r).exists()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
 import time
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 from psgdlab.core.algorithms.base import Algorithm, ServerState
 from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.flight import FlightRecorder
+from psgdlab.runtime.ranks import in_main_thread
 from psgdlab.runtime.scan import count_server_requests
 from psgdlab.runtime.transport import Tags, Transport
 
@@ -107,7 +107,7 @@ def run_server(
     def _on_term(signum: int, frame: Any) -> None:
         stop["flag"] = True
 
-    if threading.current_thread() is threading.main_thread():
+    if in_main_thread():
         signal.signal(signal.SIGTERM, _on_term)
     busy = 0.0
     t_start = time.perf_counter()
