@@ -299,13 +299,26 @@ class TrainConfig:
     def _check_on_failure(self) -> None:
         """``--on-failure`` (:mod:`psgdlab.core.failure`) and ``--max-restarts``."""
         check_on_failure(self.algorithm, self.on_failure)
-        require(
-            self.on_failure != "continue",
-            "on-failure",
-            self.on_failure,
-            "is not built in the runtime yet: survivors do not re-form the gossip topology",
-            hint="use stop or restart",
-        )
+        if self.on_failure == "continue":  # what the runtime's survivors can do so far (runtime/README.md)
+            require(
+                self.algorithm == "adpsgd" or (self.algorithm == "hadpsgd" and self.gpus_per_node == 1),
+                "on-failure",
+                "continue",
+                f"is built in the runtime for adpsgd (and hadpsgd with one GPU per node), not {self.algorithm}"
+                + (f" with --gpus-per-node {self.gpus_per_node}" if self.algorithm == "hadpsgd" else "")
+                + ": survivors of a blocking gossip or of a node's allreduce do not re-form yet",
+                hint="use stop or restart",
+            )
+            require(
+                self.backend == "gloo" and self.hosts == 1,
+                "on-failure",
+                "continue",
+                f"needs --backend gloo on one host, not --backend {self.backend} --hosts {self.hosts}",
+                hint="use stop or restart",
+            )
+            require(
+                bool(self.out), "on-failure", "continue", "needs a run directory (--out): the membership lives there"
+            )
         require(
             isinstance(self.max_restarts, int) and self.max_restarts >= 0,
             "max-restarts",

@@ -85,6 +85,7 @@ from psgdlab.runtime.flight import FlightRecorder
 from psgdlab.runtime.ranks import in_main_thread
 from psgdlab.runtime.scan import count_passive, overlap_group, shard_bounds
 from psgdlab.runtime.server import server_exchange
+from psgdlab.runtime.survivors import Survivors
 from psgdlab.runtime.transport import Tags, Transport
 
 __all__ = [
@@ -216,8 +217,11 @@ class _Worker:
         state: WorkerState | None,
         merges: int,
         flight: FlightRecorder | None = None,
+        survivors: Survivors | None = None,
     ) -> None:
         self.alg = algorithm
+        #: the membership under ``--on-failure continue`` (None: every rank is needed to the end)
+        self.survivors = survivors
         self.workload = workload
         self.main = channels["main"]
         self.comm = channels["comm"]
@@ -256,7 +260,11 @@ class _Worker:
             time.sleep(float(self._jitter_rng.uniform(0, self.jitter)))
 
     # --- communication thread: active side ---
-    def _active_pairwise(self, ex: PairwiseAverage, sent_full: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
+    def _active_pairwise(
+        self, ex: PairwiseAverage, sent_full: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor | None, list]:
+        if self.survivors is not None:
+            return self._active_pairwise_surviving(ex, sent_full, step)
         t0 = self.now()
         self._sleep_jitter()
         lo, hi = shard_bounds(self.n_params, ex.n_shards)[ex.shard]
@@ -285,12 +293,113 @@ class _Worker:
         delta = self.alg.mix(ex, sent, bufs) - sent
         return delta, [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_GOSSIP, peer=-1, nbytes=nbytes)]
 
+    def _active_pairwise_surviving(
+        self, ex: PairwiseAverage, sent: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor | None, list]:
+        """The active side under ``--on-failure continue`` (:mod:`psgdlab.runtime.survivors`):
+        request, wait for the reply while the peer is a member, then move the payload. A peer lost
+        on the way (its connection closed, silent past the deadline, an error in the payload's
+        exchange) is removed from the membership and the step's mix skipped: ``(None, rows)``, the
+        model unchanged, so the survivor loses no work."""
+        members = self.survivors
+        assert members is not None
+        t0 = self.now()
+        self._sleep_jitter()
+        peer, mailbox = ex.peer, members.mailbox
+        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        rows = [dict(phase="overlap", start_s=t0, end_s=t0, kind=_PAIR, peer=peer, nbytes=nbytes)]
+        epoch = members.epoch().epoch
+        if not mailbox.send(peer, ("request", step, epoch)):
+            members.remove(peer, f"rank {peer} could not be reached at step {step}")
+            return None, rows
+        # the wait's deadline is the mailbox's (a silent peer is given up): the watchdog's is a backstop
+        with self.flight.wait(
+            "pairwise", what="active", step=step, peers=[peer], deadline_s=2 * self.flight.deadline_s
+        ):
+            while True:
+                try:
+                    reply = mailbox.replies[peer].get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if not members.alive(peer):
+                        return None, rows
+            if reply[0] != "reply" or not reply[1]:
+                members.epoch()  # refused: this rank was given up (Removed), or the peer is gone
+                return None, rows
+            received = torch.empty_like(sent)
+            try:
+                self.comm.sendrecv(sent, received, peer, Tags.PAIR_PAYLOAD)
+            except RuntimeError as exc:  # TransportError included: the peer died in the exchange
+                members.remove(peer, f"rank {peer} failed in a pairwise exchange at step {step}: {exc}")
+                return None, rows
+        delta = self.alg.mix(ex, sent, received) - sent
+        rows[0]["end_s"] = self.now()
+        return delta, rows
+
     # --- responder thread: passive side ---
     def serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
         try:
-            self._serve(n_requests, example)
+            if self.survivors is not None:
+                self._serve_surviving()
+            else:
+                self._serve(n_requests, example)
         except BaseException as exc:
             self.errors.put(exc)
+
+    def _serve_surviving(self) -> None:
+        """The passive side under ``--on-failure continue``: answer requests until every living
+        member has said it is done; refuse a requester that is no longer a member; a requester
+        lost in the payload's exchange is removed and its merge dropped."""
+        members = self.survivors
+        assert members is not None
+        mailbox = members.mailbox
+        while True:
+            try:
+                item = mailbox.requests.get(timeout=0.2)
+            except queue.Empty:
+                item = None
+            if item is None:
+                if members.peers_done():
+                    return
+                continue
+            src, (_, step, _epoch) = item
+            current = members.epoch()  # raises Removed when this rank was given up
+            ok = src in current.alive and src not in mailbox.lost
+            if not mailbox.send(src, ("reply", ok, current.epoch)) or not ok:
+                continue
+            t0 = self.now()
+            ex = PairwiseAverage(peer=src, active=False)
+            nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+            with self.lock:
+                sent = self.state.params.clone()
+            received = torch.empty_like(sent)
+            try:
+                with self.flight.wait(
+                    "pairwise",
+                    what="passive",
+                    step=step,
+                    peers=[src],
+                    nbytes=nbytes,
+                    deadline_s=2 * self.flight.deadline_s,
+                ):
+                    self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
+            except RuntimeError as exc:
+                members.remove(src, f"rank {src} failed in a pairwise exchange at its step {step}: {exc}")
+                continue
+            delta = self.alg.mix(ex, sent, received) - sent
+            with self.lock:
+                self.state = self.state.replace(params=self.state.params + delta)
+                self.merges += 1
+            self.trace.add(
+                rank=self.rank,
+                step=self.step,
+                phase="overlap",
+                start_s=t0,
+                end_s=self.now(),
+                kind=_PAIR,
+                peer=src,
+                nbytes=nbytes,
+            )
 
     def _serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
         sharded = example is not None and example.n_shards > 1
@@ -410,7 +519,7 @@ class _Worker:
         # a node whose members answer sharded requests agrees each step on the merges to apply
         sharded_group = tuple(example.gather_group) if example is not None and example.n_shards > 1 else None
         responder = None
-        if n_passive:
+        if n_passive or self.survivors is not None:  # survivors: any member may come to ask
             responder = threading.Thread(
                 target=self.serve, args=(n_passive, example), daemon=True, name=f"psgdlab-responder-{self.rank}"
             )
@@ -434,7 +543,7 @@ class _Worker:
                 if self.crash_step == s:
                     _crash(self.rank, s, self.crash_signal)
                 self._check_errors()
-                exchanges = alg.exchanges(s, self.rank)
+                exchanges = alg.exchanges(s, self.rank) if self.survivors is None else self.survivors.exchanges(s)
                 with self.lock:
                     snapshot = self.state.params  # never modified in place (step 1 of the docstring)
                     history.append((snapshot, self.merges))
@@ -447,7 +556,8 @@ class _Worker:
                 deltas = []
                 for _, job in st.jobs:
                     delta, rows = job.result()
-                    deltas.append(delta)
+                    if delta is not None:  # None: a peer lost in the exchange, its mix skipped
+                        deltas.append(delta)
                     for row in rows:
                         self.trace.add(rank=self.rank, step=s, **row)
                 if st.jobs:
@@ -501,6 +611,8 @@ class _Worker:
             if preempted and alg.asynchronous:
                 # partners may be waiting for this rank: leave at once, the launcher stops the rest
                 raise Preempted(f"rank {self.rank} stopped by SIGTERM at step {self.step + 1}")
+            if self.survivors is not None:
+                self.survivors.finish_steps()
             if responder is not None:
                 while responder.is_alive():
                     responder.join(timeout=0.5)
@@ -735,9 +847,11 @@ def run_worker(
     origin: float,
     resume_payload: dict[str, Any] | None = None,
     flight: FlightRecorder | None = None,
+    survivors: Survivors | None = None,
 ) -> RankResult:
     """Run the worker loop of this rank (``channels["main"].rank < algorithm.n_workers``); its
-    waits go to ``flight`` (:mod:`psgdlab.runtime.flight`) where given."""
+    waits go to ``flight`` (:mod:`psgdlab.runtime.flight`) where given; under ``--on-failure
+    continue`` it goes on over the members of ``survivors`` (:mod:`psgdlab.runtime.survivors`)."""
     rank = channels["main"].rank
     state, merges = (None, 0)
     if resume_payload is not None:
@@ -752,6 +866,7 @@ def run_worker(
         state=state,
         merges=merges,
         flight=flight,
+        survivors=survivors,
     )
     previous = signal.getsignal(signal.SIGTERM)
     in_main = in_main_thread()

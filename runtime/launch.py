@@ -273,7 +273,9 @@ def _watch(
     policy: str = "stop",
 ) -> None:
     """Poll the ranks until they all exit; on the first failure stop the run
-    (:func:`psgdlab.runtime.failures.stop_run`) and raise the error that names the failed rank."""
+    (:func:`psgdlab.runtime.failures.stop_run`) and raise the error that names the failed rank.
+    Under ``policy="continue"`` the survivors go on (:mod:`psgdlab.runtime.survivors`): a rank
+    stopped past the deadline is killed, and the run fails only when no survivor wrote its summary."""
     start = time.monotonic()
     seen: dict[int, int] = {}
     watch = RankWatch(deadline_s)
@@ -309,13 +311,21 @@ def _watch(
             poll(watch)
             pids = _rank_pids(procs, ranks_dir, world) | seen
             overdue = watch.check_stopped(pids)
-            watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
+            if policy == "continue":  # the survivors gave it up at the deadline: end the process
+                watch.kill_stopped(pids, [r for r in overdue if r not in watch.killed_by_us])
+            else:
+                watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
             mpi = procs.get(-1)
             if mpi is not None and mpi.poll() not in (None, 0) and not watch.failures:
                 watch.saw(
                     -1, f"mpiexec {describe_exit(mpi.returncode)} (a rank failed; see its message above)", dead=False
                 )
-            if watch.failures and (forwarded or {}).get("sig") is None:  # after a forwarded stop, ranks end as they may
+            if policy == "continue" and watch.failures and all(p.poll() is not None for p in procs.values()):
+                if out is not None and not (out / "summary.json").is_file():  # no survivor finished
+                    raise TransportError(f"run failed: every rank exited without a summary; {watch.culprits()[0].text}")
+                return
+            if policy != "continue" and watch.failures and (forwarded or {}).get("sig") is None:
+                # (after a forwarded stop, ranks end as they may; under continue the survivors go on)
                 if out is None:
                     _terminate(procs)
                     raise TransportError(f"run failed: {watch.culprits()[0].text}")

@@ -181,6 +181,8 @@ class SharedMemoryPlane:
 
     ``local`` holds the ranks that share memory with this one (itself included); ``groups``
     maps every group declared at setup whose members all share memory to its header index.
+    ``given_up`` holds the ranks the run gave up for dead (``--on-failure continue``,
+    :mod:`psgdlab.runtime.survivors`): a wait on one of them fails at its next check.
     """
 
     rank: int
@@ -198,6 +200,7 @@ class SharedMemoryPlane:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     taken: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)  # (writer, channel) -> seq
     posted: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)  # (channel, reader) -> seq
+    given_up: set[int] = field(default_factory=set, repr=False)
 
     def region(self, rank: int, channel: int) -> torch.Tensor:
         """The data region (bytes) of ``rank``'s ``channel``."""
@@ -238,6 +241,8 @@ class SharedMemoryPlane:
                 check = now
                 if not shm_sys.is_alive(*self._procs[peer]):
                     raise TransportError(f"rank {self.rank}: rank {peer} died during a shared-memory {what}")
+                if peer in self.given_up:
+                    raise TransportError(f"rank {self.rank}: rank {peer} was given up during a shared-memory {what}")
                 if now - start > self.timeout_s:
                     raise TransportError(
                         f"rank {self.rank}: rank {peer} did not answer a shared-memory {what} "

@@ -49,6 +49,7 @@ from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
+from psgdlab.runtime.survivors import SURVIVOR_RESULTS_DIR, Survivors, survivor_throughput
 from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
@@ -269,6 +270,9 @@ def _train(
         evaluate_every=(spe or 0) if config.evaluate else 0,
         progress=progress,
     )
+    survivors = None
+    if config.on_failure == "continue":  # every rank is a worker (continue has no server)
+        survivors = _open_survivors(algorithm, rank=rank, out=out, config=config, origin=origin, main=main)
     t0 = time.time()
     try:
         if rank < config.workers:
@@ -280,6 +284,7 @@ def _train(
                 origin=origin,
                 resume_payload=resume_payload,
                 flight=flight,
+                survivors=survivors,
             )
         else:
             info = run_server(
@@ -294,12 +299,27 @@ def _train(
                 extra={"server": info},
             )
     except RuntimeError as exc:
+        if survivors is not None:
+            survivors.close()
         if isinstance(exc, TransportError):
             raise
         raise TransportError(f"rank {rank}: {exc}") from exc
     result.extra["host"] = host_identity()
     plane = getattr(main, "plane", None)
     result.extra["shm_peers"] = sorted(plane.local - {rank}) if plane is not None else []
+    if survivors is not None:
+        return _finish_surviving(
+            config,
+            algorithm,
+            survivors,
+            result,
+            workload=workload,
+            steps=steps,
+            start_step=start_step,
+            out=out,  # type: ignore[arg-type]  # continue needs a run directory (TrainConfig)
+            world=world,
+            wall_s=time.time() - t0,
+        )
     snapshots, result.snapshots = result.snapshots, []  # averaged below; nothing to send
     with flight.wait("gather", what="results", step=steps, peers=everyone):
         results = main.gather_object(result, root=0)
@@ -329,6 +349,96 @@ def _train(
         evaluate=workload.evaluate if config.evaluate else None,
         payload=_payload(workload),
     )
+
+
+def _open_survivors(
+    algorithm: Any, *, rank: int, out: Path | None, config: TrainConfig, origin: float, main: Any
+) -> Survivors:
+    """The membership of a ``--on-failure continue`` run (:mod:`psgdlab.runtime.survivors`): the
+    mailboxes' addresses are exchanged while every rank is alive, then each connects to all."""
+    import torch.distributed as dist
+
+    assert out is not None  # TrainConfig requires a run directory for continue
+    survivors = Survivors(
+        algorithm,
+        rank=rank,
+        run_dir=out,
+        deadline_s=config.timeout_s,
+        host="127.0.0.1",
+        origin=origin,
+        plane=getattr(main, "plane", None),
+    )
+    found: list[Any] = [None] * config.workers
+    dist.all_gather_object(found, (survivors.mailbox.address, host_identity()))
+    survivors.mailbox.open([address for address, _ in found])
+    survivors.hosts = [host for _, host in found]
+    return survivors
+
+
+def _finish_surviving(
+    config: TrainConfig,
+    algorithm: Any,
+    survivors: Survivors,
+    result: RankResult,
+    *,
+    workload: Any,
+    steps: int,
+    start_step: int,
+    out: Path,
+    world: int,
+    wall_s: float,
+) -> dict[str, Any] | None:
+    """The end of a ``continue`` run: no collective (a member may be dead), files instead. Each
+    survivor writes its result to ``OUT/results/rank{r}.pt``; the lowest living member waits for
+    every other living member's (giving up one that writes none within ``--timeout``), averages
+    their model snapshots, scores them and writes the run directory; the others wait for the
+    summary, standing in for the writer if it dies. Returns the summary on the rank that wrote it."""
+    rank = survivors.rank
+    folder = out / SURVIVOR_RESULTS_DIR
+    folder.mkdir(exist_ok=True)
+    mine = folder / f"rank{rank}.pt"
+    tmp = folder / f".rank{rank}.{os.getpid()}.tmp"
+    torch.save(result, tmp)
+    os.replace(tmp, mine)
+    paths = {r: folder / f"rank{r}.pt" for r in range(config.workers)}
+    try:
+        while not survivors.summary_path.exists():
+            if rank != min(survivors.epoch().alive):
+                time.sleep(0.05)
+                continue
+            found = survivors.wait_for(paths, config.timeout_s)
+            results = [torch.load(p, weights_only=False) for p in found.values()]
+            snapshots = _mean_surviving_snapshots(results)
+            for r in results:
+                r.snapshots = []
+            next(r for r in results if r.rank == rank).evaluations = _score_snapshots(workload, snapshots)
+            changes = survivors.history()
+            survivors.mailbox.finish()  # from here ranks leaving are not deaths
+            return _write_run_dir(
+                config,
+                algorithm,
+                results,
+                steps=steps,
+                start_step=start_step,
+                out=out,
+                world=world,
+                wall_s=wall_s,
+                evaluate=workload.evaluate if config.evaluate else None,
+                payload=_payload(workload),
+                membership=(changes, sorted(found)),
+                hosts=survivors.hosts,
+            )
+        return None
+    finally:
+        survivors.close()
+
+
+def _mean_surviving_snapshots(results: list[RankResult]) -> list[tuple[int, torch.Tensor]]:
+    """The mean over the survivors of the snapshots every one of them took."""
+    k = min((len(r.snapshots) for r in results), default=0)
+    return [
+        (results[0].snapshots[i][0], torch.stack([r.snapshots[i][1] for r in results]).mean(dim=0)) for i in range(k)
+    ]
 
 
 def _agree_on_checkpoint(main: Any, out: Path, *, workers: int) -> tuple[int, dict[str, Any] | None]:
@@ -426,7 +536,12 @@ def _write_run_dir(
     wall_s: float,
     evaluate: Callable | None,
     payload: dict[str, int] | None = None,
+    membership: tuple[list[dict[str, Any]], list[int]] | None = None,
+    hosts: list[str] | None = None,
 ) -> dict[str, Any]:
+    """Write the run directory from the ranks' ``results`` (the survivors' under ``continue``,
+    whose ``membership`` is (changes, survivors), and ``hosts`` every rank's host); returns the
+    summary."""
     workers = [r for r in results if r.rank < config.workers]
     trace = np.concatenate([r.trace for r in workers])
     # the trace of the run resumed (a restart keeps no trace of its failed attempt: steps before the
@@ -455,13 +570,15 @@ def _write_run_dir(
             "samples_per_step": samples,
             "steps_per_worker": steps,
             "wall_s": wall_s,
-            # a run that finished lost no rank; a failed run writes OUT/failure.json instead
-            # (psgdlab.runtime.failures: the same two keys, filled by the launcher)
-            "membership_changes": [],
-            "survivors": list(range(world)),
+            # a run that finished lost no rank unless it went on without some (continue); a
+            # failed run writes OUT/failure.json instead (psgdlab.runtime.failures: the same keys)
+            "membership_changes": membership[0] if membership else [],
+            "survivors": membership[1] if membership else list(range(world)),
             **(payload or {}),
         }
     )
+    if membership and membership[0]:
+        summary.update(survivor_throughput(trace, membership[0], samples_per_step=samples))
     if config.compute_time:  # steps whose real compute outlasted --compute-time (emulation not honoured)
         summary["compute_time_overrun_steps"] = int(sum(r.extra.get("compute_overruns", 0) for r in workers))
     if algorithm.has_server:
@@ -478,10 +595,12 @@ def _write_run_dir(
     evaluations = [e for r in workers for e in r.evaluations]
     if evaluations:
         summary["held_out"] = evaluations
-        summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {config.workers} workers"
+        summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {len(workers)} workers"
         summary["held_out_last"] = evaluations[-1]
     params = algorithm.params()
-    hosts, placement = _placement(results)
+    n_hosts, placement = _placement(
+        hosts or [str(r.extra.get("host", "")) for r in sorted(results, key=lambda r: r.rank)]
+    )
     summary["shm_peers"] = [r.extra.get("shm_peers", []) for r in sorted(results, key=lambda r: r.rank)]
     if config.nic_bandwidth is not None:
         summary["nic_bandwidth_bytes_per_s"] = config.nic_bandwidth_bytes_per_s
@@ -490,7 +609,7 @@ def _write_run_dir(
         algorithm=str(params["algorithm"]),
         algorithm_params=params,
         workers=config.workers,
-        hosts=hosts,
+        hosts=n_hosts,
         placement=placement,
         figures=summary,
     )
@@ -534,13 +653,11 @@ def _write_run_dir(
     return case.to_json()
 
 
-def _placement(results: list[RankResult]) -> tuple[int, tuple[int, ...]]:
+def _placement(hosts: list[str]) -> tuple[int, tuple[int, ...]]:
     """How many hosts the ranks ran on, and each rank's host (numbered in order of first
-    appearance), from the host each rank reported (:func:`~psgdlab.runtime.netns.host_identity`)."""
+    appearance), from the host of each rank in rank order (:func:`~psgdlab.runtime.netns.host_identity`)."""
     numbers: dict[str, int] = {}
-    placement = tuple(
-        numbers.setdefault(str(r.extra.get("host", "")), len(numbers)) for r in sorted(results, key=lambda r: r.rank)
-    )
+    placement = tuple(numbers.setdefault(host, len(numbers)) for host in hosts)
     return len(numbers), placement
 
 

@@ -1,0 +1,208 @@
+"""The control messages of a run that survives deaths (``--on-failure continue``): a mailbox per rank.
+
+The backends cannot carry them. gloo gives up on a receive from *any* source by closing every
+pair it waited on, so a responder cannot wait for a request with a timeout and go on, nor tell a
+dead requester from a slow one; MPI aborts the job. So under ``continue`` the small messages of
+the pairwise protocol -- a request, its reply, a rank's *done* -- and a heartbeat go through
+:mod:`multiprocessing.connection` (the standard library's authenticated, framed TCP connections),
+and only the payloads through the transport.
+
+Every rank listens on its host's address; the ranks exchange (address, key) at set-up while all
+are alive (:func:`Mailbox.open`), then each connects to every other (one outgoing connection per
+peer for what it sends, one incoming for what it receives). One *dispatcher* thread reads every
+incoming connection (:func:`multiprocessing.connection.wait`, which a timeout does not disturb)
+and files each message: requests in one queue for the responder, replies in one queue per peer
+for the active side, *done* in a set. A heartbeat thread sends a beat to every peer several times
+per deadline.
+
+A peer is *lost*, and ``on_lost(peer, reason, silent_s)`` called (once per peer, on the
+dispatcher thread), when
+
+- its connection ends before the run's end was announced (:meth:`Mailbox.finish`): the process
+  died, whatever killed it -- seen at once, on any host;
+- nothing came from it for ``deadline_s`` (a stopped process, a host cut off).
+
+Ranks close their mailbox only after the run's summary is written, so an ended connection before
+that is always a death.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Client, Connection, Listener, wait
+from typing import Any
+
+__all__ = ["Mailbox", "BEATS_PER_DEADLINE"]
+
+log = logging.getLogger(__name__)
+
+#: heartbeats sent to each peer per deadline (a peer silent for a whole deadline is lost)
+BEATS_PER_DEADLINE = 10
+_POLL_S = 0.1
+
+
+class Mailbox:
+    """The control connections of ``rank`` among ``n`` ranks (module docstring).
+
+    Parameters
+    ----------
+    rank, n : int
+    host : str
+        The address this rank listens on (its host's, as the other ranks reach it).
+    deadline_s : float
+        Silence after which a peer is lost.
+    on_lost : callable (peer, reason, silent_s) -> None
+        Called once per lost peer, on the dispatcher thread.
+    """
+
+    def __init__(
+        self, rank: int, n: int, *, host: str, deadline_s: float, on_lost: Callable[[int, str, float], None]
+    ) -> None:
+        self.rank, self.n = rank, n
+        self.deadline_s = float(deadline_s)
+        self.on_lost = on_lost
+        self._key = os.urandom(32)
+        self._listener = Listener((host, 0), authkey=self._key)
+        self._out: dict[int, Connection] = {}
+        self._out_locks: dict[int, threading.Lock] = {}
+        self._in: dict[Connection, int] = {}
+        self.requests: queue.SimpleQueue[tuple[int, tuple] | None] = queue.SimpleQueue()
+        self.replies: dict[int, queue.SimpleQueue[tuple]] = {p: queue.SimpleQueue() for p in range(n)}
+        self.done: set[int] = set()
+        self.lost: set[int] = set()
+        self.heard: dict[int, float] = {}
+        self._finished = threading.Event()
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def address(self) -> tuple[tuple[str, int], bytes]:
+        """What the other ranks need to connect: (address, key)."""
+        return self._listener.address, self._key
+
+    def open(self, addresses: Sequence[tuple[tuple[str, int], bytes]]) -> None:
+        """Connect to every other rank (``addresses[r]``: rank ``r``'s :attr:`address`) and accept
+        their connections; then start the dispatcher and the heartbeat."""
+        accepted: list[Connection] = []
+        error: list[BaseException] = []
+
+        def accept() -> None:
+            try:
+                for _ in range(self.n - 1):
+                    accepted.append(self._listener.accept())
+            except BaseException as exc:  # pragma: no cover - a peer died in set-up: the launcher says which
+                error.append(exc)
+
+        acceptor = threading.Thread(target=accept, daemon=True, name=f"psgdlab-mailbox-accept-{self.rank}")
+        acceptor.start()
+        for peer, (address, key) in enumerate(addresses):
+            if peer != self.rank:
+                conn = Client((str(address[0]), int(address[1])), authkey=key)
+                conn.send(self.rank)
+                self._out[peer], self._out_locks[peer] = conn, threading.Lock()
+        acceptor.join()
+        if error:
+            raise error[0]
+        now = time.monotonic()
+        for conn in accepted:
+            peer = int(conn.recv())
+            self._in[conn] = peer
+            self.heard[peer] = now
+        for target, name in ((self._dispatch, "dispatch"), (self._beat, "beat")):
+            t = threading.Thread(target=target, daemon=True, name=f"psgdlab-mailbox-{name}-{self.rank}")
+            t.start()
+            self._threads.append(t)
+
+    # --- sending ---
+    def send(self, peer: int, message: tuple) -> bool:
+        """Send ``message`` to ``peer``; False when its connection is gone (the peer died)."""
+        conn = self._out.get(peer)
+        if conn is None or peer in self.lost:
+            return False
+        try:
+            with self._out_locks[peer]:
+                conn.send(message)
+            return True
+        except (OSError, EOFError, ValueError):
+            return False
+
+    def broadcast(self, peers: Sequence[int], message: tuple) -> None:
+        """Send ``message`` to each of ``peers`` (but this rank) that still listens."""
+        for peer in peers:
+            if peer != self.rank:
+                self.send(peer, message)
+
+    def finish(self) -> None:
+        """The run's end is announced (its summary is written): connections that end from now
+        on are ranks leaving, not dying."""
+        self._finished.set()
+
+    def close(self) -> None:
+        """Stop the threads and close every connection."""
+        self._finished.set()
+        self._closed.set()
+        for t in self._threads:
+            t.join(timeout=2 * _POLL_S + self.deadline_s / BEATS_PER_DEADLINE)
+        for conn in [*self._out.values(), *self._in]:
+            conn.close()
+        self._listener.close()
+
+    # --- the threads ---
+    def _lose(self, peer: int, reason: str) -> None:
+        if peer in self.lost or peer == self.rank:
+            return
+        self.lost.add(peer)
+        silent = time.monotonic() - self.heard.get(peer, time.monotonic())
+        try:
+            self.on_lost(peer, reason, silent)
+        except BaseException:  # the callback's own failure must not stop the dispatcher
+            log.exception("rank %d: handling the loss of rank %d failed", self.rank, peer)
+        self.requests.put(None)  # the responder re-reads who it still waits for
+        self.replies[peer].put(("lost",))
+
+    def _dispatch(self) -> None:
+        while not self._closed.is_set():
+            conns = list(self._in)
+            ready: list[Any] = wait(conns, timeout=_POLL_S) if conns else []
+            for conn in ready:
+                peer = self._in[conn]
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    del self._in[conn]
+                    self.heard[peer] = time.monotonic()  # alive until its connection ended
+                    if not self._finished.is_set():
+                        self._lose(peer, f"rank {peer} died (its connection closed)")
+                    continue
+                self.heard[peer] = time.monotonic()
+                self._file(peer, message)
+            if self._finished.is_set():
+                continue
+            now = time.monotonic()
+            for peer, last in list(self.heard.items()):
+                if peer not in self.lost and now - last > self.deadline_s:
+                    self._lose(
+                        peer, f"rank {peer} sent nothing for {now - last:.1f} s (deadline {self.deadline_s:g} s)"
+                    )
+
+    def _file(self, peer: int, message: Any) -> None:
+        kind = message[0]
+        if kind == "request":
+            self.requests.put((peer, message))
+        elif kind == "reply":
+            self.replies[peer].put(message)
+        elif kind == "done":
+            self.done.add(peer)
+            self.requests.put(None)
+
+    def _beat(self) -> None:
+        period = self.deadline_s / BEATS_PER_DEADLINE
+        while not self._closed.wait(period):
+            for peer in list(self._out):
+                if peer not in self.lost:
+                    self.send(peer, ("beat",))

@@ -1,0 +1,212 @@
+"""What a rank of a gossip run needs to go on without dead peers (``--on-failure continue``).
+
+:class:`Survivors` ties three pieces together for the driver:
+
+- the membership every survivor agrees on (:class:`~psgdlab.runtime.agreement.Agreement`, epochs
+  in the run directory, owned by no rank);
+- the control messages and the detection (:class:`~psgdlab.runtime.mailbox.Mailbox`: a peer whose
+  connection ends is dead at once, one silent for the deadline is given up);
+- the schedule over the survivors: :func:`psgdlab.core.membership.rebuild` of the algorithm's
+  :meth:`~psgdlab.core.algorithms.Algorithm.membership_topology` over the newest epoch, and
+  :func:`~psgdlab.core.membership.survivor_exchanges` of each step (the simulator's rule, so the
+  prediction of ``psgdlab predict --fail`` and the run follow one schedule).
+
+When a peer is lost the survivor that sees it first writes the next epoch; the others read it at
+their next step or exchange. A lost peer is also given up by the shared-memory plane
+(:attr:`~psgdlab.runtime.shm.SharedMemoryPlane.given_up`), so a payload exchange blocked on a
+stopped process returns an error instead of waiting for the backend's timeout.
+
+The pairwise protocol under ``continue`` (:mod:`psgdlab.runtime.driver`): the active side sends
+``("request", step, epoch)``; the passive side refreshes its membership and replies
+``("reply", ok, epoch)`` -- ``ok`` false when the requester is no longer a member (it was given up
+for dead: fenced) -- and only then do both move the payload. So two ranks exchange only while
+both are members of the newest epoch either of them has read. A rank sends ``("done",)`` to every
+member after its last step; its responder serves until every member still alive is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from psgdlab.core.algorithms.base import Algorithm
+from psgdlab.core.exchange import Exchange
+from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
+from psgdlab.runtime.agreement import Agreement, Epoch, Removed
+from psgdlab.runtime.mailbox import Mailbox
+
+__all__ = ["Survivors", "Removed", "SURVIVOR_RESULTS_DIR", "survivor_throughput"]
+
+#: under the run directory: each survivor's result at the end of a ``continue`` run
+SURVIVOR_RESULTS_DIR = "results"
+
+log = logging.getLogger(__name__)
+
+
+class Survivors:
+    """The membership of ``rank``'s run in ``run_dir`` (module docstring).
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+        A gossip algorithm (its :meth:`membership_topology` is not None).
+    rank : int
+    run_dir : Path
+    deadline_s : float
+        Silence after which a peer is given up (``--timeout``).
+    host : str
+        The address other ranks reach this one at.
+    origin : float
+        The run's start (wall clock): membership changes are timed from it.
+    plane : SharedMemoryPlane, optional
+        The shared-memory plane, whose waits on a given-up peer end at once.
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        *,
+        rank: int,
+        run_dir: Path,
+        deadline_s: float,
+        host: str,
+        origin: float,
+        plane: Any = None,
+    ) -> None:
+        topology = algorithm.membership_topology()
+        if topology is None:
+            raise ValueError(f"{algorithm.name} has no topology to rebuild over survivors")
+        self.alg = algorithm
+        self.rank = rank
+        self.topology = topology
+        self.origin = origin
+        self.plane = plane
+        self.step = 0  # the training thread's step, for the records of what this rank found
+        self.agreement = Agreement(run_dir, algorithm.n_workers, rank)
+        self.mailbox = Mailbox(rank, algorithm.n_workers, host=host, deadline_s=deadline_s, on_lost=self._on_lost)
+        self._lock = threading.Lock()
+        self._rebuilt: dict[int, Rebuilt] = {}
+        self.summary_path = run_dir / "summary.json"
+        #: every rank's host (:func:`~psgdlab.runtime.netns.host_identity`), learnt at set-up
+        self.hosts: list[str] = []
+
+    # --- membership ---
+    def epoch(self) -> Epoch:
+        """The newest epoch (raises :class:`Removed` when this rank is out of it)."""
+        with self._lock:
+            current = self.agreement.refresh()
+        if self.plane is not None:
+            self.plane.given_up.update(set(range(self.alg.n_workers)) - set(current.alive))
+        return current
+
+    def alive(self, peer: int) -> bool:
+        """Whether ``peer`` is a member of the newest epoch and its connection is up."""
+        return peer not in self.mailbox.lost and peer in self.epoch().alive
+
+    def remove(self, peer: int, reason: str, silent_s: float | None = None) -> None:
+        """Agree that ``peer`` is dead (``reason`` is logged); idempotent."""
+        if self.summary_path.exists():  # the run is over: a peer leaving is not a death
+            return
+        if self.plane is not None:
+            self.plane.given_up.add(peer)
+        with self._lock:
+            before = self.agreement.current.epoch
+            epoch = self.agreement.remove([peer], step=self.step, detection_s=silent_s)
+        if epoch.epoch != before:
+            log.warning("rank %d: %s; survivors now %s (epoch %d)", self.rank, reason, list(epoch.alive), epoch.epoch)
+
+    def _on_lost(self, peer: int, reason: str, silent_s: float) -> None:
+        try:
+            self.remove(peer, reason, silent_s)
+        except Removed:
+            pass  # this rank was given up itself: the training thread finds out at its next step
+
+    def exchanges(self, step: int) -> tuple[Exchange, ...]:
+        """This rank's exchanges of ``step`` over the newest epoch (the original schedule while
+        everyone is alive)."""
+        self.step = step
+        current = self.epoch()
+        template = self.alg.exchanges(step, self.rank)
+        if current.epoch == 0:
+            return template
+        rebuilt = self._rebuilt.get(current.epoch)
+        if rebuilt is None:
+            rebuilt = self._rebuilt[current.epoch] = rebuild(self.topology, current.alive)
+        return survivor_exchanges(rebuilt, template, self.rank, step)
+
+    # --- the end of the run ---
+    def finish_steps(self) -> None:
+        """Tell every member this rank has no more requests to make."""
+        self.mailbox.broadcast(self.epoch().alive, ("done",))
+
+    def peers_done(self) -> bool:
+        """Whether every other living member has said it is done (the responder may stop)."""
+        alive = set(self.epoch().alive) - self.mailbox.lost - {self.rank}
+        return alive <= self.mailbox.done
+
+    def history(self) -> list[dict[str, Any]]:
+        """The membership changes of the run: ``time_s`` (since the run's start), ``step`` (the
+        proposer's), ``removed``, ``detection_s`` (how long the proposer heard nothing from them),
+        ``by`` (the proposer)."""
+        return [
+            {
+                "time_s": e.time_s - self.origin,
+                "step": e.step,
+                "removed": list(e.removed),
+                "detection_s": e.detection_s,
+                "by": e.by,
+                "epoch": e.epoch,
+            }
+            for e in self.agreement.history()
+        ]
+
+    def wait_for(self, paths: dict[int, Path], timeout_s: float) -> dict[int, Path]:
+        """Wait until each member's file in ``paths`` exists or the member is given up; returns
+        those that exist. A member that writes nothing within ``timeout_s`` is given up."""
+        start = time.monotonic()
+        while True:
+            alive = set(self.epoch().alive)
+            missing = [r for r in alive if r in paths and not paths[r].exists()]
+            if not missing:
+                return {r: p for r, p in paths.items() if r in alive and p.exists()}
+            if time.monotonic() - start > timeout_s:
+                for r in missing:
+                    self.remove(r, f"rank {r} wrote no result within {timeout_s:g} s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.mailbox.close()
+
+
+def survivor_throughput(
+    trace: np.ndarray, changes: Sequence[dict[str, Any]], *, samples_per_step: int
+) -> dict[str, float]:
+    """The survivors' training throughput (samples per second) before the first death and after
+    the last membership change, and their ratio.
+
+    ``trace`` holds the survivors' records (a dead rank's trace dies with it), so the ratio compares
+    the same ranks: 1 when they keep their own pace, which is the simulator's
+    ``throughput_after_ratio`` = :math:`X_1 / ((k/n) X_0)` for workers of equal pace. Before: from the
+    end of the first step to the first death (the first change's time less its detection time);
+    after: from the last change to the end. NaN where a window holds no step.
+    """
+    compute = trace[trace["phase"] == 0]
+    ends = np.sort(compute["end_s"])
+    if ends.size < 2 or not changes:
+        return {}
+    died = min(c["time_s"] - (c.get("detection_s") or 0.0) for c in changes)
+    settled = max(c["time_s"] for c in changes)
+
+    def rate(lo: float, hi: float) -> float:
+        n = int(np.count_nonzero((ends > lo) & (ends <= hi)))
+        return n * samples_per_step / (hi - lo) if n and hi > lo else float("nan")
+
+    before = rate(float(ends[0]), died)
+    after = rate(settled, float(ends[-1]))
+    return {"throughput_before": before, "throughput_after": after, "throughput_after_ratio": after / before}

@@ -1,0 +1,210 @@
+"""``--on-failure continue``: the survivors of a gossip run go on without a dead worker.
+
+The distributed cases inject the failure with ``PSGDLAB_TEST_CRASH=RANK:STEP[:STOP]``
+(:data:`psgdlab.runtime.driver.CRASH_ENV`), which notes the wall time of the failure in
+``OUT/.ranks/rank{r}.crash``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.membership import rebuild, survivor_exchanges
+from psgdlab.core.trace import read_trace
+from psgdlab.runtime.failures import process_state
+from psgdlab.runtime.mailbox import BEATS_PER_DEADLINE, Mailbox
+from psgdlab.tests.runtime._runtime_helpers import leftover_segments, lsq_config
+
+
+# ----- the mailbox: control messages and detection --------------------------------------------------
+def _mailboxes(n: int, deadline_s: float) -> tuple[list[Mailbox], list[list[tuple[int, str]]]]:
+    lost: list[list[tuple[int, str]]] = [[] for _ in range(n)]
+    boxes = [
+        Mailbox(r, n, host="127.0.0.1", deadline_s=deadline_s, on_lost=lambda p, why, s, r=r: lost[r].append((p, why)))
+        for r in range(n)
+    ]
+    addresses = [b.address for b in boxes]
+    threads = [threading.Thread(target=b.open, args=(addresses,)) for b in boxes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    return boxes, lost
+
+
+def _until(condition, timeout_s: float = 5.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_mailbox_files_requests_replies_and_done():
+    boxes, lost = _mailboxes(3, deadline_s=5.0)
+    try:
+        assert boxes[1].send(0, ("request", 7, 0))
+        assert boxes[0].requests.get(timeout=5) == (1, ("request", 7, 0))
+        assert boxes[0].send(1, ("reply", True, 0))
+        assert boxes[1].replies[0].get(timeout=5) == ("reply", True, 0)
+        boxes[2].broadcast([0, 1, 2], ("done",))
+        assert _until(lambda: 2 in boxes[0].done and 2 in boxes[1].done)
+        assert lost == [[], [], []]
+    finally:
+        for b in boxes:
+            b.close()
+
+
+def test_a_closed_connection_is_a_death_until_the_end_is_announced():
+    boxes, lost = _mailboxes(3, deadline_s=5.0)
+    try:
+        boxes[2].close()  # without finish(): as a killed process's connections end
+        assert _until(lambda: lost[0] and lost[1])
+        assert lost[0] == [(2, "rank 2 died (its connection closed)")] and lost[1][0][0] == 2
+        assert boxes[0].replies[2].get(timeout=1) == ("lost",)  # an active side waiting on it wakes
+        for b in boxes[:2]:
+            b.finish()
+        boxes[1].close()
+        time.sleep(0.3)
+        assert [p for p, _ in lost[0]] == [2]  # rank 1 left after the end: not a death
+    finally:
+        for b in boxes:
+            b.close()
+
+
+def test_a_silent_peer_is_lost_at_the_deadline():
+    deadline = 0.6
+    boxes, lost = _mailboxes(2, deadline_s=deadline)
+    try:
+        boxes[1]._closed.set()  # its heartbeat stops, its connections stay open: a stopped process
+        start = time.monotonic()
+        assert _until(lambda: lost[0], timeout_s=5)
+        assert deadline - 0.1 < time.monotonic() - start < deadline + 1.0
+        assert lost[0][0][0] == 1 and "sent nothing for" in lost[0][0][1]
+    finally:
+        for b in boxes:
+            b.close()
+
+
+# ----- the schedule the survivors follow -----------------------------------------------------------
+def test_survivors_follow_the_simulators_rebuilt_schedule(tmp_path):
+    from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.runtime.survivors import Survivors
+
+    alg = make_algorithm("adpsgd", n_workers=6)
+    members = [
+        Survivors(alg, rank=r, run_dir=tmp_path, deadline_s=5, host="127.0.0.1", origin=time.time()) for r in (0, 3)
+    ]
+    try:
+        assert members[0].exchanges(4) == alg.exchanges(4, 0)  # everyone alive: the original schedule
+        members[1].remove(2, "test")
+        rebuilt = rebuild(alg.membership_topology(), (0, 1, 3, 4, 5))
+        for step in range(12):
+            for m in members:
+                assert m.exchanges(step) == survivor_exchanges(rebuilt, alg.exchanges(step, m.rank), m.rank, step)
+        (change,) = members[0].history()
+        assert change["removed"] == [2] and change["by"] == 3 and change["epoch"] == 1
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_the_survivors_throughput_is_their_pace_before_and_after():
+    from psgdlab.core.trace import TraceBuilder
+    from psgdlab.runtime.survivors import survivor_throughput
+
+    tb = TraceBuilder()
+    for rank in (0, 1, 3):  # 10 steps/s each until 5 s, then 5 steps/s
+        t = 0.0
+        step = 0
+        while t < 10:
+            dt = 0.1 if t < 5 else 0.2
+            tb.add(rank=rank, step=step, phase="compute", start_s=t, end_s=t + dt, staleness=0, loss=1.0)
+            t += dt
+            step += 1
+    change = {"time_s": 6.0, "detection_s": 1.0, "removed": [2]}
+    out = survivor_throughput(tb.array(), [change], samples_per_step=4)
+    assert out["throughput_before"] == pytest.approx(3 * 10 * 4, rel=0.05)
+    assert out["throughput_after"] == pytest.approx(3 * 5 * 4, rel=0.05)
+    assert out["throughput_after_ratio"] == pytest.approx(0.5, rel=0.07)
+
+
+# ----- what continue refuses -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(algorithm="dpsgd"), "is built in the runtime for adpsgd"),
+        (dict(algorithm="hadpsgd", workers=4, gpus_per_node=2), "with --gpus-per-node 2"),
+        (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo on one host"),
+        (dict(algorithm="ssgd"), "needs a gossip algorithm"),
+    ],
+)
+def test_continue_refuses_what_it_cannot_do(tmp_path, kw, message):
+    from psgdlab.runtime.config import TrainConfig
+
+    base = dict(workers=4, steps=10, on_failure="continue", out=str(tmp_path))
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**{**base, **kw})
+
+
+# ----- runs that lose a worker -----------------------------------------------------------------------
+def _continue_run(tmp_path, crash: str, *, steps: int, deadline_s: float = 10.0, **kw):
+    from psgdlab.runtime.launch import launch
+
+    config = lsq_config(tmp_path, "adpsgd", 4, steps=steps, compute_time="0.01", on_failure="continue", **kw).replace(
+        timeout_s=deadline_s, record_params=False
+    )
+    summary = launch(config, quiet=True, timeout_s=90, extra_env={"PSGDLAB_TEST_CRASH": crash})
+    out = Path(config.out)
+    injected = float((out / ".ranks" / f"rank{crash.split(':')[0]}.crash").read_text().split()[0])
+    return config, summary, injected
+
+
+def _check_survivors_finished(config, figures, dead: int, steps: int) -> None:
+    out = Path(config.out)
+    survivors = [r for r in range(4) if r != dead]
+    assert figures["survivors"] == survivors
+    (change,) = figures["membership_changes"]
+    assert change["removed"] == [dead] and change["epoch"] == 1
+    trace, _ = read_trace(out / "trace.npz")
+    compute = trace[trace["phase"] == 0]
+    for r in survivors:  # each survivor did every step: no work of theirs lost
+        assert np.count_nonzero(compute["rank"] == r) == steps
+    curve = figures["loss_curve"]["loss"]
+    assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])  # the loss still falls
+    assert figures["throughput_after_ratio"] > 0.5
+    assert (out / "membership" / "epoch00000001.json").is_file()
+    assert not leftover_segments(out)
+    assert not list(out.rglob(".*.tmp*"))
+    pid = int((out / ".ranks" / f"rank{dead}.pid").read_text())
+    assert process_state(pid) is None  # the dead (or stopped) worker's process is gone
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_survivors_go_on_without_a_killed_worker(tmp_path):
+    config, figures, _ = _continue_run(tmp_path, "2:40", steps=80)
+    _check_survivors_finished(config, figures, dead=2, steps=80)
+    assert figures["membership_changes"][0]["detection_s"] < 1.0  # its connection ended: seen at once
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_stopped_rank_0_is_given_up_at_the_deadline(tmp_path):
+    """Rank 0 holds gloo's rendezvous store and writes the summary in a run that loses nobody."""
+    deadline = 2.0
+    config, figures, injected = _continue_run(tmp_path, "0:30:STOP", steps=80, deadline_s=deadline)
+    _check_survivors_finished(config, figures, dead=0, steps=80)
+    (change,) = figures["membership_changes"]
+    assert deadline - 0.1 < change["detection_s"] < deadline + 1.5
+    written = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())["time_s"]
+    # silent for the deadline since its last heartbeat, which came up to a beat's period before the stop
+    assert deadline * (1 - 1 / BEATS_PER_DEADLINE) - 0.1 < written - injected < deadline + 3
