@@ -28,9 +28,14 @@ records and the clean-up included: an upper bound). Under ``restart``, *work los
 restart, the steps done since the checkpoint it resumed from, and ``restart_p50_s`` the median time
 from the failure to the first step after it (the summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
-that named another). ``throughput_after_ratio`` is the survivors' throughput after a failure
-against ``(n-1)/n`` of the throughput before; it needs ``--on-failure continue``, which the runtime
-does not have yet, so it is ``null``. Figures only: nothing here asserts.
+that named another).
+
+AD-PSGD's runs with a kill or a stop run ``--on-failure continue``: the survivors must finish
+(status 0) without the victim. Their *detection* is the time from the fault to the survivors' new
+epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
+(0 when they lose no work); ``throughput_after_ratio`` is the median of the runs' summary figure,
+the survivors' throughput after the failure against before (their own pace: ``(n-1)/n`` of the
+whole run's). ``--algorithms adpsgd`` runs only those. Figures only: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ from typing import Any
 
 ALGORITHMS = ("ssgd", "bsp", "bmuf", "easgd", "asgd", "adpsgd", "dpsgd", "hadpsgd")
 SYNCHRONOUS = ("ssgd", "bsp", "bmuf")
+#: what runs --on-failure continue under a kill or a stop (runtime/README.md, "Going on without the dead")
+CONTINUING = ("adpsgd",)
 #: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4
@@ -153,6 +160,9 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
         if fault == "sigkill" and algorithm in SYNCHRONOUS and rng.random() < 0.5:
             record["policy"] = "restart"
             extra += ["--on-failure", "restart", "--max-restarts", "2"]
+        if fault in ("sigkill", "sigstop") and algorithm in CONTINUING:
+            record["policy"] = "continue"
+            extra += ["--on-failure", "continue"]
         if fault == "corrupt":
             first = subprocess.run(_train_command(algorithm, out, args), capture_output=True, text=True)
             if first.returncode != 0:
@@ -175,7 +185,7 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
             if fault in ("sigkill", "sigstop"):
                 victim_rank = rng.randrange(world)  # asgd's server (the last rank) included
                 record["victim"] = victim_rank
-            injected = time.monotonic()
+            injected, injected_wall = time.monotonic(), time.time()
             record["injected"] = True
             if fault == "sigkill":
                 _signal(pids[record["victim"]], signal.SIGKILL)
@@ -197,6 +207,15 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
             record["named"] = failed is not None and int(failed.group(1)) == record["victim"]
         summary = _summary(out)
         record["restarts"] = summary.get("restarts", [])
+        if record["policy"] == "continue":
+            record["named"] = proc.returncode == 0 and summary.get("survivors") == [
+                r for r in range(WORKERS) if r != record.get("victim")
+            ]
+            epoch = out / "membership" / "epoch00000001.json"
+            if epoch.is_file():
+                record["detection_s"] = round(json.loads(epoch.read_text())["time_s"] - injected_wall, 3)
+            record["survivor_steps_lost"] = (WORKERS - 1) * args.steps - int(summary.get("steps", 0))
+            record["throughput_after_ratio"] = summary.get("throughput_after_ratio")
         record["failure"] = _failure(out)
         record["partial_files"] = _partial_files(out) if out.is_dir() else []
         record["shm_left"] = _shm_left(pids)
@@ -231,9 +250,12 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
     hangs = failures = 0
     errors: dict[str, int] = {}
     for i in range(runs):
-        algorithm = ("adpsgd", "dpsgd", "hadpsgd")[i % 3]
+        algorithm = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd")[i % 4]
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-            cmd = _train_command(algorithm, Path(tmp) / "run", args)
+            # every other adpsgd run with the survivors' protocol (continue), which no fault ends
+            cmd = _train_command(
+                algorithm, Path(tmp) / "run", args, *(["--on-failure", "continue"] if i % 4 == 3 else [])
+            )
             cmd[cmd.index("--steps") + 1] = "20"
             cmd += ["--seed", str(rng.randrange(1 << 30))]  # the seed of the delays' draws too
             env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter)}
@@ -270,13 +292,20 @@ def main() -> int:
     parser.add_argument(
         "--hang-after", type=float, default=60.0, help="a run not ended this long after its fault hangs"
     )
+    parser.add_argument(
+        "--algorithms", default=",".join(ALGORITHMS), help="comma-separated, in turn (default: every algorithm)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     kinds = ["sigkill", "sigstop", "corrupt"] + (["disk-full", "link-down"] if _is_root() else [])
     records = []
+    chosen = [a for a in args.algorithms.split(",") if a]
+    unknown = sorted(set(chosen) - set(ALGORITHMS))
+    if unknown or not chosen:
+        parser.error(f"--algorithms ({args.algorithms!r}) must name some of {', '.join(ALGORITHMS)}")
     for i in range(args.runs):
-        algorithm, fault = ALGORITHMS[i % len(ALGORITHMS)], rng.choice(kinds)
+        algorithm, fault = chosen[i % len(chosen)], rng.choice(kinds)
         if fault == "link-down" and algorithm == "asgd":  # 5 ranks do not split over 2 hosts
             fault = "sigkill"
         record = one_run(i, algorithm, fault, rng, args)
@@ -284,7 +313,10 @@ def main() -> int:
         print(json.dumps(record), file=sys.stderr, flush=True)  # one line a run, --json or not
     stops = [r for r in records if r["policy"] == "stop" and r["fault"] in ("sigkill", "sigstop", "link-down")]
     detections = [r["seconds_after_fault"] for r in stops if r.get("ended") and r.get("rc")]
-    restarts = [x for r in records for x in r["restarts"]]
+    continued = [r for r in records if r["policy"] == "continue" and r.get("injected")]
+    detections += [r["detection_s"] for r in continued if r.get("detection_s") is not None]
+    ratios = [r["throughput_after_ratio"] for r in continued if r.get("throughput_after_ratio") is not None]
+    restarts = [x for r in records for x in r.get("restarts", [])]
     result = {
         "runs": len(records),
         "faults": sum(1 for r in records if r.get("injected")),
@@ -298,7 +330,13 @@ def main() -> int:
         "detection_p99_s": _pct(detections, 99),
         "restarts": len(restarts),
         "restart_p50_s": _pct([x["time_to_first_step_s"] for x in restarts if x.get("time_to_first_step_s")], 50),
-        "throughput_after_ratio": None,
+        "continued": len(continued),
+        "continued_finished": sum(1 for r in continued if r.get("named")),
+        "survivor_steps_lost": sum(r.get("survivor_steps_lost", 0) for r in continued),
+        "continue_detection_p50_s": _pct([r["detection_s"] for r in continued if r.get("detection_s") is not None], 50),
+        "continue_detection_p99_s": _pct([r["detection_s"] for r in continued if r.get("detection_s") is not None], 99),
+        "throughput_after_ratio": statistics.median(ratios) if ratios else None,
+        "throughput_after_ratio_min": min(ratios) if ratios else None,
         "by_fault": {k: sum(1 for r in records if r["fault"] == k) for k in kinds},
     }
     if args.soak:
