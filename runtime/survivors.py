@@ -194,7 +194,9 @@ def survivor_throughput(
     the same ranks: 1 when they keep their own pace, which is the simulator's
     ``throughput_after_ratio`` = :math:`X_1 / ((k/n) X_0)` for workers of equal pace. Before: from the
     end of the first step to the first death (the first change's time less its detection time);
-    after: from the last change to the end. NaN where a window holds no step.
+    after: from the last change until the first survivor has done all its steps (from then on
+    fewer ranks train: a survivor that waited on the dead catches up alone). NaN where a window
+    holds no step.
     """
     compute = trace[trace["phase"] == 0]
     ends = np.sort(compute["end_s"])
@@ -202,11 +204,12 @@ def survivor_throughput(
         return {}
     died = min(c["time_s"] - (c.get("detection_s") or 0.0) for c in changes)
     settled = max(c["time_s"] for c in changes)
+    first_done = min(float(compute["end_s"][compute["rank"] == r].max()) for r in np.unique(compute["rank"]))
 
     def rate(lo: float, hi: float) -> float:
         n = int(np.count_nonzero((ends > lo) & (ends <= hi)))
         return n * samples_per_step / (hi - lo) if n and hi > lo else float("nan")
 
     before = rate(float(ends[0]), died)
-    after = rate(settled, float(ends[-1]))
+    after = rate(settled, first_done)
     return {"throughput_before": before, "throughput_after": after, "throughput_after_ratio": after / before}

@@ -122,10 +122,15 @@ def test_the_survivors_throughput_is_their_pace_before_and_after():
     from psgdlab.runtime.survivors import survivor_throughput
 
     tb = TraceBuilder()
-    for rank in (0, 1, 3):  # 10 steps/s each until 5 s, then 5 steps/s
+    for rank in (0, 1, 3):  # 10 steps/s each until 5 s, then 5 steps/s; rank 3 goes on alone
         t = 0.0
         step = 0
-        while t < 10:
+        while t < (10 if rank != 3 else 14):
+            if t >= 10:  # alone after the others finished: outside the window
+                tb.add(rank=rank, step=step, phase="compute", start_s=t, end_s=t + 0.05, staleness=0, loss=1.0)
+                t += 0.05
+                step += 1
+                continue
             dt = 0.1 if t < 5 else 0.2
             tb.add(rank=rank, step=step, phase="compute", start_s=t, end_s=t + dt, staleness=0, loss=1.0)
             t += dt
