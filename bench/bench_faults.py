@@ -30,12 +30,12 @@ from the failure to the first step after it (the summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
 that named another).
 
-AD-PSGD's runs with a kill or a stop run ``--on-failure continue``: the survivors must finish
+AD-PSGD's and D-PSGD's runs with a kill or a stop run ``--on-failure continue``: the survivors must finish
 (status 0) without the victim. Their *detection* is the time from the fault to the survivors' new
 epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
 (0 when they lose no work); ``throughput_after_ratio`` is the median of the runs' summary figure,
 the survivors' throughput after the failure against before (their own pace: ``(n-1)/n`` of the
-whole run's). ``--algorithms adpsgd`` runs only those. Figures only: nothing here asserts.
+whole run's). ``--algorithms adpsgd,dpsgd`` runs only those. Figures only: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 ALGORITHMS = ("ssgd", "bsp", "bmuf", "easgd", "asgd", "adpsgd", "dpsgd", "hadpsgd")
 SYNCHRONOUS = ("ssgd", "bsp", "bmuf")
 #: what runs --on-failure continue under a kill or a stop (runtime/README.md, "Going on without the dead")
-CONTINUING = ("adpsgd",)
+CONTINUING = ("adpsgd", "dpsgd")
 #: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4

@@ -51,7 +51,7 @@ from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import AllReduce, Barrier, Exchange, Gossip, PairwiseAverage
 from psgdlab.core.topology import Topology, build_topology, torus_shape
 
-__all__ = ["Rebuilt", "rebuild", "survivor_exchanges"]
+__all__ = ["Rebuilt", "rebuild", "survivor_exchanges", "without_peers"]
 
 _STATIC = ("ring", "torus", "complete", "exponential")
 _MATCHING = ("fixed-ring", "random-ring", "hypercube")
@@ -295,3 +295,25 @@ def _pairwise(rebuilt: Rebuilt, ex: PairwiseAverage, rank: int, round: int) -> P
                 gather_group=own if len(own) > 1 else (),
             )
     return None
+
+
+def without_peers(ex: Gossip, dead: Iterable[int]) -> Gossip:
+    r"""``ex`` without its ``dead`` peers, their weights added to the self weight.
+
+    Applied by every member to the same matrix :math:`W`, this sets :math:`W_{ij} = 0` for a dead
+    :math:`j` and adds it to :math:`W_{ii}`: still symmetric and doubly stochastic over the living.
+    It is what members of a blocking gossip do between a death and the step at which they all
+    switch to the :func:`rebuild` schedule (they cannot all switch at once without a barrier).
+
+    >>> without_peers(Gossip(peers=(1, 3), weights=(0.25, 0.25), self_weight=0.5), dead=[3])
+    Gossip(peers=(1,), weights=(0.25,), self_weight=0.75, blocking=True)
+    """
+    dead = set(dead)
+    keep = [(p, w) for p, w in zip(ex.peers, ex.weights) if p not in dead]
+    gone = sum(w for p, w in zip(ex.peers, ex.weights) if p in dead)
+    return Gossip(
+        peers=tuple(p for p, _ in keep),
+        weights=tuple(w for _, w in keep),
+        self_weight=ex.self_weight + gone,
+        blocking=ex.blocking,
+    )

@@ -52,7 +52,10 @@ class Epoch:
 
     ``time_s`` is the proposer's clock (seconds since the epoch of ``time.time``) when it wrote the
     epoch; ``step`` its local step then; ``detection_s`` how long it waited on the dead ranks
-    before it gave them up.
+    before it gave them up. ``switch_step``: the first step whose schedule is rebuilt over
+    ``alive`` (None: at once); until then the members go on with the previous schedule, less the
+    dead (a schedule whose both sides block, D-PSGD's gossip, must change at one step on every
+    member).
     """
 
     epoch: int
@@ -62,6 +65,7 @@ class Epoch:
     time_s: float = 0.0
     step: int | None = None
     detection_s: float | None = None
+    switch_step: int | None = None
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -81,6 +85,8 @@ class Agreement:
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.current = Epoch(0, tuple(range(n_ranks)))
+        #: every epoch read so far, oldest first (epoch 0 included)
+        self.chain: list[Epoch] = [self.current]
 
     def _path(self, epoch: int) -> Path:
         return self.root / f"epoch{epoch:08d}.json"
@@ -94,6 +100,7 @@ class Agreement:
             except FileNotFoundError:
                 break
             self.current = Epoch.from_json(json.loads(text))
+            self.chain.append(self.current)
         if self.rank not in self.current.alive:
             e = self.current
             raise Removed(
@@ -102,9 +109,17 @@ class Agreement:
             )
         return self.current
 
-    def remove(self, dead: Iterable[int], *, step: int | None = None, detection_s: float | None = None) -> Epoch:
+    def remove(
+        self,
+        dead: Iterable[int],
+        *,
+        step: int | None = None,
+        detection_s: float | None = None,
+        switch_after: int | None = None,
+    ) -> Epoch:
         """Agree that ``dead`` are gone: the newest epoch once every rank of ``dead`` is out of it
-        (written by this rank or by another that found them first)."""
+        (written by this rank or by another that found them first). ``switch_after``: an epoch this
+        rank writes switches schedules at ``step + switch_after`` (None: at once)."""
         dead = set(dead)
         while True:
             current = self.refresh()
@@ -119,9 +134,11 @@ class Agreement:
                 time_s=time.time(),
                 step=step,
                 detection_s=detection_s,
+                switch_step=None if switch_after is None or step is None else step + switch_after,
             )
             if self._create(proposal):
                 self.current = proposal
+                self.chain.append(proposal)
                 return proposal
             # another survivor wrote this epoch first: read it and try again on top of it
 

@@ -301,12 +301,12 @@ class TrainConfig:
         check_on_failure(self.algorithm, self.on_failure)
         if self.on_failure == "continue":  # what the runtime's survivors can do so far (runtime/README.md)
             require(
-                self.algorithm == "adpsgd" or (self.algorithm == "hadpsgd" and self.gpus_per_node == 1),
+                self.algorithm in ("adpsgd", "dpsgd") or (self.algorithm == "hadpsgd" and self.gpus_per_node == 1),
                 "on-failure",
                 "continue",
-                f"is built in the runtime for adpsgd (and hadpsgd with one GPU per node), not {self.algorithm}"
-                + (f" with --gpus-per-node {self.gpus_per_node}" if self.algorithm == "hadpsgd" else "")
-                + ": survivors of a blocking gossip or of a node's allreduce do not re-form yet",
+                f"is built in the runtime for adpsgd, dpsgd and hadpsgd with one GPU per node, not "
+                f"{self.algorithm} with --gpus-per-node {self.gpus_per_node}: the survivors of a node's "
+                "allreduce do not re-form yet",
                 hint="use stop or restart",
             )
             require(

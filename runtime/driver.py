@@ -77,6 +77,7 @@ from psgdlab.core.exchange import (
     ServerExchange,
     wire_bytes,
 )
+from psgdlab.core.membership import without_peers
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
@@ -284,6 +285,8 @@ class _Worker:
         return delta, rows
 
     def _gossip(self, ex: Gossip, sent: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
+        if self.survivors is not None:
+            return self._gossip_surviving(ex, sent, step)
         t0 = self.now()
         self._sleep_jitter()
         bufs = [torch.empty_like(sent) for _ in ex.peers]
@@ -335,6 +338,39 @@ class _Worker:
         delta = self.alg.mix(ex, sent, received) - sent
         rows[0]["end_s"] = self.now()
         return delta, rows
+
+    def _gossip_surviving(self, ex: Gossip, sent: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
+        """D-PSGD's gossip under ``--on-failure continue``: one pairwise exchange per peer, in
+        increasing rank order on every member (the edges in one global order: the lowest edge not
+        yet done always has both ends at it, so the order cannot deadlock), so that a peer lost in
+        its exchange costs only its own edge: its weight goes to this rank
+        (:func:`~psgdlab.core.membership.without_peers`) and the other peers' exchanges go on."""
+        members = self.survivors
+        assert members is not None
+        t0 = self.now()
+        self._sleep_jitter()
+        lost: list[int] = []
+        received: dict[int, torch.Tensor] = {}
+        nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+        for peer in sorted(ex.peers):
+            buf = torch.empty_like(sent)
+            try:
+                with self.flight.wait(
+                    "gossip",
+                    step=step,
+                    peers=[peer],
+                    nbytes=nbytes // max(1, len(ex.peers)),
+                    tag=Tags.GOSSIP,
+                    deadline_s=2 * self.flight.deadline_s,
+                ):
+                    self.comm.sendrecv(sent, buf, peer, Tags.GOSSIP)
+                received[peer] = buf
+            except RuntimeError as exc:  # TransportError included: the peer died or was given up
+                members.remove(peer, f"rank {peer} failed in a gossip exchange at step {step}: {exc}")
+                lost.append(peer)
+        mixing = without_peers(ex, lost) if lost else ex
+        delta = self.alg.mix(mixing, sent, [received[p] for p in mixing.peers]) - sent
+        return delta, [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_GOSSIP, peer=-1, nbytes=nbytes)]
 
     # --- responder thread: passive side ---
     def serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
@@ -530,7 +566,8 @@ class _Worker:
         snapshots: list[tuple[int, torch.Tensor]] = []
         samples = self.workload.samples_per_step
         t_prev = None
-        sync = not alg.asynchronous and alg.n_workers > 1
+        # synchronous ranks agree on a SIGTERM stop with an allreduce, which survivors cannot run
+        sync = not alg.asynchronous and alg.n_workers > 1 and self.survivors is None
         preempted = False
         choice = os.environ.get(OVERLAP_ENV, "")
         wanted = opt.compute_time is None and (choice == "1" or (choice != "0" and self.main.async_progress))
@@ -608,7 +645,7 @@ class _Worker:
                 if stop:
                     preempted = True
                     break
-            if preempted and alg.asynchronous:
+            if preempted and (alg.asynchronous or self.survivors is not None):
                 # partners may be waiting for this rank: leave at once, the launcher stops the rest
                 raise Preempted(f"rank {self.rank} stopped by SIGTERM at step {self.step + 1}")
             if self.survivors is not None:

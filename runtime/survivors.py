@@ -36,12 +36,17 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.algorithms.base import Algorithm
-from psgdlab.core.exchange import Exchange
-from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
+from psgdlab.core.errors import TransportError
+from psgdlab.core.exchange import Exchange, Gossip
+from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, without_peers
 from psgdlab.runtime.agreement import Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
 
-__all__ = ["Survivors", "Removed", "SURVIVOR_RESULTS_DIR", "survivor_throughput"]
+__all__ = ["Survivors", "Removed", "SURVIVOR_RESULTS_DIR", "SWITCH_AFTER_WORKERS", "survivor_throughput"]
+
+#: a blocking gossip's epoch switches schedules this many times the workers (plus 2) steps after
+#: its proposer's step (:attr:`Survivors.switch_after`)
+SWITCH_AFTER_WORKERS = 2
 
 #: under the run directory: each survivor's result at the end of a ``continue`` run
 SURVIVOR_RESULTS_DIR = "results"
@@ -92,6 +97,16 @@ class Survivors:
         self.mailbox = Mailbox(rank, algorithm.n_workers, host=host, deadline_s=deadline_s, on_lost=self._on_lost)
         self._lock = threading.Lock()
         self._rebuilt: dict[int, Rebuilt] = {}
+        self._seen_at: dict[int, int] = {0: 0}  # epoch -> the step at which this rank first read it
+        #: a schedule whose both sides block (gossip) changes at one step on every member: an
+        #: epoch switches ``SWITCH_AFTER_WORKERS * n + 2`` steps after its proposer's step, beyond
+        #: any member (neighbours of a blocking gossip are at most a step apart, so no member is
+        #: more than the diameter ahead of another)
+        self.switch_after = (
+            SWITCH_AFTER_WORKERS * algorithm.n_workers + 2
+            if any(isinstance(ex, Gossip) for ex in algorithm.exchanges(0, rank))
+            else None
+        )
         self.summary_path = run_dir / "summary.json"
         #: every rank's host (:func:`~psgdlab.runtime.netns.host_identity`), learnt at set-up
         self.hosts: list[str] = []
@@ -117,7 +132,7 @@ class Survivors:
             self.plane.given_up.add(peer)
         with self._lock:
             before = self.agreement.current.epoch
-            epoch = self.agreement.remove([peer], step=self.step, detection_s=silent_s)
+            epoch = self.agreement.remove([peer], step=self.step, detection_s=silent_s, switch_after=self.switch_after)
         if epoch.epoch != before:
             log.warning("rank %d: %s; survivors now %s (epoch %d)", self.rank, reason, list(epoch.alive), epoch.epoch)
 
@@ -128,17 +143,36 @@ class Survivors:
             pass  # this rank was given up itself: the training thread finds out at its next step
 
     def exchanges(self, step: int) -> tuple[Exchange, ...]:
-        """This rank's exchanges of ``step`` over the newest epoch (the original schedule while
-        everyone is alive)."""
+        """This rank's exchanges of ``step``: the schedule rebuilt over the newest epoch whose
+        switch step has come (the original schedule while everyone is alive), less the peers
+        found dead since (a gossip's weight for them goes to the rank itself:
+        :func:`~psgdlab.core.membership.without_peers`)."""
         self.step = step
         current = self.epoch()
         template = self.alg.exchanges(step, self.rank)
         if current.epoch == 0:
             return template
-        rebuilt = self._rebuilt.get(current.epoch)
-        if rebuilt is None:
-            rebuilt = self._rebuilt[current.epoch] = rebuild(self.topology, current.alive)
-        return survivor_exchanges(rebuilt, template, self.rank, step)
+        for e in self.agreement.chain:
+            if e.epoch not in self._seen_at:
+                self._seen_at[e.epoch] = step
+                if e.switch_step is not None and step > e.switch_step:
+                    raise TransportError(
+                        f"rank {self.rank} read epoch {e.epoch} at step {step}, after its switch step "
+                        f"{e.switch_step}: the members would no longer follow one schedule"
+                    )
+        base = max(
+            (e for e in self.agreement.chain if e.switch_step is None or e.switch_step <= step), key=lambda e: e.epoch
+        )
+        exchanges = template
+        if base.epoch > 0:
+            rebuilt = self._rebuilt.get(base.epoch)
+            if rebuilt is None:
+                rebuilt = self._rebuilt[base.epoch] = rebuild(self.topology, base.alive)
+            exchanges = survivor_exchanges(rebuilt, template, self.rank, step)
+        if base is current:
+            return exchanges
+        dead = set(range(self.alg.n_workers)) - set(current.alive)
+        return tuple(without_peers(ex, dead) if isinstance(ex, Gossip) else ex for ex in exchanges)
 
     # --- the end of the run ---
     def finish_steps(self) -> None:

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.membership import rebuild
+from psgdlab.core.exchange import Gossip
+from psgdlab.core.membership import rebuild, without_peers
 from psgdlab.core.mixing import is_doubly_stochastic
 from psgdlab.core.strategies import topologies
 from psgdlab.core.topology import build_topology
@@ -88,3 +89,28 @@ def test_static_kinds_fall_back_when_too_few_survive_and_bad_input():
         rebuild(build_topology("ring", 5), (0, 7))
     with pytest.raises(ConfigError, match="must be a survivor"):
         rebuild(build_topology("ring", 5), (0, 1, 2)).peers(4)
+
+
+@given(removals(), st.integers(0, 50), st.data())
+@settings(max_examples=100, deadline=None)
+def test_a_gossip_without_its_dead_peers_is_still_doubly_stochastic(case, round, data):
+    """Between a death and the switch step, blocking gossip's members drop the dead from the
+    schedule they follow, each giving the dead's weight to itself: the matrix over the living stays
+    symmetric and doubly stochastic, whichever ranks died."""
+    topology, alive = case
+    r = rebuild(topology, alive)
+    W = r.matrix(round)
+    dead = set(data.draw(st.lists(st.sampled_from(r.members), max_size=len(r.members) - 1, unique=True)))
+    living = [m for m in r.members if m not in dead]
+    index = {m: i for i, m in enumerate(r.members)}
+    V = np.zeros((len(living), len(living)))
+    for a, rank in enumerate(living):
+        col = W[:, index[rank]]
+        peers = [m for m in r.members if m != rank and col[index[m]] > 0]
+        ex = Gossip(peers=tuple(peers), weights=tuple(col[index[p]] for p in peers), self_weight=col[index[rank]])
+        kept = without_peers(ex, dead)
+        assert set(kept.peers) == set(peers) - dead
+        V[a, a] = kept.self_weight
+        for p, w in zip(kept.peers, kept.weights):
+            V[living.index(p), a] = w
+    assert is_doubly_stochastic(V) and np.allclose(V, V.T)

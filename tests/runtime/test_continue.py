@@ -20,6 +20,7 @@ from psgdlab.core.membership import rebuild, survivor_exchanges
 from psgdlab.core.trace import read_trace
 from psgdlab.runtime.failures import process_state
 from psgdlab.runtime.mailbox import BEATS_PER_DEADLINE, Mailbox
+from psgdlab.runtime.survivors import SWITCH_AFTER_WORKERS
 from psgdlab.tests.runtime._runtime_helpers import leftover_segments, lsq_config
 
 
@@ -146,7 +147,6 @@ def test_the_survivors_throughput_is_their_pace_before_and_after():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(algorithm="dpsgd"), "is built in the runtime for adpsgd"),
         (dict(algorithm="hadpsgd", workers=4, gpus_per_node=2), "with --gpus-per-node 2"),
         (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo on one host"),
         (dict(algorithm="ssgd"), "needs a gossip algorithm"),
@@ -161,10 +161,10 @@ def test_continue_refuses_what_it_cannot_do(tmp_path, kw, message):
 
 
 # ----- runs that lose a worker -----------------------------------------------------------------------
-def _continue_run(tmp_path, crash: str, *, steps: int, deadline_s: float = 10.0, **kw):
+def _continue_run(tmp_path, crash: str, *, steps: int, deadline_s: float = 10.0, algorithm: str = "adpsgd", **kw):
     from psgdlab.runtime.launch import launch
 
-    config = lsq_config(tmp_path, "adpsgd", 4, steps=steps, compute_time="0.01", on_failure="continue", **kw).replace(
+    config = lsq_config(tmp_path, algorithm, 4, steps=steps, compute_time="0.01", on_failure="continue", **kw).replace(
         timeout_s=deadline_s, record_params=False
     )
     summary = launch(config, quiet=True, timeout_s=90, extra_env={"PSGDLAB_TEST_CRASH": crash})
@@ -206,10 +206,22 @@ def test_survivors_go_on_without_a_killed_worker(tmp_path):
 def test_a_stopped_rank_0_is_given_up_at_the_deadline(tmp_path):
     """Rank 0 holds gloo's rendezvous store and writes the summary in a run that loses nobody."""
     deadline = 2.0
-    config, figures, injected = _continue_run(tmp_path, "0:30:STOP", steps=80, deadline_s=deadline)
-    _check_survivors_finished(config, figures, dead=0, steps=80)
+    # long enough that the survivors still train together after the deadline (the ratio's window)
+    config, figures, injected = _continue_run(tmp_path, "0:30:STOP", steps=300, deadline_s=deadline)
+    _check_survivors_finished(config, figures, dead=0, steps=300)
     (change,) = figures["membership_changes"]
     assert deadline - 0.1 < change["detection_s"] < deadline + 1.5
     written = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())["time_s"]
     # silent for the deadline since its last heartbeat, which came up to a beat's period before the stop
     assert deadline * (1 - 1 / BEATS_PER_DEADLINE) - 0.1 < written - injected < deadline + 3
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_dpsgd_survivors_switch_to_the_rebuilt_ring_at_one_step(tmp_path):
+    """A blocking gossip: the members drop the dead at once and switch to the rebuilt ring at the
+    epoch's switch step."""
+    config, figures, _ = _continue_run(tmp_path, "1:30", steps=80, algorithm="dpsgd")
+    _check_survivors_finished(config, figures, dead=1, steps=80)
+    epoch = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())
+    assert epoch["switch_step"] == epoch["step"] + SWITCH_AFTER_WORKERS * 4 + 2
