@@ -1,0 +1,139 @@
+"""The survivors' throughput after a failure: the simulator's prediction against the runtime.
+
+::
+
+    python bench/bench_continue.py [--algorithm adpsgd] [--repeats 3] [--steps 600] [--json]
+
+1. One failure-free ``psgdlab train`` of the least-squares model with emulated compute
+   (``--calibrate-workers`` workers, ``--steps`` steps of ``--compute-time``), ``--on-failure
+   continue``; ``psgdlab calibrate --probe`` fits this machine's platform from it.
+2. ``--repeats`` runs of the same configuration, each with one worker killed (SIGKILL, a rank drawn
+   from ``--seed``) at half its steps: the survivors go on (``--on-failure continue``). Each
+   summary gives the survivors' throughput before and after the failure
+   (runtime/README.md, "Going on without the dead").
+3. For each run, ``psgdlab predict --platform`` of the calibrated platform with ``--fail
+   RANK@SECONDS`` at the time the worker was killed (since the run's first step) and the
+   detection time the run measured (``failure_detection_s``): the predicted throughput of the
+   survivors after the failure (``throughput_after_samples_per_s``) and its ratio to ``(n-1)/n``
+   of the throughput before.
+
+It prints, per run and as medians: measured and predicted throughput after the failure (samples
+per second), their relative error, and the measured and predicted ratios. Figures only; nothing
+here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+BATCH = 8
+
+
+def _psgdlab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "psgdlab", *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def _train(out: Path, args: argparse.Namespace, crash: str | None = None, workers: int | None = None) -> dict[str, Any]:
+    workers = workers or args.workers
+    flags = ["train", "--algorithm", args.algorithm, "--workers", str(workers), "--model", "least-squares"]
+    flags += ["--steps", str(args.steps), "--batch", str(BATCH), "--compute-time", str(args.compute_time)]
+    flags += ["--on-failure", "continue", "--timeout", str(args.deadline), "--out", str(out), "--json"]
+    env = dict(os.environ, **({"PSGDLAB_TEST_CRASH": crash} if crash else {}))
+    done = _psgdlab(*flags, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_continue: train failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithm", default="adpsgd", choices=("adpsgd", "dpsgd"))
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--calibrate-workers",
+        type=int,
+        default=2,
+        help="workers of the calibration run (psgdlab calibrate fits from runs with at most one worker per core)",
+    )
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--compute-time", type=float, default=0.02)
+    parser.add_argument("--deadline", type=float, default=10.0, help="the runs' --timeout, seconds")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="bench-continue-") as tmp:
+        base = Path(tmp)
+        _train(base / "calibration", args, workers=args.calibrate_workers)
+        platform = base / "platform.toml"
+        fit = _psgdlab(
+            "calibrate", "--probe", "--probe-out", str(base / "probe"), "--devices", str(args.workers),
+            "--out", str(platform), str(base / "calibration"),
+        )  # fmt: skip
+        if fit.returncode != 0:
+            raise SystemExit(f"bench_continue: calibrate failed: {fit.stderr.strip().splitlines()[-1:]}")
+        from psgdlab.core.profile import Profile
+
+        profile = Profile.read(platform)
+        rows = []
+        for i in range(args.repeats):
+            victim = rng.randrange(args.workers)
+            out = base / f"run{i}"
+            summary = _train(out, args, crash=f"{victim}:{args.steps // 2}")
+            change = summary["membership_changes"][0]
+            epoch = json.loads((out / "membership" / "epoch00000001.json").read_text())
+            origin = epoch["time_s"] - change["time_s"]
+            killed_wall = float((out / ".ranks" / f"rank{victim}.crash").read_text().split()[0])
+            failed_at = killed_wall - origin
+            detection = max(1e-3, epoch["time_s"] - killed_wall)
+            predicted_platform = base / f"platform{i}.toml"
+            profile.with_values({"platform.failure_detection_s": detection}).write(predicted_platform)
+            pred = _psgdlab(
+                "predict", "--platform", str(predicted_platform), "--algorithm", args.algorithm,
+                "--workers", str(args.workers), "--batch", str(BATCH), "--steps", str(args.steps),
+                "--fail", f"{victim}@{failed_at:.4f}", "--on-failure", "continue", "--json",
+            )  # fmt: skip
+            if pred.returncode != 0:
+                raise SystemExit(f"bench_continue: predict failed: {pred.stderr.strip().splitlines()[-1:]}")
+            failures = json.loads(pred.stdout)["rows"][0]["failures"]
+            measured, predicted = summary["throughput_after"], failures["throughput_after_samples_per_s"]
+            rows.append(
+                {
+                    "victim": victim,
+                    "failed_at_s": round(failed_at, 3),
+                    "detection_s": round(detection, 4),
+                    "measured_after_samples_per_s": measured,
+                    "predicted_after_samples_per_s": predicted,
+                    "after_error": predicted / measured - 1,
+                    "measured_ratio": summary["throughput_after_ratio"],
+                    "predicted_ratio": failures["throughput_after_ratio"],
+                }
+            )
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    result = {
+        "algorithm": args.algorithm,
+        "workers": args.workers,
+        "runs": len(rows),
+        "median_abs_after_error": statistics.median(abs(r["after_error"]) for r in rows),
+        "max_abs_after_error": max(abs(r["after_error"]) for r in rows),
+        "measured_ratio_median": statistics.median(r["measured_ratio"] for r in rows),
+        "predicted_ratio_median": statistics.median(r["predicted_ratio"] for r in rows),
+    }
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
