@@ -5,8 +5,8 @@
     python bench/bench_continue.py [--algorithm adpsgd] [--repeats 3] [--steps 600] [--json]
 
 1. One failure-free ``psgdlab train`` of the least-squares model with emulated compute
-   (``--calibrate-workers`` workers, ``--steps`` steps of ``--compute-time``), ``--on-failure
-   continue``; ``psgdlab calibrate --probe`` fits this machine's platform from it.
+   (AD-PSGD on ``--calibrate-workers`` workers, ``--steps`` steps of ``--compute-time``,
+   ``--on-failure continue``); ``psgdlab calibrate --probe`` fits this machine's platform from it.
 2. ``--repeats`` runs of the same configuration, each with one worker killed (SIGKILL, a rank drawn
    from ``--seed``) at half its steps: the survivors go on (``--on-failure continue``). Each
    summary gives the survivors' throughput before and after the failure
@@ -44,9 +44,11 @@ def _psgdlab(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
-def _train(out: Path, args: argparse.Namespace, crash: str | None = None, workers: int | None = None) -> dict[str, Any]:
+def _train(
+    out: Path, args: argparse.Namespace, crash: str | None = None, workers: int | None = None, algorithm: str = ""
+) -> dict[str, Any]:
     workers = workers or args.workers
-    flags = ["train", "--algorithm", args.algorithm, "--workers", str(workers), "--model", "least-squares"]
+    flags = ["train", "--algorithm", algorithm or args.algorithm, "--workers", str(workers), "--model", "least-squares"]
     flags += ["--steps", str(args.steps), "--batch", str(BATCH), "--compute-time", str(args.compute_time)]
     flags += ["--on-failure", "continue", "--timeout", str(args.deadline), "--out", str(out), "--json"]
     env = dict(os.environ, **({"PSGDLAB_TEST_CRASH": crash} if crash else {}))
@@ -76,7 +78,8 @@ def main() -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-continue-") as tmp:
         base = Path(tmp)
-        _train(base / "calibration", args, workers=args.calibrate_workers)
+        # the platform's laws do not depend on the algorithm; D-PSGD's ring needs 3 workers
+        _train(base / "calibration", args, workers=args.calibrate_workers, algorithm="adpsgd")
         platform = base / "platform.toml"
         fit = _psgdlab(
             "calibrate", "--probe", "--probe-out", str(base / "probe"), "--devices", str(args.workers),

@@ -236,19 +236,29 @@ class SharedMemoryPlane:
         while not done(value):
             shm_sys.futex_wait(self._bases[peer] + 8 * index, value, _CHECK_S)
             value = int(cells[index])
+            if peer in self.given_up and not done(value):  # give_up wakes this wait at once
+                raise TransportError(f"rank {self.rank}: rank {peer} was given up during a shared-memory {what}")
             now = time.monotonic()
             if now - check >= _CHECK_S and not done(value):
                 check = now
                 if not shm_sys.is_alive(*self._procs[peer]):
                     raise TransportError(f"rank {self.rank}: rank {peer} died during a shared-memory {what}")
-                if peer in self.given_up:
-                    raise TransportError(f"rank {self.rank}: rank {peer} was given up during a shared-memory {what}")
                 if now - start > self.timeout_s:
                     raise TransportError(
                         f"rank {self.rank}: rank {peer} did not answer a shared-memory {what} "
                         f"within {self.timeout_s:.0f} s"
                     )
         return value
+
+    def give_up(self, peer: int) -> None:
+        """Count ``peer`` as dead (:attr:`given_up`) and wake this process's waits on its words,
+        which then fail at once instead of at their next liveness check."""
+        if peer in self.given_up or peer not in self._bases:
+            self.given_up.add(peer)
+            return
+        self.given_up.add(peer)
+        for index in range(self.layout.header_bytes // 8):
+            shm_sys.futex_wake(self._bases[peer] + 8 * index)
 
     def barrier(self, channel: int, group: tuple[int, ...]) -> None:
         """Every member of ``group`` has reached this point of ``channel``'s operation."""

@@ -117,7 +117,8 @@ class Survivors:
         with self._lock:
             current = self.agreement.refresh()
         if self.plane is not None:
-            self.plane.given_up.update(set(range(self.alg.n_workers)) - set(current.alive))
+            for peer in set(range(self.alg.n_workers)) - set(current.alive) - self.plane.given_up:
+                self.plane.give_up(peer)
         return current
 
     def alive(self, peer: int) -> bool:
@@ -129,7 +130,7 @@ class Survivors:
         if self.summary_path.exists():  # the run is over: a peer leaving is not a death
             return
         if self.plane is not None:
-            self.plane.given_up.add(peer)
+            self.plane.give_up(peer)
         with self._lock:
             before = self.agreement.current.epoch
             epoch = self.agreement.remove([peer], step=self.step, detection_s=silent_s, switch_after=self.switch_after)

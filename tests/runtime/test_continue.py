@@ -196,8 +196,9 @@ def _check_survivors_finished(config, figures, dead: int, steps: int) -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
 def test_survivors_go_on_without_a_killed_worker(tmp_path):
-    config, figures, _ = _continue_run(tmp_path, "2:40", steps=80)
-    _check_survivors_finished(config, figures, dead=2, steps=80)
+    # the others are still training when it dies (an AD-PSGD worker may lag far behind on a busy machine)
+    config, figures, _ = _continue_run(tmp_path, "2:40", steps=200)
+    _check_survivors_finished(config, figures, dead=2, steps=200)
     assert figures["membership_changes"][0]["detection_s"] < 1.0  # its connection ended: seen at once
 
 
@@ -221,7 +222,7 @@ def test_a_stopped_rank_0_is_given_up_at_the_deadline(tmp_path):
 def test_dpsgd_survivors_switch_to_the_rebuilt_ring_at_one_step(tmp_path):
     """A blocking gossip: the members drop the dead at once and switch to the rebuilt ring at the
     epoch's switch step."""
-    config, figures, _ = _continue_run(tmp_path, "1:30", steps=80, algorithm="dpsgd")
-    _check_survivors_finished(config, figures, dead=1, steps=80)
+    config, figures, _ = _continue_run(tmp_path, "1:30", steps=120, algorithm="dpsgd")
+    _check_survivors_finished(config, figures, dead=1, steps=120)
     epoch = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())
     assert epoch["switch_step"] == epoch["step"] + SWITCH_AFTER_WORKERS * 4 + 2
