@@ -21,7 +21,9 @@ link-down       on two emulated hosts (root only), host 1's link is set down
 =============== =================================================================================
 
 A run *hangs* when the launcher has not ended by itself ``--hang-after`` seconds after the fault
-(the bench then kills it). *Partial files* are temporary files (``.NAME.tmpPID``,
+(the bench then kills it; default 90 s, beyond the set-up's own deadline of 60 s, within which a
+fault during the rendezvous ends the run). A failed or hung run's record keeps the last lines of
+its standard error (``stderr_tail``), which goes to a file while it runs. *Partial files* are temporary files (``.NAME.tmpPID``,
 ``.NAME.PID.tmp``) left anywhere in the run directory. *Detection* is the time from a kill, a stop or a
 link set down to the run's end under ``stop`` (the launcher's decision, the survivors' flight
 records and the clean-up included: an upper bound). Under ``restart``, *work lost* is, per
@@ -61,6 +63,8 @@ CONTINUING = ("adpsgd", "dpsgd")
 #: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4
+#: lines of a failed or hung run's standard error kept in its record
+TAIL_LINES = 20
 
 
 def _train_command(algorithm: str, out: Path, args: argparse.Namespace, *extra: str) -> list[str]:
@@ -176,7 +180,11 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
             cmd += ["--json"]
         else:
             cmd = _train_command(algorithm, out, args, *extra)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        # the run's output goes to a file, never to a pipe nobody reads while it runs: a full pipe
+        # would block every rank that logs (a hang of the bench's making)
+        log_path = base / "stderr.txt"
+        with open(log_path, "w") as log_file:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, text=True, start_new_session=True)
         world = WORKERS + (1 if algorithm == "asgd" else 0)
         pids = _rank_pids(out, world, proc) or []
         injected = time.monotonic()
@@ -198,10 +206,12 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
                     if name.endswith("-h1"):
                         subprocess.run(["ip", "-n", name, "link", "set", "nic0", "down"], check=False)
         ended, _ = _wait(proc, args.hang_after + (time.monotonic() - injected))
-        _, stderr = proc.communicate()
+        stderr = log_path.read_text(errors="replace")
         _reap(pids)
         record.update(ended=ended, rc=proc.returncode, seconds_after_fault=round(time.monotonic() - injected, 3))
         record["error"] = stderr.strip().splitlines()[-1:] if proc.returncode else []
+        if proc.returncode or not ended:  # what the ranks said last, for the post-mortem
+            record["stderr_tail"] = stderr.strip().splitlines()[-TAIL_LINES:]
         if "victim" in record and proc.returncode and fault in ("sigkill", "sigstop"):
             failed = re.search(r"run failed: rank (\d+)", " ".join(record["error"]))
             record["named"] = failed is not None and int(failed.group(1)) == record["victim"]
@@ -251,7 +261,7 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
     errors: dict[str, int] = {}
     for i in range(runs):
         algorithm = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd")[i % 4]
-        with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="soak-") as tmp, open(Path(tmp) / "stderr.txt", "w+") as log_file:
             # every other adpsgd run with the survivors' protocol (continue), which no fault ends
             cmd = _train_command(
                 algorithm, Path(tmp) / "run", args, *(["--on-failure", "continue"] if i % 4 == 3 else [])
@@ -259,11 +269,10 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
             cmd[cmd.index("--steps") + 1] = "20"
             cmd += ["--seed", str(rng.randrange(1 << 30))]  # the seed of the delays' draws too
             env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter)}
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
-            )
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, env=env, start_new_session=True)
             ended, _ = _wait(proc, args.hang_after + 30)
-            _, stderr = proc.communicate()
+            log_file.seek(0)
+            stderr = log_file.read()
             hangs += not ended
             if ended and proc.returncode != 0:
                 failures += 1
@@ -290,7 +299,10 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=5.0, help="the runs' --timeout, seconds")
     parser.add_argument("--fault-window", type=float, default=2.5, help="faults land up to this long after start")
     parser.add_argument(
-        "--hang-after", type=float, default=60.0, help="a run not ended this long after its fault hangs"
+        "--hang-after",
+        type=float,
+        default=90.0,
+        help="a run not ended this long after its fault hangs (default 90: the set-up's own deadline is 60 s)",
     )
     parser.add_argument(
         "--algorithms", default=",".join(ALGORITHMS), help="comma-separated, in turn (default: every algorithm)"

@@ -15,12 +15,15 @@ and files each message: requests in one queue for the responder, replies in one 
 for the active side, *done* in a set. A heartbeat thread sends a beat to every peer several times
 per deadline.
 
-A peer is *lost*, and ``on_lost(peer, reason, silent_s)`` called (once per peer, on the
-dispatcher thread), when
+A peer is *lost*, and ``on_lost(peer, reason, silent_s)`` called (once per peer, on a thread of
+its own, so that writing the membership -- a file and its fsync, slow on a busy disk -- never
+stalls the reading), when
 
 - its connection ends before the run's end was announced (:meth:`Mailbox.finish`): the process
   died, whatever killed it -- seen at once, on any host;
-- nothing came from it for ``deadline_s`` (a stopped process, a host cut off).
+- nothing came from it for ``deadline_s`` (a stopped process, a host cut off) and nothing of its
+  waits unread (a dispatcher that was itself held up does not take its own delay for the peer's
+  silence).
 
 Ranks close their mailbox only after the run's summary is written, so an ended connection before
 that is always a death.
@@ -79,6 +82,7 @@ class Mailbox:
         self._finished = threading.Event()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._losses: queue.SimpleQueue[tuple[int, str, float] | None] = queue.SimpleQueue()
 
     @property
     def address(self) -> tuple[tuple[str, int], bytes]:
@@ -113,7 +117,7 @@ class Mailbox:
             peer = int(conn.recv())
             self._in[conn] = peer
             self.heard[peer] = now
-        for target, name in ((self._dispatch, "dispatch"), (self._beat, "beat")):
+        for target, name in ((self._dispatch, "dispatch"), (self._beat, "beat"), (self._report, "report")):
             t = threading.Thread(target=target, daemon=True, name=f"psgdlab-mailbox-{name}-{self.rank}")
             t.start()
             self._threads.append(t)
@@ -146,6 +150,7 @@ class Mailbox:
         """Stop the threads and close every connection."""
         self._finished.set()
         self._closed.set()
+        self._losses.put(None)
         for t in self._threads:
             t.join(timeout=2 * _POLL_S + self.deadline_s / BEATS_PER_DEADLINE)
         for conn in [*self._out.values(), *self._in]:
@@ -157,13 +162,16 @@ class Mailbox:
         if peer in self.lost or peer == self.rank:
             return
         self.lost.add(peer)
-        silent = time.monotonic() - self.heard.get(peer, time.monotonic())
-        try:
-            self.on_lost(peer, reason, silent)
-        except BaseException:  # the callback's own failure must not stop the dispatcher
-            log.exception("rank %d: handling the loss of rank %d failed", self.rank, peer)
+        self._losses.put((peer, reason, time.monotonic() - self.heard.get(peer, time.monotonic())))
         self.requests.put(None)  # the responder re-reads who it still waits for
         self.replies[peer].put(("lost",))
+
+    def _report(self) -> None:
+        while (loss := self._losses.get()) is not None:
+            try:
+                self.on_lost(*loss)
+            except BaseException:  # the callback's own failure must not stop the reporting
+                log.exception("rank %d: handling the loss of rank %d failed", self.rank, loss[0])
 
     def _dispatch(self) -> None:
         while not self._closed.is_set():
@@ -184,11 +192,13 @@ class Mailbox:
             if self._finished.is_set():
                 continue
             now = time.monotonic()
-            for peer, last in list(self.heard.items()):
-                if peer not in self.lost and now - last > self.deadline_s:
-                    self._lose(
-                        peer, f"rank {peer} sent nothing for {now - last:.1f} s (deadline {self.deadline_s:g} s)"
-                    )
+            silent = [p for p, last in self.heard.items() if p not in self.lost and now - last > self.deadline_s]
+            if silent:
+                pending = {self._in[c] for c in wait([c for c, p in self._in.items() if p in silent], timeout=0)}
+                for peer in silent:
+                    if peer not in pending:  # else: read at the next turn
+                        quiet = now - self.heard[peer]
+                        self._lose(peer, f"rank {peer} sent nothing for {quiet:.1f} s (deadline {self.deadline_s:g} s)")
 
     def _file(self, peer: int, message: Any) -> None:
         kind = message[0]

@@ -95,6 +95,30 @@ def test_a_silent_peer_is_lost_at_the_deadline():
             b.close()
 
 
+def test_a_held_up_dispatcher_does_not_take_its_delay_for_silence():
+    """The reader of a rank stalls past the deadline (a slow disk, a busy machine): its peers'
+    heartbeats wait unread in the sockets, and nobody is lost for it."""
+    deadline = 0.5
+    boxes, lost = _mailboxes(3, deadline_s=deadline)
+    original = boxes[0]._file
+    stalled = threading.Event()
+
+    def slow_file(peer, message):
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(3 * deadline)
+        original(peer, message)
+
+    boxes[0]._file = slow_file  # type: ignore[method-assign]
+    try:
+        assert _until(stalled.is_set)
+        time.sleep(4 * deadline)
+        assert lost[0] == [] and not boxes[0].lost
+    finally:
+        for b in boxes:
+            b.close()
+
+
 # ----- the schedule the survivors follow -----------------------------------------------------------
 def test_survivors_follow_the_simulators_rebuilt_schedule(tmp_path):
     from psgdlab.core.algorithms import make_algorithm
