@@ -23,10 +23,11 @@ link-down       on two emulated hosts (root only), host 1's link is set down
 A run *hangs* when the launcher has not ended by itself ``--hang-after`` seconds after the fault
 (the bench then kills it; default 90 s, beyond the set-up's own deadline of 60 s, within which a
 fault during the rendezvous ends the run). A failed or hung run's record keeps the last lines of
-its standard error (``stderr_tail``), which goes to a file while it runs. *Partial files* are temporary files (``.NAME.tmpPID``,
-``.NAME.PID.tmp``) left anywhere in the run directory. *Detection* is the time from a kill, a stop or a
-link set down to the run's end under ``stop`` (the launcher's decision, the survivors' flight
-records and the clean-up included: an upper bound). Under ``restart``, *work lost* is, per
+its standard error (``stderr_tail``), which goes to a file while it runs. *Partial files* are
+temporary files (``.NAME.tmpPID``, ``.NAME.PID.tmp``) left anywhere in the run directory (the
+soak's runs too). *Detection* is the time from a kill, a stop or a link set down to the run's end
+under ``stop`` (the launcher's decision, the survivors' flight records and the clean-up included:
+an upper bound). Under ``restart``, *work lost* is, per
 restart, the steps done since the checkpoint it resumed from, and ``restart_p50_s`` the median time
 from the failure to the first step after it (the summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -63,6 +65,8 @@ CONTINUING = ("adpsgd", "dpsgd")
 #: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4
+#: the soak's algorithms, in turn (the last two with --on-failure continue)
+SOAK_ALGORITHMS = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd", "dpsgd")
 #: lines of a failed or hung run's standard error kept in its record
 TAIL_LINES = 20
 
@@ -256,16 +260,16 @@ def _fill(out: Path) -> None:
 
 
 def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
-    """``runs`` short gossip runs with random delays (up to ``--soak-jitter`` s) on every exchange."""
-    hangs = failures = 0
+    """``runs`` short gossip runs with random delays (up to ``--soak-jitter`` s) on every exchange;
+    one line a run on standard error."""
+    hangs = failures = partial = 0
     errors: dict[str, int] = {}
     for i in range(runs):
-        algorithm = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd")[i % 4]
+        algorithm = SOAK_ALGORITHMS[i % len(SOAK_ALGORITHMS)]
+        # the second adpsgd and dpsgd of each turn run the survivors' protocol (continue), which no fault ends
+        policy = ["--on-failure", "continue"] if i % len(SOAK_ALGORITHMS) >= 3 else []
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp, open(Path(tmp) / "stderr.txt", "w+") as log_file:
-            # every other adpsgd run with the survivors' protocol (continue), which no fault ends
-            cmd = _train_command(
-                algorithm, Path(tmp) / "run", args, *(["--on-failure", "continue"] if i % 4 == 3 else [])
-            )
+            cmd = _train_command(algorithm, Path(tmp) / "run", args, *policy)
             cmd[cmd.index("--steps") + 1] = "20"
             cmd += ["--seed", str(rng.randrange(1 << 30))]  # the seed of the delays' draws too
             env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter)}
@@ -273,12 +277,19 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
             ended, _ = _wait(proc, args.hang_after + 30)
             log_file.seek(0)
             stderr = log_file.read()
+            left = _partial_files(Path(tmp) / "run")
             hangs += not ended
+            partial += len(left)
+            line = {"soak": i, "algorithm": algorithm, "continue": bool(policy), "ended": ended, "rc": proc.returncode}
             if ended and proc.returncode != 0:
                 failures += 1
                 last = (stderr.strip().splitlines() or ["(no message)"])[-1]
                 errors[last] = errors.get(last, 0) + 1
-    return {"runs": runs, "hangs": hangs, "failures": failures, "errors": errors}
+                line["error"] = last
+            if left:
+                line["partial_files"] = left
+            print(json.dumps(line), file=sys.stderr, flush=True)
+    return {"runs": runs, "hangs": hangs, "failures": failures, "partial_files": partial, "errors": errors}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -327,7 +338,7 @@ def main() -> int:
     detections = [r["seconds_after_fault"] for r in stops if r.get("ended") and r.get("rc")]
     continued = [r for r in records if r["policy"] == "continue" and r.get("injected")]
     detections += [r["detection_s"] for r in continued if r.get("detection_s") is not None]
-    ratios = [r["throughput_after_ratio"] for r in continued if r.get("throughput_after_ratio") is not None]
+    ratios = [x for r in continued if (x := r.get("throughput_after_ratio")) is not None and math.isfinite(x)]
     restarts = [x for r in records for x in r.get("restarts", [])]
     result = {
         "runs": len(records),
