@@ -142,6 +142,39 @@ def test_survivors_follow_the_simulators_rebuilt_schedule(tmp_path):
             m.close()
 
 
+def test_a_blocking_gossip_drops_the_dead_until_the_switch_step(tmp_path):
+    from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.errors import TransportError
+    from psgdlab.core.membership import without_peers
+    from psgdlab.runtime.survivors import Survivors
+
+    alg = make_algorithm("dpsgd", n_workers=5)  # a ring
+    a, b = (
+        Survivors(alg, rank=r, run_dir=tmp_path, deadline_s=5, host="127.0.0.1", origin=time.time()) for r in (0, 4)
+    )
+    try:
+        a.exchanges(10)
+        a.remove(1, "test")  # proposed at step 10: the ring of 4 from step 10 + 2 * 5 + 2
+        switch = 10 + SWITCH_AFTER_WORKERS * 5 + 2
+        assert a.agreement.current.switch_step == switch
+        rebuilt = rebuild(alg.membership_topology(), (0, 2, 3, 4))
+        for member in (a, b):
+            r = member.rank
+            before = member.exchanges(switch - 1)
+            assert before == tuple(without_peers(ex, {1}) for ex in alg.exchanges(switch - 1, r))
+            after = member.exchanges(switch)
+            assert after == survivor_exchanges(rebuilt, alg.exchanges(switch, r), r, switch)
+        assert a.exchanges(switch - 1)[0].peers == (4,) and a.exchanges(switch)[0].peers == (2, 4)
+        a.remove(3, "test")  # a member that reads an epoch after its switch step stops
+        late = Survivors(alg, rank=2, run_dir=tmp_path, deadline_s=5, host="127.0.0.1", origin=time.time())
+        with pytest.raises(TransportError, match="after its switch step"):
+            late.exchanges(switch + SWITCH_AFTER_WORKERS * 5 + 3)
+        late.close()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_survivors_throughput_is_their_pace_before_and_after():
     from psgdlab.core.trace import TraceBuilder
     from psgdlab.runtime.survivors import survivor_throughput
