@@ -217,7 +217,8 @@ def to_chrome_trace(
     trace: np.ndarray, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None, max_events: int = 200_000
 ) -> Path:
     """Export a Chrome/Perfetto timeline (one row per rank; open in chrome://tracing or
-    ui.perfetto.dev). Long traces are cut to their first ``max_events`` records."""
+    ui.perfetto.dev). Long traces are cut to their first ``max_events`` records. Each of
+    ``meta["membership_changes"]`` (``time_s``, ``removed``) is a global instant event."""
     events: list[dict[str, Any]] = []
     for rec in trace[:max_events]:
         name = PHASE_NAMES[int(rec["phase"])]
@@ -240,6 +241,18 @@ def to_chrome_trace(
                 "ts": float(rec["start_s"]) * 1e6,
                 "dur": max(float(rec["end_s"] - rec["start_s"]), 0.0) * 1e6,
                 "args": args,
+            }
+        )
+    for change in (meta or {}).get("membership_changes", []):
+        events.append(
+            {
+                "name": f"membership: removed {list(change['removed'])}",
+                "ph": "i",
+                "s": "g",
+                "pid": 0,
+                "tid": 0,
+                "ts": float(change["time_s"]) * 1e6,
+                "args": {k: v for k, v in change.items() if k not in ("removed", "time_s")},
             }
         )
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(meta or {})}

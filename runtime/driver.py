@@ -326,7 +326,7 @@ class _Worker:
                 except queue.Empty:
                     if not members.alive(peer):
                         return None, rows
-            if reply[0] != "reply" or not reply[1]:
+            if reply[0] != "reply" or not reply[2]:
                 members.epoch()  # refused: this rank was given up (Removed), or the peer is gone
                 return None, rows
             received = torch.empty_like(sent)
@@ -335,6 +335,7 @@ class _Worker:
             except RuntimeError as exc:  # TransportError included: the peer died in the exchange
                 members.remove(peer, f"rank {peer} failed in a pairwise exchange at step {step}: {exc}")
                 return None, rows
+        members.shared(peer, int(reply[1]))
         delta = self.alg.mix(ex, sent, received) - sent
         rows[0]["end_s"] = self.now()
         return delta, rows
@@ -365,6 +366,7 @@ class _Worker:
                 ):
                     self.comm.sendrecv(sent, buf, peer, Tags.GOSSIP)
                 received[peer] = buf
+                members.shared(peer, step)  # a blocking gossip's neighbours exchange at the same step
             except RuntimeError as exc:  # TransportError included: the peer died or was given up
                 members.remove(peer, f"rank {peer} failed in a gossip exchange at step {step}: {exc}")
                 lost.append(peer)
@@ -401,7 +403,7 @@ class _Worker:
             src, (_, step, _epoch) = item
             current = members.epoch()  # raises Removed when this rank was given up
             ok = src in current.alive and src not in mailbox.lost
-            if not mailbox.send(src, ("reply", ok, current.epoch)) or not ok:
+            if not mailbox.send(src, ("reply", self.step, ok, current.epoch)) or not ok:
                 continue
             t0 = self.now()
             ex = PairwiseAverage(peer=src, active=False)
@@ -422,6 +424,7 @@ class _Worker:
             except RuntimeError as exc:
                 members.remove(src, f"rank {src} failed in a pairwise exchange at its step {step}: {exc}")
                 continue
+            members.shared(src, step)
             delta = self.alg.mix(ex, sent, received) - sent
             with self.lock:
                 self.state = self.state.replace(params=self.state.params + delta)

@@ -7,6 +7,9 @@ the pairwise protocol -- a request, its reply, a rank's *done* -- and a heartbea
 :mod:`multiprocessing.connection` (the standard library's authenticated, framed TCP connections),
 and only the payloads through the transport.
 
+Every message is a tuple ``(kind, step, ...)``, ``step`` its sender's local step (the survivors
+say how far a dead rank got: :attr:`Mailbox.steps`).
+
 Every rank listens on its host's address; the ranks exchange (address, key) at set-up while all
 are alive (:func:`Mailbox.open`), then each connects to every other (one outgoing connection per
 peer for what it sends, one incoming for what it receives). One *dispatcher* thread reads every
@@ -79,6 +82,10 @@ class Mailbox:
         self.done: set[int] = set()
         self.lost: set[int] = set()
         self.heard: dict[int, float] = {}
+        #: the last local step each peer said it was at (every message carries its sender's step)
+        self.steps: dict[int, int] = {}
+        #: this rank's current step, which its heartbeats carry
+        self.step = 0
         self._finished = threading.Event()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -188,6 +195,7 @@ class Mailbox:
                         self._lose(peer, f"rank {peer} died (its connection closed)")
                     continue
                 self.heard[peer] = time.monotonic()
+                self.steps[peer] = max(self.steps.get(peer, 0), int(message[1]))
                 self._file(peer, message)
             if self._finished.is_set():
                 continue
@@ -215,4 +223,4 @@ class Mailbox:
         while not self._closed.wait(period):
             for peer in list(self._out):
                 if peer not in self.lost:
-                    self.send(peer, ("beat",))
+                    self.send(peer, ("beat", self.step))

@@ -18,9 +18,9 @@ stopped process returns an error instead of waiting for the backend's timeout.
 
 The pairwise protocol under ``continue`` (:mod:`psgdlab.runtime.driver`): the active side sends
 ``("request", step, epoch)``; the passive side refreshes its membership and replies
-``("reply", ok, epoch)`` -- ``ok`` false when the requester is no longer a member (it was given up
+``("reply", step, ok, epoch)`` -- ``ok`` false when the requester is no longer a member (it was given up
 for dead: fenced) -- and only then do both move the payload. So two ranks exchange only while
-both are members of the newest epoch either of them has read. A rank sends ``("done",)`` to every
+both are members of the newest epoch either of them has read. A rank sends ``("done", step)`` to every
 member after its last step; its responder serves until every member still alive is done.
 """
 
@@ -42,7 +42,7 @@ from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, withou
 from psgdlab.runtime.agreement import Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
 
-__all__ = ["Survivors", "Removed", "SURVIVOR_RESULTS_DIR", "SWITCH_AFTER_WORKERS", "survivor_throughput"]
+__all__ = ["Survivors", "Removed", "SURVIVOR_RESULTS_DIR", "SWITCH_AFTER_WORKERS", "survivor_throughput", "work_lost"]
 
 #: a blocking gossip's epoch switches schedules this many times the workers (plus 2) steps after
 #: its proposer's step (:attr:`Survivors.switch_after`)
@@ -110,6 +110,9 @@ class Survivors:
         self.summary_path = run_dir / "summary.json"
         #: every rank's host (:func:`~psgdlab.runtime.netns.host_identity`), learnt at set-up
         self.hosts: list[str] = []
+        #: each peer's local step at its last exchange with this rank that completed: the peer's
+        #: work up to there lives on in this rank's model
+        self.last_shared: dict[int, int] = {}
 
     # --- membership ---
     def epoch(self) -> Epoch:
@@ -148,7 +151,7 @@ class Survivors:
         switch step has come (the original schedule while everyone is alive), less the peers
         found dead since (a gossip's weight for them goes to the rank itself:
         :func:`~psgdlab.core.membership.without_peers`)."""
-        self.step = step
+        self.step = self.mailbox.step = step
         current = self.epoch()
         template = self.alg.exchanges(step, self.rank)
         if current.epoch == 0:
@@ -175,10 +178,19 @@ class Survivors:
         dead = set(range(self.alg.n_workers)) - set(current.alive)
         return tuple(without_peers(ex, dead) if isinstance(ex, Gossip) else ex for ex in exchanges)
 
+    def shared(self, peer: int, peer_step: int) -> None:
+        """An exchange with ``peer``, at its local step ``peer_step``, completed."""
+        self.last_shared[peer] = max(self.last_shared.get(peer, -1), peer_step)
+
+    def report(self) -> dict[str, dict[int, int]]:
+        """What this rank knows of how far each peer got: ``heard`` (the last step it said it was
+        at) and ``shared`` (its step at its last exchange with this rank)."""
+        return {"heard": dict(self.mailbox.steps), "shared": dict(self.last_shared)}
+
     # --- the end of the run ---
     def finish_steps(self) -> None:
         """Tell every member this rank has no more requests to make."""
-        self.mailbox.broadcast(self.epoch().alive, ("done",))
+        self.mailbox.broadcast(self.epoch().alive, ("done", self.step))
 
     def peers_done(self) -> bool:
         """Whether every other living member has said it is done (the responder may stop)."""
@@ -248,3 +260,19 @@ def survivor_throughput(
     before = rate(float(ends[0]), died)
     after = rate(settled, first_done)
     return {"throughput_before": before, "throughput_after": after, "throughput_after_ratio": after / before}
+
+
+def work_lost(changes: Sequence[dict[str, Any]], reports: Sequence[dict[str, dict[int, int]]]) -> None:
+    """Add to each membership change the steps each removed rank lost (``steps_lost``, by rank):
+    from its step at its last exchange with any survivor (what it had done before lives on in the
+    survivors' models; 0 if it never exchanged) to the last step it was heard at or exchanged
+    at, that step included (in flight, or applied after the exchange read the model).
+    A lower bound: a rank may have gone further after its last word (a heartbeat comes every
+    tenth of the deadline). ``reports``: :meth:`Survivors.report` of every survivor."""
+    for change in changes:
+        lost = {}
+        for rank in change["removed"]:
+            shared = max((r["shared"][rank] for r in reports if rank in r["shared"]), default=0)
+            heard = max([shared, *(r["heard"][rank] for r in reports if rank in r["heard"])])  # an exchange is a word
+            lost[rank] = heard - shared + 1 if heard >= shared else 0
+        change["steps_lost"] = lost

@@ -49,7 +49,7 @@ from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
-from psgdlab.runtime.survivors import SURVIVOR_RESULTS_DIR, Survivors, survivor_throughput
+from psgdlab.runtime.survivors import SURVIVOR_RESULTS_DIR, Survivors, survivor_throughput, work_lost
 from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
@@ -394,6 +394,7 @@ def _finish_surviving(
     their model snapshots, scores them and writes the run directory; the others wait for the
     summary, standing in for the writer if it dies. Returns the summary on the rank that wrote it."""
     rank = survivors.rank
+    result.extra["survivor_report"] = survivors.report()
     folder = out / SURVIVOR_RESULTS_DIR
     folder.mkdir(exist_ok=True)
     mine = folder / f"rank{rank}.pt"
@@ -413,6 +414,9 @@ def _finish_surviving(
                 r.snapshots = []
             next(r for r in results if r.rank == rank).evaluations = _score_snapshots(workload, snapshots)
             changes = survivors.history()
+            work_lost(changes, [r.extra["survivor_report"] for r in results])
+            for change in changes:
+                change["samples_lost"] = sum(change["steps_lost"].values()) * _samples_per_step(config)
             survivors.mailbox.finish()  # from here ranks leaving are not deaths
             return _write_run_dir(
                 config,
@@ -639,6 +643,9 @@ def _write_run_dir(
         "run_id": out.name,
         **(payload or {}),
     }
+    if membership and membership[0]:  # the timeline marks each change (core.trace.to_chrome_trace)
+        meta["membership_changes"] = membership[0]
+        meta["survivors"] = membership[1]
     schedules = {r.extra["allreduce_algorithm"] for r in workers if r.extra.get("allreduce_algorithm")}
     if len(schedules) == 1:  # what psgdlab calibrate fits the allreduce's latency rounds with
         meta["allreduce_algorithm"] = schedules.pop()

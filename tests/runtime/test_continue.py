@@ -54,10 +54,11 @@ def test_the_mailbox_files_requests_replies_and_done():
     try:
         assert boxes[1].send(0, ("request", 7, 0))
         assert boxes[0].requests.get(timeout=5) == (1, ("request", 7, 0))
-        assert boxes[0].send(1, ("reply", True, 0))
-        assert boxes[1].replies[0].get(timeout=5) == ("reply", True, 0)
-        boxes[2].broadcast([0, 1, 2], ("done",))
+        assert boxes[0].send(1, ("reply", 5, True, 0))
+        assert boxes[1].replies[0].get(timeout=5) == ("reply", 5, True, 0)
+        boxes[2].broadcast([0, 1, 2], ("done", 9))
         assert _until(lambda: 2 in boxes[0].done and 2 in boxes[1].done)
+        assert boxes[0].steps == {1: 7, 2: 9} and boxes[1].steps[0] == 5  # every message says its step
         assert lost == [[], [], []]
     finally:
         for b in boxes:
@@ -175,6 +176,21 @@ def test_a_blocking_gossip_drops_the_dead_until_the_switch_step(tmp_path):
         b.close()
 
 
+def test_the_work_a_dead_rank_lost_runs_from_its_last_exchange_to_its_last_word():
+    from psgdlab.runtime.survivors import work_lost
+
+    changes = [{"removed": [2]}, {"removed": [3]}]
+    reports = [
+        {"heard": {2: 40, 3: 12}, "shared": {2: 35}},  # rank 3 never exchanged with this survivor
+        {"heard": {2: 38, 3: 15}, "shared": {2: 37, 3: 9}},
+    ]
+    work_lost(changes, reports)
+    assert changes[0]["steps_lost"] == {2: 40 - 37 + 1} and changes[1]["steps_lost"] == {3: 15 - 9 + 1}
+    alone = [{"removed": [1]}]
+    work_lost(alone, [{"heard": {1: 4}, "shared": {}}])
+    assert alone[0]["steps_lost"] == {1: 5}  # never shared: every step it did
+
+
 def test_the_survivors_throughput_is_their_pace_before_and_after():
     from psgdlab.core.trace import TraceBuilder
     from psgdlab.runtime.survivors import survivor_throughput
@@ -230,12 +246,15 @@ def _continue_run(tmp_path, crash: str, *, steps: int, deadline_s: float = 10.0,
     return config, summary, injected
 
 
-def _check_survivors_finished(config, figures, dead: int, steps: int) -> None:
+def _check_survivors_finished(config, figures, dead: int, steps: int, died_at: int | None = None) -> None:
     out = Path(config.out)
     survivors = [r for r in range(4) if r != dead]
     assert figures["survivors"] == survivors
     (change,) = figures["membership_changes"]
     assert change["removed"] == [dead] and change["epoch"] == 1
+    lost = change["steps_lost"][str(dead)]  # its steps since its last exchange, the one in flight included
+    assert 1 <= lost <= (died_at + 1 if died_at is not None else steps)
+    assert change["samples_lost"] == lost * config.batch
     trace, _ = read_trace(out / "trace.npz")
     compute = trace[trace["phase"] == 0]
     for r in survivors:  # each survivor did every step: no work of theirs lost
@@ -244,6 +263,10 @@ def _check_survivors_finished(config, figures, dead: int, steps: int) -> None:
     assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])  # the loss still falls
     assert figures["throughput_after_ratio"] > 0.5
     assert (out / "membership" / "epoch00000001.json").is_file()
+    _, meta = read_trace(out / "trace.npz")  # the trace records the change too, and the timeline marks it
+    assert meta["membership_changes"] == figures["membership_changes"] and meta["survivors"] == survivors
+    timeline = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    assert [e["name"] for e in timeline if e["ph"] == "i"] == [f"membership: removed [{dead}]"]
     assert not leftover_segments(out)
     assert not list(out.rglob(".*.tmp*"))
     pid = int((out / ".ranks" / f"rank{dead}.pid").read_text())
@@ -255,7 +278,7 @@ def _check_survivors_finished(config, figures, dead: int, steps: int) -> None:
 def test_survivors_go_on_without_a_killed_worker(tmp_path):
     # the others are still training when it dies (an AD-PSGD worker may lag far behind on a busy machine)
     config, figures, _ = _continue_run(tmp_path, "2:40", steps=200)
-    _check_survivors_finished(config, figures, dead=2, steps=200)
+    _check_survivors_finished(config, figures, dead=2, steps=200, died_at=40)
     assert figures["membership_changes"][0]["detection_s"] < 1.0  # its connection ended: seen at once
 
 
@@ -266,7 +289,7 @@ def test_a_stopped_rank_0_is_given_up_at_the_deadline(tmp_path):
     deadline = 2.0
     # long enough that the survivors still train together after the deadline (the ratio's window)
     config, figures, injected = _continue_run(tmp_path, "0:30:STOP", steps=300, deadline_s=deadline)
-    _check_survivors_finished(config, figures, dead=0, steps=300)
+    _check_survivors_finished(config, figures, dead=0, steps=300, died_at=30)
     (change,) = figures["membership_changes"]
     assert deadline - 0.1 < change["detection_s"] < deadline + 1.5
     written = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())["time_s"]
@@ -280,6 +303,6 @@ def test_dpsgd_survivors_switch_to_the_rebuilt_ring_at_one_step(tmp_path):
     """A blocking gossip: the members drop the dead at once and switch to the rebuilt ring at the
     epoch's switch step."""
     config, figures, _ = _continue_run(tmp_path, "1:30", steps=120, algorithm="dpsgd")
-    _check_survivors_finished(config, figures, dead=1, steps=120)
+    _check_survivors_finished(config, figures, dead=1, steps=120, died_at=30)
     epoch = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())
     assert epoch["switch_step"] == epoch["step"] + SWITCH_AFTER_WORKERS * 4 + 2
