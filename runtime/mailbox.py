@@ -202,7 +202,8 @@ class Mailbox:
             now = time.monotonic()
             silent = [p for p, last in self.heard.items() if p not in self.lost and now - last > self.deadline_s]
             if silent:
-                pending = {self._in[c] for c in wait([c for c, p in self._in.items() if p in silent], timeout=0)}
+                waiting: list[Any] = wait([c for c, p in self._in.items() if p in silent], timeout=0)
+                pending = {self._in[c] for c in waiting}
                 for peer in silent:
                     if peer not in pending:  # else: read at the next turn
                         quiet = now - self.heard[peer]
