@@ -17,8 +17,12 @@
    survivors after the failure (``throughput_after_samples_per_s``) and its ratio to ``(n-1)/n``
    of the throughput before.
 
+4. ``--overhead-pairs`` pairs of failure-free runs, ``--on-failure stop`` then ``continue``: what
+   the survivors' protocol (the mailbox, the request and reply of each exchange, D-PSGD's
+   exchanges one neighbour at a time) costs a run that loses nobody, as the ratio of samples/s.
+
 It prints, per run and as medians: measured and predicted throughput after the failure (samples
-per second), their relative error, and the measured and predicted ratios. Figures only; nothing
+per second), their relative error, the measured and predicted ratios, and the protocol's cost. Figures only; nothing
 here asserts.
 """
 
@@ -45,12 +49,17 @@ def _psgdlab(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def _train(
-    out: Path, args: argparse.Namespace, crash: str | None = None, workers: int | None = None, algorithm: str = ""
+    out: Path,
+    args: argparse.Namespace,
+    crash: str | None = None,
+    workers: int | None = None,
+    algorithm: str = "",
+    policy: str = "continue",
 ) -> dict[str, Any]:
     workers = workers or args.workers
     flags = ["train", "--algorithm", algorithm or args.algorithm, "--workers", str(workers), "--model", "least-squares"]
     flags += ["--steps", str(args.steps), "--batch", str(BATCH), "--compute-time", str(args.compute_time)]
-    flags += ["--on-failure", "continue", "--timeout", str(args.deadline), "--out", str(out), "--json"]
+    flags += ["--on-failure", policy, "--timeout", str(args.deadline), "--out", str(out), "--json"]
     env = dict(os.environ, **({"PSGDLAB_TEST_CRASH": crash} if crash else {}))
     done = _psgdlab(*flags, env=env)
     if done.returncode != 0:
@@ -72,6 +81,12 @@ def main() -> int:
     parser.add_argument("--compute-time", type=float, default=0.02)
     parser.add_argument("--deadline", type=float, default=10.0, help="the runs' --timeout, seconds")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--overhead-pairs",
+        type=int,
+        default=2,
+        help="failure-free pairs of runs, --on-failure stop then continue, for the protocol's cost (default 2)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -125,6 +140,12 @@ def main() -> int:
                 }
             )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        overhead = []  # what the survivors' protocol costs a run that loses nobody
+        for i in range(args.overhead_pairs):
+            stop = _train(base / f"stop{i}", args, policy="stop")["samples_per_s"]
+            cont = _train(base / f"continue{i}", args)["samples_per_s"]
+            overhead.append(cont / stop)
+            print(json.dumps({"pair": i, "stop_samples_per_s": stop, "continue_samples_per_s": cont}), file=sys.stderr)
     result = {
         "algorithm": args.algorithm,
         "workers": args.workers,
@@ -133,6 +154,7 @@ def main() -> int:
         "max_abs_after_error": max(abs(r["after_error"]) for r in rows),
         "measured_ratio_median": statistics.median(r["measured_ratio"] for r in rows),
         "predicted_ratio_median": statistics.median(r["predicted_ratio"] for r in rows),
+        "continue_over_stop_samples_per_s": statistics.median(overhead) if overhead else None,
     }
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0
