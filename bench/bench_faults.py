@@ -33,9 +33,10 @@ from the failure to the first step after it (the summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
 that named another).
 
-AD-PSGD's and D-PSGD's runs with a kill or a stop run ``--on-failure continue``: the survivors must finish
-(status 0) without the victim. Their *detection* is the time from the fault to the survivors' new
-epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
+AD-PSGD's and D-PSGD's runs with a kill or a stop, and AD-PSGD's with a link set down, run
+``--on-failure continue``: the survivors must finish (status 0) without the victim, or with one
+host's ranks when a host was cut off. Their *detection* is the time from the fault to the
+survivors' new epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
 (0 when they lose no work); ``throughput_after_ratio`` is the median of the runs' summary figure,
 the survivors' throughput after the failure against before (their own pace: ``(n-1)/n`` of the
 whole run's). ``--algorithms adpsgd,dpsgd`` runs only those. Figures only: nothing here asserts.
@@ -168,7 +169,9 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
         if fault == "sigkill" and algorithm in SYNCHRONOUS and rng.random() < 0.5:
             record["policy"] = "restart"
             extra += ["--on-failure", "restart", "--max-restarts", "2"]
-        if fault in ("sigkill", "sigstop") and algorithm in CONTINUING:
+        if (fault in ("sigkill", "sigstop") and algorithm in CONTINUING) or (
+            fault == "link-down" and algorithm == "adpsgd"
+        ):
             record["policy"] = "continue"
             extra += ["--on-failure", "continue"]
         if fault == "corrupt":
@@ -222,13 +225,19 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
         summary = _summary(out)
         record["restarts"] = summary.get("restarts", [])
         if record["policy"] == "continue":
-            record["named"] = proc.returncode == 0 and summary.get("survivors") == [
-                r for r in range(WORKERS) if r != record.get("victim")
-            ]
+            # a kill or a stop: every rank but the victim; a host cut off: one host's ranks (a side)
+            expected = (
+                [[r for r in range(WORKERS) if r != record["victim"]]]
+                if "victim" in record
+                else [list(range(WORKERS // 2)), list(range(WORKERS // 2, WORKERS))]
+            )
+            record["named"] = proc.returncode == 0 and summary.get("survivors") in expected
             epoch = out / "membership" / "epoch00000001.json"
             if epoch.is_file():
                 record["detection_s"] = round(json.loads(epoch.read_text())["time_s"] - injected_wall, 3)
-            record["survivor_steps_lost"] = (WORKERS - 1) * args.steps - int(summary.get("steps", 0))
+            record["survivor_steps_lost"] = len(summary.get("survivors", [])) * args.steps - int(
+                summary.get("steps", 0)
+            )
             record["throughput_after_ratio"] = summary.get("throughput_after_ratio")
         record["failure"] = _failure(out)
         record["partial_files"] = _partial_files(out) if out.is_dir() else []

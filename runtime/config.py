@@ -310,10 +310,18 @@ class TrainConfig:
                 hint="use stop or restart",
             )
             require(
-                self.backend == "gloo" and self.hosts == 1,
+                self.backend == "gloo",
                 "on-failure",
                 "continue",
-                f"needs --backend gloo on one host, not --backend {self.backend} --hosts {self.hosts}",
+                f"needs --backend gloo, not {self.backend} (mpiexec ends every rank when one dies)",
+                hint="use stop or restart",
+            )
+            require(
+                self.hosts == 1 or self.algorithm != "dpsgd",
+                "on-failure",
+                "continue",
+                f"for dpsgd runs on one host, not --hosts {self.hosts}: a blocking gossip's transfer over "
+                "gloo to a host cut off cannot be left without losing the step order of the other neighbours",
                 hint="use stop or restart",
             )
             require(

@@ -59,6 +59,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -331,7 +332,7 @@ class _Worker:
                 return None, rows
             received = torch.empty_like(sent)
             try:
-                self.comm.sendrecv(sent, received, peer, Tags.PAIR_PAYLOAD)
+                self._unless_lost(partial(self.comm.sendrecv, sent, received, peer, Tags.PAIR_PAYLOAD), peer)
             except RuntimeError as exc:  # TransportError included: the peer died in the exchange
                 members.remove(peer, f"rank {peer} failed in a pairwise exchange at step {step}: {exc}")
                 return None, rows
@@ -373,6 +374,33 @@ class _Worker:
         mixing = without_peers(ex, lost) if lost else ex
         delta = self.alg.mix(mixing, sent, [received[p] for p in mixing.peers]) - sent
         return delta, [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_GOSSIP, peer=-1, nbytes=nbytes)]
+
+    def _unless_lost(self, exchange: Callable[[], None], peer: int) -> None:
+        """Run a payload ``exchange`` with ``peer`` under ``continue``, on a thread of its own, and
+        give up waiting for it (:class:`TransportError`) once ``peer`` is given up: gloo cannot
+        interrupt a transfer to a stopped process or a host cut off before its own timeout (at
+        least the set-up's 60 s), so the transfer is left to end by it, unread. (The shared-memory
+        plane ends its own waits on a given-up peer.)"""
+        members = self.survivors
+        assert members is not None
+        outcome: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                exchange()
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run, daemon=True, name=f"psgdlab-payload-{self.rank}-{peer}")
+        worker.start()
+        while True:
+            worker.join(timeout=0.05)
+            if not worker.is_alive():
+                break
+            if not members.alive(peer):
+                raise TransportError(f"rank {self.rank}: rank {peer} was given up during a payload exchange")
+        if outcome:
+            raise outcome[0]
 
     # --- responder thread: passive side ---
     def serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
@@ -420,7 +448,7 @@ class _Worker:
                     nbytes=nbytes,
                     deadline_s=2 * self.flight.deadline_s,
                 ):
-                    self.resp.sendrecv(sent, received, src, Tags.PAIR_PAYLOAD)
+                    self._unless_lost(partial(self.resp.sendrecv, sent, received, src, Tags.PAIR_PAYLOAD), src)
             except RuntimeError as exc:
                 members.remove(src, f"rank {src} failed in a pairwise exchange at its step {step}: {exc}")
                 continue

@@ -37,19 +37,28 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
-__all__ = ["Mailbox", "BEATS_PER_DEADLINE"]
+__all__ = ["Mailbox", "BEATS_PER_DEADLINE", "address_toward"]
 
 log = logging.getLogger(__name__)
 
 #: heartbeats sent to each peer per deadline (a peer silent for a whole deadline is lost)
 BEATS_PER_DEADLINE = 10
 _POLL_S = 0.1
+
+
+def address_toward(host: str) -> str:
+    """This machine's address on the route to ``host`` (the interface the kernel would send from:
+    what a peer on that network reaches this process at; ``127.0.0.1`` toward the loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # a datagram socket's connect sends nothing: it only picks the route
+        return str(s.getsockname()[0])
 
 
 class Mailbox:

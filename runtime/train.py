@@ -46,6 +46,7 @@ from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, worl
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
 from psgdlab.runtime.elastic import Progress, restart_count
 from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
+from psgdlab.runtime.mailbox import address_toward
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
@@ -364,7 +365,7 @@ def _open_survivors(
         rank=rank,
         run_dir=out,
         deadline_s=config.timeout_s,
-        host="127.0.0.1",
+        host=address_toward(os.environ.get("MASTER_ADDR", "127.0.0.1")),  # where its peers reach it
         origin=origin,
         plane=getattr(main, "plane", None),
     )

@@ -8,6 +8,7 @@ The distributed cases inject the failure with ``PSGDLAB_TEST_CRASH=RANK:STEP[:ST
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -221,7 +222,8 @@ def test_the_survivors_throughput_is_their_pace_before_and_after():
     ("kw", "message"),
     [
         (dict(algorithm="hadpsgd", workers=4, gpus_per_node=2), "with --gpus-per-node 2"),
-        (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo on one host"),
+        (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo"),
+        (dict(algorithm="dpsgd", hosts=2), "for dpsgd runs on one host"),
         (dict(algorithm="ssgd"), "needs a gossip algorithm"),
     ],
 )
@@ -306,3 +308,49 @@ def test_dpsgd_survivors_switch_to_the_rebuilt_ring_at_one_step(tmp_path):
     _check_survivors_finished(config, figures, dead=1, steps=120, died_at=30)
     epoch = json.loads((Path(config.out) / "membership" / "epoch00000001.json").read_text())
     assert epoch["switch_step"] == epoch["step"] + SWITCH_AFTER_WORKERS * 4 + 2
+
+
+def _netns_reason() -> str | None:
+    from psgdlab.runtime.netns import unavailable_reason
+
+    return unavailable_reason()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
+    """Two emulated hosts of two workers; host 1's link goes down mid-run. Each side hears nothing
+    from the other: the first to write the epoch goes on, the other side finds itself given up and
+    stops (fenced), so the run finishes with one host's ranks and never two memberships."""
+    import subprocess
+    import threading as th
+
+    reason = _netns_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    from psgdlab.runtime.launch import launch
+
+    config = lsq_config(
+        tmp_path, "adpsgd", 4, steps=600, compute_time="0.01", on_failure="continue", hosts=2, checkpoint_every=50
+    ).replace(timeout_s=2.0, record_params=False)
+    out = Path(config.out)
+    result: dict = {}
+    runner = th.Thread(target=lambda: result.update(summary=launch(config, quiet=True, timeout_s=120)))
+    runner.start()
+    assert _until(lambda: (out / "checkpoints" / "step00000050").is_dir(), timeout_s=90), "the run did not start"
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    (host1,) = [n for n in listed if n.startswith(f"psgd-{os.getpid()}-") and n.endswith("-h1")]
+    subprocess.run(["ip", "-n", host1, "link", "set", "nic0", "down"], check=True)
+    runner.join(timeout=120)
+    figures = result["summary"]
+    assert figures["survivors"] in ([0, 1], [2, 3])
+    removed = sorted(r for c in figures["membership_changes"] for r in c["removed"])
+    assert removed == sorted({0, 1, 2, 3} - set(figures["survivors"]))
+    assert all(2.0 - 0.3 < c["detection_s"] < 2.0 + 2.0 for c in figures["membership_changes"])
+    trace, _ = read_trace(out / "trace.npz")
+    compute = trace[trace["phase"] == 0]
+    for r in figures["survivors"]:  # the side that went on did every step
+        assert np.count_nonzero(compute["rank"] == r) == 600
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(f"psgd-{os.getpid()}-")]  # fmt: skip
