@@ -453,20 +453,7 @@ class _Worker:
                 members.remove(src, f"rank {src} failed in a pairwise exchange at its step {step}: {exc}")
                 continue
             members.shared(src, step)
-            delta = self.alg.mix(ex, sent, received) - sent
-            with self.lock:
-                self.state = self.state.replace(params=self.state.params + delta)
-                self.merges += 1
-            self.trace.add(
-                rank=self.rank,
-                step=self.step,
-                phase="overlap",
-                start_s=t0,
-                end_s=self.now(),
-                kind=_PAIR,
-                peer=src,
-                nbytes=nbytes,
-            )
+            self._merge_passive(self.alg.mix(ex, sent, received) - sent, src=src, t0=t0, nbytes=nbytes)
 
     def _serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
         sharded = example is not None and example.n_shards > 1
@@ -509,10 +496,15 @@ class _Worker:
         if n_shards > 1:
             sizes = [b - a for a, b in shard_bounds(self.n_params, n_shards)]
             delta = self.resp.allgather(delta, sizes, group)
-            with self.lock:
+        self._merge_passive(delta, src=src, t0=t0, nbytes=nbytes, hold=n_shards > 1)
+
+    def _merge_passive(self, delta: torch.Tensor, *, src: int, t0: float, nbytes: int, hold: bool = False) -> None:
+        """Merge the result of an answered pairwise request -- or, for a sharded one (``hold``),
+        hold it until the node agrees (:meth:`_merge_pending`) -- and trace the exchange."""
+        with self.lock:
+            if hold:
                 self.pending.append(delta)
-        else:
-            with self.lock:
+            else:
                 self.state = self.state.replace(params=self.state.params + delta)
                 self.merges += 1
         self.trace.add(
