@@ -58,6 +58,7 @@ from psgdlab.runtime.ranks import (
     rank_environment,
 )
 from psgdlab.runtime.shm_sys import remove_orphaned, remove_segments
+from psgdlab.runtime.survivors import continuing_path
 
 __all__ = [
     "launch",
@@ -274,8 +275,10 @@ def _watch(
 ) -> None:
     """Poll the ranks until they all exit; on the first failure stop the run
     (:func:`psgdlab.runtime.failures.stop_run`) and raise the error that names the failed rank.
-    Under ``policy="continue"`` the survivors go on (:mod:`psgdlab.runtime.survivors`): a rank
-    stopped past the deadline is killed, and the run fails only when no survivor wrote its summary."""
+    Under ``policy="continue"`` the survivors go on (:mod:`psgdlab.runtime.survivors`) once every
+    rank has joined their membership (:func:`~psgdlab.runtime.survivors.continuing_path`; a rank lost
+    in the set-up stops the run as under ``stop``): a rank stopped past the deadline is killed, and
+    the run fails only when no survivor wrote its summary."""
     start = time.monotonic()
     seen: dict[int, int] = {}
     watch = RankWatch(deadline_s)
@@ -311,7 +314,10 @@ def _watch(
             poll(watch)
             pids = _rank_pids(procs, ranks_dir, world) | seen
             overdue = watch.check_stopped(pids)
-            if policy == "continue":  # the survivors gave it up at the deadline: end the process
+            # the survivors can go on once every rank has joined their membership; a rank lost in
+            # the set-up (the rendezvous needs every rank) stops the run as under stop
+            surviving = policy == "continue" and all(continuing_path(ranks_dir, r).exists() for r in range(world))
+            if surviving:  # the survivors gave it up at the deadline: end the process
                 watch.kill_stopped(pids, [r for r in overdue if r not in watch.killed_by_us])
             else:
                 watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
@@ -320,11 +326,11 @@ def _watch(
                 watch.saw(
                     -1, f"mpiexec {describe_exit(mpi.returncode)} (a rank failed; see its message above)", dead=False
                 )
-            if policy == "continue" and watch.failures and all(p.poll() is not None for p in procs.values()):
+            if surviving and watch.failures and all(p.poll() is not None for p in procs.values()):
                 if out is not None and not (out / "summary.json").is_file():  # no survivor finished
                     raise TransportError(f"run failed: every rank exited without a summary; {watch.culprits()[0].text}")
                 return
-            if policy != "continue" and watch.failures and (forwarded or {}).get("sig") is None:
+            if not surviving and watch.failures and (forwarded or {}).get("sig") is None:
                 # (after a forwarded stop, ranks end as they may; under continue the survivors go on)
                 if out is None:
                     _terminate(procs)
@@ -338,7 +344,7 @@ def _watch(
                     ranks_dir=ranks_dir,
                     out=out,
                     world=world,
-                    policy=policy,
+                    policy="stop" if policy == "continue" else policy,
                 )
                 raise TransportError(f"run failed: {message}")
             if all(p.poll() is not None for p in procs.values()):

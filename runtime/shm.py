@@ -250,6 +250,14 @@ class SharedMemoryPlane:
                     )
         return value
 
+    def read(self, peer: int, local_address: int, remote_address: int, nbytes: int, what: str) -> None:
+        """Copy ``nbytes`` of ``peer``'s memory (cross-memory attach); a peer that died meanwhile
+        is a :class:`TransportError` naming it, as in :meth:`wait`."""
+        try:
+            shm_sys.cma_read(self.pid(peer), local_address, remote_address, nbytes)
+        except OSError as exc:
+            raise TransportError(f"rank {self.rank}: rank {peer} died during a shared-memory {what} ({exc})") from exc
+
     def give_up(self, peer: int) -> None:
         """Count ``peer`` as dead (:attr:`given_up`) and wake this process's waits on its words,
         which then fail at once instead of at their next liveness check."""

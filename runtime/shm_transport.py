@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 from psgdlab.core.errors import TransportError
-from psgdlab.runtime import shm_sys
 from psgdlab.runtime.shm import SUM_DTYPES, SharedMemoryPlane
 from psgdlab.runtime.torch_dist import TorchTransport
 from psgdlab.runtime.transport import CHANNELS
@@ -127,7 +126,7 @@ class SharedMemoryTransport(TorchTransport):
             )
         if plane.single_copy:
             target = buf if buf.is_contiguous() else torch.empty_like(buf, memory_format=torch.contiguous_format)
-            shm_sys.cma_read(plane.pid(peer), target.data_ptr(), address, nbytes)
+            plane.read(peer, target.data_ptr(), address, nbytes, "exchange")
             if target is not buf:
                 buf.copy_(target)
         else:
@@ -196,7 +195,7 @@ class SharedMemoryTransport(TorchTransport):
                 continue
             k = j if j < me else j - 1
             part = scratch[k * (hi - lo) : (k + 1) * (hi - lo)]
-            shm_sys.cma_read(plane.pid(peer), part.data_ptr(), plane.cell(peer, where) + lo * item, part.nbytes)
+            plane.read(peer, part.data_ptr(), plane.cell(peer, where) + lo * item, part.nbytes, "allreduce")
             ops.append(part)
         _sum_in_order_(ops, me, flat[lo:hi])
         if mean:  # the same divide as the sum-then-divide of the base class, on this rank's chunk only
@@ -205,9 +204,7 @@ class SharedMemoryTransport(TorchTransport):
         for j, peer in enumerate(group):
             if j != me:
                 a, b = bounds[j]
-                shm_sys.cma_read(
-                    plane.pid(peer), flat[a:b].data_ptr(), plane.cell(peer, where) + a * item, (b - a) * item
-                )
+                plane.read(peer, flat[a:b].data_ptr(), plane.cell(peer, where) + a * item, (b - a) * item, "allreduce")
         plane.barrier(c, group)  # no member returns while another still reads its tensor
 
     def _allreduce_two_copies(self, flat: torch.Tensor, group: tuple[int, ...], mean: bool) -> None:

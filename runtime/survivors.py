@@ -42,7 +42,15 @@ from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, withou
 from psgdlab.runtime.agreement import Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
 
-__all__ = ["Survivors", "Removed", "SURVIVOR_RESULTS_DIR", "SWITCH_AFTER_WORKERS", "survivor_throughput", "work_lost"]
+__all__ = [
+    "Survivors",
+    "Removed",
+    "SURVIVOR_RESULTS_DIR",
+    "SWITCH_AFTER_WORKERS",
+    "continuing_path",
+    "survivor_throughput",
+    "work_lost",
+]
 
 #: a blocking gossip's epoch switches schedules this many times the workers (plus 2) steps after
 #: its proposer's step (:attr:`Survivors.switch_after`)
@@ -52,6 +60,13 @@ SWITCH_AFTER_WORKERS = 2
 SURVIVOR_RESULTS_DIR = "results"
 
 log = logging.getLogger(__name__)
+
+
+def continuing_path(ranks_dir: str | Path, rank: int) -> Path:
+    """``RANKS_DIR/rank{r}.continuing``: written by a rank once it has joined the survivors'
+    membership (its mailbox connected to every other); until every rank has, a death stops the
+    run (the set-up's rendezvous needs every rank)."""
+    return Path(ranks_dir) / f"rank{rank}.continuing"
 
 
 class Survivors:

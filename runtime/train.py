@@ -50,7 +50,7 @@ from psgdlab.runtime.mailbox import address_toward
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
-from psgdlab.runtime.survivors import SURVIVOR_RESULTS_DIR, Survivors, survivor_throughput, work_lost
+from psgdlab.runtime.survivors import SURVIVOR_RESULTS_DIR, Survivors, continuing_path, survivor_throughput, work_lost
 from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
@@ -373,6 +373,9 @@ def _open_survivors(
     dist.all_gather_object(found, (survivors.mailbox.address, host_identity()))
     survivors.mailbox.open([address for address, _ in found])
     survivors.hosts = [host for _, host in found]
+    ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
+    if ranks_dir:  # from here a death is one the others survive (the launcher reads it)
+        continuing_path(ranks_dir, rank).touch()
     return survivors
 
 

@@ -321,8 +321,9 @@ def _netns_reason() -> str | None:
 @pytest.mark.timeout(150)
 def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
     """Two emulated hosts of two workers; host 1's link goes down mid-run. Each side hears nothing
-    from the other: the first to write the epoch goes on, the other side finds itself given up and
-    stops (fenced), so the run finishes with one host's ranks and never two memberships."""
+    from the other and proposes, rank by rank, to remove it: the epochs form one chain, so the run
+    finishes with ranks of one host only (which ones is a race: a side may also lose a rank of its
+    own to the other side's proposal before it is fenced) and never two memberships."""
     import subprocess
     import threading as th
 
@@ -344,7 +345,7 @@ def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
     subprocess.run(["ip", "-n", host1, "link", "set", "nic0", "down"], check=True)
     runner.join(timeout=120)
     figures = result["summary"]
-    assert figures["survivors"] in ([0, 1], [2, 3])
+    assert figures["survivors"] and (set(figures["survivors"]) <= {0, 1} or set(figures["survivors"]) <= {2, 3})
     removed = sorted(r for c in figures["membership_changes"] for r in c["removed"])
     assert removed == sorted({0, 1, 2, 3} - set(figures["survivors"]))
     assert all(2.0 - 0.3 < c["detection_s"] < 2.0 + 2.0 for c in figures["membership_changes"])
