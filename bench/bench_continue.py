@@ -8,9 +8,9 @@
    (AD-PSGD on ``--calibrate-workers`` workers, ``--steps`` steps of ``--compute-time``,
    ``--on-failure continue``); ``psgdlab calibrate --probe`` fits this machine's platform from it.
 2. ``--repeats`` runs of the same configuration, each with one worker killed (SIGKILL, a rank drawn
-   from ``--seed``) at half its steps: the survivors go on (``--on-failure continue``). Each
-   summary gives the survivors' throughput before and after the failure
-   (runtime/README.md, "Going on without the dead").
+   from ``--seed``; ``--fault stop``: SIGSTOP, given up after ``--deadline``) at half its steps:
+   the survivors go on (``--on-failure continue``). Each summary gives the survivors' throughput
+   before and after the failure (runtime/README.md, "Going on without the dead").
 3. For each run, ``psgdlab predict --platform`` of the calibrated platform with ``--fail
    RANK@SECONDS`` at the time the worker was killed (since the run's first step) and the
    detection time the run measured (``failure_detection_s``): the predicted throughput of the
@@ -82,6 +82,12 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=10.0, help="the runs' --timeout, seconds")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--fault",
+        choices=("kill", "stop"),
+        default="kill",
+        help="SIGKILL (seen at once) or SIGSTOP (given up after --deadline) of the victim; default kill",
+    )
+    parser.add_argument(
         "--overhead-pairs",
         type=int,
         default=2,
@@ -109,7 +115,7 @@ def main() -> int:
         for i in range(args.repeats):
             victim = rng.randrange(args.workers)
             out = base / f"run{i}"
-            summary = _train(out, args, crash=f"{victim}:{args.steps // 2}")
+            summary = _train(out, args, crash=f"{victim}:{args.steps // 2}" + (":STOP" if args.fault == "stop" else ""))
             change = summary["membership_changes"][0]
             epoch = json.loads((out / "membership" / "epoch00000001.json").read_text())
             origin = epoch["time_s"] - change["time_s"]
@@ -148,6 +154,7 @@ def main() -> int:
             print(json.dumps({"pair": i, "stop_samples_per_s": stop, "continue_samples_per_s": cont}), file=sys.stderr)
     result = {
         "algorithm": args.algorithm,
+        "fault": args.fault,
         "workers": args.workers,
         "runs": len(rows),
         "median_abs_after_error": statistics.median(abs(r["after_error"]) for r in rows),
