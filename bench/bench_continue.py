@@ -140,7 +140,7 @@ def main() -> int:
                     "detection_s": round(detection, 4),
                     "measured_after_samples_per_s": measured,
                     "predicted_after_samples_per_s": predicted,
-                    "after_error": predicted / measured - 1,
+                    "after_error": predicted / measured - 1 if measured else None,  # None: no window after
                     "measured_ratio": summary["throughput_after_ratio"],
                     "predicted_ratio": failures["throughput_after_ratio"],
                 }
@@ -152,6 +152,7 @@ def main() -> int:
             cont = _train(base / f"continue{i}", args)["samples_per_s"]
             overhead.append(cont / stop)
             print(json.dumps({"pair": i, "stop_samples_per_s": stop, "continue_samples_per_s": cont}), file=sys.stderr)
+    rows = [r for r in rows if r["after_error"] is not None]  # runs whose survivors finished before settling
     result = {
         "algorithm": args.algorithm,
         "fault": args.fault,

@@ -248,7 +248,7 @@ class Survivors:
 
 def survivor_throughput(
     trace: np.ndarray, changes: Sequence[dict[str, Any]], *, samples_per_step: int
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """The survivors' training throughput (samples per second) before the first death and after
     the last membership change, and their ratio.
 
@@ -257,8 +257,8 @@ def survivor_throughput(
     ``throughput_after_ratio`` = :math:`X_1 / ((k/n) X_0)` for workers of equal pace. Before: from the
     end of the first step to the first death (the first change's time less its detection time);
     after: from the last change until the first survivor has done all its steps (from then on
-    fewer ranks train: a survivor that waited on the dead catches up alone). NaN where a window
-    holds no step.
+    fewer ranks train: a survivor that waited on the dead catches up alone). None where a window
+    holds no step (a failure near the end: the survivors finished before they had settled).
     """
     compute = trace[trace["phase"] == 0]
     ends = np.sort(compute["end_s"])
@@ -268,13 +268,14 @@ def survivor_throughput(
     settled = max(c["time_s"] for c in changes)
     first_done = min(float(compute["end_s"][compute["rank"] == r].max()) for r in np.unique(compute["rank"]))
 
-    def rate(lo: float, hi: float) -> float:
+    def rate(lo: float, hi: float) -> float | None:
         n = int(np.count_nonzero((ends > lo) & (ends <= hi)))
-        return n * samples_per_step / (hi - lo) if n and hi > lo else float("nan")
+        return n * samples_per_step / (hi - lo) if n and hi > lo else None
 
     before = rate(float(ends[0]), died)
     after = rate(settled, first_done)
-    return {"throughput_before": before, "throughput_after": after, "throughput_after_ratio": after / before}
+    ratio = after / before if after is not None and before is not None else None
+    return {"throughput_before": before, "throughput_after": after, "throughput_after_ratio": ratio}
 
 
 def work_lost(changes: Sequence[dict[str, Any]], reports: Sequence[dict[str, dict[int, int]]]) -> None:
