@@ -35,11 +35,13 @@ that named another).
 
 AD-PSGD's and D-PSGD's runs with a kill or a stop, and AD-PSGD's with a link set down, run
 ``--on-failure continue``: the survivors must finish (status 0) without the victim, or with ranks
-of one host only when a host was cut off. Their *detection* is the time from the fault to the
-survivors' new epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
-(0 when they lose no work); ``throughput_after_ratio`` is the median of the runs' summary figure,
-the survivors' throughput after the failure against before (their own pace: ``(n-1)/n`` of the
-whole run's). ``--algorithms adpsgd,dpsgd`` runs only those. Figures only: nothing here asserts.
+of one host only when a host was cut off; a fault that lands in the set-up (policy
+``continue-in-setup``) must stop the run as under ``stop``, naming the victim. Their *detection*
+is the time from the fault to the survivors' new epoch (``OUT/membership``);
+``survivor_steps_lost`` counts the steps the survivors did not do (0 when they lose no work);
+``throughput_after_ratio`` is the median of the runs' summary figure, the survivors' throughput
+after the failure against before (their own pace: ``(n-1)/n`` of the whole run's).
+``--algorithms adpsgd,dpsgd`` runs only those. Figures only: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -224,6 +226,9 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
             record["named"] = failed is not None and int(failed.group(1)) == record["victim"]
         summary = _summary(out)
         record["restarts"] = summary.get("restarts", [])
+        if record["policy"] == "continue" and proc.returncode and " on setup " in " ".join(record["error"]):
+            # a fault in the set-up (the rendezvous needs every rank) stops the run as under stop
+            record["policy"] = "continue-in-setup"
         if record["policy"] == "continue":
             # a kill or a stop: every rank but the victim; a host cut off: ranks of one host only
             survivors = set(summary.get("survivors") or [])
@@ -344,7 +349,11 @@ def main() -> int:
         record = one_run(i, algorithm, fault, rng, args)
         records.append(record)
         print(json.dumps(record), file=sys.stderr, flush=True)  # one line a run, --json or not
-    stops = [r for r in records if r["policy"] == "stop" and r["fault"] in ("sigkill", "sigstop", "link-down")]
+    stops = [
+        r
+        for r in records
+        if r["policy"] in ("stop", "continue-in-setup") and r["fault"] in ("sigkill", "sigstop", "link-down")
+    ]
     detections = [r["seconds_after_fault"] for r in stops if r.get("ended") and r.get("rc")]
     continued = [r for r in records if r["policy"] == "continue" and r.get("injected")]
     detections += [r["detection_s"] for r in continued if r.get("detection_s") is not None]
