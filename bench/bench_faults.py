@@ -335,6 +335,9 @@ def main() -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    # SIGTERM unwinds like an exception, so the run in progress is cleaned up (its tmpfs unmounted,
+    # its directory removed) by the finally blocks, as on Ctrl-C
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rng = random.Random(args.seed)
     kinds = ["sigkill", "sigstop", "corrupt"] + (["disk-full", "link-down"] if _is_root() else [])
     records = []
