@@ -160,6 +160,7 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
     out = base / "run"
     record: dict[str, Any] = {"run": index, "algorithm": algorithm, "fault": fault, "policy": "stop"}
     mounted = False
+    proc: subprocess.Popen | None = None
     extra: list[str] = []
     try:
         if fault == "disk-full":
@@ -251,6 +252,13 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
         record["namespaces_left"] = _namespaces(proc.pid)
         return record
     finally:
+        if proc is not None and proc.poll() is None:  # the bench was stopped: end the run first
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)  # the launcher removes what it made (namespaces, segments)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         if mounted:
             subprocess.run(["umount", "-l", str(out)], check=False)
         subprocess.run(["rm", "-rf", str(base)], check=False)
