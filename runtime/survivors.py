@@ -144,9 +144,12 @@ class Survivors:
         return peer not in self.mailbox.lost and peer in self.epoch().alive
 
     def remove(self, peer: int, reason: str, silent_s: float | None = None) -> None:
-        """Agree that ``peer`` is dead (``reason`` is logged); idempotent."""
+        """Agree that ``peer`` is dead (``reason`` is logged); idempotent. ``silent_s``: how long
+        nothing came from it (default: since its last message, as the mailbox heard it)."""
         if self.summary_path.exists():  # the run is over: a peer leaving is not a death
             return
+        if silent_s is None:  # found dead in an exchange rather than by the mailbox
+            silent_s = time.monotonic() - self.mailbox.heard.get(peer, time.monotonic())
         if self.plane is not None:
             self.plane.give_up(peer)
         with self._lock:

@@ -263,7 +263,9 @@ def _check_survivors_finished(config, figures, dead: int, steps: int, died_at: i
         assert np.count_nonzero(compute["rank"] == r) == steps
     curve = figures["loss_curve"]["loss"]
     assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])  # the loss still falls
-    assert figures["throughput_after_ratio"] > 0.5
+    windows = {k: figures[k] for k in ("throughput_before", "throughput_after")}  # None: a window held no step
+    first = {int(r): float(compute["end_s"][compute["rank"] == r].min()) for r in survivors}
+    assert (figures["throughput_after_ratio"] or 0) > 0.5, (windows, change, first)
     assert (out / "membership" / "epoch00000001.json").is_file()
     _, meta = read_trace(out / "trace.npz")  # the trace records the change too, and the timeline marks it
     assert meta["membership_changes"] == figures["membership_changes"] and meta["survivors"] == survivors
@@ -279,9 +281,11 @@ def _check_survivors_finished(config, figures, dead: int, steps: int, died_at: i
 @pytest.mark.timeout(90)
 def test_survivors_go_on_without_a_killed_worker(tmp_path):
     # the others are still training when it dies (an AD-PSGD worker may lag far behind on a busy machine)
-    config, figures, _ = _continue_run(tmp_path, "2:40", steps=200)
-    _check_survivors_finished(config, figures, dead=2, steps=200, died_at=40)
-    assert figures["membership_changes"][0]["detection_s"] < 1.0  # its connection ended: seen at once
+    config, figures, _ = _continue_run(tmp_path, "2:100", steps=300)
+    _check_survivors_finished(config, figures, dead=2, steps=300, died_at=100)
+    # seen at once (its connection ended, or its exchange failed), not at the 10 s deadline: at most the
+    # time since its last heartbeat
+    assert figures["membership_changes"][0]["detection_s"] < 10.0 / BEATS_PER_DEADLINE + 0.5
 
 
 @pytest.mark.distributed
