@@ -178,9 +178,14 @@ class Mailbox:
         if peer in self.lost or peer == self.rank:
             return
         self.lost.add(peer)
-        self._losses.put((peer, reason, time.monotonic() - self.heard.get(peer, time.monotonic())))
+        self._losses.put((peer, reason, self.silence(peer)))
         self.requests.put(None)  # the responder re-reads who it still waits for
         self.replies[peer].put(("lost",))
+
+    def silence(self, peer: int) -> float:
+        """Seconds since anything came from ``peer`` (0 before its first message)."""
+        now = time.monotonic()
+        return now - self.heard.get(peer, now)
 
     def _report(self) -> None:
         while (loss := self._losses.get()) is not None:

@@ -107,7 +107,6 @@ class Survivors:
         self.topology = topology
         self.origin = origin
         self.plane = plane
-        self.step = 0  # the training thread's step, for the records of what this rank found
         self.agreement = Agreement(run_dir, algorithm.n_workers, rank)
         self.mailbox = Mailbox(rank, algorithm.n_workers, host=host, deadline_s=deadline_s, on_lost=self._on_lost)
         self._lock = threading.Lock()
@@ -129,6 +128,12 @@ class Survivors:
         #: work up to there lives on in this rank's model
         self.last_shared: dict[int, int] = {}
 
+    @property
+    def step(self) -> int:
+        """The training thread's current step (the one its heartbeats carry), for the records of
+        what this rank found."""
+        return self.mailbox.step
+
     # --- membership ---
     def epoch(self) -> Epoch:
         """The newest epoch (raises :class:`Removed` when this rank is out of it)."""
@@ -149,7 +154,7 @@ class Survivors:
         if self.summary_path.exists():  # the run is over: a peer leaving is not a death
             return
         if silent_s is None:  # found dead in an exchange rather than by the mailbox
-            silent_s = time.monotonic() - self.mailbox.heard.get(peer, time.monotonic())
+            silent_s = self.mailbox.silence(peer)
         if self.plane is not None:
             self.plane.give_up(peer)
         with self._lock:
@@ -169,7 +174,7 @@ class Survivors:
         switch step has come (the original schedule while everyone is alive), less the peers
         found dead since (a gossip's weight for them goes to the rank itself:
         :func:`~psgdlab.core.membership.without_peers`)."""
-        self.step = self.mailbox.step = step
+        self.mailbox.step = step
         current = self.epoch()
         template = self.alg.exchanges(step, self.rank)
         if current.epoch == 0:
