@@ -27,7 +27,7 @@ from typing import Any
 from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
 from psgdlab.core.config import check_keys, closest, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
-from psgdlab.core.failure import check_on_failure
+from psgdlab.core.failure import check_on_failure, default_on_failure
 from psgdlab.core.flags import add_flags
 from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.stragglers import StragglerModel
@@ -183,7 +183,7 @@ class TrainConfig:
     evaluate: bool = True
     hosts: int = 1
     nic_bandwidth: str | None = None
-    on_failure: str = "stop"
+    on_failure: str = ""
     max_restarts: int = 3
 
     def __post_init__(self) -> None:
@@ -296,37 +296,48 @@ class TrainConfig:
             hint="use --backend gloo",
         )
 
-    def _check_on_failure(self) -> None:
-        """``--on-failure`` (:mod:`psgdlab.core.failure`) and ``--max-restarts``."""
-        check_on_failure(self.algorithm, self.on_failure)
-        if self.on_failure == "continue":  # what the runtime's survivors can do so far (runtime/README.md)
-            require(
-                self.algorithm in ("adpsgd", "dpsgd") or (self.algorithm == "hadpsgd" and self.gpus_per_node == 1),
-                "on-failure",
-                "continue",
+    @property
+    def failure_policy(self) -> str:
+        """What the run does when a worker dies: ``on_failure`` when given, else the algorithm's
+        default (:func:`psgdlab.core.failure.default_on_failure`: continue for gossip) where the
+        runtime's survivors can go on in this configuration (:meth:`_continue_refusal`), else stop."""
+        if self.on_failure:
+            return self.on_failure
+        wanted = default_on_failure(self.algorithm)
+        return wanted if wanted != "continue" or self._continue_refusal() is None else "stop"
+
+    def _continue_refusal(self) -> tuple[str, str] | None:
+        """Why the runtime's survivors cannot go on in this configuration (the rule broken, and
+        what to use instead), or ``None``; what they can do so far is in runtime/README.md."""
+        if not (self.algorithm in ("adpsgd", "dpsgd") or (self.algorithm == "hadpsgd" and self.gpus_per_node == 1)):
+            return (
                 f"is built in the runtime for adpsgd, dpsgd and hadpsgd with one GPU per node, not "
                 f"{self.algorithm} with --gpus-per-node {self.gpus_per_node}: the survivors of a node's "
                 "allreduce do not re-form yet",
-                hint="use stop or restart",
+                "use stop or restart",
             )
-            require(
-                self.backend == "gloo",
-                "on-failure",
-                "continue",
+        if self.backend != "gloo":
+            return (
                 f"needs --backend gloo, not {self.backend} (mpiexec ends every rank when one dies)",
-                hint="use stop or restart",
+                "use stop or restart",
             )
-            require(
-                self.hosts == 1 or self.algorithm != "dpsgd",
-                "on-failure",
-                "continue",
+        if self.hosts != 1 and self.algorithm == "dpsgd":
+            return (
                 f"for dpsgd runs on one host, not --hosts {self.hosts}: a blocking gossip's transfer over "
                 "gloo to a host cut off cannot be left without losing the step order of the other neighbours",
-                hint="use stop or restart",
+                "use stop or restart",
             )
-            require(
-                bool(self.out), "on-failure", "continue", "needs a run directory (--out): the membership lives there"
-            )
+        if not self.out:
+            return "needs a run directory (--out): the membership lives there", ""
+        return None
+
+    def _check_on_failure(self) -> None:
+        """``--on-failure`` (:mod:`psgdlab.core.failure`) and ``--max-restarts``."""
+        if self.on_failure:
+            check_on_failure(self.algorithm, self.on_failure)
+        if self.on_failure == "continue" and (refusal := self._continue_refusal()) is not None:
+            rule, hint = refusal
+            require(False, "on-failure", "continue", rule, hint=hint)
         require(
             isinstance(self.max_restarts, int) and self.max_restarts >= 0,
             "max-restarts",
@@ -458,7 +469,14 @@ class TrainConfig:
         )
         parser.add_argument("--window", type=int, default=21, help="frames per input window")
         parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
-        add_flags(parser, "--on-failure", defaults={"--on-failure": "stop"})
+        add_flags(
+            parser,
+            "--on-failure",
+            helps={
+                "--on-failure": "default: continue for adpsgd, dpsgd and hadpsgd where the runtime's survivors can "
+                "go on (gloo, a run directory, one GPU per node; dpsgd on one host), stop otherwise"
+            },
+        )
         if launcher:
             add_flags(
                 parser, "--hosts", "--nic-bandwidth", "--max-restarts", defaults={"--hosts": 1, "--max-restarts": 3}
@@ -521,7 +539,7 @@ class TrainConfig:
             lsq_dim=args.lsq_dim,
             hosts=getattr(args, "hosts", 1),
             nic_bandwidth=getattr(args, "nic_bandwidth", None),
-            on_failure=args.on_failure,
+            on_failure=args.on_failure or "",
             max_restarts=getattr(args, "max_restarts", 3),
         )
 

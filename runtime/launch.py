@@ -93,9 +93,9 @@ def launch(
 ) -> dict[str, Any]:
     """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``).
 
-    ``config.on_failure == "restart"``: under torchrun's elastic agent instead
+    ``config.failure_policy == "restart"``: under torchrun's elastic agent instead
     (:func:`psgdlab.runtime.elastic.launch_elastic`)."""
-    if config.on_failure == "restart":
+    if config.failure_policy == "restart":
         from psgdlab.runtime.elastic import launch_elastic
 
         return launch_elastic(config, extra_env=extra_env, timeout_s=timeout_s, quiet=quiet)
@@ -184,7 +184,7 @@ def launch(
             forwarded,
             deadline_s=config.timeout_s,
             out=out,
-            policy=config.on_failure,
+            policy=config.failure_policy,
         )
     except _Stopped:
         pass

@@ -27,6 +27,7 @@ member after its last step; its responder serves until every member still alive 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TransportError
 from psgdlab.core.exchange import Exchange, Gossip
 from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, without_peers
-from psgdlab.runtime.agreement import Agreement, Epoch, Removed
+from psgdlab.runtime.agreement import MEMBERSHIP_DIR, Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Removed",
     "SURVIVOR_RESULTS_DIR",
     "SWITCH_AFTER_WORKERS",
+    "clear_previous_segment",
     "continuing_path",
     "survivor_throughput",
     "work_lost",
@@ -67,6 +69,16 @@ def continuing_path(ranks_dir: str | Path, rank: int) -> Path:
     membership (its mailbox connected to every other); until every rank has, a death stops the
     run (the set-up's rendezvous needs every rank)."""
     return Path(ranks_dir) / f"rank{rank}.continuing"
+
+
+def clear_previous_segment(run_dir: Path) -> None:
+    """Remove what an earlier run in ``run_dir`` (the segment before a ``--resume``) left of its
+    membership, its survivors' results and its summary: read as this run's, its epochs would fence
+    ranks that are alive and its summary would end this run's survivors before they finish. Rank 0
+    calls it during the set-up, while every rank waits at the rendezvous."""
+    for name in (MEMBERSHIP_DIR, SURVIVOR_RESULTS_DIR):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    (run_dir / "summary.json").unlink(missing_ok=True)
 
 
 class Survivors:

@@ -50,7 +50,14 @@ from psgdlab.runtime.mailbox import address_toward
 from psgdlab.runtime.netns import host_identity
 from psgdlab.runtime.scan import collect_groups
 from psgdlab.runtime.server import run_server
-from psgdlab.runtime.survivors import SURVIVOR_RESULTS_DIR, Survivors, continuing_path, survivor_throughput, work_lost
+from psgdlab.runtime.survivors import (
+    SURVIVOR_RESULTS_DIR,
+    Survivors,
+    clear_previous_segment,
+    continuing_path,
+    survivor_throughput,
+    work_lost,
+)
 from psgdlab.runtime.transport import LaunchEnv, launch_env
 from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
 
@@ -167,7 +174,7 @@ def train(
     past it, or when the launcher aborts the run, the rank writes ``OUT/flight/rank{r}.json`` and
     exits the process; a run that raises writes it too.
 
-    ``config.resume``, or ``config.on_failure == "restart"`` in a worker group torchrun's agent
+    ``config.resume``, or ``config.failure_policy == "restart"`` in a worker group torchrun's agent
     restarted (``TORCHELASTIC_RESTART_COUNT`` > 0): the ranks resume from the newest complete
     checkpoint every rank can read (:func:`_agree_on_checkpoint`; a restart with none starts at
     step 0). Under ``psgdlab train --on-failure restart`` every worker also keeps its
@@ -220,7 +227,7 @@ def _train(
             raise ConfigError("epochs needs the built-in data; give --steps with a custom workload")
         steps = max(1, math.ceil(config.epochs * spe))  # type: ignore[operator]
     out = Path(config.out) if config.out else None
-    restarted = config.on_failure == "restart" and restart_count() > 0
+    restarted = config.failure_policy == "restart" and restart_count() > 0
     if (config.resume or restarted) and out is None:
         raise ConfigError("resume needs the run directory (--resume DIR)")
     if config.resume and ckpt.latest_complete_step(out, config.workers) is None:  # type: ignore[arg-type]
@@ -245,7 +252,7 @@ def _train(
         main.broadcast(stamp, 0, everyone)
     progress = _progress_bar(steps, start_step) if rank == 0 else None
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
-    if config.on_failure == "restart" and ranks_dir and rank < config.workers:
+    if config.failure_policy == "restart" and ranks_dir and rank < config.workers:
         record = Progress(ranks_dir, rank=rank, attempt=restart_count(), start_step=start_step)
         progress = record if progress is None else _both(progress, record)
     origin = float(stamp.item())
@@ -272,7 +279,7 @@ def _train(
         progress=progress,
     )
     survivors = None
-    if config.on_failure == "continue":  # every rank is a worker (continue has no server)
+    if config.failure_policy == "continue":  # every rank is a worker (continue has no server)
         survivors = _open_survivors(algorithm, rank=rank, out=out, config=config, origin=origin, main=main)
     t0 = time.time()
     try:
@@ -360,6 +367,9 @@ def _open_survivors(
     import torch.distributed as dist
 
     assert out is not None  # TrainConfig requires a run directory for continue
+    if rank == 0:
+        clear_previous_segment(out)
+    dist.barrier()
     survivors = Survivors(
         algorithm,
         rank=rank,
@@ -578,6 +588,7 @@ def _write_run_dir(
             "samples_per_step": samples,
             "steps_per_worker": steps,
             "wall_s": wall_s,
+            "on_failure": config.failure_policy,
             # a run that finished lost no rank unless it went on without some (continue); a
             # failed run writes OUT/failure.json instead (psgdlab.runtime.failures: the same keys)
             "membership_changes": membership[0] if membership else [],

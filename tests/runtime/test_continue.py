@@ -233,13 +233,36 @@ def test_continue_refuses_what_it_cannot_do(tmp_path, kw, message):
     base = dict(workers=4, steps=10, on_failure="continue", out=str(tmp_path))
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**{**base, **kw})
+    del base["on_failure"]  # not asked for: gossip goes on where it can, and otherwise stops
+    if kw["algorithm"] != "ssgd":
+        assert TrainConfig(**{**base, "algorithm": kw["algorithm"]}).failure_policy == "continue"
+    assert TrainConfig(**{**base, **kw}).failure_policy == "stop"
+
+
+def test_the_default_policy_is_continue_for_gossip_with_a_run_directory(tmp_path):
+    from psgdlab.runtime.config import TrainConfig
+
+    assert TrainConfig(algorithm="adpsgd", workers=4, steps=10, out=str(tmp_path)).failure_policy == "continue"
+    assert TrainConfig(algorithm="adpsgd", workers=4, steps=10).failure_policy == "stop"  # no membership directory
+    asked = TrainConfig(algorithm="dpsgd", workers=4, steps=10, out=str(tmp_path), on_failure="stop")
+    assert asked.failure_policy == "stop" and asked.replace(backend="mpi").failure_policy == "stop"
+    assert TrainConfig(algorithm="bmuf", workers=4, steps=10, out=str(tmp_path)).failure_policy == "stop"
 
 
 # ----- runs that lose a worker -----------------------------------------------------------------------
-def _continue_run(tmp_path, crash: str, *, steps: int, deadline_s: float = 10.0, algorithm: str = "adpsgd", **kw):
+def _continue_run(
+    tmp_path,
+    crash: str,
+    *,
+    steps: int,
+    deadline_s: float = 10.0,
+    algorithm: str = "adpsgd",
+    on_failure: str = "continue",
+    **kw,
+):
     from psgdlab.runtime.launch import launch
 
-    config = lsq_config(tmp_path, algorithm, 4, steps=steps, compute_time="0.01", on_failure="continue", **kw).replace(
+    config = lsq_config(tmp_path, algorithm, 4, steps=steps, compute_time="0.01", on_failure=on_failure, **kw).replace(
         timeout_s=deadline_s, record_params=False
     )
     summary = launch(config, quiet=True, timeout_s=90, extra_env={"PSGDLAB_TEST_CRASH": crash})
@@ -281,11 +304,31 @@ def _check_survivors_finished(config, figures, dead: int, steps: int, died_at: i
 @pytest.mark.timeout(90)
 def test_survivors_go_on_without_a_killed_worker(tmp_path):
     # the others are still training when it dies (an AD-PSGD worker may lag far behind on a busy machine)
-    config, figures, _ = _continue_run(tmp_path, "2:100", steps=300)
+    config, figures, _ = _continue_run(tmp_path, "2:100", steps=300, on_failure="")  # adpsgd's default
+    assert figures["on_failure"] == "continue"
     _check_survivors_finished(config, figures, dead=2, steps=300, died_at=100)
     # seen at once (its connection ended, or its exchange failed), not at the 10 s deadline: at most the
     # time since its last heartbeat
     assert figures["membership_changes"][0]["detection_s"] < 10.0 / BEATS_PER_DEADLINE + 0.5
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_resumed_run_does_not_read_the_last_segments_membership(tmp_path):
+    """``--resume`` of a run directory whose last segment lost a rank (its epoch on disk) and wrote
+    a summary: all four ranks train the new steps and the survivors' summary is this segment's."""
+    from psgdlab.runtime.launch import launch
+
+    config = lsq_config(tmp_path, "adpsgd", 4, steps=8, checkpoint_every=4)
+    assert config.failure_policy == "continue"
+    launch(config, quiet=True, timeout_s=90)
+    out = Path(config.out)
+    stale = {"epoch": 1, "alive": [0, 1, 3], "removed": [2], "by": 0, "step": 3, "time_s": 0.1}
+    (out / "membership" / "epoch00000001.json").write_text(json.dumps(stale))
+    summary = launch(config.replace(steps=16, resume=True), quiet=True, timeout_s=90)
+    assert summary["steps_per_worker"] == 16 and summary["survivors"] == [0, 1, 2, 3]
+    assert summary["membership_changes"] == [] and summary["steps"] == 4 * 8 + 4 * 8  # 0..8, then 8..16
+    assert not (out / "membership" / "epoch00000001.json").exists()
 
 
 @pytest.mark.distributed

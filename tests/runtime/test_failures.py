@@ -217,7 +217,8 @@ def _check_left_nothing(config, removed: list[int], world: int) -> None:
 )
 def test_a_killed_rank_is_named_with_its_step(tmp_path, algorithm, workers, rank, exact):
     """Rank 0 holds gloo's rendezvous store: its death must be named as any other's."""
-    config = lsq_config(tmp_path, algorithm, workers, steps=100000, compute_time="0.002").replace(record_params=False)
+    config = lsq_config(tmp_path, algorithm, workers, steps=100000, compute_time="0.002")
+    config = config.replace(record_params=False, on_failure="stop")  # adpsgd's default goes on (test_continue)
     error, detection_s, failure = _fail_run(config, f"{rank}:5")
     assert error.startswith(f"run failed: rank {rank} was killed by signal SIGKILL "), error
     if exact:  # every survivor waits on it in the gradient allreduce of step 5
