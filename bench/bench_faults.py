@@ -34,13 +34,16 @@ from the failure to the first step after it (the summary's ``restarts``).
 that named another).
 
 AD-PSGD's and D-PSGD's runs with a kill or a stop, and AD-PSGD's with a link set down, run
-``--on-failure continue``: the survivors must finish (status 0) without the victim, or with ranks
-of one host only when a host was cut off; a fault that lands in the set-up (policy
-``continue-in-setup``) must stop the run as under ``stop``, naming the victim. Their *detection*
-is the time from the fault to the survivors' new epoch (``OUT/membership``);
-``survivor_steps_lost`` counts the steps the survivors did not do (0 when they lose no work);
-``throughput_after_ratio`` is the median of the runs' summary figure, the survivors' throughput
-after the failure against before (their own pace: ``(n-1)/n`` of the whole run's).
+``--on-failure continue``; every other kill, stop or link fault runs ``--on-failure stop`` (or
+restart, above), and a full disk or a corrupted checkpoint runs the algorithm's default policy
+(``default``: continue for AD-PSGD and D-PSGD, stop for H-ADPSGD's 2 GPUs per node). Under continue
+the survivors must finish (status 0) without the victim, or with ranks of one host only when a host
+was cut off; a fault that lands in the set-up (policy ``continue-in-setup``) must stop the run as
+under ``stop``, naming the victim. Their *detection* is the time from the fault to the survivors'
+new epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
+(0 when they lose no work); ``throughput_after_ratio`` is the median of the runs' summary figure,
+the survivors' throughput after the failure against before (their own pace: ``(n-1)/n`` of the
+whole run's).
 ``--algorithms adpsgd,dpsgd`` runs only those. Figures only: nothing here asserts.
 """
 
@@ -65,11 +68,14 @@ ALGORITHMS = ("ssgd", "bsp", "bmuf", "easgd", "asgd", "adpsgd", "dpsgd", "hadpsg
 SYNCHRONOUS = ("ssgd", "bsp", "bmuf")
 #: what runs --on-failure continue under a kill or a stop (runtime/README.md, "Going on without the dead")
 CONTINUING = ("adpsgd", "dpsgd")
+#: ... and with a host cut off (dpsgd continues on one host only; hadpsgd runs 2 GPUs per node)
+CONTINUING_ACROSS_HOSTS = ("adpsgd",)
 #: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4
-#: the soak's algorithms, in turn (the last two with --on-failure continue)
-SOAK_ALGORITHMS = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd", "dpsgd")
+#: the soak's algorithms, in turn (the first three with --on-failure stop, the last three with their
+#: default: continue, and stop for hadpsgd's 2 GPUs per node)
+SOAK_ALGORITHMS = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd", "dpsgd", "hadpsgd")
 #: lines of a failed or hung run's standard error kept in its record
 TAIL_LINES = 20
 
@@ -173,10 +179,14 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
             record["policy"] = "restart"
             extra += ["--on-failure", "restart", "--max-restarts", "2"]
         if (fault in ("sigkill", "sigstop") and algorithm in CONTINUING) or (
-            fault == "link-down" and algorithm == "adpsgd"
+            fault == "link-down" and algorithm in CONTINUING_ACROSS_HOSTS
         ):
             record["policy"] = "continue"
             extra += ["--on-failure", "continue"]
+        elif fault in ("disk-full", "corrupt"):  # the run's default policy (continue for gossip)
+            record["policy"] = "default"
+        elif record["policy"] == "stop":
+            extra += ["--on-failure", "stop"]
         if fault == "corrupt":
             first = subprocess.run(_train_command(algorithm, out, args), capture_output=True, text=True)
             if first.returncode != 0:
@@ -289,8 +299,8 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
     errors: dict[str, int] = {}
     for i in range(runs):
         algorithm = SOAK_ALGORITHMS[i % len(SOAK_ALGORITHMS)]
-        # the second adpsgd and dpsgd of each turn run the survivors' protocol (continue), which no fault ends
-        policy = ["--on-failure", "continue"] if i % len(SOAK_ALGORITHMS) >= 3 else []
+        # the second half of each turn runs the survivors' protocol (their default, continue), which no fault ends
+        policy = [] if i % len(SOAK_ALGORITHMS) >= 3 else ["--on-failure", "stop"]
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp, open(Path(tmp) / "stderr.txt", "w+") as log_file:
             cmd = _train_command(algorithm, Path(tmp) / "run", args, *policy)
             cmd[cmd.index("--steps") + 1] = "20"
@@ -303,7 +313,7 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
             left = _partial_files(Path(tmp) / "run")
             hangs += not ended
             partial += len(left)
-            line = {"soak": i, "algorithm": algorithm, "continue": bool(policy), "ended": ended, "rc": proc.returncode}
+            line = {"soak": i, "algorithm": algorithm, "continue": not policy, "ended": ended, "rc": proc.returncode}
             if ended and proc.returncode != 0:
                 failures += 1
                 last = (stderr.strip().splitlines() or ["(no message)"])[-1]
