@@ -81,7 +81,8 @@ class AllReduce:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PairwiseAverage:
-    """Average the model (or one shard of it) with ``peer``: both end with ``(x_i + x_peer)/2``.
+    """Average the model (or one shard of it) with ``peer``: both end with ``(x_i + x_peer)/2``,
+    or with ``(1 - weight) * x_i + weight * x_peer`` where ``weight`` is not one half.
 
     The ``active`` side initiates; the passive side answers from a responder (AD-PSGD's
     bipartite split, so no schedule can deadlock). Passive entries tell the reference executor
@@ -91,7 +92,12 @@ class PairwiseAverage:
 
     With ``n_shards > 1`` (H-ADPSGD) the rank exchanges only slice ``shard`` of the flat model
     (``numpy.array_split`` into ``n_shards`` parts) with its counterpart, and the members of
-    ``gather_group`` then allgather their averaged slices so each holds the whole mixed model.
+    ``gather_group`` then allgather their averaged slices so each holds the whole mixed model:
+    slice ``j`` is averaged by member ``gather_group[j % len(gather_group)]`` (one slice each when
+    the group has ``n_shards`` members, the registry's schedules; empty: the rank averages every
+    slice itself, one record each). ``weight`` is the peer's share: one half between equals, and
+    ``m_peer / (m_own + m_peer)`` between nodes of unequal size after a failure
+    (:func:`psgdlab.core.membership.survivor_exchanges`), so the union's average is kept.
     """
 
     peer: int
@@ -100,17 +106,19 @@ class PairwiseAverage:
     shard: int = 0
     n_shards: int = 1
     gather_group: tuple[int, ...] = ()
+    weight: float = 0.5
 
     def __post_init__(self) -> None:
         require(self.peer >= 0, "peer", self.peer, "must be a rank >= 0")
         require(self.n_shards >= 1, "n_shards", self.n_shards, "must be >= 1")
         require(0 <= self.shard < self.n_shards, "shard", self.shard, f"must be in [0, {self.n_shards})")
         require(
-            self.n_shards == 1 or len(self.gather_group) == self.n_shards,
+            len(self.gather_group) <= self.n_shards,
             "gather_group",
             self.gather_group,
-            f"must list the {self.n_shards} ranks that share the model",
+            f"must list at most the {self.n_shards} ranks that share the model",
         )
+        require(0 < self.weight < 1, "weight", self.weight, "must be in (0, 1)")
 
     @property
     def phase(self) -> Phase:

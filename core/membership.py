@@ -229,11 +229,12 @@ def survivor_exchanges(rebuilt: Rebuilt, template: Sequence[Exchange], rank: int
     - :class:`Gossip` -- column ``rank`` of :meth:`Rebuilt.matrix` (peers, their weights, the self
       weight);
     - :class:`PairwiseAverage` -- with the partner of ``rank``'s unit in :meth:`Rebuilt.unit_pairs`
-      (none when its unit sits out the round); the unit of lower index is active. Each node
-      shards the model over its own ``m`` survivors: its ``l``-th survivor averages shard ``l``
-      of ``m`` with survivor ``l mod m'`` of the partner node of ``m'`` (equal nodes: the
-      original rule, ``l`` with ``l``; a node that lost a GPU sends bigger shards, and a member
-      of a larger partner may serve two).
+      (none when its unit sits out the round); the unit of lower index is active. Two nodes of
+      ``m`` and ``m'`` survivors split the model into ``k = max(m, m')`` slices; slice ``j`` is
+      averaged by survivor ``j mod m`` of one and ``j mod m'`` of the other (equal nodes: the
+      original rule, one slice each, ``l`` with ``l``; a member of the smaller node averages
+      several, one record each), each node weighted by its size (``weight``: the partner's
+      ``m' / (m + m')``), so every member of the union ends with its mean, :meth:`Rebuilt.matrix`.
 
     Examples
     --------
@@ -241,9 +242,17 @@ def survivor_exchanges(rebuilt: Rebuilt, template: Sequence[Exchange], rank: int
     >>> a = make_algorithm("adpsgd", n_workers=6)
     >>> r = rebuild(a.membership_topology(), alive=(0, 1, 2, 4, 5))
     >>> survivor_exchanges(r, a.exchanges(1, 0), 0, 1)  # round 1: rank 1 sits out, 0 pairs with 5
-    (PairwiseAverage(peer=5, active=True, blocking=False, shard=0, n_shards=1, gather_group=()),)
+    (PairwiseAverage(peer=5, active=True, blocking=False, shard=0, n_shards=1, gather_group=(), weight=0.5),)
     >>> survivor_exchanges(r, a.exchanges(1, 1), 1, 1)
     ()
+
+    H-ADPSGD nodes of 2 GPUs, rank 1 dead: rank 0, alone on its node, averages both slices, with
+    ranks 2 and 3, and weighs theirs 2:1.
+
+    >>> h = make_algorithm("hadpsgd", n_workers=4, gpus_per_node=2)
+    >>> r = rebuild(h.membership_topology(), alive=(0, 2, 3))
+    >>> [(e.peer, e.shard, e.n_shards, round(e.weight, 3)) for e in survivor_exchanges(r, h.exchanges(0, 0), 0, 0)]
+    [(2, 0, 2, 0.667), (3, 1, 2, 0.667)]
     """
     require(rank in rebuilt.members, "rank", rank, "must be a survivor")
     alive = set(rebuilt.members)
@@ -260,9 +269,7 @@ def survivor_exchanges(rebuilt: Rebuilt, template: Sequence[Exchange], rank: int
         elif isinstance(ex, Gossip):
             out.append(_gossip_column(rebuilt, ex, rank, round))
         elif isinstance(ex, PairwiseAverage):
-            pair = _pairwise(rebuilt, ex, rank, round)
-            if pair is not None:
-                out.append(pair)
+            out.extend(_pairwise(rebuilt, ex, rank, round))
         else:
             raise TopologyError(f"exchange {type(ex).__name__} has no rule over survivors")
     return tuple(out)
@@ -280,21 +287,27 @@ def _gossip_column(rebuilt: Rebuilt, ex: Gossip, rank: int, round: int) -> Gossi
     )
 
 
-def _pairwise(rebuilt: Rebuilt, ex: PairwiseAverage, rank: int, round: int) -> PairwiseAverage | None:
+def _pairwise(rebuilt: Rebuilt, ex: PairwiseAverage, rank: int, round: int) -> tuple[PairwiseAverage, ...]:
+    """``rank``'s slices of its unit's pairwise average in ``round`` (none when its unit sits out)."""
     unit = next(u for u, node in enumerate(rebuilt.nodes) if rank in node)
     for a, b in rebuilt.unit_pairs(round):
         if unit in (a, b):
             own, other = rebuilt.nodes[unit], rebuilt.nodes[b if unit == a else a]
+            k = max(len(own), len(other))  # slices: one per member of the larger node
             local = own.index(rank)
-            return PairwiseAverage(
-                peer=other[local % len(other)],
-                active=unit == a,
-                blocking=ex.blocking,
-                shard=local,
-                n_shards=len(own),
-                gather_group=own if len(own) > 1 else (),
+            return tuple(
+                PairwiseAverage(
+                    peer=other[j % len(other)],
+                    active=unit == a,
+                    blocking=ex.blocking,
+                    shard=j,
+                    n_shards=k,
+                    gather_group=own if len(own) > 1 else (),
+                    weight=0.5 if len(own) == len(other) else len(other) / (len(own) + len(other)),
+                )
+                for j in range(local, k, len(own))
             )
-    return None
+    return ()
 
 
 def without_peers(ex: Gossip, dead: Iterable[int]) -> Gossip:

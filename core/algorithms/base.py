@@ -166,7 +166,9 @@ class Algorithm:
     def mix(self, exchange: Exchange, own: Array, received: Array | Sequence[Array]) -> Array:
         """The mixed model (or shard) of a ``"mix"`` exchange, from what was sent and received."""
         if isinstance(exchange, PairwiseAverage):
-            return kernels.average(own, received)
+            if exchange.weight == 0.5:
+                return kernels.average(own, received)
+            return kernels.weighted_sum(1.0 - exchange.weight, own, (exchange.weight,), (received,))
         if isinstance(exchange, Gossip):
             return kernels.weighted_sum(exchange.self_weight, own, exchange.weights, received)
         raise SimulationError(f"{self.name}: exchange {type(exchange).__name__} has no mix kernel")

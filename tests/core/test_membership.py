@@ -114,3 +114,53 @@ def test_a_gossip_without_its_dead_peers_is_still_doubly_stochastic(case, round,
         for p, w in zip(kept.peers, kept.weights):
             V[living.index(p), a] = w
     assert is_doubly_stochastic(V) and np.allclose(V, V.T)
+
+
+@given(
+    nodes=st.sampled_from([2, 4, 6]),  # a matching of nodes
+    gpus=st.integers(1, 4),
+    round=st.integers(0, 20),
+    data=st.data(),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_pairwise_slices_of_unequal_nodes_compose_into_the_rebuilt_matrix(nodes, gpus, round, data):
+    """H-ADPSGD after removals: every slice record has one counterpart (same slice, peer swapped,
+    one active side, weights summing to 1), every slice of a paired node is averaged once, and
+    applying the records to replicas equal within each node (what the node's allreduce keeps) gives
+    :meth:`Rebuilt.matrix` applied to them: the union's mean, each node weighted by its size."""
+    from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.exchange import PairwiseAverage
+    from psgdlab.core.membership import survivor_exchanges
+
+    n = nodes * gpus
+    alg = make_algorithm("hadpsgd", n_workers=n, gpus_per_node=gpus)
+    dead = data.draw(st.sets(st.integers(0, n - 1), max_size=n - 1), label="dead")
+    rb = rebuild(alg.membership_topology(), [r for r in range(n) if r not in dead])
+    dim = 2 * n + 3  # every slice non-empty
+    rng = np.random.default_rng(round)
+    node_models = {node: rng.normal(size=dim) for node in rb.nodes}
+    X = np.stack([node_models[next(nd for nd in rb.nodes if r in nd)] for r in rb.members])
+    records = {
+        r: [e for e in survivor_exchanges(rb, alg.exchanges(round, r), r, round) if isinstance(e, PairwiseAverage)]
+        for r in rb.members
+    }
+    mixed = X.copy()
+    held: dict[tuple[int, int], np.ndarray] = {}  # (rank, slice) -> its averaged slice
+    for r, exs in records.items():
+        i = rb.members.index(r)
+        for e in exs:
+            (back,) = [b for b in records[e.peer] if b.peer == r and b.shard == e.shard]
+            assert back.n_shards == e.n_shards and back.active != e.active
+            assert back.weight + e.weight == pytest.approx(1.0)
+            j = rb.members.index(e.peer)
+            own = np.array_split(X[i], e.n_shards)[e.shard]
+            theirs = np.array_split(X[j], e.n_shards)[e.shard]
+            held[(r, e.shard)] = alg.mix(e, own, theirs)
+    for r, exs in records.items():
+        if not exs:
+            continue
+        e = exs[0]
+        group = e.gather_group or (r,)
+        parts = [held[(group[s % len(group)], s)] for s in range(e.n_shards)]  # each slice once, from its holder
+        mixed[rb.members.index(r)] = np.concatenate(parts)
+    np.testing.assert_allclose(mixed, rb.matrix(round) @ X, atol=1e-12)
