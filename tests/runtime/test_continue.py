@@ -319,7 +319,7 @@ def test_a_resumed_run_does_not_read_the_last_segments_membership(tmp_path):
     a summary: all four ranks train the new steps and the survivors' summary is this segment's."""
     from psgdlab.runtime.launch import launch
 
-    config = lsq_config(tmp_path, "adpsgd", 4, steps=8, checkpoint_every=4)
+    config = lsq_config(tmp_path, "hadpsgd", 4, steps=8, checkpoint_every=4)  # one GPU per node: continue
     assert config.failure_policy == "continue"
     launch(config, quiet=True, timeout_s=90)
     out = Path(config.out)
