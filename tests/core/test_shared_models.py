@@ -17,7 +17,16 @@ from psgdlab.core.exchange import ExchangeKind
 from psgdlab.core.schedules import Newbob, ibm_lr, lr_schedule
 from psgdlab.core.stragglers import StragglerModel, unit_hash
 from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import TRACE_DTYPE, TraceBuilder, read_trace, summarize, to_chrome_trace, write_trace
+from psgdlab.core.trace import (
+    PHASES,
+    TRACE_DTYPE,
+    TraceBuilder,
+    kind_name,
+    read_trace,
+    summarize,
+    to_chrome_trace,
+    write_trace,
+)
 
 
 # ----- stragglers ---------------------------------------------------------------------------------
@@ -187,6 +196,28 @@ def test_trace_round_trip_and_chrome_export(tmp_path):
     doc = json.loads(to_chrome_trace(trace, tmp_path / "tl.json").read_text())
     assert len(doc["traceEvents"]) == trace.size
     assert not list(tmp_path.glob(".*tmp*"))  # no temporary files left
+
+
+def test_the_timeline_has_one_event_per_record_with_its_fields(tmp_path):
+    """Names ``phase[:kind]``, a row per rank and another for its overlapped communication, times in
+    microseconds, a negative duration clamped to 0, and only the arguments a record has."""
+    trace = np.zeros(3, TRACE_DTYPE)
+    trace[0] = (1, 4, PHASES["compute"], 0, 0.5, 0.75, -1, 0, 2, 0.1)
+    trace[1] = (1, 4, PHASES["overlap"], 1, 0.5, 0.25, 3, 4096, -1, 0.0)
+    trace[2] = (0, 5, PHASES["comm"], 2, 1.0, 1.5, -1, 8, -1, 0.0)
+    changes = [{"time_s": 0.6, "removed": [2], "step": 4}]
+    doc = json.loads(to_chrome_trace(trace, tmp_path / "tl.json", meta={"membership_changes": changes}).read_text())
+    x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in x] == ["compute", f"overlap:{kind_name(1)}", f"comm:{kind_name(2)}"]
+    assert [e["tid"] for e in x] == [2, 3, 0]
+    assert [(e["ts"], e["dur"]) for e in x] == [(0.5e6, 0.25e6), (0.5e6, 0.0), (1e6, 0.5e6)]
+    assert [e["args"] for e in x] == [
+        {"step": 4, "staleness": 2},
+        {"step": 4, "peer": 3, "bytes": 4096},
+        {"step": 5, "bytes": 8},
+    ]
+    (instant,) = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    assert instant["name"] == "membership: removed [2]" and instant["ts"] == 0.6e6 and instant["args"] == {"step": 4}
 
 
 def test_bad_trace_files(tmp_path):
