@@ -145,11 +145,11 @@ class Agreement:
     def _create(self, proposal: Epoch) -> bool:
         """Write ``proposal`` as its epoch unless that epoch exists; True when this call made it."""
         tmp = self.root / f".epoch{proposal.epoch:08d}.{self.rank}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(proposal.to_json(), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
+        try:  # the temporary file goes whatever fails (a full disk while writing it, say)
+            with open(tmp, "w") as fh:
+                json.dump(proposal.to_json(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
             os.link(tmp, self._path(proposal.epoch))
             return True
         except OSError as exc:

@@ -20,6 +20,7 @@ Any ``torch.nn.Module`` trains through ``workload_factory``::
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
 from psgdlab.core.schedules import lr_schedule
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import empty_trace, read_trace, summarize, to_chrome_trace, write_trace
+from psgdlab.core.trace import atomic_write_bytes, empty_trace, read_trace, summarize, to_chrome_trace, write_trace
 from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
@@ -411,10 +412,15 @@ def _finish_surviving(
     result.extra["survivor_report"] = survivors.report()
     folder = out / SURVIVOR_RESULTS_DIR
     folder.mkdir(exist_ok=True)
-    mine = folder / f"rank{rank}.pt"
-    tmp = folder / f".rank{rank}.{os.getpid()}.tmp"
-    torch.save(result, tmp)
-    os.replace(tmp, mine)
+    buf = io.BytesIO()
+    torch.save(result, buf)
+    try:
+        atomic_write_bytes(folder / f"rank{rank}.pt", buf.getvalue())
+    except OSError as exc:
+        raise TransportError(
+            f"rank {rank}: its result could not be written to {folder} ({exc.strerror or exc}); "
+            f"the checkpoints in {out / 'checkpoints'} are intact"
+        ) from None
     paths = {r: folder / f"rank{r}.pt" for r in range(config.workers)}
     try:
         while not survivors.summary_path.exists():

@@ -220,6 +220,21 @@ def test_the_timeline_has_one_event_per_record_with_its_fields(tmp_path):
     assert instant["name"] == "membership: removed [2]" and instant["ts"] == 0.6e6 and instant["args"] == {"step": 4}
 
 
+def test_an_atomic_write_that_fails_leaves_neither_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from psgdlab.core.trace import atomic_write_bytes
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_bytes(tmp_path / "results" / "rank0.pt", b"payload")
+    assert not list((tmp_path / "results").iterdir())
+
+
 def test_bad_trace_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_trace(tmp_path / "missing.npz")

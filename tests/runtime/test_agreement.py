@@ -33,6 +33,21 @@ def test_a_removal_is_one_epoch_and_agreeing_again_changes_nothing(tmp_path):
     assert not list((tmp_path / "membership").glob(".*"))  # no temporary file left
 
 
+def test_a_full_disk_fails_the_proposal_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    a = Agreement(tmp_path, 4, 0)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        a.remove({2}, step=3)
+    assert not list((tmp_path / "membership").iterdir())  # neither the epoch nor its temporary file
+
+
 def test_a_rank_given_up_for_dead_learns_it_and_stops(tmp_path):
     Agreement(tmp_path, 3, 0).remove({1}, step=4)
     with pytest.raises(Removed, match=r"rank 1 was given up for dead by rank 0 at epoch 1 \(step 4\)"):
