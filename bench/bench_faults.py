@@ -105,6 +105,12 @@ def _rank_pids(out: Path, world: int, proc: subprocess.Popen, timeout_s: float =
     return None
 
 
+def _joined(out: Path, victim: int | None) -> bool:
+    """Whether the victim had joined the survivors' membership (its ``.continuing`` marker,
+    :func:`psgdlab.runtime.survivors.continuing_path`); a link fault has no victim: True."""
+    return victim is None or (out / ".ranks" / f"rank{victim}.continuing").exists()
+
+
 def _partial_files(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and PARTIAL.match(p.name)]
 
@@ -237,8 +243,13 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
             record["named"] = failed is not None and int(failed.group(1)) == record["victim"]
         summary = _summary(out)
         record["restarts"] = summary.get("restarts", [])
-        if record["policy"] == "continue" and proc.returncode and " on setup " in " ".join(record["error"]):
-            # a fault in the set-up (the rendezvous needs every rank) stops the run as under stop
+        if (
+            record["policy"] == "continue"
+            and proc.returncode
+            and (" on setup " in " ".join(record["error"]) or not _joined(out, record.get("victim")))
+        ):
+            # a fault in the set-up (the rendezvous needs every rank; the launcher lets the others go
+            # on only once every rank has joined the membership) stops the run as under stop
             record["policy"] = "continue-in-setup"
         if record["policy"] == "continue":
             # a kill or a stop: every rank but the victim; a host cut off: ranks of one host only
