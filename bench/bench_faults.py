@@ -273,16 +273,24 @@ def one_run(index: int, algorithm: str, fault: str, rng: random.Random, args: ar
         record["namespaces_left"] = _namespaces(proc.pid)
         return record
     finally:
-        if proc is not None and proc.poll() is None:  # the bench was stopped: end the run first
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)  # the launcher removes what it made (namespaces, segments)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if proc is not None:  # the bench was stopped: end the run first
+            _end(proc)
         if mounted:
             subprocess.run(["umount", "-l", str(out)], check=False)
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a run still in progress (SIGTERM to its session: the launcher removes what it made,
+    namespaces and segments; SIGKILL after 30 s)."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -318,7 +326,10 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
             cmd += ["--seed", str(rng.randrange(1 << 30))]  # the seed of the delays' draws too
             env = {**os.environ, "PSGDLAB_TEST_JITTER": str(args.soak_jitter)}
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, env=env, start_new_session=True)
-            ended, _ = _wait(proc, args.hang_after + 30)
+            try:
+                ended, _ = _wait(proc, args.hang_after + 30)
+            finally:  # a stopped soak ends its run before its directory goes
+                _end(proc)
             log_file.seek(0)
             stderr = log_file.read()
             left = _partial_files(Path(tmp) / "run")
