@@ -232,6 +232,24 @@ class _CountingEnvironment(simpy.Environment):
         _schedule(self, event, priority, delay)
 
 
+def _gathers(r: int, ex: PairwiseAverage) -> int:
+    """The slices whose allgather inside the node follows ``r``'s exchange ``ex``: all of them
+    after the last slice ``r`` averages in the step (one per member between equal nodes; a member
+    of the smaller of two unequal nodes averages several, :func:`~psgdlab.core.membership.survivor_exchanges`),
+    none after the others; 1 when ``r`` averages the whole model itself.
+
+    >>> slice_ = lambda j: PairwiseAverage(peer=9, active=True, shard=j, n_shards=3, gather_group=(4, 5))
+    >>> [_gathers(4, slice_(0)), _gathers(4, slice_(2)), _gathers(5, slice_(1))]  # rank 4 averages slices 0 and 2
+    [1, 3, 3]
+    """
+    group = ex.gather_group
+    if not group:
+        return 1
+    k, i = len(group), group.index(r)
+    last = i + k * ((ex.n_shards - 1 - i) // k)
+    return ex.n_shards if ex.shard == last else 1
+
+
 def _release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) -> simpy.Event:
     """A timeout ``delay`` from now that resumes, in the order they began to wait, the processes
     waiting on ``waiting`` (the group's earlier arrivals), then whoever yields it (the last one):
@@ -415,9 +433,7 @@ class _Sim:
             nbytes = self.pair_bytes[ex.n_shards] = wire_bytes(ex, self.n_params, self.itemsize)[0]
         if start >= self.detect[peer]:
             return start, start, 0  # a peer known dead: nothing to average with
-        dur = self.net.pair_average_s(
-            r, peer, nbytes, start, gather=ex.n_shards if ex.gather_group else 1, model_bytes=self.S
-        )
+        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=_gathers(r, ex), model_bytes=self.S)
         end = start + dur
         if end > self.death[peer]:  # the peer dies first: the request hangs until the deadline
             self.comm_free[r] = self.detect[peer]
