@@ -314,20 +314,24 @@ def test_survivors_go_on_without_a_killed_worker(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
-def test_a_resumed_run_does_not_read_the_last_segments_membership(tmp_path):
-    """``--resume`` of a run directory whose last segment lost a rank (its epoch on disk) and wrote
-    a summary: all four ranks train the new steps and the survivors' summary is this segment's."""
+def test_a_run_does_not_read_the_membership_an_earlier_run_left_in_its_directory(tmp_path):
+    """The directory of a ``--resume`` holds the last segment's epochs, results and summary: read
+    as this run's, an epoch would fence a live rank and the summary would end the survivors before
+    they train. Rank 0 clears them at set-up: all four ranks train and write a new summary."""
     from psgdlab.runtime.launch import launch
 
-    config = lsq_config(tmp_path, "hadpsgd", 4, steps=8, checkpoint_every=4)  # one GPU per node: continue
+    config = lsq_config(tmp_path, "hadpsgd", 4, steps=8)  # one GPU per node: continue by default
     assert config.failure_policy == "continue"
-    launch(config, quiet=True, timeout_s=90)
     out = Path(config.out)
+    (out / "membership").mkdir(parents=True)
     stale = {"epoch": 1, "alive": [0, 1, 3], "removed": [2], "by": 0, "step": 3, "time_s": 0.1}
     (out / "membership" / "epoch00000001.json").write_text(json.dumps(stale))
-    summary = launch(config.replace(steps=16, resume=True), quiet=True, timeout_s=90)
-    assert summary["steps_per_worker"] == 16 and summary["survivors"] == [0, 1, 2, 3]
-    assert summary["membership_changes"] == [] and summary["steps"] == 4 * 8 + 4 * 8  # 0..8, then 8..16
+    (out / "results").mkdir()
+    (out / "results" / "rank2.pt").write_bytes(b"an earlier segment's")
+    (out / "summary.json").write_text(json.dumps({"steps_per_worker": 4}))
+    summary = launch(config, quiet=True, timeout_s=90)
+    assert summary["steps_per_worker"] == 8 and summary["survivors"] == [0, 1, 2, 3]
+    assert summary["membership_changes"] == [] and summary["steps"] == 4 * 8
     assert not (out / "membership" / "epoch00000001.json").exists()
 
 
