@@ -303,7 +303,7 @@ def _pairwise(rebuilt: Rebuilt, ex: PairwiseAverage, rank: int, round: int) -> t
                     shard=j,
                     n_shards=k,
                     gather_group=own if len(own) > 1 else (),
-                    weight=0.5 if len(own) == len(other) else len(other) / (len(own) + len(other)),
+                    weight=len(other) / (len(own) + len(other)),  # exactly 0.5 between equal nodes
                 )
                 for j in range(local, k, len(own))
             )

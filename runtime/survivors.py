@@ -40,6 +40,7 @@ from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TransportError
 from psgdlab.core.exchange import Exchange, Gossip
 from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, without_peers
+from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.agreement import MEMBERSHIP_DIR, Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
 
@@ -78,7 +79,7 @@ def clear_previous_segment(run_dir: Path) -> None:
     calls it during the set-up, while every rank waits at the rendezvous."""
     for name in (MEMBERSHIP_DIR, SURVIVOR_RESULTS_DIR):
         shutil.rmtree(run_dir / name, ignore_errors=True)
-    (run_dir / "summary.json").unlink(missing_ok=True)
+    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
 
 
 class Survivors:
@@ -133,7 +134,7 @@ class Survivors:
             if any(isinstance(ex, Gossip) for ex in algorithm.exchanges(0, rank))
             else None
         )
-        self.summary_path = run_dir / "summary.json"
+        self.summary_path = run_dir / SUMMARY_FILE
         #: every rank's host (:func:`~psgdlab.runtime.netns.host_identity`), learnt at set-up
         self.hosts: list[str] = []
         #: each peer's local step at its last exchange with this rank that completed: the peer's
