@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.rundir import Summary, read_summary
+from psgdlab.core.rundir import SUMMARY_FILE, Summary, read_summary
 from psgdlab.core.trace import read_trace
 
 __all__ = ["Run", "load_run", "load_cases"]
@@ -73,7 +73,7 @@ def load_cases(path: str | Path, *, with_trace: bool = True) -> dict[tuple[str, 
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"run directory {path} does not exist")
-    subdirs = sorted(p for p in (path / "runs").glob("*") if (p / "summary.json").is_file())
+    subdirs = sorted(p for p in (path / "runs").glob("*") if (p / SUMMARY_FILE).is_file())
     runs = [load_run(p, with_trace=with_trace) for p in subdirs] or [load_run(path, with_trace=with_trace)]
     out: dict[tuple[str, int], Run] = {}
     for run in runs:

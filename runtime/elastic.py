@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.ranks import describe_exit
 
 __all__ = [
@@ -386,7 +387,7 @@ def launch_elastic(
         if found is not None:
             message += f"; the newest complete checkpoint is step {found} (continue with --resume {out})"
         raise TransportError(message)
-    summary_path = out / "summary.json"
+    summary_path = out / SUMMARY_FILE
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
     summary = read_summary(out)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import TrainConfig, world_size_of
 from psgdlab.runtime.failures import FAILURE_FILE, RankWatch, process_state, remove_partial_files, stop_run
@@ -213,7 +214,7 @@ def launch(
             f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
             f"{out / 'checkpoints'} (continue with --resume {out})"
         )
-    summary_path = out / "summary.json"
+    summary_path = out / SUMMARY_FILE
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
     return json.loads(summary_path.read_text())
@@ -327,7 +328,7 @@ def _watch(
                     -1, f"mpiexec {describe_exit(mpi.returncode)} (a rank failed; see its message above)", dead=False
                 )
             if surviving and watch.failures and all(p.poll() is not None for p in procs.values()):
-                if out is not None and not (out / "summary.json").is_file():  # no survivor finished
+                if out is not None and not (out / SUMMARY_FILE).is_file():  # no survivor finished
                     raise TransportError(f"run failed: every rank exited without a summary; {watch.culprits()[0].text}")
                 return
             if not surviving and watch.failures and (forwarded or {}).get("sig") is None:

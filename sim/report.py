@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
+from psgdlab.core.rundir import SUMMARY_FILE, RunDir, Summary, environment, write_summary
 from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
@@ -80,7 +80,7 @@ def write_prediction(
         "has_unpinned_parameters": any(r.get("has_unpinned_parameters", False) for r in rows),
         "rows": rows,
     }
-    run.write_json("summary.json", summary)
+    run.write_json(SUMMARY_FILE, summary)
     if per_run:
         for p in predictions:
             sub = RunDir(run.path / "runs" / f"{p.row['algorithm']}-w{p.row['workers']}")
