@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -255,6 +256,29 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert result["interval_coverage"] == float(case["in_interval"])
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())
+
+    # --measured: the same runs fitted, predicted and compared again without running anything
+    again = tmp_path / "again"
+    assert main(["validate", "--measured", str(out), "--prediction-seeds", "1", "--out", str(again), "--json"]) == 0
+    repeat = json.loads(capsys.readouterr().out)
+    assert repeat["measured_in"] == str(out) and repeat["load_average"] == result["load_average"]
+    assert repeat["cases"] == result["cases"]  # the same fit of the same runs: the same prediction
+    assert not (again / "calibration").exists() and not (again / "measured").exists()
+    assert (again / "platform.toml").read_text() == (out / "platform.toml").read_text()
+    # its bad input: one line, exit 2, nothing written
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    shutil.rmtree(next((broken / "calibration").iterdir()))
+    for args, message in (
+        (["--measured", str(out), "--out", str(out)], "must differ from measured"),
+        (["--measured", str(out), "--workers", "4", "--out", str(tmp_path / "x")], "--workers cannot be given"),
+        (["--measured", str(tmp_path), "--out", str(tmp_path / "x")], "has no validate.json"),
+        (["--measured", str(broken), "--out", str(tmp_path / "x")], "has no run calibration/"),
+    ):
+        assert main(["validate", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "x").exists()
 
 
 def test_multi_host_cases_and_bad_input(capsys, monkeypatch, tmp_path):

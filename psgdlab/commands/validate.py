@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, name_list
@@ -141,6 +143,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and the largest case count",
     )
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
+    p.add_argument(
+        "--measured",
+        default=None,
+        metavar="DIR",
+        help="make no run: take the calibration runs, measured cases and repeats of an earlier validate "
+        "in DIR, fit, predict and compare them again with the current model into --out (a change to the "
+        "model checked against measurements already made, in seconds; no root needed for emulated hosts). "
+        "The cases, their sizes, steps and transport and the calibration plan are DIR's (validate.json): "
+        "--algorithms, --workers, --hosts, --nic-bandwidth, --straggler, --calibrate-workers and --full "
+        "are refused with it",
+    )
     add_flags(p, "--out", "--json", required={"--out"}, helps={"--out": "required here"})
     p.set_defaults(func=run)
 
@@ -154,8 +167,10 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.validate import ALGORITHM_CASES, ValidateConfig, format_table, validate
+    from psgdlab.validate import ALGORITHM_CASES, ValidateConfig
 
+    if args.measured:
+        return _report(_earlier(args), args)
     if args.nic_bandwidth and not args.hosts:
         raise ConfigError(f"nic-bandwidth ({','.join(args.nic_bandwidth)}) applies only with --hosts")
     if args.hosts:  # one line and exit 2 where emulated hosts cannot be made, before anything runs
@@ -187,6 +202,36 @@ def run(args: argparse.Namespace) -> int:
         hosts=tuple(args.hosts or ()),
         nic_bandwidths=tuple(args.nic_bandwidth or ()),
     )
+    return _report(vc, args)
+
+
+def _earlier(args: argparse.Namespace) -> Any:
+    """The configuration of the earlier validate in ``--measured`` (its grid), to predict again."""
+    from psgdlab.validate import ValidateConfig
+    from psgdlab.validate.run import earlier_validate
+
+    grid = {
+        "--algorithms": args.algorithms,
+        "--workers": args.workers,
+        "--hosts": args.hosts,
+        "--nic-bandwidth": args.nic_bandwidth,
+        "--straggler": args.straggler,
+        "--calibrate-workers": args.calibrate_workers,
+        "--full": args.full or None,
+    }
+    for flag, value in grid.items():
+        if value:
+            raise ConfigError(f"{flag} cannot be given with --measured: the cases are those of {args.measured}")
+    earlier = earlier_validate(Path(args.measured), Path(args.out))
+    return ValidateConfig.from_json(
+        earlier["config"], out=args.out, measured=args.measured, prediction_seeds=args.prediction_seeds
+    )
+
+
+def _report(vc: Any, args: argparse.Namespace) -> int:
+    """Run :func:`~psgdlab.validate.validate` and print its table, or its JSON with ``--json``."""
+    from psgdlab.validate import format_table, validate
+
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = validate(vc, progress=progress)
     if args.json:
@@ -206,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
             "calibrate_workers",
             "load_average",
         )
-        print(json.dumps({k: summary[k] for k in (*keys, "hosts") if k in summary}, indent=2))
+        print(json.dumps({k: summary[k] for k in (*keys, "hosts", "measured_in") if k in summary}, indent=2))
     else:
         print(format_table(summary))
         print(f"reports: {args.out}/compare*/report.md, {args.out}/validate.json")

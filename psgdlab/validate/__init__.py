@@ -39,6 +39,12 @@ predicted and measured (:func:`~psgdlab.validate.stats.hadpsgd_advantage`). What
 does not see: every emulated host shares this machine's cores (its CPU model counts the cores
 per host).
 
+**Again, without running** (``--measured DIR``): the calibration runs, measured cases and repeats
+of an earlier validate in ``DIR`` are fitted, predicted and compared again with the current model
+into ``OUT`` (its grid read from ``DIR/validate.json``; ``validate.json`` then records
+``measured_in`` and the earlier load): a change to the model is checked against every
+measurement already made in a minute instead of an hour, and the earlier comparison is kept.
+
 The machine is shared. Before every run the load averages and the idle cores are recorded
 (``--min-idle-cores`` waits for a quieter machine: :mod:`~psgdlab.validate.machine`), and a
 measured case in which a step of some worker lasted far longer than the median step (another
@@ -68,6 +74,7 @@ import dataclasses
 import os
 import shutil
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +95,16 @@ from psgdlab.validate.plan import (
     rate_slug,
 )
 from psgdlab.validate.report import case_row, format_table
-from psgdlab.validate.run import launch_fresh, measure, remeasure, train_config
+from psgdlab.validate.run import (
+    earlier_load,
+    earlier_repeats,
+    earlier_run,
+    earlier_validate,
+    launch_fresh,
+    measure,
+    remeasure,
+    train_config,
+)
 from psgdlab.validate.stats import (
     hadpsgd_advantage,
     interval_coverage,
@@ -113,7 +129,23 @@ __all__ = [
 
 
 def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the whole loop (module docstring) and return the comparison with the case table."""
+    """Run the whole loop (module docstring) and return the comparison with the case table.
+
+    With ``vc.measured`` (an earlier validate's directory) no run is made: its runs are fitted,
+    predicted and compared again into ``vc.out``, which is removed again if that fails (an earlier
+    validate of another grid: a run missing) and it did not exist before.
+    """
+    out = Path(vc.out)
+    made = vc.measured is not None and not out.exists()
+    try:
+        return _validate(vc, progress)
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dict[str, Any]:
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
     from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
@@ -125,42 +157,55 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     from psgdlab.sim.report import write_prediction
     from psgdlab.sim.workload import load_config
 
-    if vc.hosts:  # one line and nothing written where emulated hosts cannot be made
+    if vc.hosts and not vc.measured:  # one line and nothing written where emulated hosts cannot be made
         from psgdlab.runtime.netns import require_netns
 
         require_netns(max(vc.hosts))
 
     say = progress or (lambda msg: None)
     out = Path(vc.out)
+    # the runs: made now into OUT, or (--measured) an earlier validate's, predicted and compared again
+    source = Path(vc.measured) if vc.measured else out
+    if vc.measured:
+        earlier_validate(source, out)
     cores = vc.cores or os.cpu_count() or 1
     plan = calibration_plan(vc, cores)  # refuses a plan it cannot fit before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    # 1. calibration runs (never the validated cases)
     load: dict[str, Any] = {"start": load_average()}
+
+    def obtain(d: Path, label: str, start: Callable[[], Any]) -> Path:
+        """Run ``d`` now (``start``), or with ``--measured`` take the earlier validate's run there."""
+        if vc.measured:
+            return earlier_run(source, d)
+        say(label)
+        load[d.name] = wait_for_quiet(vc, say)
+        start()
+        return d
+
+    # 1. calibration runs (never the validated cases)
     calib_dirs = []
     for alg, n, dim, name in plan:
-        d = out / "calibration" / name
-        say(f"calibration run {d.name}")
-        load[d.name] = wait_for_quiet(vc, say)
-        launch_fresh(
-            train_config(
-                vc, algorithm=alg, variant=None, workers=n, dim=dim, straggler="", steps=vc.calibration_steps, out=d
-            )
+        cfg = train_config(
+            vc,
+            algorithm=alg,
+            variant=None,
+            workers=n,
+            dim=dim,
+            straggler="",
+            steps=vc.calibration_steps,
+            out=source / "calibration" / name,
         )
-        calib_dirs.append(d)
+        calib_dirs.append(obtain(Path(cfg.out), f"calibration run {name}", partial(launch_fresh, cfg)))
     groups = probe_groups(vc, cores)
     if groups:  # the CPU work of communication, measured where no calibration run oversubscribes the cores
         from psgdlab.runtime.probe import ProbeConfig, probe
 
-        say(f"probe of the transport (groups {', '.join(map(str, groups))})")
-        load["probe"] = wait_for_quiet(vc, say)
-        calib_dirs.append(probe(ProbeConfig(out=str(out / "calibration" / "probe"), backend=vc.backend, groups=groups)))
+        probe_cfg = ProbeConfig(out=str(source / "calibration" / "probe"), backend=vc.backend, groups=groups)
+        label = f"probe of the transport (groups {', '.join(map(str, groups))})"
+        calib_dirs.append(obtain(Path(probe_cfg.out), label, partial(probe, probe_cfg)))
     between: dict[str | None, list[Path]] = {}
     if vc.hosts:
         for alg, dim, rate, name in between_hosts_plan(vc):
-            d = out / "calibration" / name
-            say(f"calibration run {d.name} (2 emulated hosts, one worker each)")
-            load[d.name] = wait_for_quiet(vc, say)
             cfg = train_config(
                 vc,
                 algorithm=alg,
@@ -169,12 +214,12 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                 dim=dim,
                 straggler="",
                 steps=vc.calibration_steps,
-                out=d,
+                out=source / "calibration" / name,
                 hosts=2,
                 nic_bandwidth=rate,
             )
-            launch_fresh(cfg)
-            between.setdefault(rate, []).append(d)
+            label = f"calibration run {name} (2 emulated hosts, one worker each)"
+            between.setdefault(rate, []).append(obtain(Path(cfg.out), label, partial(launch_fresh, cfg)))
     # one platform per NIC rate: this machine's fits inside a host, the rate's between hosts
     settings: list[tuple[str | None, int]] = (
         [(rate, h) for rate in (vc.nic_bandwidths or (None,)) for h in vc.hosts] if vc.hosts else [(None, 1)]
@@ -212,7 +257,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             )
             preds = []
             predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each of a case's predictions
-            meas_root = out / (("measured" if not straggler else "measured-straggler") + tag)
+            meas_root = source / (("measured" if not straggler else "measured-straggler") + tag)
             pred_root = out / (("predicted" if not straggler else "predicted-straggler") + tag)
             for name in case_algorithms(vc):
                 algorithm, variant = ALGORITHM_CASES[name]
@@ -245,9 +290,12 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
                             ),
                         ]
                     ]
-                    say(f"measure {cname}")
                     d = meas_root / "runs" / f"{name}-w{n}"
-                    measure(vc, name, n, straggler, d, cname, load, say, hosts, rate)
+                    if vc.measured:
+                        earlier_run(source, d)
+                    else:
+                        say(f"measure {cname}")
+                        measure(vc, name, n, straggler, d, cname, load, say, hosts, rate)
             if pred_root.exists():
                 shutil.rmtree(pred_root)
             write_prediction(
@@ -261,7 +309,10 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
             )
             result = compare_dirs(pred_root, meas_root)
             result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
-            if vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):
+            if vc.measured:  # the earlier validate's repeats, of the pairs its prediction misordered
+                runs = earlier_repeats(result, pred_root, meas_root.with_name(meas_root.name + "-repeats"))
+                result["ranking"] = pooled_ranking(result["cases"], runs, predicted)
+            elif vc.remeasure and not all(r["identical"] for r in result["ranking"].values()):
                 runs = remeasure(
                     vc,
                     result,
@@ -306,6 +357,9 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         "config": dataclasses.asdict(vc),
         "load_average": {**load, "end": load_average()},
     }
+    if vc.measured:  # the load is the earlier validate's, when its runs were made
+        summary["measured_in"] = str(source)
+        summary["load_average"] = earlier_load(source)
     if vc.hosts:
         summary["hosts"] = {
             "cases": [f"{h}x{n // h}" for h, n in host_cases(vc)],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from psgdlab.core.algorithms import algorithm_from_flags
 from psgdlab.core.config import parse_rate
@@ -84,6 +85,16 @@ class ValidateConfig:
     hosts: tuple[int, ...] = ()
     #: the emulated hosts' NIC rates (``--nic-bandwidth``), every case at each (``()``: not shaped)
     nic_bandwidths: tuple[str, ...] = ()
+    #: an earlier validate's directory (``--measured``): its runs are predicted and compared again,
+    #: none is made (``None``: run everything into ``out``)
+    measured: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], **changes: Any) -> ValidateConfig:
+        """The configuration that ``validate.json`` records (its ``config``), with ``changes``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+        return cls(**{**values, **changes})
 
     def __post_init__(self) -> None:
         for a in self.algorithms:

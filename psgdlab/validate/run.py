@@ -1,14 +1,17 @@
 """Running a validation's cases with the runtime: the training configuration of a case, a
-measured run (once more when another process stalled it), and more runs of a swapped pair."""
+measured run (once more when another process stalled it), and more runs of a swapped pair; or,
+with ``--measured DIR``, the runs of an earlier validate in ``DIR`` (``earlier_*``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from psgdlab.core.algorithms import algorithm_parameters
+from psgdlab.core.errors import ConfigError
 from psgdlab.validate.machine import wait_for_quiet
 from psgdlab.validate.plan import ALGORITHM_CASES, ValidateConfig, case_name
 
@@ -18,6 +21,11 @@ __all__ = [
     "name_case",
     "measure",
     "remeasure",
+    "repeat_name",
+    "earlier_validate",
+    "earlier_run",
+    "earlier_repeats",
+    "earlier_load",
     "stall_reason",
     "STALL_FACTOR",
     "STALL_MIN_S",
@@ -142,26 +150,89 @@ def remeasure(
     offsets, the machine's other load) shows in repeated runs, and more runs shrink the standard
     error of the mean (as one over the root of the runs) without changing the rule.
     """
-    from psgdlab.analysis.compare import compare_cases
-    from psgdlab.analysis.load import load_cases, load_run
+    from psgdlab.analysis.load import load_cases
 
     involved = sorted(
         {(name, int(n)) for n, r in result["ranking"].items() for a, b, *_ in r["swaps"] for name in (a, b)}
     )
     preds = load_cases(pred_root)
-    runs: dict[tuple[str, int], list[tuple[float, float | None]]] = {
-        (c["algorithm"], c["workers"]): [(c["samples_per_s"]["measured"], c["samples_per_s"].get("measured_se"))]
-        for c in result["cases"]
-    }
+    runs = _first_runs(result)
     for i in range(vc.remeasure):
         for name, n in involved:
-            d = rep_root / f"{name}-w{n}-r{i + 1}"
+            d = rep_root / repeat_name(name, n, i + 1)
             label = f"{case_name(name, n, straggler, hosts, nic_bandwidth)} run {i + 2}"
             say(f"measure {label} (a pair came out of the predicted order)")
             measure(vc, name, n, straggler, d, label, load, say, hosts, nic_bandwidth)
-            got = compare_cases(preds[(name, n)], load_run(d))["samples_per_s"]
-            runs[(name, n)].append((got["measured"], got["measured_se"]))
+            _add_run(runs, (name, n), preds[(name, n)], d)
     return runs
+
+
+def repeat_name(name: str, workers: int, i: int) -> str:
+    """The directory of the ``i``-th repeat (from 1) of a case, under its ``-repeats`` root."""
+    return f"{name}-w{workers}-r{i}"
+
+
+def _first_runs(result: dict[str, Any]) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+    """Each case's own run: its samples/s and their standard error."""
+    return {
+        (c["algorithm"], c["workers"]): [(c["samples_per_s"]["measured"], c["samples_per_s"].get("measured_se"))]
+        for c in result["cases"]
+    }
+
+
+def _add_run(
+    runs: dict[tuple[str, int], list[tuple[float, float | None]]], key: tuple[str, int], predicted: Any, d: Path
+) -> None:
+    """Add the samples/s of the measured run ``d`` of case ``key`` (predicted as ``predicted``)."""
+    from psgdlab.analysis.compare import compare_cases
+    from psgdlab.analysis.load import load_run
+
+    got = compare_cases(predicted, load_run(d))["samples_per_s"]
+    runs[key].append((got["measured"], got["measured_se"]))
+
+
+# ----- an earlier validate's runs, predicted and compared again (``--measured DIR``) -------------
+def earlier_validate(source: Path, out: Path) -> dict[str, Any]:
+    """The ``validate.json`` of the earlier validate in ``source``; refuses a directory that is
+    not one, or ``out`` in it (the new predictions would overwrite what it compared)."""
+    path = source / "validate.json"
+    if not path.is_file():
+        raise ConfigError(f"measured ({source}) has no validate.json: it is not the directory of a psgdlab validate")
+    if out.resolve() == source.resolve():
+        raise ConfigError(f"out ({out}) must differ from measured ({source}): the earlier comparison is kept")
+    earlier: dict[str, Any] = json.loads(path.read_text())
+    return earlier
+
+
+def earlier_run(source: Path, d: Path) -> Path:
+    """``d``, a run of the earlier validate in ``source``, which must exist."""
+    if not d.is_dir():
+        raise ConfigError(f"measured ({source}) has no run {d.relative_to(source)}: it was not a validate of this grid")
+    return d
+
+
+def earlier_repeats(
+    result: dict[str, Any], pred_root: Path, rep_root: Path
+) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+    """The runs of every case of ``result`` for :func:`~psgdlab.validate.stats.pooled_ranking`: its
+    own and the repeats the earlier validate measured in ``rep_root`` (those of the pairs its
+    prediction misordered; :func:`remeasure`)."""
+    from psgdlab.analysis.load import load_cases
+
+    preds = load_cases(pred_root)
+    runs = _first_runs(result)
+    for name, n in runs:
+        i = 1
+        while (rep_root / repeat_name(name, n, i)).is_dir():
+            _add_run(runs, (name, n), preds[(name, n)], rep_root / repeat_name(name, n, i))
+            i += 1
+    return runs
+
+
+def earlier_load(source: Path) -> dict[str, Any]:
+    """The load the earlier validate in ``source`` recorded before each of its runs."""
+    load: dict[str, Any] = json.loads((source / "validate.json").read_text()).get("load_average", {})
+    return load
 
 
 #: a step of any worker this much longer than the run's median step, and longer than a second,
