@@ -207,7 +207,10 @@ def earlier_validate(source: Path, out: Path) -> dict[str, Any]:
 def earlier_run(source: Path, d: Path) -> Path:
     """``d``, a run of the earlier validate in ``source``, which must exist."""
     if not d.is_dir():
-        raise ConfigError(f"measured ({source}) has no run {d.relative_to(source)}: it was not a validate of this grid")
+        raise ConfigError(
+            f"measured ({source}) has no run {d.relative_to(source)}, which the grid's calibration plan needs: "
+            "a validate of another grid, or of an earlier plan"
+        )
     return d
 
 
