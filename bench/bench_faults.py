@@ -22,8 +22,8 @@ link-down       on two emulated hosts (root only), host 1's link is set down
 
 A run *hangs* when the launcher has not ended by itself ``--hang-after`` seconds after the fault
 (the bench then kills it; default 90 s, beyond the set-up's own deadline of 60 s, within which a
-fault during the rendezvous ends the run). A failed or hung run's record keeps the last lines of
-its standard error (``stderr_tail``), which goes to a file while it runs. *Partial files* are
+fault during the rendezvous ends the run). A failed or hung run's record (the soak's too) keeps the
+last lines of its standard error (``stderr_tail``), which goes to a file while it runs. *Partial files* are
 temporary files (``.NAME.tmpPID``, ``.NAME.PID.tmp``) left anywhere in the run directory (the
 soak's runs too). *Detection* is the time from a kill, a stop or a link set down to the run's end
 under ``stop`` (the launcher's decision, the survivors' flight records and the clean-up included:
@@ -341,6 +341,8 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
                 last = (stderr.strip().splitlines() or ["(no message)"])[-1]
                 errors[last] = errors.get(last, 0) + 1
                 line["error"] = last
+            if proc.returncode or not ended:  # what the ranks said last, for the post-mortem
+                line["stderr_tail"] = stderr.strip().splitlines()[-TAIL_LINES:]
             if left:
                 line["partial_files"] = left
             print(json.dumps(line), file=sys.stderr, flush=True)
