@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime.mpi import MPITransport, mpi_module
+from psgdlab.runtime.ranks import STORE_FD_ENV
 from psgdlab.runtime.shm import open_plane
 from psgdlab.runtime.shm_transport import SharedMemoryTransport
 from psgdlab.runtime.torch_dist import TorchTransport
@@ -71,7 +72,10 @@ def open_channels(
         The channels' device; default: GPU ``local_rank`` (modulo the GPU count) on NCCL, the
         CPU otherwise.
     master : (host, port), optional
-        Rendezvous for torch.distributed when ``MASTER_ADDR``/``MASTER_PORT`` are not set.
+        Rendezvous for torch.distributed when ``MASTER_ADDR``/``MASTER_PORT`` are not set. Ranks
+        started by :func:`psgdlab.runtime.launch.launch` on one host find
+        :data:`~psgdlab.runtime.ranks.STORE_FD_ENV` set: rank 0 serves the store on the socket
+        the launcher bound and handed it (:func:`~psgdlab.runtime.ranks.rendezvous_socket`).
 
     Raises
     ------
@@ -146,12 +150,24 @@ def _open_torch(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        store = None
+        fd = os.environ.get(STORE_FD_ENV)
+        if fd:  # a launcher's ranks: rank 0 serves the store on the socket it inherited, bound by the launcher
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                env.world_size,
+                env.rank == 0,
+                timeout,
+                master_listen_fd=int(fd) if env.rank == 0 else None,
+            )
         dist.init_process_group(
             backend=backend,
             rank=env.rank,
             world_size=env.world_size,
             timeout=timeout,
             device_id=device if backend == "nccl" else None,
+            store=store,
         )
     world_ranks = list(range(env.world_size))
     # control (headers, any-source receives, objects): always gloo; payload p2p: the backend

@@ -57,6 +57,8 @@ from psgdlab.runtime.ranks import (
     free_port,
     in_main_thread,
     rank_environment,
+    rendezvous_socket,
+    store_environment,
 )
 from psgdlab.runtime.shm_sys import remove_orphaned, remove_segments
 from psgdlab.runtime.survivors import continuing_path
@@ -133,6 +135,7 @@ def launch(
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _forward)
     hosts = None
+    store: Any = None  # the rendezvous store's socket until rank 0 has it
     try:
         if config.hosts > 1:
             hosts = _emulated_hosts(config)
@@ -155,11 +158,15 @@ def launch(
             )
             forwarded["setting_up"] = False
         else:
-            port = free_port() if hosts is None else MASTER_PORT
+            # one host: rank 0 serves the store on a socket bound here (no race for the port); emulated
+            # hosts: a fixed port in fresh namespaces, where nothing else listens
+            store = rendezvous_socket() if hosts is None else None
+            rendezvous = (
+                store_environment(store) if store else {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(MASTER_PORT)}
+            )
             placement = contiguous_placement(world, config.hosts)
             for r in range(world):
-                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_PORT=str(port))
-                env_r["MASTER_ADDR"] = "127.0.0.1"
+                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **rendezvous)
                 prefix: list[str] = []
                 if hosts is not None:
                     host = placement[r]
@@ -171,8 +178,12 @@ def launch(
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
                     preexec_fn=None if hosts is None else set_parent_death_signal,
+                    pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
                 )
                 forwarded["setting_up"] = False
+            if store is not None:  # rank 0 holds it now
+                store.close()
+                store = None
             if hosts is not None:
                 hosts.record_ranks([p.pid for p in procs.values()])
         if forwarded["sig"] is not None:  # arrived while the ranks were starting
@@ -191,6 +202,8 @@ def launch(
         pass
     finally:
         forwarded["setting_up"] = False
+        if store is not None:
+            store.close()
         try:
             _terminate(procs)
             remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up

@@ -159,7 +159,7 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     or a probe past ``cfg.timeout_s`` stops every rank and raises :class:`TransportError`.
     """
     from psgdlab.runtime.launch import mpiexec_path
-    from psgdlab.runtime.ranks import RANK_ENV, free_port
+    from psgdlab.runtime.ranks import RANK_ENV, rendezvous_socket, store_environment
 
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
@@ -172,18 +172,21 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen[bytes]] = []
     hosts = None
+    store = None  # the rendezvous store's socket until rank 0 has it (one host)
     try:
         if cfg.backend == "mpi":
             mpi = [str(mpiexec_path()), "-n", str(cfg.world), *cmd]
             procs.append(subprocess.Popen(mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
         else:
-            port = free_port()
             placement = [0] * cfg.world
             if cfg.hosts > 1:
                 hosts, placement, port = _up_hosts(cfg)
+                rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            else:
+                store = rendezvous_socket()
+                rendezvous = store_environment(store)
             for r in range(cfg.world):
-                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(cfg.world), LOCAL_RANK=str(r))
-                env_r.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(cfg.world), LOCAL_RANK=str(r), **rendezvous)
                 prefix: list[str] = []
                 if hosts is not None:
                     host = placement[r]
@@ -195,12 +198,17 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
                         env=env_r,
                         stdout=subprocess.DEVNULL,
                         preexec_fn=None if hosts is None else _parent_death_signal(),
+                        pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
                     )
                 )
+            if store is not None:  # rank 0 holds it now
+                store.close()
             if hosts is not None:
                 hosts.record_ranks([p.pid for p in procs])
         _wait(procs, out, cfg, progress)
     finally:
+        if store is not None:
+            store.close()
         _stop(procs)
         (out / "progress").unlink(missing_ok=True)
         if hosts is not None:

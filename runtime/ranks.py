@@ -14,10 +14,13 @@ __all__ = [
     "RANK_ENV",
     "RANKS_DIR",
     "STOP_GRACE_S",
+    "STORE_FD_ENV",
     "describe_exit",
     "free_port",
     "in_main_thread",
     "rank_environment",
+    "rendezvous_socket",
+    "store_environment",
 ]
 
 #: under the run directory: the ranks' pid, done, crash and abort files
@@ -39,6 +42,35 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: the file descriptor of the rendezvous store's listening socket, which rank 0 inherits
+#: (:func:`rendezvous_socket`); every rank of such a launch has it (the others connect to the store)
+STORE_FD_ENV = "PSGDLAB_STORE_FD"
+
+
+def rendezvous_socket() -> socket.socket:
+    """A TCP socket bound to a free port of 127.0.0.1, listening: the server socket of the ranks'
+    rendezvous store, which rank 0 inherits (``pass_fds``) and serves
+    (:func:`psgdlab.runtime.channels.open_channels`). The port stays bound from its choice to the
+    store: with :func:`free_port`, another process (a second run starting on the machine, any
+    outgoing connection given that port) could take it while rank 0 was still importing torch,
+    and rank 0 failed to listen. The launcher closes its copy once the ranks have started."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.listen(socket.SOMAXCONN)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def store_environment(sock: socket.socket) -> dict[str, str]:
+    """The environment by which the ranks of one launch find the store of :func:`rendezvous_socket`
+    (rank 0 must also be given ``pass_fds=(sock.fileno(),)``)."""
+    port = sock.getsockname()[1]
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), STORE_FD_ENV: str(sock.fileno())}
 
 
 def describe_exit(code: int) -> str:

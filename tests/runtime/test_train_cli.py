@@ -4,6 +4,7 @@ process starts; a good run prints the summary (``--json``: the summary object)."
 from __future__ import annotations
 
 import json
+import socket
 
 import h5py
 import numpy as np
@@ -172,3 +173,20 @@ def test_the_held_out_line_reads_as_figures():
     assert (
         _held_out_line(last) == "WER 17.6 % (george 23.0 %, theo 12.2 %), frame accuracy 0.586, loss 1.69 at step 640"
     )
+
+
+def test_the_rendezvous_port_stays_bound_from_its_choice_to_rank_0s_store():
+    """The launcher binds the store's port and rank 0 inherits the listening socket: no other
+    process can take the port in between (with a port that was only free a moment ago, a run
+    starting beside another one failed in rank 0's set-up: the port was taken while it imported
+    torch)."""
+    from psgdlab.runtime.ranks import STORE_FD_ENV, rendezvous_socket, store_environment
+
+    with rendezvous_socket() as sock:
+        port = sock.getsockname()[1]
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        env = store_environment(sock)
+        assert env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), STORE_FD_ENV: str(sock.fileno())}
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # it listens: early clients queue
+            pass
