@@ -82,7 +82,10 @@ class Mailbox:
         self.deadline_s = float(deadline_s)
         self.on_lost = on_lost
         self._key = os.urandom(32)
-        self._listener = Listener((host, 0), authkey=self._key)
+        # every peer connects at once at set-up: with multiprocessing's default backlog of 1 the
+        # kernel dropped the handshake of some while the acceptor authenticated another, and a
+        # peer whose connection the listener gave up waited for its challenge for ever
+        self._listener = Listener((host, 0), authkey=self._key, backlog=max(n, 8))
         self._out: dict[int, Connection] = {}
         self._out_locks: dict[int, threading.Lock] = {}
         self._in: dict[Connection, int] = {}
