@@ -96,7 +96,6 @@ from psgdlab.validate.plan import (
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import (
-    earlier_load,
     earlier_repeats,
     earlier_run,
     earlier_validate,
@@ -166,8 +165,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
     out = Path(vc.out)
     # the runs: made now into OUT, or (--measured) an earlier validate's, predicted and compared again
     source = Path(vc.measured) if vc.measured else out
-    if vc.measured:
-        earlier_validate(source, out)
+    earlier = earlier_validate(source, out) if vc.measured else {}
     cores = vc.cores or os.cpu_count() or 1
     plan = calibration_plan(vc, cores)  # refuses a plan it cannot fit before anything is written
     out.mkdir(parents=True, exist_ok=True)
@@ -359,7 +357,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
     }
     if vc.measured:  # the load is the earlier validate's, when its runs were made
         summary["measured_in"] = str(source)
-        summary["load_average"] = earlier_load(source)
+        summary["load_average"] = earlier.get("load_average", {})
     if vc.hosts:
         summary["hosts"] = {
             "cases": [f"{h}x{n // h}" for h, n in host_cases(vc)],

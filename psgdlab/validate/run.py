@@ -25,7 +25,6 @@ __all__ = [
     "earlier_validate",
     "earlier_run",
     "earlier_repeats",
-    "earlier_load",
     "stall_reason",
     "STALL_FACTOR",
     "STALL_MIN_S",
@@ -230,12 +229,6 @@ def earlier_repeats(
             _add_run(runs, (name, n), preds[(name, n)], rep_root / repeat_name(name, n, i))
             i += 1
     return runs
-
-
-def earlier_load(source: Path) -> dict[str, Any]:
-    """The load the earlier validate in ``source`` recorded before each of its runs."""
-    load: dict[str, Any] = json.loads((source / "validate.json").read_text()).get("load_average", {})
-    return load
 
 
 #: a step of any worker this much longer than the run's median step, and longer than a second,
