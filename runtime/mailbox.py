@@ -44,6 +44,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
+from psgdlab.core.errors import TransportError
+
 __all__ = ["Mailbox", "BEATS_PER_DEADLINE", "address_toward"]
 
 log = logging.getLogger(__name__)
@@ -108,32 +110,59 @@ class Mailbox:
         """What the other ranks need to connect: (address, key)."""
         return self._listener.address, self._key
 
-    def open(self, addresses: Sequence[tuple[tuple[str, int], bytes]]) -> None:
+    def open(self, addresses: Sequence[tuple[tuple[str, int], bytes]], *, deadline_s: float) -> None:
         """Connect to every other rank (``addresses[r]``: rank ``r``'s :attr:`address`) and accept
-        their connections; then start the dispatcher and the heartbeat."""
-        accepted: list[Connection] = []
-        error: list[BaseException] = []
+        their connections, within ``deadline_s``; then start the dispatcher and the heartbeat.
+
+        Raises :class:`~psgdlab.core.errors.TransportError` naming the peers this rank could not connect to and those that
+        never connected to it (a peer that died or hung in set-up: the standard library's
+        connections have no timeout of their own, so each connection is made on a thread of its
+        own and the threads are given up at the deadline)."""
+        accepted: dict[int, Connection] = {}
+        errors: list[str] = []
 
         def accept() -> None:
             try:
                 for _ in range(self.n - 1):
-                    accepted.append(self._listener.accept())
-            except BaseException as exc:  # pragma: no cover - a peer died in set-up: the launcher says which
-                error.append(exc)
+                    conn = self._listener.accept()
+                    accepted[int(conn.recv())] = conn
+            except (OSError, EOFError) as exc:  # the listener closed, or a peer died in its handshake
+                errors.append(f"accepting: {exc}")
 
-        acceptor = threading.Thread(target=accept, daemon=True, name=f"psgdlab-mailbox-accept-{self.rank}")
-        acceptor.start()
-        for peer, (address, key) in enumerate(addresses):
-            if peer != self.rank:
+        def connect(peer: int, address: tuple[str, int], key: bytes) -> None:
+            try:
                 conn = Client((str(address[0]), int(address[1])), authkey=key)
                 conn.send(self.rank)
-                self._out[peer], self._out_locks[peer] = conn, threading.Lock()
-        acceptor.join()
-        if error:
-            raise error[0]
+            except (OSError, EOFError) as exc:
+                errors.append(f"rank {peer} at {address[0]}:{address[1]}: {exc}")
+                return
+            self._out[peer], self._out_locks[peer] = conn, threading.Lock()
+
+        threads = [threading.Thread(target=accept, daemon=True, name=f"psgdlab-mailbox-accept-{self.rank}")]
+        threads += [
+            threading.Thread(
+                target=connect, args=(peer, address, key), daemon=True, name=f"psgdlab-mailbox-connect-{peer}"
+            )
+            for peer, (address, key) in enumerate(addresses)
+            if peer != self.rank
+        ]
+        end = time.monotonic() + deadline_s
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=max(0.0, end - time.monotonic()))
+        others = [p for p in range(self.n) if p != self.rank]
+        unreached = [p for p in others if p not in self._out]
+        silent = [p for p in others if p not in accepted]
+        if unreached or silent:
+            self._listener.close()  # ends the acceptor; a connecting thread ends with its process
+            raise TransportError(
+                f"rank {self.rank}: the mailbox's set-up did not complete in {deadline_s:g} s: "
+                f"could not connect to ranks {unreached}, ranks {silent} never connected"
+                + (f" ({'; '.join(errors)})" if errors else "")
+            )
         now = time.monotonic()
-        for conn in accepted:
-            peer = int(conn.recv())
+        for peer, conn in accepted.items():
             self._in[conn] = peer
             self.heard[peer] = now
         for target, name in ((self._dispatch, "dispatch"), (self._beat, "beat"), (self._report, "report")):

@@ -281,7 +281,10 @@ def _train(
     )
     survivors = None
     if config.failure_policy == "continue":  # every rank is a worker (continue has no server)
-        survivors = _open_survivors(algorithm, rank=rank, out=out, config=config, origin=origin, main=main)
+        with flight.wait("setup", what="mailbox", step=start_step, peers=everyone, deadline_s=backstop_s + 5.0):
+            survivors = _open_survivors(
+                algorithm, rank=rank, out=out, config=config, origin=origin, main=main, deadline_s=backstop_s
+            )
     t0 = time.time()
     try:
         if rank < config.workers:
@@ -361,10 +364,18 @@ def _train(
 
 
 def _open_survivors(
-    algorithm: Any, *, rank: int, out: Path | None, config: TrainConfig, origin: float, main: Any
+    algorithm: Any,
+    *,
+    rank: int,
+    out: Path | None,
+    config: TrainConfig,
+    origin: float,
+    main: Any,
+    deadline_s: float,
 ) -> Survivors:
     """The membership of a ``--on-failure continue`` run (:mod:`psgdlab.runtime.survivors`): the
-    mailboxes' addresses are exchanged while every rank is alive, then each connects to all."""
+    mailboxes' addresses are exchanged while every rank is alive, then each connects to all within
+    ``deadline_s`` (the error names the ranks that did not connect)."""
     import torch.distributed as dist
 
     assert out is not None  # TrainConfig requires a run directory for continue
@@ -382,7 +393,7 @@ def _open_survivors(
     )
     found: list[Any] = [None] * config.workers
     dist.all_gather_object(found, (survivors.mailbox.address, host_identity()))
-    survivors.mailbox.open([address for address, _ in found])
+    survivors.mailbox.open([address for address, _ in found], deadline_s=deadline_s)
     survivors.hosts = [host for _, host in found]
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     if ranks_dir:  # from here a death is one the others survive (the launcher reads it)

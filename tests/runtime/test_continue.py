@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psgdlab.core.errors import ConfigError
+from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.membership import rebuild, survivor_exchanges
 from psgdlab.core.trace import read_trace
 from psgdlab.runtime.failures import process_state
@@ -33,7 +33,7 @@ def _mailboxes(n: int, deadline_s: float) -> tuple[list[Mailbox], list[list[tupl
         for r in range(n)
     ]
     addresses = [b.address for b in boxes]
-    threads = [threading.Thread(target=b.open, args=(addresses,)) for b in boxes]
+    threads = [threading.Thread(target=b.open, args=(addresses,), kwargs={"deadline_s": 10.0}) for b in boxes]
     for t in threads:
         t.start()
     for t in threads:
@@ -64,6 +64,32 @@ def test_the_mailbox_files_requests_replies_and_done():
     finally:
         for b in boxes:
             b.close()
+
+
+def test_the_mailbox_set_up_has_a_deadline_and_names_the_ranks_that_did_not_connect():
+    """A peer that never opens its mailbox (died or hung in set-up) does not hang the others: the
+    set-up ends at its deadline with an error naming it, in both directions."""
+    boxes = [Mailbox(r, 3, host="127.0.0.1", deadline_s=5.0, on_lost=lambda *a: None) for r in range(3)]
+    addresses = [b.address for b in boxes]
+    boxes[2]._listener.close()  # rank 2 never accepts, never connects
+    errors: list[BaseException] = []
+
+    def open_box(b: Mailbox) -> None:
+        try:
+            b.open(addresses, deadline_s=1.0)
+        except TransportError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_box, args=(b,)) for b in boxes[:2]]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert time.monotonic() - t0 < 5 and not any(t.is_alive() for t in threads)
+    assert sorted(str(e).split(":")[0] for e in errors) == ["rank 0", "rank 1"]
+    for e in errors:
+        assert "could not connect to ranks [2]" in str(e) and "ranks [2] never connected" in str(e)
 
 
 def test_a_closed_connection_is_a_death_until_the_end_is_announced():
