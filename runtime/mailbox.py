@@ -114,10 +114,10 @@ class Mailbox:
         """Connect to every other rank (``addresses[r]``: rank ``r``'s :attr:`address`) and accept
         their connections, within ``deadline_s``; then start the dispatcher and the heartbeat.
 
-        Raises :class:`~psgdlab.core.errors.TransportError` naming the peers this rank could not connect to and those that
-        never connected to it (a peer that died or hung in set-up: the standard library's
-        connections have no timeout of their own, so each connection is made on a thread of its
-        own and the threads are given up at the deadline)."""
+        Raises :class:`~psgdlab.core.errors.TransportError` naming the peers this rank could not
+        connect to and those that never connected to it (a peer that died or hung in set-up: the
+        standard library's connections have no timeout of their own, so each connection is made on a
+        thread of its own and the threads are given up at the deadline)."""
         accepted: dict[int, Connection] = {}
         errors: list[str] = []
 
