@@ -57,8 +57,7 @@ from psgdlab.runtime.ranks import (
     free_port,
     in_main_thread,
     rank_environment,
-    rendezvous_socket,
-    store_environment,
+    start_ranks,
 )
 from psgdlab.runtime.shm_sys import remove_orphaned, remove_segments
 from psgdlab.runtime.survivors import continuing_path
@@ -135,7 +134,6 @@ def launch(
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, _forward)
     hosts = None
-    store: Any = None  # the rendezvous store's socket until rank 0 has it
     try:
         if config.hosts > 1:
             hosts = _emulated_hosts(config)
@@ -158,34 +156,21 @@ def launch(
             )
             forwarded["setting_up"] = False
         else:
-            # one host: rank 0 serves the store on a socket bound here (no race for the port); emulated
-            # hosts: a fixed port in fresh namespaces, where nothing else listens
-            store = rendezvous_socket() if hosts is None else None
-            rendezvous = (
-                store_environment(store) if store else {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(MASTER_PORT)}
-            )
-            placement = contiguous_placement(world, config.hosts)
-            for r in range(world):
-                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **rendezvous)
-                prefix: list[str] = []
-                if hosts is not None:
-                    host = placement[r]
-                    env_r.update(hosts.environment(host, env), LOCAL_RANK=str(placement[:r].count(host)))
-                    prefix = hosts.exec_prefix(host)
-                procs[r] = subprocess.Popen(
-                    [*prefix, *cmd],
-                    env=env_r,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    preexec_fn=None if hosts is None else set_parent_death_signal,
-                    pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
-                )
+
+            def _started(r: int, proc: subprocess.Popen) -> None:
+                procs[r] = proc
                 forwarded["setting_up"] = False
-            if store is not None:  # rank 0 holds it now
-                store.close()
-                store = None
-            if hosts is not None:
-                hosts.record_ranks([p.pid for p in procs.values()])
+
+            start_ranks(
+                cmd,
+                env,
+                world,
+                hosts=hosts,
+                placement=contiguous_placement(world, config.hosts),
+                master_port=MASTER_PORT,
+                stderr=stderr,
+                on_start=_started,
+            )
         if forwarded["sig"] is not None:  # arrived while the ranks were starting
             _forward(forwarded["sig"], None)
         _watch(
@@ -202,8 +187,6 @@ def launch(
         pass
     finally:
         forwarded["setting_up"] = False
-        if store is not None:
-            store.close()
         try:
             _terminate(procs)
             remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up

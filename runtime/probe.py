@@ -159,7 +159,7 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     or a probe past ``cfg.timeout_s`` stops every rank and raises :class:`TransportError`.
     """
     from psgdlab.runtime.launch import mpiexec_path
-    from psgdlab.runtime.ranks import RANK_ENV, rendezvous_socket, store_environment
+    from psgdlab.runtime.ranks import RANK_ENV, start_ranks
 
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
@@ -172,43 +172,26 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen[bytes]] = []
     hosts = None
-    store = None  # the rendezvous store's socket until rank 0 has it (one host)
     try:
         if cfg.backend == "mpi":
             mpi = [str(mpiexec_path()), "-n", str(cfg.world), *cmd]
             procs.append(subprocess.Popen(mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
         else:
-            placement = [0] * cfg.world
+            placement, port = [0] * cfg.world, 0
             if cfg.hosts > 1:
                 hosts, placement, port = _up_hosts(cfg)
-                rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            else:
-                store = rendezvous_socket()
-                rendezvous = store_environment(store)
-            for r in range(cfg.world):
-                env_r = dict(env, RANK=str(r), WORLD_SIZE=str(cfg.world), LOCAL_RANK=str(r), **rendezvous)
-                prefix: list[str] = []
-                if hosts is not None:
-                    host = placement[r]
-                    env_r.update(hosts.environment(host, env), LOCAL_RANK=str(placement[:r].count(host)))
-                    prefix = hosts.exec_prefix(host)
-                procs.append(
-                    subprocess.Popen(
-                        [*prefix, *cmd],
-                        env=env_r,
-                        stdout=subprocess.DEVNULL,
-                        preexec_fn=None if hosts is None else _parent_death_signal(),
-                        pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
-                    )
-                )
-            if store is not None:  # rank 0 holds it now
-                store.close()
-            if hosts is not None:
-                hosts.record_ranks([p.pid for p in procs])
+            # each started rank is in procs at once: a failure to start another still stops it
+            start_ranks(
+                cmd,
+                env,
+                cfg.world,
+                hosts=hosts,
+                placement=placement,
+                master_port=port,
+                on_start=lambda r, p: procs.append(p),
+            )
         _wait(procs, out, cfg, progress)
     finally:
-        if store is not None:
-            store.close()
         _stop(procs)
         (out / "progress").unlink(missing_ok=True)
         if hosts is not None:
@@ -239,12 +222,6 @@ def _up_hosts(cfg: ProbeConfig) -> tuple[Any, list[int], int]:
         hosts.down()
         raise
     return hosts, list(contiguous_placement(cfg.world, cfg.hosts)), MASTER_PORT
-
-
-def _parent_death_signal() -> Callable[[], None]:
-    from psgdlab.runtime.netns import set_parent_death_signal
-
-    return set_parent_death_signal
 
 
 def _wait(

@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "GRACE_S",
@@ -20,6 +23,7 @@ __all__ = [
     "in_main_thread",
     "rank_environment",
     "rendezvous_socket",
+    "start_ranks",
     "store_environment",
 ]
 
@@ -71,6 +75,62 @@ def store_environment(sock: socket.socket) -> dict[str, str]:
     (rank 0 must also be given ``pass_fds=(sock.fileno(),)``)."""
     port = sock.getsockname()[1]
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), STORE_FD_ENV: str(sock.fileno())}
+
+
+def start_ranks(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    world: int,
+    *,
+    hosts: Any = None,
+    placement: Sequence[int] = (),
+    master_port: int = 0,
+    stderr: Any = None,
+    on_start: Callable[[int, subprocess.Popen], None] | None = None,
+) -> list[subprocess.Popen]:
+    """Start ``cmd`` once per rank of ``world`` on this machine, each with ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK`` and the rendezvous in its environment (``env`` and those); ``on_start(rank,
+    process)`` is called as each starts (a launcher's signal handler sees the ranks started so far).
+
+    On one host (``hosts`` None) rank 0 serves the store on a :func:`rendezvous_socket` bound
+    here, which this function closes once rank 0 holds it. On emulated hosts
+    (:class:`psgdlab.runtime.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host) each rank
+    starts in its host's namespace with its host's environment, finds the store at
+    ``master_port`` (fresh namespaces, where nothing else listens), dies with its launcher
+    (parent-death signal), and is recorded for the clean-up after a killed launcher."""
+    store = rendezvous_socket() if hosts is None else None
+    rendezvous = store_environment(store) if store else {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+    death_signal = None
+    if hosts is not None:
+        from psgdlab.runtime.netns import set_parent_death_signal
+
+        death_signal = set_parent_death_signal
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(world):
+            env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **rendezvous)
+            prefix: list[str] = []
+            if hosts is not None:
+                host = placement[r]
+                env_r.update(hosts.environment(host, env), LOCAL_RANK=str(list(placement[:r]).count(host)))
+                prefix = hosts.exec_prefix(host)
+            proc = subprocess.Popen(
+                [*prefix, *cmd],
+                env=env_r,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                preexec_fn=death_signal,
+                pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
+            )
+            procs.append(proc)
+            if on_start is not None:
+                on_start(r, proc)
+    finally:
+        if store is not None:  # rank 0 holds it now (or no rank will)
+            store.close()
+    if hosts is not None:
+        hosts.record_ranks([p.pid for p in procs])
+    return procs
 
 
 def describe_exit(code: int) -> str:
