@@ -179,61 +179,68 @@ def leak(runs: int, seed: int) -> int:
     argv = ["--algorithm", "ssgd", "--workers", "2", "--hosts", "2", "--nic-bandwidth", "100Mbit/s"]
     argv += ["--model", "least-squares", "--steps", "5000", "--compute-time", "0.02", "--timeout", "30"]
     left_total, pending, removed_by_starts = 0, [], 0
-    for i in range(runs):
-        kind = rng.choice(["sigint", "rank", "launcher"])
-        when = rng.choice(["set-up", "running"])
-        delay = rng.uniform(0.0, 3.0)
-        out = work / f"run{i}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "psgdlab", "train", *argv, "--out", str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        prefix = f"psgd-{proc.pid}-"
-        deadline = time.monotonic() + 120
-        if when == "set-up":
-            while not _names(prefix) and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-        else:
-            pid_files = [out / ".ranks" / f"rank{r}.pid" for r in range(2)]
-            while not all(f.is_file() for f in pid_files) and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(delay)
-        if kind == "sigint":
-            proc.send_signal(signal.SIGINT)
-        elif kind == "launcher":
-            proc.kill()
-        else:
-            pid_file = out / ".ranks" / "rank1.pid"
-            text = pid_file.read_text().strip() if pid_file.is_file() else ""
-            if text.isdigit():
-                try:
-                    os.kill(int(text), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    proc: subprocess.Popen | None = None
+    try:
+        for i in range(runs):
+            kind = rng.choice(["sigint", "rank", "launcher"])
+            when = rng.choice(["set-up", "running"])
+            delay = rng.uniform(0.0, 3.0)
+            out = work / f"run{i}"
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "psgdlab", "train", *argv, "--out", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            prefix = f"psgd-{proc.pid}-"
+            deadline = time.monotonic() + 120
+            if when == "set-up":
+                while not _names(prefix) and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
             else:
-                proc.send_signal(signal.SIGINT)  # no rank yet to kill: stop the launcher instead
-                kind = "sigint (no rank yet)"
-        try:
-            _, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate(timeout=30)
-            err += " [launcher did not stop within 120 s]"
-        lines = (err or "").strip().splitlines()
-        last = lines[-1:] or [""]
-        for line in lines:  # the clean-up of earlier killed launchers, said by this start
-            if line.startswith("psgdlab: removed "):
-                removed_by_starts += int(line.split()[2])
-        if kind == "launcher":
-            pending.append(prefix)
+                pid_files = [out / ".ranks" / f"rank{r}.pid" for r in range(2)]
+                while not all(f.is_file() for f in pid_files) and proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(delay)
+            if kind == "sigint":
+                proc.send_signal(signal.SIGINT)
+            elif kind == "launcher":
+                proc.kill()
+            else:
+                pid_file = out / ".ranks" / "rank1.pid"
+                text = pid_file.read_text().strip() if pid_file.is_file() else ""
+                if text.isdigit():
+                    try:
+                        os.kill(int(text), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                else:
+                    proc.send_signal(signal.SIGINT)  # no rank yet to kill: stop the launcher instead
+                    kind = "sigint (no rank yet)"
+            try:
+                _, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate(timeout=30)
+                err += " [launcher did not stop within 120 s]"
+            lines = (err or "").strip().splitlines()
+            last = lines[-1:] or [""]
+            for line in lines:  # the clean-up of earlier killed launchers, said by this start
+                if line.startswith("psgdlab: removed "):
+                    removed_by_starts += int(line.split()[2])
+            if kind == "launcher":
+                pending.append(prefix)
+                left = _names(prefix)
+                print(f"run {i:2d}: {kind:8s} at {when:8s}: {len(left)} namespaces wait for the next start")
+                continue
             left = _names(prefix)
-            print(f"run {i:2d}: {kind:8s} at {when:8s}: {len(left)} namespaces wait for the next start")
-            continue
-        left = _names(prefix)
-        left_total += len(left)
-        print(f"run {i:2d}: {kind:8s} at {when:8s}: exit {proc.returncode}, left {left or 'nothing'}: {last[0][:100]}")
+            left_total += len(left)
+            said = f"exit {proc.returncode}, left {left or 'nothing'}: {last[0][:100]}"
+            print(f"run {i:2d}: {kind:8s} at {when:8s}: {said}")
+    finally:
+        if proc is not None and proc.poll() is None:  # the bench was stopped: its run stops and cleans up
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
     removed, _ = netns.remove_stale()  # the next start's clean-up
     print(
         f"{len(pending)} launchers killed: the next starts removed {removed_by_starts} of their namespaces, "
@@ -248,6 +255,10 @@ def leak(runs: int, seed: int) -> int:
     )
     shutil.rmtree(work, ignore_errors=True)
     return 0 if left_total == 0 and same else 1
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(f"bench_netns: stopped by {signal.Signals(signum).name}; its namespaces were removed")
 
 
 def main() -> int:
@@ -268,6 +279,8 @@ def main() -> int:
         else:
             _gloo_worker(int(role), args.address, args.seconds, args.rate_bytes)
         return 0
+    # SIGTERM unwinds like Ctrl-C: the hosts' ``with`` blocks and the leak runs' ``finally`` clean up
+    signal.signal(signal.SIGTERM, _terminate)
     reason = netns.unavailable_reason()
     if reason is not None:
         print(f"bench_netns: {reason}", file=sys.stderr)
