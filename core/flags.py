@@ -90,6 +90,12 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--jobs": dict(
+        type=int,
+        metavar="J",
+        help="processes that simulate configurations side by side (the rows do not depend on it; "
+        "default: the cores this process may run on)",
+    ),
     "--checkpoint-every": dict(
         type=int, metavar="S", help="steps between checkpoints (0: at the end only; a restart then begins again)"
     ),

@@ -32,7 +32,10 @@ A profile without ``[uncertainty]`` costs no extra simulation.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -423,9 +426,15 @@ def predict_sweep(
     *,
     batch: int | None = None,
     progress: Callable[[str], None] | None = None,
+    jobs: int | None = None,
     **kwargs: Any,
 ) -> list[Prediction]:
-    """:func:`predict_one` for every (algorithm, workers) pair, in order."""
+    """:func:`predict_one` for every (algorithm, workers) pair, in order.
+
+    The configurations are independent and each is seeded by itself, so ``jobs`` processes
+    simulate them side by side (forked after the baseline is cached, so they share it) with the
+    same rows as one (default: the cores this process may run on, at most one per configuration).
+    ``progress`` is called in the order they finish."""
     require(len(algorithms) >= 1, "algorithms", algorithms, "must name at least one algorithm")
     for w in workers:
         require(isinstance(w, int) and w >= 1, "workers", w, "must be integers >= 1")
@@ -456,11 +465,29 @@ def predict_sweep(
                 workers_per_host=flags.get("workers_per_host"),
                 failures=flags.get("failures"),
             )
+    if jobs is not None:
+        require(isinstance(jobs, int) and jobs >= 1, "jobs", jobs, "must be an integer >= 1")
     base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
-    out = []
-    for name in algorithms:
-        for n in workers:
+    cases = [(name, n) for name in algorithms for n in workers]
+    jobs = min(len(cases), jobs if jobs is not None else len(os.sched_getaffinity(0)))
+    if jobs <= 1:
+        out = []
+        for name, n in cases:
             out.append(predict_one(name, n, config, baseline_samples_per_s=base, **sweep_flags(name, kwargs)))
             if progress is not None:
                 progress(f"{name} x {n}")
-    return out
+        return out
+    # fork: the children inherit the imports and the cached baseline (a fresh interpreter would
+    # spend a second importing before it simulated anything)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {
+            pool.submit(predict_one, name, n, config, baseline_samples_per_s=base, **sweep_flags(name, kwargs)): i
+            for i, (name, n) in enumerate(cases)
+        }
+        done: dict[int, Prediction] = {}
+        for future in as_completed(futures):
+            i = futures[future]
+            done[i] = future.result()
+            if progress is not None:
+                progress(f"{cases[i][0]} x {cases[i][1]}")
+    return [done[i] for i in range(len(cases))]

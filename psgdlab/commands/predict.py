@@ -86,6 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--seed",
         "--out",
         "--json",
+        "--jobs",
         helps={
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
@@ -196,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             workers_per_host=args.workers_per_host,
             failures=failures,
+            jobs=args.jobs,
         )
     finally:
         if bar is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from psgdlab.cli import main
@@ -238,6 +239,24 @@ def test_a_bad_sweep_fails_before_simulating_anything(monkeypatch, kwargs, messa
     monkeypatch.setattr(predict, "simulate", no_simulation)
     with pytest.raises(ConfigError, match=message):
         predict.predict_sweep(load_config(preset="interspeech2019-v100"), **kwargs)
+
+
+def test_a_sweep_in_several_processes_gives_the_rows_of_one():
+    """Each configuration is seeded by itself: simulating them side by side changes no figure,
+    nor the order of the rows."""
+    import psgdlab.sim.predict as predict
+
+    config = load_config(preset="interspeech2019-v100")
+    kwargs = {"algorithms": ("ssgd", "adpsgd", "hadpsgd"), "workers": (1, 4, 8), "steps": 40}
+    one = predict.predict_sweep(config, jobs=1, **kwargs)
+    three = predict.predict_sweep(config, jobs=3, **kwargs)
+    assert [p.row for p in one] == [p.row for p in three]
+    for a, b in zip(one, three, strict=True):  # every field of every event (a simulated loss is NaN)
+        assert all(
+            np.array_equal(a.result.trace[k], b.result.trace[k], equal_nan=True) for k in a.result.trace.dtype.names
+        )
+    with pytest.raises(ConfigError, match="jobs"):
+        predict.predict_sweep(config, jobs=0, **kwargs)
 
 
 def test_workload_flag_predicts_another_model_on_the_calibrated_platform(tmp_path, capsys):
