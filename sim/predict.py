@@ -433,8 +433,8 @@ def predict_sweep(
 
     The configurations are independent and each is seeded by itself, so ``jobs`` processes
     simulate them side by side (forked after the baseline is cached, so they share it) with the
-    same rows as one (default: the cores this process may run on, at most one per configuration).
-    ``progress`` is called in the order they finish."""
+    same rows as one (default: the cores this process may run on, at most one per configuration),
+    the configurations of most workers first. ``progress`` is called in the order they finish."""
     require(len(algorithms) >= 1, "algorithms", algorithms, "must name at least one algorithm")
     for w in workers:
         require(isinstance(w, int) and w >= 1, "workers", w, "must be integers >= 1")
@@ -479,10 +479,12 @@ def predict_sweep(
         return out
     # fork: the children inherit the imports and the cached baseline (a fresh interpreter would
     # spend a second importing before it simulated anything)
+    # the most workers first (the longest simulations), so that no long one is left for the end
+    order = sorted(range(len(cases)), key=lambda i: -cases[i][1])
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {
             pool.submit(predict_one, name, n, config, baseline_samples_per_s=base, **sweep_flags(name, kwargs)): i
-            for i, (name, n) in enumerate(cases)
+            for i, (name, n) in ((i, cases[i]) for i in order)
         }
         done: dict[int, Prediction] = {}
         for future in as_completed(futures):

@@ -121,6 +121,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
 
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.core.errors import ConfigError
@@ -203,9 +206,16 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     out = args.out or default_run_dir("predict")
-    run_dir = write_prediction(out, config, predictions, request)
     rows = [p.row for p in predictions]
-    write_prediction_figures(run_dir.path, rows, title=f"{config.platform.name}: {config.workload.name}")
+    title = f"{config.platform.name}: {config.workload.name}"
+    if (args.jobs or len(os.sched_getaffinity(0))) > 1:  # the figures are drawn beside the writing
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
+            figures = pool.submit(write_prediction_figures, out, rows, title=title)
+            run_dir = write_prediction(out, config, predictions, request)
+            figures.result()
+    else:
+        run_dir = write_prediction(out, config, predictions, request)
+        write_prediction_figures(run_dir.path, rows, title=title)
     wall = time.perf_counter() - t_start
     if args.json:
         print(
