@@ -41,6 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
@@ -126,14 +127,14 @@ class Mailbox:
                 for _ in range(self.n - 1):
                     conn = self._listener.accept()
                     accepted[int(conn.recv())] = conn
-            except (OSError, EOFError) as exc:  # the listener closed, or a peer died in its handshake
+            except (OSError, EOFError, AuthenticationError) as exc:  # the listener closed, a handshake failed
                 errors.append(f"accepting: {exc}")
 
         def connect(peer: int, address: tuple[str, int], key: bytes) -> None:
             try:
                 conn = Client((str(address[0]), int(address[1])), authkey=key)
                 conn.send(self.rank)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, AuthenticationError) as exc:
                 errors.append(f"rank {peer} at {address[0]}:{address[1]}: {exc}")
                 return
             self._out[peer], self._out_locks[peer] = conn, threading.Lock()
