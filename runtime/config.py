@@ -266,7 +266,7 @@ class TrainConfig:
 
     def _check_hosts(self) -> None:
         """``--hosts`` and ``--nic-bandwidth`` (:mod:`psgdlab.runtime.netns`): hosts that divide
-        the ranks, a rate that parses, a backend that crosses emulated hosts."""
+        the workers, a rate that parses, a backend that crosses emulated hosts."""
         from psgdlab.runtime.netns import MAX_HOSTS
 
         require(
@@ -280,13 +280,12 @@ class TrainConfig:
             require(self.hosts >= 2, "nic-bandwidth", self.nic_bandwidth, "applies only with --hosts 2 or more")
         if self.hosts == 1:
             return
-        world = world_size_of(self)
-        server = " (workers plus the parameter server)" if world > self.workers else ""
         require(
-            world % self.hosts == 0,
+            self.workers % self.hosts == 0,
             "hosts",
             self.hosts,
-            f"must divide the {world} ranks{server}: ranks go on hosts in equal contiguous blocks",
+            f"must divide the {self.workers} workers: workers go on hosts in equal contiguous blocks "
+            "(a parameter server on host 0)",
         )
         require(
             self.backend != "nccl",

@@ -143,7 +143,7 @@ def launch(
             mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
             mpi_env = env
             if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
-                hydra = _hydra_options(hosts, ranks_dir, world)
+                hydra = _hydra_options(hosts, ranks_dir, config.workers)
                 mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path()), *hydra, "-n", str(world), *cmd]
                 mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
             procs[-1] = subprocess.Popen(
@@ -166,7 +166,7 @@ def launch(
                 env,
                 world,
                 hosts=hosts,
-                placement=contiguous_placement(world, config.hosts),
+                placement=contiguous_placement(world, config.hosts, workers=config.workers),
                 master_port=MASTER_PORT,
                 stderr=stderr,
                 on_start=_started,
@@ -195,7 +195,7 @@ def launch(
                 remove_orphaned("mpich_shm_*", started)
             if hosts is not None:
                 try:
-                    _record_hosts(hosts, out, world)
+                    _record_hosts(hosts, out, world, config.workers)
                 finally:
                     hosts.down()
         finally:
@@ -220,7 +220,7 @@ def launch(
 MASTER_PORT = 29500
 
 
-def _record_hosts(hosts: EmulatedHosts, out: Path, world: int) -> None:
+def _record_hosts(hosts: EmulatedHosts, out: Path, world: int, workers: int) -> None:
     """``OUT/hosts.json``: the emulated hosts, the placement, and the bytes each host's link
     carried (what crossed the shaped links: traffic between hosts, never within one)."""
     try:
@@ -231,7 +231,7 @@ def _record_hosts(hosts: EmulatedHosts, out: Path, world: int) -> None:
         out / "hosts.json",
         {
             "hosts": hosts.hosts,
-            "placement": list(contiguous_placement(world, hosts.hosts)),
+            "placement": list(contiguous_placement(world, hosts.hosts, workers=workers)),
             "addresses": [hosts.address(h) for h in range(hosts.hosts)],
             "nic_bandwidth_bytes_per_s": hosts.rate_bytes_per_s,
             "link_bytes": carried,
@@ -239,10 +239,12 @@ def _record_hosts(hosts: EmulatedHosts, out: Path, world: int) -> None:
     )
 
 
-def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, world: int) -> list[str]:
+def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, workers: int) -> list[str]:
     """mpiexec's options for emulated hosts: listen on the bridge, a host file of the hosts'
-    addresses with ``world / hosts`` slots each (contiguous blocks), the namespace launcher hook."""
-    per_host = world // hosts.hosts
+    addresses with ``workers / hosts`` slots each (contiguous blocks; mpiexec places the ranks
+    beyond the slots, a parameter server, from the first host again: on host 0), the namespace
+    launcher hook."""
+    per_host = workers // hosts.hosts
     host_file = ranks_dir / "hosts.txt"
     host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
     hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")

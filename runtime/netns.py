@@ -22,7 +22,8 @@ Shaping
     0.956 (54 bytes of headers per 1448; ``bench/bench_netns.py`` measures it).
 
 Placement
-    Ranks go on hosts in contiguous blocks, ``world / H`` each (:func:`contiguous_placement`):
+    Workers go on hosts in contiguous blocks, ``workers / H`` each, a parameter server on host 0
+    (:func:`contiguous_placement`):
     ranks 0..k-1 on host 0 and so on, as srun's block distribution and mpiexec's ``-ppn`` do.
     Ranks of one emulated host share the shared-memory data plane; those of different hosts do
     not, because the launcher gives each rank its host's identity (:data:`HOST_ENV`, read by
@@ -124,16 +125,23 @@ _RUNS = itertools.count()  # the runs of this process (two launches at once stay
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
 
 
-def contiguous_placement(world_size: int, hosts: int) -> tuple[int, ...]:
-    """The host of every rank: contiguous blocks of ``world_size // hosts`` ranks.
+def contiguous_placement(world_size: int, hosts: int, *, workers: int | None = None) -> tuple[int, ...]:
+    """The host of every rank: the first ``workers`` ranks (default: all) in contiguous blocks of
+    ``workers // hosts``, and the ranks after them (a parameter server) on host 0, where the
+    simulator puts the server.
 
     >>> contiguous_placement(6, 3)
     (0, 0, 1, 1, 2, 2)
+    >>> contiguous_placement(5, 2, workers=4)
+    (0, 0, 1, 1, 0)
     """
-    if hosts < 1 or world_size % hosts:
-        raise ConfigError(f"hosts ({hosts}) must divide the {world_size} ranks (ranks go on hosts in equal blocks)")
-    per = world_size // hosts
-    return tuple(r // per for r in range(world_size))
+    workers = world_size if workers is None else workers
+    if not 1 <= workers <= world_size:
+        raise ConfigError(f"workers ({workers}) must be from 1 to the {world_size} ranks")
+    if hosts < 1 or workers % hosts:
+        raise ConfigError(f"hosts ({hosts}) must divide the {workers} workers (workers go on hosts in equal blocks)")
+    per = workers // hosts
+    return tuple(r // per if r < workers else 0 for r in range(world_size))
 
 
 def tbf_arguments(rate_bytes_per_s: float) -> list[str]:

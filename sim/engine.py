@@ -287,6 +287,7 @@ class _Sim:
         self.server_version = 0
         self.last_pull = [0] * n
         self.server_s = network.server_s(self.S)
+        self.server_per_request = network.server_per_request
         self.delay = int(algorithm.gradient_delay)
         self.rows: list[tuple[Any, ...]] = []
         self.record = record
@@ -519,9 +520,7 @@ class _Sim:
         env = self.env
         now = env.now
         start = max(now, self.server_busy)
-        end = start + (
-            self.server_s if self.net.platform.host_cpu is None else self.net.server_s(self.S, rank=r, start=start)
-        )
+        end = start + (self.net.server_s(self.S, rank=r, start=start) if self.server_per_request else self.server_s)
         self.server_busy = end
         stale = self.server_version - self.last_pull[r]
         self.server_version += 1

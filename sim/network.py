@@ -26,7 +26,9 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   (:func:`~psgdlab.core.cost.host_work_s` of ``model_average_s``, ``model_average_s_per_byte``;
   CPU work of every member with ``host_cpu``);
 - parameter server (:func:`~psgdlab.core.cost.server_s`, with the host update when
-  ``apply_on_host``), served one request at a time.
+  ``apply_on_host``), served one request at a time, on host 0: a request from a worker of
+  another host crosses its NIC and host 0's (the lesser of the server's bandwidth and the NICs'
+  share, plus the path's latency) and holds both NIC links meanwhile.
 
 With ``platform.host_cpu`` set, point-to-point transfers (both ends) and allreduces (every
 member) also hold CPU work on their hosts, and take :func:`~psgdlab.core.cost.cpu_stretch_s` longer when
@@ -299,21 +301,39 @@ class Network:
         return self._cpu_wait(self._per_host(group), work, start, work)
 
     # ----- parameter server -------------------------------------------------------------------
+    @property
+    def server_per_request(self) -> bool:
+        """Whether a server request's time depends on who asks and when (:meth:`server_s` with
+        ``rank`` and ``start``): with ``host_cpu``, or with a worker off the server's host 0."""
+        return self._cpu is not None or any(h != 0 for h in self._host)
+
     def server_s(self, nbytes: float, *, rank: int | None = None, start: float | None = None) -> float:
         """Service time of one parameter-server request (message and reply of ``nbytes``).
 
-        With ``platform.host_cpu``, ``rank`` and ``start``: the request also holds CPU work on
-        the worker's host and on the server's (host 0) -- one message each way and the update
-        (:math:`3S` at memory bandwidth when ``apply_on_host``) -- stretched as in
-        :meth:`_cpu_wait`."""
+        With ``rank`` and ``start``: a worker on another host than the server's (host 0) sends
+        and receives across the NICs, its own host's and host 0's: the request's bandwidth is the
+        lesser of the server's and the NICs' share when it starts, its latency the server's plus
+        the path between hosts, and it holds both NIC links meanwhile. With ``platform.host_cpu``
+        the request also holds CPU work on the worker's host and on the server's -- one message
+        each way and the update (:math:`3S` at memory bandwidth when ``apply_on_host``) --
+        stretched as in :meth:`_cpu_wait`."""
         srv = self.platform.server
         update = host_average_s(nbytes, self._mem_bw) if srv.apply_on_host else 0.0
-        t = server_s(nbytes, srv.effective_bandwidth_bytes_per_s, srv.latency_s, srv.service_overhead_s, update)
-        if self._cpu is None or rank is None or start is None:
-            return t
-        members = {0: 1}
-        members[self._host[rank]] = members.get(self._host[rank], 0) + 1
-        return self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t)
+        bw, lat = srv.effective_bandwidth_bytes_per_s, srv.latency_s
+        links: tuple[int, ...] = ()
+        if rank is not None and start is not None and self._host[rank] != 0:
+            links = (self._host[rank], 0)
+            bw = min(bw, self._share(links, (self._nic_bw, self._nic_bw), start))
+            lat += self._inter_lat
+        t = server_s(nbytes, bw, lat, srv.service_overhead_s, update)
+        if self._cpu is not None and rank is not None and start is not None:
+            members = {0: 1}
+            members[self._host[rank]] = members.get(self._host[rank], 0) + 1
+            t = self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t)
+        if links:
+            assert start is not None
+            self._register(links, start, start + t)
+        return t
 
     def input_copy_s(self, rank: int, nbytes: float) -> float:
         """Per-step input copy of ``nbytes`` over the socket's PCIe (at the platform's

@@ -25,10 +25,9 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 
 **On emulated hosts** (``--hosts H[,...] --nic-bandwidth RATE[,...]``, :mod:`psgdlab.runtime.netns`,
 needs root): the cases are every ``H x N/H`` (:func:`~psgdlab.validate.plan.host_cases`: ``H``
-divides a ``--workers`` count ``N`` with at least 2 workers per host), ssgd, bmuf, adpsgd (both
-rings) and hadpsgd with a node per host (easgd's server rank would break the equal blocks of
-ranks per host), each at every NIC rate, and calibration adds runs of 2 hosts with one worker
-each (a gradient allreduce and a pairwise average at both calibration sizes, per rate:
+divides a ``--workers`` count ``N`` with at least 2 workers per host), every algorithm case, with
+hadpsgd's node a host and easgd's server on host 0, each at every NIC rate, and calibration adds
+runs of 2 hosts with one worker each (a gradient allreduce and a pairwise average at both calibration sizes, per rate:
 :func:`~psgdlab.validate.plan.between_hosts_plan`), from which
 :func:`psgdlab.analysis.calibrate.fit_between_hosts` fits the link between hosts. One platform
 per rate, ``OUT/platform-RATE.toml``: this machine's fits inside a host and that rate's between
@@ -87,7 +86,6 @@ from psgdlab.validate.plan import (
     ValidateConfig,
     between_hosts_plan,
     calibration_plan,
-    case_algorithms,
     case_name,
     default_calibration_dims,
     host_cases,
@@ -257,7 +255,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             predicted: dict[tuple[str, int], list[float]] = {}  # samples/s of each of a case's predictions
             meas_root = source / (("measured" if not straggler else "measured-straggler") + tag)
             pred_root = out / (("predicted" if not straggler else "predicted-straggler") + tag)
-            for name in case_algorithms(vc):
+            for name in vc.algorithms:
                 algorithm, variant = ALGORITHM_CASES[name]
                 for n in counts_n:
                     per_host = n if hosts == 1 else n // hosts
@@ -361,7 +359,6 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
     if vc.hosts:
         summary["hosts"] = {
             "cases": [f"{h}x{n // h}" for h, n in host_cases(vc)],
-            "skipped": [a for a in vc.algorithms if a not in case_algorithms(vc)],
             "advantage": hadpsgd_advantage(cases),
         }
     summary["targets_met"] = {

@@ -20,7 +20,6 @@ __all__ = [
     "case_name",
     "calibration_plan",
     "probe_groups",
-    "case_algorithms",
     "host_cases",
     "between_hosts_plan",
     "rate_slug",
@@ -172,13 +171,6 @@ class ValidateConfig:
                 f"give no case with the workers {','.join(map(str, self.workers))}: a case needs hosts that "
                 "divide its workers with at least 2 workers per host",
             )
-            require(
-                bool(case_algorithms(self)),
-                "algorithms",
-                ",".join(self.algorithms),
-                "has no case without a parameter server (the server's rank would break the equal blocks "
-                "of ranks per host)",
-            )
 
 
 #: below this many parameters (0.8 MB of float64) a case is latency-bound: calibrating at half
@@ -216,19 +208,6 @@ def case_name(name: str, workers: int, straggler: str, hosts: int = 1, nic_bandw
 def rate_slug(rate: str | None) -> str:
     """A NIC rate as a file name: ``"1Gbit/s"`` -> ``"1Gbit-s"``, ``None`` -> ``"unshaped"``."""
     return "unshaped" if rate is None else re.sub(r"[^A-Za-z0-9.]+", "-", rate).strip("-")
-
-
-def case_algorithms(vc: ValidateConfig) -> tuple[str, ...]:
-    """The algorithm cases ``vc`` validates: all of ``vc.algorithms`` on one host; on emulated
-    hosts those without a parameter server (the runtime puts ranks on hosts in equal contiguous
-    blocks, and the server is one rank more than the workers).
-
-    >>> case_algorithms(ValidateConfig(out="x", hosts=(2,), workers=(4,)))
-    ('ssgd', 'bmuf', 'adpsgd', 'adpsgd-random', 'hadpsgd')
-    """
-    if not vc.hosts:
-        return vc.algorithms
-    return tuple(a for a in vc.algorithms if not algorithm_from_flags(ALGORITHM_CASES[a][0], 2).has_server)
 
 
 def host_cases(vc: ValidateConfig) -> list[tuple[int, int]]:
@@ -297,7 +276,7 @@ def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int
             f"must include a count of at most the {cores} cores (the links and the compute are fitted "
             "from runs that have a core per worker)",
         )
-    cases = [ALGORITHM_CASES[a] for a in case_algorithms(vc)]
+    cases = [ALGORITHM_CASES[a] for a in vc.algorithms]
     server = next((alg for alg, variant in cases if algorithm_from_flags(alg, 2, variant=variant).has_server), None)
     fold = next((alg for alg, variant in cases if _folds_model(alg, variant, vc.calibration_steps)), None)
     base = ["ssgd", "adpsgd", *(a for a in (server, fold) if a is not None)]

@@ -103,8 +103,6 @@ def format_table(summary: dict[str, Any]) -> str:
             f"straggler {a['straggler'] or 'none'}): predicted {a['predicted'] * 100:+.1f}%, measured "
             f"{a['measured'] * 100:+.1f}% (same sign: {a['same_sign']}, within 10 % of each other: {a['within_10pct']})"
         )
-    if summary.get("hosts", {}).get("skipped"):
-        lines.append(f"left out on emulated hosts (a parameter server): {', '.join(summary['hosts']['skipped'])}")
     calibration = summary.get("calibration", {})
     if "link" not in calibration and calibration:  # one calibration per NIC rate
         calibration = next(iter(calibration.values()))

@@ -40,15 +40,19 @@ def test_a_bad_rate_is_one_line(capsys, tmp_path):
         )
 
 
-def test_hosts_must_divide_the_ranks(capsys, tmp_path):
-    _fails(capsys, ["--workers", "4", "--hosts", "3", "--out", str(tmp_path)], r"hosts \(3\) must divide the 4 ranks")
-    # the parameter server is a rank: asgd with 4 workers is 5 ranks
+def test_hosts_must_divide_the_workers(capsys, tmp_path):
+    _fails(capsys, ["--workers", "4", "--hosts", "3", "--out", str(tmp_path)], r"hosts \(3\) must divide the 4 workers")
     _fails(
         capsys,
-        ["--algorithm", "asgd", "--workers", "4", "--hosts", "2", "--out", str(tmp_path)],
-        r"hosts \(2\) must divide the 5 ranks \(workers plus the parameter server\)",
+        ["--algorithm", "asgd", "--workers", "3", "--hosts", "2", "--out", str(tmp_path)],
+        r"hosts \(2\) must divide the 3 workers: workers go on hosts in equal contiguous blocks \(a parameter "
+        r"server on host 0\)",
     )
     _fails(capsys, ["--hosts", "0", "--out", str(tmp_path)], r"hosts \(0\) must be an integer from 1")
+    # the parameter server is a rank beyond the workers' blocks: 4 workers on 2 hosts, the server on host 0
+    from psgdlab.runtime.config import TrainConfig
+
+    assert TrainConfig(algorithm="asgd", workers=4, hosts=2, steps=2, out=str(tmp_path / "a")).hosts == 2
 
 
 def test_a_rate_needs_several_hosts(capsys, tmp_path):
@@ -71,8 +75,11 @@ def test_rates_and_placement():
     assert format_rate(parse_rate("2Gbit/s")) == "2Gbit/s"
     assert netns.contiguous_placement(4, 2) == (0, 0, 1, 1)
     assert netns.contiguous_placement(8, 4) == (0, 0, 1, 1, 2, 2, 3, 3)
-    with pytest.raises(ConfigError, match=r"hosts \(3\) must divide the 4 ranks"):
+    assert netns.contiguous_placement(5, 2, workers=4) == (0, 0, 1, 1, 0)  # the server on host 0
+    with pytest.raises(ConfigError, match=r"hosts \(3\) must divide the 4 workers"):
         netns.contiguous_placement(4, 3)
+    with pytest.raises(ConfigError, match=r"hosts \(2\) must divide the 3 workers"):
+        netns.contiguous_placement(4, 2, workers=3)
 
 
 def test_the_summary_keeps_hosts_and_placement():
@@ -162,8 +169,19 @@ def test_only_namespaces_whose_owner_is_gone_are_stale():
 @needs_netns
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
-def test_two_hosts_of_two_ranks_train_and_record_the_placement(tmp_path, backend):
+@pytest.mark.parametrize(
+    "backend,algorithm",
+    # mpi: ssgd, whose allreduces cross the hosts too (hadpsgd's threaded gossip hung in 3 of 8 runs
+    # on MPICH's UCX netmod across emulated hosts, none of 16 on libfabric's tcp, which
+    # runtime.netns.MPI_NETWORK_ENV now picks; the suite keeps the case that never hung); easgd: the
+    # parameter server, a rank beyond the workers' blocks, on host 0 (mpiexec's host file wraps to it)
+    [
+        ("gloo", "hadpsgd"),
+        pytest.param("mpi", "ssgd", marks=pytest.mark.mpi),
+        pytest.param("mpi", "easgd", marks=pytest.mark.mpi),
+    ],
+)
+def test_two_hosts_of_two_ranks_train_and_record_the_placement(tmp_path, backend, algorithm):
     from psgdlab.runtime.config import TrainConfig
     from psgdlab.runtime.launch import launch
 
@@ -171,12 +189,9 @@ def test_two_hosts_of_two_ranks_train_and_record_the_placement(tmp_path, backend
         pytest.importorskip("mpi4py")
     config = TrainConfig(
         backend=backend,
-        # mpi: ssgd, whose allreduces cross the hosts too (hadpsgd's threaded gossip hung in 3 of 8
-        # runs on MPICH's UCX netmod across emulated hosts, none of 16 on libfabric's tcp, which
-        # runtime.netns.MPI_NETWORK_ENV now picks; the suite keeps the case that never hung)
-        algorithm="hadpsgd" if backend == "gloo" else "ssgd",
+        algorithm=algorithm,
         workers=4,
-        gpus_per_node=2 if backend == "gloo" else 1,
+        gpus_per_node=2 if algorithm == "hadpsgd" else 1,
         model="least-squares",
         lsq_dim=20_000,
         lsq_samples_per_worker=64,
@@ -191,11 +206,13 @@ def test_two_hosts_of_two_ranks_train_and_record_the_placement(tmp_path, backend
         timeout_s=60.0,
     )
     summary = launch(config, quiet=True, timeout_s=120)
-    assert summary["hosts"] == 2 and summary["placement"] == [0, 0, 1, 1]
+    server = [0] if algorithm == "easgd" else []  # the ranks' own hosts say where each ran
+    assert summary["hosts"] == 2 and summary["placement"] == [0, 0, 1, 1, *server]
     assert summary["nic_bandwidth_bytes_per_s"] == 125e6
     # gloo: the data plane shares memory inside a host, never across (mpi: MPICH's own, not recorded)
-    assert summary["shm_peers"] == ([[1], [0], [3], [2]] if backend == "gloo" else [[], [], [], []])
+    assert summary["shm_peers"] == ([[1], [0], [3], [2]] if backend == "gloo" else [[]] * (4 + len(server)))
     record = json.loads((tmp_path / "run" / "hosts.json").read_text())
+    assert record["placement"] == summary["placement"]
     payload = 20_000 * 8  # the inter-host exchanges of 6 steps cross both links (mpi: not UCX's shm)
     assert all(link["sent"] > payload and link["received"] > payload for link in record["link_bytes"])
     assert not [n for n in _ip("netns", "list").split() if n.startswith(f"psgd-{os.getpid()}-")]

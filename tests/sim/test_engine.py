@@ -105,6 +105,33 @@ def test_parameter_server_saturates_at_n_S_over_bandwidth(n):
     assert s["samples_per_s"] == pytest.approx(32 / service, rel=0.02)
 
 
+def test_a_worker_on_another_host_reaches_the_server_through_the_nics():
+    """The server lives on host 0: a request from another host crosses the NICs, at the lesser
+    of the server's and the NIC's bandwidth plus the path's latency; one from host 0 does not.
+    Four ASGD workers on two hosts, the server the bottleneck: a round serves two of each."""
+    from psgdlab.sim.network import Network
+    from psgdlab.sim.platform import Placement
+
+    nic = Link(latency_s=2e-4, bandwidth_bytes_per_s=1e8)
+    p = flat_platform(hosts=2, devices_per_host=2, nic=nic)
+    w = workload("0.001")
+    S = w.payload_bytes
+    net = Network(p, Placement.pack(p, 4))
+    local, remote = S / 1e9, 2e-4 + 2 * p.pcie.latency_s + S / 1e8  # NIC and PCIe at both ends
+    assert net.server_per_request
+    assert net.server_s(S, rank=1, start=0.0) == pytest.approx(local)
+    assert net.server_s(S, rank=2, start=0.0) == pytest.approx(remote)
+    assert net.server_s(S) == pytest.approx(local)  # no one asking: the server's own link
+    res = simulate(make_algorithm("asgd", n_workers=4, period=1), p, w, steps=60)
+    s = summarize(res.trace, samples_per_step=32, warmup_steps=5)
+    assert s["step_time_mean_s"] == pytest.approx(2 * local + 2 * remote, rel=0.02)
+    one_host = Network(
+        flat_platform(hosts=2, devices_per_host=4, nic=nic),
+        Placement.pack(flat_platform(hosts=2, devices_per_host=4, nic=nic), 4),
+    )
+    assert not one_host.server_per_request  # every worker beside the server: the plain service time
+
+
 def test_ssgd_step_time_follows_the_slowest_worker():
     p, w = flat_platform(), workload("0.1")
     fast = summarize(simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=30).trace, samples_per_step=32)
