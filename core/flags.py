@@ -111,7 +111,8 @@ FLAGS: dict[str, dict[str, Any]] = {
         type=int,
         metavar="H",
         help="emulated hosts on this machine (gloo or mpi): one network namespace each, joined by a bridge "
-        "(needs root); ranks go on hosts in contiguous blocks of world/H (ranks 0..k-1 on host 0, ...)",
+        "(needs root); workers go on hosts in contiguous blocks of workers/H (ranks 0..k-1 on host 0, ...), "
+        "a parameter server on host 0",
     ),
     "--on-failure": dict(
         choices=ON_FAILURE,
