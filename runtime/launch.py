@@ -111,6 +111,7 @@ def launch(
         old.unlink()
     _clear_failure_records(out)
     world = world_size_of(config)
+    placement = contiguous_placement(world, config.hosts, workers=config.workers)  # hosts.json says the same
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
     env = rank_environment(ranks_dir, extra_env)
     cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
@@ -166,7 +167,7 @@ def launch(
                 env,
                 world,
                 hosts=hosts,
-                placement=contiguous_placement(world, config.hosts, workers=config.workers),
+                placement=placement,
                 master_port=MASTER_PORT,
                 stderr=stderr,
                 on_start=_started,
@@ -195,7 +196,7 @@ def launch(
                 remove_orphaned("mpich_shm_*", started)
             if hosts is not None:
                 try:
-                    _record_hosts(hosts, out, world, config.workers)
+                    _record_hosts(hosts, out, placement)
                 finally:
                     hosts.down()
         finally:
@@ -220,7 +221,7 @@ def launch(
 MASTER_PORT = 29500
 
 
-def _record_hosts(hosts: EmulatedHosts, out: Path, world: int, workers: int) -> None:
+def _record_hosts(hosts: EmulatedHosts, out: Path, placement: tuple[int, ...]) -> None:
     """``OUT/hosts.json``: the emulated hosts, the placement, and the bytes each host's link
     carried (what crossed the shaped links: traffic between hosts, never within one)."""
     try:
@@ -231,7 +232,7 @@ def _record_hosts(hosts: EmulatedHosts, out: Path, world: int, workers: int) -> 
         out / "hosts.json",
         {
             "hosts": hosts.hosts,
-            "placement": list(contiguous_placement(world, hosts.hosts, workers=workers)),
+            "placement": list(placement),
             "addresses": [hosts.address(h) for h in range(hosts.hosts)],
             "nic_bandwidth_bytes_per_s": hosts.rate_bytes_per_s,
             "link_bytes": carried,

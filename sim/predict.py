@@ -65,6 +65,7 @@ __all__ = [
     "Prediction",
     "predict_one",
     "predict_sweep",
+    "sweep_jobs",
     "build_algorithm",
     "sensitivity_window",
     "STEADY_TOLERANCE",
@@ -419,6 +420,15 @@ def baseline(config: SimConfig, *, steps: int | None = None, seed: int = 0) -> f
     return _reference(config, steps=steps, seed=seed).samples_per_s
 
 
+def sweep_jobs(jobs: int | None) -> int:
+    """The processes a sweep runs in: ``jobs`` (an integer >= 1), or by default the cores this
+    process may run on."""
+    if jobs is None:
+        return len(os.sched_getaffinity(0))
+    require(isinstance(jobs, int) and jobs >= 1, "jobs", jobs, "must be an integer >= 1")
+    return jobs
+
+
 def predict_sweep(
     config: SimConfig,
     algorithms: tuple[str, ...],
@@ -465,11 +475,9 @@ def predict_sweep(
                 workers_per_host=flags.get("workers_per_host"),
                 failures=flags.get("failures"),
             )
-    if jobs is not None:
-        require(isinstance(jobs, int) and jobs >= 1, "jobs", jobs, "must be an integer >= 1")
-    base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     cases = [(name, n) for name in algorithms for n in workers]
-    jobs = min(len(cases), jobs if jobs is not None else len(os.sched_getaffinity(0)))
+    jobs = min(len(cases), sweep_jobs(jobs))
+    base = baseline(config, steps=kwargs.get("steps"), seed=kwargs.get("seed", 0))
     if jobs <= 1:
         out = []
         for name, n in cases:
@@ -482,10 +490,11 @@ def predict_sweep(
     # the most workers first (the longest simulations), so that no long one is left for the end
     order = sorted(range(len(cases)), key=lambda i: -cases[i][1])
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {
-            pool.submit(predict_one, name, n, config, baseline_samples_per_s=base, **sweep_flags(name, kwargs)): i
-            for i, (name, n) in ((i, cases[i]) for i in order)
-        }
+        futures = {}
+        for i in order:
+            name, n = cases[i]
+            flags = sweep_flags(name, kwargs)
+            futures[pool.submit(predict_one, name, n, config, baseline_samples_per_s=base, **flags)] = i
         done: dict[int, Prediction] = {}
         for future in as_completed(futures):
             i = futures[future]

@@ -122,13 +122,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
     import multiprocessing
-    import os
     from concurrent.futures import ProcessPoolExecutor
 
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.rundir import default_run_dir
-    from psgdlab.sim.predict import predict_sweep
+    from psgdlab.sim.predict import predict_sweep, sweep_jobs
     from psgdlab.sim.report import format_table, write_prediction
     from psgdlab.sim.workload import load_config
 
@@ -208,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or default_run_dir("predict")
     rows = [p.row for p in predictions]
     title = f"{config.platform.name}: {config.workload.name}"
-    if (args.jobs or len(os.sched_getaffinity(0))) > 1:  # the figures are drawn beside the writing
+    if sweep_jobs(args.jobs) > 1:  # the figures are drawn beside the writing
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
             figures = pool.submit(write_prediction_figures, out, rows, title=title)
             run_dir = write_prediction(out, config, predictions, request)

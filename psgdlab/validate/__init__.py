@@ -27,8 +27,8 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
 needs root): the cases are every ``H x N/H`` (:func:`~psgdlab.validate.plan.host_cases`: ``H``
 divides a ``--workers`` count ``N`` with at least 2 workers per host), every algorithm case, with
 hadpsgd's node a host and easgd's server on host 0, each at every NIC rate, and calibration adds
-runs of 2 hosts with one worker each (a gradient allreduce and a pairwise average at both calibration sizes, per rate:
-:func:`~psgdlab.validate.plan.between_hosts_plan`), from which
+runs of 2 hosts with one worker each (a gradient allreduce and a pairwise average at both
+calibration sizes, per rate: :func:`~psgdlab.validate.plan.between_hosts_plan`), from which
 :func:`psgdlab.analysis.calibrate.fit_between_hosts` fits the link between hosts. One platform
 per rate, ``OUT/platform-RATE.toml``: this machine's fits inside a host and that rate's between
 hosts, ``H`` hosts of ``N/H`` devices; the predictions place the workers on hosts as the runtime
