@@ -475,10 +475,11 @@ def platform_profile(
 
     With a fit of the link between hosts (``nic``, :func:`fit_between_hosts`): ``hosts`` hosts
     (default: the most the runs between hosts used) of ``devices`` devices each, joined by
-    ``nic``: its bandwidth the fitted one, its latency the fitted end-to-end latency less the two
-    host-side legs the simulator adds to a message between hosts (``2 * pcie.latency_s``, at
-    least 0), and ``allreduce_between_hosts`` the runs' schedule across hosts. Without it, one
-    host and the fitted link is the NIC too.
+    ``nic``: its bandwidth and latency the fitted end-to-end ones, and ``allreduce_between_hosts``
+    the runs' schedule across hosts. Without it, one host and the fitted link is the NIC too.
+    Either way ``endpoints = "process"``: the ranks are processes that are the network's
+    endpoints, so a message between hosts takes the NIC path alone, and so does every edge of an
+    allreduce across hosts (gloo's, process to process).
     """
     comp, link, srv = calibration["compute"], calibration["link"], calibration["server"]
     cpu = calibration.get("host_cpu")
@@ -507,8 +508,7 @@ def platform_profile(
         between = {
             "hosts": int(hosts or nic_fit["hosts"]),
             "nic": Link(
-                latency_s=max(0.0, float(nic_fit["latency_s"]) - 2 * float(lat)),
-                bandwidth_bytes_per_s=float(nic_fit["bandwidth_bytes_per_s"]),
+                latency_s=float(nic_fit["latency_s"]), bandwidth_bytes_per_s=float(nic_fit["bandwidth_bytes_per_s"])
             ),
             "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
         }
@@ -526,6 +526,7 @@ def platform_profile(
         device="cpu-process",
         pcie=fitted_link,
         nic=between.get("nic", fitted_link),
+        endpoints="process",
         allreduce_between_hosts=between.get("allreduce_between_hosts"),
         collective=Link(
             latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"])
@@ -551,6 +552,7 @@ def platform_profile(
             cores_per_host=int(cpu["cores_per_host"]),
             work_per_message_s=float(cpu["work_per_message_s"]),
             work_per_byte_s=float(cpu["work_per_byte_s"]),
+            hosts_per_machine=int(between.get("hosts", 1)),
         )
         if cpu
         else None,

@@ -18,7 +18,9 @@ bandwidth :math:`\beta` (bytes per second, per direction), for ``S`` bytes of mo
   the merge of a pairwise one, the step overhead);
 - **host CPU** (:func:`cpu_work_s`, :func:`cpu_stretch_s`): a worker that sends ``m`` messages
   of ``B`` bytes in all spends :math:`W = m\,w_m + B\,w_b` of CPU; when ``k`` processes of a
-  host with ``c`` cores hold CPU work, an exchange takes :math:`\max(0, k/c - 1)\,W` longer.
+  host with ``c`` cores hold CPU work, an exchange takes :math:`\max(0, k/c - 1)\,W` longer
+  inside a host, and :math:`\max(0, kW/c - \max(W, w))` longer across a wire that its copies
+  overlap for :math:`w`.
 
 The fits read the same laws backwards: each law is linear in its unknowns, and the ``*_terms``
 functions give the coefficients of those unknowns (a row of the least-squares design matrix):
@@ -223,15 +225,19 @@ def cpu_work_s(messages: float, nbytes: float, work_per_message_s: float, work_p
     return messages * work_per_message_s + nbytes * work_per_byte_s
 
 
-def cpu_stretch_s(holders: float, cores: int, work_s: float) -> float:
+def cpu_stretch_s(holders: float, cores: int, work_s: float, wire_s: float = 0.0) -> float:
     r"""How much longer an exchange takes when ``holders`` processes of a host of ``cores`` cores
-    hold CPU work: :math:`\max(0, k/c - 1)\,W` (processor sharing stretches ``W`` to
-    :math:`kW/c`; below ``c`` holders it costs nothing beyond the link time).
+    hold CPU work: :math:`\max(0, kW/c - \max(W, w))`. Processor sharing stretches the CPU
+    work ``W`` to :math:`kW/c`; ``wire_s`` (:math:`w`) is the exchange's time on a wire that
+    its CPU work overlaps (a NIC: the copies into and out of the sockets run while the bytes
+    are on the wire; 0 inside a host, where the copies are the transfer). So inside a host
+    the stretch is :math:`\max(0, k/c - 1)\,W`, nothing below ``c`` holders, and between hosts
+    the CPU costs time only where the shared cores are slower than the wire.
 
-    >>> cpu_stretch_s(4, 2, 1.0), cpu_stretch_s(1, 2, 1.0)
-    (1.0, 0.0)
+    >>> cpu_stretch_s(4, 2, 1.0), cpu_stretch_s(1, 2, 1.0), cpu_stretch_s(4, 2, 1.0, wire_s=1.5)
+    (1.0, 0.0, 0.5)
     """
-    return max(0.0, (holders / cores - 1.0) * work_s)
+    return max(0.0, holders / cores * work_s - max(work_s, wire_s))
 
 
 def cpu_stretch_terms(n: Any, payload_bytes: Any, cores: int, algorithm: str = "ring") -> tuple[Any, Any]:

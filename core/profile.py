@@ -158,17 +158,22 @@ class HostCPU:
         headers), ``>= 0``.
     work_per_byte_s : float
         CPU seconds one worker spends per byte it sends (copies, reductions), ``>= 0``.
+    hosts_per_machine : int
+        Hosts whose processes share one machine's ``cores_per_host`` cores, ``>= 1``: 1 on a
+        cluster (every host has its own cores); every emulated host of one machine
+        (``psgdlab train --hosts H``: network namespaces of this machine, ``H``). Hosts
+        ``h`` with the same ``h // hosts_per_machine`` count their CPU holders together.
     """
 
     cores_per_host: int = 1
     work_per_message_s: float = 0.0
     work_per_byte_s: float = 0.0
+    hosts_per_machine: int = 1
 
     def __post_init__(self) -> None:
-        v = self.cores_per_host
-        require(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1, "cores_per_host", v, "must be an integer >= 1"
-        )
+        for name in ("cores_per_host", "hosts_per_machine"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name, v, "must be an integer >= 1")
         for name in ("work_per_message_s", "work_per_byte_s"):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
@@ -202,6 +207,15 @@ class Platform:
         Per socket, per direction; shared by the devices behind the socket.
     nic : Link
         Per host, per direction.
+    endpoints : {"device", "process"}
+        What the two ends of a message between hosts are. ``device`` (default): an accelerator
+        behind its socket's PCIe, so the message crosses the sender's PCIe, both NICs and the
+        receiver's PCIe (latency :math:`\alpha_\text{nic} + 2\alpha_\text{pcie}`), and an
+        allreduce that spans hosts runs at the slower of the NIC share and the link inside each
+        host. ``process``: the workers are CPU processes that are the network's endpoints
+        themselves (a CPU cluster; psgdlab's emulated hosts, TCP from process to process), so a
+        message between hosts and every edge of an allreduce that spans hosts take the network
+        path alone, at the NIC's latency and share.
     nvlink : Link or None
         Per device peer-to-peer link inside a host; ``None`` when absent (traffic then uses PCIe).
     socket_link : Link or None
@@ -291,6 +305,7 @@ class Platform:
     device: str = "gpu"
     pcie: Link = field(default_factory=lambda: Link(latency_s=5e-6, bandwidth_bytes_per_s=16e9))
     nic: Link = field(default_factory=lambda: Link(latency_s=1e-5, bandwidth_bytes_per_s=12.5e9))
+    endpoints: Literal["device", "process"] = "device"
     nvlink: Link | None = None
     socket_link: Link | None = None
     collective: Link | None = None
@@ -338,6 +353,7 @@ class Platform:
         )
         require(self.staging in ("direct", "host"), "staging", self.staging, "must be 'direct' or 'host'")
         require(self.socket_fill in ("spread", "pack"), "socket_fill", self.socket_fill, "must be 'spread' or 'pack'")
+        require(self.endpoints in ("device", "process"), "endpoints", self.endpoints, "must be 'device' or 'process'")
         require(
             self.allreduce in ALLREDUCE_ALGORITHMS,
             "allreduce",

@@ -11,14 +11,16 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
 
 - point to point (:func:`~psgdlab.core.cost.transfer_s`) at :math:`\min_l (B_l / (k_l + 1))`
   with the path's latency; the path is the sender's socket PCIe (and, between hosts, both NICs
-  and the receiver's socket PCIe); inside a host NVLink when present. With
+  and the receiver's socket PCIe; both NICs alone when the platform's ``endpoints`` are
+  processes); inside a host NVLink when present. With
   ``staging = "host"`` the pairwise average is a device-to-host copy, the network leg, a CPU
   average (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after
   another.
 - allreduce over a group (:func:`~psgdlab.core.cost.allreduce_s`) with the platform's
   ``allreduce`` schedule and the slowest link class on the ring: per-device share of each
   socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts
-  (with ``platform.allreduce_between_hosts`` as its schedule, when set);
+  (with ``platform.allreduce_between_hosts`` as its schedule, when set; with ``endpoints``
+  processes a group that spans hosts runs on the network alone: the NICs' share and latency);
   a group inside one host uses ``platform.collective`` instead when it is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
   :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
@@ -74,6 +76,7 @@ class Network:
         "_nic_bw",
         "_pcie_bw",
         "_per_socket",
+        "_process_ends",
         "_socket",
         "_socket_bw",
         "_staging",
@@ -94,14 +97,15 @@ class Network:
         nv = platform.nvlink
         self._intra_bw = nv.effective_bandwidth_bytes_per_s if nv is not None else None
         self._intra_lat = nv.latency_s if nv is not None else platform.pcie.latency_s
-        self._inter_lat = platform.nic.latency_s + 2 * platform.pcie.latency_s
+        self._process_ends = platform.endpoints == "process"
+        self._inter_lat = platform.nic.latency_s + (0.0 if self._process_ends else 2 * platform.pcie.latency_s)
         self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
         sl = platform.socket_link
         self._socket_bw = sl.effective_bandwidth_bytes_per_s if sl is not None else None
         self._staging = platform.staging
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self._cpu = platform.host_cpu
-        self._cpu_flows: dict[int, list[list[float]]] = {}  # per host: [start, end, processes]
+        self._cpu_flows: dict[int, list[list[float]]] = {}  # per machine: [start, end, processes]
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
@@ -120,8 +124,8 @@ class Network:
         return bw
 
     # ----- host cores ------------------------------------------------------------------------
-    def _cpu_holders(self, host: int, t: float) -> float:
-        return _running(self._cpu_flows.get(host), t, keep=16)
+    def _cpu_holders(self, machine: int, t: float) -> float:
+        return _running(self._cpu_flows.get(machine), t, keep=16)
 
     def _per_host(self, ranks: Any) -> dict[int, int]:
         """Processes of ``ranks`` on each host."""
@@ -130,19 +134,25 @@ class Network:
             out[self._host[r]] = out.get(self._host[r], 0) + 1
         return out
 
-    def _cpu_wait(self, members: dict[int, int], work_s: float, start: float, dur: float) -> float:
-        r"""``dur`` plus the stretch of ``work_s`` of CPU work per member when its hosts are
-        oversubscribed, :math:`\max_h \max(0, k_h/c - 1)\,W`; registers the work (``members``:
-        processes of the exchange per host)."""
+    def _cpu_wait(self, members: dict[int, int], work_s: float, start: float, dur: float, wire_s: float = 0.0) -> float:
+        r"""``dur`` plus the stretch of ``work_s`` of CPU work per member when its machines are
+        oversubscribed, :func:`~psgdlab.core.cost.cpu_stretch_s` on the most loaded machine
+        (hosts that share cores, ``HostCPU.hosts_per_machine``, count together; ``wire_s``: the
+        exchange's time on the NICs, which its CPU work overlaps); registers the work
+        (``members``: processes of the exchange per host)."""
         cpu = self._cpu
         if cpu is None:
             return dur
+        machines: dict[int, int] = {}  # hosts that share a machine's cores count their holders together
+        for host, count in members.items():
+            machines[host // cpu.hosts_per_machine] = machines.get(host // cpu.hosts_per_machine, 0) + count
         extra = 0.0
-        for host, count in members.items():
-            extra = max(extra, cpu_stretch_s(count + self._cpu_holders(host, start), cpu.cores_per_host, work_s))
+        for machine, count in machines.items():
+            holders = count + self._cpu_holders(machine, start)
+            extra = max(extra, cpu_stretch_s(holders, cpu.cores_per_host, work_s, wire_s))
         dur += extra
-        for host, count in members.items():
-            self._cpu_flows.setdefault(host, []).append([start, start + dur, float(count)])
+        for machine, count in machines.items():
+            self._cpu_flows.setdefault(machine, []).append([start, start + dur, float(count)])
         return dur
 
     # ----- point to point ---------------------------------------------------------------------
@@ -164,6 +174,8 @@ class Network:
                     False,
                 )
             return (H + sa, H + sb), (self._pcie_bw,) * 2, self._intra_lat, False
+        if self._process_ends:
+            return (ha, hb), (self._nic_bw, self._nic_bw), self._inter_lat, True
         return (
             (H + sa, ha, hb, H + sb),
             (self._pcie_bw, self._nic_bw, self._nic_bw, self._pcie_bw),
@@ -173,11 +185,12 @@ class Network:
 
     def transfer_s(self, a: int, b: int, nbytes: float, start: float) -> float:
         """Time to move ``nbytes`` from worker ``a`` to ``b`` (each way, full duplex)."""
-        links, caps, lat, _ = self._path(a, b)
+        links, caps, lat, crosses = self._path(a, b)
         bw = self._share(links, caps, start) if links else self._intra_bw
         dur = transfer_s(nbytes, bw, lat)
         if self._cpu is not None:
-            dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
+            wire = nbytes / bw if crosses and bw is not None else 0.0
+            dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur, wire)
         if links:
             self._register(links, start, start + dur)
         return dur
@@ -214,7 +227,8 @@ class Network:
             self._register(copy_links, t, t + h2d)
             dur = d2h + net + cpu + h2d
             if self._cpu is not None:
-                dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
+                wire = net if self._host[a] != self._host[b] else 0.0
+                dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur, wire)
         if gather > 1:
             dur += self.allgather_s(a, gather, model_bytes)
         return dur
@@ -254,16 +268,20 @@ class Network:
             by_host: dict[int, list[int]] = {}
             for r in group:
                 by_host.setdefault(self._host[r], []).append(r)
-            intra = min(self._intra_share_bw(m) if len(m) > 1 else float("inf") for m in by_host.values())
             spans = len(hosts) > 1
-            lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
-            links = tuple(hosts) if spans else ()
-            links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
-            crossing = (
-                tuple(_socket_link(h) for h, m in by_host.items() if len({self._socket[r] for r in m}) > 1)
-                if self._socket_bw is not None and self._intra_bw is None
-                else ()
-            )
+            links: tuple[int, ...] = tuple(hosts) if spans else ()
+            crossing: tuple[int, ...] = ()
+            if spans and self._process_ends:  # every edge is a network connection between processes
+                intra, lat = float("inf"), self._inter_lat
+            else:
+                intra = min(self._intra_share_bw(m) if len(m) > 1 else float("inf") for m in by_host.values())
+                lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
+                links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
+                crossing = (
+                    tuple(_socket_link(h) for h, m in by_host.items() if len({self._socket[r] for r in m}) > 1)
+                    if self._socket_bw is not None and self._intra_bw is None
+                    else ()
+                )
             links += crossing
             coll = self.platform.collective
             if coll is not None and not spans:  # the implementation's own collective, measured as such
@@ -286,8 +304,9 @@ class Network:
             algorithm = self.platform.allreduce_between_hosts
         dur = allreduce_s(n, nbytes, bw, lat, algorithm)
         if self._cpu is not None:
-            work = self._cpu.work_s(allreduce_messages(n, algorithm), allreduce_bytes(n, nbytes))
-            dur = self._cpu_wait(members, work, start, dur)
+            sent = allreduce_bytes(n, nbytes)
+            work = self._cpu.work_s(allreduce_messages(n, algorithm), sent)
+            dur = self._cpu_wait(members, work, start, dur, sent / bw if spans else 0.0)
         self._register(links, start, start + dur)
         return dur
 
@@ -329,7 +348,8 @@ class Network:
         if self._cpu is not None and rank is not None and start is not None:
             members = {0: 1}
             members[self._host[rank]] = members.get(self._host[rank], 0) + 1
-            t = self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t)
+            wire = nbytes / bw if links else 0.0
+            t = self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t, wire)
         if links:
             assert start is not None
             self._register(links, start, start + t)

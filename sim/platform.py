@@ -30,11 +30,16 @@ on that host (the slowest of its hosts for a collective), with :math:`c` = ``cor
 and :math:`W` the per-worker work: ``k`` processes each needing :math:`W` of CPU on :math:`c`
 cores get :math:`c/k` of a core each (processor sharing), so the CPU part stretches from
 :math:`W` to :math:`kW/c`; below ``c`` holders it costs nothing beyond the link time, whose fit
-already contains it. Holders are counted when the exchange starts (the snapshot rule of the
-links). A parameter-server request holds the worker and the server (on host 0) for one message
-and the server's update. The compute is not counted (emulated compute sleeps; accelerators
-compute off the CPU). ``host_cpu = None`` (the default, and every published preset:
-no source gives these numbers) means the cores are never the bottleneck.
+already contains it. Between hosts the CPU work overlaps the bytes' time on the NICs,
+:math:`w` (the copies into and out of the sockets run while earlier bytes are on the wire), so
+the exchange takes :math:`T + \max(0, kW/c - \max(W, w))`: a slow NIC hides the shared cores,
+a fast one does not (:func:`psgdlab.core.cost.cpu_stretch_s`). Holders are counted when the
+exchange starts (the snapshot rule of the links), per machine: the emulated hosts of one
+machine (``hosts_per_machine``) share its cores. A parameter-server request holds the worker
+and the server (on host 0) for one message and the server's update. The compute is not
+counted (emulated compute sleeps; accelerators compute off the CPU). ``host_cpu = None`` (the
+default, and every published preset: no source gives these numbers) means the cores are never
+the bottleneck.
 
 ``staging = "host"`` routes weights through host memory (the IBM system averaged on the
 CPU): a pairwise average then costs a device-to-host copy, the network transfer, an average

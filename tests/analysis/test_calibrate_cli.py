@@ -452,8 +452,9 @@ def _between_hosts(path, rate):
 def test_calibrate_fits_the_link_between_hosts_apart(runs, tmp_path, monkeypatch):
     """Runs with one rank per emulated host give the link between hosts (their own latency and
     bandwidth, fitted apart from the runs of one host, which keep theirs); the platform then has
-    the hosts, the NIC at that bandwidth with the host-side legs taken off its latency, and the
-    schedule of an allreduce across hosts. Runs with two ranks on a host, or of two rates, are
+    the hosts, the NIC at the fitted latency and bandwidth with the ranks as its endpoints (a
+    message between hosts costs what the runs measured), and the schedule of an allreduce
+    across hosts. Runs with two ranks on a host, or of two rates, are
     refused."""
     nic_alpha, nic_beta = 3e-3, 1.2e7
     monkeypatch.setitem(write_run.__globals__, "ALPHA", nic_alpha)  # the law write_run draws from
@@ -472,8 +473,15 @@ def test_calibrate_fits_the_link_between_hosts_apart(runs, tmp_path, monkeypatch
     platform = platform_profile(fit, n_params=50_000, devices=2, hosts=4).platform
     assert (platform.hosts, platform.devices_per_host) == (4, 2)
     assert platform.nic.bandwidth_bytes_per_s == pytest.approx(nic_beta, rel=1e-6)
-    assert platform.nic.latency_s == pytest.approx(nic_alpha - 2 * ALPHA, rel=1e-6)
+    assert platform.nic.latency_s == pytest.approx(nic_alpha, rel=1e-6)
+    assert platform.endpoints == "process"
     assert platform.allreduce_between_hosts == "ring"
+    from psgdlab.sim.network import Network
+    from psgdlab.sim.platform import Placement
+
+    net = Network(platform, Placement.pack(platform, 4))
+    for S in (1e4, 1e6):  # the end-to-end law the runs between hosts were fitted to
+        assert net.transfer_s(0, 2, S, 100.0 * S) == pytest.approx(nic_alpha + S / nic_beta, rel=1e-9)
     assert (
         calibrate_runs(runs)["nic"] is None and platform_profile(calibrate_runs(runs), n_params=10).platform.hosts == 1
     )

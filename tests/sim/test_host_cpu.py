@@ -102,6 +102,38 @@ def test_concurrent_exchanges_count_as_holders_when_they_start():
     assert net.pair_average_s(4, 5, S, 10.0) == pytest.approx(alone)
 
 
+def test_emulated_hosts_of_one_machine_share_its_cores():
+    """Two hosts of 2 workers on 2 cores each: a pairwise average on host 1 that starts while
+    one on host 0 runs is alone on its host's cores, unless both hosts are one machine's
+    (``hosts_per_machine = 2``), where it meets the other's 2 holders: 4 on 2 cores."""
+    S, w_b = 1e6, 1e-9
+    alone = LINK.latency_s + S / LINK.bandwidth_bytes_per_s
+    for per_machine, stretch in ((1, 0.0), (2, (4 / 2 - 1) * S * w_b)):
+        cpu = HostCPU(cores_per_host=2, work_per_byte_s=w_b, hosts_per_machine=per_machine)
+        p = Platform(hosts=2, devices_per_host=2, sockets_per_host=2, pcie=LINK, nic=LINK, host_cpu=cpu)
+        net = Network(p, Placement.pack(p, 4))
+        first = net.pair_average_s(0, 1, S, 0.0)
+        assert first == pytest.approx(alone)
+        assert net.pair_average_s(2, 3, S, first / 2) == pytest.approx(alone + stretch)
+
+
+@given(k=st.integers(1, 32), cores=st.integers(1, 8), work=st.floats(0, 1.0), wire=st.floats(0, 4.0))
+def test_a_wire_hides_the_cpu_work_it_overlaps(k, cores, work, wire):
+    """The stretch between hosts is what the shared cores need beyond the wire's time and the
+    work itself: never more than the stretch inside a host, none once the wire takes longer
+    than the shared work, and inside a host (``wire <= work``) the law of the fit."""
+    from psgdlab.core.cost import cpu_stretch_s
+
+    inside = cpu_stretch_s(k, cores, work)
+    assert inside == pytest.approx(max(0.0, (k / cores - 1) * work), abs=1e-12)
+    across = cpu_stretch_s(k, cores, work, wire)
+    assert 0.0 <= across <= inside + 1e-12
+    if wire >= k * work / cores:
+        assert across == 0.0
+    if wire <= work:
+        assert across == inside
+
+
 def test_server_request_holds_the_worker_and_the_server():
     from psgdlab.sim.platform import ServerSpec
 
@@ -162,6 +194,7 @@ def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
         ({"cores_per_host": True}, "cores_per_host"),
         ({"work_per_message_s": -1e-6}, r"work_per_message_s \(-1e-06\) must be >= 0"),
         ({"work_per_byte_s": float("nan")}, "work_per_byte_s"),
+        ({"hosts_per_machine": 0}, r"hosts_per_machine \(0\) must be an integer >= 1"),
     ],
 )
 def test_host_cpu_rejects_bad_values(kw, match):

@@ -6,6 +6,7 @@ from typing import Literal
 
 import pytest
 
+from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Link, Platform
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import Placement
@@ -74,3 +75,27 @@ def test_an_allreduce_across_hosts_takes_the_schedule_between_hosts():
     assert Network(same, Placement.pack(same, 4)).allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(
         2 * (nic + 2 * lat)
     )
+
+
+def test_processes_as_endpoints_take_the_network_path_alone():
+    """With ``endpoints = "process"`` (CPU processes talking TCP, as on emulated hosts) a message
+    between hosts and every round of an allreduce across hosts cost the NIC's latency and share,
+    without the two host-side legs; inside a host nothing changes."""
+    lat, nic = 1e-3, 2e-4
+    p = Platform(
+        hosts=2,
+        devices_per_host=2,
+        sockets_per_host=2,
+        pcie=Link(latency_s=lat, bandwidth_bytes_per_s=1e9),
+        nic=Link(latency_s=nic, bandwidth_bytes_per_s=1e8),
+        endpoints="process",
+        allreduce="direct",
+        allreduce_between_hosts="ring",
+    )
+    net = Network(p, Placement.pack(p, 4))
+    assert net.transfer_s(0, 2, 1e8, 0.0) == pytest.approx(nic + 1.0)
+    assert net.transfer_s(0, 1, 1e9, 10.0) == pytest.approx(lat + 1.0)  # inside a host: its link
+    assert net.allreduce_s((0, 1, 2, 3), 1e8, 20.0) == pytest.approx(6 * nic + 1.5)
+    assert net.allreduce_s((0, 1), 0.0, 30.0) == pytest.approx(2 * lat)
+    with pytest.raises(ConfigError, match="endpoints"):
+        Platform(endpoints="gpu")  # type: ignore[arg-type]
