@@ -49,29 +49,33 @@ def test_socket_link_bounds_transfers_and_allreduces_across_sockets():
     assert free.allreduce_s(tuple(range(8)), 8e9, 0.0) == pytest.approx(2 * 7 / 8 * 8e9 / 4e9)
 
 
+LAT, NIC = 1e-3, 2e-3  # the link inside a host's latency, the NIC's
+
+
+def _two_hosts(between: Literal["ring"] | None, endpoints: Literal["device", "process"] = "device") -> Platform:
+    return Platform(
+        hosts=2,
+        devices_per_host=2,
+        sockets_per_host=2,
+        pcie=Link(latency_s=LAT, bandwidth_bytes_per_s=1e9),
+        nic=Link(latency_s=NIC, bandwidth_bytes_per_s=1e8),
+        endpoints=endpoints,
+        allreduce="direct",
+        allreduce_between_hosts=between,
+    )
+
+
 def test_an_allreduce_across_hosts_takes_the_schedule_between_hosts():
     """A group inside one host keeps the platform's schedule (2 latency rounds for ``direct``); a
     group across hosts takes ``allreduce_between_hosts`` (a ring of 4: 6 rounds) at the NIC's
     latency plus the two host-side legs, and without it the platform's own."""
-    lat, nic = 1e-3, 2e-3
-
-    def two_hosts(between: Literal["ring"] | None) -> Platform:
-        return Platform(
-            hosts=2,
-            devices_per_host=2,
-            sockets_per_host=2,
-            pcie=Link(latency_s=lat, bandwidth_bytes_per_s=1e9),
-            nic=Link(latency_s=nic, bandwidth_bytes_per_s=1e8),
-            allreduce="direct",
-            allreduce_between_hosts=between,
-        )
-
-    split = two_hosts("ring")
+    lat, nic = LAT, NIC
+    split = _two_hosts("ring")
     net = Network(split, Placement.pack(split, 4))
     assert net.allreduce_s((0, 1), 0.0, 0.0) == pytest.approx(2 * lat)
     assert net.allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(6 * (nic + 2 * lat))
     assert net.allreduce_s((0, 1, 2, 3), 1e8, 10.0) == pytest.approx(6 * (nic + 2 * lat) + 1.5)  # 2(n-1)/n S / NIC
-    same = two_hosts(None)
+    same = _two_hosts(None)
     assert Network(same, Placement.pack(same, 4)).allreduce_s((0, 1, 2, 3), 0.0, 0.0) == pytest.approx(
         2 * (nic + 2 * lat)
     )
@@ -81,17 +85,8 @@ def test_processes_as_endpoints_take_the_network_path_alone():
     """With ``endpoints = "process"`` (CPU processes talking TCP, as on emulated hosts) a message
     between hosts and every round of an allreduce across hosts cost the NIC's latency and share,
     without the two host-side legs; inside a host nothing changes."""
-    lat, nic = 1e-3, 2e-4
-    p = Platform(
-        hosts=2,
-        devices_per_host=2,
-        sockets_per_host=2,
-        pcie=Link(latency_s=lat, bandwidth_bytes_per_s=1e9),
-        nic=Link(latency_s=nic, bandwidth_bytes_per_s=1e8),
-        endpoints="process",
-        allreduce="direct",
-        allreduce_between_hosts="ring",
-    )
+    lat, nic = LAT, NIC
+    p = _two_hosts("ring", "process")
     net = Network(p, Placement.pack(p, 4))
     assert net.transfer_s(0, 2, 1e8, 0.0) == pytest.approx(nic + 1.0)
     assert net.transfer_s(0, 1, 1e9, 10.0) == pytest.approx(lat + 1.0)  # inside a host: its link
