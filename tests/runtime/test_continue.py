@@ -247,7 +247,7 @@ def test_the_survivors_throughput_is_their_pace_before_and_after():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(algorithm="hadpsgd", workers=4, gpus_per_node=2), "with --gpus-per-node 2"),
+        (dict(algorithm="hadpsgd", gpus_per_node=2, hosts=2), "with --gpus-per-node 2 runs on one host"),
         (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo"),
         (dict(algorithm="dpsgd", hosts=2), "for dpsgd runs on one host"),
         (dict(algorithm="ssgd"), "needs a gossip algorithm"),
@@ -263,6 +263,15 @@ def test_continue_refuses_what_it_cannot_do(tmp_path, kw, message):
     if kw["algorithm"] != "ssgd":
         assert TrainConfig(**{**base, "algorithm": kw["algorithm"]}).failure_policy == "continue"
     assert TrainConfig(**{**base, **kw}).failure_policy == "stop"
+
+
+def test_nodes_of_several_gpus_go_on_when_asked_and_stop_by_default(tmp_path):
+    """Their survivors' protocol doubles the node's allreduce: a run pays for it only when asked."""
+    from psgdlab.runtime.config import TrainConfig
+
+    base = dict(algorithm="hadpsgd", workers=4, gpus_per_node=2, steps=10, out=str(tmp_path))
+    assert TrainConfig(**base, on_failure="continue").failure_policy == "continue"
+    assert TrainConfig(**base).failure_policy == "stop"
 
 
 def test_the_default_policy_is_continue_for_gossip_with_a_run_directory(tmp_path):
@@ -284,16 +293,17 @@ def _continue_run(
     deadline_s: float = 10.0,
     algorithm: str = "adpsgd",
     on_failure: str = "continue",
+    workers: int = 4,
     **kw,
 ):
     from psgdlab.runtime.launch import launch
 
-    config = lsq_config(tmp_path, algorithm, 4, steps=steps, compute_time="0.01", on_failure=on_failure, **kw).replace(
-        timeout_s=deadline_s, record_params=False
-    )
+    config = lsq_config(
+        tmp_path, algorithm, workers, steps=steps, compute_time="0.01", on_failure=on_failure, **kw
+    ).replace(timeout_s=deadline_s, record_params=False)
     summary = launch(config, quiet=True, timeout_s=90, extra_env={"PSGDLAB_TEST_CRASH": crash})
     out = Path(config.out)
-    injected = float((out / ".ranks" / f"rank{crash.split(':')[0]}.crash").read_text().split()[0])
+    injected = float((out / ".ranks" / f"rank{crash.split(':')[0].split(',')[0]}.crash").read_text().split()[0])
     return config, summary, injected
 
 
@@ -432,3 +442,62 @@ def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
         assert np.count_nonzero(compute["rank"] == r) == 600
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                 if n.startswith(f"psgd-{os.getpid()}-")]  # fmt: skip
+
+
+# ----- H-ADPSGD nodes of several GPUs ----------------------------------------------------------------
+def _check_nodes_went_on(config, figures, dead: list[int], steps: int) -> np.ndarray:
+    """Every survivor did every step, one membership change removed ``dead``, the loss fell, the
+    replicas of each node stayed identical; returns the survivors' final models (rank order)."""
+    out = Path(config.out)
+    survivors = [r for r in range(config.workers) if r not in dead]
+    assert figures["survivors"] == survivors
+    removed = sorted(r for change in figures["membership_changes"] for r in change["removed"])
+    assert removed == dead
+    for change in figures["membership_changes"]:
+        assert set(change) >= {"time_s", "step", "removed", "detection_s"}
+        assert change["detection_s"] < config.timeout_s  # a killed rank: seen at once, not at the deadline
+    trace, _ = read_trace(out / "trace.npz")
+    compute = trace[trace["phase"] == 0]
+    for r in survivors:  # no survivor lost a step
+        assert np.count_nonzero(compute["rank"] == r) == steps
+    curve = figures["loss_curve"]["loss"]
+    assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])
+    finals = np.load(out / "final_params.npz")["params"]
+    by_rank = dict(zip(survivors, finals))
+    m = config.gpus_per_node
+    for node in {r // m for r in survivors}:  # a node's survivors apply the same sums: identical replicas
+        members = [r for r in survivors if r // m == node]
+        for r in members[1:]:
+            assert np.array_equal(by_rank[r], by_rank[members[0]]), (node, members)
+    assert not leftover_segments(out)
+    assert not list(out.rglob(".*.tmp*"))
+    return finals
+
+
+def _spread(finals: np.ndarray) -> float:
+    """How far the survivors' models are from their mean, relative to the mean's norm."""
+    mean = finals.mean(axis=0)
+    return float(np.max(np.linalg.norm(finals - mean, axis=1)) / np.linalg.norm(mean))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_node_that_lost_a_gpu_goes_on_with_the_rest_of_it(tmp_path):
+    """Two nodes of two GPUs; rank 1 dies. Rank 0 goes on alone for node 0 -- its allreduce dropped,
+    both slices of every average with node 1 its own, weighted 2:1 -- and still mixes with node 1."""
+    config, figures, _ = _continue_run(tmp_path, "1:30", steps=120, algorithm="hadpsgd", gpus_per_node=2)
+    assert figures["on_failure"] == "continue"
+    finals = _check_nodes_went_on(config, figures, dead=[1], steps=120)
+    assert _spread(finals) < 0.05  # rank 0 ends averaged with node 1, not on its own
+    (change,) = figures["membership_changes"]
+    assert change["steps_lost"]["1"] >= 1
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_node_goes_on_when_its_rank_0_dies(tmp_path):
+    """Rank 0 -- the rendezvous store's host, and the first member of node 0 -- dies: rank 1
+    carries node 0 on and nothing the survivors need was in rank 0."""
+    config, figures, _ = _continue_run(tmp_path, "0:30", steps=120, algorithm="hadpsgd", gpus_per_node=2)
+    finals = _check_nodes_went_on(config, figures, dead=[0], steps=120)
+    assert _spread(finals) < 0.05
