@@ -61,12 +61,13 @@ class SurvivorGroups:
         """The process group of ``group`` (formed on first use: every member must ask for it)."""
         with self._lock:
             pg = self._groups.get(group)
-            if pg is None:
-                self.root.mkdir(parents=True, exist_ok=True)
-                store = dist.FileStore(str(self.root / ("g" + "-".join(map(str, group)))), len(group))
-                pg = dist.ProcessGroupGloo(store, group.index(self.rank), len(group), self.timeout)
-                self._groups[group] = pg
-            return pg
+        if pg is None:  # formed outside the lock: a caller that left a forming group may form another
+            self.root.mkdir(parents=True, exist_ok=True)
+            store = dist.FileStore(str(self.root / ("g" + "-".join(map(str, group)))), len(group))
+            pg = dist.ProcessGroupGloo(store, group.index(self.rank), len(group), self.timeout)
+            with self._lock:
+                pg = self._groups.setdefault(group, pg)
+        return pg
 
     def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
         """Replace ``tensor`` (on the CPU) by its sum over ``group``, which holds this rank."""

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.exchange import ExchangeKind, PairwiseAverage
 from psgdlab.core.membership import rebuild, survivor_exchanges
-from psgdlab.core.trace import read_trace
+from psgdlab.core.trace import PHASES, read_trace
+from psgdlab.runtime.config import build_algorithm
 from psgdlab.runtime.failures import process_state
 from psgdlab.runtime.mailbox import BEATS_PER_DEADLINE, Mailbox
 from psgdlab.runtime.survivors import SWITCH_AFTER_WORKERS
@@ -501,3 +503,71 @@ def test_a_node_goes_on_when_its_rank_0_dies(tmp_path):
     config, figures, _ = _continue_run(tmp_path, "0:30", steps=120, algorithm="hadpsgd", gpus_per_node=2)
     finals = _check_nodes_went_on(config, figures, dead=[0], steps=120)
     assert _spread(finals) < 0.05
+
+
+def _pairwise_peers_after(config, step: int) -> dict[int, set[int]]:
+    """Each survivor's pairwise peers (either side) in its steps from ``step`` on, from the trace."""
+    trace, _ = read_trace(Path(config.out) / "trace.npz")
+    pair = trace[(trace["kind"] == ExchangeKind.PAIRWISE) & (trace["phase"] == PHASES["overlap"])]
+    late = pair[pair["step"] >= step]
+    return {int(r): set(late["peer"][late["rank"] == r].tolist()) for r in np.unique(late["rank"])}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_nodes_of_different_sizes_average_slices_over_a_group_the_survivors_form(tmp_path):
+    """Two nodes of three GPUs; rank 1 stops. At the deadline node 0's survivors (0, 2) leave the
+    allreduce they were blocked in, form a group of their own (the start-up group needs rank 1)
+    and sum the step again; with node 1 they average three slices, weighted 2:3, as
+    ``core.membership.survivor_exchanges`` gives them: rank 0 slices 0 and 2 (with ranks 3 and 5),
+    rank 2 slice 1 (with rank 4)."""
+    deadline = 2.0
+    config, figures, _ = _continue_run(
+        tmp_path, "1:30:STOP", steps=150, deadline_s=deadline, algorithm="hadpsgd", workers=6, gpus_per_node=3
+    )
+    out = Path(config.out)
+    survivors = [0, 2, 3, 4, 5]
+    (change,) = figures["membership_changes"]
+    assert change["removed"] == [1] and deadline - 0.1 < change["detection_s"] < deadline + 1.5
+    trace, _ = read_trace(out / "trace.npz")
+    compute = trace[trace["phase"] == 0]
+    for r in survivors:
+        assert np.count_nonzero(compute["rank"] == r) == 150
+    finals = np.load(out / "final_params.npz")["params"]
+    assert np.array_equal(finals[0], finals[1])  # ranks 0 and 2: one node, identical replicas
+    assert np.array_equal(finals[2], finals[3]) and np.array_equal(finals[2], finals[4])
+    assert _spread(finals) < 0.05
+    curve = figures["loss_curve"]["loss"]
+    assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])
+    h = build_algorithm(config)
+    rebuilt = rebuild(h.membership_topology(), alive=survivors)
+    expected = {
+        r: {e.peer for e in survivor_exchanges(rebuilt, h.exchanges(149, r), r, 149) if isinstance(e, PairwiseAverage)}
+        for r in survivors
+    }
+    assert expected[0] == {3, 5} and expected[2] == {4}
+    seen = _pairwise_peers_after(config, change["step"] + 20)
+    assert seen[0] == {3, 5} and seen[2] == {4}
+    assert seen[3] == {0} and seen[4] == {2} and seen[5] == {0}
+    reduce = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["rank"] == 0)]
+    assert reduce.size == 150  # every step summed, the one rank 1 was lost in again over (0, 2)
+    early, late = reduce["nbytes"][reduce["step"] < 25], reduce["nbytes"][reduce["step"] > change["step"] + 20]
+    assert np.all(late == late[0]) and late[0] / early[0] == pytest.approx(0.75, abs=0.01)  # a ring of 2, not 3
+    assert not (out / "membership" / "groups").exists()  # the survivors' rendezvous files are gone
+    assert not leftover_segments(out)
+    pid = int((out / ".ranks" / "rank1.pid").read_text())
+    assert process_state(pid) is None  # the stopped worker's process is gone
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_node_that_lost_all_its_gpus_leaves_the_super_ring(tmp_path):
+    """Four nodes of two GPUs; both of node 1's die at once. The three nodes left go on, one
+    sitting out each round, and nobody waits for node 1."""
+    config, figures, _ = _continue_run(tmp_path, "2,3:30", steps=120, algorithm="hadpsgd", workers=8, gpus_per_node=2)
+    finals = _check_nodes_went_on(config, figures, dead=[2, 3], steps=120)
+    assert _spread(finals) < 0.05
+    last = max(change["step"] for change in figures["membership_changes"])
+    seen = _pairwise_peers_after(config, last + 10)
+    assert all(peers and not peers & {2, 3} for peers in seen.values())  # the others still mix
+    assert set(seen) == {0, 1, 4, 5, 6, 7}
