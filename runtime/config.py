@@ -329,12 +329,6 @@ class TrainConfig:
                 "gloo to a host cut off cannot be left without losing the step order of the other neighbours",
                 "use stop or restart",
             )
-        if self.hosts != 1 and self.gpus_per_node > 1:
-            return (
-                f"for hadpsgd with --gpus-per-node {self.gpus_per_node} runs on one host, not --hosts {self.hosts}: "
-                "the groups its nodes' survivors form across emulated hosts are not tested yet",
-                "use stop or restart",
-            )
         if not self.out:
             return "needs a run directory (--out): the membership lives there", ""
         return None
@@ -482,7 +476,8 @@ class TrainConfig:
             "--on-failure",
             helps={
                 "--on-failure": "default: continue for adpsgd, dpsgd and hadpsgd where the runtime's survivors can "
-                "go on (gloo, a run directory, one GPU per node; dpsgd on one host), stop otherwise"
+                "go on (gloo, a run directory, one GPU per node; dpsgd on one host), stop otherwise; continue "
+                "also takes hadpsgd with several GPUs per node when asked"
             },
         )
         if launcher:

@@ -249,7 +249,6 @@ def test_the_survivors_throughput_is_their_pace_before_and_after():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(algorithm="hadpsgd", gpus_per_node=2, hosts=2), "with --gpus-per-node 2 runs on one host"),
         (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo"),
         (dict(algorithm="dpsgd", hosts=2), "for dpsgd runs on one host"),
         (dict(algorithm="ssgd"), "needs a gossip algorithm"),
@@ -571,3 +570,21 @@ def test_a_node_that_lost_all_its_gpus_leaves_the_super_ring(tmp_path):
     seen = _pairwise_peers_after(config, last + 10)
     assert all(peers and not peers & {2, 3} for peers in seen.values())  # the others still mix
     assert set(seen) == {0, 1, 4, 5, 6, 7}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_node_across_emulated_hosts_regroups_over_the_network(tmp_path):
+    """Nodes of three GPUs on three emulated hosts of two: node 0 spans hosts 0 and 1. Rank 1 dies;
+    its node's survivors, ranks 0 and 2 on two hosts, form their group through the run directory
+    and go on with node 1."""
+    reason = _netns_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    config, figures, _ = _continue_run(
+        tmp_path, "1:30", steps=120, algorithm="hadpsgd", workers=6, gpus_per_node=3, hosts=3
+    )
+    finals = _check_nodes_went_on(config, figures, dead=[1], steps=120)
+    assert _spread(finals) < 0.05
+    assert figures["placement"] == [0, 0, 1, 1, 2, 2]  # node 0 on hosts 0 and 1
