@@ -36,7 +36,11 @@ of its exchange); workers are ranks ``0 .. n_workers-1``. H-ADPSGD's intra-node
 groups are ``HADPSGD.node_group``; a sharded inter-node exchange allgathers the averaged
 *differences* ``mixed - sent`` of the node's members, and a node applies them at the same point
 of its lock-stepped loop on every member (the training threads agree on how many passive merges
-have arrived with a tiny allgather), so the replicas of a node stay bit-identical.
+have arrived with a tiny allgather), so the replicas of a node stay bit-identical. Under
+``--on-failure continue`` a node can lose members, and those groups were made at start-up: there
+each member averages the slices the survivors' schedule gives it and the node sums the slices'
+differences with the gradient, in one allreduce it can make again over its survivors
+(:meth:`_Worker._surviving_allreduce`).
 
 Emulated compute (``compute_time``): the real gradient is computed, then the thread sleeps until
 the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses);
@@ -817,9 +821,9 @@ class _Worker:
         slices (:attr:`node_shares`) -- the sum of this rank's slice deltas (``st.shared``: each
         member holds the slices it averaged, so the node's sum is every slice, applied alike on
         every member and the replicas stay identical), then the number of those exchanges and a
-        check that every member is at the same step (``step mod 1024`` and its square, exact in
-        the buffer's dtype for groups of up to 16). A group made at start-up runs on the main
-        channel (shared memory on one host), a group of survivors on
+        check that every member is at the same step (``step mod 1024`` and its square: their sums
+        are exact in float32 and float64 for groups of up to 16, where it is made). A group made
+        at start-up runs on the main channel (shared memory on one host), a group of survivors on
         :attr:`Survivors.groups <psgdlab.runtime.survivors.Survivors.groups>`."""
         s, n = st.step, st.grad.numel()
         parts = [st.grad.reshape(-1) * st.scale if st.scale != 1.0 else st.grad.reshape(-1)]
@@ -845,7 +849,8 @@ class _Worker:
             total, group = self._reduce_over_survivors(contribution, tuple(ex.group), s)
         k = len(group)
         merged, marks, squares = (float(v) for v in total[-3:])
-        if k <= 16 and (marks != k * mark or squares != k * mark * mark):
+        exact = k <= 16 and torch.finfo(total.dtype).bits >= 32
+        if exact and (marks != k * mark or squares != k * mark * mark):
             raise TransportError(
                 f"rank {self.rank}: the members {list(group)} summed gradients of different steps (this rank's "
                 f"is step {s}): one finished the allreduce a member died in, another did not"
@@ -1016,7 +1021,7 @@ def _crash_hook(rank: int) -> tuple[int | None, int]:
         raise ConfigError(f"{CRASH_ENV} ({spec!r}) must be RANK[,RANK...]:STEP[:KILL|STOP][:ATTEMPTS]")
     sig = signal.SIGKILL if how == "KILL" else signal.SIGSTOP
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    return (int(parts[1]) if str(rank) in ranks and restarts < attempts else None), sig
+    return (int(parts[1]) if rank in {int(r) for r in ranks} and restarts < attempts else None), sig
 
 
 def _crash(rank: int, step: int, sig: int) -> None:

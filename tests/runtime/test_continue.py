@@ -446,6 +446,39 @@ def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
 
 
 # ----- H-ADPSGD nodes of several GPUs ----------------------------------------------------------------
+def test_survivors_form_a_group_alone_and_a_member_that_never_joins_fails_it_at_the_deadline(tmp_path):
+    """A group of survivors needs no rank of the world but its own members: two of them sum over
+    it through a rendezvous file; a member that never comes fails the forming at the timeout."""
+    import torch
+
+    from psgdlab.runtime.regroup import SurvivorGroups
+
+    root = tmp_path / "groups"
+    groups = {r: SurvivorGroups(root, rank=r, timeout_s=5.0) for r in (0, 2)}
+    sums: dict[int, object] = {}
+
+    def reduce(r: int) -> None:
+        t = torch.full((3,), float(r + 1), dtype=torch.float64)
+        groups[r].allreduce_sum(t, (0, 2))
+        sums[r] = t.tolist()
+
+    threads = [threading.Thread(target=reduce, args=(r,)) for r in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sums == {0: [4.0, 4.0, 4.0], 2: [4.0, 4.0, 4.0]}
+    alone = SurvivorGroups(root, rank=0, timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError):
+        alone.allreduce_sum(torch.ones(2), (0, 3))  # rank 3 never joins
+    assert time.monotonic() - start < 10
+    for g in [*groups.values(), alone]:
+        g.close()
+    alone.remove()
+    assert not root.exists()
+
+
 def _check_nodes_went_on(config, figures, dead: list[int], steps: int) -> np.ndarray:
     """Every survivor did every step, one membership change removed ``dead``, the loss fell, the
     replicas of each node stayed identical; returns the survivors' final models (rank order)."""
