@@ -299,20 +299,23 @@ class TrainConfig:
     def failure_policy(self) -> str:
         """What the run does when a worker dies: ``on_failure`` when given, else the algorithm's
         default (:func:`psgdlab.core.failure.default_on_failure`: continue for gossip) where the
-        runtime's survivors can go on in this configuration (:meth:`_continue_refusal`), else stop."""
+        runtime's survivors can go on in this configuration (:meth:`_continue_refusal`), else stop.
+        Nodes of several GPUs stop unless continue is asked for: their survivors' protocol sums
+        the slices of the pairwise averages with the gradient (a node allreduce of twice the
+        bytes, runtime/README.md), a cost a run that loses nobody should not pay unasked."""
         if self.on_failure:
             return self.on_failure
         wanted = default_on_failure(self.algorithm)
-        return wanted if wanted != "continue" or self._continue_refusal() is None else "stop"
+        if wanted == "continue" and (self._continue_refusal() is not None or self.gpus_per_node > 1):
+            return "stop"
+        return wanted
 
     def _continue_refusal(self) -> tuple[str, str] | None:
         """Why the runtime's survivors cannot go on in this configuration (the rule broken, and
         what to use instead), or ``None``; what they can do so far is in runtime/README.md."""
-        if not (self.algorithm in ("adpsgd", "dpsgd") or (self.algorithm == "hadpsgd" and self.gpus_per_node == 1)):
+        if self.algorithm not in ("adpsgd", "dpsgd", "hadpsgd"):
             return (
-                f"is built in the runtime for adpsgd, dpsgd and hadpsgd with one GPU per node, not "
-                f"{self.algorithm} with --gpus-per-node {self.gpus_per_node}: the survivors of a node's "
-                "allreduce do not re-form yet",
+                f"is built in the runtime for adpsgd, dpsgd and hadpsgd, not {self.algorithm}",
                 "use stop or restart",
             )
         if self.backend != "gloo":
@@ -473,7 +476,8 @@ class TrainConfig:
             "--on-failure",
             helps={
                 "--on-failure": "default: continue for adpsgd, dpsgd and hadpsgd where the runtime's survivors can "
-                "go on (gloo, a run directory, one GPU per node; dpsgd on one host), stop otherwise"
+                "go on (gloo, a run directory, one GPU per node; dpsgd on one host), stop otherwise; continue "
+                "also takes hadpsgd with several GPUs per node when asked"
             },
         )
         if launcher:

@@ -36,7 +36,11 @@ of its exchange); workers are ranks ``0 .. n_workers-1``. H-ADPSGD's intra-node
 groups are ``HADPSGD.node_group``; a sharded inter-node exchange allgathers the averaged
 *differences* ``mixed - sent`` of the node's members, and a node applies them at the same point
 of its lock-stepped loop on every member (the training threads agree on how many passive merges
-have arrived with a tiny allgather), so the replicas of a node stay bit-identical.
+have arrived with a tiny allgather), so the replicas of a node stay bit-identical. Under
+``--on-failure continue`` a node can lose members, and those groups were made at start-up: there
+each member averages the slices the survivors' schedule gives it and the node sums the slices'
+differences with the gradient, in one allreduce it can make again over its survivors
+(:meth:`_Worker._surviving_allreduce`).
 
 Emulated compute (``compute_time``): the real gradient is computed, then the thread sleeps until
 the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses);
@@ -105,7 +109,8 @@ log = logging.getLogger(__name__)
 #: test hook: ``"RANK:STEP"`` makes that rank kill itself (SIGKILL) at the start of that step;
 #: ``"RANK:STEP:STOP"`` makes it stop itself (SIGSTOP) instead; a last field ``N`` fails it only in
 #: the first ``N`` attempts of a restarted run (``--on-failure restart``: torchrun's
-#: ``TORCHELASTIC_RESTART_COUNT`` < N; default 1, the first attempt only), e.g. ``"1:3:KILL:2"``
+#: ``TORCHELASTIC_RESTART_COUNT`` < N; default 1, the first attempt only), e.g. ``"1:3:KILL:2"``;
+#: ``"2,3:STEP"`` fails ranks 2 and 3 at that step
 CRASH_ENV = "PSGDLAB_TEST_CRASH"
 #: test hook: ``"MAX_S"`` adds a random delay in [0, MAX_S) to every exchange (deadlock tests)
 JITTER_ENV = "PSGDLAB_TEST_JITTER"
@@ -203,6 +208,11 @@ class _Step:
     scale: float = 1.0  # the gradient to apply is scale * grad
     compute_end_s: float = 0.0
     staleness: int = 0
+    #: under ``continue``, in a node of several members: this rank's slice deltas of the step (its
+    #: active exchanges' and the passive ones since the last step), summed over the node with the
+    #: gradient (:meth:`_Worker._surviving_allreduce`); after it, the node's sum
+    shared: list[torch.Tensor] | None = None
+    merged: int = 0  # the exchanges ``shared`` holds (the node's, after the allreduce)
 
 
 # ----- the worker -----------------------------------------------------------------------------------
@@ -253,6 +263,12 @@ class _Worker:
         #: every blocking wait of every thread (:mod:`psgdlab.runtime.flight`); without one, nothing is written
         self.flight = flight if flight is not None else FlightRecorder(rank, out=None, deadline_s=math.inf)
         self.crash_step, self.crash_signal = _crash_hook(rank)
+        #: under ``continue``, a rank whose pairwise exchanges move slices of the model (a node of
+        #: several members) shares the slices' deltas with its node through the gradient allreduce
+        #: (:meth:`_surviving_allreduce`) instead of allgathers over groups made at start-up
+        self.node_shares = survivors is not None and any(
+            isinstance(ex, PairwiseAverage) and ex.n_shards > 1 for ex in algorithm.exchanges(options.start_step, rank)
+        )
 
     def now(self) -> float:
         return time.time() - self.origin
@@ -313,7 +329,13 @@ class _Worker:
         nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
         rows = [dict(phase="overlap", start_s=t0, end_s=t0, kind=_PAIR, peer=peer, nbytes=nbytes)]
         epoch = members.epoch().epoch
-        if not mailbox.send(peer, ("request", step, epoch)):
+        lo, hi = shard_bounds(self.n_params, ex.n_shards)[ex.shard]
+        full = sent
+        sent = full[lo:hi].contiguous()
+        request: tuple = ("request", step, epoch)
+        if ex.n_shards > 1 or ex.weight != 0.5:  # a slice, or nodes of different sizes
+            request += (ex.shard, ex.n_shards, ex.weight)
+        if not mailbox.send(peer, request):
             members.remove(peer, f"rank {peer} could not be reached at step {step}")
             return None, rows
         # the wait's deadline is the mailbox's (a silent peer is given up): the watchdog's is a backstop
@@ -339,7 +361,7 @@ class _Worker:
         members.shared(peer, int(reply[1]))
         delta = self.alg.mix(ex, sent, received) - sent
         rows[0]["end_s"] = self.now()
-        return delta, rows
+        return _in_full(delta, lo, hi, full), rows
 
     def _gossip_surviving(self, ex: Gossip, sent: torch.Tensor, step: int) -> tuple[torch.Tensor, list]:
         """D-PSGD's gossip under ``--on-failure continue``: one pairwise exchange per peer, in
@@ -375,15 +397,16 @@ class _Worker:
         delta = self.alg.mix(mixing, sent, [received[p] for p in mixing.peers]) - sent
         return delta, [dict(phase="overlap", start_s=t0, end_s=self.now(), kind=_GOSSIP, peer=-1, nbytes=nbytes)]
 
-    def _unless_lost(self, exchange: Callable[[], None], peer: int) -> None:
-        """Run a payload ``exchange`` with ``peer`` under ``continue``, on a thread of its own, and
-        give up waiting for it (:class:`TransportError`) once ``peer`` is given up: gloo cannot
+    def _unless_lost(self, exchange: Callable[[], None], *peers: int) -> None:
+        """Run a payload ``exchange`` with ``peers`` under ``continue``, on a thread of its own, and
+        give up waiting for it (:class:`TransportError`) once one of them is given up: gloo cannot
         interrupt a transfer to a stopped process or a host cut off before its own timeout (at
         least the set-up's 60 s), so the transfer is left to end by it, unread. (The shared-memory
         plane ends its own waits on a given-up peer.)"""
         members = self.survivors
         assert members is not None
         outcome: list[BaseException] = []
+        others = [p for p in peers if p != self.rank]
 
         def run() -> None:
             try:
@@ -391,14 +414,16 @@ class _Worker:
             except BaseException as exc:
                 outcome.append(exc)
 
-        worker = threading.Thread(target=run, daemon=True, name=f"psgdlab-payload-{self.rank}-{peer}")
+        name = "-".join(map(str, others))
+        worker = threading.Thread(target=run, daemon=True, name=f"psgdlab-payload-{self.rank}-{name}")
         worker.start()
         while True:
             worker.join(timeout=0.05)
             if not worker.is_alive():
                 break
-            if not members.alive(peer):
-                raise TransportError(f"rank {self.rank}: rank {peer} was given up during a payload exchange")
+            lost = [p for p in others if not members.alive(p)]
+            if lost:
+                raise TransportError(f"rank {self.rank}: rank {lost[0]} was given up during a payload exchange")
         if outcome:
             raise outcome[0]
 
@@ -428,16 +453,20 @@ class _Worker:
                 if members.peers_done():
                     return
                 continue
-            src, (_, step, _epoch) = item
+            src, (_, step, _epoch, *sliced) = item
             current = members.epoch()  # raises Removed when this rank was given up
             ok = src in current.alive and src not in mailbox.lost
             if not mailbox.send(src, ("reply", self.step, ok, current.epoch)) or not ok:
                 continue
             t0 = self.now()
-            ex = PairwiseAverage(peer=src, active=False)
+            shard, n_shards, weight = sliced if sliced else (0, 1, 0.5)
+            # the requester's view of the two nodes' sizes: its node weighs 1 - its weight here
+            ex = PairwiseAverage(peer=src, active=False, shard=shard, n_shards=n_shards, weight=1.0 - weight)
             nbytes, _ = wire_bytes(ex, self.n_params, self.itemsize)
+            lo, hi = shard_bounds(self.n_params, n_shards)[shard]
             with self.lock:
-                sent = self.state.params.clone()
+                full = self.state.params
+                sent = full[lo:hi].clone()
             received = torch.empty_like(sent)
             try:
                 with self.flight.wait(
@@ -453,7 +482,8 @@ class _Worker:
                 members.remove(src, f"rank {src} failed in a pairwise exchange at its step {step}: {exc}")
                 continue
             members.shared(src, step)
-            self._merge_passive(self.alg.mix(ex, sent, received) - sent, src=src, t0=t0, nbytes=nbytes)
+            delta = _in_full(self.alg.mix(ex, sent, received) - sent, lo, hi, full)
+            self._merge_passive(delta, src=src, t0=t0, nbytes=nbytes, hold=self.node_shares)
 
     def _serve(self, n_requests: int, example: PairwiseAverage | None) -> None:
         sharded = example is not None and example.n_shards > 1
@@ -576,7 +606,9 @@ class _Worker:
         alg, opt = self.alg, self.opt
         n_passive, example = count_passive(alg, self.rank, opt.start_step, opt.steps)
         # a node whose members answer sharded requests agrees each step on the merges to apply
-        sharded_group = tuple(example.gather_group) if example is not None and example.n_shards > 1 else None
+        # (under continue: through the gradient allreduce, :meth:`_surviving_allreduce`)
+        sharded = example is not None and example.n_shards > 1 and self.survivors is None
+        sharded_group = tuple(example.gather_group) if example is not None and sharded else None
         responder = None
         if n_passive or self.survivors is not None:  # survivors: any member may come to ask
             responder = threading.Thread(
@@ -593,7 +625,11 @@ class _Worker:
         sync = not alg.asynchronous and alg.n_workers > 1 and self.survivors is None
         preempted = False
         choice = os.environ.get(OVERLAP_ENV, "")
-        wanted = opt.compute_time is None and (choice == "1" or (choice != "0" and self.main.async_progress))
+        wanted = (
+            opt.compute_time is None
+            and self.survivors is None  # survivors re-form their groups: one allreduce they can retry
+            and (choice == "1" or (choice != "0" and self.main.async_progress))
+        )
         group = overlap_group(alg, self.rank, opt.start_step, opt.steps) if wanted else None
         if group is not None and hasattr(self.workload, "overlap_allreduce"):
             self.reducer = self.workload.overlap_allreduce(self.main, group)
@@ -625,13 +661,20 @@ class _Worker:
                     if t_j > t_c1:
                         kind = _PAIR if any(k == _PAIR for k, _ in st.jobs) else _GOSSIP
                         self.trace.add(rank=self.rank, step=s, phase="comm", start_s=t_c1, end_s=t_j, kind=kind)
+                if self.node_shares:  # the node sums its members' slice deltas with the gradient
+                    with self.lock:
+                        held = list(self.pending)
+                        self.pending.clear()
+                    st.shared, st.merged, deltas = deltas + held, len(deltas) + len(held), []
                 self._run_phase("grad", exchanges, st)
+                if st.shared is not None:  # the node's sum (a node of one: this rank's own)
+                    deltas = st.shared
                 if sharded_group is not None:
                     self._merge_pending(sharded_group, s)
                 with self.lock:
                     for delta in deltas:
                         self.state = self.state.replace(params=self.state.params + delta)
-                        self.merges += 1
+                    self.merges += st.merged if st.shared is not None else len(deltas)
                     st.staleness = self.merges - read_merges
                     self.state = alg.local_update(self.state, st.grad, opt.lr_of(s), grad_scale=st.scale)
                 self._run_phase("post", exchanges, st)
@@ -735,6 +778,9 @@ class _Worker:
 
     def _gradient_allreduce(self, ex: AllReduce, st: _Step) -> None:
         """The gradient's sum over the group; its ``1/n`` goes to ``st.scale`` (folded into the update)."""
+        if self.survivors is not None:
+            self._surviving_allreduce(ex, st)
+            return
         s, t_c1 = st.step, st.compute_end_s
         nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
         reducer = self.reducer
@@ -765,6 +811,96 @@ class _Worker:
                 rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE, nbytes=nbytes
             )
         st.scale = 1.0 / len(ex.group)
+
+    def _surviving_allreduce(self, ex: AllReduce, st: _Step) -> None:
+        """The gradient allreduce under ``--on-failure continue``: a member of the group lost on the
+        way is removed and the step's sum made again over the survivors, from this rank's own
+        contribution (no survivor's gradient or merge is lost; the dead one's are).
+
+        One buffer goes round: the gradient, then -- in a node whose pairwise exchanges move
+        slices (:attr:`node_shares`) -- the sum of this rank's slice deltas (``st.shared``: each
+        member holds the slices it averaged, so the node's sum is every slice, applied alike on
+        every member and the replicas stay identical), then the number of those exchanges and a
+        check that every member is at the same step (``step mod 1024`` and its square: their sums
+        are exact in float32 and float64 for groups of up to 16, where it is made). A group made
+        at start-up runs on the main channel (shared memory on one host), a group of survivors on
+        :attr:`Survivors.groups <psgdlab.runtime.survivors.Survivors.groups>`."""
+        s, n = st.step, st.grad.numel()
+        parts = [st.grad.reshape(-1) * st.scale if st.scale != 1.0 else st.grad.reshape(-1)]
+        if st.shared is not None:
+            own = torch.zeros(self.n_params, dtype=st.grad.dtype, device=st.grad.device)
+            for delta in st.shared:
+                own += delta
+            parts.append(own)
+        mark = float(s % 1024)
+        parts.append(torch.tensor([float(st.merged), mark, mark * mark], dtype=st.grad.dtype, device=st.grad.device))
+        contribution = torch.cat(parts)
+        nbytes = wire_bytes(ex, contribution.numel(), self.itemsize)[0]
+        t0 = self.now()
+        self._sleep_jitter()
+        with self.flight.wait(
+            "allreduce",
+            what="gradient, survivors",
+            step=s,
+            peers=ex.group,
+            nbytes=nbytes,
+            deadline_s=2 * self.flight.deadline_s,
+        ):
+            total, group = self._reduce_over_survivors(contribution, tuple(ex.group), s)
+        k = len(group)
+        merged, marks, squares = (float(v) for v in total[-3:])
+        exact = k <= 16 and torch.finfo(total.dtype).bits >= 32
+        if exact and (marks != k * mark or squares != k * mark * mark):
+            raise TransportError(
+                f"rank {self.rank}: the members {list(group)} summed gradients of different steps (this rank's "
+                f"is step {s}): one finished the allreduce a member died in, another did not"
+            )
+        st.grad = total[:n].view_as(st.grad)
+        if st.shared is not None:
+            st.shared, st.merged = [total[n : n + self.n_params]], round(merged)
+        st.scale = 1.0 / k
+        self.trace.add(
+            rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE, nbytes=nbytes
+        )
+
+    def _reduce_over_survivors(
+        self, contribution: torch.Tensor, group: tuple[int, ...], step: int
+    ) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """The sum of ``contribution`` over ``group``, or over its survivors once members die (each
+        try sums a fresh copy: a failed allreduce may have written into its buffer); returns the
+        sum and the group it was made over."""
+        members = self.survivors
+        assert members is not None
+        while len(group) > 1:
+            work = contribution.clone()
+            reduce = self.main.allreduce_sum if self.main.has_group(group) else members.groups.allreduce_sum
+            try:
+                self._unless_lost(partial(reduce, work, group), *group)
+                return work, group
+            except RuntimeError as exc:  # TransportError included: a member died or was given up
+                group = self._regroup(group, step, exc)
+        return contribution, group
+
+    def _regroup(self, group: tuple[int, ...], step: int, exc: BaseException) -> tuple[int, ...]:
+        """After ``group``'s allreduce failed: wait (up to the deadline) until the membership names
+        a member of it dead, agree on that, and return the group of the step rebuilt over the
+        survivors (:func:`~psgdlab.core.membership.survivor_exchanges`; this rank alone when one
+        is left). Every member ends at the same group: a membership only shrinks, and a member
+        still on an older group cannot finish a collective without those already on the new."""
+        members = self.survivors
+        assert members is not None
+        end = time.monotonic() + min(self.flight.deadline_s, 2 * members.mailbox.deadline_s)
+        while not (lost := [r for r in group if r != self.rank and not members.alive(r)]):
+            if time.monotonic() > end:
+                raise TransportError(
+                    f"rank {self.rank}: the allreduce over {list(group)} failed at step {step} ({exc}), "
+                    "and no member of it was found dead"
+                )
+            time.sleep(0.05)
+        for r in lost:
+            members.remove(r, f"rank {r} failed in the allreduce over {list(group)} at step {step}")
+        grads = [e for e in members.exchanges(step) if isinstance(e, AllReduce) and e.payload == "grad"]
+        return tuple(grads[0].group) if grads else (self.rank,)
 
     def _model_allreduce(self, ex: AllReduce, st: _Step) -> None:
         t0 = self.now()
@@ -853,12 +989,23 @@ EXCHANGE_HANDLERS: dict[type, Callable[[_Worker, Any, _Step], None]] = {
 }
 
 
+def _in_full(delta: torch.Tensor, lo: int, hi: int, like: torch.Tensor) -> torch.Tensor:
+    """``delta`` of the slice ``[lo, hi)`` as a delta of the whole model ``like`` (zero elsewhere)."""
+    if lo == 0 and hi == like.numel():
+        return delta
+    full = torch.zeros_like(like)
+    full[lo:hi] = delta
+    return full
+
+
 def _crash_hook(rank: int) -> tuple[int | None, int]:
-    """The step at which :data:`CRASH_ENV` (``RANK:STEP[:KILL|STOP][:ATTEMPTS]``) makes ``rank``
-    fail in this attempt (None: never), and the signal.
+    """The step at which :data:`CRASH_ENV` (``RANK[,RANK...]:STEP[:KILL|STOP][:ATTEMPTS]``) makes
+    ``rank`` fail in this attempt (None: never), and the signal.
 
     >>> os.environ[CRASH_ENV] = "1:3:STOP:2"; _crash_hook(1), _crash_hook(0)
     ((3, <Signals.SIGSTOP: 19>), (None, <Signals.SIGSTOP: 19>))
+    >>> os.environ[CRASH_ENV] = "2,3:5"; [_crash_hook(r)[0] for r in range(4)]
+    [None, None, 5, 5]
     >>> del os.environ[CRASH_ENV]
     """
     spec = os.environ.get(CRASH_ENV, "")
@@ -867,11 +1014,14 @@ def _crash_hook(rank: int) -> tuple[int | None, int]:
     parts = spec.split(":")
     how = next((p for p in parts[2:] if not p.isdigit()), "KILL")
     attempts = next((int(p) for p in parts[2:] if p.isdigit()), 1)
-    if not (2 <= len(parts) <= 4 and parts[0].isdigit() and parts[1].isdigit() and how in ("KILL", "STOP")):
-        raise ConfigError(f"{CRASH_ENV} ({spec!r}) must be RANK:STEP[:KILL|STOP][:ATTEMPTS]")
+    ranks = parts[0].split(",")
+    if not (
+        2 <= len(parts) <= 4 and all(r.isdigit() for r in ranks) and parts[1].isdigit() and how in ("KILL", "STOP")
+    ):
+        raise ConfigError(f"{CRASH_ENV} ({spec!r}) must be RANK[,RANK...]:STEP[:KILL|STOP][:ATTEMPTS]")
     sig = signal.SIGKILL if how == "KILL" else signal.SIGSTOP
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    return (int(parts[1]) if int(parts[0]) == rank and restarts < attempts else None), sig
+    return (int(parts[1]) if rank in {int(r) for r in ranks} and restarts < attempts else None), sig
 
 
 def _crash(rank: int, step: int, sig: int) -> None:

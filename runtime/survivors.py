@@ -9,7 +9,9 @@
 - the schedule over the survivors: :func:`psgdlab.core.membership.rebuild` of the algorithm's
   :meth:`~psgdlab.core.algorithms.Algorithm.membership_topology` over the newest epoch, and
   :func:`~psgdlab.core.membership.survivor_exchanges` of each step (the simulator's rule, so the
-  prediction of ``psgdlab predict --fail`` and the run follow one schedule).
+  prediction of ``psgdlab predict --fail`` and the run follow one schedule);
+- the collectives over groups the survivors form alone (:attr:`Survivors.groups`,
+  :class:`~psgdlab.runtime.regroup.SurvivorGroups`): an H-ADPSGD node that lost a GPU.
 
 When a peer is lost the survivor that sees it first writes the next epoch; the others read it at
 their next step or exchange. A lost peer is also given up by the shared-memory plane
@@ -19,7 +21,10 @@ stopped process returns an error instead of waiting for the backend's timeout.
 The pairwise protocol under ``continue`` (:mod:`psgdlab.runtime.driver`): the active side sends
 ``("request", step, epoch)``; the passive side refreshes its membership and replies
 ``("reply", step, ok, epoch)`` -- ``ok`` false when the requester is no longer a member (it was given up
-for dead: fenced) -- and only then do both move the payload. So two ranks exchange only while
+for dead: fenced) -- and only then do both move the payload. A request of a slice (nodes of several
+GPUs) ends with ``shard, n_shards, weight``: both average slice ``shard`` of ``n_shards``
+(:func:`~psgdlab.runtime.scan.shard_bounds`), the requester's node weighted ``1 - weight``, so the
+two sides use the sizes the requester saw. So two ranks exchange only while
 both are members of the newest epoch either of them has read. A rank sends ``("done", step)`` to every
 member after its last step; its responder serves until every member still alive is done.
 """
@@ -43,6 +48,7 @@ from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, withou
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.agreement import MEMBERSHIP_DIR, Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
+from psgdlab.runtime.regroup import GROUPS_DIR, SurvivorGroups
 
 __all__ = [
     "Survivors",
@@ -122,6 +128,9 @@ class Survivors:
         self.plane = plane
         self.agreement = Agreement(run_dir, algorithm.n_workers, rank)
         self.mailbox = Mailbox(rank, algorithm.n_workers, host=host, deadline_s=deadline_s, on_lost=self._on_lost)
+        #: the groups of survivors this rank's collectives run over once a member of a group made
+        #: at start-up has died (their rendezvous files beside the epochs)
+        self.groups = SurvivorGroups(run_dir / MEMBERSHIP_DIR / GROUPS_DIR, rank=rank, timeout_s=deadline_s)
         self._lock = threading.Lock()
         self._rebuilt: dict[int, Rebuilt] = {}
         self._seen_at: dict[int, int] = {0: 0}  # epoch -> the step at which this rank first read it
@@ -265,6 +274,7 @@ class Survivors:
 
     def close(self) -> None:
         self.mailbox.close()
+        self.groups.close()
 
 
 def survivor_throughput(

@@ -449,6 +449,7 @@ def _finish_surviving(
             for change in changes:
                 change["samples_lost"] = sum(change["steps_lost"].values()) * _samples_per_step(config)
             survivors.mailbox.finish()  # from here ranks leaving are not deaths
+            survivors.groups.remove()  # every survivor is past its last collective
             return _write_run_dir(
                 config,
                 algorithm,

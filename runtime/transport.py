@@ -97,6 +97,11 @@ class Transport(ABC):
         except KeyError:
             raise RuntimeError(f"rank {self.rank}: group {key} was not created at start-up") from None
 
+    def has_group(self, group: Sequence[int]) -> bool:
+        """Whether ``group``'s collectives were made at start-up (all ranks, or a declared group)."""
+        key = tuple(group)
+        return key == tuple(range(self.world_size)) or key in self._groups
+
     @abstractmethod
     def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:
         """Replace ``tensor`` by its sum over ``group`` (every member ends with the sum)."""

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.exchange import ExchangeKind, PairwiseAverage
 from psgdlab.core.membership import rebuild, survivor_exchanges
-from psgdlab.core.trace import read_trace
+from psgdlab.core.trace import PHASES, read_trace
+from psgdlab.runtime.config import build_algorithm
 from psgdlab.runtime.failures import process_state
 from psgdlab.runtime.mailbox import BEATS_PER_DEADLINE, Mailbox
 from psgdlab.runtime.survivors import SWITCH_AFTER_WORKERS
@@ -247,7 +249,6 @@ def test_the_survivors_throughput_is_their_pace_before_and_after():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(algorithm="hadpsgd", workers=4, gpus_per_node=2), "with --gpus-per-node 2"),
         (dict(algorithm="adpsgd", backend="mpi"), "needs --backend gloo"),
         (dict(algorithm="dpsgd", hosts=2), "for dpsgd runs on one host"),
         (dict(algorithm="ssgd"), "needs a gossip algorithm"),
@@ -263,6 +264,15 @@ def test_continue_refuses_what_it_cannot_do(tmp_path, kw, message):
     if kw["algorithm"] != "ssgd":
         assert TrainConfig(**{**base, "algorithm": kw["algorithm"]}).failure_policy == "continue"
     assert TrainConfig(**{**base, **kw}).failure_policy == "stop"
+
+
+def test_nodes_of_several_gpus_go_on_when_asked_and_stop_by_default(tmp_path):
+    """Their survivors' protocol doubles the node's allreduce: a run pays for it only when asked."""
+    from psgdlab.runtime.config import TrainConfig
+
+    base = dict(algorithm="hadpsgd", workers=4, gpus_per_node=2, steps=10, out=str(tmp_path))
+    assert TrainConfig(**base, on_failure="continue").failure_policy == "continue"
+    assert TrainConfig(**base).failure_policy == "stop"
 
 
 def test_the_default_policy_is_continue_for_gossip_with_a_run_directory(tmp_path):
@@ -284,16 +294,17 @@ def _continue_run(
     deadline_s: float = 10.0,
     algorithm: str = "adpsgd",
     on_failure: str = "continue",
+    workers: int = 4,
     **kw,
 ):
     from psgdlab.runtime.launch import launch
 
-    config = lsq_config(tmp_path, algorithm, 4, steps=steps, compute_time="0.01", on_failure=on_failure, **kw).replace(
-        timeout_s=deadline_s, record_params=False
-    )
+    config = lsq_config(
+        tmp_path, algorithm, workers, steps=steps, compute_time="0.01", on_failure=on_failure, **kw
+    ).replace(timeout_s=deadline_s, record_params=False)
     summary = launch(config, quiet=True, timeout_s=90, extra_env={"PSGDLAB_TEST_CRASH": crash})
     out = Path(config.out)
-    injected = float((out / ".ranks" / f"rank{crash.split(':')[0]}.crash").read_text().split()[0])
+    injected = float((out / ".ranks" / f"rank{crash.split(':')[0].split(',')[0]}.crash").read_text().split()[0])
     return config, summary, injected
 
 
@@ -432,3 +443,181 @@ def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
         assert np.count_nonzero(compute["rank"] == r) == 600
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                 if n.startswith(f"psgd-{os.getpid()}-")]  # fmt: skip
+
+
+# ----- H-ADPSGD nodes of several GPUs ----------------------------------------------------------------
+def test_survivors_form_a_group_alone_and_a_member_that_never_joins_fails_it_at_the_deadline(tmp_path):
+    """A group of survivors needs no rank of the world but its own members: two of them sum over
+    it through a rendezvous file; a member that never comes fails the forming at the timeout."""
+    import torch
+
+    from psgdlab.runtime.regroup import SurvivorGroups
+
+    root = tmp_path / "groups"
+    groups = {r: SurvivorGroups(root, rank=r, timeout_s=5.0) for r in (0, 2)}
+    sums: dict[int, object] = {}
+
+    def reduce(r: int) -> None:
+        t = torch.full((3,), float(r + 1), dtype=torch.float64)
+        groups[r].allreduce_sum(t, (0, 2))
+        sums[r] = t.tolist()
+
+    threads = [threading.Thread(target=reduce, args=(r,)) for r in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sums == {0: [4.0, 4.0, 4.0], 2: [4.0, 4.0, 4.0]}
+    alone = SurvivorGroups(root, rank=0, timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError):
+        alone.allreduce_sum(torch.ones(2), (0, 3))  # rank 3 never joins
+    assert time.monotonic() - start < 10
+    for g in [*groups.values(), alone]:
+        g.close()
+    alone.remove()
+    assert not root.exists()
+
+
+def _check_nodes_went_on(config, figures, dead: list[int], steps: int) -> np.ndarray:
+    """Every survivor did every step, one membership change removed ``dead``, the loss fell, the
+    replicas of each node stayed identical; returns the survivors' final models (rank order)."""
+    out = Path(config.out)
+    survivors = [r for r in range(config.workers) if r not in dead]
+    assert figures["survivors"] == survivors
+    removed = sorted(r for change in figures["membership_changes"] for r in change["removed"])
+    assert removed == dead
+    for change in figures["membership_changes"]:
+        assert set(change) >= {"time_s", "step", "removed", "detection_s"}
+        assert change["detection_s"] < config.timeout_s  # a killed rank: seen at once, not at the deadline
+    trace, _ = read_trace(out / "trace.npz")
+    compute = trace[trace["phase"] == 0]
+    for r in survivors:  # no survivor lost a step
+        assert np.count_nonzero(compute["rank"] == r) == steps
+    curve = figures["loss_curve"]["loss"]
+    assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])
+    finals = np.load(out / "final_params.npz")["params"]
+    by_rank = dict(zip(survivors, finals))
+    m = config.gpus_per_node
+    for node in {r // m for r in survivors}:  # a node's survivors apply the same sums: identical replicas
+        members = [r for r in survivors if r // m == node]
+        for r in members[1:]:
+            assert np.array_equal(by_rank[r], by_rank[members[0]]), (node, members)
+    assert not leftover_segments(out)
+    assert not list(out.rglob(".*.tmp*"))
+    return finals
+
+
+def _spread(finals: np.ndarray) -> float:
+    """How far the survivors' models are from their mean, relative to the mean's norm."""
+    mean = finals.mean(axis=0)
+    return float(np.max(np.linalg.norm(finals - mean, axis=1)) / np.linalg.norm(mean))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_node_that_lost_a_gpu_goes_on_with_the_rest_of_it(tmp_path):
+    """Two nodes of two GPUs; rank 1 dies. Rank 0 goes on alone for node 0 -- its allreduce dropped,
+    both slices of every average with node 1 its own, weighted 2:1 -- and still mixes with node 1."""
+    config, figures, _ = _continue_run(tmp_path, "1:30", steps=120, algorithm="hadpsgd", gpus_per_node=2)
+    assert figures["on_failure"] == "continue"
+    finals = _check_nodes_went_on(config, figures, dead=[1], steps=120)
+    assert _spread(finals) < 0.05  # rank 0 ends averaged with node 1, not on its own
+    (change,) = figures["membership_changes"]
+    assert change["steps_lost"]["1"] >= 1
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_node_goes_on_when_its_rank_0_dies(tmp_path):
+    """Rank 0 -- the rendezvous store's host, and the first member of node 0 -- dies: rank 1
+    carries node 0 on and nothing the survivors need was in rank 0."""
+    config, figures, _ = _continue_run(tmp_path, "0:30", steps=120, algorithm="hadpsgd", gpus_per_node=2)
+    finals = _check_nodes_went_on(config, figures, dead=[0], steps=120)
+    assert _spread(finals) < 0.05
+
+
+def _pairwise_peers_after(config, step: int) -> dict[int, set[int]]:
+    """Each survivor's pairwise peers (either side) in its steps from ``step`` on, from the trace."""
+    trace, _ = read_trace(Path(config.out) / "trace.npz")
+    pair = trace[(trace["kind"] == ExchangeKind.PAIRWISE) & (trace["phase"] == PHASES["overlap"])]
+    late = pair[pair["step"] >= step]
+    return {int(r): set(late["peer"][late["rank"] == r].tolist()) for r in np.unique(late["rank"])}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_nodes_of_different_sizes_average_slices_over_a_group_the_survivors_form(tmp_path):
+    """Two nodes of three GPUs; rank 1 stops. At the deadline node 0's survivors (0, 2) leave the
+    allreduce they were blocked in, form a group of their own (the start-up group needs rank 1)
+    and sum the step again; with node 1 they average three slices, weighted 2:3, as
+    ``core.membership.survivor_exchanges`` gives them: rank 0 slices 0 and 2 (with ranks 3 and 5),
+    rank 2 slice 1 (with rank 4)."""
+    deadline = 2.0
+    config, figures, _ = _continue_run(
+        tmp_path, "1:30:STOP", steps=150, deadline_s=deadline, algorithm="hadpsgd", workers=6, gpus_per_node=3
+    )
+    out = Path(config.out)
+    survivors = [0, 2, 3, 4, 5]
+    (change,) = figures["membership_changes"]
+    assert change["removed"] == [1] and deadline - 0.1 < change["detection_s"] < deadline + 1.5
+    trace, _ = read_trace(out / "trace.npz")
+    compute = trace[trace["phase"] == 0]
+    for r in survivors:
+        assert np.count_nonzero(compute["rank"] == r) == 150
+    finals = np.load(out / "final_params.npz")["params"]
+    assert np.array_equal(finals[0], finals[1])  # ranks 0 and 2: one node, identical replicas
+    assert np.array_equal(finals[2], finals[3]) and np.array_equal(finals[2], finals[4])
+    assert _spread(finals) < 0.05
+    curve = figures["loss_curve"]["loss"]
+    assert np.mean(curve[-5:]) < 0.5 * np.mean(curve[:5])
+    h = build_algorithm(config)
+    rebuilt = rebuild(h.membership_topology(), alive=survivors)
+    expected = {
+        r: {e.peer for e in survivor_exchanges(rebuilt, h.exchanges(149, r), r, 149) if isinstance(e, PairwiseAverage)}
+        for r in survivors
+    }
+    assert expected[0] == {3, 5} and expected[2] == {4}
+    seen = _pairwise_peers_after(config, change["step"] + 20)
+    assert seen[0] == {3, 5} and seen[2] == {4}
+    assert seen[3] == {0} and seen[4] == {2} and seen[5] == {0}
+    reduce = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["rank"] == 0)]
+    assert reduce.size == 150  # every step summed, the one rank 1 was lost in again over (0, 2)
+    early, late = reduce["nbytes"][reduce["step"] < 25], reduce["nbytes"][reduce["step"] > change["step"] + 20]
+    assert np.all(late == late[0]) and late[0] / early[0] == pytest.approx(0.75, abs=0.01)  # a ring of 2, not 3
+    assert not (out / "membership" / "groups").exists()  # the survivors' rendezvous files are gone
+    assert not leftover_segments(out)
+    pid = int((out / ".ranks" / "rank1.pid").read_text())
+    assert process_state(pid) is None  # the stopped worker's process is gone
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_node_that_lost_all_its_gpus_leaves_the_super_ring(tmp_path):
+    """Four nodes of two GPUs; both of node 1's die at once. The three nodes left go on, one
+    sitting out each round, and nobody waits for node 1."""
+    config, figures, _ = _continue_run(tmp_path, "2,3:30", steps=120, algorithm="hadpsgd", workers=8, gpus_per_node=2)
+    finals = _check_nodes_went_on(config, figures, dead=[2, 3], steps=120)
+    assert _spread(finals) < 0.05
+    last = max(change["step"] for change in figures["membership_changes"])
+    seen = _pairwise_peers_after(config, last + 10)
+    assert all(peers and not peers & {2, 3} for peers in seen.values())  # the others still mix
+    assert set(seen) == {0, 1, 4, 5, 6, 7}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_node_across_emulated_hosts_regroups_over_the_network(tmp_path):
+    """Nodes of three GPUs on three emulated hosts of two: node 0 spans hosts 0 and 1. Rank 1 dies;
+    its node's survivors, ranks 0 and 2 on two hosts, form their group through the run directory
+    and go on with node 1."""
+    reason = _netns_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    config, figures, _ = _continue_run(
+        tmp_path, "1:30", steps=120, algorithm="hadpsgd", workers=6, gpus_per_node=3, hosts=3
+    )
+    finals = _check_nodes_went_on(config, figures, dead=[1], steps=120)
+    assert _spread(finals) < 0.05
+    assert figures["placement"] == [0, 0, 1, 1, 2, 2]  # node 0 on hosts 0 and 1
