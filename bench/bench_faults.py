@@ -33,8 +33,8 @@ from the failure to the first step after it (the summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
 that named another).
 
-AD-PSGD's and D-PSGD's runs with a kill or a stop, and AD-PSGD's with a link set down, run
-``--on-failure continue``; every other kill, stop or link fault runs ``--on-failure stop`` (or
+AD-PSGD's, D-PSGD's and H-ADPSGD's runs with a kill or a stop, and AD-PSGD's and H-ADPSGD's with
+a link set down, run ``--on-failure continue``; every other kill, stop or link fault runs ``--on-failure stop`` (or
 restart, above), and a full disk or a corrupted checkpoint runs the algorithm's default policy
 (``default``: continue for AD-PSGD and D-PSGD, stop for H-ADPSGD's 2 GPUs per node). Under continue
 the survivors must finish (status 0) without the victim, or with ranks of one host only when a host
@@ -67,14 +67,14 @@ from typing import Any
 ALGORITHMS = ("ssgd", "bsp", "bmuf", "easgd", "asgd", "adpsgd", "dpsgd", "hadpsgd")
 SYNCHRONOUS = ("ssgd", "bsp", "bmuf")
 #: what runs --on-failure continue under a kill or a stop (runtime/README.md, "Going on without the dead")
-CONTINUING = ("adpsgd", "dpsgd")
-#: ... and with a host cut off (dpsgd continues on one host only; hadpsgd runs 2 GPUs per node)
-CONTINUING_ACROSS_HOSTS = ("adpsgd",)
+CONTINUING = ("adpsgd", "dpsgd", "hadpsgd")
+#: ... and with a host cut off (dpsgd continues on one host only)
+CONTINUING_ACROSS_HOSTS = ("adpsgd", "hadpsgd")
 #: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4
-#: the soak's algorithms, in turn (the first three with --on-failure stop, the last three with their
-#: default: continue, and stop for hadpsgd's 2 GPUs per node)
+#: the soak's algorithms, in turn (the first three with --on-failure stop, the last three with
+#: --on-failure continue)
 SOAK_ALGORITHMS = ("adpsgd", "dpsgd", "hadpsgd", "adpsgd", "dpsgd", "hadpsgd")
 #: lines of a failed or hung run's standard error kept in its record
 TAIL_LINES = 20
@@ -318,8 +318,8 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
     errors: dict[str, int] = {}
     for i in range(runs):
         algorithm = SOAK_ALGORITHMS[i % len(SOAK_ALGORITHMS)]
-        # the second half of each turn runs the survivors' protocol (their default, continue), which no fault ends
-        policy = [] if i % len(SOAK_ALGORITHMS) >= 3 else ["--on-failure", "stop"]
+        # the second half of each turn runs the survivors' protocol (continue), which no fault ends
+        policy = ["--on-failure", "continue" if i % len(SOAK_ALGORITHMS) >= 3 else "stop"]
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp, open(Path(tmp) / "stderr.txt", "w+") as log_file:
             cmd = _train_command(algorithm, Path(tmp) / "run", args, *policy)
             cmd[cmd.index("--steps") + 1] = "20"
@@ -335,7 +335,8 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
             left = _partial_files(Path(tmp) / "run")
             hangs += not ended
             partial += len(left)
-            line = {"soak": i, "algorithm": algorithm, "continue": not policy, "ended": ended, "rc": proc.returncode}
+            continuing = policy[1] == "continue"
+            line = {"soak": i, "algorithm": algorithm, "continue": continuing, "ended": ended, "rc": proc.returncode}
             if ended and proc.returncode != 0:
                 failures += 1
                 last = (stderr.strip().splitlines() or ["(no message)"])[-1]
