@@ -33,17 +33,17 @@ from the failure to the first step after it (the summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
 that named another).
 
-AD-PSGD's, D-PSGD's and H-ADPSGD's runs with a kill or a stop, and AD-PSGD's and H-ADPSGD's with
-a link set down, run ``--on-failure continue``; every other kill, stop or link fault runs ``--on-failure stop`` (or
-restart, above), and a full disk or a corrupted checkpoint runs the algorithm's default policy
-(``default``: continue for AD-PSGD and D-PSGD, stop for H-ADPSGD's 2 GPUs per node). Under continue
-the survivors must finish (status 0) without the victim, or with ranks of one host only when a host
-was cut off; a fault that lands in the set-up (policy ``continue-in-setup``) must stop the run as
-under ``stop``, naming the victim. Their *detection* is the time from the fault to the survivors'
-new epoch (``OUT/membership``); ``survivor_steps_lost`` counts the steps the survivors did not do
-(0 when they lose no work); ``throughput_after_ratio`` is the median of the runs' summary figure,
-the survivors' throughput after the failure against before (their own pace: ``(n-1)/n`` of the
-whole run's).
+AD-PSGD's, D-PSGD's and H-ADPSGD's runs with a kill or a stop, and AD-PSGD's and H-ADPSGD's with a
+link set down, run ``--on-failure continue``; every other kill, stop or link fault runs
+``--on-failure stop`` (or restart, above), and a full disk or a corrupted checkpoint runs the
+algorithm's default policy (``default``: continue for AD-PSGD and D-PSGD, stop for H-ADPSGD's 2 GPUs
+per node). Under continue the survivors must finish (status 0) without the victim, or with ranks of
+one host only when a host was cut off; a fault that lands in the set-up (policy
+``continue-in-setup``) must stop the run as under ``stop``, naming the victim. Their *detection* is
+the time from the fault to the survivors' new epoch (``OUT/membership``); ``survivor_steps_lost``
+counts the steps the survivors did not do (0 when they lose no work); ``throughput_after_ratio`` is
+the median of the runs' summary figure, the survivors' throughput after the failure against before
+(their own pace: ``(n-1)/n`` of the whole run's).
 ``--algorithms adpsgd,dpsgd`` runs only those. Figures only: nothing here asserts.
 """
 
@@ -319,7 +319,8 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
     for i in range(runs):
         algorithm = SOAK_ALGORITHMS[i % len(SOAK_ALGORITHMS)]
         # the second half of each turn runs the survivors' protocol (continue), which no fault ends
-        policy = ["--on-failure", "continue" if i % len(SOAK_ALGORITHMS) >= 3 else "stop"]
+        continuing = i % len(SOAK_ALGORITHMS) >= 3
+        policy = ["--on-failure", "continue" if continuing else "stop"]
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp, open(Path(tmp) / "stderr.txt", "w+") as log_file:
             cmd = _train_command(algorithm, Path(tmp) / "run", args, *policy)
             cmd[cmd.index("--steps") + 1] = "20"
@@ -335,7 +336,6 @@ def soak(runs: int, rng: random.Random, args: argparse.Namespace) -> dict[str, A
             left = _partial_files(Path(tmp) / "run")
             hangs += not ended
             partial += len(left)
-            continuing = policy[1] == "continue"
             line = {"soak": i, "algorithm": algorithm, "continue": continuing, "ended": ended, "rc": proc.returncode}
             if ended and proc.returncode != 0:
                 failures += 1

@@ -87,20 +87,24 @@ class Transport(ABC):
     _groups: dict[tuple[int, ...], Any]  # the backend's handles for the groups made at start-up
     _async_pool: ThreadPoolExecutor | None = None  # runs allreduce_sum_async's sums, made on first use
 
-    def _group_handle(self, group: Sequence[int]) -> Any:
-        """The backend handle of ``group`` (all ranks, or a group created at start-up)."""
+    def _made_handle(self, group: Sequence[int]) -> Any:
+        """The backend handle of ``group`` if it was made at start-up (all ranks, or a declared
+        group), else ``None``."""
         key = tuple(group)
         if len(key) == self.world_size and key == tuple(range(self.world_size)):
             return self._world
-        try:
-            return self._groups[key]
-        except KeyError:
-            raise RuntimeError(f"rank {self.rank}: group {key} was not created at start-up") from None
+        return self._groups.get(key)
+
+    def _group_handle(self, group: Sequence[int]) -> Any:
+        """The backend handle of ``group`` (all ranks, or a group created at start-up)."""
+        handle = self._made_handle(group)
+        if handle is None:
+            raise RuntimeError(f"rank {self.rank}: group {tuple(group)} was not created at start-up")
+        return handle
 
     def has_group(self, group: Sequence[int]) -> bool:
         """Whether ``group``'s collectives were made at start-up (all ranks, or a declared group)."""
-        key = tuple(group)
-        return key == tuple(range(self.world_size)) or key in self._groups
+        return self._made_handle(group) is not None
 
     @abstractmethod
     def allreduce_sum(self, tensor: torch.Tensor, group: Sequence[int]) -> None:

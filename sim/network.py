@@ -145,7 +145,8 @@ class Network:
             return dur
         machines: dict[int, int] = {}  # hosts that share a machine's cores count their holders together
         for host, count in members.items():
-            machines[host // cpu.hosts_per_machine] = machines.get(host // cpu.hosts_per_machine, 0) + count
+            machine = host // cpu.hosts_per_machine
+            machines[machine] = machines.get(machine, 0) + count
         extra = 0.0
         for machine, count in machines.items():
             holders = count + self._cpu_holders(machine, start)
