@@ -212,7 +212,9 @@ class _Step:
     #: active exchanges' and the passive ones since the last step), summed over the node with the
     #: gradient (:meth:`_Worker._surviving_allreduce`); after it, the node's sum
     shared: list[torch.Tensor] | None = None
-    merged: int = 0  # the exchanges ``shared`` holds (the node's, after the allreduce)
+    #: the exchanges this rank took part in that ``shared`` holds: its staleness counts its own
+    #: exchanges, one a node's exchange on every member, as the simulator and ``stop`` count them
+    merged: int = 0
 
 
 # ----- the worker -----------------------------------------------------------------------------------
@@ -820,8 +822,8 @@ class _Worker:
         One buffer goes round: the gradient, then -- in a node whose pairwise exchanges move
         slices (:attr:`node_shares`) -- the sum of this rank's slice deltas (``st.shared``: each
         member holds the slices it averaged, so the node's sum is every slice, applied alike on
-        every member and the replicas stay identical), then the number of those exchanges and a
-        check that every member is at the same step (``step mod 1024`` and its square: their sums
+        every member and the replicas stay identical), then a check that every member is at the
+        same step (``step mod 1024`` and its square: their sums
         are exact in float32 and float64 for groups of up to 16, where it is made). A group made
         at start-up runs on the main channel (shared memory on one host), a group of survivors on
         :attr:`Survivors.groups <psgdlab.runtime.survivors.Survivors.groups>`."""
@@ -833,7 +835,7 @@ class _Worker:
                 own += delta
             parts.append(own)
         mark = float(s % 1024)
-        parts.append(torch.tensor([float(st.merged), mark, mark * mark], dtype=st.grad.dtype, device=st.grad.device))
+        parts.append(torch.tensor([mark, mark * mark], dtype=st.grad.dtype, device=st.grad.device))
         contribution = torch.cat(parts)
         nbytes = wire_bytes(ex, contribution.numel(), self.itemsize)[0]
         t0 = self.now()
@@ -848,7 +850,7 @@ class _Worker:
         ):
             total, group = self._reduce_over_survivors(contribution, tuple(ex.group), s)
         k = len(group)
-        merged, marks, squares = (float(v) for v in total[-3:])
+        marks, squares = (float(v) for v in total[-2:])
         exact = k <= 16 and torch.finfo(total.dtype).bits >= 32
         if exact and (marks != k * mark or squares != k * mark * mark):
             raise TransportError(
@@ -857,7 +859,7 @@ class _Worker:
             )
         st.grad = total[:n].view_as(st.grad)
         if st.shared is not None:
-            st.shared, st.merged = [total[n : n + self.n_params]], round(merged)
+            st.shared = [total[n : n + self.n_params]]
         st.scale = 1.0 / k
         self.trace.add(
             rank=self.rank, step=s, phase="comm", start_s=t0, end_s=self.now(), kind=_ALLREDUCE, nbytes=nbytes

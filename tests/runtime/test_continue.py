@@ -266,15 +266,6 @@ def test_continue_refuses_what_it_cannot_do(tmp_path, kw, message):
     assert TrainConfig(**{**base, **kw}).failure_policy == "stop"
 
 
-def test_nodes_of_several_gpus_go_on_when_asked_and_stop_by_default(tmp_path):
-    """Their survivors' protocol doubles the node's allreduce: a run pays for it only when asked."""
-    from psgdlab.runtime.config import TrainConfig
-
-    base = dict(algorithm="hadpsgd", workers=4, gpus_per_node=2, steps=10, out=str(tmp_path))
-    assert TrainConfig(**base, on_failure="continue").failure_policy == "continue"
-    assert TrainConfig(**base).failure_policy == "stop"
-
-
 def test_the_default_policy_is_continue_for_gossip_with_a_run_directory(tmp_path):
     from psgdlab.runtime.config import TrainConfig
 
@@ -283,6 +274,8 @@ def test_the_default_policy_is_continue_for_gossip_with_a_run_directory(tmp_path
     asked = TrainConfig(algorithm="dpsgd", workers=4, steps=10, out=str(tmp_path), on_failure="stop")
     assert asked.failure_policy == "stop" and asked.replace(backend="mpi").failure_policy == "stop"
     assert TrainConfig(algorithm="bmuf", workers=4, steps=10, out=str(tmp_path)).failure_policy == "stop"
+    nodes = TrainConfig(algorithm="hadpsgd", workers=4, gpus_per_node=2, steps=10, out=str(tmp_path))
+    assert nodes.failure_policy == "continue"  # nodes of several GPUs too
 
 
 # ----- runs that lose a worker -----------------------------------------------------------------------
@@ -520,10 +513,15 @@ def test_a_node_that_lost_a_gpu_goes_on_with_the_rest_of_it(tmp_path):
     """Two nodes of two GPUs; rank 0 dies -- the rendezvous store's host and the first member of
     node 0, so nothing the survivors need was in it. Rank 1 goes on alone for node 0 -- its
     allreduce dropped, both slices of every average with node 1 its own, weighted 2:1 -- and still
-    mixes with node 1. (A member other than a node's first dies in the tests of nodes of three.)"""
-    config, figures, _ = _continue_run(tmp_path, "0:30", steps=120, algorithm="hadpsgd", gpus_per_node=2)
+    mixes with node 1. (A member other than a node's first dies in the tests of nodes of three.)
+    Continue is the default here, and a node's exchange counts one merge on each member, as under
+    stop and in the simulator, not one per slice."""
+    config, figures, _ = _continue_run(tmp_path, "0:30", steps=120, algorithm="hadpsgd", gpus_per_node=2, on_failure="")
     assert figures["on_failure"] == "continue"
     finals = _check_nodes_went_on(config, figures, dead=[0], steps=120)
+    trace, _ = read_trace(Path(config.out) / "trace.npz")
+    whole = trace[(trace["phase"] == PHASES["compute"]) & (trace["step"] < 25)]
+    assert 0.5 < whole["staleness"].mean() < 1.5  # one own exchange a step (2 when slices were counted)
     assert _spread(finals) < 0.05  # rank 1 ends averaged with node 1, not on its own
     (change,) = figures["membership_changes"]
     assert change["steps_lost"]["0"] >= 1
