@@ -3,6 +3,7 @@
 ::
 
     python bench/bench_continue.py [--algorithm adpsgd] [--repeats 3] [--steps 600] [--json]
+    python bench/bench_continue.py --algorithm hadpsgd --gpus-per-node 2
 
 1. One failure-free ``psgdlab train`` of the least-squares model with emulated compute
    (AD-PSGD on ``--calibrate-workers`` workers, ``--steps`` steps of ``--compute-time``,
@@ -60,6 +61,8 @@ def _train(
     flags = ["train", "--algorithm", algorithm or args.algorithm, "--workers", str(workers), "--model", "least-squares"]
     flags += ["--steps", str(args.steps), "--batch", str(BATCH), "--compute-time", str(args.compute_time)]
     flags += ["--on-failure", policy, "--timeout", str(args.deadline), "--out", str(out), "--json"]
+    if (algorithm or args.algorithm) == "hadpsgd":
+        flags += ["--gpus-per-node", str(args.gpus_per_node)]
     env = dict(os.environ, **({"PSGDLAB_TEST_CRASH": crash} if crash else {}))
     done = _psgdlab(*flags, env=env)
     if done.returncode != 0:
@@ -69,7 +72,10 @@ def _train(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithm", default="adpsgd", choices=("adpsgd", "dpsgd"))
+    parser.add_argument("--algorithm", default="adpsgd", choices=("adpsgd", "dpsgd", "hadpsgd"))
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=2, help="H-ADPSGD's workers per node (its super-learner; default 2)"
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument(
         "--calibrate-workers",
@@ -128,6 +134,7 @@ def main() -> int:
                 "predict", "--platform", str(predicted_platform), "--algorithm", args.algorithm,
                 "--workers", str(args.workers), "--batch", str(BATCH), "--steps", str(args.steps),
                 "--fail", f"{victim}@{failed_at:.4f}", "--on-failure", "continue", "--json",
+                *(["--gpus-per-node", str(args.gpus_per_node)] if args.algorithm == "hadpsgd" else []),
             )  # fmt: skip
             if pred.returncode != 0:
                 raise SystemExit(f"bench_continue: predict failed: {pred.stderr.strip().splitlines()[-1:]}")
@@ -155,6 +162,7 @@ def main() -> int:
     rows = [r for r in rows if r["after_error"] is not None]  # runs whose survivors finished before settling
     result = {
         "algorithm": args.algorithm,
+        "gpus_per_node": args.gpus_per_node if args.algorithm == "hadpsgd" else 1,
         "fault": args.fault,
         "workers": args.workers,
         "runs": len(rows),

@@ -36,8 +36,8 @@ that named another).
 AD-PSGD's, D-PSGD's and H-ADPSGD's runs with a kill or a stop, and AD-PSGD's and H-ADPSGD's with a
 link set down, run ``--on-failure continue``; every other kill, stop or link fault runs
 ``--on-failure stop`` (or restart, above), and a full disk or a corrupted checkpoint runs the
-algorithm's default policy (``default``: continue for AD-PSGD and D-PSGD, stop for H-ADPSGD's 2 GPUs
-per node). Under continue the survivors must finish (status 0) without the victim, or with ranks of
+algorithm's default policy (``default``: continue for AD-PSGD, D-PSGD and H-ADPSGD's nodes of 2
+GPUs). Under continue the survivors must finish (status 0) without the victim, or with ranks of
 one host only when a host was cut off; a fault that lands in the set-up (policy
 ``continue-in-setup``) must stop the run as under ``stop``, naming the victim. Their *detection* is
 the time from the fault to the survivors' new epoch (``OUT/membership``); ``survivor_steps_lost``

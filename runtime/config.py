@@ -299,14 +299,11 @@ class TrainConfig:
     def failure_policy(self) -> str:
         """What the run does when a worker dies: ``on_failure`` when given, else the algorithm's
         default (:func:`psgdlab.core.failure.default_on_failure`: continue for gossip) where the
-        runtime's survivors can go on in this configuration (:meth:`_continue_refusal`), else stop.
-        Nodes of several GPUs stop unless continue is asked for: their survivors' protocol sums
-        the slices of the pairwise averages with the gradient (a node allreduce of twice the
-        bytes, runtime/README.md), a cost a run that loses nobody should not pay unasked."""
+        runtime's survivors can go on in this configuration (:meth:`_continue_refusal`), else stop."""
         if self.on_failure:
             return self.on_failure
         wanted = default_on_failure(self.algorithm)
-        if wanted == "continue" and (self._continue_refusal() is not None or self.gpus_per_node > 1):
+        if wanted == "continue" and self._continue_refusal() is not None:
             return "stop"
         return wanted
 
@@ -476,8 +473,7 @@ class TrainConfig:
             "--on-failure",
             helps={
                 "--on-failure": "default: continue for adpsgd, dpsgd and hadpsgd where the runtime's survivors can "
-                "go on (gloo, a run directory, one GPU per node; dpsgd on one host), stop otherwise; continue "
-                "also takes hadpsgd with several GPUs per node when asked"
+                "go on (gloo, a run directory; dpsgd on one host), stop otherwise"
             },
         )
         if launcher:

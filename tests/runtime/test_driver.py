@@ -65,7 +65,8 @@ def test_synchronous_algorithms_follow_the_reference_trajectory(tmp_path, backen
 @needs_topology
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
 def test_hadpsgd_keeps_node_replicas_identical_and_averages_between_nodes(tmp_path, backend):
-    config = lsq_config(tmp_path, "hadpsgd", 4, backend=backend, gpus_per_node=2, steps=16)
+    # the protocol of stop (continue's, which sums the slices with the gradient: tests/runtime/test_continue.py)
+    config = lsq_config(tmp_path, "hadpsgd", 4, backend=backend, gpus_per_node=2, steps=16, on_failure="stop")
     summary = _launch(config)
     traj = trajectory(config)  # (steps, workers, dim)
     assert np.array_equal(traj[:, 0], traj[:, 1]) and np.array_equal(traj[:, 2], traj[:, 3])
