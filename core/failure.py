@@ -13,6 +13,13 @@ restart    the run restarts from its last complete checkpoint with the same work
            elastic agent, ``--max-restarts``); the steps since that checkpoint are lost
 ========== ========================================================================================
 
+Under ``continue`` a node of several members (H-ADPSGD with ``gpus_per_node > 1``) shares its
+slices another way (:func:`sums_node_slices`): the groups made at start-up cannot be re-made
+without the dead, so instead of an allgather after each sharded exchange and a per-step agreement
+on the passive merges, each member sums its slice deltas with the gradient in the node's
+allreduce, which then carries twice the model and a step check (:data:`STEP_CHECK_ELEMENTS`);
+the runtime runs it and the simulator prices it.
+
 A failure to inject or to predict is written ``RANK@SECONDS`` (:class:`Failure`): worker ``RANK``
 dies ``SECONDS`` after the run's first step; :func:`check_failures` checks a sequence of them
 against a run.
@@ -46,21 +53,53 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from psgdlab.core.algorithms import ALGORITHMS
+from psgdlab.core.algorithms import ALGORITHMS, Algorithm
 from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.exchange import PairwiseAverage
 
 __all__ = [
     "ON_FAILURE",
+    "STEP_CHECK_ELEMENTS",
     "Failure",
     "check_on_failure",
     "default_on_failure",
     "gossip_algorithms",
     "check_failures",
     "draw_failures",
+    "node_sum_elements",
+    "sums_node_slices",
 ]
 
 #: the values of ``--on-failure``
 ON_FAILURE = ("continue", "stop", "restart")
+
+
+#: what a node's sum under ``continue`` carries beside the gradient and the slices: the step
+#: modulo 1024 and its square, whose sums over the members show that all are at one step
+STEP_CHECK_ELEMENTS = 2
+
+
+def sums_node_slices(algorithm: Algorithm, policy: str, rank: int, step: int = 0) -> bool:
+    """Whether ``rank`` shares the slices of its pairwise averages with its node through the
+    gradient allreduce (module docstring): under ``continue``, when its pairwise averages at
+    ``step`` move slices of the model (a node of several members).
+
+    >>> from psgdlab.core.algorithms import make_algorithm
+    >>> h = make_algorithm("hadpsgd", n_workers=4, gpus_per_node=2)
+    >>> sums_node_slices(h, "continue", 0), sums_node_slices(h, "stop", 0)
+    (True, False)
+    >>> sums_node_slices(make_algorithm("adpsgd", n_workers=4), "continue", 0)
+    False
+    """
+    return policy == "continue" and any(
+        isinstance(ex, PairwiseAverage) and ex.n_shards > 1 for ex in algorithm.exchanges(step, rank)
+    )
+
+
+def node_sum_elements(n_params: int) -> int:
+    """The elements of a node's allreduce when it sums slices (:func:`sums_node_slices`): the
+    gradient, the slices' deltas and the step check."""
+    return 2 * n_params + STEP_CHECK_ELEMENTS
 
 
 def gossip_algorithms() -> tuple[str, ...]:

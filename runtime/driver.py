@@ -82,6 +82,7 @@ from psgdlab.core.exchange import (
     ServerExchange,
     wire_bytes,
 )
+from psgdlab.core.failure import STEP_CHECK_ELEMENTS, sums_node_slices
 from psgdlab.core.membership import without_peers
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
@@ -268,9 +269,7 @@ class _Worker:
         #: under ``continue``, a rank whose pairwise exchanges move slices of the model (a node of
         #: several members) shares the slices' deltas with its node through the gradient allreduce
         #: (:meth:`_surviving_allreduce`) instead of allgathers over groups made at start-up
-        self.node_shares = survivors is not None and any(
-            isinstance(ex, PairwiseAverage) and ex.n_shards > 1 for ex in algorithm.exchanges(options.start_step, rank)
-        )
+        self.node_shares = survivors is not None and sums_node_slices(algorithm, "continue", rank, options.start_step)
 
     def now(self) -> float:
         return time.time() - self.origin
@@ -828,16 +827,30 @@ class _Worker:
         at start-up runs on the main channel (shared memory on one host), a group of survivors on
         :attr:`Survivors.groups <psgdlab.runtime.survivors.Survivors.groups>`."""
         s, n = st.step, st.grad.numel()
-        parts = [st.grad.reshape(-1) * st.scale if st.scale != 1.0 else st.grad.reshape(-1)]
-        if st.shared is not None:
-            own = torch.zeros(self.n_params, dtype=st.grad.dtype, device=st.grad.device)
-            for delta in st.shared:
-                own += delta
-            parts.append(own)
         mark = float(s % 1024)
-        parts.append(torch.tensor([mark, mark * mark], dtype=st.grad.dtype, device=st.grad.device))
-        contribution = torch.cat(parts)
-        nbytes = wire_bytes(ex, contribution.numel(), self.itemsize)[0]
+        shared = st.shared
+        size = n + (self.n_params if shared is not None else 0) + STEP_CHECK_ELEMENTS
+
+        def contribution() -> torch.Tensor:
+            """This rank's buffer, written in place (made again for each try of the sum)."""
+            buf = torch.empty(size, dtype=st.grad.dtype, device=st.grad.device)
+            grad = st.grad.reshape(-1)
+            if st.scale != 1.0:
+                torch.mul(grad, st.scale, out=buf[:n])
+            else:
+                buf[:n].copy_(grad)
+            if shared is not None:
+                own = buf[n : n + self.n_params]
+                if shared:
+                    own.copy_(shared[0])
+                    for delta in shared[1:]:
+                        own += delta
+                else:
+                    own.zero_()
+            buf[-STEP_CHECK_ELEMENTS:] = torch.tensor([mark, mark * mark], dtype=buf.dtype)
+            return buf
+
+        nbytes = wire_bytes(ex, size, self.itemsize)[0]
         t0 = self.now()
         self._sleep_jitter()
         with self.flight.wait(
@@ -850,7 +863,7 @@ class _Worker:
         ):
             total, group = self._reduce_over_survivors(contribution, tuple(ex.group), s)
         k = len(group)
-        marks, squares = (float(v) for v in total[-2:])
+        marks, squares = (float(v) for v in total[-STEP_CHECK_ELEMENTS:])
         exact = k <= 16 and torch.finfo(total.dtype).bits >= 32
         if exact and (marks != k * mark or squares != k * mark * mark):
             raise TransportError(
@@ -866,22 +879,23 @@ class _Worker:
         )
 
     def _reduce_over_survivors(
-        self, contribution: torch.Tensor, group: tuple[int, ...], step: int
+        self, contribution: Callable[[], torch.Tensor], group: tuple[int, ...], step: int
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """The sum of ``contribution`` over ``group``, or over its survivors once members die (each
-        try sums a fresh copy: a failed allreduce may have written into its buffer); returns the
-        sum and the group it was made over."""
+        """The sum of this rank's ``contribution()`` over ``group``, or over its survivors once
+        members die (each try sums a buffer made afresh: a failed allreduce may have written into
+        its own, and a transfer left to gloo's timeout may still write); returns the sum and the
+        group it was made over."""
         members = self.survivors
         assert members is not None
         while len(group) > 1:
-            work = contribution.clone()
+            work = contribution()
             reduce = self.main.allreduce_sum if self.main.has_group(group) else members.groups.allreduce_sum
             try:
                 self._unless_lost(partial(reduce, work, group), *group)
                 return work, group
             except RuntimeError as exc:  # TransportError included: a member died or was given up
                 group = self._regroup(group, step, exc)
-        return contribution, group
+        return contribution(), group
 
     def _regroup(self, group: tuple[int, ...], step: int, exc: BaseException) -> tuple[int, ...]:
         """After ``group``'s allreduce failed: wait (up to the deadline) until the membership names

@@ -35,6 +35,11 @@ Barrier            a rendezvous of the group with no payload (phase ``comm``): a
                    tiny allgather that keeps the node's replicas identical).
 =================  ===========================================================================
 
+Under ``on_failure="continue"`` a node of several members shares its slices as the runtime's
+survivors do (:func:`psgdlab.core.failure.sums_node_slices`): its pairwise averages have no
+allgather after them, it has no merge barrier, and its gradient allreduce carries
+:func:`~psgdlab.core.failure.node_sum_elements` elements (the gradient, the slices, the step check).
+
 Staleness (unit: *updates*, :mod:`psgdlab.core.exchange`) of a step is the number of foreign
 merges (pairwise averages on either side, gossip merges) whose completion falls between the
 start of the step whose weights the gradient reads (``gradient_delay`` steps back) and the
@@ -109,7 +114,7 @@ from psgdlab.core.exchange import (
     trainer_merges,
     wire_bytes,
 )
-from psgdlab.core.failure import Failure
+from psgdlab.core.failure import STEP_CHECK_ELEMENTS, Failure, node_sum_elements, sums_node_slices
 from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
@@ -265,7 +270,14 @@ class _Sim:
     """One simulation's state; :meth:`worker` is the simpy process of one worker."""
 
     def __init__(
-        self, algorithm: Algorithm, network: Network, workload: Workload, comp: np.ndarray, steps: int, record: bool
+        self,
+        algorithm: Algorithm,
+        network: Network,
+        workload: Workload,
+        comp: np.ndarray,
+        steps: int,
+        record: bool,
+        policy: str = "stop",
     ) -> None:
         self.env = _CountingEnvironment()
         self.alg = algorithm
@@ -292,6 +304,10 @@ class _Sim:
         self.rows: list[tuple[Any, ...]] = []
         self.record = record
         self.pair_bytes: dict[int, int] = {}  # wire bytes of a pairwise average by its number of shards
+        # under continue a node of several members sums its slices with the gradient (module docstring)
+        self.sums = [sums_node_slices(algorithm, policy, r) for r in range(n)]
+        self.sum_elements = node_sum_elements(self.n_params)
+        self.sum_bytes = 2 * self.S + STEP_CHECK_ELEMENTS * self.itemsize
         # failures (FailureSpec): death and detection times, the schedules rebuilt over survivors
         self.death = [math.inf] * n
         self.detect = [math.inf] * n
@@ -434,7 +450,8 @@ class _Sim:
             nbytes = self.pair_bytes[ex.n_shards] = wire_bytes(ex, self.n_params, self.itemsize)[0]
         if start >= self.detect[peer]:
             return start, start, 0  # a peer known dead: nothing to average with
-        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=_gathers(r, ex), model_bytes=self.S)
+        gather = 1 if self.sums[r] else _gathers(r, ex)
+        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S)
         end = start + dur
         if end > self.death[peer]:  # the peer dies first: the request hangs until the deadline
             self.comm_free[r] = self.detect[peer]
@@ -466,15 +483,18 @@ class _Sim:
             entry[3].append(r)
         t_arr = env.now
         ev = entry[0]
-        nbytes = wire_bytes(ex, self.n_params, self.itemsize)[0]
+        payload = getattr(ex, "payload", "")
+        summed = payload == "grad" and self.sums[r]  # the node's slices ride with the gradient
+        nbytes = wire_bytes(ex, self.sum_elements if summed else self.n_params, self.itemsize)[0]
         if entry[1] == len(group):
             del self.coll[key]
-            dur = self.net.allreduce_s(group, self.S if kind == _K_ALLREDUCE else 0.0, env.now)
-            if kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "model":  # fold the mean into each member
+            size = 0.0 if kind != _K_ALLREDUCE else self.sum_bytes if summed else self.S
+            dur = self.net.allreduce_s(group, size, env.now)
+            if kind == _K_ALLREDUCE and payload == "model":  # fold the mean into each member
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             ev = _release_after(env, ev, dur)
         yield ev
-        if self.tracked and r in self.tracked and kind == _K_ALLREDUCE and getattr(ex, "payload", "") == "grad":
+        if self.tracked and r in self.tracked and kind == _K_ALLREDUCE and payload == "grad":
             self.covered[r].append((env.now, s + 1))  # the group holds this step's gradient
         if self.record:
             self.rows.append((r, s, _COMM, kind, t_arr, env.now, -1, nbytes, -1, _NAN))
@@ -561,7 +581,7 @@ class _Sim:
         mix_ends: deque[float] = deque()
         reads: deque[int] = deque()
         timeout = env.timeout
-        agree = self._agreement(r)
+        agree = None if self.sums[r] else self._agreement(r)
         plat = self.net.platform
         merge_s = host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, self.S)  # folding an average back
         overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, self.S)  # update, snapshot, loop
@@ -665,6 +685,7 @@ def simulate(
     until: str = "first",
     streams: Sequence[int] | None = None,
     failures: FailureSpec | None = None,
+    on_failure: str | None = None,
 ) -> SimResult:
     """Simulate ``steps`` local steps of every worker of ``algorithm``.
 
@@ -697,6 +718,10 @@ def simulate(
     failures : FailureSpec, optional
         Workers that die (the *Failures* section of the module docstring); ``until`` then
         counts the survivors only, and ``extras["failures"]`` says what happened.
+    on_failure : {"continue", "stop", "restart"}, optional
+        The run's failure policy, for the protocol it runs (module docstring: under continue a
+        node of several members sums its slices with the gradient); default: ``failures``'
+        policy, else stop.
 
     Returns
     -------
@@ -712,7 +737,8 @@ def simulate(
     if stragglers is not None:
         stragglers.validate(n)
     comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network, streams=streams)
-    sim = _Sim(algorithm, network, workload, comp, steps, record)
+    policy = on_failure or (failures.policy if failures is not None else "stop")
+    sim = _Sim(algorithm, network, workload, comp, steps, record, policy)
     require(until in ("first", "all"), "until", until, "must be 'first' or 'all'")
     t_end = math.inf
     if failures is not None:

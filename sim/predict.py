@@ -43,6 +43,7 @@ import numpy as np
 
 from psgdlab.core.algorithms import ALGORITHMS, Algorithm, algorithm_from_flags, algorithm_parameters, check_flags
 from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.failure import check_on_failure
 from psgdlab.core.intervals import (
     INTERVAL_KEYS,
     Spread,
@@ -218,6 +219,7 @@ def _prepare(
     seed: int,
     workers_per_host: int | None = None,
     failures: FailureRequest | None = None,
+    on_failure: str | None = None,
 ) -> tuple[Algorithm, StragglerModel | None]:
     """The algorithm and straggler model of one configuration, with its placement checked (every
     configuration error surfaces here, before anything is simulated; placement as in
@@ -232,6 +234,8 @@ def _prepare(
     Placement.pack(config.platform, n_workers, per_host)
     if failures is not None and not failures.is_empty and n_workers > 1:
         failures.check(algorithm)
+    elif on_failure is not None and n_workers > 1:
+        check_on_failure(algorithm.name, on_failure)
     return algorithm, model
 
 
@@ -252,6 +256,7 @@ def predict_one(
     streams: Sequence[int] | None = None,
     intervals: bool = True,
     failures: FailureRequest | None = None,
+    on_failure: str | None = None,
 ) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring).
 
@@ -261,7 +266,10 @@ def predict_one(
     compute-time streams (:func:`psgdlab.sim.engine.simulate`). ``intervals=False`` leaves the
     interval keys out and simulates nothing beyond the window (for callers that only need the
     point values, such as fits). ``failures`` prices worker failures (:mod:`psgdlab.sim.failures`)
-    into the row's ``failures`` (not for one worker: the speedup baseline has none)."""
+    into the row's ``failures`` (not for one worker: the speedup baseline has none).
+    ``on_failure`` is the run's policy when ``failures`` is not given (default stop): it decides
+    the protocol a node of several members runs (:func:`psgdlab.core.failure.sums_node_slices`),
+    so a failure-free run under continue is priced as it runs."""
     workload = config.workload
     algorithm, model = _prepare(
         name,
@@ -274,7 +282,10 @@ def predict_one(
         seed=seed,
         workers_per_host=workers_per_host,
         failures=failures,
+        on_failure=on_failure,
     )
+    failing = failures is not None and not failures.is_empty and n_workers > 1
+    policy = failures.check(algorithm) if failures is not None and failing else on_failure
     window = _window(algorithm, steps)
     # one worker is the speedup baseline's configuration: simulated as it is, so its speedup is 1
     fixed_window = steps is not None or n_workers == 1
@@ -289,6 +300,7 @@ def predict_one(
             gpus_per_node=workers_per_host or gpus_per_node,
             record=record,
             streams=streams,
+            on_failure=policy,
         )
         warmup = max(1, window // 10)
         drift = _steadiness(result.trace, warmup)
@@ -354,6 +366,7 @@ def predict_one(
             stragglers=model,
             gpus_per_node=workers_per_host or gpus_per_node,
             streams=streams,
+            on_failure=policy,
         )
         base = _reference(config, steps=steps, seed=seed)
         if base.spread is None:
@@ -372,7 +385,7 @@ def predict_one(
             "simulation_batches": max(0, len(spread.batch_bounds) - 1),
         }
         row["has_unpinned_parameters"] = bool(u is not None and u.unpinned)
-    if failures is not None and not failures.is_empty and n_workers > 1:
+    if failures is not None and failing:
         row["failures"] = predict_failures(
             algorithm,
             config,
@@ -382,6 +395,7 @@ def predict_one(
             stragglers=model,
             gpus_per_node=workers_per_host or gpus_per_node,
             streams=streams,
+            on_failure=policy,
         )
     return Prediction(row=row, result=result, summary=summ)
 
@@ -474,6 +488,7 @@ def predict_sweep(
                 seed=flags.get("seed", 0),
                 workers_per_host=flags.get("workers_per_host"),
                 failures=flags.get("failures"),
+                on_failure=flags.get("on_failure"),
             )
     cases = [(name, n) for name in algorithms for n in workers]
     jobs = min(len(cases), sweep_jobs(jobs))

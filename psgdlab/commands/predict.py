@@ -107,7 +107,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--on-failure",
         "--checkpoint-every",
         defaults={"--checkpoint-every": 0},
-        helps={"--failure-rate": "the time to train is the mean over --failure-draws draws"},
+        helps={
+            "--failure-rate": "the time to train is the mean over --failure-draws draws",
+            "--on-failure": "the runs' policy (default: the algorithm's with --fail or --failure-rate, else stop): "
+            "continue prices the survivors' protocol too, where a node of several GPUs sums its slices with the "
+            "gradient (psgdlab train's default for gossip on gloo with a run directory)",
+        },
     )
     fail.add_argument(
         "--failure-draws",
@@ -199,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             workers_per_host=args.workers_per_host,
             failures=failures,
+            on_failure=args.on_failure,
             jobs=args.jobs,
         )
     finally:
@@ -243,9 +249,8 @@ def _failure_request(args: argparse.Namespace) -> FailureRequest | None:
 
     given = bool(args.fail) or args.failure_rate is not None
     if not given:
-        for flag, value in (("--on-failure", args.on_failure), ("--failure-draws", args.failure_draws)):
-            if value is not None:
-                raise ConfigError(f"{flag} ({value}) needs --fail or --failure-rate")
+        if args.failure_draws is not None:
+            raise ConfigError(f"--failure-draws ({args.failure_draws}) needs --fail or --failure-rate")
         return None
     if args.failure_draws is not None and args.failure_rate is None:
         raise ConfigError(f"--failure-draws ({args.failure_draws}) needs --failure-rate")

@@ -60,7 +60,10 @@ against 0.05 s of compute, makes the bandwidth term of an allreduce a few percen
 compute, as on the IBM system (docs/validation.md says why that matters for the ranking;
 docs/measurements.md, "Validation", has this machine's figures). The predictions place every
 worker on the one host of the fitted platform (H-ADPSGD's nodes are groups of processes of this
-machine, as in the runtime). This package sits above :mod:`psgdlab.sim`, :mod:`psgdlab.runtime`
+machine, as in the runtime), under the failure policy the case's run follows
+(:func:`~psgdlab.validate.run.case_policy`: under continue, the runtime's default for gossip, a
+node of several members sums its slices with the gradient, and the prediction prices that). This
+package sits above :mod:`psgdlab.sim`, :mod:`psgdlab.runtime`
 and :mod:`psgdlab.analysis`: :mod:`~psgdlab.validate.plan` (configuration, cases, calibration
 plan), :mod:`~psgdlab.validate.run` (measured runs), :mod:`~psgdlab.validate.machine`,
 :mod:`~psgdlab.validate.stats` (ranking on pooled runs and seeds) and
@@ -94,6 +97,7 @@ from psgdlab.validate.plan import (
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import (
+    case_policy,
     earlier_repeats,
     earlier_run,
     earlier_validate,
@@ -262,6 +266,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                     node = vc.gpus_per_node if hosts == 1 else per_host  # on emulated hosts a node is a host
                     gpn = node if "gpus_per_node" in algorithm_parameters(algorithm) else None
                     cname = case_name(name, n, straggler, hosts, rate)
+                    d = meas_root / "runs" / f"{name}-w{n}"
                     say(f"predict {cname}")
                     case: dict[str, Any] = dict(
                         steps=vc.steps,
@@ -269,6 +274,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                         gpus_per_node=gpn,
                         stragglers=straggler or None,
                         workers_per_host=per_host,
+                        on_failure=case_policy(vc, name, n, d, hosts, rate),  # the protocol the run follows
                     )
                     # every seed twice, the workers' compute-time streams in rank order and reversed; the
                     # first (seed offset 0, rank order) is the case's prediction, written and compared
@@ -286,7 +292,6 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                             ),
                         ]
                     ]
-                    d = meas_root / "runs" / f"{name}-w{n}"
                     if vc.measured:
                         earlier_run(source, d)
                     else:

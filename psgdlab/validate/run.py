@@ -72,6 +72,25 @@ def train_config(
     )
 
 
+def case_policy(
+    vc: ValidateConfig, name: str, workers: int, d: Path, hosts: int = 1, nic_bandwidth: str | None = None
+) -> str:
+    """The failure policy case ``name``'s run follows -- it decides the protocol a node of several
+    members runs, so its prediction prices the same (:func:`psgdlab.core.failure.sums_node_slices`):
+    the earlier run's in ``d`` when there is one (``--measured``), else the runtime's default."""
+    summary = d / "summary.json"
+    if summary.is_file():
+        recorded = json.loads(summary.read_text()).get("on_failure")
+        if recorded:
+            return str(recorded)
+    algorithm, variant = ALGORITHM_CASES[name]
+    cfg = train_config(
+        vc, algorithm=algorithm, variant=variant, workers=workers, dim=vc.dim, straggler="", steps=vc.steps, out=d,
+        hosts=hosts, nic_bandwidth=nic_bandwidth,
+    )  # fmt: skip
+    return str(cfg.failure_policy)
+
+
 def launch_fresh(cfg: Any) -> dict[str, Any]:
     """Run ``cfg`` with the runtime into an emptied ``cfg.out``; its summary."""
     from psgdlab.runtime.launch import launch

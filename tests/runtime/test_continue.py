@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.exchange import ExchangeKind, PairwiseAverage
+from psgdlab.core.exchange import AllReduce, ExchangeKind, PairwiseAverage, wire_bytes
+from psgdlab.core.failure import node_sum_elements
 from psgdlab.core.membership import rebuild, survivor_exchanges
 from psgdlab.core.trace import PHASES, read_trace
 from psgdlab.runtime.config import build_algorithm
@@ -522,6 +523,10 @@ def test_a_node_that_lost_a_gpu_goes_on_with_the_rest_of_it(tmp_path):
     trace, _ = read_trace(Path(config.out) / "trace.npz")
     whole = trace[(trace["phase"] == PHASES["compute"]) & (trace["step"] < 25)]
     assert 0.5 < whole["staleness"].mean() < 1.5  # one own exchange a step (2 when slices were counted)
+    summed = trace[(trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["step"] < 25)]
+    node_sum = AllReduce(group=(0, 1), payload="grad")  # the sum the simulator prices under continue
+    elements = node_sum_elements(figures["n_params"])
+    assert set(summed["nbytes"].tolist()) == {wire_bytes(node_sum, elements, figures["itemsize"])[0]}
     assert _spread(finals) < 0.05  # rank 1 ends averaged with node 1, not on its own
     (change,) = figures["membership_changes"]
     assert change["steps_lost"]["0"] >= 1

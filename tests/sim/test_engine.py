@@ -10,7 +10,8 @@ import pytest
 from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
 from psgdlab.core.cost import allreduce_s
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.exchange import ExchangeKind
+from psgdlab.core.exchange import AllReduce, ExchangeKind, wire_bytes
+from psgdlab.core.failure import STEP_CHECK_ELEMENTS, node_sum_elements
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, TRACE_DTYPE, summarize
@@ -262,6 +263,32 @@ def test_sharded_hadpsgd_agrees_inside_the_node_each_step(schedule):
     assert s["step_time_s"] == pytest.approx(0.1 + grad + rounds * alpha, rel=1e-9)
     unsharded = simulate(make_algorithm("adpsgd", n_workers=8), p, w, steps=10).trace
     assert not np.any(unsharded["kind"] == ExchangeKind.BARRIER)
+
+
+@pytest.mark.parametrize("schedule", ["ring", "direct"])
+def test_sharded_hadpsgd_under_continue_sums_its_slices_with_the_gradient(schedule):
+    """Under continue (the runtime's survivors' protocol, ``core.failure.sums_node_slices``) the
+    same nodes have no merge barrier and no allgather after an exchange: the gradient allreduce
+    carries ``node_sum_elements`` -- twice the model and the step check -- and the passive node's
+    step is the compute and that allreduce, in closed form."""
+    m, alpha = 4, 2e-4
+    p = flat_platform(nvlink=Link(latency_s=alpha, bandwidth_bytes_per_s=1e9), allreduce=schedule)
+    w = workload(compute="0.1", n_params=250_000)
+    h = make_algorithm("hadpsgd", n_workers=8, gpus_per_node=m)
+    res = simulate(h, p, w, steps=10, gpus_per_node=8, until="all", on_failure="continue")
+    assert not np.any(res.trace["kind"] == ExchangeKind.BARRIER)
+    grad = res.trace[(res.trace["phase"] == PHASES["comm"]) & (res.trace["kind"] == ExchangeKind.ALLREDUCE)]
+    elements = node_sum_elements(w.n_params)
+    assert set(grad["nbytes"].tolist()) == {
+        wire_bytes(AllReduce(group=(0, 1, 2, 3), payload="grad"), elements, w.itemsize)[0]
+    }
+    size = w.payload_bytes * 2 + STEP_CHECK_ELEMENTS * w.itemsize
+    reduce = allreduce_s(m, size, 1e9, alpha) if schedule == "ring" else (2 * (m - 1) / m * size / 1e9 + 2 * alpha)
+    s = summarize(res.trace[res.trace["rank"] < 4], samples_per_step=32, warmup_steps=2)
+    assert s["step_time_s"] == pytest.approx(0.1 + reduce, rel=1e-9)
+    # stop (the default without a failure) keeps the protocol of the test above
+    stop = simulate(h, p, w, steps=10, gpus_per_node=8, until="all").trace
+    assert np.any(stop["kind"] == ExchangeKind.BARRIER)
 
 
 def _rank_steps(trace):

@@ -313,7 +313,8 @@ def test_policy_and_failure_checks():
         (["--fail", "1@-5"], "needs a finite time >= 0 seconds"),
         (["--fail", "1@soon"], "must be RANK@SECONDS"),
         (["--algorithm", "ssgd", "--fail", "1@5", "--on-failure", "continue"], "not ssgd; use stop or restart"),
-        (["--on-failure", "stop"], "needs --fail or --failure-rate"),
+        (["--algorithm", "ssgd", "--on-failure", "continue"], "not ssgd; use stop or restart"),
+        (["--failure-draws", "3"], "needs --fail or --failure-rate"),
         (["--failure-rate", "-1"], "failure-rate (-1.0) must be"),
         (["--fail", "1@5", "--checkpoint-every", "-3"], "checkpoint-every (-3) must be"),
     ],
@@ -323,6 +324,19 @@ def test_bad_failure_flags_exit_2_with_one_line(tmp_path, capsys, argv, message)
     assert main([*base, *(["--algorithm", "adpsgd"] if "--algorithm" not in argv else []), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
+
+
+def test_predict_prices_the_protocol_of_the_policy_without_a_failure(tmp_path, capsys):
+    """``--on-failure continue`` alone prices a run that loses nobody under the survivors'
+    protocol: H-ADPSGD's nodes sum their slices with the gradient (twice the model's bytes in
+    the node's allreduce); stop, the default without a failure, allgathers them."""
+    argv = ["predict", "--algorithm", "hadpsgd", "--workers", "16", "--gpus-per-node", "8", "--steps", "20", "--json"]
+    rows = {}
+    for policy in ("stop", "continue"):
+        assert main([*argv, "--on-failure", policy, "--out", str(tmp_path / policy)]) == 0
+        (rows[policy],) = json.loads(capsys.readouterr().out)["rows"]
+    assert "failures" not in rows["continue"]
+    assert rows["continue"]["step_time_s"] != rows["stop"]["step_time_s"]
 
 
 def test_predict_json_and_text_carry_the_failure_keys(tmp_path, capsys):
