@@ -134,7 +134,9 @@ def main() -> int:
                 "predict", "--platform", str(predicted_platform), "--algorithm", args.algorithm,
                 "--workers", str(args.workers), "--batch", str(BATCH), "--steps", str(args.steps),
                 "--fail", f"{victim}@{failed_at:.4f}", "--on-failure", "continue", "--json",
-                *(["--gpus-per-node", str(args.gpus_per_node)] if args.algorithm == "hadpsgd" else []),
+                # H-ADPSGD's nodes as groups of this machine's processes, on the calibrated one host
+                *(["--gpus-per-node", str(args.gpus_per_node), "--workers-per-host", str(args.workers)]
+                  if args.algorithm == "hadpsgd" else []),
             )  # fmt: skip
             if pred.returncode != 0:
                 raise SystemExit(f"bench_continue: predict failed: {pred.stderr.strip().splitlines()[-1:]}")
