@@ -56,6 +56,7 @@ from psgdlab.runtime.ranks import (
     describe_exit,
     free_port,
     in_main_thread,
+    oom_kills,
     rank_environment,
     start_ranks,
 )
@@ -282,12 +283,13 @@ def _watch(
     start = time.monotonic()
     seen: dict[int, int] = {}
     watch = RankWatch(deadline_s)
+    oom_before = oom_kills()
 
     def poll(w: RankWatch) -> None:
         for r, p in procs.items():
             code = p.poll()
             if code is not None and code != 0 and r >= 0 and r not in w.killed_by_us:
-                w.saw(r, f"rank {r} {describe_exit(code)}", dead=_killed(code), when=w.exited.get(r))
+                w.saw(r, f"rank {r} {describe_exit(code, oom_before)}", dead=_killed(code), when=w.exited.get(r))
         for r in range(world):  # under mpiexec: a rank that vanished without finishing
             if r not in seen:
                 pid_file = ranks_dir / f"rank{r}.pid"

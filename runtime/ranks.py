@@ -19,6 +19,7 @@ __all__ = [
     "STOP_GRACE_S",
     "STORE_FD_ENV",
     "describe_exit",
+    "oom_kills",
     "free_port",
     "in_main_thread",
     "rank_environment",
@@ -133,13 +134,35 @@ def start_ranks(
     return procs
 
 
-def describe_exit(code: int) -> str:
-    """How a process ended, from its exit code: ``was killed by signal SIGKILL``, ``exited with status 1``."""
+def oom_kills() -> int | None:
+    """The processes the kernel's out-of-memory killer has killed since boot (``oom_kill`` in
+    ``/proc/vmstat``, readable without privileges), or ``None`` where the kernel does not say."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def describe_exit(code: int, oom_kills_before: int | None = None) -> str:
+    """How a process ended, from its exit code: ``was killed by signal SIGKILL``, ``exited with
+    status 1``; a SIGKILL while the kernel's out-of-memory killer has killed processes since
+    :func:`oom_kills` read ``oom_kills_before`` says so (the likely killer, and what to change)."""
     if code < 0:
         try:
-            return f"was killed by signal {signal.Signals(-code).name}"
+            text = f"was killed by signal {signal.Signals(-code).name}"
         except ValueError:
-            return f"was killed by signal {-code}"
+            text = f"was killed by signal {-code}"
+        now = oom_kills() if code == -signal.SIGKILL and oom_kills_before is not None else None
+        if now is not None and oom_kills_before is not None and now > oom_kills_before:
+            text += (
+                f" (the kernel's out-of-memory killer killed {now - oom_kills_before} process(es) during the run: "
+                "the ranks need more memory than the machine has; use fewer workers or a smaller model)"
+            )
+        return text
     return f"exited with status {code}"
 
 

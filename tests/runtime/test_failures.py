@@ -275,3 +275,19 @@ def test_a_failure_record_that_cannot_be_written_still_ends_in_one_error(tmp_pat
     assert message.startswith("run failed: rank 1 was killed by signal SIGKILL"), message
     assert message.endswith("; failure.json not written: No space left on device") and "\n" not in message
     assert not (Path(config.out) / "failure.json").exists()
+
+
+def test_a_sigkill_while_the_oom_killer_struck_says_so(monkeypatch):
+    """A rank killed by SIGKILL is named with its signal; when the kernel's out-of-memory killer
+    has killed processes since the run began (``oom_kill`` of /proc/vmstat), the error says that
+    this is the likely cause -- nothing else tells a user why the run lost a rank."""
+    from psgdlab.runtime import ranks
+
+    kills = iter([7])
+    monkeypatch.setattr(ranks, "oom_kills", lambda: next(kills))
+    text = ranks.describe_exit(-signal.SIGKILL, oom_kills_before=5)
+    assert text.startswith("was killed by signal SIGKILL (the kernel's out-of-memory killer killed 2 process(es)")
+    monkeypatch.setattr(ranks, "oom_kills", lambda: 5)  # none since: the plain signal
+    assert ranks.describe_exit(-signal.SIGKILL, oom_kills_before=5) == "was killed by signal SIGKILL"
+    assert ranks.describe_exit(-signal.SIGTERM, oom_kills_before=0) == "was killed by signal SIGTERM"
+    assert ranks.describe_exit(1) == "exited with status 1"
