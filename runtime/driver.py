@@ -822,9 +822,9 @@ class _Worker:
         slices (:attr:`node_shares`) -- the sum of this rank's slice deltas (``st.shared``: each
         member holds the slices it averaged, so the node's sum is every slice, applied alike on
         every member and the replicas stay identical), then a check that every member is at the
-        same step (``step mod 1024`` and its square: their sums
-        are exact in float32 and float64 for groups of up to 16, where it is made). A group made
-        at start-up runs on the main channel (shared memory on one host), a group of survivors on
+        same step (``step mod 1024`` and its square: their sums are exact in float32 and float64
+        for groups of up to 16, where it is made). A group made at start-up runs on the main
+        channel (shared memory on one host), a group of survivors on
         :attr:`Survivors.groups <psgdlab.runtime.survivors.Survivors.groups>`."""
         s, n = st.step, st.grad.numel()
         mark = float(s % 1024)
