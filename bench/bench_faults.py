@@ -23,13 +23,14 @@ link-down       on two emulated hosts (root only), host 1's link is set down
 A run *hangs* when the launcher has not ended by itself ``--hang-after`` seconds after the fault
 (the bench then kills it; default 90 s, beyond the set-up's own deadline of 60 s, within which a
 fault during the rendezvous ends the run). A failed or hung run's record (the soak's too) keeps the
-last lines of its standard error (``stderr_tail``), which goes to a file while it runs. *Partial files* are
-temporary files (``.NAME.tmpPID``, ``.NAME.PID.tmp``) left anywhere in the run directory (the
-soak's runs too). *Detection* is the time from a kill, a stop or a link set down to the run's end
-under ``stop`` (the launcher's decision, the survivors' flight records and the clean-up included:
-an upper bound). Under ``restart``, *work lost* is, per
-restart, the steps done since the checkpoint it resumed from, and ``restart_p50_s`` the median time
-from the failure to the first step after it (the summary's ``restarts``).
+last lines of its standard error (``stderr_tail``), which goes to a file while it runs. *Partial
+files* are temporary files (``.NAME.tmpPID``, ``core.trace.temporary_path``, or the older
+``.NAME.PID.tmp``) left anywhere in the run directory (the soak's runs too). *Detection* is the
+time from a kill, a stop or a link set down to the run's end under ``stop`` (the launcher's
+decision, the survivors' flight records and the clean-up included: an upper bound). Under
+``restart``, *work lost* is, per restart, the steps done since the checkpoint it resumed from,
+and ``restart_p50_s`` the median time from the failure to the first step after it (the
+summary's ``restarts``).
 *Named* counts the runs whose error named the rank the bench killed or stopped (``misnamed``: those
 that named another).
 

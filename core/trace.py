@@ -57,6 +57,7 @@ __all__ = [
     "summarize",
     "staleness_histogram",
     "atomic_write_bytes",
+    "temporary_path",
     "atomic_write_text",
     "atomic_write_json",
 ]
@@ -147,11 +148,24 @@ class TraceBuilder:
 
 
 # ----- atomic file writing ----------------------------------------------------------------------
+def temporary_path(path: str | os.PathLike[str], tag: str = "") -> Path:
+    """The name this process writes ``path`` under before it is complete: ``.NAME[.TAG].tmpPID``
+    beside it (``tag`` tells apart writers on hosts whose process ids may repeat). Every temporary
+    file of a run has this form, so what a killed process left is found by its id
+    (:func:`psgdlab.runtime.failures.remove_partial_files`).
+
+    >>> temporary_path("/run/epoch00000002.json", tag="3").name.startswith(".epoch00000002.json.3.tmp")
+    True
+    """
+    path = Path(path)
+    return path.with_name(f".{path.name}{'.' + tag if tag else ''}.tmp{os.getpid()}")
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to a temporary file beside ``path``, fsync it and rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import TransportError
+from psgdlab.core.trace import temporary_path
 
 __all__ = ["Agreement", "Epoch", "Removed", "MEMBERSHIP_DIR"]
 
@@ -144,7 +145,7 @@ class Agreement:
 
     def _create(self, proposal: Epoch) -> bool:
         """Write ``proposal`` as its epoch unless that epoch exists; True when this call made it."""
-        tmp = self.root / f".epoch{proposal.epoch:08d}.{self.rank}.{os.getpid()}.tmp"
+        tmp = temporary_path(self._path(proposal.epoch), tag=str(self.rank))
         try:  # the temporary file goes whatever fails (a full disk while writing it, say)
             with open(tmp, "w") as fh:
                 json.dump(proposal.to_json(), fh)

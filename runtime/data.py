@@ -44,6 +44,7 @@ import h5py
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.trace import temporary_path
 
 __all__ = [
     "FORMAT_VERSION",
@@ -179,7 +180,7 @@ def write_corpus(
     if credit is not None:
         attrs["credit"] = credit
     strings = h5py.string_dtype("utf-8")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_path(path)
     try:
         with h5py.File(tmp, "w") as f:
             f.create_dataset("features", data=np.concatenate(feats).astype(dtype), chunks=True)

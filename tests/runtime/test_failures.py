@@ -120,6 +120,24 @@ def test_partial_files_of_the_killed_ranks_are_removed(tmp_path):
     assert other.exists() and not killed.exists()
 
 
+def test_every_temporary_file_of_a_rank_is_found_by_its_process(tmp_path):
+    """An epoch proposal, a corpus and any atomic write are written under ``temporary_path``: what
+    a rank killed while writing left is removed by its process id (a 200-fault campaign found an
+    epoch proposal's ``.epochN.RANK.PID.tmp`` that the sweep, which looked for ``tmpPID``, missed)."""
+    from psgdlab.core.trace import temporary_path
+
+    left = [
+        temporary_path(tmp_path / "membership" / "epoch00000002.json", tag="2"),
+        temporary_path(tmp_path / "corpus.h5"),
+        temporary_path(tmp_path / "summary.json"),
+    ]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    assert sorted(remove_partial_files(tmp_path, [os.getpid()])) == sorted(left)
+    assert not any(path.exists() for path in left)
+
+
 def test_a_stopped_process_is_seen_stopped_and_killed_past_the_deadline():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
