@@ -58,6 +58,7 @@ __all__ = [
     "staleness_histogram",
     "atomic_write_bytes",
     "temporary_path",
+    "temporary_writer",
     "atomic_write_text",
     "atomic_write_json",
 ]
@@ -159,6 +160,17 @@ def temporary_path(path: str | os.PathLike[str], tag: str = "") -> Path:
     """
     path = Path(path)
     return path.with_name(f".{path.name}{'.' + tag if tag else ''}.tmp{os.getpid()}")
+
+
+def temporary_writer(path: str | os.PathLike[str]) -> int | None:
+    """The process id :func:`temporary_path` put in ``path``'s name, or ``None`` for another name.
+
+    >>> temporary_writer(".epoch00000002.json.3.tmp4532"), temporary_writer("epoch00000002.json")
+    (4532, None)
+    """
+    name = Path(path).name
+    last = name.rsplit(".", 1)[-1]
+    return int(last[3:]) if name.startswith(".") and last.startswith("tmp") and last[3:].isdigit() else None
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -871,7 +871,7 @@ class _Worker:
                 f"is step {s}): one finished the allreduce a member died in, another did not"
             )
         st.grad = total[:n].view_as(st.grad)
-        if st.shared is not None:
+        if shared is not None:
             st.shared = [total[n : n + self.n_params]]
         st.scale = 1.0 / k
         self.trace.add(

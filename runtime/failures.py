@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.trace import atomic_write_json
+from psgdlab.core.trace import atomic_write_json, temporary_writer
 from psgdlab.runtime.flight import ABORT_FILE, FLIGHT_DIR, describe_wait, flight_path
 
 __all__ = ["RankWatch", "RankFailure", "stop_run", "process_state", "remove_partial_files", "FAILURE_FILE"]
@@ -349,14 +349,14 @@ def _say_waits(waits: list[dict[str, Any]]) -> list[str]:
 
 
 def remove_partial_files(out: Path, pids: Iterable[int]) -> list[Path]:
-    """Remove the temporary files (``.NAME.tmpPID``, :func:`~psgdlab.core.trace.atomic_write_bytes`)
-    that the processes ``pids`` left under ``out`` when killed while writing; returns them."""
-    wanted = {f"tmp{pid}" for pid in pids}
+    """Remove the temporary files (:func:`~psgdlab.core.trace.temporary_path`) that the processes
+    ``pids`` left under ``out`` when killed while writing; returns them."""
+    wanted = set(pids)
     removed: list[Path] = []
     if not wanted or not out.is_dir():
         return removed
     for path in out.rglob(".*.tmp*"):
-        if path.name.rsplit(".", 1)[-1] in wanted:
+        if temporary_writer(path) in wanted:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed

@@ -156,12 +156,13 @@ def describe_exit(code: int, oom_kills_before: int | None = None) -> str:
             text = f"was killed by signal {signal.Signals(-code).name}"
         except ValueError:
             text = f"was killed by signal {-code}"
-        now = oom_kills() if code == -signal.SIGKILL and oom_kills_before is not None else None
-        if now is not None and oom_kills_before is not None and now > oom_kills_before:
-            text += (
-                f" (the kernel's out-of-memory killer killed {now - oom_kills_before} process(es) during the run: "
-                "the ranks need more memory than the machine has; use fewer workers or a smaller model)"
-            )
+        if code == -signal.SIGKILL and oom_kills_before is not None:
+            now = oom_kills()
+            if now is not None and now > oom_kills_before:
+                text += (
+                    f" (the kernel's out-of-memory killer killed {now - oom_kills_before} process(es) during the "
+                    "run: the ranks need more memory than the machine has; use fewer workers or a smaller model)"
+                )
         return text
     return f"exited with status {code}"
 
