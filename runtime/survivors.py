@@ -48,7 +48,6 @@ from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, withou
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.agreement import MEMBERSHIP_DIR, Agreement, Epoch, Removed
 from psgdlab.runtime.mailbox import Mailbox
-from psgdlab.runtime.regroup import GROUPS_DIR, SurvivorGroups
 
 __all__ = [
     "Survivors",
@@ -130,6 +129,9 @@ class Survivors:
         self.mailbox = Mailbox(rank, algorithm.n_workers, host=host, deadline_s=deadline_s, on_lost=self._on_lost)
         #: the groups of survivors this rank's collectives run over once a member of a group made
         #: at start-up has died (their rendezvous files beside the epochs)
+        # regroup imports torch, which the launcher (importing this module for continuing_path) does without
+        from psgdlab.runtime.regroup import GROUPS_DIR, SurvivorGroups
+
         self.groups = SurvivorGroups(run_dir / MEMBERSHIP_DIR / GROUPS_DIR, rank=rank, timeout_s=deadline_s)
         self._lock = threading.Lock()
         self._rebuilt: dict[int, Rebuilt] = {}

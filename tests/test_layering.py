@@ -167,6 +167,8 @@ print(",".join(bad))
         ("psgdlab.core.topology", ("torch", "simpy", "mpi4py", "matplotlib", "networkx")),
         ("psgdlab.sim", ("torch", "mpi4py", "matplotlib")),
         ("psgdlab.cli", ("torch", "simpy", "mpi4py", "matplotlib")),
+        # the launcher of `psgdlab train` starts the ranks; only they need torch
+        ("psgdlab.runtime.launch", ("torch", "simpy", "matplotlib")),
     ],
 )
 def test_import_does_not_load_heavy_dependencies(module, forbidden):
