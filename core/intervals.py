@@ -55,10 +55,11 @@ random streams of worker 0; a 1-worker row *is* the baseline): the variance of t
 log ratio over their number (:func:`simulation_log_var`).
 
 **Run-to-run noise** (:math:`c`): the profile's ``noise_cv``, what a measured mean step time
-scatters by between runs of the same configuration; a measured speedup is the ratio of two
-measurements, hence the factor 2. A profile without an ``[uncertainty]`` table takes its
-parameters as exact and its ``noise_cv`` as 0; the interval is then the simulator's noise alone,
-and the row says so (:func:`interval_description`).
+scatters by about its prediction: between runs of the same configuration or, in a fitted
+profile where that is larger, the model's residual over the figures or runs it was fitted from;
+a measured speedup is the ratio of two measurements, hence the factor 2. A profile without an
+``[uncertainty]`` table takes its parameters as exact and its ``noise_cv`` as 0; the interval
+is then the simulator's noise alone, and the row says so (:func:`interval_description`).
 
 Examples
 --------

@@ -553,8 +553,9 @@ class Uncertainty:
         the prior (a spec-sheet figure) and their ``log_sd`` the prior's spread. A subset of
         ``parameters``.
     noise_cv : float
-        Run-to-run relative standard deviation of a measured mean step time, ``>= 0`` (what
-        one measurement of the same configuration scatters by).
+        Relative standard deviation of a measured mean step time about the prediction, ``>= 0``:
+        what one measurement of the same configuration scatters by, or in a fitted profile the
+        fit's residual over its data where that is larger.
     in_sample_error, loo_error, logo_error : float or None
         Median absolute relative error of the fit on the data it was fitted to, leave-one-out
         and leave-one-group-out; ``None`` when not computed.

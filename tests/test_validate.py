@@ -256,6 +256,16 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert result["interval_coverage"] == float(case["in_interval"])
     # the calibration runs are not the validated case
     assert not any("ssgd-w2" == p.name for p in (out / "calibration").iterdir())
+    # each was predicted on the fitted platform; its residual is the profile's noise when larger
+    calibration = json.loads((out / "validate.json").read_text())["calibration"]
+    residuals = calibration["residuals"]
+    assert {r["run"] for r in residuals["runs"]} == {p.name for p in (out / "calibration").iterdir()}
+    assert all(r["predicted_step_time_s"] > 0.04 and r["measured_step_time_s"] > 0.04 for r in residuals["runs"])
+    from psgdlab.core.profile import Profile
+
+    noise = Profile.read(out / "platform.toml").uncertainty.noise_cv
+    run_to_run = calibration["noise"]["step_cv_used"]
+    assert noise == pytest.approx(max(residuals["residual_cv"], run_to_run), rel=1e-4)
 
     # --measured: the same runs fitted, predicted and compared again without running anything
     again = tmp_path / "again"
