@@ -21,6 +21,18 @@ def _netns_reason() -> str | None:
 NETNS_REASON = _netns_reason()
 
 
+def test_case_policy_reads_an_earlier_run_only_when_re_predicting(tmp_path):
+    from psgdlab.validate.run import case_policy
+
+    d = tmp_path / "measured" / "runs" / "hadpsgd-w4"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"on_failure": "stop"}))
+    fresh = ValidateConfig(out=str(tmp_path / "again"))
+    default = case_policy(fresh, "hadpsgd", 4, d)
+    assert default == "continue"  # the runtime's default for H-ADPSGD's nodes, not the earlier run's
+    assert case_policy(ValidateConfig(out=str(tmp_path / "again"), measured=str(tmp_path)), "hadpsgd", 4, d) == "stop"
+
+
 def test_validate_config_checks(tmp_path):
     with pytest.raises(ConfigError, match="algorithms"):
         ValidateConfig(out=str(tmp_path), algorithms=("nope",))

@@ -77,9 +77,10 @@ def case_policy(
 ) -> str:
     """The failure policy case ``name``'s run follows -- it decides the protocol a node of several
     members runs, so its prediction prices the same (:func:`psgdlab.core.failure.sums_node_slices`):
-    the earlier run's in ``d`` when there is one (``--measured``), else the runtime's default."""
+    with ``--measured`` the earlier run's in ``d``, else the runtime's default (a fresh validate
+    into a directory used before measures anew, whatever policy the run there followed)."""
     summary = d / "summary.json"
-    if summary.is_file():
+    if vc.measured and summary.is_file():
         recorded = json.loads(summary.read_text()).get("on_failure")
         if recorded:
             return str(recorded)
