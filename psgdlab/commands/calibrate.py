@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "them as a "
             "platform+workload TOML the simulator reads (psgdlab predict --platform FILE.toml), with "
             "the fit's residuals and each fitted value's uncertainty ([uncertainty]: standard errors in "
-            "log terms, run-to-run noise) as comments and tables. Too little data is an error; a value the "
+            "log terms, run-to-run noise) as comments and tables; each run is then predicted on the fitted profile as "
+            "it ran, and the profile's noise is raised to the model's residual on them where that is larger. "
+            "Too little data is an error; a value the "
             "data cannot pin down (one payload size, durations that do not grow with the size) keeps its "
             "prior and is marked unpinned. "
             "--probe first measures the transport's building blocks as nccl-tests does: pairwise "
@@ -126,6 +128,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
+    from psgdlab.calibration import with_residuals
     from psgdlab.core.cost import allreduce_rounds
     from psgdlab.core.errors import ConfigError, require
 
@@ -159,9 +162,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_dirs:
         return _print_probe(run_dirs[-1], args)
     fit = calibrate_runs(run_dirs, warmup_steps=args.warmup_steps, cores=args.cores)
-    platform_profile(
+    profile = platform_profile(
         fit, name=args.name, devices=args.devices, n_params=args.n_params, hosts=args.platform_hosts
-    ).write(args.out)
+    )
+    profile, fit["residuals"] = with_residuals(profile, run_dirs)  # the model's miss on the runs it has seen
+    profile.write(args.out)
     if args.json:
         print(json.dumps({**fit, "out": args.out}, indent=2, default=str))
     else:
@@ -227,6 +232,14 @@ def run(args: argparse.Namespace) -> int:
         from_probe = [f"{k} ({v})" for k, v in (fit.get("link_source") or {}).items() if "probe" in v]
         if from_probe:
             print(f"from the probe ({fit['probe']}): {', '.join(from_probe)}")
+        res = fit["residuals"]
+        u = profile.uncertainty
+        if res["residual_cv"] is not None and u is not None:
+            print(
+                f"the runs predicted on the fitted profile: rms log residual of the mean step {res['residual_cv']:.3g} "
+                f"over {len(res['runs'])} runs; noise_cv {u.noise_cv:.3g}"
+                + (" (raised to the residual)" if u.noise_cv == round(res["residual_cv"], 6) else " (run-to-run)")
+            )
         print(f"wrote {args.out}")
     return 0
 

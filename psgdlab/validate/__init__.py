@@ -14,7 +14,8 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              more workers than cores and no calibration run does: the CPU work
                              of communication, measured (validate.plan.probe_groups)
     OUT/platform.toml        the fitted platform profile (psgdlab.analysis.calibrate), its
-                             noise_cv at least the calibration runs' residual (with_residuals)
+                             noise_cv at least the calibration runs' residual
+                             (psgdlab.calibration.with_residuals)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
     OUT/measured-repeats/    more runs of the cases of a pair measured out of the predicted order
@@ -79,8 +80,9 @@ import shutil
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from psgdlab.calibration import with_residuals
 from psgdlab.core.algorithms import algorithm_parameters
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.validate.machine import load_average, wait_for_quiet
@@ -114,9 +116,7 @@ from psgdlab.validate.stats import (
     pooled_ranking,
     predicted_samples_per_s,
     relabelled_seeds,
-    residual_cv,
     staleness_ok,
-    window_step_time_s,
 )
 
 __all__ = [
@@ -147,68 +147,6 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         if made:
             shutil.rmtree(out, ignore_errors=True)
         raise
-
-
-class CalibrationRun(NamedTuple):
-    """A calibration run and its configuration: ``workers`` of which ``per_host`` on each host."""
-
-    path: Path
-    algorithm: str
-    workers: int
-    dim: int
-    per_host: int
-
-
-def with_residuals(profile: Any, runs: list[CalibrationRun], vc: ValidateConfig, calibration: dict[str, Any]) -> Any:
-    """``profile`` with its ``noise_cv`` at least the calibration runs' residual.
-
-    Each run the profile's platform can place (a host holds ``per_host`` of its workers) is
-    predicted at its own size and steps and compared with its measured mean step under the
-    comparison's window (:func:`~psgdlab.validate.stats.window_step_time_s`); the root mean
-    square of the log errors (:func:`~psgdlab.validate.stats.residual_cv`) is what the model
-    misses on runs it was fitted from, end to end: the links are fitted from the runs'
-    exchanges, never from their step times, so what composing them into a step leaves out
-    (the cores' scheduling, overlap) shows here and widens every case's interval
-    (:mod:`psgdlab.core.intervals`), as the published figures' residual does for a fitted preset
-    (:mod:`psgdlab.sim.fit`). ``calibration["residuals"]`` records each run's pair and the figure."""
-    import dataclasses
-
-    from psgdlab.analysis.load import load_run
-    from psgdlab.sim.predict import predict_one
-
-    pairs: list[tuple[float, float]] = []
-    rows: list[dict[str, Any]] = []
-    configs: dict[int, Any] = {}
-    for run in runs:
-        if run.per_host > profile.platform.devices_per_host:
-            continue
-        measured = load_run(run.path)
-        if measured.trace is None:
-            continue
-        if run.dim not in configs:
-            configs[run.dim] = profile.with_values({"workload.n_params": run.dim}).resolved()
-        pred = predict_one(
-            run.algorithm,
-            run.workers,
-            configs[run.dim],
-            steps=vc.calibration_steps,
-            seed=vc.seed,
-            workers_per_host=run.per_host,
-            intervals=False,
-        )
-        pair = (window_step_time_s(pred.result.trace, vc.batch), window_step_time_s(measured.trace, vc.batch))
-        pairs.append(pair)
-        rows.append({"run": run.path.name, "predicted_step_time_s": pair[0], "measured_step_time_s": pair[1]})
-    cv = residual_cv(pairs)
-    calibration["residuals"] = {"runs": rows, "residual_cv": cv}
-    u = profile.uncertainty
-    if cv is None or u is None or cv <= u.noise_cv:
-        return profile
-    note = f"  noise_cv: the calibration runs' rms log residual {cv:.3g} over {len(pairs)} runs"
-    note += f" (run-to-run noise alone {u.noise_cv:.3g})"
-    return dataclasses.replace(
-        profile, uncertainty=dataclasses.replace(u, noise_cv=round(cv, 6)), notes=(*profile.notes, note)
-    )
 
 
 def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dict[str, Any]:
@@ -249,7 +187,6 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
 
     # 1. calibration runs (never the validated cases)
     calib_dirs = []
-    calib_runs: list[CalibrationRun] = []  # what each is, to predict it on the fitted platform
     for alg, n, dim, name in plan:
         cfg = train_config(
             vc,
@@ -262,7 +199,6 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             out=source / "calibration" / name,
         )
         calib_dirs.append(obtain(Path(cfg.out), f"calibration run {name}", partial(launch_fresh, cfg)))
-        calib_runs.append(CalibrationRun(calib_dirs[-1], alg, n, dim, n))
     groups = probe_groups(vc, cores)
     if groups:  # the CPU work of communication, measured where no calibration run oversubscribes the cores
         from psgdlab.runtime.probe import ProbeConfig, probe
@@ -270,7 +206,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         probe_cfg = ProbeConfig(out=str(source / "calibration" / "probe"), backend=vc.backend, groups=groups)
         label = f"probe of the transport (groups {', '.join(map(str, groups))})"
         calib_dirs.append(obtain(Path(probe_cfg.out), label, partial(probe, probe_cfg)))
-    between: dict[str | None, list[CalibrationRun]] = {}
+    between: dict[str | None, list[Path]] = {}
     if vc.hosts:
         for alg, dim, rate, name in between_hosts_plan(vc):
             cfg = train_config(
@@ -286,8 +222,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                 nic_bandwidth=rate,
             )
             label = f"calibration run {name} (2 emulated hosts, one worker each)"
-            d = obtain(Path(cfg.out), label, partial(launch_fresh, cfg))
-            between.setdefault(rate, []).append(CalibrationRun(d, alg, 2, dim, 1))
+            between.setdefault(rate, []).append(obtain(Path(cfg.out), label, partial(launch_fresh, cfg)))
     # one platform per NIC rate: this machine's fits inside a host, the rate's between hosts
     settings: list[tuple[str | None, int]] = (
         [(rate, h) for rate in (vc.nic_bandwidths or (None,)) for h in vc.hosts] if vc.hosts else [(None, 1)]
@@ -295,8 +230,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
     configs: dict[str | None, Any] = {}
     calibrations: dict[str, Any] = {}
     for rate in dict.fromkeys(r for r, _ in settings):
-        runs_between = between.get(rate, [])
-        calibration = calibrate_runs(calib_dirs + [r.path for r in runs_between], cores=cores)
+        fitted = calib_dirs + between.get(rate, [])
+        calibration = calibrate_runs(fitted, cores=cores)
         platform_path = out / ("platform.toml" if not vc.hosts else f"platform-{rate_slug(rate)}.toml")
         per_host = max(n // h for h, n in host_cases(vc)) if vc.hosts else max(vc.workers)
         profile = platform_profile(
@@ -310,7 +245,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             hosts=max(vc.hosts) if vc.hosts else None,
         )
         say("predict the calibration runs")
-        with_residuals(profile, calib_runs + runs_between, vc, calibration).write(platform_path)
+        profile, calibration["residuals"] = with_residuals(profile, fitted)
+        profile.write(platform_path)
         configs[rate] = load_config(path=platform_path)
         calibrations[str(platform_path.name)] = calibration
     # 2. one measured run and one prediction per case

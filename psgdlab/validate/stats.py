@@ -15,8 +15,6 @@ __all__ = [
     "pooled_ranking",
     "pooled_mean",
     "predicted_samples_per_s",
-    "window_step_time_s",
-    "residual_cv",
     "spread",
     "staleness_ok",
     "mark_intervals",
@@ -123,28 +121,6 @@ def predicted_samples_per_s(trace: Any, samples_per_step: int) -> float:
     from psgdlab.analysis.compare import cut_at_first_finish, window_summary
 
     return float(window_summary(cut_at_first_finish(trace), samples_per_step=samples_per_step)["samples_per_s"])
-
-
-def window_step_time_s(trace: Any, samples_per_step: int) -> float:
-    """Mean step time of a trace, predicted or measured, under the comparison's window
-    (:func:`psgdlab.analysis.compare.window_summary`)."""
-    from psgdlab.analysis.compare import cut_at_first_finish, window_summary
-
-    return float(window_summary(cut_at_first_finish(trace), samples_per_step=samples_per_step)["step_time_s"])
-
-
-def residual_cv(pairs: Sequence[tuple[float, float]]) -> float | None:
-    r"""Root mean square of :math:`\log(m / p)` over ``(predicted, measured)`` step times: how far
-    a measured mean step falls from its prediction, the model's bias included (it is not
-    centred); ``None`` without a pair.
-
-    >>> round(residual_cv([(1.0, 1.1), (1.0, 1 / 1.1)]), 4)
-    0.0953
-    """
-    import math
-
-    logs = [math.log(m / p) for p, m in pairs if p > 0 and m > 0]
-    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else None
 
 
 def spread(runs: Sequence[tuple[float, float | None]]) -> dict[str, Any]:

@@ -27,6 +27,18 @@ def test_the_documented_recipe_runs_end_to_end(tmp_path, capsys):
     unc = profile.uncertainty
     assert unc is not None and "platform.pcie.bandwidth_bytes_per_s" in unc.parameters
     assert all(sd > 0 for sd in unc.log_sd) and unc.noise_cv > 0
+    # each run predicted as it ran on the fitted profile: its noise is at least the model's miss on them
+    from psgdlab.calibration import run_residuals
+
+    residuals = run_residuals(profile, runs)
+    assert [r["run"] for r in residuals["runs"]] == ["c50000", "c500000"]
+    assert all(r["predicted_step_time_s"] > 0.04 and r["measured_step_time_s"] > 0.04 for r in residuals["runs"])
+    assert unc.noise_cv >= round(residuals["residual_cv"], 6)
+    said = capsys.readouterr().out
+    assert f"rms log residual of the mean step {residuals['residual_cv']:.3g} over 2 runs" in said
+    raised = unc.noise_cv == round(residuals["residual_cv"], 6)
+    assert ("(raised to the residual)" in said) == raised
+    assert raised == ("calibration runs' rms log residual" in platform.read_text())
     capsys.readouterr()
     argv = ["predict", "--platform", str(platform), "--algorithm", "ssgd", "--workers", "2,8", "--json"]
     assert main([*argv, "--out", str(tmp_path / "pred")]) == 0
