@@ -44,7 +44,7 @@ from psgdlab.core.trace import PHASES
 __all__ = [
     "calibrate_runs",
     "platform_profile",
-    "link_uncertainty",
+    "fit_uncertainty",
     "fit_between_hosts",
     "hosts_of",
     "nic_rate_of",
@@ -567,7 +567,7 @@ def platform_profile(
         batch_per_worker=batch,
     )
     defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
-    uncertainty = link_uncertainty(calibration)
+    uncertainty = fit_uncertainty(calibration)
     notes = [
         f"Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
         *[f"  {r}" for r in calibration["runs"]],
@@ -661,14 +661,17 @@ def platform_profile(
     return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=tuple(notes))
 
 
-def link_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
-    """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit's links: the
+def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
+    """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit: the
     log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
-    ``platform.collective``; a latency at its bound 0 has none), their correlation within each
-    link, the bandwidths the data did not pin (kept at :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`,
-    marked unpinned) and the run-to-run noise of a mean step (measured where a configuration
-    repeats, else :data:`~psgdlab.core.priors.STEP_NOISE_CV`). The ``nic`` copy of the link is
-    left out: the calibrated platform is one host."""
+    ``platform.collective``; a latency at its bound 0 has none) and of the CPU work of
+    communication (``platform.host_cpu``, per message and per byte, from the probe's or the
+    oversubscribed runs' scatter; one at its bound 0 has none), their correlation within each
+    table, the bandwidths the data did not pin (kept at
+    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`, marked unpinned) and the run-to-run noise of
+    a mean step (measured where a configuration repeats, else
+    :data:`~psgdlab.core.priors.STEP_NOISE_CV`). The ``nic`` copy of the link is left out: the
+    calibrated platform is one host."""
     params: list[str] = []
     sds: list[float] = []
     blocks: list[tuple[int, int, float]] = []
@@ -687,6 +690,15 @@ def link_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
             # +-1 (one size: the latency is the duration less the prior's bytes term) would make the
             # matrix singular; 0.999 keeps it positive definite for a Cholesky factor
             blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -0.999, 0.999))))
+    cpu = calibration.get("host_cpu")
+    if cpu and cpu.get("work_log_sd"):
+        first = len(params)
+        for key, sd in zip(("work_per_message_s", "work_per_byte_s"), cpu["work_log_sd"]):
+            if sd is not None and cpu[key] > 0:
+                params.append(f"platform.host_cpu.{key}")
+                sds.append(float(sd))
+        if len(params) - first == 2 and cpu.get("work_log_correlation") is not None:
+            blocks.append((first, first + 1, float(np.clip(cpu["work_log_correlation"], -0.999, 0.999))))
     corr = [[1.0 if i == j else 0.0 for j in range(len(params))] for i in range(len(params))]
     for i, j, c in blocks:
         corr[i][j] = corr[j][i] = c

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from psgdlab.analysis.fits import nonnegative_log_spread
 from psgdlab.core.cost import allreduce_s, cpu_stretch_terms
 from psgdlab.core.errors import ConfigError
 
@@ -81,7 +82,8 @@ def solve_host_cpu(
 ) -> dict[str, Any]:
     r"""Non-negative least squares of ``excess = max(0, n/c - 1) W(n, S)`` for :math:`(w_m, w_b)`
     (the coefficients are :func:`psgdlab.core.cost.cpu_stretch_terms`, with the messages of
-    ``algorithm``'s schedule)."""
+    ``algorithm``'s schedule), with their spread from the points' scatter (``work_log_sd``,
+    ``work_log_correlation``: :func:`psgdlab.analysis.fits.nonnegative_log_spread`)."""
     n, S, y = (np.asarray(x, dtype=float) for x in (n, payload_bytes, excess_s))
     over = n / cores - 1.0
     if np.any(over <= 0):
@@ -99,10 +101,13 @@ def solve_host_cpu(
     coef, _ = nnls(X / scale, y)
     coef = coef / scale
     resid = y - X @ coef
+    spread = nonnegative_log_spread(X, y, coef)
     return {
         "cores_per_host": int(cores),
         "work_per_message_s": float(coef[0]),
         "work_per_byte_s": float(coef[1]),
+        "work_log_sd": spread["log_sd"],
+        "work_log_correlation": spread["log_correlation"],
         "points": int(y.size),
         "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
         "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(np.abs(y), 1e-6))),

@@ -49,6 +49,7 @@ __all__ = [
     "fit_links",
     "fit_overhead_per_byte",
     "overhead_line",
+    "nonnegative_log_spread",
 ]
 
 
@@ -225,6 +226,44 @@ def _covariance(J: np.ndarray) -> np.ndarray:
     _, sv, vt = np.linalg.svd(J, full_matrices=False)
     inv = np.where(sv > sv.max() * 1e-15, 1.0 / np.maximum(sv, 1e-150) ** 2, 1e300)
     return (vt.T * inv) @ vt
+
+
+def nonnegative_log_spread(A: np.ndarray, b: np.ndarray, coef: np.ndarray) -> dict[str, Any]:
+    r"""What a non-negative least-squares fit of ``b ~ A @ coef`` (rows already weighted as the
+    fit weighed them) knows about its coefficients: ``log_sd``, the standard deviation of each
+    coefficient's logarithm (``None`` for one at its bound 0, or with no degree of freedom left
+    to estimate the scatter), and ``log_correlation`` of the first two when both have one.
+
+    The covariance is :math:`\hat\sigma^2 (A_+^\top A_+)^{-1}` over the positive columns
+    :math:`A_+`, with :math:`\hat\sigma^2` the residual sum of squares per degree of freedom:
+    the points' own scatter says how noisy they are (the CPU work of communication is measured as
+    medians whose noise nothing else states); the delta method divides each standard deviation by
+    its coefficient.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> A = np.column_stack([np.ones(40), np.linspace(1.0, 10.0, 40)])
+    >>> b = A @ np.array([2.0, 0.5]) + rng.normal(0.0, 0.1, 40)
+    >>> spread = nonnegative_log_spread(A, b, np.linalg.lstsq(A, b, rcond=None)[0])
+    >>> [round(x, 3) for x in spread["log_sd"]], round(spread["log_correlation"], 2)
+    ([0.015, 0.009], -0.9)
+    >>> nonnegative_log_spread(A, b, np.array([0.0, 0.8]))["log_sd"][0] is None
+    True
+    """
+    coef = np.asarray(coef, dtype=float)
+    free = [i for i in range(coef.size) if coef[i] > 0]
+    dof = A.shape[0] - len(free)
+    log_sd: list[float | None] = [None] * coef.size
+    out: dict[str, Any] = {"log_sd": log_sd, "log_correlation": None}
+    if not free or dof <= 0:
+        return out
+    sigma2 = float(np.sum((b - A @ coef) ** 2)) / dof
+    cov = _covariance(A[:, free]) * sigma2
+    for k, i in enumerate(free):
+        log_sd[i] = float(math.sqrt(max(cov[k, k], 0.0)) / coef[i])
+    if free[:2] == [0, 1]:
+        out["log_correlation"] = float(cov[0, 1] / math.sqrt(max(cov[0, 0] * cov[1, 1], 1e-300)))
+    return out
 
 
 def _wls(X: np.ndarray, t: np.ndarray, sd: np.ndarray, *, weighted: bool) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from psgdlab.analysis.fits import MIN_RECORDS, fit_link, fit_links
+from psgdlab.analysis.fits import MIN_RECORDS, fit_link, fit_links, nonnegative_log_spread
 from psgdlab.analysis.samples import quantile_se
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_bytes, allreduce_messages
 from psgdlab.core.errors import ConfigError
@@ -171,7 +171,9 @@ def _schedule_fit(cols: dict[str, np.ndarray], sel: np.ndarray, sd: np.ndarray) 
 
 def _fit_cpu(cols: dict[str, np.ndarray], sel: np.ndarray, schedule: str, cores: int | None) -> dict[str, Any] | None:
     """``cores_per_host``, ``work_per_message_s``, ``work_per_byte_s`` (non-negative least
-    squares of the members' median CPU time per operation); ``None`` without a core count."""
+    squares of the members' median CPU time per operation, relative errors) and their spread
+    (``work_log_sd``, ``work_log_correlation``: :func:`psgdlab.analysis.fits.nonnegative_log_spread`);
+    ``None`` without a core count."""
     from scipy.optimize import nnls
 
     if cores is None:
@@ -186,10 +188,13 @@ def _fit_cpu(cols: dict[str, np.ndarray], sel: np.ndarray, schedule: str, cores:
     scale = np.maximum(cpu, 1e-9)  # relative errors: small and large messages weigh alike
     (w_m, w_b), _ = nnls(X / scale[:, None], cpu / scale)
     resid = cpu - X @ np.array([w_m, w_b])
+    spread = nonnegative_log_spread(X / scale[:, None], cpu / scale, np.array([w_m, w_b]))
     return {
         "cores_per_host": int(cores),
         "work_per_message_s": float(w_m),
         "work_per_byte_s": float(w_b),
+        "work_log_sd": spread["log_sd"],
+        "work_log_correlation": spread["log_correlation"],
         "records": int(cols["records"][sel].sum()),
         "median_excess_s": float(np.median(cpu)),
         "rms_residual_s": float(np.sqrt(np.mean(resid**2))),

@@ -221,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
         cpu = fit["host_cpu"]
         print(
             f"host cores: {cpu['cores_per_host']}, CPU work {cpu['work_per_message_s'] * 1e6:.1f} us per message, "
-            f"{cpu['work_per_byte_s'] * 1e9:.3g} ns per byte"
+            f"{cpu['work_per_byte_s'] * 1e9:.3g} ns per byte (log-sd "
+            + ", ".join("-" if sd is None else f"{sd:.2g}" for sd in cpu.get("work_log_sd") or (None, None))
+            + ")"
             if cpu
             else "host cores: not modelled (no run had more workers than "
             + (f"the {fit['cores']} cores)" if fit["cores"] else "cores: no core count recorded, give --cores)")

@@ -119,3 +119,86 @@ def test_one_size_leaves_the_latency_unpinned_too_with_a_finite_spread():
         latency_prior=LOOPBACK_LATENCY,
     )
     assert falling["unpinned"] == ["bandwidth_bytes_per_s"]
+
+
+W_MSG, W_BYTE, CORES = 2e-4, 3e-9, 2
+
+
+def test_the_cpu_work_spreads_cover_the_truth_as_often_as_they_say():
+    """The CPU work of communication (non-negative least squares over oversubscribed runs' median
+    excesses, whose noise nothing states): over 300 noisy draws the truth lies within one reported
+    log-sd of the fit about 68 % of the time, for the work per message and per byte."""
+    from psgdlab.analysis.cores import solve_host_cpu
+    from psgdlab.core.cost import cpu_stretch_terms
+
+    rng = np.random.default_rng(11)
+    n = np.repeat([4.0, 8.0], 6)
+    S = np.tile(np.repeat([1e5, 1e6, 4e6], 2), 2)
+    m, b = cpu_stretch_terms(n, S, CORES)
+    truth = m * W_MSG + b * W_BYTE
+    inside = np.zeros(2)
+    draws = 300
+    for _ in range(draws):
+        fit = solve_host_cpu(n, S, truth + 0.1 * truth.mean() * rng.standard_normal(truth.size), cores=CORES)
+        sd = fit["work_log_sd"]
+        assert None not in sd and -1.0 <= fit["work_log_correlation"] <= 1.0
+        inside += [
+            abs(math.log(fit["work_per_message_s"] / W_MSG)) <= sd[0],
+            abs(math.log(fit["work_per_byte_s"] / W_BYTE)) <= sd[1],
+        ]
+    assert np.all((0.58 <= inside / draws) & (inside / draws <= 0.78)), inside / draws
+
+
+def test_two_points_for_two_works_leave_no_spread_and_a_work_at_its_bound_has_none():
+    from psgdlab.analysis.cores import solve_host_cpu
+    from psgdlab.core.cost import cpu_stretch_terms
+
+    n, S = np.array([4.0, 4.0]), np.array([1e5, 1e6])
+    m, b = cpu_stretch_terms(n, S, CORES)
+    exact = solve_host_cpu(n, S, m * W_MSG + b * W_BYTE, cores=CORES)
+    assert exact["work_log_sd"] == [None, None]  # no degree of freedom left for the scatter
+    n, S = np.repeat([4.0, 8.0], 2), np.tile([1e5, 1e6], 2)
+    m, b = cpu_stretch_terms(n, S, CORES)
+    shrinking = m * W_MSG * np.array([1.0, 1.1, 0.9, 1.0]) - 0.2 * b * W_BYTE  # the bytes would cost < 0
+    per_message_only = solve_host_cpu(n, S, shrinking, cores=CORES)
+    assert per_message_only["work_per_byte_s"] == 0.0
+    assert per_message_only["work_log_sd"][1] is None and per_message_only["work_log_sd"][0] > 0
+
+
+def test_the_cpu_work_spread_widens_the_intervals_of_oversubscribed_cases_only():
+    """A fitted CPU work enters the profile's [uncertainty]; a prediction with more workers than
+    cores reacts to it and its interval widens, one with a core per worker does not."""
+    import dataclasses
+
+    from psgdlab.analysis.calibrate import fit_uncertainty
+    from psgdlab.core.profile import HostCPU, Platform, Profile, Workload
+    from psgdlab.sim.predict import predict_one
+
+    calibration = {
+        "link": {"latency_s": 2e-4, "bandwidth_bytes_per_s": 1e9, "latency_log_sd": 0.05, "bandwidth_log_sd": 0.05},
+        "host_cpu": {
+            "cores_per_host": CORES,
+            "work_per_message_s": W_MSG,
+            "work_per_byte_s": W_BYTE,
+            "work_log_sd": [0.3, 0.3],
+            "work_log_correlation": -0.5,
+        },
+        "noise": {"step_cv_used": 0.005},
+    }
+    unc = fit_uncertainty(calibration)
+    assert unc.parameters[-2:] == ("platform.host_cpu.work_per_message_s", "platform.host_cpu.work_per_byte_s")
+    platform = Platform(
+        devices_per_host=8,
+        sockets_per_host=8,
+        host_cpu=HostCPU(cores_per_host=CORES, work_per_message_s=W_MSG, work_per_byte_s=W_BYTE),
+    )
+    workload = Workload(n_params=250_000, itemsize=8, compute="0.05")
+    with_cpu = Profile(platform=platform, workload=workload, uncertainty=unc)
+    links_only = dataclasses.replace(with_cpu, uncertainty=fit_uncertainty({**calibration, "host_cpu": None}))
+
+    def half_width(profile, n):
+        row = predict_one("ssgd", n, profile.resolved(), steps=40, seed=0).row
+        return math.log(row["step_time_s_high"] / row["step_time_s"])
+
+    assert half_width(with_cpu, 2) == pytest.approx(half_width(links_only, 2), rel=1e-6)
+    assert half_width(with_cpu, 8) > 1.2 * half_width(links_only, 8)
