@@ -21,17 +21,28 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["run_request", "run_residuals", "residual_cv", "with_residuals"]
+__all__ = ["RunRequest", "run_request", "run_residuals", "residual_cv", "with_residuals"]
 
 
-def run_request(run: Any) -> dict[str, Any] | None:
-    """The :func:`psgdlab.sim.predict.predict_one` arguments that simulate ``run`` (an
-    :class:`psgdlab.analysis.load.Run` of ``psgdlab train``) as it ran, less the profile:
-    ``name``, ``n_workers``, ``hosts``, ``batch``, ``payload_bytes`` and the keywords; ``None``
-    for a run that recorded no resolved ``train`` table, payload or trace (a probe's, an
-    emulator's)."""
+class RunRequest(NamedTuple):
+    """What simulates a ``psgdlab train`` run as it ran (:func:`run_request`): the
+    :func:`psgdlab.sim.predict.predict_one` positionals and keywords, and what places it on a
+    profile (``hosts``, ``payload_bytes``, ``batch`` per worker)."""
+
+    name: str
+    n_workers: int
+    hosts: int
+    payload_bytes: int
+    batch: int
+    keywords: dict[str, Any]
+
+
+def run_request(run: Any) -> RunRequest | None:
+    """How to simulate ``run`` (an :class:`psgdlab.analysis.load.Run` of ``psgdlab train``) as it
+    ran, read from its ``config.resolved.json`` and summary; ``None`` for a run that recorded no
+    resolved ``train`` table, payload or trace (a probe's, an emulator's)."""
     from psgdlab.analysis.samples import payload_of, workers_of
 
     train = run.config.get("train")
@@ -40,21 +51,18 @@ def run_request(run: Any) -> dict[str, Any] | None:
         return None
     n = workers_of(run)
     hosts = int(train.get("hosts") or 1)
-    return {
-        "name": str(train["algorithm"]),
-        "n_workers": n,
-        "hosts": hosts,
-        "batch": int(train["batch"]),
-        "payload_bytes": int(payload),
+    gpus_per_node = int(train.get("gpus_per_node") or 1)
+    keywords = {
         "steps": int(train["steps"]),
         "seed": int(train.get("seed") or 0),
         "variant": train.get("variant") or None,
         "period": train.get("period") or None,
-        "gpus_per_node": int(train["gpus_per_node"]) if int(train.get("gpus_per_node") or 1) > 1 else None,
+        "gpus_per_node": gpus_per_node if gpus_per_node > 1 else None,
         "stragglers": train.get("straggler") or None,
         "workers_per_host": n // hosts,
         "on_failure": run.summary.get("on_failure") or None,  # the protocol it ran (a node's, under continue)
     }
+    return RunRequest(str(train["algorithm"]), n, hosts, int(payload), int(train["batch"]), keywords)
 
 
 def residual_cv(pairs: Sequence[tuple[float, float]]) -> float | None:
@@ -91,17 +99,15 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
             continue
         run = load_run(d)
         req = run_request(run)
-        if req is None or req["hosts"] > platform.hosts or req["workers_per_host"] > platform.devices_per_host:
+        if req is None or req.hosts > platform.hosts or req.keywords["workers_per_host"] > platform.devices_per_host:
             continue
-        key = (req.pop("payload_bytes") // profile.workload.itemsize, req["batch"])
+        key = (req.payload_bytes // profile.workload.itemsize, req.batch)
         if key not in configs:
             configs[key] = profile.with_values(
                 {"workload.n_params": key[0], "workload.batch_per_worker": key[1]}
             ).resolved()
-        batch = req.pop("batch")
-        req.pop("hosts")
-        pred = predict_one(req.pop("name"), req.pop("n_workers"), configs[key], intervals=False, **req)
-        pair = (step_time_s(pred.result.trace, batch), step_time_s(run.trace, batch))
+        pred = predict_one(req.name, req.n_workers, configs[key], intervals=False, **req.keywords)
+        pair = (step_time_s(pred.result.trace, req.batch), step_time_s(run.trace, req.batch))
         pairs.append(pair)
         rows.append({"run": Path(d).name, "predicted_step_time_s": pair[0], "measured_step_time_s": pair[1]})
     return {"runs": rows, "residual_cv": residual_cv(pairs)}
