@@ -231,7 +231,7 @@ class Network:
                 wire = net if self._host[a] != self._host[b] else 0.0
                 dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur, wire)
         if gather > 1:
-            dur += self.allgather_s(a, gather, model_bytes)
+            dur += self.allgather_s(a, gather, model_bytes, start + dur)
         return dur
 
     def _pcie_lat(self) -> float:
@@ -248,11 +248,19 @@ class Network:
             counts[s] = counts.get(s, 0) + 1
         return self._pcie_bw / max(counts.values())
 
-    def allgather_s(self, rank: int, m: int, model_bytes: float) -> float:
-        """Allgather of ``m`` shards of a ``model_bytes`` model among ``rank``'s host mates."""
+    def allgather_s(self, rank: int, m: int, model_bytes: float, start: float) -> float:
+        """``rank``'s part of an allgather of ``m`` shards of a ``model_bytes`` model among its
+        host mates, starting at ``start``: on oversubscribed cores its CPU work, half an
+        allreduce's (the messages and bytes of the gather half), is stretched as an allreduce's is
+        (:meth:`_cpu_wait`, ``rank``'s process)."""
         host = self._host[rank]
         members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
-        return allgather_s(m, model_bytes, self._intra_share_bw(members), self._intra_lat, self.platform.allreduce)
+        algorithm = self.platform.allreduce
+        dur = allgather_s(m, model_bytes, self._intra_share_bw(members), self._intra_lat, algorithm)
+        if self._cpu is None:
+            return dur
+        work = self._cpu.work_s(allreduce_messages(m, algorithm) // 2, allreduce_bytes(m, model_bytes) / 2)
+        return self._cpu_wait({host: 1}, work, start, dur)
 
     # ----- collectives ------------------------------------------------------------------------
     def allreduce_s(self, group: tuple[int, ...], nbytes: float, start: float) -> float:

@@ -102,6 +102,34 @@ def test_concurrent_exchanges_count_as_holders_when_they_start():
     assert net.pair_average_s(4, 5, S, 10.0) == pytest.approx(alone)
 
 
+@given(
+    m=st.integers(2, 8),
+    cores=st.integers(1, 4),
+    w_m=st.floats(0, 1e-3),
+    w_b=st.floats(0, 1e-8),
+    S=st.floats(1e3, 1e7),
+    schedule=st.sampled_from(ALLREDUCE_ALGORITHMS),
+)
+def test_the_allgather_after_a_sharded_average_stretches_as_half_an_allreduce(m, cores, w_m, w_b, S, schedule):
+    """H-ADPSGD's node gathers its averaged slices (stop's protocol): the gather half of an
+    allreduce, on the links and on the cores; the members who gather at once hold the cores
+    together (each one's part starts while the others' run)."""
+    from psgdlab.core.cost import allgather_s, allreduce_messages
+
+    cpu = HostCPU(cores_per_host=cores, work_per_message_s=w_m, work_per_byte_s=w_b)
+    p = dataclasses.replace(one_host(m, cpu), allreduce=schedule)
+    net = Network(p, Placement.pack(p, m))
+    links = allgather_s(m, S, LINK.bandwidth_bytes_per_s, LINK.latency_s, schedule)
+    work = allreduce_messages(m, schedule) // 2 * w_m + (m - 1) / m * S * w_b
+    parts = [net.allgather_s(r, m, S, 0.0) for r in range(m)]
+    for k, part in enumerate(parts, start=1):  # the k-th member finds k - 1 gathering beside it
+        assert part == pytest.approx(links + max(0.0, k / cores - 1.0) * work, rel=1e-9, abs=1e-15)
+    without = Network(one_host(m, None), Placement.pack(one_host(m, None), m))
+    assert without.allgather_s(0, m, S, 0.0) == pytest.approx(
+        allgather_s(m, S, LINK.bandwidth_bytes_per_s, LINK.latency_s), rel=1e-12
+    )
+
+
 def test_emulated_hosts_of_one_machine_share_its_cores():
     """Two hosts of 2 workers on 2 cores each: a pairwise average on host 1 that starts while
     one on host 0 runs is alone on its host's cores, unless both hosts are one machine's
