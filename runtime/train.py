@@ -84,14 +84,17 @@ def _lsq_problem(config: TrainConfig) -> LeastSquaresProblem:
 def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
     from psgdlab.runtime.data import load_corpus, synthetic_corpus
 
-    path = config.data
-    if path == "synthetic":
-        tmp = Path(tempfile.mkdtemp(prefix=f"psgdlab-synth-{rank}-"))
-        path = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=config.synthetic_utterances, seed=config.seed))
     held = list(config.held_out_speakers)
-    train_corpus = load_corpus(path, exclude_speakers=held or None)
-    held_corpus = load_corpus(path, speakers=held) if held else None
-    return train_corpus, held_corpus
+
+    def load(path: str | Path) -> tuple[Any, Any]:
+        return load_corpus(path, exclude_speakers=held or None), (load_corpus(path, speakers=held) if held else None)
+
+    if config.data != "synthetic":
+        return load(config.data)
+    # the corpus is read into memory, so its file lives only as long as the loading
+    with tempfile.TemporaryDirectory(prefix=f"psgdlab-synth-{rank}-") as tmp:
+        made = synthetic_corpus(Path(tmp) / "synthetic.h5", n_utterances=config.synthetic_utterances, seed=config.seed)
+        return load(made)
 
 
 def build_workload(config: TrainConfig, rank: int, *, device: torch.device | None = None) -> tuple[Any, int]:

@@ -22,7 +22,9 @@ def _run(capsys, tmp_path, *argv):
     return status, captured
 
 
-def test_data_synthetic_is_the_corpus_of_train(tmp_path):
+def test_data_synthetic_is_the_corpus_of_train(tmp_path, monkeypatch):
+    import tempfile
+
     from psgdlab.runtime.config import TrainConfig
     from psgdlab.runtime.data import load_corpus
     from psgdlab.runtime.train import _corpora
@@ -42,7 +44,11 @@ def test_data_synthetic_is_the_corpus_of_train(tmp_path):
     result, resolved = emulate(cfg)
     assert np.isfinite(result.evals["loss"]).all()
     (cached,) = tmp_path.glob("synthetic-*.h5")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     train_corpus, _ = _corpora(TrainConfig(data="synthetic", synthetic_utterances=12, seed=0, steps=1), 0)
+    assert not any(scratch.iterdir())  # train's synthetic corpus leaves no file behind
     ours = load_corpus(cached)
     assert np.array_equal(ours.features, train_corpus.features) and np.array_equal(ours.labels, train_corpus.labels)
     assert resolved["data"] == "synthetic"
