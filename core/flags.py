@@ -79,6 +79,9 @@ FLAGS: dict[str, dict[str, Any]] = {
     ),
     "--lr-final": dict(type=float, metavar="LR", help="exp schedule: rate at the last step (default lr / 10)"),
     "--lsq-dim": dict(type=int, metavar="D", help="least-squares model: number of parameters"),
+    "--lsq-samples": dict(
+        type=int, metavar="N", help="least-squares model: rows of data per worker (an epoch is N / batch steps)"
+    ),
     "--straggler": dict(
         metavar="SPEC",
         help="slow workers: RANK:FACTOR (RANK computes FACTOR times slower), random:PROB:FACTOR, "

@@ -161,7 +161,8 @@ class EmulateConfig:
             self.warmup_epochs,
             "must be an integer >= 1",
         )
-        require(isinstance(self.lsq_dim, int) and self.lsq_dim >= 1, "lsq-dim", self.lsq_dim, "must be an integer >= 1")
+        for flag, value in (("lsq-dim", self.lsq_dim), ("lsq-samples", self.lsq_samples_per_worker)):
+            require(isinstance(value, int) and value >= 1, flag, value, "must be an integer >= 1")
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

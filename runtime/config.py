@@ -238,6 +238,8 @@ class TrainConfig:
             require(0 < self.lr_final <= self.lr, "lr-final", self.lr_final, f"must be in (0, lr = {self.lr}]")
         require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
         require(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, "must be >= 0")
+        for flag, value in (("lsq-dim", self.lsq_dim), ("lsq-samples", self.lsq_samples_per_worker)):
+            require(isinstance(value, int) and value >= 1, flag, value, "must be an integer >= 1")
         if self.compute_time is not None:
             ComputeTime.parse(self.compute_time)
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
@@ -447,7 +449,15 @@ class TrainConfig:
             metavar="SPEC",
             help="emulated compute per step: SECONDS or a distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)",
         )
-        add_flags(parser, "--straggler", "--seed", "--out", "--lsq-dim", defaults={"--straggler": "", "--lsq-dim": 16})
+        add_flags(
+            parser,
+            "--straggler",
+            "--seed",
+            "--out",
+            "--lsq-dim",
+            "--lsq-samples",
+            defaults={"--straggler": "", "--lsq-dim": 16, "--lsq-samples": 256},
+        )
         parser.add_argument(
             "--resume", metavar="DIR", help="continue the run in DIR from its newest complete checkpoint"
         )
@@ -536,6 +546,7 @@ class TrainConfig:
             timeout_s=args.timeout,
             record_params=args.record_params,
             lsq_dim=args.lsq_dim,
+            lsq_samples_per_worker=args.lsq_samples,
             hosts=getattr(args, "hosts", 1),
             nic_bandwidth=getattr(args, "nic_bandwidth", None),
             on_failure=args.on_failure or "",

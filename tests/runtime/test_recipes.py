@@ -104,3 +104,16 @@ def test_emulate_takes_the_same_recipe(tmp_path, capsys):
     cfg = resolved.get("emulate", resolved)
     batch = recipe_of(LSQ_MODEL).total_batch // 2
     assert cfg["batch"] == batch and math.isclose(cfg["lr"], lsq_stable_lr(16, batch))
+
+
+@pytest.mark.parametrize("command", ["train", "emulate"])
+def test_lsq_samples_sets_the_rows_of_every_worker_in_both_commands(command, tmp_path, capsys):
+    """``--lsq-samples 64 --batch 8 --epochs 1``: an epoch of 64 / 8 local steps on each of 2 workers
+    (the default 256 rows would give 32)."""
+    argv = [command, "--algorithm", "ssgd", "--workers", "2", "--model", LSQ_MODEL, "--batch", "8", "--epochs", "1"]
+    argv += ["--compute-time", "0"] if command == "train" else []
+    assert main([*argv, "--lsq-samples", "64", "--out", str(tmp_path / command), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["steps"] if command == "train" else summary["timing"]["steps"]) == 2 * 8
+    assert main([*argv, "--lsq-samples", "0", "--out", str(tmp_path / "refused")]) == 2
+    assert capsys.readouterr().err.strip().endswith("lsq-samples (0) must be an integer >= 1")
