@@ -78,9 +78,12 @@ FLAGS: dict[str, dict[str, Any]] = {
         "rate of a 256 batch); newbob (halve on held-out plateaus); exp (--lr to --lr-final)",
     ),
     "--lr-final": dict(type=float, metavar="LR", help="exp schedule: rate at the last step (default lr / 10)"),
-    "--lsq-dim": dict(type=int, metavar="D", help="least-squares model: number of parameters"),
+    "--lsq-dim": dict(type=int, metavar="D", default=16, help="least-squares model: number of parameters"),
     "--lsq-samples": dict(
-        type=int, metavar="N", help="least-squares model: rows of data per worker (an epoch is N / batch steps)"
+        type=int,
+        metavar="N",
+        default=256,
+        help="least-squares model: rows of data per worker (an epoch is N / batch steps)",
     ),
     "--straggler": dict(
         metavar="SPEC",

@@ -50,7 +50,22 @@ from psgdlab.core.exchange import (
 from psgdlab.core.replicas import NumpyArrays, consensus_distance
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 
-__all__ = ["LeastSquaresProblem", "LeastSquaresReplicas", "ReferenceResult", "run_reference", "consensus_distance"]
+__all__ = [
+    "LeastSquaresProblem",
+    "require_lsq_shape",
+    "LeastSquaresReplicas",
+    "ReferenceResult",
+    "run_reference",
+    "consensus_distance",
+]
+
+
+def require_lsq_shape(dim: object, samples_per_worker: object) -> None:
+    """The least-squares model's columns (``--lsq-dim``) and rows per worker (``--lsq-samples``)
+    as a run configures them: integers >= 1, or :class:`~psgdlab.core.errors.ConfigError` naming
+    the flag."""
+    for flag, value in (("lsq-dim", dim), ("lsq-samples", samples_per_worker)):
+        require(isinstance(value, int) and value >= 1, flag, value, "must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

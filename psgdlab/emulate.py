@@ -161,8 +161,9 @@ class EmulateConfig:
             self.warmup_epochs,
             "must be an integer >= 1",
         )
-        for flag, value in (("lsq-dim", self.lsq_dim), ("lsq-samples", self.lsq_samples_per_worker)):
-            require(isinstance(value, int) and value >= 1, flag, value, "must be an integer >= 1")
+        from psgdlab.core.reference import require_lsq_shape
+
+        require_lsq_shape(self.lsq_dim, self.lsq_samples_per_worker)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

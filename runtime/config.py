@@ -29,6 +29,7 @@ from psgdlab.core.config import check_keys, closest, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
 from psgdlab.core.failure import check_on_failure, default_on_failure
 from psgdlab.core.flags import add_flags
+from psgdlab.core.reference import require_lsq_shape
 from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
@@ -238,8 +239,7 @@ class TrainConfig:
             require(0 < self.lr_final <= self.lr, "lr-final", self.lr_final, f"must be in (0, lr = {self.lr}]")
         require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
         require(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, "must be >= 0")
-        for flag, value in (("lsq-dim", self.lsq_dim), ("lsq-samples", self.lsq_samples_per_worker)):
-            require(isinstance(value, int) and value >= 1, flag, value, "must be an integer >= 1")
+        require_lsq_shape(self.lsq_dim, self.lsq_samples_per_worker)
         if self.compute_time is not None:
             ComputeTime.parse(self.compute_time)
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
@@ -449,15 +449,7 @@ class TrainConfig:
             metavar="SPEC",
             help="emulated compute per step: SECONDS or a distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)",
         )
-        add_flags(
-            parser,
-            "--straggler",
-            "--seed",
-            "--out",
-            "--lsq-dim",
-            "--lsq-samples",
-            defaults={"--straggler": "", "--lsq-dim": 16, "--lsq-samples": 256},
-        )
+        add_flags(parser, "--straggler", "--seed", "--out", "--lsq-dim", "--lsq-samples", defaults={"--straggler": ""})
         parser.add_argument(
             "--resume", metavar="DIR", help="continue the run in DIR from its newest complete checkpoint"
         )

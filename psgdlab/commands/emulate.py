@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lr-schedule",
         helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe},
     )
-    add_flags(p, "--lr-final", "--lsq-dim", "--lsq-samples", defaults={"--lsq-dim": 16, "--lsq-samples": 256})
+    add_flags(p, "--lr-final", "--lsq-dim", "--lsq-samples")
     add_flags(p, "--straggler", "--seed", "--out", "--json", defaults={"--straggler": ""})
     p.set_defaults(func=run)
 
