@@ -261,6 +261,8 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert set(result["load_average"]) >= {"start", "end", "ssgd-w2"}
     assert result["ranking_detail"]["none"]["2"]["predicted"] == [["ssgd"]]
     assert result["ranking"] == {"ranked": 0, "tied": 0, "misordered": 0} and result["ranking_identical"] is True
+    # calibrated at the cases' worker count on one host: issue 6's step-time targets
+    assert (result["targets"]["median_abs_step_time_error"], result["targets"]["max_abs_step_time_error"]) == (0.1, 0.2)
     # the prediction's 90 % interval around it, and whether the measured step fell inside
     assert case["interval_low"] < 1 < case["interval_high"]
     ratio = case["measured_step_time_s"] / case["predicted_step_time_s"]
@@ -348,6 +350,12 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     }
     assert result["ranking"]["ranked"] + result["ranking"]["tied"] == 1
     assert result["hosts"]["cases"] == ["2x2"] and {a["over"] for a in result["hosts"]["advantage"]} == {"ssgd"}
+    # across hosts: issue 17's step-time targets, which the printed table states
+    targets = result["targets"]
+    assert (targets["median_abs_step_time_error"], targets["max_abs_step_time_error"]) == (0.05, 0.1)
+    from psgdlab.validate.report import format_table
+
+    assert "max    |step-time error|" in format_table(result) and "(target <= 10%:" in format_table(result)
     from psgdlab.core.profile import Profile
 
     platform = Profile.read(out / "platform-200Mbit-s.toml").platform

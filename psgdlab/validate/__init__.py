@@ -97,6 +97,7 @@ from psgdlab.validate.plan import (
     host_cases,
     probe_groups,
     rate_slug,
+    targets_for,
 )
 from psgdlab.validate.report import case_row, format_table
 from psgdlab.validate.run import (
@@ -348,6 +349,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
     st_errs = [c["staleness_mean_rel_error"] for c in cases if c["staleness_mean_rel_error"] is not None]
     coverage, widest = interval_coverage(cases)
     only = next(iter(calibrations.values()))
+    calibrate_workers = sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)})
+    targets = targets_for(vc, calibrate_workers)
     summary: dict[str, Any] = {
         "cases": cases,
         "interval_coverage": coverage,
@@ -358,9 +361,9 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         "ranking": counts,
         "ranking_identical": counts["misordered"] == 0,
         "ranking_detail": ranking_detail,
-        "targets": TARGETS,
+        "targets": targets,
         "platform": str(out / "platform.toml") if not vc.hosts else [str(out / k) for k in calibrations],
-        "calibrate_workers": sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)}),
+        "calibrate_workers": calibrate_workers,
         "calibration": only if not vc.hosts else calibrations,
         "config": dataclasses.asdict(vc),
         "load_average": {**load, "end": load_average()},
@@ -375,15 +378,15 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         }
     summary["targets_met"] = {
         "median_abs_step_time_error": summary["median_abs_step_time_error"] is not None
-        and summary["median_abs_step_time_error"] <= TARGETS["median_abs_step_time_error"],
+        and summary["median_abs_step_time_error"] <= targets["median_abs_step_time_error"],
         "max_abs_step_time_error": summary["max_abs_step_time_error"] is not None
-        and summary["max_abs_step_time_error"] <= TARGETS["max_abs_step_time_error"],
+        and summary["max_abs_step_time_error"] <= targets["max_abs_step_time_error"],
         "staleness_mean": all(staleness_ok(c) for c in cases),
         "ranking_identical": counts["misordered"] == 0,
         "interval_coverage": summary["interval_coverage"] is not None
-        and summary["interval_coverage"] >= TARGETS["interval_coverage"],
+        and summary["interval_coverage"] >= targets["interval_coverage"],
         "interval_max_half_width": summary["interval_max_half_width"] is not None
-        and summary["interval_max_half_width"] <= TARGETS["interval_half_width"],
+        and summary["interval_max_half_width"] <= targets["interval_half_width"],
     }
     atomic_write_json(out / "validate.json", summary)
     return summary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from psgdlab.core.algorithms import algorithm_from_flags
@@ -14,6 +15,7 @@ from psgdlab.core.exchange import folds_model
 __all__ = [
     "ALGORITHM_CASES",
     "TARGETS",
+    "targets_for",
     "MIN_BRACKETED_DIM",
     "ValidateConfig",
     "default_calibration_dims",
@@ -36,6 +38,7 @@ ALGORITHM_CASES = {
 }
 
 
+#: a validate calibrated on the worker counts of its cases, on one host (issue 6)
 TARGETS = {
     "median_abs_step_time_error": 0.10,
     "max_abs_step_time_error": 0.20,
@@ -44,6 +47,24 @@ TARGETS = {
     "interval_coverage": 0.80,
     "interval_half_width": 0.15,
 }
+
+#: the step-time targets of a validate that predicts what its calibration did not run: more
+#: workers than any calibration run (issue 16) or workers on several hosts (issue 17)
+OUT_OF_SAMPLE_STEP_TIME = {"median_abs_step_time_error": 0.05, "max_abs_step_time_error": 0.10}
+
+
+def targets_for(vc: ValidateConfig, calibrate_workers: Sequence[int]) -> dict[str, float]:
+    """The targets that ``vc``'s figures are held to: :data:`TARGETS`, with the step-time ones of
+    :data:`OUT_OF_SAMPLE_STEP_TIME` when the cases run across hosts or with more workers than
+    every run of the calibration (``calibrate_workers``, the counts it ran).
+
+    >>> targets_for(ValidateConfig(out="v", workers=(4, 8)), [2])["max_abs_step_time_error"]
+    0.1
+    >>> targets_for(ValidateConfig(out="v", workers=(2, 4)), [2, 4])["max_abs_step_time_error"]
+    0.2
+    """
+    beyond = bool(calibrate_workers) and max(vc.workers) > max(calibrate_workers)
+    return {**TARGETS, **(OUT_OF_SAMPLE_STEP_TIME if vc.hosts or beyond else {})}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
