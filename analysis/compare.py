@@ -10,14 +10,14 @@ by samples/s gives the same order (per worker count) in prediction and measureme
 standard errors, :func:`samples_per_s_se`; exact ties in the prediction are one class).
 
 One definition for both sides. When both cases have a trace, every timing figure is recomputed
-from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the median
-time between consecutive compute starts of one worker, for both), over the same window: the
+from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the step
+the summed rates of the workers imply, for both), over the same window: the
 simulator stops its window when the first worker finishes its last step, so both traces are cut
 at the end of the last compute record of the worker that finishes first
 (:func:`cut_at_first_finish`) before summarizing, and both leave out the same warm-up steps
 (a tenth of the shorter run's steps per worker, at least one). The summary files' own figures
-(the simulator's ``step_time_s`` is a mean, the runtime's a median over the whole run) are
-only used when a trace is missing; ``window`` in each case says which was used.
+(over each whole run, not the shared window) are only used when a trace is missing; ``window``
+in each case says which was used.
 
 Examples
 --------

@@ -320,26 +320,28 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
     Returns
     -------
     dict
-        ``steps`` (total over workers), ``makespan_s``, ``step_time_s`` (the median over
-        workers of each worker's median time between its consecutive compute starts; see
-        below), ``step_time_mean_s`` and ``step_time_p95_s`` (over every worker's steps),
-        ``samples_per_s`` (the sum over workers of each worker's own rate: ``samples_per_step``
-        over its mean time between consecutive timed compute starts; with a worker of fewer than
-        two timed steps, samples in the timed window / its length), ``compute_fraction``,
-        ``comm_fraction`` (blocked in exchanges),
+        ``steps`` (total over workers), ``makespan_s``, ``step_time_s`` (the throughput step:
+        ``workers * samples_per_step / samples_per_s``, each worker's mean time between its
+        consecutive timed compute starts averaged as a rate over the workers; see below),
+        ``step_time_median_s``, ``step_time_mean_s`` and ``step_time_p95_s`` (over every step of
+        every worker), ``samples_per_s`` (the sum over workers of each worker's own rate:
+        ``samples_per_step`` over its mean time between consecutive timed compute starts; with a
+        worker of fewer than two timed steps, samples in the timed window / its length),
+        ``compute_fraction``, ``comm_fraction`` (blocked in exchanges),
         ``idle_fraction`` (neither computing nor blocked in an exchange: 1 minus the other two),
         ``overlap_comm_fraction`` (exchanges running beside compute), ``staleness_mean``,
         ``staleness_max``, ``staleness_hist`` (unit: updates), ``loss_first``, ``loss_last``.
 
     Notes
     -----
-    ``step_time_s`` takes the median twice, within each worker and then over the workers, not
-    once over every step of every worker. Where the workers run at two speeds in equal numbers
-    (H-ADPSGD with a straggler: its node steps at the straggler's pace, the other node does not)
-    the median of every step pooled is the boundary between the two groups, the slowest steps of
-    the fast group against the fastest of the slow one: a figure of the tails of the run-to-run
-    noise, not of either speed. The median of the workers' medians is the middle of the two
-    speeds there, and where every worker runs alike it is the pooled median's value.
+    ``step_time_s`` is the step that the throughput implies, the figure a time to train is made
+    of and the one :func:`psgdlab.sim.predict.predict_one` reports, not a median. A median of
+    steps is the typical step, and where steps come at two speeds it is neither: with H-ADPSGD
+    and a straggler half the workers step at the straggler's node's pace, and the median of every
+    step pooled is the boundary between the two groups (the fast group's slowest steps against
+    the slow group's fastest), a figure of the noise's tails; with AD-PSGD's random ring across
+    hosts each worker's steps split between peers on its host and peers across the NIC, and a
+    median takes one side or the other. ``step_time_median_s`` is that typical step.
     """
     compute = trace[trace["phase"] == PHASES["compute"]]
     if compute.size == 0:
@@ -368,12 +370,12 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
     all_d = np.concatenate(deltas) if deltas else np.array([])
     if all_d.size == 0:  # one step each: use the compute durations plus blocking comm
         all_d = np.array([span])
-    per_worker = [float(np.median(d)) for d in deltas if d.size] or [float(np.median(all_d))]
 
     def busy(phase: str) -> float:
         sel = window[window["phase"] == PHASES[phase]]
         return float(np.sum(np.minimum(sel["end_s"], t1) - sel["start_s"])) if sel.size else 0.0
 
+    samples_per_s = float(samples_per_step * sum(rates) if rates else timed.size * samples_per_step / span)
     total = span * ranks.size
     compute_frac = busy("compute") / total
     comm_frac = busy("comm") / total
@@ -385,10 +387,11 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
         "workers": int(ranks.size),
         "steps": int(compute.size),
         "makespan_s": float(compute["end_s"].max() - compute["start_s"].min()),
-        "step_time_s": float(np.median(per_worker)),
+        "step_time_s": float(ranks.size * samples_per_step / samples_per_s),
+        "step_time_median_s": float(np.median(all_d)),
         "step_time_mean_s": float(np.mean(all_d)),
         "step_time_p95_s": float(np.percentile(all_d, 95)),
-        "samples_per_s": float(samples_per_step * sum(rates) if rates else timed.size * samples_per_step / span),
+        "samples_per_s": samples_per_s,
         "compute_fraction": compute_frac,
         "comm_fraction": comm_frac,
         "idle_fraction": max(0.0, 1.0 - compute_frac - comm_frac),

@@ -325,7 +325,7 @@ def predict_one(
         "gpus_per_node": placement.per_host if placement is not None else None,
         "sockets": placement.sockets_text() if placement is not None else None,
         "step_time_s": step_time,
-        "step_time_median_s": summ["step_time_s"],
+        "step_time_median_s": summ["step_time_median_s"],
         "step_time_p95_s": summ["step_time_p95_s"],
         "samples_per_s": sps,
         "speedup": sps / baseline_samples_per_s,
