@@ -652,7 +652,7 @@ class _Sim:
             if merge_s > 0.0 and trainer_merges(exs):
                 # host work of the training thread (no record: step overhead, as in the runtime);
                 # a passive side merges in its responder, off the step
-                yield timeout(merge_s)
+                yield timeout(self.net.process_work_s(r, merge_s, env.now))
             for ex in post:
                 if env.now >= death:
                     return
@@ -669,7 +669,7 @@ class _Sim:
             if record:
                 rows.append((r, s, _COMPUTE, _K_NONE, t0, t_c, -1, 0, stale, _NAN))
             if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
-                yield timeout(overhead_s)
+                yield timeout(self.net.process_work_s(r, overhead_s, env.now))
 
 
 def simulate(

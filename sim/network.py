@@ -36,7 +36,8 @@ With ``platform.host_cpu`` set, point-to-point transfers (both ends) and allredu
 member) also hold CPU work on their hosts, and take :func:`~psgdlab.core.cost.cpu_stretch_s` longer when
 ``k`` processes of a host hold CPU work at their start (see *Host cores* in
 :mod:`psgdlab.sim.platform`); so do parameter-server requests (the worker, and the server on
-host 0, with its update). The allgather after a sharded exchange is not counted.
+host 0, with its update), and a process's own host work (:meth:`Network.process_work_s`: the
+step overhead, the merge of an average). The allgather after a sharded exchange is not counted.
 """
 
 from __future__ import annotations
@@ -155,6 +156,15 @@ class Network:
         for machine, count in machines.items():
             self._cpu_flows.setdefault(machine, []).append([start, start + dur, float(count)])
         return dur
+
+    def process_work_s(self, rank: int, work_s: float, start: float) -> float:
+        """``work_s`` of CPU work of ``rank``'s process alone, starting at ``start`` (the update
+        between steps, the merge of an average back): with ``host_cpu`` it is counted and
+        stretched as an exchange's CPU work is (:meth:`_cpu_wait`), so processes that leave a
+        collective together share their host's cores for it; without, ``work_s``."""
+        if self._cpu is None or work_s <= 0.0:
+            return work_s
+        return self._cpu_wait({self._host[rank]: 1}, work_s, start, work_s)
 
     # ----- point to point ---------------------------------------------------------------------
     def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float, bool]:

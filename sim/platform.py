@@ -36,7 +36,12 @@ the exchange takes :math:`T + \max(0, kW/c - \max(W, w))`: a slow NIC hides the 
 a fast one does not (:func:`psgdlab.core.cost.cpu_stretch_s`). Holders are counted when the
 exchange starts (the snapshot rule of the links), per machine: the emulated hosts of one
 machine (``hosts_per_machine``) share its cores. A parameter-server request holds the worker
-and the server (on host 0) for one message and the server's update. The compute is not
+and the server (on host 0) for one message and the server's update. A process's own host work
+-- the step overhead between a step's exchanges and its next compute, the merge of an average
+back by the training thread (``step_overhead_s``, ``mix_merge_s``, fitted from runs with a core
+per worker) -- holds its process the same way and takes :math:`\max(1, k/c)` times its length:
+the members that leave a collective together update on the shared cores together, and the
+last of them starts its next compute :math:`k/c` updates later. The compute is not
 counted (emulated compute sleeps; accelerators compute off the CPU). ``host_cpu = None`` (the
 default, and every published preset: no source gives these numbers) means the cores are never
 the bottleneck.

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import make_algorithm
@@ -197,6 +197,24 @@ def test_ssgd_step_time_includes_the_cpu_stretch():
     assert s["step_time_s"] == pytest.approx(0.05 + comm, rel=1e-9)
     c = res.trace[res.trace["phase"] == PHASES["comm"]]
     np.testing.assert_allclose(c["end_s"] - c["start_s"], comm, rtol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 12), cores=st.integers(1, 8), overhead=st.floats(1e-4, 5e-3))
+def test_the_update_after_a_collective_shares_the_cores(n, cores, overhead):
+    """SSGD's members leave the allreduce together and update on the host's cores together
+    (processor sharing): the last starts its next compute max(1, n/c) updates later, so the
+    step is compute + allreduce + max(1, n/c) x the step overhead. The allreduce holds no CPU
+    work here (w_m = w_b = 0), so the stretch is the update's alone; without ``host_cpu`` the
+    update is never stretched."""
+    cpu = HostCPU(cores_per_host=cores, work_per_message_s=0.0, work_per_byte_s=0.0)
+    w = Workload(n_params=25_000, itemsize=8, compute="0.05", reference_batch=8, batch_per_worker=8)
+    T = allreduce_s(n, w.payload_bytes, LINK.bandwidth_bytes_per_s, LINK.latency_s)
+    for host_cpu, stretch in ((cpu, max(1.0, n / cores)), (None, 1.0)):
+        p = dataclasses.replace(one_host(n, host_cpu), step_overhead_s=overhead)
+        res = simulate(make_algorithm("ssgd", n_workers=n), p, w, steps=8)
+        s = summarize(res.trace, samples_per_step=8, warmup_steps=2)
+        assert s["step_time_s"] == pytest.approx(0.05 + T + stretch * overhead, rel=1e-9)
 
 
 def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
