@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Link, Platform
@@ -94,3 +96,24 @@ def test_processes_as_endpoints_take_the_network_path_alone():
     assert net.allreduce_s((0, 1), 0.0, 30.0) == pytest.approx(2 * lat)
     with pytest.raises(ConfigError, match="endpoints"):
         Platform(endpoints="gpu")  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    starts=st.lists(st.floats(0.0, 3.0), min_size=1, max_size=8),
+    endpoints=st.sampled_from(["process", "device"]),
+)
+def test_the_nics_queue_transfers_between_hosts_and_never_carry_more_than_they_can(starts, endpoints):
+    """Transfers of 1e8 B each way between two hosts (1 s of the NICs' 1e8 B/s each), ready at
+    ``starts`` in that order: the NICs send them one after another, so the i-th ends one
+    latency after the classic queue's departure, max(ready_i, departure_{i-1}) + 1 s. A share
+    fixed at the start let a transfer begun on an idle NIC keep all of it while others joined:
+    two transfers half a second apart then ended at 1 and 2.5 s, having moved 2 s of bytes
+    through 1.5 s of the NIC at its busiest."""
+    p = _two_hosts("ring", endpoints)
+    net = Network(p, Placement.pack(p, 4))
+    path_lat = NIC if endpoints == "process" else NIC + 2 * LAT
+    depart = 0.0
+    for t in sorted(starts):
+        depart = max(t, depart) + 1.0
+        assert t + net.transfer_s(0, 2, 1e8, t) == pytest.approx(depart + path_lat)
