@@ -247,6 +247,8 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             "step_cv": step_noise,
             "link_cv_used": link_noise if link_noise is not None else RUN_NOISE_CV,
             "step_cv_used": step_noise if step_noise is not None else STEP_NOISE_CV,
+            # the runs whose repeats measured it: the load it was measured at
+            "processes_per_core": max(workers_of(r) for r in free) / cores if cores else None,
         },
         "cores": cores,
         "allreduce_algorithm": algorithm,
@@ -670,8 +672,8 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     table, the bandwidths the data did not pin (kept at
     :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`, marked unpinned) and the run-to-run noise of
     a mean step (measured where a configuration repeats, else
-    :data:`~psgdlab.core.priors.STEP_NOISE_CV`). The ``nic`` copy of the link is left out: the
-    calibrated platform is one host."""
+    :data:`~psgdlab.core.priors.STEP_NOISE_CV`) with the processes per core it was measured at.
+    The ``nic`` copy of the link is left out: the calibrated platform is one host."""
     params: list[str] = []
     sds: list[float] = []
     blocks: list[tuple[int, int, float]] = []
@@ -709,4 +711,5 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
         correlation=tuple(tuple(row) for row in corr) if blocks else (),
         unpinned=tuple(unpinned),
         noise_cv=float(noise.get("step_cv_used", STEP_NOISE_CV)),
+        noise_processes_per_core=noise.get("processes_per_core"),
     )

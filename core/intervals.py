@@ -351,4 +351,5 @@ def interval_description(uncertainty: Uncertainty | None, n_directions: int) -> 
         "directions": n_directions,
         "unpinned": list(uncertainty.unpinned) if uncertainty is not None else [],
         "noise_cv": uncertainty.noise_cv if uncertainty is not None else 0.0,
+        "noise_processes_per_core": uncertainty.noise_processes_per_core if uncertainty is not None else None,
     }

@@ -556,6 +556,11 @@ class Uncertainty:
         Relative standard deviation of a measured mean step time about the prediction, ``>= 0``:
         what one measurement of the same configuration scatters by, or in a fitted profile the
         fit's residual over its data where that is larger.
+    noise_processes_per_core : float or None
+        The most worker processes per CPU core among the runs whose scatter and residuals
+        ``noise_cv`` covers, ``> 0`` (emulated hosts share their machine's cores); ``None``: not
+        recorded (published figures, GPUs). A prediction with more processes per core than this
+        carries the noise of a less loaded machine: the scheduling of a shared core is not in it.
     in_sample_error, loo_error, logo_error : float or None
         Median absolute relative error of the fit on the data it was fitted to, leave-one-out
         and leave-one-group-out; ``None`` when not computed.
@@ -566,6 +571,7 @@ class Uncertainty:
     correlation: tuple[tuple[float, ...], ...] = ()
     unpinned: tuple[str, ...] = ()
     noise_cv: float = 0.0
+    noise_processes_per_core: float | None = None
     in_sample_error: float | None = None
     loo_error: float | None = None
     logo_error: float | None = None
@@ -601,6 +607,9 @@ class Uncertainty:
         for path in self.unpinned:
             require(path in self.parameters, "uncertainty.unpinned", path, "must be one of the parameters")
         require(_finite(self.noise_cv) and self.noise_cv >= 0, "uncertainty.noise_cv", self.noise_cv, "must be >= 0")
+        load = self.noise_processes_per_core
+        ok = load is None or (_finite(load) and load > 0)
+        require(ok, "uncertainty.noise_processes_per_core", load, "must be > 0")
         for name in ("in_sample_error", "loo_error", "logo_error"):
             x = getattr(self, name)
             require(x is None or (_finite(x) and x >= 0), f"uncertainty.{name}", x, "must be >= 0")

@@ -8,7 +8,9 @@ run as it ran (its algorithm, workers, hosts, size, batch, steps, seed, straggle
 policy, read from its ``config.resolved.json`` and summary) on the fitted profile and compares
 the mean steps under the comparison's window (:func:`psgdlab.analysis.compare.window_summary`);
 :func:`with_residuals` raises the profile's ``noise_cv`` to the root mean square of the log
-errors where that is larger than the run-to-run noise. No prediction from the profile can
+errors where that is larger than the run-to-run noise, and records the most processes per core
+among those runs (``noise_processes_per_core``): a prediction beyond it is more loaded than
+anything the noise was measured on. No prediction from the profile can
 honestly be surer than the model is on the runs it has seen; a fitted preset follows the same
 rule with its figures (:func:`psgdlab.core.fitting.fit_parameters`: the larger of the figures'
 noise and the fit's residual spread). ``psgdlab calibrate`` and ``psgdlab validate`` both write
@@ -80,8 +82,9 @@ def residual_cv(pairs: Sequence[tuple[float, float]]) -> float | None:
 def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any]:
     """Each of ``run_dirs`` that ``profile``'s platform can place (at most its hosts, at most its
     devices per host) predicted as it ran and compared: ``{"runs": [{"run",
-    "predicted_step_time_s", "measured_step_time_s"}, ...], "residual_cv"}``
-    (:func:`residual_cv`; ``None`` when no run could be predicted)."""
+    "predicted_step_time_s", "measured_step_time_s", "processes_per_core"}, ...], "residual_cv"}``
+    (:func:`residual_cv`; ``None`` when no run could be predicted; ``processes_per_core``: its
+    workers over the cores of the machine that recorded it, ``None`` where it did not say)."""
     from psgdlab.analysis.compare import cut_at_first_finish, window_summary
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
@@ -109,7 +112,15 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
         pred = predict_one(req.name, req.n_workers, configs[key], intervals=False, **req.keywords)
         pair = (step_time_s(pred.result.trace, req.batch), step_time_s(run.trace, req.batch))
         pairs.append(pair)
-        rows.append({"run": Path(d).name, "predicted_step_time_s": pair[0], "measured_step_time_s": pair[1]})
+        cores = run.env.get("cpu_count")
+        rows.append(
+            {
+                "run": Path(d).name,
+                "predicted_step_time_s": pair[0],
+                "measured_step_time_s": pair[1],
+                "processes_per_core": req.n_workers / int(cores) if cores else None,
+            }
+        )
     return {"runs": rows, "residual_cv": residual_cv(pairs)}
 
 
@@ -119,11 +130,17 @@ def with_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> tuple[Any, d
     without ``[uncertainty]`` is returned as it is (its parameters are taken as exact)."""
     residuals = run_residuals(profile, run_dirs)
     cv, u = residuals["residual_cv"], profile.uncertainty
-    if cv is None or u is None or cv <= u.noise_cv:
+    if cv is None or u is None:
         return profile, residuals
+    loads = [r["processes_per_core"] for r in residuals["runs"] if r["processes_per_core"]]
+    load = max([*loads, *([u.noise_processes_per_core] if u.noise_processes_per_core else [])], default=None)
+    if cv <= u.noise_cv:  # the noise covers the residuals: of every run predicted, at its load
+        covered = dataclasses.replace(u, noise_processes_per_core=load)
+        return dataclasses.replace(profile, uncertainty=covered), residuals
     note = (
         f"  noise_cv: the calibration runs' rms log residual {cv:.3g} over {len(residuals['runs'])} runs "
         f"(run-to-run noise alone {u.noise_cv:.3g})"
+        + (f", at up to {load:g} worker processes per core" if load else "")
     )
-    raised = dataclasses.replace(u, noise_cv=round(cv, 6))
+    raised = dataclasses.replace(u, noise_cv=round(cv, 6), noise_processes_per_core=load)
     return dataclasses.replace(profile, uncertainty=raised, notes=(*profile.notes, note)), residuals

@@ -94,6 +94,16 @@ class Placement:
     per_socket: tuple[int, ...]  # workers behind each global socket id
     sockets_per_host: int = 1
 
+    def processes_per_core(self, cpu: HostCPU | None) -> float | None:
+        """Workers per CPU core on the most loaded machine (emulated hosts of one machine,
+        ``cpu.hosts_per_machine``, count together); ``None`` without ``host_cpu``."""
+        if cpu is None:
+            return None
+        per_machine: dict[int, int] = {}
+        for h in self.host:
+            per_machine[h // cpu.hosts_per_machine] = per_machine.get(h // cpu.hosts_per_machine, 0) + 1
+        return max(per_machine.values()) / cpu.cores_per_host
+
     def sockets_text(self) -> str:
         """Workers behind each socket of the first host, ``"4+0"``."""
         return "+".join(str(c) for c in self.per_socket[: self.sockets_per_host])

@@ -18,7 +18,9 @@ The window is steady when the throughput of its two halves differs by less than
 summary says whether steadiness was reached.
 
 Every row also carries a 90 % interval for each of those five figures (``KEY_low``,
-``KEY_high``) and says what it holds (``interval``; ``has_unpinned_parameters``): the profile's
+``KEY_high``) and says what it holds (``interval``; ``has_unpinned_parameters``;
+``noise_extrapolated``: more worker processes per core, ``processes_per_core``, than any run
+the profile's noise was measured on, ``noise_processes_per_core``): the profile's
 parameter uncertainty propagated by the delta method, the simulated window's own noise and the
 profile's run-to-run noise, as :mod:`psgdlab.core.intervals` defines them. The parameter
 sensitivities re-simulate the configuration along each principal direction of the parameters'
@@ -324,6 +326,7 @@ def predict_one(
         "node_shape": shape,
         "gpus_per_node": placement.per_host if placement is not None else None,
         "sockets": placement.sockets_text() if placement is not None else None,
+        "processes_per_core": placement.processes_per_core(config.platform.host_cpu) if placement is not None else None,
         "step_time_s": step_time,
         "step_time_median_s": summ["step_time_median_s"],
         "step_time_p95_s": summ["step_time_p95_s"],
@@ -385,6 +388,8 @@ def predict_one(
             "simulation_batches": max(0, len(spread.batch_bounds) - 1),
         }
         row["has_unpinned_parameters"] = bool(u is not None and u.unpinned)
+        measured_at, load = (u.noise_processes_per_core if u is not None else None), row["processes_per_core"]
+        row["noise_extrapolated"] = bool(measured_at and load and load > measured_at * (1 + 1e-9))
     if failures is not None and failing:
         row["failures"] = predict_failures(
             algorithm,

@@ -25,7 +25,7 @@ from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["write_prediction", "format_table", "interval_lines", "failure_lines"]
+__all__ = ["write_prediction", "format_table", "interval_lines", "noise_load_lines", "failure_lines", "row_flags"]
 
 TIMELINE_EVENTS = 4000
 
@@ -77,7 +77,7 @@ def write_prediction(
         "whether it was steady)",
         "interval_note": "KEY_low and KEY_high: the 90 % interval of KEY (rows[i].interval says what it "
         "holds: parameter uncertainty, simulated-window noise, run-to-run noise)",
-        "has_unpinned_parameters": any(r.get("has_unpinned_parameters", False) for r in rows),
+        **row_flags(rows),
         "rows": rows,
     }
     run.write_json(SUMMARY_FILE, summary)
@@ -162,6 +162,7 @@ def format_table(
     )
     if has_interval:
         lines.extend(interval_lines(rows[0]["interval"]))
+        lines.extend(noise_load_lines(rows))
     lines.extend(failure_lines(rows))
     if run_dir is not None:
         lines.append(f"run directory: {run_dir}" + (f"   ({wall_s:.1f} s)" if wall_s is not None else ""))
@@ -193,6 +194,27 @@ def interval_lines(interval: dict[str, Any]) -> list[str]:
             f"interval): {', '.join(interval['unpinned'])}"
         )
     return lines
+
+
+def row_flags(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
+    """Whether any row has unpinned parameters, or noise measured at fewer processes per core
+    (the summary's and ``predict --json``'s ``has_unpinned_parameters``, ``noise_extrapolated``)."""
+    return {key: any(r.get(key, False) for r in rows) for key in ("has_unpinned_parameters", "noise_extrapolated")}
+
+
+def noise_load_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A line naming the rows whose run-to-run noise was measured on a less loaded machine
+    (``noise_extrapolated``: more worker processes per core than any run behind the profile's
+    noise); none when no row is."""
+    beyond = [r for r in rows if r.get("noise_extrapolated")]
+    if not beyond:
+        return []
+    measured_at = beyond[0]["interval"]["noise_processes_per_core"]
+    names = ", ".join(f"{r['algorithm']}x{r['workers']} ({r['processes_per_core']:g})" for r in beyond)
+    return [
+        f"noise measured at up to {measured_at:g} worker processes per core; these rows run more, and "
+        f"their intervals leave out what sharing a core adds: {names}"
+    ]
 
 
 def failure_lines(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -277,9 +278,11 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert all(r["predicted_step_time_s"] > 0.04 and r["measured_step_time_s"] > 0.04 for r in residuals["runs"])
     from psgdlab.core.profile import Profile
 
-    noise = Profile.read(out / "platform.toml").uncertainty.noise_cv
+    u = Profile.read(out / "platform.toml").uncertainty
     run_to_run = calibration["noise"]["step_cv_used"]
-    assert noise == pytest.approx(max(residuals["residual_cv"], run_to_run), rel=1e-4)
+    assert u.noise_cv == pytest.approx(max(residuals["residual_cv"], run_to_run), rel=1e-4)
+    # measured with 2 workers on this machine's cores: the load the noise was measured at
+    assert u.noise_processes_per_core == pytest.approx(2 / os.cpu_count())
 
     # --measured: the same runs fitted, predicted and compared again without running anything
     again = tmp_path / "again"

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.rundir import default_run_dir
     from psgdlab.sim.predict import predict_sweep, sweep_jobs
-    from psgdlab.sim.report import format_table, write_prediction
+    from psgdlab.sim.report import format_table, row_flags, write_prediction
     from psgdlab.sim.workload import load_config
 
     t_start = time.perf_counter()
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
                     "platform": config.platform.name,
                     "workload": config.workload.name,
                     "wall_s": wall,
-                    "has_unpinned_parameters": any(r.get("has_unpinned_parameters", False) for r in rows),
+                    **row_flags(rows),
                     "rows": rows,
                 },
                 default=float,

@@ -32,6 +32,8 @@ def case_row(c: dict[str, Any]) -> dict[str, Any]:
         "interval_low": c["step_time_interval"][0] / c["predicted_step_time_s"] if "step_time_interval" in c else None,
         "interval_high": c["step_time_interval"][1] / c["predicted_step_time_s"] if "step_time_interval" in c else None,
         "in_interval": c.get("in_interval"),
+        # the interval's run-to-run noise was measured at fewer worker processes per core
+        "noise_extrapolated": c.get("noise_extrapolated"),
     }
 
 
@@ -41,11 +43,17 @@ def _interval_line(summary: dict[str, Any]) -> str:
     if cov is None or width is None:
         return "90% intervals: none (the platform has no [uncertainty] table)"
     met, target = summary["targets_met"], summary["targets"]
+    beyond = sum(1 for c in summary["cases"] if c.get("noise_extrapolated"))
     return (
         f"measured inside the 90% interval {cov * 100:.0f}% of cases "
         f"(target >= {target['interval_coverage'] * 100:g}%: {'met' if met['interval_coverage'] else 'MISSED'}); "
         f"widest half-width {width * 100:.1f}% "
         f"(target <= {target['interval_half_width'] * 100:g}%: {'met' if met['interval_max_half_width'] else 'MISSED'})"
+        + (
+            f"; {beyond} of {len(summary['cases'])} intervals carry noise measured at fewer worker processes per core"
+            if beyond
+            else ""
+        )
     )
 
 

@@ -149,7 +149,8 @@ def mark_intervals(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> N
     at the first finish, not the rows' own figures. The interval is a band of factors around the
     prediction (from the fit's parameter uncertainty and the run-to-run noise), so each case gets
     its row's band applied to its windowed prediction, written into the case as
-    ``step_time_interval`` and ``in_interval``; a case whose row has no band is left unmarked.
+    ``step_time_interval`` and ``in_interval``, with the row's ``noise_extrapolated``; a case
+    whose row has no band is left unmarked.
 
     >>> case = {"algorithm": "ssgd", "workers": 2, "predicted_step_time_s": 1.0, "measured_step_time_s": 1.08}
     >>> row = {"algorithm": "ssgd", "workers": 2, "step_time_s": 2.0, "step_time_s_low": 1.8, "step_time_s_high": 2.2}
@@ -160,15 +161,21 @@ def mark_intervals(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> N
     bands = {}
     for r in rows:
         if r.get("step_time_s_low") is not None and r.get("step_time_s"):
-            bands[(r["algorithm"], r["workers"])] = (r["step_time_s_low"], r["step_time_s_high"], r["step_time_s"])
+            bands[(r["algorithm"], r["workers"])] = (
+                r["step_time_s_low"],
+                r["step_time_s_high"],
+                r["step_time_s"],
+                r.get("noise_extrapolated"),
+            )
     for c in cases:
         band = bands.get((c["algorithm"], c["workers"]))
         pred, meas = c.get("predicted_step_time_s"), c.get("measured_step_time_s")
         if band is None or pred is None or meas is None:
             continue
-        low, high, centre = band
+        low, high, centre, beyond = band
         c["step_time_interval"] = [low / centre * pred, high / centre * pred]
         c["in_interval"] = bool(c["step_time_interval"][0] <= meas <= c["step_time_interval"][1])
+        c["noise_extrapolated"] = beyond
 
 
 def interval_coverage(table: list[dict[str, Any]]) -> tuple[float | None, float | None]:

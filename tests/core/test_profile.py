@@ -183,6 +183,7 @@ def uncertainties(draw):
         correlation=corr,
         unpinned=tuple(draw(st.lists(st.sampled_from(paths), unique=True)) if paths else ()),
         noise_cv=draw(st.floats(0.0, 1.0)),
+        noise_processes_per_core=draw(st.none() | st.floats(0.05, 16.0)),
         loo_error=draw(st.none() | st.floats(0.0, 1.0)),
     )
 
@@ -206,6 +207,8 @@ def test_uncertainty_rejects_a_path_that_names_no_positive_value():
         )
     with pytest.raises(ConfigError, match="must be one of the parameters"):
         Uncertainty(parameters=("a",), log_sd=(0.1,), unpinned=("b",))
+    with pytest.raises(ConfigError, match=r"noise_processes_per_core.*must be > 0"):
+        Uncertainty(noise_processes_per_core=0.0)
 
 
 def test_with_values_replaces_by_path_and_validates_again():

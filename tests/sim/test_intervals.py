@@ -289,3 +289,41 @@ def test_a_shift_out_of_range_falls_back_to_a_one_sided_secant_and_an_impossible
     assert d == pytest.approx(0.3) and seen == [pytest.approx(0.049 * math.exp(-0.1)), 0.049]
     with pytest.raises(ConfigError, match="itemsize"):  # 4 B x e^(+-0.3) rounds to 5 B and 3 B
         central_sensitivities(log_t, c, [{"workload.itemsize": 0.3}])
+
+
+def test_rows_with_more_processes_per_core_than_the_noise_was_measured_at_say_so(tmp_path, capsys):
+    """This machine's shape (one host, 2 cores): noise measured with a core per worker covers the
+    2-worker row; the 4- and 8-worker rows share the cores, and the row, the table and ``--json``
+    say that their intervals carry a less loaded machine's noise."""
+    import json
+
+    from psgdlab.cli import main
+    from psgdlab.core.profile import HostCPU, Profile
+
+    base = load_config(data=STEADY)
+    platform = dataclasses.replace(
+        base.platform, hosts=1, devices_per_host=8, host_cpu=HostCPU(cores_per_host=2, work_per_message_s=1e-4)
+    )
+    measured = Uncertainty(noise_cv=0.01, noise_processes_per_core=1.0)
+    c = dataclasses.replace(base, platform=platform, uncertainty=measured)
+    rows = {n: P.predict_one("ssgd", n, c, steps=20).row for n in (2, 4, 8)}
+    assert [rows[n]["processes_per_core"] for n in (2, 4, 8)] == [1.0, 2.0, 4.0]
+    assert [rows[n]["noise_extrapolated"] for n in (2, 4, 8)] == [False, True, True]
+    assert rows[8]["interval"]["noise_processes_per_core"] == 1.0
+    # unrecorded load (published figures) or no host cores (GPUs): nothing to say
+    unknown = dataclasses.replace(c, uncertainty=Uncertainty(noise_cv=0.01))
+    assert P.predict_one("ssgd", 8, unknown, steps=20).row["noise_extrapolated"] is False
+    gpus = dataclasses.replace(c, platform=dataclasses.replace(platform, host_cpu=None))
+    row = P.predict_one("ssgd", 8, gpus, steps=20).row
+    assert row["processes_per_core"] is None and row["noise_extrapolated"] is False
+
+    path = tmp_path / "p.toml"
+    path.write_text(Profile(platform=c.platform, workload=c.workload, uncertainty=c.uncertainty).to_toml())
+    args = ["predict", "--platform", str(path), "--algorithm", "ssgd", "--workers", "2,8", "--steps", "20"]
+    assert main([*args, "--out", str(tmp_path / "t")]) == 0
+    text = capsys.readouterr().out
+    assert "noise measured at up to 1 worker processes per core" in text and "ssgdx8 (4)" in text
+    assert "ssgdx2" not in text
+    assert main([*args, "--json", "--out", str(tmp_path / "j")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["noise_extrapolated"] is True and [r["noise_extrapolated"] for r in out["rows"]] == [False, True]
