@@ -86,6 +86,7 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
     (:func:`residual_cv`; ``None`` when no run could be predicted; ``processes_per_core``: its
     workers over the cores of the machine that recorded it, ``None`` where it did not say)."""
     from psgdlab.analysis.compare import cut_at_first_finish, window_summary
+    from psgdlab.analysis.cores import cores_of
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
     from psgdlab.sim.predict import predict_one
@@ -112,13 +113,13 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
         pred = predict_one(req.name, req.n_workers, configs[key], intervals=False, **req.keywords)
         pair = (step_time_s(pred.result.trace, req.batch), step_time_s(run.trace, req.batch))
         pairs.append(pair)
-        cores = run.env.get("cpu_count")
+        cores = cores_of([run])
         rows.append(
             {
                 "run": Path(d).name,
                 "predicted_step_time_s": pair[0],
                 "measured_step_time_s": pair[1],
-                "processes_per_core": req.n_workers / int(cores) if cores else None,
+                "processes_per_core": req.n_workers / cores if cores else None,
             }
         )
     return {"runs": rows, "residual_cv": residual_cv(pairs)}

@@ -17,8 +17,7 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   the bytes queued before it, then moves at the NIC's bandwidth (or its PCIe share, when less).
   A NIC's queue conserves its capacity, which a share fixed at the start does not: a transfer
   that starts on an idle link keeps the whole of it while others join, so overlapping transfers
-  between hosts (AD-PSGD's random ring, every pair a message each way) moved up to 1.25 times
-  what the shaped NICs carried. With
+  between hosts carried more than the NICs' rate (docs/validation.md has the case). With
   ``staging = "host"`` the pairwise average is a device-to-host copy, the network leg, a CPU
   average (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after
   another.

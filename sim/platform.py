@@ -74,6 +74,7 @@ Examples
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from psgdlab.core.errors import ConfigError, require
@@ -99,9 +100,7 @@ class Placement:
         ``cpu.hosts_per_machine``, count together); ``None`` without ``host_cpu``."""
         if cpu is None:
             return None
-        per_machine: dict[int, int] = {}
-        for h in self.host:
-            per_machine[h // cpu.hosts_per_machine] = per_machine.get(h // cpu.hosts_per_machine, 0) + 1
+        per_machine = Counter(h // cpu.hosts_per_machine for h in self.host)
         return max(per_machine.values()) / cpu.cores_per_host
 
     def sockets_text(self) -> str:
