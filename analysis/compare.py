@@ -9,6 +9,12 @@ by samples/s gives the same order (per worker count) in prediction and measureme
 (:func:`ranking`: a pair is ranked only when its measured difference exceeds two combined
 standard errors, :func:`samples_per_s_se`; exact ties in the prediction are one class).
 
+Where a step's time goes, per case (``path``, :func:`psgdlab.core.trace.step_path`, both
+sides): the fastest and slowest worker's own step, how far apart the workers end their compute
+and start the next one, and the path from the last compute end to the last next start (the
+exchanges and the update on the critical path of a step in which every worker waits for the
+others), so that a step-time error can be traced to the place it comes from.
+
 One definition for both sides. When both cases have a trace, every timing figure is recomputed
 from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the step
 the summed rates of the workers imply, for both), over the same window: the
@@ -37,7 +43,7 @@ import numpy as np
 
 from psgdlab.analysis.load import Run, load_cases
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.trace import PHASES, summarize
+from psgdlab.core.trace import PHASES, STEP_PATH_KEYS, step_path, summarize
 
 __all__ = [
     "total_variation",
@@ -118,10 +124,13 @@ def windowed_summaries(pred: Run, meas: Run) -> tuple[dict[str, Any], dict[str, 
 def window_summary(cut: np.ndarray, *, samples_per_step: int, steps: int | None = None) -> dict[str, Any]:
     """``summarize`` of a trace cut at the first finish (:func:`cut_at_first_finish`) with the
     comparison's warm-up: a tenth of ``steps`` (default: the cut trace's own steps per worker),
-    and ``samples_per_s_se`` (:func:`samples_per_s_se`)."""
+    ``samples_per_s_se`` (:func:`samples_per_s_se`) and ``path``
+    (:func:`psgdlab.core.trace.step_path` over the same steps)."""
     steps = _steps_per_worker(cut) if steps is None else steps
-    out = summarize(cut, samples_per_step=samples_per_step, warmup_steps=max(1, steps // 10))
+    warmup = max(1, steps // 10)
+    out = summarize(cut, samples_per_step=samples_per_step, warmup_steps=warmup)
     out["samples_per_s_se"] = samples_per_s_se(cut, samples_per_step=samples_per_step, steps=steps)
+    out["path"] = step_path(cut, warmup_steps=warmup)
     return out
 
 
@@ -139,6 +148,8 @@ def compare_cases(pred: Run, meas: Run) -> dict[str, Any]:
         out[name] = _error(ps.get(name), ms.get(name))
     for side, summary in (("predicted", ps), ("measured", ms)):
         out["samples_per_s"][f"{side}_se"] = summary.get("samples_per_s_se")
+    paths = ps.get("path") or {}, ms.get("path") or {}
+    out["path"] = {key: _error(paths[0].get(key), paths[1].get(key)) for key in STEP_PATH_KEYS}
     out["staleness_tv"] = total_variation(ps.get("staleness_hist", {}) or {}, ms.get("staleness_hist", {}) or {})
     out["predicted_step_time_s"] = out["step_time_s"]["predicted"]
     out["measured_step_time_s"] = out["step_time_s"]["measured"]

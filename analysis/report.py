@@ -19,6 +19,39 @@ def _num(x: float | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
     return "n/a" if x is None else fmt.format(x * scale)
 
 
+#: the columns of the report's table of where a step goes: key of ``step_path``, heading
+_PATH_COLUMNS = (
+    ("after_compute_s", "after compute"),
+    ("compute_end_spread_s", "compute-end spread"),
+    ("restart_spread_s", "restart spread"),
+    ("worker_step_min_s", "fastest worker's step"),
+    ("worker_step_max_s", "slowest worker's step"),
+)
+
+
+def _path_table(cases: list[dict[str, Any]]) -> list[str]:
+    """The table of where each case's step goes (:func:`psgdlab.core.trace.step_path`),
+    predicted / measured in ms; no lines when no case has it."""
+    rows = [c for c in cases if any(v.get("measured") is not None for v in (c.get("path") or {}).values())]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Where the step goes (ms, predicted / measured; `after compute`: from the last worker's compute "
+        "end to the last worker's next compute, the critical path of a step in which every worker waits "
+        "for the others; spreads: how far apart the workers end their compute and start the next):",
+        "",
+        "| algorithm | workers | " + " | ".join(h for _, h in _PATH_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(_PATH_COLUMNS),
+    ]
+    for c in rows:
+        cells = [
+            f"{_num(c['path'][k]['predicted'], 1e3)} / {_num(c['path'][k]['measured'], 1e3)}" for k, _ in _PATH_COLUMNS
+        ]
+        lines.append(f"| {c['algorithm']} | {c['workers']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown_report(result: dict[str, Any]) -> str:
     lines = [
         "# Prediction against measurement",
@@ -39,6 +72,7 @@ def markdown_report(result: dict[str, Any]) -> str:
             f"| {_num(sl['predicted'], fmt='{:.2f}')} | {_num(sl['measured'], fmt='{:.2f}')} "
             f"| {c['staleness_tv']:.3f} |"
         )
+    lines += _path_table(result["cases"])
     lines += [
         "",
         f"Median absolute step-time error: {_pct(result['median_abs_step_time_error'])}; "

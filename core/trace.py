@@ -55,6 +55,8 @@ __all__ = [
     "read_trace",
     "to_chrome_trace",
     "summarize",
+    "step_path",
+    "STEP_PATH_KEYS",
     "staleness_histogram",
     "atomic_write_bytes",
     "temporary_path",
@@ -290,6 +292,99 @@ def to_chrome_trace(
 
 
 # ----- summary (one definition for every executor) ------------------------------------------------
+def _worker_steps(
+    compute: np.ndarray, warmup_steps: int, first_timed: int
+) -> tuple[list[np.ndarray], list[float] | None]:
+    """Per worker (in rank order) of the compute records ``compute``: the times between its
+    consecutive compute starts past ``warmup_steps``, and its own rate, steps per second between
+    its first start at or past ``first_timed`` and its last (``None`` when some worker has fewer
+    than two such starts)."""
+    deltas: list[np.ndarray] = []
+    rates: list[float] | None = []
+    for r in np.unique(compute["rank"]):
+        starts = np.sort(compute["start_s"][compute["rank"] == r])
+        steps = np.sort(compute["step"][compute["rank"] == r])
+        deltas.append(np.diff(starts)[steps[1:] >= warmup_steps] if starts.size > 1 else np.array([]))
+        own = starts[steps >= first_timed]
+        if rates is not None and own.size > 1 and own[-1] > own[0]:
+            rates.append((own.size - 1) / float(own[-1] - own[0]))
+        else:
+            rates = None
+    return deltas, rates
+
+
+#: the keys of :func:`step_path`
+STEP_PATH_KEYS = (
+    "worker_step_min_s",
+    "worker_step_max_s",
+    "compute_end_spread_s",
+    "after_compute_s",
+    "restart_spread_s",
+)
+
+
+def step_path(trace: np.ndarray, *, warmup_steps: int = 0) -> dict[str, float | None]:
+    r"""Where a trace's steps go across its workers: the spread of the workers' own speeds, and
+    the path of a step from the last worker's compute end to the last worker's next compute.
+
+    :func:`summarize` gives one step time for the whole run; two runs (a prediction and its
+    measurement) can agree on it for different reasons, or miss it in a place a fraction cannot
+    show. Here, for each step ``s`` past ``warmup_steps`` that every worker began and followed
+    with step ``s + 1``, with :math:`e_r` the end of worker ``r``'s compute of ``s`` and
+    :math:`b_r` the start of its compute of ``s + 1``:
+
+    - ``compute_end_spread_s``: :math:`\max_r e_r - \min_r e_r`, how far apart the workers come
+      to the step's exchanges;
+    - ``after_compute_s``: :math:`\max_r b_r - \max_r e_r`, from the last worker's compute end
+      to the last worker's next compute: the exchanges, the waits and the update on the step's
+      critical path when every worker waits for the others (a gradient allreduce);
+    - ``restart_spread_s``: :math:`\max_r b_r - \min_r b_r`, how far apart the workers leave
+      them (members of one collective that leave it at different times);
+
+    each the mean over those steps, and ``worker_step_min_s`` / ``worker_step_max_s``: the
+    fastest and the slowest worker's own step (the mean time between its consecutive compute
+    starts past the warm-up, :func:`summarize`'s per-worker rate). Workers that drift apart
+    (asynchronous algorithms) reach one step index at different times, so there the spreads
+    measure the drift and the two worker steps say more. A key is ``None`` where no step (or
+    no worker rate) qualifies.
+
+    Examples
+    --------
+    >>> tb = TraceBuilder()
+    >>> for r, (end, restart) in enumerate([(1.0, 1.5), (1.2, 1.6)]):
+    ...     tb.add(rank=r, step=0, phase="compute", start_s=0.0, end_s=end)
+    ...     tb.add(rank=r, step=1, phase="compute", start_s=restart, end_s=restart + 1.0)
+    >>> path = step_path(tb.array())
+    >>> [round(path[k], 3) for k in ("compute_end_spread_s", "after_compute_s", "restart_spread_s")]
+    [0.2, 0.4, 0.1]
+    """
+    compute = trace[trace["phase"] == PHASES["compute"]]
+    out: dict[str, float | None] = dict.fromkeys(STEP_PATH_KEYS)
+    if compute.size == 0:
+        return out
+    ranks = np.unique(compute["rank"])
+    timed = compute[compute["step"] >= warmup_steps]
+    first_timed = int(timed["step"].min()) if timed.size else int(compute["step"].min())
+    _, rates = _worker_steps(compute, warmup_steps, first_timed)
+    if rates:
+        out["worker_step_min_s"] = 1.0 / max(rates)
+        out["worker_step_max_s"] = 1.0 / min(rates)
+    row = np.searchsorted(ranks, compute["rank"])
+    n_steps = int(compute["step"].max()) + 1
+    starts = np.full((ranks.size, n_steps), np.nan)
+    ends = np.full((ranks.size, n_steps), np.nan)
+    starts[row, compute["step"]] = compute["start_s"]
+    ends[row, compute["step"]] = compute["end_s"]
+    e, b = ends[:, warmup_steps : n_steps - 1], starts[:, warmup_steps + 1 :]
+    ok = np.all(np.isfinite(e), axis=0) & np.all(np.isfinite(b), axis=0)
+    if ok.any():
+        e, b = e[:, ok], b[:, ok]
+        out["compute_end_spread_s"] = float(np.mean(e.max(axis=0) - e.min(axis=0)))
+        out["after_compute_s"] = float(np.mean(b.max(axis=0) - e.max(axis=0)))
+        out["restart_spread_s"] = float(np.mean(b.max(axis=0) - b.min(axis=0)))
+    return out
+
+
 def staleness_histogram(trace: np.ndarray) -> dict[str, int]:
     """Counts of each staleness value on compute records (keys are strings for JSON)."""
     st = trace["staleness"][(trace["phase"] == PHASES["compute"]) & (trace["staleness"] >= 0)]
@@ -354,19 +449,7 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
     t1 = float(window["end_s"].max())
     span = max(t1 - t0, 1e-300)
     ranks = np.unique(compute["rank"])
-    first_timed = timed["step"].min()  # the first step past the warm-up (every step when there is none)
-    deltas: list[np.ndarray] = []
-    rates: list[float] | None = []  # None: some worker has fewer than two timed steps
-    for r in ranks:
-        starts = np.sort(compute["start_s"][compute["rank"] == r])
-        steps = np.sort(compute["step"][compute["rank"] == r])
-        d = np.diff(starts)[steps[1:] >= warmup_steps] if starts.size > 1 else np.array([])
-        deltas.append(d)
-        own = starts[steps >= first_timed]
-        if rates is not None and own.size > 1 and own[-1] > own[0]:
-            rates.append((own.size - 1) / float(own[-1] - own[0]))
-        else:
-            rates = None
+    deltas, rates = _worker_steps(compute, warmup_steps, timed["step"].min())
     all_d = np.concatenate(deltas) if deltas else np.array([])
     if all_d.size == 0:  # one step each: use the compute durations plus blocking comm
         all_d = np.array([span])

@@ -20,7 +20,9 @@ from psgdlab.core.rundir import RunDir, Summary, write_summary
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 
 
-def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, steps=20, jitter=0.0, seed=0):
+def write_case(
+    path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, steps=20, jitter=0.0, seed=0, samples_per_step=None
+):
     rng = np.random.default_rng(seed)
     tb = TraceBuilder()
     for r in range(workers):
@@ -40,7 +42,8 @@ def write_case(path, *, algorithm, workers, step_s, comm_s=0.0, staleness=0, ste
             t += c + comm_s
     trace = tb.array()
     rd = RunDir(path)
-    write_trace(rd / "trace.npz", trace, {"source": "test"})
+    meta = {"source": "test"} if samples_per_step is None else {"source": "test", "samples_per_step": samples_per_step}
+    write_trace(rd / "trace.npz", trace, meta)
     figures = summarize(trace, samples_per_step=32)
     del figures["workers"]
     write_summary(
@@ -241,3 +244,21 @@ def test_fit_link_allreduce_model():
     fit = fit_link(t, S, group_sizes=n)
     assert fit["latency_s"] == pytest.approx(30e-6, rel=1e-6)
     assert fit["bandwidth_bytes_per_s"] == pytest.approx(1e9, rel=1e-6)
+
+
+def test_compare_says_where_the_step_goes(tmp_path):
+    """Two runs of one step time, one blocked longer after its compute: the path after the
+    compute tells them apart (the workers here restart together after their exchange)."""
+    pred, meas = tmp_path / "p", tmp_path / "m"
+    for root, comm_s in ((pred, 0.01), (meas, 0.03)):
+        write_case(
+            root / "runs" / "ssgd-w4", algorithm="ssgd", workers=4, step_s=0.1, comm_s=comm_s, samples_per_step=32
+        )
+    result = compare_dirs(pred, meas)
+    path = result["cases"][0]["path"]
+    assert path["after_compute_s"]["predicted"] == pytest.approx(0.01)
+    assert path["after_compute_s"]["measured"] == pytest.approx(0.03)
+    assert path["restart_spread_s"]["measured"] == pytest.approx(0.0, abs=1e-12)
+    assert path["worker_step_max_s"]["rel_error"] == pytest.approx(0.0, abs=1e-9)
+    report = (write_report(result, tmp_path / "report", figures=False) / "report.md").read_text()
+    assert "Where the step goes" in report and "| ssgd | 4 | 10 / 30 |" in report

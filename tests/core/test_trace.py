@@ -1,4 +1,5 @@
-"""The step times that :func:`psgdlab.core.trace.summarize` reports, on traces built by hand."""
+"""The step times that :func:`psgdlab.core.trace.summarize` reports, and where
+:func:`~psgdlab.core.trace.step_path` finds that they go, on traces built by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psgdlab.core.trace import TraceBuilder, summarize
+from psgdlab.core.trace import STEP_PATH_KEYS, TraceBuilder, step_path, summarize
 
 
 def trace_of(periods: list[list[float]]) -> np.ndarray:
@@ -71,3 +72,71 @@ def test_the_pooled_median_of_two_groups_is_the_boundary_between_them():
     assert s["step_time_median_s"] == pytest.approx(0.1)
     fast_mean = np.mean(fast[:-1])  # 40 starts bound 39 steps
     assert s["step_time_s"] == pytest.approx(2 / (1 / fast_mean + 1 / 0.1), rel=1e-9)
+
+
+def lockstep_trace(computes: list[list[float]], after: float) -> np.ndarray:
+    """Workers that compute ``computes[r][s]`` and then wait for each other: every worker starts
+    step ``s + 1`` ``after`` seconds past the last compute end of step ``s``."""
+    tb = TraceBuilder()
+    t = 0.0
+    for s in range(len(computes[0])):
+        ends = [t + c[s] for c in computes]
+        for r, end in enumerate(ends):
+            tb.add(rank=r, step=s, phase="compute", start_s=t, end_s=end)
+        t = max(ends) + after
+    return tb.array()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    computes=st.integers(2, 6).flatmap(
+        lambda n: st.lists(st.lists(st.floats(0.01, 0.1), min_size=n, max_size=n), min_size=2, max_size=5)
+    ),
+    after=st.floats(0.0, 0.05),
+)
+def test_a_lockstepped_step_restarts_together_after_its_critical_path(computes, after):
+    """Every worker restarts ``after`` past the last compute end: that is the path after the
+    compute, the restarts coincide, and the compute ends spread as the compute times do."""
+    by_worker = [list(c) for c in zip(*computes, strict=True)]
+    path = step_path(lockstep_trace(by_worker, after))
+    assert path["after_compute_s"] == pytest.approx(after, abs=1e-9)
+    assert path["restart_spread_s"] == pytest.approx(0.0, abs=1e-9)
+    spreads = [max(step) - min(step) for step in computes[:-1]]  # the last step has no next start
+    assert path["compute_end_spread_s"] == pytest.approx(np.mean(spreads), abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    periods=st.lists(st.lists(st.floats(0.01, 1.0), min_size=4, max_size=20), min_size=1, max_size=6),
+    warmup=st.integers(0, 2),
+)
+def test_the_step_time_lies_between_the_fastest_and_slowest_workers_steps(periods, warmup):
+    """The throughput step is a harmonic mean of the workers' own steps (each worker has two
+    starts past the warm-up, so each has a rate)."""
+    trace = trace_of(periods)
+    path = step_path(trace, warmup_steps=warmup)
+    step = summarize(trace, samples_per_step=1, warmup_steps=warmup)["step_time_s"]
+    assert path["worker_step_min_s"] <= step * (1 + 1e-9)
+    assert step <= path["worker_step_max_s"] * (1 + 1e-9)
+
+
+def test_a_worker_that_restarts_late_is_the_restart_spread():
+    """Two workers end their compute together; one leaves the exchange 5 ms after the other."""
+    tb = TraceBuilder()
+    for s in range(4):
+        for r in range(2):
+            start = s * 0.1 + (0.005 if r == 1 and s > 0 else 0.0)
+            tb.add(rank=r, step=s, phase="compute", start_s=start, end_s=s * 0.1 + 0.05)
+    path = step_path(tb.array())
+    assert path["compute_end_spread_s"] == pytest.approx(0.0)
+    assert path["restart_spread_s"] == pytest.approx(0.005)
+    assert path["after_compute_s"] == pytest.approx(0.055)
+
+
+def test_no_step_that_every_worker_finished_gives_no_path():
+    tb = TraceBuilder()
+    tb.add(rank=0, step=0, phase="compute", start_s=0.0, end_s=1.0)
+    tb.add(rank=1, step=1, phase="compute", start_s=0.0, end_s=1.0)
+    path = step_path(tb.array())
+    assert set(path) == set(STEP_PATH_KEYS)
+    assert path["after_compute_s"] is None and path["worker_step_max_s"] is None
