@@ -95,7 +95,11 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     runs' fits, so a bandwidth the runs do not pin is the probe's while the latency stays the
     runs' (what a step sees: arrival skew, wake-ups); its laws replace the runs' where those
     cannot be fitted at all (``link_source``, per law); its measured CPU work is ``host_cpu``
-    unless runs with more workers than cores fit it.
+    unless runs with more workers than cores fit it. Another may be a probe between emulated
+    hosts (one rank per host): the link between hosts where no run between hosts gives it
+    (``nic``), and its measured CPU work is ``host_cpu_between_hosts``, the work of a message
+    that goes through the network stack instead of a host's shared-memory plane (``None``
+    without one: charged as inside a host).
     """
     from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run
@@ -112,18 +116,23 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             "the links inside a host come from end-to-end runs; a probe measures the links only, runs with "
             "--hosts the link between hosts)"
         )
-    if len(probe_dirs) > 1:
-        raise ConfigError(
-            f"give at most one probe directory ({len(probe_dirs)} given: {', '.join(map(str, probe_dirs))})"
-        )
     for run in runs:
         if run.trace is None:
             raise ConfigError(f"{run.path} has no trace.npz to calibrate from")
     cores = cores if cores is not None else cores_of(runs)
-    probe = fit_probe(probe_dirs[0], cores=cores) if probe_dirs else None
-    nic_probe = None
-    if probe is not None and probe["hosts"] > 1:  # a probe between emulated hosts: the NIC, not this host
-        nic_probe, probe = probe, None
+    probes = [fit_probe(p, cores=cores) for p in probe_dirs]
+    # a probe between emulated hosts measures the NIC and the CPU work of a message between
+    # hosts, not this host: at most one of each kind
+    inside = [p for p in probes if p["hosts"] == 1]
+    across = [p for p in probes if p["hosts"] > 1]
+    for kind, found in (("on one host", inside), ("between hosts", across)):
+        if len(found) > 1:
+            raise ConfigError(
+                f"give at most one probe directory {kind} ({len(found)} given: "
+                f"{', '.join(str(p['path']) for p in found)})"
+            )
+    probe = inside[0] if inside else None
+    nic_probe = across[0] if across else None
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
@@ -238,10 +247,14 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         "collective": collective,
         "server": server,
         "host_cpu": host_cpu,
+        # the CPU work of a message between hosts (a socket through the network stack), measured
+        # by the probe between hosts; None: charged as inside a host
+        "host_cpu_between_hosts": nic_probe["host_cpu"] if nic_probe is not None else None,
         "model_average": model_average,
         "mix_merge": mix_merge,
         "link_source": source,
         "probe": probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
+        "nic_probe": nic_probe["path"] if nic_probe is not None else None,
         "noise": {
             "link_cv": link_noise,
             "step_cv": step_noise,
@@ -328,6 +341,17 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
         "hosts": max(hosts_of(r) for r in runs),
         "allreduce_algorithm": algorithm,
         "runs": [str(r.path) for r in runs],
+    }
+
+
+def _between_hosts_work(cpu: dict[str, Any] | None) -> dict[str, float]:
+    """The :class:`~psgdlab.core.profile.HostCPU` fields of the CPU work of a message between
+    hosts from a probe's ``host_cpu`` fit between hosts (none without one)."""
+    if not cpu:
+        return {}
+    return {
+        "work_per_message_between_hosts_s": float(cpu["work_per_message_s"]),
+        "work_per_byte_between_hosts_s": float(cpu["work_per_byte_s"]),
     }
 
 
@@ -555,6 +579,7 @@ def platform_profile(
             work_per_message_s=float(cpu["work_per_message_s"]),
             work_per_byte_s=float(cpu["work_per_byte_s"]),
             hosts_per_machine=int(between.get("hosts", 1)),
+            **_between_hosts_work(calibration.get("host_cpu_between_hosts") if between else None),
         )
         if cpu
         else None,
@@ -668,7 +693,8 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
     ``platform.collective``; a latency at its bound 0 has none) and of the CPU work of
     communication (``platform.host_cpu``, per message and per byte, from the probe's or the
-    oversubscribed runs' scatter; one at its bound 0 has none), their correlation within each
+    oversubscribed runs' scatter, and between hosts from the probe between hosts; one at its
+    bound 0 has none), their correlation within each
     table, the bandwidths the data did not pin (kept at
     :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`, marked unpinned) and the run-to-run noise of
     a mean step (measured where a configuration repeats, else
@@ -692,12 +718,14 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
             # +-1 (one size: the latency is the duration less the prior's bytes term) would make the
             # matrix singular; 0.999 keeps it positive definite for a Cholesky factor
             blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -0.999, 0.999))))
-    cpu = calibration.get("host_cpu")
-    if cpu and cpu.get("work_log_sd"):
+    between = calibration.get("host_cpu_between_hosts") if calibration.get("nic") else None
+    for cpu, suffix in ((calibration.get("host_cpu"), "s"), (between, "between_hosts_s")):
+        if not cpu or not cpu.get("work_log_sd") or (suffix != "s" and not calibration.get("host_cpu")):
+            continue
         first = len(params)
-        for key, sd in zip(("work_per_message_s", "work_per_byte_s"), cpu["work_log_sd"]):
-            if sd is not None and cpu[key] > 0:
-                params.append(f"platform.host_cpu.{key}")
+        for key, sd in zip(("work_per_message", "work_per_byte"), cpu["work_log_sd"]):
+            if sd is not None and cpu[f"{key}_s"] > 0:
+                params.append(f"platform.host_cpu.{key}_{suffix}")
                 sds.append(float(sd))
         if len(params) - first == 2 and cpu.get("work_log_correlation") is not None:
             blocks.append((first, first + 1, float(np.clip(cpu["work_log_correlation"], -0.999, 0.999))))

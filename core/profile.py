@@ -163,12 +163,19 @@ class HostCPU:
         cluster (every host has its own cores); every emulated host of one machine
         (``psgdlab train --hosts H``: network namespaces of this machine, ``H``). Hosts
         ``h`` with the same ``h // hosts_per_machine`` count their CPU holders together.
+    work_per_message_between_hosts_s, work_per_byte_between_hosts_s : float or None
+        The same for a message to another host, ``>= 0``, where it differs: a socket through
+        the kernel's network stack (TCP: copies into and out of socket buffers, the stack's
+        processing) instead of a host's shared-memory plane, measured by a probe with one rank
+        per host. ``None``: as inside a host.
     """
 
     cores_per_host: int = 1
     work_per_message_s: float = 0.0
     work_per_byte_s: float = 0.0
     hosts_per_machine: int = 1
+    work_per_message_between_hosts_s: float | None = None
+    work_per_byte_between_hosts_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("cores_per_host", "hosts_per_machine"):
@@ -177,10 +184,20 @@ class HostCPU:
         for name in ("work_per_message_s", "work_per_byte_s"):
             x = getattr(self, name)
             require(_finite(x) and x >= 0, name, x, "must be >= 0 seconds")
+        for name in ("work_per_message_between_hosts_s", "work_per_byte_between_hosts_s"):
+            x = getattr(self, name)
+            require(x is None or (_finite(x) and x >= 0), name, x, "must be >= 0 seconds (or absent: as inside a host)")
 
-    def work_s(self, messages: float, nbytes: float) -> float:
-        """CPU work of one worker that sends ``messages`` messages of ``nbytes`` bytes in all."""
-        return cpu_work_s(messages, nbytes, self.work_per_message_s, self.work_per_byte_s)
+    def work_s(self, messages: float, nbytes: float, *, between_hosts: bool = False) -> float:
+        """CPU work of one worker that sends ``messages`` messages of ``nbytes`` bytes in all
+        (``between_hosts``: to another host, at the between-hosts work where it is given)."""
+        per_message, per_byte = self.work_per_message_s, self.work_per_byte_s
+        if between_hosts:
+            if self.work_per_message_between_hosts_s is not None:
+                per_message = self.work_per_message_between_hosts_s
+            if self.work_per_byte_between_hosts_s is not None:
+                per_byte = self.work_per_byte_between_hosts_s
+        return cpu_work_s(messages, nbytes, per_message, per_byte)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

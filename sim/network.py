@@ -229,7 +229,8 @@ class Network:
         dur = transfer_s(nbytes, bw, lat)
         if self._cpu is not None:
             wire = nbytes / bw if crosses and bw is not None else 0.0
-            dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), begin, dur, wire)
+            work = self._cpu.work_s(1, nbytes, between_hosts=crosses)
+            dur = self._cpu_wait(self._per_host((a, b)), work, begin, dur, wire)
         if links:
             self._register(links, begin, begin + dur)
         return wait + dur
@@ -267,8 +268,9 @@ class Network:
             self._register(copy_links, t, t + h2d)
             dur = d2h + net + cpu + h2d
             if self._cpu is not None:
-                wire = net if self._host[a] != self._host[b] else 0.0
-                dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur, wire)
+                crosses = self._host[a] != self._host[b]
+                work = self._cpu.work_s(1, nbytes, between_hosts=crosses)
+                dur = self._cpu_wait(self._per_host((a, b)), work, start, dur, net if crosses else 0.0)
         if gather > 1:
             dur += self.allgather_s(a, gather, model_bytes, start + dur)
         return dur
@@ -353,7 +355,7 @@ class Network:
         dur = allreduce_s(n, nbytes, bw, lat, algorithm)
         if self._cpu is not None:
             sent = allreduce_bytes(n, nbytes)
-            work = self._cpu.work_s(allreduce_messages(n, algorithm), sent)
+            work = self._cpu.work_s(allreduce_messages(n, algorithm), sent, between_hosts=spans)
             dur = self._cpu_wait(members, work, start, dur, sent / bw if spans else 0.0)
         self._register(links, start, start + dur)
         return dur
@@ -397,7 +399,8 @@ class Network:
             members = {0: 1}
             members[self._host[rank]] = members.get(self._host[rank], 0) + 1
             wire = nbytes / bw if links else 0.0
-            t = self._cpu_wait(members, self._cpu.work_s(1, nbytes) + update, start, t, wire)
+            work = self._cpu.work_s(1, nbytes, between_hosts=bool(links)) + update
+            t = self._cpu_wait(members, work, start, t, wire)
         if links:
             assert start is not None
             self._register(links, start, start + t)

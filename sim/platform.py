@@ -33,7 +33,12 @@ cores get :math:`c/k` of a core each (processor sharing), so the CPU part stretc
 already contains it. Between hosts the CPU work overlaps the bytes' time on the NICs,
 :math:`w` (the copies into and out of the sockets run while earlier bytes are on the wire), so
 the exchange takes :math:`T + \max(0, kW/c - \max(W, w))`: a slow NIC hides the shared cores,
-a fast one does not (:func:`psgdlab.core.cost.cpu_stretch_s`). Holders are counted when the
+a fast one does not (:func:`psgdlab.core.cost.cpu_stretch_s`). A message between hosts goes
+through the kernel's network stack, not a host's shared-memory plane, and costs its own CPU work
+where the profile gives it (``work_per_message_between_hosts_s``,
+``work_per_byte_between_hosts_s``, from a probe with one rank per host): a transfer or pairwise
+average that crosses hosts, a server request from another host, and every message of a
+collective whose group spans hosts (process-to-process sockets on every edge). Holders are counted when the
 exchange starts (the snapshot rule of the links), per machine: the emulated hosts of one
 machine (``hosts_per_machine``) share its cores. A parameter-server request holds the worker
 and the server (on host 0) for one message and the server's update. A process's own host work

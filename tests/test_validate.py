@@ -366,3 +366,4 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     assert 0.5 * 25e6 < platform.nic.bandwidth_bytes_per_s < 1.1 * 25e6  # the shaped 200 Mbit/s, fitted
     placement = json.loads((out / "measured-h2-200Mbit-s" / "runs" / "hadpsgd-w4" / "hosts.json").read_text())
     assert placement["placement"] == [0, 0, 1, 1]
+    assert (out / "calibration" / "probe-h2-200Mbit-s" / "probe.npz").is_file()  # the CPU work between hosts

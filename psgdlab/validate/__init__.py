@@ -13,6 +13,8 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
     OUT/calibration/probe/   a probe of the transport (psgdlab.runtime.probe), when cases have
                              more workers than cores and no calibration run does: the CPU work
                              of communication, measured (validate.plan.probe_groups)
+    OUT/calibration/probe-h2-RATE/  with --hosts, a probe between 2 emulated hosts (one rank
+                             each) per NIC rate: the CPU work of a message between hosts
     OUT/platform.toml        the fitted platform profile (psgdlab.analysis.calibrate), its
                              noise_cv at least the calibration runs' residual
                              (psgdlab.calibration.with_residuals)
@@ -224,6 +226,16 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             )
             label = f"calibration run {name} (2 emulated hosts, one worker each)"
             between.setdefault(rate, []).append(obtain(Path(cfg.out), label, partial(launch_fresh, cfg)))
+        from psgdlab.runtime.probe import ProbeConfig, probe
+
+        for rate in vc.nic_bandwidths or (None,):  # the CPU work of a message between hosts, measured
+            d = source / "calibration" / f"probe-h2-{rate_slug(rate)}"
+            if vc.measured and not d.is_dir():  # a validate older than this probe
+                say(f"{d.name}: not in {source}; a message between hosts costs the CPU work of one inside a host")
+                continue
+            nic_cfg = ProbeConfig(out=str(d), backend="gloo", groups=(2,), hosts=2, nic_bandwidth=rate)
+            label = f"probe between 2 emulated hosts at {rate or 'an unshaped link'} (one rank each)"
+            between.setdefault(rate, []).append(obtain(d, label, partial(probe, nic_cfg)))
     # one platform per NIC rate: this machine's fits inside a host, the rate's between hosts
     settings: list[tuple[str | None, int]] = (
         [(rate, h) for rate in (vc.nic_bandwidths or (None,)) for h in vc.hosts] if vc.hosts else [(None, 1)]

@@ -497,3 +497,57 @@ def test_calibrate_fits_the_link_between_hosts_apart(runs, tmp_path, monkeypatch
         calibrate_runs(runs + [other])
     with pytest.raises(ConfigError, match="on one host"):
         calibrate_runs(crossing)
+
+
+def write_probe(path, *, hosts, w_msg, w_byte, rate=6.25e7, latency=1e-3, seed=0):
+    """A probe directory as ``calibrate --probe`` writes it (group 2, ring): every member's CPU
+    time the exact law ``w_msg`` per message plus ``w_byte`` per byte it sends, the wall time
+    a latency plus the bytes at ``rate``."""
+    from psgdlab.runtime.probe import KINDS, PROBE_DTYPE
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind, code in KINDS.items():
+        messages = 1 if kind == "pairwise" else allreduce_messages(2, "ring")  # each sends S: 2(n-1)/n S at n = 2
+        for size in (1 << 16, 1 << 20, 1 << 22):
+            for rep in range(6):
+                for rank in range(2):
+                    wall = latency + size / rate * (1 + 0.01 * rng.standard_normal())
+                    cpu = messages * w_msg + size * w_byte
+                    rows.append((code, 2, size, rep, rank, wall, cpu, rep == 0))
+    path.mkdir(parents=True)
+    np.savez(path / "probe.npz", records=np.array(rows, dtype=PROBE_DTYPE))
+    env = {"hosts": hosts, "world_size": 2, "cpu_count": CORES, "allreduce_algorithm": "ring"}
+    env["nic_bandwidth_bytes_per_s"] = rate if hosts > 1 else None
+    RunDir(path).write_json("env.json", env)
+    return path
+
+
+def test_a_probe_between_hosts_gives_the_cpu_work_of_a_message_between_hosts(tmp_path):
+    """Runs of one host with more workers than cores fit the CPU work inside a host; a probe
+    with one rank per emulated host measures it between hosts (a socket through the network
+    stack), and the platform charges each where it applies. One probe of each kind is taken;
+    two between hosts are refused."""
+    busy = [
+        write_run(tmp_path / "w4a", n_params=10_000, workers=4, seed=7),
+        write_run(tmp_path / "w4b", n_params=200_000, workers=4, seed=8),
+    ]
+    runs = [write_run(tmp_path / "a", n_params=10_000, seed=1), write_run(tmp_path / "b", n_params=200_000, seed=2)]
+    across = write_probe(tmp_path / "probe-h2", hosts=2, w_msg=2e-4, w_byte=1e-9)
+    fit = calibrate_runs(runs + busy + [across])
+    assert fit["host_cpu"]["work_per_byte_s"] == pytest.approx(W_BYTE, rel=1e-6)  # the busy runs' own
+    between = fit["host_cpu_between_hosts"]
+    assert between["work_per_message_s"] == pytest.approx(2e-4, rel=1e-6)
+    assert between["work_per_byte_s"] == pytest.approx(1e-9, rel=1e-6)
+    profile = platform_profile(fit, n_params=50_000, devices=2)
+    cpu = profile.platform.host_cpu
+    assert profile.platform.hosts == 2 and cpu.hosts_per_machine == 2
+    assert cpu.work_per_byte_between_hosts_s == pytest.approx(1e-9, rel=1e-6)
+    assert cpu.work_s(1, 1e6, between_hosts=True) == pytest.approx(2e-4 + 1e-3, rel=1e-6)
+    assert "platform.host_cpu.work_per_byte_between_hosts_s" in profile.uncertainty.parameters
+    assert "work_per_byte_between_hosts_s" in profile.to_toml()
+    inside = write_probe(tmp_path / "probe-h1", hosts=1, w_msg=1e-4, w_byte=2e-10)
+    assert calibrate_runs(runs + [inside, across])["host_cpu"]["work_per_byte_s"] == pytest.approx(2e-10, rel=1e-6)
+    assert calibrate_runs(runs + busy)["host_cpu_between_hosts"] is None
+    with pytest.raises(ConfigError, match="at most one probe directory between hosts"):
+        calibrate_runs(runs + [across, write_probe(tmp_path / "probe-h2b", hosts=2, w_msg=1e-4, w_byte=1e-9)])

@@ -145,6 +145,47 @@ def test_emulated_hosts_of_one_machine_share_its_cores():
         assert net.pair_average_s(2, 3, S, first / 2) == pytest.approx(alone + stretch)
 
 
+@settings(max_examples=40, deadline=None)
+@given(w_b=st.floats(1e-10, 1e-8), ratio=st.floats(1.5, 10.0), w_m=st.floats(0, 1e-4), S=st.floats(1e5, 1e7))
+def test_a_message_between_hosts_costs_the_cpu_work_between_hosts(w_b, ratio, w_m, S):
+    """Two hosts of 2 workers, one machine of 2 cores, processes as the network's endpoints (no
+    link shared with the first average): the second of two concurrent pairwise averages meets 4
+    holders. Across hosts its CPU work is the between-hosts figure (the
+    stretch grows by ``ratio``); inside a host it is the host's, whatever the between-hosts one."""
+    fast = Link(latency_s=0.0, bandwidth_bytes_per_s=1e12)  # a wire too fast to hide any CPU work
+    plain = HostCPU(cores_per_host=2, work_per_message_s=w_m, work_per_byte_s=w_b, hosts_per_machine=2)
+    between = dataclasses.replace(
+        plain, work_per_message_between_hosts_s=w_m * ratio, work_per_byte_between_hosts_s=w_b * ratio
+    )
+    stretch = {}
+    for name, cpu in (("plain", plain), ("between", between)):
+        p = Platform(
+            hosts=2, devices_per_host=2, sockets_per_host=2, pcie=fast, nic=fast, endpoints="process", host_cpu=cpu
+        )
+        for pair in ((0, 1), (1, 2)):  # inside host 0; from host 0 to host 1
+            net = Network(p, Placement.pack(p, 4))
+            net.pair_average_s(2, 3, S, 0.0)  # two holders on host 1 (the same machine's cores)
+            alone = Network(p, Placement.pack(p, 4)).pair_average_s(*pair, S, 0.0)
+            stretch[name, pair] = net.pair_average_s(*pair, S, 0.0) - alone
+    assert stretch["between", (0, 1)] == pytest.approx(stretch["plain", (0, 1)], rel=1e-9)
+    assert stretch["plain", (1, 2)] == pytest.approx((4 / 2 - 1) * (w_m + S * w_b), rel=1e-9)
+    assert stretch["between", (1, 2)] == pytest.approx(ratio * stretch["plain", (1, 2)], rel=1e-9)
+
+
+def test_the_cpu_work_between_hosts_loads_from_toml_and_defaults_to_the_hosts(tmp_path):
+    cpu = HostCPU(cores_per_host=2, work_per_message_s=1e-4, work_per_byte_s=2e-10)
+    assert cpu.work_s(3, 1e6, between_hosts=True) == cpu.work_s(3, 1e6) == pytest.approx(3e-4 + 2e-4)
+    path = tmp_path / "p.toml"
+    path.write_text(
+        "[platform]\nhosts = 2\ndevices_per_host = 2\nsockets_per_host = 2\n"
+        "[platform.host_cpu]\ncores_per_host = 2\nwork_per_message_s = 1e-4\nwork_per_byte_s = 2e-10\n"
+        "work_per_byte_between_hosts_s = 1e-9\n[workload]\nn_params = 10\n"
+    )
+    loaded = load_config(path=path).platform.host_cpu
+    assert loaded.work_per_byte_between_hosts_s == 1e-9 and loaded.work_per_message_between_hosts_s is None
+    assert loaded.work_s(3, 1e6, between_hosts=True) == pytest.approx(3e-4 + 1e-3)  # its message work: the host's
+
+
 @given(k=st.integers(1, 32), cores=st.integers(1, 8), work=st.floats(0, 1.0), wire=st.floats(0, 4.0))
 def test_a_wire_hides_the_cpu_work_it_overlaps(k, cores, work, wire):
     """The stretch between hosts is what the shared cores need beyond the wire's time and the
@@ -241,6 +282,8 @@ def test_host_cpu_loads_from_toml_and_presets_leave_it_out(tmp_path):
         ({"work_per_message_s": -1e-6}, r"work_per_message_s \(-1e-06\) must be >= 0"),
         ({"work_per_byte_s": float("nan")}, "work_per_byte_s"),
         ({"hosts_per_machine": 0}, r"hosts_per_machine \(0\) must be an integer >= 1"),
+        ({"work_per_byte_between_hosts_s": -1e-9}, r"work_per_byte_between_hosts_s \(-1e-09\) must be >= 0"),
+        ({"work_per_message_between_hosts_s": float("inf")}, "work_per_message_between_hosts_s"),
     ],
 )
 def test_host_cpu_rejects_bad_values(kw, match):
