@@ -14,6 +14,16 @@ prints the payload rate and its ratio to the configured rate (target: within 5 %
 The ceiling of TCP payload at MTU 9000 is 0.993 of the rate (each 9014-byte frame carries 8948
 bytes with TCP timestamps). The receiver's clock runs from the first byte to the last.
 
+Concurrent exchanges (``--flows 1,2,4``)::
+
+    sudo .venv/bin/python bench/bench_netns.py --flows 1,2,4 [--rates 500Mbit/s] [--seconds 4]
+
+For each rate and each count ``K``, ``K`` TCP connections between host 0 and host 1, each
+exchanging 2 MB both ways at once again and again (a pairwise average's traffic) for about
+``--seconds``: the payload each way against the rate, and the median exchange against one
+exchange's time alone at the rate (``K`` exchanges that share the link fairly take ``K`` times
+it each; sent one after another they would take 1 to ``K`` times it).
+
 Leak check::
 
     sudo .venv/bin/python bench/bench_netns.py --leak 20 [--seed 0]
@@ -82,6 +92,106 @@ def _tcp_worker(role: str, address: str, seconds: float, rate: float, port: int)
         sent += len(data)
     conn.shutdown(socket.SHUT_WR)
     conn.recv(1)
+
+
+EXCHANGE_BYTES = 2_000_000
+
+
+def _exchange_worker(role: str, address: str, seconds: float, flows: int, port: int) -> None:
+    """``flows`` connections (ports ``port..``), each exchanging :data:`EXCHANGE_BYTES` both ways
+    at once until the client has run ``seconds``; the client prints its exchanges' times."""
+    import socket
+    import statistics
+    import threading
+
+    def exchange(conn: socket.socket, payload: bytes, buf: bytearray) -> bool:
+        sender = threading.Thread(target=conn.sendall, args=(payload,))
+        sender.start()
+        got = 0
+        while got < len(buf):
+            n = conn.recv_into(memoryview(buf)[got:])
+            if not n:
+                break
+            got += n
+        sender.join()
+        return got == len(buf)
+
+    def serve(k: int) -> None:
+        srv = socket.create_server((address, port + k))
+        srv.settimeout(30)
+        conn, _ = srv.accept()
+        conn.settimeout(60)
+        payload, buf = b"\0" * EXCHANGE_BYTES, bytearray(EXCHANGE_BYTES)
+        while conn.recv(1) == b"x" and exchange(conn, payload, buf):  # b"q" or a closed connection: done
+            pass
+        conn.close()
+
+    times: list[float] = []
+    spans: list[float] = []
+
+    def client(k: int) -> None:
+        conn = None
+        for _ in range(100):
+            try:
+                conn = socket.create_connection((address, port + k), timeout=30)
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert conn is not None
+        payload, buf = b"\0" * EXCHANGE_BYTES, bytearray(EXCHANGE_BYTES)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            start = time.monotonic()
+            conn.sendall(b"x")  # the server exchanges only when asked, so both sides end cleanly
+            exchange(conn, payload, buf)
+            times.append(time.monotonic() - start)
+        spans.append(time.monotonic() - t0)
+        conn.sendall(b"q")
+        conn.recv(1)  # the server's close
+        conn.close()
+
+    threads = [threading.Thread(target=serve if role == "serve" else client, args=(k,)) for k in range(flows)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if role != "serve":
+        print(json.dumps({"exchanges": len(times), "span": max(spans), "median_s": statistics.median(times)}))
+
+
+def _exchanges(hosts: netns.EmulatedHosts, seconds: float, flows: int) -> dict[str, float]:
+    """:func:`_exchange_worker` with its server in host 1 and its client in host 0."""
+    me = [sys.executable, str(Path(__file__).resolve()), "--worker", "exchange"]
+    args = ["--address", hosts.address(1), "--seconds", str(seconds), "--flows", str(flows)]
+    server = subprocess.Popen([*hosts.exec_prefix(1), *me, "serve", *args], stdout=subprocess.DEVNULL)
+    try:
+        out = subprocess.run(
+            [*hosts.exec_prefix(0), *me, "client", *args], capture_output=True, text=True, timeout=seconds * 4 + 60
+        )
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def flows(rates: list[str], seconds: float, counts: list[int]) -> None:
+    print(f"{EXCHANGE_BYTES / 1e6:g} MB exchanged both ways on K connections at once, {seconds:g} s per case")
+    print(f"{'rate':>10s} {'K':>3s} {'each way':>12s} {'ratio':>7s} {'median exchange':>16s} {'/ alone':>8s}")
+    for text in rates:
+        rate = parse_rate(text)
+        with netns.EmulatedHosts(2, rate) as hosts:
+            hosts.wait_until_reachable()
+            for k in counts:
+                r = _exchanges(hosts, seconds, k)
+                each_way = r["exchanges"] * EXCHANGE_BYTES / r["span"]
+                alone = EXCHANGE_BYTES / rate
+                print(
+                    f"{format_rate(rate):>10s} {k:>3d} {format_rate(each_way):>12s} {each_way / rate:7.3f} "
+                    f"{r['median_s'] * 1e3:13.1f} ms {r['median_s'] / alone:8.2f}"
+                )
 
 
 def _gloo_worker(rank: int, address: str, seconds: float, rate: float) -> None:
@@ -271,10 +381,15 @@ def main() -> int:
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--rate-bytes", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=5201, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--flows", default="", metavar="K[,...]", help="concurrent exchanges on K connections instead (e.g. 1,2,4)"
+    )
     args = parser.parse_args()
     if args.worker:
         kind, role = args.worker
-        if kind == "tcp":
+        if kind == "exchange":
+            _exchange_worker(role, args.address, args.seconds, int(args.flows), args.port)
+        elif kind == "tcp":
             _tcp_worker(role, args.address, args.seconds, args.rate_bytes, args.port)
         else:
             _gloo_worker(int(role), args.address, args.seconds, args.rate_bytes)
@@ -287,6 +402,13 @@ def main() -> int:
         return 2
     if args.leak:
         return leak(args.leak, args.seed)
+    if args.flows:
+        counts = [int(k) for k in args.flows.split(",") if k]
+        if not counts or min(counts) < 1:
+            print(f"bench_netns: --flows ({args.flows!r}) must be counts >= 1, like 1,2,4", file=sys.stderr)
+            return 2
+        flows([r for r in args.rates.split(",") if r], args.seconds, counts)
+        return 0
     bandwidth([r for r in args.rates.split(",") if r], args.seconds)
     return 0
 
