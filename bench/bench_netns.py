@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from psgdlab.core.config import format_rate, parse_rate
@@ -180,18 +181,25 @@ def _exchanges(hosts: netns.EmulatedHosts, seconds: float, flows: int) -> dict[s
 def flows(rates: list[str], seconds: float, counts: list[int]) -> None:
     print(f"{EXCHANGE_BYTES / 1e6:g} MB exchanged both ways on K connections at once, {seconds:g} s per case")
     print(f"{'rate':>10s} {'K':>3s} {'each way':>12s} {'ratio':>7s} {'median exchange':>16s} {'/ alone':>8s}")
+    for rate, hosts in _two_hosts(rates):
+        for k in counts:
+            r = _exchanges(hosts, seconds, k)
+            each_way = r["exchanges"] * EXCHANGE_BYTES / r["span"]
+            alone = EXCHANGE_BYTES / rate
+            print(
+                f"{format_rate(rate):>10s} {k:>3d} {format_rate(each_way):>12s} {each_way / rate:7.3f} "
+                f"{r['median_s'] * 1e3:13.1f} ms {r['median_s'] / alone:8.2f}"
+            )
+
+
+def _two_hosts(rates: list[str]) -> Iterator[tuple[float, netns.EmulatedHosts]]:
+    """Two emulated hosts shaped to each of ``rates`` in turn, reachable: (bytes/s, the hosts),
+    removed when the caller moves on (or stops)."""
     for text in rates:
         rate = parse_rate(text)
         with netns.EmulatedHosts(2, rate) as hosts:
             hosts.wait_until_reachable()
-            for k in counts:
-                r = _exchanges(hosts, seconds, k)
-                each_way = r["exchanges"] * EXCHANGE_BYTES / r["span"]
-                alone = EXCHANGE_BYTES / rate
-                print(
-                    f"{format_rate(rate):>10s} {k:>3d} {format_rate(each_way):>12s} {each_way / rate:7.3f} "
-                    f"{r['median_s'] * 1e3:13.1f} ms {r['median_s'] / alone:8.2f}"
-                )
+            yield rate, hosts
 
 
 def _gloo_worker(rank: int, address: str, seconds: float, rate: float) -> None:
@@ -256,13 +264,10 @@ def _pair(hosts: netns.EmulatedHosts, kind: str, seconds: float, rate: float, se
 def bandwidth(rates: list[str], seconds: float) -> None:
     print(f"shaped link, host 1 -> host 0, {seconds:g} s per case (ceiling of TCP payload at MTU 9000: 0.993)")
     print(f"{'rate':>10s} {'transport':>16s} {'achieved':>12s} {'ratio':>7s}")
-    for text in rates:
-        rate = parse_rate(text)
-        with netns.EmulatedHosts(2, rate) as hosts:
-            hosts.wait_until_reachable()
-            for kind, label in (("tcp", "tcp stream"), ("gloo", "gloo send/recv")):
-                achieved = _pair(hosts, kind, seconds, rate)
-                print(f"{format_rate(rate):>10s} {label:>16s} {format_rate(achieved):>12s} {achieved / rate:7.3f}")
+    for rate, two in _two_hosts(rates):
+        for kind, label in (("tcp", "tcp stream"), ("gloo", "gloo send/recv")):
+            achieved = _pair(two, kind, seconds, rate)
+            print(f"{format_rate(rate):>10s} {label:>16s} {format_rate(achieved):>12s} {achieved / rate:7.3f}")
         with netns.EmulatedHosts(3, rate) as hosts:  # host 0's incoming link shared by two senders
             hosts.wait_until_reachable()
             achieved = _pair(hosts, "tcp", seconds, rate, senders=2)

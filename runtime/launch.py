@@ -35,7 +35,7 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
-from psgdlab.runtime.config import TrainConfig, world_size_of
+from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, world_size_of
 from psgdlab.runtime.failures import FAILURE_FILE, RankWatch, process_state, remove_partial_files, stop_run
 from psgdlab.runtime.flight import FLIGHT_DIR, flight_path
 from psgdlab.runtime.netns import (
@@ -65,6 +65,8 @@ from psgdlab.runtime.survivors import continuing_path
 
 __all__ = [
     "launch",
+    "require_lsq_memory",
+    "available_memory_bytes",
     "free_port",
     "mpiexec_path",
     "RANKS_DIR",
@@ -73,6 +75,37 @@ __all__ = [
     "STOP_GRACE_S",
     "rank_environment",
 ]
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this machine can give new processes (``MemAvailable`` of ``/proc/meminfo``),
+    ``None`` where the kernel does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def require_lsq_memory(config: TrainConfig, local_ranks: int) -> None:
+    """Refuse, before anything starts, a least-squares run whose data cannot fit this machine:
+    every rank builds the whole problem (all workers' rows: ``workers x --lsq-samples`` rows of
+    ``--lsq-dim`` float64 columns), so ``local_ranks`` ranks need that many times it."""
+    if config.model != LSQ_MODEL:
+        return
+    per_rank = config.workers * config.lsq_samples_per_worker * (config.lsq_dim + 1) * 8
+    available = available_memory_bytes()
+    if available is None or per_rank * local_ranks <= available:
+        return
+    raise ConfigError(
+        f"least-squares data of {per_rank / 1e9:.3g} GB per rank (every rank builds all {config.workers} workers' "
+        f"rows: workers x --lsq-samples {config.lsq_samples_per_worker} x (--lsq-dim {config.lsq_dim} + 1) x 8 B) "
+        f"times {local_ranks} ranks on this machine is {per_rank * local_ranks / 1e9:.3g} GB, more than the "
+        f"{available / 1e9:.3g} GB available: lower --lsq-samples or --lsq-dim"
+    )
 
 
 def mpiexec_path() -> Path:
@@ -97,7 +130,9 @@ def launch(
     """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``).
 
     ``config.failure_policy == "restart"``: under torchrun's elastic agent instead
-    (:func:`psgdlab.runtime.elastic.launch_elastic`)."""
+    (:func:`psgdlab.runtime.elastic.launch_elastic`). A least-squares run whose data would not
+    fit this machine's memory is refused first (:func:`require_lsq_memory`)."""
+    require_lsq_memory(config, world_size_of(config))
     if config.failure_policy == "restart":
         from psgdlab.runtime.elastic import launch_elastic
 

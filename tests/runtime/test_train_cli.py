@@ -56,6 +56,18 @@ def test_flag_that_does_not_apply_to_the_algorithm(capsys, tmp_path):
     _fails(capsys, ["--algorithm", "ssgd", "--period", "3", "--out", str(tmp_path)], r"--period \(3\) does not apply")
 
 
+def test_least_squares_data_beyond_the_machines_memory_is_refused_before_anything_starts(capsys, tmp_path, monkeypatch):
+    """Every rank builds all workers' rows: 8 ranks of 8 x 256 rows of 250 000 float64 columns need
+    33 GB; with 10 GB available the run stops at once, one line, nothing written."""
+    from psgdlab.runtime import launch
+
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: 10 * 10**9)
+    out = tmp_path / "run"
+    argv = ["--model", "least-squares", "--workers", "8", "--lsq-dim", "250000", "--out", str(out)]
+    _fails(capsys, argv, r"least-squares data of 4\.1 GB per rank .* 32\.8 GB, more than the 10 GB available")
+    assert not out.exists()
+
+
 def test_bad_straggler_and_compute_time(capsys, tmp_path):
     _fails(capsys, ["--straggler", "9:2", "--workers", "2", "--out", str(tmp_path)], r"straggler rank \(9\)")
     _fails(capsys, ["--compute-time", "fast", "--out", str(tmp_path)], r"compute time 'fast'")
