@@ -260,6 +260,7 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert case["staleness_mean_measured"] == 0.0
     assert (out / "platform.toml").is_file() and (out / "compare" / "report.md").is_file()
     assert set(result["load_average"]) >= {"start", "end", "ssgd-w2"}
+    assert result["load_average"]["ssgd-w2"]["memory_available_gb"] > 0  # the machine's state before the run
     assert result["ranking_detail"]["none"]["2"]["predicted"] == [["ssgd"]]
     assert result["ranking"] == {"ranked": 0, "tied": 0, "misordered": 0} and result["ranking_identical"] is True
     # calibrated at the cases' worker count on one host: issue 6's step-time targets

@@ -1,5 +1,5 @@
-"""The shared machine: idle cores and load averages recorded before every run, and the wait for
-a quieter machine (``--min-idle-cores``)."""
+"""The shared machine: idle cores, load averages and available memory recorded before every run,
+and the wait for a quieter machine (``--min-idle-cores``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def idle_cores(window_s: float = GATE_WINDOW_S) -> float | None:
 def wait_for_quiet(vc: ValidateConfig, say: Callable[[str], None]) -> dict[str, Any]:
     """Wait (up to ``vc.max_idle_wait_s``) until ``vc.min_idle_cores`` cores are idle, then say how
     loaded the machine was: the load averages and the idle cores just before the run (over
-    :data:`RECORD_WINDOW_S` when nothing waits on them, :data:`GATE_WINDOW_S` when a run does)."""
+    :data:`RECORD_WINDOW_S` when nothing waits on them, :data:`GATE_WINDOW_S` when a run does;
+    time the hypervisor stole is not idle), and the memory available."""
     t0 = time.monotonic()
     window = GATE_WINDOW_S if vc.min_idle_cores > 0 else RECORD_WINDOW_S
     idle = idle_cores(window)
@@ -48,10 +49,15 @@ def wait_for_quiet(vc: ValidateConfig, say: Callable[[str], None]) -> dict[str, 
         say(f"  waiting for {vc.min_idle_cores:g} idle cores (now {idle:.2f})")
         time.sleep(5.0)
         idle = idle_cores(window)
+    from psgdlab.runtime.launch import available_memory_bytes
+
+    memory = available_memory_bytes()
     return {
         "load_average": load_average(),
         "idle_cores": None if idle is None else round(idle, 2),
         "waited_s": round(time.monotonic() - t0, 1),
+        # a machine short of memory (page cache dropped, reclaim) runs slower with idle cores
+        "memory_available_gb": None if memory is None else round(memory / 1e9, 2),
     }
 
 
