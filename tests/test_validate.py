@@ -367,4 +367,9 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     assert 0.5 * 25e6 < platform.nic.bandwidth_bytes_per_s < 1.1 * 25e6  # the shaped 200 Mbit/s, fitted
     placement = json.loads((out / "measured-h2-200Mbit-s" / "runs" / "hadpsgd-w4" / "hosts.json").read_text())
     assert placement["placement"] == [0, 0, 1, 1]
-    assert (out / "calibration" / "probe-h2-200Mbit-s" / "probe.npz").is_file()  # the CPU work between hosts
+    # a core per worker (--cores 4): the cores are not modelled, so nothing probes their work between hosts
+    assert not (out / "calibration" / "probe-h2-200Mbit-s").exists()
+    from psgdlab.validate.plan import ValidateConfig, between_hosts_probes
+
+    busy = ValidateConfig(out="x", hosts=(2,), workers=(4, 8), nic_bandwidths=("200Mbit/s",))
+    assert between_hosts_probes(busy, cores=2) == [("200Mbit/s", "probe-h2-200Mbit-s")]  # 8 processes on 2 cores

@@ -13,8 +13,9 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
     OUT/calibration/probe/   a probe of the transport (psgdlab.runtime.probe), when cases have
                              more workers than cores and no calibration run does: the CPU work
                              of communication, measured (validate.plan.probe_groups)
-    OUT/calibration/probe-h2-RATE/  with --hosts, a probe between 2 emulated hosts (one rank
-                             each) per NIC rate: the CPU work of a message between hosts
+    OUT/calibration/probe-h2-RATE/  with --hosts, when a case has more workers than cores, a
+                             probe between 2 emulated hosts (one rank each) per NIC rate: the
+                             CPU work of a message between hosts
     OUT/platform.toml        the fitted platform profile (psgdlab.analysis.calibrate), its
                              noise_cv at least the calibration runs' residual
                              (psgdlab.calibration.with_residuals)
@@ -93,6 +94,7 @@ from psgdlab.validate.plan import (
     TARGETS,
     ValidateConfig,
     between_hosts_plan,
+    between_hosts_probes,
     calibration_plan,
     case_name,
     default_calibration_dims,
@@ -228,8 +230,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             between.setdefault(rate, []).append(obtain(Path(cfg.out), label, partial(launch_fresh, cfg)))
         from psgdlab.runtime.probe import ProbeConfig, probe
 
-        for rate in vc.nic_bandwidths or (None,):  # the CPU work of a message between hosts, measured
-            d = source / "calibration" / f"probe-h2-{rate_slug(rate)}"
+        for rate, name in between_hosts_probes(vc, cores):  # the CPU work of a message between hosts
+            d = source / "calibration" / name
             if vc.measured and not d.is_dir():  # a validate older than this probe
                 say(f"{d.name}: not in {source}; a message between hosts costs the CPU work of one inside a host")
                 continue

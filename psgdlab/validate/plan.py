@@ -24,6 +24,7 @@ __all__ = [
     "probe_groups",
     "host_cases",
     "between_hosts_plan",
+    "between_hosts_probes",
     "rate_slug",
 ]
 
@@ -260,6 +261,23 @@ def between_hosts_plan(vc: ValidateConfig) -> list[tuple[str, int, str | None, s
                 for d in dims:
                     out.append((alg, d, rate, f"{alg}-h2-d{d}-{rate_slug(rate)}" + (f"-r{i + 1}" if i else "")))
     return out
+
+
+def between_hosts_probes(vc: ValidateConfig, cores: int) -> list[tuple[str | None, str]]:
+    """The probes between 2 emulated hosts (one rank each) a calibration on ``cores`` cores runs,
+    ``(NIC rate, directory name)`` each: one per rate, for the CPU work of a message between
+    hosts, when some case has more workers than cores (the platform then models the host's
+    cores; with a core per worker it does not, and the probe would measure what nothing uses).
+
+    >>> vc = ValidateConfig(out="x", hosts=(2,), workers=(4, 8), nic_bandwidths=("500Mbit/s", "5Gbit/s"))
+    >>> between_hosts_probes(vc, cores=2)
+    [('500Mbit/s', 'probe-h2-500Mbit-s'), ('5Gbit/s', 'probe-h2-5Gbit-s')]
+    >>> between_hosts_probes(vc, cores=8)
+    []
+    """
+    if not vc.hosts or max(vc.workers) <= cores:
+        return []
+    return [(rate, f"probe-h2-{rate_slug(rate)}") for rate in vc.nic_bandwidths or (None,)]
 
 
 def calibration_plan(vc: ValidateConfig, cores: int) -> list[tuple[str, int, int, str]]:
