@@ -99,7 +99,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     hosts (one rank per host): the link between hosts where no run between hosts gives it
     (``nic``), and its measured CPU work is ``host_cpu_between_hosts``, the work of a message
     that goes through the network stack instead of a host's shared-memory plane (``None``
-    without one: charged as inside a host).
+    without one, or without ``host_cpu``: charged as inside a host, or not at all).
     """
     from psgdlab.analysis.cores import cores_of, fit_host_cpu
     from psgdlab.analysis.load import load_run
@@ -248,13 +248,13 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         "server": server,
         "host_cpu": host_cpu,
         # the CPU work of a message between hosts (a socket through the network stack), measured
-        # by the probe between hosts; None: charged as inside a host
-        "host_cpu_between_hosts": nic_probe["host_cpu"] if nic_probe is not None else None,
+        # by the probe between hosts, where the host's cores are modelled; None: charged as inside
+        # a host
+        "host_cpu_between_hosts": nic_probe["host_cpu"] if nic_probe is not None and host_cpu else None,
         "model_average": model_average,
         "mix_merge": mix_merge,
         "link_source": source,
         "probe": probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
-        "nic_probe": nic_probe["path"] if nic_probe is not None else None,
         "noise": {
             "link_cv": link_noise,
             "step_cv": step_noise,
@@ -579,7 +579,7 @@ def platform_profile(
             work_per_message_s=float(cpu["work_per_message_s"]),
             work_per_byte_s=float(cpu["work_per_byte_s"]),
             hosts_per_machine=int(between.get("hosts", 1)),
-            **_between_hosts_work(calibration.get("host_cpu_between_hosts") if between else None),
+            **_between_hosts_work(calibration.get("host_cpu_between_hosts")),
         )
         if cpu
         else None,
@@ -718,9 +718,9 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
             # +-1 (one size: the latency is the duration less the prior's bytes term) would make the
             # matrix singular; 0.999 keeps it positive definite for a Cholesky factor
             blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -0.999, 0.999))))
-    between = calibration.get("host_cpu_between_hosts") if calibration.get("nic") else None
+    between = calibration.get("host_cpu_between_hosts")
     for cpu, suffix in ((calibration.get("host_cpu"), "s"), (between, "between_hosts_s")):
-        if not cpu or not cpu.get("work_log_sd") or (suffix != "s" and not calibration.get("host_cpu")):
+        if not cpu or not cpu.get("work_log_sd"):
             continue
         first = len(params)
         for key, sd in zip(("work_per_message", "work_per_byte"), cpu["work_log_sd"]):

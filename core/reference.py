@@ -107,6 +107,15 @@ class LeastSquaresProblem:
         )
         require(self.batch >= 1, "batch", self.batch, "must be >= 1")
 
+    @property
+    def data_bytes(self) -> int:
+        """Bytes :meth:`data` builds: ``A`` and ``b``, float64.
+
+        >>> LeastSquaresProblem(n_samples=4, dim=3, n_shards=2, batch=1).data_bytes
+        128
+        """
+        return self.n_samples * (self.dim + 1) * 8
+
     def data(self) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, 0xDA7A])
         A = rng.standard_normal((self.n_samples, self.dim))

@@ -292,13 +292,13 @@ def to_chrome_trace(
 
 
 # ----- summary (one definition for every executor) ------------------------------------------------
-def _worker_steps(
-    compute: np.ndarray, warmup_steps: int, first_timed: int
-) -> tuple[list[np.ndarray], list[float] | None]:
+def _worker_steps(compute: np.ndarray, warmup_steps: int) -> tuple[list[np.ndarray], list[float] | None]:
     """Per worker (in rank order) of the compute records ``compute``: the times between its
     consecutive compute starts past ``warmup_steps``, and its own rate, steps per second between
-    its first start at or past ``first_timed`` and its last (``None`` when some worker has fewer
-    than two such starts)."""
+    its first start at or past the first timed step (the first past the warm-up, every step when
+    none is) and its last (``None`` when some worker has fewer than two such starts)."""
+    past = compute["step"][compute["step"] >= warmup_steps]
+    first_timed = past.min() if past.size else compute["step"].min()
     deltas: list[np.ndarray] = []
     rates: list[float] | None = []
     for r in np.unique(compute["rank"]):
@@ -363,9 +363,7 @@ def step_path(trace: np.ndarray, *, warmup_steps: int = 0) -> dict[str, float | 
     if compute.size == 0:
         return out
     ranks = np.unique(compute["rank"])
-    timed = compute[compute["step"] >= warmup_steps]
-    first_timed = int(timed["step"].min()) if timed.size else int(compute["step"].min())
-    _, rates = _worker_steps(compute, warmup_steps, first_timed)
+    _, rates = _worker_steps(compute, warmup_steps)
     if rates:
         out["worker_step_min_s"] = 1.0 / max(rates)
         out["worker_step_max_s"] = 1.0 / min(rates)
@@ -449,7 +447,7 @@ def summarize(trace: np.ndarray, *, samples_per_step: int, warmup_steps: int = 0
     t1 = float(window["end_s"].max())
     span = max(t1 - t0, 1e-300)
     ranks = np.unique(compute["rank"])
-    deltas, rates = _worker_steps(compute, warmup_steps, timed["step"].min())
+    deltas, rates = _worker_steps(compute, warmup_steps)
     all_d = np.concatenate(deltas) if deltas else np.array([])
     if all_d.size == 0:  # one step each: use the compute durations plus blocking comm
         all_d = np.array([span])

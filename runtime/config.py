@@ -29,7 +29,7 @@ from psgdlab.core.config import check_keys, closest, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
 from psgdlab.core.failure import check_on_failure, default_on_failure
 from psgdlab.core.flags import add_flags
-from psgdlab.core.reference import require_lsq_shape
+from psgdlab.core.reference import LeastSquaresProblem, require_lsq_shape
 from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
@@ -43,6 +43,7 @@ __all__ = [
     "lsq_stable_lr",
     "build_algorithm",
     "world_size_of",
+    "lsq_problem",
 ]
 
 #: built-in model name: the reference executor's least-squares problem (float64)
@@ -558,6 +559,18 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
         variant=config.variant,
         momentum=config.momentum,
         gpus_per_node=config.gpus_per_node,
+    )
+
+
+def lsq_problem(config: TrainConfig) -> LeastSquaresProblem:
+    """The least-squares problem of a ``model="least-squares"`` run: ``lsq_samples_per_worker``
+    rows per worker, ``lsq_dim`` columns, one shard per worker."""
+    return LeastSquaresProblem(
+        n_samples=config.lsq_samples_per_worker * config.workers,
+        dim=config.lsq_dim,
+        n_shards=config.workers,
+        batch=config.batch,
+        seed=config.seed,
     )
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
-from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, world_size_of
+from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, lsq_problem, world_size_of
 from psgdlab.runtime.failures import FAILURE_FILE, RankWatch, process_state, remove_partial_files, stop_run
 from psgdlab.runtime.flight import FLIGHT_DIR, flight_path
 from psgdlab.runtime.netns import (
@@ -96,7 +96,7 @@ def require_lsq_memory(config: TrainConfig, local_ranks: int) -> None:
     ``--lsq-dim`` float64 columns), so ``local_ranks`` ranks need that many times it."""
     if config.model != LSQ_MODEL:
         return
-    per_rank = config.workers * config.lsq_samples_per_worker * (config.lsq_dim + 1) * 8
+    per_rank = lsq_problem(config).data_bytes
     available = available_memory_bytes()
     if available is None or per_rank * local_ranks <= available:
         return

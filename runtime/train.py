@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.reference import LeastSquaresProblem
 from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
 from psgdlab.core.schedules import lr_schedule
 from psgdlab.core.stragglers import StragglerModel
@@ -43,7 +42,7 @@ from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import atomic_write_bytes, empty_trace, read_trace, summarize, to_chrome_trace, write_trace
 from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels
-from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, world_size_of
+from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, lsq_problem, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
 from psgdlab.runtime.elastic import Progress, restart_count
 from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
@@ -71,16 +70,6 @@ HELD_OUT_KEYS = ("frame_accuracy", "loss", "wer", "wer_viterbi", "wer_vote")
 log = logging.getLogger(__name__)
 
 
-def _lsq_problem(config: TrainConfig) -> LeastSquaresProblem:
-    return LeastSquaresProblem(
-        n_samples=config.lsq_samples_per_worker * config.workers,
-        dim=config.lsq_dim,
-        n_shards=config.workers,
-        batch=config.batch,
-        seed=config.seed,
-    )
-
-
 def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
     from psgdlab.runtime.data import load_corpus, synthetic_corpus
 
@@ -100,7 +89,7 @@ def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
 def build_workload(config: TrainConfig, rank: int, *, device: torch.device | None = None) -> tuple[Any, int]:
     """The workload of ``rank`` and the steps per epoch (same on every rank)."""
     if config.model == LSQ_MODEL:
-        problem = _lsq_problem(config)
+        problem = lsq_problem(config)
         return LeastSquaresWorkload(problem, device=device), max(1, config.lsq_samples_per_worker // config.batch)
     from psgdlab.runtime.batches import WindowSampler
     from psgdlab.runtime.models import build_model

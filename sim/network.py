@@ -252,7 +252,8 @@ class Network:
             self._register(copy_links, start, start + d2h)
             t = start + d2h
             net = 0.0
-            if self._host[a] != self._host[b]:
+            crosses = self._host[a] != self._host[b]
+            if crosses:
                 nics = (self._host[a], self._host[b])
                 wait = self.nic_wait(*nics, nbytes, t, self._nic_bw)
                 net = wait + transfer_s(nbytes, self._nic_bw, self.platform.nic.latency_s)
@@ -268,7 +269,6 @@ class Network:
             self._register(copy_links, t, t + h2d)
             dur = d2h + net + cpu + h2d
             if self._cpu is not None:
-                crosses = self._host[a] != self._host[b]
                 work = self._cpu.work_s(1, nbytes, between_hosts=crosses)
                 dur = self._cpu_wait(self._per_host((a, b)), work, start, dur, net if crosses else 0.0)
         if gather > 1:
