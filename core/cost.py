@@ -10,6 +10,9 @@ bandwidth :math:`\beta` (bytes per second, per direction), for ``S`` bytes of mo
   :math:`(m-1)/m \cdot S/\beta + \lfloor R(m)/2 \rfloor\,\alpha`;
 - **point to point** (a pairwise transfer, a server message; :func:`transfer_s`):
   :math:`t = \alpha + S/\beta`;
+- **fair sharing** of links by concurrent transfers (:func:`max_min_rates`): each transfer moves
+  at its max-min fair rate over the links it crosses (progressive filling), as TCP flows
+  through one rate limit do;
 - **host averaging** (:func:`host_average_s`): reading two models and writing one,
   :math:`3S` bytes at host memory bandwidth (a CPU average of a pairwise exchange, a server's
   update);
@@ -39,6 +42,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
@@ -58,6 +62,7 @@ __all__ = [
     "allgather_s",
     "transfer_s",
     "transfer_terms",
+    "max_min_rates",
     "host_average_s",
     "server_s",
     "host_work_s",
@@ -195,6 +200,47 @@ def transfer_s(nbytes: Any, bandwidth_bytes_per_s: Any, latency_s: Any) -> Any:
 def transfer_terms(nbytes: Any) -> tuple[Any, Any]:
     r"""Coefficients of :math:`(\alpha, 1/\beta)` in :func:`transfer_s`: ``(1, S)``."""
     return np.ones_like(nbytes, dtype=float) if np.ndim(nbytes) else 1.0, nbytes
+
+
+def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequence[float]) -> list[float]:
+    r"""Max-min fair rates of transfers sharing links of ``capacity`` bytes/s each: transfer ``i``
+    crosses the links ``paths[i]`` and moves at most ``caps[i]``. Progressive filling: every
+    transfer's rate rises together until a link is full or a transfer reaches its cap, and
+    those transfers keep their rate while the others go on rising; so no link carries more
+    than its capacity, and no transfer can go faster without slowing one that is no faster.
+
+    >>> max_min_rates([(0, 1), (0, 2), (1,)], 6.0, [9.0, 9.0, 1.0])  # link 0 splits; 1 keeps its cap
+    [3.0, 3.0, 1.0]
+    >>> max_min_rates([(0, 1), (1, 2), (2, 3)], 6.0, [9.0, 9.0, 9.0])  # links 1 and 2 each carry two
+    [3.0, 3.0, 3.0]
+    """
+    rates = [0.0] * len(paths)
+    free = dict.fromkeys(range(len(paths)))  # insertion-ordered set: a deterministic order
+    users: dict[int, list[int]] = {}
+    for i, path in enumerate(paths):
+        for link in path:
+            users.setdefault(link, []).append(i)
+    room = dict.fromkeys(users, capacity)
+    level = 0.0
+    while free:
+        step = min(caps[i] for i in free) - level
+        for link, members in users.items():
+            share = room[link] / len(members)
+            if share < step:
+                step = share
+        level += max(step, 0.0)
+        done = [i for i in free if caps[i] - level <= 1e-12 * caps[i]]
+        for link, members in users.items():
+            room[link] -= step * len(members)
+            if room[link] <= 1e-12 * capacity:
+                done.extend(members)
+        for i in done:
+            if i in free:
+                del free[i]
+                rates[i] = level
+        if done:
+            users = {link: kept for link, members in users.items() if (kept := [i for i in members if i in free])}
+    return rates
 
 
 def host_average_s(nbytes: Any, memory_bandwidth_bytes_per_s: Any) -> Any:

@@ -77,7 +77,12 @@ survivors act; ``step`` the first step of the slowest survivor that may run on t
 The communication threads, the responders and the server queue are analytical FIFO queues (a
 ``busy_until`` time per resource): with service times known when a request is made, this gives
 exactly the schedule of a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD
-learner step costs one or two simpy events.
+learner step inside a host costs one or two simpy events. A pairwise average between hosts
+has no service time known in advance -- its bytes share the NICs with transfers that join
+later (:class:`~psgdlab.sim.network.FairLinks`) -- so it, and any average queued behind it on
+a thread or responder, is a process of its own (:meth:`_Sim.pair` returns a pending end that
+the worker waits on), and the NICs' next departure is one timer event, replaced whenever a
+transfer joins or leaves.
 
 Examples
 --------
@@ -96,7 +101,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -266,6 +271,33 @@ def _release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) -
     return timeout
 
 
+class _Pending:
+    """A pairwise average whose end is not known when it is asked for (:meth:`_Sim.pair`):
+    ``end`` is set, and ``done`` succeeds, when it ends."""
+
+    __slots__ = ("done", "end")
+
+    def __init__(self, done: simpy.Event) -> None:
+        self.done = done
+        self.end: float | None = None
+
+
+def _end(x: float | _Pending) -> float:
+    """When a communication thread or responder held by ``x`` is free."""
+    if type(x) is _Pending:
+        assert x.end is not None
+        return x.end
+    return x  # type: ignore[return-value]
+
+
+def _merge_at(queue: deque[float], t: float) -> None:
+    """Add a merge completing at ``t`` to a worker's sorted queue of merge times."""
+    if queue and queue[-1] > t:
+        bisect.insort(queue, t)
+    else:
+        queue.append(t)
+
+
 class _Sim:
     """One simulation's state; :meth:`worker` is the simpy process of one worker."""
 
@@ -289,8 +321,13 @@ class _Sim:
         self.n_params = workload.n_params
         self.steps = steps
         self.comp = [row.tolist() for row in comp]
-        self.comm_free = [0.0] * n  # a worker's communication thread: one active average at a time
-        self.resp_free = [0.0] * n  # a worker's responder: one passive average at a time
+        # a worker's communication thread (one active average at a time) and responder (one passive
+        # average at a time): free from a time, or when the _Pending average holding it ends
+        self.comm_free: list[Any] = [0.0] * n
+        self.resp_free: list[Any] = [0.0] * n
+        self.wires: dict[int, simpy.Event] = {}  # transfers on the NICs, by their key in Network.nics
+        self.wire_key = 0
+        self.wire_clock = 0  # the NICs' timer in force (an arrival or departure voids the earlier one)
         self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
         self.mdone = [0] * n  # merges completed so far
         self.coll: dict[tuple[Any, ...], list[Any]] = {}
@@ -440,31 +477,120 @@ class _Sim:
         return done
 
     # ----- exchanges --------------------------------------------------------------------------
-    def pair(self, r: int, ex: PairwiseAverage, t: float) -> tuple[float, float, int]:
-        """Start an active pairwise average at ``t`` (analytical FIFO on ``r``'s communication
-        thread and on the peer's responder)."""
+    def pair(self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int) -> float | _Pending:
+        """Start an active pairwise average of step ``s`` at ``t``, queued on ``r``'s communication
+        thread and on the peer's responder (FIFO), and record it (``phase``: ``overlap`` from its
+        start, ``comm`` from ``t``). Returns its end, or a :class:`_Pending` when that is not known
+        yet: it crosses the NICs (whose transfers end as others join and leave) or waits for one
+        that does."""
         peer = ex.peer
-        start = max(t, self.comm_free[r], self.resp_free[peer])
+        ahead, resp = self.comm_free[r], self.resp_free[peer]
+        if type(ahead) is not float or type(resp) is not float or self.net.crosses(r, peer):
+            h = _Pending(simpy.Event(self.env))
+            self.comm_free[r] = self.resp_free[peer] = h
+            self.env.process(self._pair_later(r, ex, t, s, phase, ahead, resp, h))
+            return h
+        start = max(t, ahead, resp)
+        nbytes = self._pair_nbytes(ex)
+        if start >= self.detect[peer]:
+            end, nbytes = start, 0  # a peer known dead: nothing to average with
+        else:
+            gather = 1 if self.sums[r] else _gathers(r, ex)
+            end = start + self.net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S)
+            if end > self.death[peer]:  # the peer dies first: the request hangs until the deadline
+                self.comm_free[r] = end = self.detect[peer]
+                nbytes = 0
+            else:
+                self.comm_free[r] = self.resp_free[peer] = end
+                self._merged(r, peer, start, end)
+        if self.record:
+            self.rows.append((r, s, phase, _K_PAIR, t if phase == _COMM else start, end, peer, nbytes, -1, _NAN))
+        return end
+
+    def _pair_later(
+        self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int, ahead: Any, resp: Any, h: _Pending
+    ):
+        """The process of a pairwise average whose end is not known when it is asked for
+        (:meth:`pair`): it waits for the average ahead of it on ``r``'s communication thread and
+        on the peer's responder, then (between hosts) for its device-to-host copies, its bytes'
+        time on the NICs at their fair share (:attr:`Network.nics`), the path's latency, its CPU
+        work's stretch, the host average and copies back, and the allgather after it."""
+        env, net, peer = self.env, self.net, ex.peer
+        for x in (ahead, resp):
+            if type(x) is _Pending and x.end is None:
+                yield x.done
+        start = max(t, _end(ahead), _end(resp))
+        if start > env.now:
+            yield env.timeout(start - env.now)
+        nbytes = self._pair_nbytes(ex)
+        gather = 1 if self.sums[r] else _gathers(r, ex)
+        if start >= self.detect[peer]:
+            end, nbytes = start, 0
+        else:
+            if net.crosses(r, peer):
+                before = net.pair_before_wire(r, peer, nbytes, start)
+                if before > 0.0:
+                    yield env.timeout(before)
+                links, cap, after = net.wire(r, peer, nbytes, env.now)
+                yield self.on_wire(links, nbytes, cap)
+                after += net.pair_after_wire(r, peer, nbytes, env.now + after)
+                if gather > 1:
+                    after += net.allgather_s(r, gather, self.S, env.now + after)
+                yield env.timeout(after)
+            else:
+                yield env.timeout(net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S))
+            end = env.now
+            if end > self.death[peer]:  # the peer died first: the request hangs until the deadline
+                end, nbytes = self.detect[peer], 0
+                yield env.timeout(end - env.now)
+            else:
+                self._merged(r, peer, start, end)
+        if self.record:
+            self.rows.append((r, s, phase, _K_PAIR, t if phase == _COMM else start, end, peer, nbytes, -1, _NAN))
+        if self.comm_free[r] is h:  # nothing queued behind it: the thread is free from its end
+            self.comm_free[r] = end
+        if self.resp_free[peer] is h:
+            self.resp_free[peer] = end
+        h.end = end
+        h.done.succeed()
+
+    def _pair_nbytes(self, ex: PairwiseAverage) -> int:
         nbytes = self.pair_bytes.get(ex.n_shards)
         if nbytes is None:
             nbytes = self.pair_bytes[ex.n_shards] = wire_bytes(ex, self.n_params, self.itemsize)[0]
-        if start >= self.detect[peer]:
-            return start, start, 0  # a peer known dead: nothing to average with
-        gather = 1 if self.sums[r] else _gathers(r, ex)
-        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S)
-        end = start + dur
-        if end > self.death[peer]:  # the peer dies first: the request hangs until the deadline
-            self.comm_free[r] = self.detect[peer]
-            return start, self.detect[peer], 0
+        return nbytes
+
+    def _merged(self, r: int, peer: int, start: float, end: float) -> None:
+        """Book a pairwise average of ``r`` and ``peer`` that read the models at ``start`` and
+        merged at ``end``: the merge on both sides, the shares of the workers that die."""
         if self.tracked:
             for x in (r, peer):
                 if x in self.tracked:
                     self.shares[x].append((start, end))
-        self.comm_free[r] = end
-        self.resp_free[peer] = end
-        self.mq[r].append(end)
-        self.mq[peer].append(end)
-        return start, end, nbytes
+        _merge_at(self.mq[r], end)
+        _merge_at(self.mq[peer], end)
+
+    def on_wire(self, links: tuple[int, ...], nbytes: float, cap: float) -> simpy.Event:
+        """An event that succeeds, with the time, when ``nbytes`` put on the NIC ``links`` now
+        at most ``cap`` bytes/s have left them at their fair share (:class:`~psgdlab.sim.network.FairLinks`)."""
+        key = self.wire_key = self.wire_key + 1
+        ev = self.wires[key] = simpy.Event(self.env)
+        self._wires_ended(self.net.nics.add(key, links, nbytes, cap, self.env.now))
+        return ev
+
+    def _wires_ended(self, ended: list[tuple[int, float]]) -> None:
+        for key, end in ended:
+            self.wires.pop(key).succeed(end)
+        self.wire_clock += 1  # the earlier timer is void: a transfer joined or left
+        t = self.net.nics.next_end()
+        if t < math.inf:
+            clock = self.wire_clock
+            timer = self.env.timeout(max(0.0, t - self.env.now))
+            timer.callbacks.append(lambda _ev: self._wire_timer(clock))
+
+    def _wire_timer(self, clock: int) -> None:
+        if clock == self.wire_clock:
+            self._wires_ended(self.net.nics.advance(self.env.now))
 
     def collective(self, r: int, s: int, ex: AllReduce | Barrier, kind: int):
         group = ex.group
@@ -522,15 +648,24 @@ class _Sim:
         if waits:
             yield simpy.AllOf(env, waits)
         start = env.now
-        dur = 0.0
+        end = start
+        wires = []
         for j in peers:
-            if j not in self.detected:  # a peer found dead while waiting sends nothing
-                dur = max(dur, self.net.transfer_s(r, j, self.S, start))
-        if dur > 0:
-            yield env.timeout(dur)
+            if j in self.detected:  # a peer found dead while waiting sends nothing
+                continue
+            if self.net.crosses(r, j):  # on the NICs at their fair share, then the path's latency
+                links, cap, after = self.net.wire(r, j, self.S, start)
+                wires.append((self.on_wire(links, self.S, cap), after))
+            else:
+                end = max(end, start + self.net.transfer_s(r, j, self.S, start))
+        if wires:
+            yield simpy.AllOf(env, [w for w, _ in wires])
+            end = max(end, *(cast(float, w.value) + after for w, after in wires))  # each value: when it left the NICs
+        if end > env.now:
+            yield env.timeout(end - env.now)
         if r in self.tracked:
             self.shares[r].append((start, env.now))
-        self.mq[r].append(env.now)
+        _merge_at(self.mq[r], env.now)
         self.arrive.pop((r, s - 2), None)
         if self.record:
             sent = wire_bytes(ex, self.n_params, self.itemsize)[0]
@@ -578,7 +713,7 @@ class _Sim:
         rows = self.rows
         record = self.record
         delay = self.delay
-        mix_ends: deque[float] = deque()
+        mix_ends: deque[tuple[float, list[_Pending] | None]] = deque()  # a step's mix: known end, pending ones
         reads: deque[int] = deque()
         timeout = env.timeout
         agree = None if self.sums[r] else self._agreement(r)
@@ -594,6 +729,7 @@ class _Sim:
             reads.append(self.merges_done(r, t0))
             exs: Sequence[Any] = sched(s, r)  # dispatched on exact type below (faster than isinstance)
             mix_end = t0
+            pending: list[_Pending] | None = None
             late: list[Any] = []
             grad: list[Any] = []
             post: list[Any] = []
@@ -603,11 +739,11 @@ class _Sim:
                     if ex.blocking:
                         late.append(ex)
                     elif ex.active:
-                        start, end, nb = self.pair(r, ex, t0)
-                        if record:
-                            rows.append((r, s, _OVERLAP, _K_PAIR, start, end, ex.peer, nb, -1, _NAN))
-                        if end > mix_end:
-                            mix_end = end
+                        got = self.pair(r, ex, t0, s, _OVERLAP)
+                        if isinstance(got, _Pending):
+                            pending = [got] if pending is None else [*pending, got]
+                        elif got > mix_end:
+                            mix_end = got
                 elif T is AllReduce:
                     (grad if ex.payload == "grad" else post).append(ex)
                 elif T is Gossip:
@@ -616,7 +752,7 @@ class _Sim:
                     post.append(ex)
                 else:
                     raise SimulationError(f"exchange kind {T.__name__} is not simulated")
-            mix_ends.append(mix_end)
+            mix_ends.append((mix_end, pending))
             yield timeout(comp[s])
             t_c = env.now
             for ex in late:
@@ -625,10 +761,11 @@ class _Sim:
                 if type(ex) is Gossip:
                     yield from self.gossip(r, s, ex)
                 elif ex.active:
-                    start, end, nb = self.pair(r, ex, env.now)
-                    if record:
-                        rows.append((r, s, _COMM, _K_PAIR, env.now, end, ex.peer, nb, -1, _NAN))
-                    yield timeout(end - env.now)
+                    got = self.pair(r, ex, env.now, s, _COMM)
+                    if isinstance(got, _Pending):
+                        yield got.done
+                    else:
+                        yield timeout(got - env.now)
             for ex in grad:
                 if env.now >= death:
                     return
@@ -636,12 +773,19 @@ class _Sim:
             if agree is not None and env.now < death:  # the node agrees on the sharded passive merges to apply
                 yield from self.collective(r, s, agree, _K_BARRIER)
             # the gradient of step s is applied after the mix of step s - delay has merged
-            need = mix_ends.popleft() if len(mix_ends) > delay else t0
+            need, pending = mix_ends.popleft() if len(mix_ends) > delay else (t0, None)
             now = env.now
+            if pending is not None:
+                for h in pending:
+                    if h.end is None:
+                        yield h.done
+                    assert h.end is not None
+                    need = max(need, h.end)
             if need > now:
                 if record:
                     rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
-                yield timeout(need - now)
+                if need > env.now:
+                    yield timeout(need - env.now)
                 now = need
             if failing:
                 if now >= death:

@@ -3,24 +3,30 @@ r"""Transfer and collective costs on a :class:`~psgdlab.sim.platform.Platform`, 
 :class:`Network` answers "how long does this exchange take if it starts at ``t``?" for the
 simulator's processes. Each answer registers one flow per link of the exchange's path for its
 duration, so later transfers see the link shared (snapshot fair share, see
-:mod:`psgdlab.sim.platform`). Link identifiers: host ``h``'s NIC is ``h``; global socket ``k``'s
+:mod:`psgdlab.sim.platform`); the NICs' transfers between hosts are shared exactly instead
+(:class:`FairLinks`, below). Link identifiers: host ``h``'s NIC is ``h``; global socket ``k``'s
 PCIe link is ``hosts + k``. NVLink is per device and not shared.
 
 The laws are core's (:mod:`psgdlab.core.cost`); this module picks their links and bandwidth
 shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start):
 
 - point to point (:func:`~psgdlab.core.cost.transfer_s`) at :math:`\min_l (B_l / (k_l + 1))`
-  with the path's latency; the path is the sender's socket PCIe (and, between hosts, both NICs
-  and the receiver's socket PCIe; both NICs alone when the platform's ``endpoints`` are
-  processes); inside a host NVLink when present. Between hosts the NICs are not shared that
-  way but queued (:meth:`Network.nic_wait`): a transfer waits until both hosts' NICs have sent
-  the bytes queued before it, then moves at the NIC's bandwidth (or its PCIe share, when less).
-  A NIC's queue conserves its capacity, which a share fixed at the start does not: a transfer
-  that starts on an idle link keeps the whole of it while others join, so overlapping transfers
-  between hosts carried more than the NICs' rate (docs/validation.md has the case). With
-  ``staging = "host"`` the pairwise average is a device-to-host copy, the network leg, a CPU
-  average (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after
-  another.
+  with the path's latency, inside a host: its socket's PCIe (both sockets' when they differ,
+  and the link between them with a ``socket_link``), or NVLink when present.
+- between hosts the NICs are shared, not snapshot: the bytes of a pairwise average or a gossip
+  transfer go on the NICs as a transfer of :attr:`Network.nics` (:class:`FairLinks`), which
+  moves at its max-min fair rate (:func:`~psgdlab.core.cost.max_min_rates`) over both hosts'
+  NICs, recomputed whenever a transfer joins or leaves, so its end moves later when others
+  join: concurrent transfers share a NIC as TCP flows through one rate limit do (each of ``k``
+  takes ``k`` times as long; ``bench/bench_netns.py --flows``), and a NIC never carries more
+  than its rate. A transfer's cap is the NIC's bandwidth, or the share of the PCIe legs at
+  both ends when it starts where devices send directly; besides its bytes' time it takes the
+  path's latency and its CPU work's stretch (:meth:`Network.wire`). The simulator waits on
+  these transfers as events (:mod:`psgdlab.sim.engine`). With ``staging = "host"`` the
+  pairwise average is a device-to-host copy, the network leg, a CPU average
+  (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after another.
+  Collectives and server requests that cross the NICs take a snapshot share of them (counting
+  the transfers in flight there) and do not slow those transfers down.
 - allreduce over a group (:func:`~psgdlab.core.cost.allreduce_s`) with the platform's
   ``allreduce`` schedule and the slowest link class on the ring: per-device share of each
   socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts
@@ -47,6 +53,7 @@ step overhead, the merge of an average). The allgather after a sharded exchange 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from psgdlab.core.cost import (
@@ -57,12 +64,84 @@ from psgdlab.core.cost import (
     cpu_stretch_s,
     host_average_s,
     host_work_s,
+    max_min_rates,
     server_s,
     transfer_s,
 )
+from psgdlab.core.errors import SimulationError
 from psgdlab.sim.platform import Placement, Platform
 
-__all__ = ["Network"]
+__all__ = ["FairLinks", "Network"]
+
+
+class FairLinks:
+    """Transfers in flight on shared links at their max-min fair rates
+    (:func:`~psgdlab.core.cost.max_min_rates`), advanced lazily: the rates are recomputed
+    whenever a transfer joins or leaves, so a transfer's end moves when others join it, and a
+    link never carries more than its capacity. Times only go forward (:meth:`advance`)."""
+
+    __slots__ = ("_capacity", "_count", "_flows", "_now")
+
+    def __init__(self, capacity: float) -> None:
+        self._capacity = capacity
+        self._flows: dict[int, list[Any]] = {}  # id: [links, bytes left, cap, rate]
+        self._now = 0.0
+        self._count: dict[int, int] = {}  # transfers per link
+
+    def active(self, link: int) -> int:
+        """Transfers in flight on ``link``."""
+        return self._count.get(link, 0)
+
+    def add(self, key: int, links: tuple[int, ...], nbytes: float, cap: float, t: float) -> list[tuple[int, float]]:
+        """Start transfer ``key`` of ``nbytes`` over ``links`` at most ``cap`` bytes/s at ``t``;
+        returns the transfers that ended up to ``t`` (:meth:`advance`)."""
+        ended = self.advance(t)
+        alone = all(self._count.get(link, 0) == 0 for link in links)
+        self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        for link in links:
+            self._count[link] = self._count.get(link, 0) + 1
+        if not alone:  # on idle links it takes the lesser of its cap and theirs, and slows no one
+            self._rates()
+        return ended
+
+    def advance(self, t: float) -> list[tuple[int, float]]:
+        """Move every transfer on to ``t``; returns ``(key, end)`` of those that ended, in order."""
+        ended: list[tuple[int, float]] = []
+        flows = self._flows
+        while flows:
+            first = min(f[1] / f[3] for f in flows.values())
+            if self._now + first > t:
+                dt = t - self._now
+                if dt > 0.0:
+                    for f in flows.values():
+                        f[1] -= f[3] * dt
+                break
+            self._now += first
+            done = [key for key, f in flows.items() if f[1] / f[3] <= first * (1.0 + 1e-9) + 1e-15]
+            for f in flows.values():
+                f[1] -= f[3] * first
+            shared = False
+            for key in done:
+                for link in flows.pop(key)[0]:
+                    self._count[link] -= 1
+                    shared = shared or self._count[link] > 0
+                ended.append((key, self._now))
+            if shared:  # a transfer that had its links to itself frees nothing another can use
+                self._rates()
+        self._now = max(self._now, t)
+        return ended
+
+    def next_end(self) -> float:
+        """When the first transfer in flight ends if none joins (``inf`` when none is)."""
+        if not self._flows:
+            return math.inf
+        return self._now + min(f[1] / f[3] for f in self._flows.values())
+
+    def _rates(self) -> None:
+        flows = list(self._flows.values())
+        rates = max_min_rates([f[0] for f in flows], self._capacity, [f[2] for f in flows])
+        for f, rate in zip(flows, rates):
+            f[3] = rate
 
 
 class Network:
@@ -80,13 +159,13 @@ class Network:
         "_mem_bw",
         "_n_hosts",
         "_nic_bw",
-        "_nic_free",
         "_pcie_bw",
         "_per_socket",
         "_process_ends",
         "_socket",
         "_socket_bw",
         "_staging",
+        "nics",
         "placement",
         "platform",
     )
@@ -113,11 +192,13 @@ class Network:
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self._cpu = platform.host_cpu
         self._cpu_flows: dict[int, list[list[float]]] = {}  # per machine: [start, end, processes]
-        self._nic_free: dict[int, float] = {}  # per host: when its NIC has sent the bytes queued on it
+        self.nics = FairLinks(self._nic_bw)  # transfers between hosts in flight on the NICs (host h's is link h)
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
-        return int(_running(self._flows.get(link), t, keep=8))
+        """Transfers on ``link`` at ``t``: those registered, and on a NIC those in flight there."""
+        n = int(_running(self._flows.get(link), t, keep=8))
+        return n + self.nics.active(link) if 0 <= link < self._n_hosts else n
 
     def _register(self, links: tuple[int, ...], start: float, end: float) -> None:
         for link in links:
@@ -174,106 +255,121 @@ class Network:
         return self._cpu_wait({self._host[rank]: 1}, work_s, start, work_s)
 
     # ----- point to point ---------------------------------------------------------------------
-    def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float, bool]:
-        """Links, their bandwidths, latency, and whether the path crosses hosts."""
-        ha, hb = self._host[a], self._host[b]
+    def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
+        """Links, their bandwidths and the latency between ``a`` and ``b`` of one host."""
         sa, sb = self._socket[a], self._socket[b]
         H = self._n_hosts
-        if ha == hb:
-            if self._intra_bw is not None:
-                return (), (), self._intra_lat, False
-            if sa == sb:
-                return (H + sa,), (self._pcie_bw,), self._intra_lat, False
-            if self._socket_bw is not None:
-                return (
-                    (H + sa, H + sb, _socket_link(ha)),
-                    (self._pcie_bw, self._pcie_bw, self._socket_bw),
-                    self._intra_lat,
-                    False,
-                )
-            return (H + sa, H + sb), (self._pcie_bw,) * 2, self._intra_lat, False
-        if self._process_ends:
-            return (ha, hb), (self._nic_bw, self._nic_bw), self._inter_lat, True
-        return (
-            (H + sa, ha, hb, H + sb),
-            (self._pcie_bw, self._nic_bw, self._nic_bw, self._pcie_bw),
-            self._inter_lat,
-            True,
-        )
+        if self._intra_bw is not None:
+            return (), (), self._intra_lat
+        if sa == sb:
+            return (H + sa,), (self._pcie_bw,), self._intra_lat
+        if self._socket_bw is not None:
+            return (
+                (H + sa, H + sb, _socket_link(self._host[a])),
+                (self._pcie_bw, self._pcie_bw, self._socket_bw),
+                self._intra_lat,
+            )
+        return (H + sa, H + sb), (self._pcie_bw,) * 2, self._intra_lat
 
-    def nic_wait(self, a: int, b: int, nbytes: float, start: float, bw: float) -> float:
-        """How long a transfer of ``nbytes`` each way between the hosts ``a`` and ``b`` that is
-        ready at ``start`` waits for their NICs to send what is queued before it; queues its own
-        bytes' time at ``bw`` (at most the NIC's bandwidth) on both."""
-        free = self._nic_free
-        begin = max(start, free.get(a, 0.0), free.get(b, 0.0))
-        free[a] = free[b] = begin + nbytes / bw
-        return begin - start
+    def crosses(self, a: int, b: int) -> bool:
+        """Whether ``a`` and ``b`` are on different hosts (their transfers cross the NICs)."""
+        return self._host[a] != self._host[b]
 
     def transfer_s(self, a: int, b: int, nbytes: float, start: float) -> float:
-        """Time to move ``nbytes`` from worker ``a`` to ``b`` (each way, full duplex)."""
-        links, caps, lat, crosses = self._path(a, b)
-        wait = 0.0
-        bw: float | None
-        if crosses:  # the NICs queue (module docstring); the PCIe legs are shared
-            ha, hb = self._host[a], self._host[b]
-            others = [(link, cap) for link, cap in zip(links, caps) if link not in (ha, hb)]
-            nic = self._nic_bw
-            if others:
-                nic = min(nic, self._share(tuple(x for x, _ in others), tuple(c for _, c in others), start))
-            wait = self.nic_wait(ha, hb, nbytes, start, nic)
-            bw = nic
-        else:
-            bw = self._share(links, caps, start) if links else self._intra_bw
-        begin = start + wait
+        """Time to move ``nbytes`` from worker ``a`` to ``b`` of the same host (each way, full
+        duplex); between hosts the bytes share the NICs (:meth:`wire`)."""
+        if self.crosses(a, b):
+            raise SimulationError(f"a transfer between hosts ({a} -> {b}) shares the NICs: see Network.wire")
+        links, caps, lat = self._path(a, b)
+        bw = self._share(links, caps, start) if links else self._intra_bw
         dur = transfer_s(nbytes, bw, lat)
         if self._cpu is not None:
-            wire = nbytes / bw if crosses and bw is not None else 0.0
-            work = self._cpu.work_s(1, nbytes, between_hosts=crosses)
-            dur = self._cpu_wait(self._per_host((a, b)), work, begin, dur, wire)
+            dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
         if links:
-            self._register(links, begin, begin + dur)
-        return wait + dur
+            self._register(links, start, start + dur)
+        return dur
+
+    def wire(self, a: int, b: int, nbytes: float, start: float) -> tuple[tuple[int, int], float, float]:
+        """A transfer of ``nbytes`` each way between the hosts of ``a`` and ``b`` whose bytes go on
+        the NICs at ``start``: the NIC links it shares (:attr:`nics`), its rate cap (the NIC's
+        bandwidth, or the share of the PCIe legs at both ends when devices send directly),
+        and the time it takes besides its bytes' time on the NICs: the path's latency and the
+        stretch of its CPU work on oversubscribed cores (counted at ``start``, as the bytes'
+        time at the NICs' fair share then; registered, as are the PCIe legs)."""
+        ha, hb = self._host[a], self._host[b]
+        cap, lat = self._nic_bw, self._inter_lat
+        legs: tuple[int, ...] = ()
+        if self._staging == "host":  # from host memory: the copies are the average's own legs
+            lat = self.platform.nic.latency_s
+        elif not self._process_ends:
+            legs = (self._n_hosts + self._socket[a], self._n_hosts + self._socket[b])
+            cap = min(cap, self._share(legs, (self._pcie_bw,) * 2, start))
+        wire = nbytes / min(cap, self._nic_bw / (max(self.nics.active(ha), self.nics.active(hb)) + 1))
+        after = lat
+        if self._cpu is not None:
+            work = self._cpu.work_s(1, nbytes, between_hosts=True)
+            after = self._cpu_wait(self._per_host((a, b)), work, start, wire + lat, wire) - wire
+        if legs:
+            self._register(legs, start, start + wire + after)
+        return (ha, hb), cap, after
+
+    @property
+    def n_hosts(self) -> int:
+        """Hosts of the platform (NIC links ``0 .. n_hosts - 1``)."""
+        return self._n_hosts
 
     def pair_average_s(
         self, a: int, b: int, nbytes: float, start: float, gather: int = 1, model_bytes: float = 0.0
     ) -> float:
-        """Pairwise average of ``nbytes`` between ``a`` and ``b`` (+ an allgather of ``gather``
-        shards of ``model_bytes`` inside each host afterwards)."""
+        """Pairwise average of ``nbytes`` between ``a`` and ``b`` of the same host (+ an allgather
+        of ``gather`` shards of ``model_bytes`` inside the host afterwards); between hosts its
+        legs are :meth:`pair_before_wire`, :meth:`wire` and :meth:`pair_after_wire`."""
         if self._staging == "direct":
             dur = self.transfer_s(a, b, nbytes, start)
         else:
-            H = self._n_hosts
-            sa, sb = self._socket[a], self._socket[b]
-            # device -> host over the sender's socket PCIe (both sides copy in parallel)
-            copy_links = (H + sa, H + sb) if sa != sb else (H + sa,)
-            caps = (self._pcie_bw,) * len(copy_links)
-            d2h = transfer_s(nbytes, self._share(copy_links, caps, start), self._pcie_lat())
-            self._register(copy_links, start, start + d2h)
+            if self.crosses(a, b):
+                raise SimulationError(f"a pairwise average between hosts ({a}, {b}) shares the NICs: see Network.wire")
+            d2h = self.pair_before_wire(a, b, nbytes, start)
             t = start + d2h
             net = 0.0
-            crosses = self._host[a] != self._host[b]
-            if crosses:
-                nics = (self._host[a], self._host[b])
-                wait = self.nic_wait(*nics, nbytes, t, self._nic_bw)
-                net = wait + transfer_s(nbytes, self._nic_bw, self.platform.nic.latency_s)
-                self._register(nics, t + wait, t + net)
-            elif sa != sb and self._socket_bw is not None:  # the host average reads the peer's socket memory
+            sa, sb = self._socket[a], self._socket[b]
+            if sa != sb and self._socket_bw is not None:  # the host average reads the peer's socket memory
                 link = (_socket_link(self._host[a]),)
                 net = transfer_s(nbytes, self._share(link, (self._socket_bw,), t), 0.0)
                 self._register(link, t, t + net)
-            t += net
-            cpu = host_average_s(nbytes, self._mem_bw)
-            t += cpu
-            h2d = transfer_s(nbytes, self._share(copy_links, caps, t), self._pcie_lat())
-            self._register(copy_links, t, t + h2d)
-            dur = d2h + net + cpu + h2d
+            dur = d2h + net + self.pair_after_wire(a, b, nbytes, t + net)
             if self._cpu is not None:
-                work = self._cpu.work_s(1, nbytes, between_hosts=crosses)
-                dur = self._cpu_wait(self._per_host((a, b)), work, start, dur, net if crosses else 0.0)
+                dur = self._cpu_wait(self._per_host((a, b)), self._cpu.work_s(1, nbytes), start, dur)
         if gather > 1:
             dur += self.allgather_s(a, gather, model_bytes, start + dur)
         return dur
+
+    def pair_before_wire(self, a: int, b: int, nbytes: float, start: float) -> float:
+        """With ``staging = "host"``: the device-to-host copies that begin a pairwise average at
+        ``start`` over the sockets' PCIe (both sides copy in parallel; registered); 0 otherwise."""
+        if self._staging == "direct":
+            return 0.0
+        copy_links = self._copy_links(a, b)
+        d2h = transfer_s(nbytes, self._share(copy_links, (self._pcie_bw,) * len(copy_links), start), self._pcie_lat())
+        self._register(copy_links, start, start + d2h)
+        return d2h
+
+    def pair_after_wire(self, a: int, b: int, nbytes: float, t: float) -> float:
+        """With ``staging = "host"``: the CPU average and the host-to-device copies that end a
+        pairwise average once the peer's model is in host memory at ``t`` (registered); 0
+        otherwise."""
+        if self._staging == "direct":
+            return 0.0
+        cpu = host_average_s(nbytes, self._mem_bw)
+        copy_links = self._copy_links(a, b)
+        caps = (self._pcie_bw,) * len(copy_links)
+        h2d = transfer_s(nbytes, self._share(copy_links, caps, t + cpu), self._pcie_lat())
+        self._register(copy_links, t + cpu, t + cpu + h2d)
+        return cpu + h2d
+
+    def _copy_links(self, a: int, b: int) -> tuple[int, ...]:
+        H, sa, sb = self._n_hosts, self._socket[a], self._socket[b]
+        return (H + sa, H + sb) if sa != sb else (H + sa,)
 
     def _pcie_lat(self) -> float:
         return self.platform.pcie.latency_s

@@ -11,7 +11,10 @@ link of its path for its duration, and gets
 :math:`\min_l B_l / k_l` where :math:`k_l` counts the flows on link ``l`` when it starts
 (snapshot fair share: the share is fixed when a transfer starts; later arrivals do not slow an
 earlier transfer down, departures do not speed it up -- so the last of ``k`` simultaneous
-transfers finishes at :math:`k S / B`, as under exact fair sharing).
+transfers finishes at :math:`k S / B`, as under exact fair sharing). The NICs, where the
+transfers of asynchronous exchanges overlap most, share exactly: a pairwise average's or a
+gossip's bytes between hosts move at their max-min fair rate, recomputed as transfers join and
+leave (:class:`~psgdlab.sim.network.FairLinks`).
 
 **Host cores** (``host_cpu``, optional). Where the workers' processes share a few CPU cores
 -- several processes per core on a workstation, loopback transports whose every byte is a CPU

@@ -20,6 +20,7 @@ from psgdlab.core.cost import (
     cpu_stretch_s,
     cpu_stretch_terms,
     cpu_work_s,
+    max_min_rates,
     transfer_s,
     transfer_terms,
 )
@@ -89,6 +90,33 @@ def test_cpu_stretch_terms_are_the_forward_law(n, cores, S, w_m, w_b, schedule):
     expected = cpu_stretch_s(n, cores, work)
     got = float(a[0] * w_m + b[0] * w_b)
     assert got == pytest.approx(expected, rel=1e-12, abs=1e-300) if n > cores else got <= 0.0 and expected == 0.0
+
+
+@given(
+    paths=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True), min_size=1, max_size=8),
+    caps=st.lists(st.floats(0.1, 20.0), min_size=8, max_size=8),
+    capacity=st.floats(1.0, 10.0),
+)
+def test_max_min_rates_fill_no_link_beyond_capacity_and_give_every_transfer_a_bottleneck(paths, caps, capacity):
+    """The max-min fair allocation's characterisation: the rates are feasible (no link carries
+    more than its capacity, no transfer more than its cap), and every transfer is either at its
+    cap or crosses a full link on which no transfer moves faster than it does."""
+    caps = caps[: len(paths)]
+    rates = max_min_rates(paths, capacity, caps)
+    load: dict[int, float] = {}
+    for path, rate in zip(paths, rates):
+        for link in path:
+            load[link] = load.get(link, 0.0) + rate
+    assert all(v <= capacity * (1 + 1e-9) for v in load.values())
+    for i, (path, rate) in enumerate(zip(paths, rates)):
+        assert 0.0 < rate <= caps[i] * (1 + 1e-9)
+        at_cap = rate >= caps[i] * (1 - 1e-9)
+        bottleneck = any(
+            load[link] >= capacity * (1 - 1e-9)
+            and all(rates[j] <= rate * (1 + 1e-9) for j, other in enumerate(paths) if link in other)
+            for link in path
+        )
+        assert at_cap or bottleneck
 
 
 def test_allgather_is_the_allgather_half_of_an_allreduce():

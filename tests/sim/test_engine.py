@@ -384,3 +384,26 @@ def test_streams_relabel_the_workers_compute_times():
     np.testing.assert_array_equal(relabelled[0], base[1])
     with pytest.raises(ConfigError, match=r"streams \(\[0, 0, 1, 2\]\) must be a permutation of the 4 ranks"):
         simulate(make_algorithm("ssgd", n_workers=4), flat_platform(), w, steps=5, streams=[0, 0, 1, 2])
+
+
+def test_pairwise_averages_between_hosts_share_the_nics_and_end_together():
+    """Two hosts of two workers in lockstep (constant compute), AD-PSGD's fixed ring: on the steps
+    where both active workers average with a peer on the other host, their two transfers start
+    together on the same NICs and share them (processor sharing, as TCP flows through one rate
+    limit do): both end two transfer times later. Queued on the NICs one after another, the
+    first would end after one transfer time and the other after two."""
+    nic = Link(latency_s=2e-4, bandwidth_bytes_per_s=1e8)
+    p = flat_platform(hosts=2, devices_per_host=2, nic=nic, endpoints="process")
+    w = workload("0.001", n_params=2_500_000)
+    one = w.payload_bytes / 1e8  # one transfer alone: 0.1 s on the NICs
+    res = simulate(make_algorithm("adpsgd", n_workers=4), p, w, steps=12, seed=0, until="all")
+    rows = res.trace[(res.trace["kind"] == int(ExchangeKind.PAIRWISE)) & (res.trace["nbytes"] > 0)]
+    host = res.placement.host
+    crossing = [r for r in rows if host[r["rank"]] != host[r["peer"]]]
+    by_start: dict[float, list[float]] = {}
+    for r in crossing:
+        by_start.setdefault(round(float(r["start_s"]), 9), []).append(float(r["end_s"] - r["start_s"]))
+    together = [d for d in by_start.values() if len(d) == 2]
+    assert together, "no two averages between hosts began together"
+    for durations in together:
+        assert durations == pytest.approx([2 * one + nic.latency_s] * 2, rel=1e-9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import pytest
@@ -90,7 +91,8 @@ def test_processes_as_endpoints_take_the_network_path_alone():
     lat, nic = LAT, NIC
     p = _two_hosts("ring", "process")
     net = Network(p, Placement.pack(p, 4))
-    assert net.transfer_s(0, 2, 1e8, 0.0) == pytest.approx(nic + 1.0)
+    links, cap, after = net.wire(0, 2, 1e8, 0.0)
+    assert links == (0, 1) and after + 1e8 / cap == pytest.approx(nic + 1.0)
     assert net.transfer_s(0, 1, 1e9, 10.0) == pytest.approx(lat + 1.0)  # inside a host: its link
     assert net.allreduce_s((0, 1, 2, 3), 1e8, 20.0) == pytest.approx(6 * nic + 1.5)
     assert net.allreduce_s((0, 1), 0.0, 30.0) == pytest.approx(2 * lat)
@@ -103,17 +105,26 @@ def test_processes_as_endpoints_take_the_network_path_alone():
     starts=st.lists(st.floats(0.0, 3.0), min_size=1, max_size=8),
     endpoints=st.sampled_from(["process", "device"]),
 )
-def test_the_nics_queue_transfers_between_hosts_and_never_carry_more_than_they_can(starts, endpoints):
-    """Transfers of 1e8 B each way between two hosts (1 s of the NICs' 1e8 B/s each), ready at
-    ``starts`` in that order: the NICs send them one after another, so the i-th ends one
-    latency after the classic queue's departure, max(ready_i, departure_{i-1}) + 1 s. A share
-    fixed at the start let a transfer begun on an idle NIC keep all of it while others joined:
-    two transfers half a second apart then ended at 1 and 2.5 s, having moved 2 s of bytes
-    through 1.5 s of the NIC at its busiest."""
+def test_transfers_between_hosts_share_the_nics_fairly_and_never_carry_more_than_they_can(starts, endpoints):
+    """Transfers of 1e8 B each way between two hosts (1 s of the NICs' 1e8 B/s each) put on the
+    NICs at ``starts``: processor sharing. They end in the order they began, none sooner than
+    1 s after it began, k begun together end together k s later, and the NICs are never idle
+    while bytes wait: the last ends when a queue of the same transfers would have emptied
+    (the NICs' capacity, conserved). The one-latency rest of each is the path's (``after``)."""
     p = _two_hosts("ring", endpoints)
     net = Network(p, Placement.pack(p, 4))
     path_lat = NIC if endpoints == "process" else NIC + 2 * LAT
+    ends: dict[int, float] = {}
     depart = 0.0
-    for t in sorted(starts):
+    for key, t in enumerate(sorted(starts)):
+        links, cap, _ = net.wire(0, 2, 1e8, t)
+        ends.update(net.nics.add(key, links, 1e8, cap, t))
         depart = max(t, depart) + 1.0
-        assert t + net.transfer_s(0, 2, 1e8, t) == pytest.approx(depart + path_lat)
+        assert net.wire(1, 3, 0.0, t)[2] == pytest.approx(path_lat)
+    ends.update(net.nics.advance(math.inf))
+    order = sorted(starts)
+    assert [ends[k] for k in range(len(order))] == sorted(ends.values())
+    assert all(ends[k] >= t + 1.0 - 1e-9 for k, t in enumerate(order))
+    assert max(ends.values()) == pytest.approx(depart)
+    if len(set(order)) == 1:
+        assert all(end == pytest.approx(order[0] + len(order)) for end in ends.values())
