@@ -98,9 +98,10 @@ def _tcp_worker(role: str, address: str, seconds: float, rate: float, port: int)
 EXCHANGE_BYTES = 2_000_000
 
 
-def _exchange_worker(role: str, address: str, seconds: float, flows: int, port: int) -> None:
+def _exchange_worker(role: str, address: str, seconds: float, flows: int, port: int, idle: float = 0.0) -> None:
     """``flows`` connections (ports ``port..``), each exchanging :data:`EXCHANGE_BYTES` both ways
-    at once until the client has run ``seconds``; the client prints its exchanges' times."""
+    at once until the client has run ``seconds``, the connection left idle ``idle`` seconds
+    before each exchange; the client prints its exchanges' times."""
     import socket
     import statistics
     import threading
@@ -142,6 +143,8 @@ def _exchange_worker(role: str, address: str, seconds: float, flows: int, port: 
         payload, buf = b"\0" * EXCHANGE_BYTES, bytearray(EXCHANGE_BYTES)
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
+            if idle > 0:
+                time.sleep(idle)
             start = time.monotonic()
             conn.sendall(b"x")  # the server exchanges only when asked, so both sides end cleanly
             exchange(conn, payload, buf)
@@ -160,10 +163,10 @@ def _exchange_worker(role: str, address: str, seconds: float, flows: int, port: 
         print(json.dumps({"exchanges": len(times), "span": max(spans), "median_s": statistics.median(times)}))
 
 
-def _exchanges(hosts: netns.EmulatedHosts, seconds: float, flows: int) -> dict[str, float]:
+def _exchanges(hosts: netns.EmulatedHosts, seconds: float, flows: int, idle: float = 0.0) -> dict[str, float]:
     """:func:`_exchange_worker` with its server in host 1 and its client in host 0."""
     me = [sys.executable, str(Path(__file__).resolve()), "--worker", "exchange"]
-    args = ["--address", hosts.address(1), "--seconds", str(seconds), "--flows", str(flows)]
+    args = ["--address", hosts.address(1), "--seconds", str(seconds), "--flows", str(flows), "--idle", str(idle)]
     server = subprocess.Popen([*hosts.exec_prefix(1), *me, "serve", *args], stdout=subprocess.DEVNULL)
     try:
         out = subprocess.run(
@@ -189,6 +192,25 @@ def flows(rates: list[str], seconds: float, counts: list[int]) -> None:
             print(
                 f"{format_rate(rate):>10s} {k:>3d} {format_rate(each_way):>12s} {each_way / rate:7.3f} "
                 f"{r['median_s'] * 1e3:13.1f} ms {r['median_s'] / alone:8.2f}"
+            )
+
+
+def idle_connections(rates: list[str], seconds: float, idles: list[float]) -> None:
+    """One connection exchanging after ``idles`` seconds of idleness: whether a connection that
+    sat idle (a random ring's pair, met again after several steps) is slower to start than one
+    in steady use (TCP restarts its congestion window after an idle period of a retransmission
+    timeout, ``net.ipv4.tcp_slow_start_after_idle``)."""
+    print(f"{EXCHANGE_BYTES / 1e6:g} MB exchanged both ways on one connection idle before each, {seconds:g} s a case")
+    print(f"{'rate':>10s} {'idle':>8s} {'median exchange':>16s} {'/ alone':>8s} {'/ back to back':>15s}")
+    for rate, hosts in _two_hosts(rates):
+        alone = EXCHANGE_BYTES / rate
+        first = None
+        for idle in idles:
+            r = _exchanges(hosts, seconds, 1, idle)
+            first = first or r["median_s"]
+            print(
+                f"{format_rate(rate):>10s} {idle * 1e3:5.0f} ms {r['median_s'] * 1e3:13.1f} ms "
+                f"{r['median_s'] / alone:8.2f} {r['median_s'] / first:15.2f}"
             )
 
 
@@ -389,11 +411,17 @@ def main() -> int:
     parser.add_argument(
         "--flows", default="", metavar="K[,...]", help="concurrent exchanges on K connections instead (e.g. 1,2,4)"
     )
+    parser.add_argument(
+        "--idle",
+        default="",
+        metavar="S[,...]",
+        help="one connection's exchanges after S seconds idle instead (e.g. 0,0.05,0.5; the first: the baseline)",
+    )
     args = parser.parse_args()
     if args.worker:
         kind, role = args.worker
         if kind == "exchange":
-            _exchange_worker(role, args.address, args.seconds, int(args.flows), args.port)
+            _exchange_worker(role, args.address, args.seconds, int(args.flows), args.port, float(args.idle or 0))
         elif kind == "tcp":
             _tcp_worker(role, args.address, args.seconds, args.rate_bytes, args.port)
         else:
@@ -407,6 +435,13 @@ def main() -> int:
         return 2
     if args.leak:
         return leak(args.leak, args.seed)
+    if args.idle:
+        idles = [float(x) for x in args.idle.split(",") if x]
+        if not idles or min(idles) < 0:
+            print(f"bench_netns: --idle ({args.idle!r}) must be seconds >= 0, like 0,0.05,0.5", file=sys.stderr)
+            return 2
+        idle_connections([r for r in args.rates.split(",") if r], args.seconds, idles)
+        return 0
     if args.flows:
         counts = [int(k) for k in args.flows.split(",") if k]
         if not counts or min(counts) < 1:

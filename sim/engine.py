@@ -654,7 +654,7 @@ class _Sim:
             if j in self.detected:  # a peer found dead while waiting sends nothing
                 continue
             if self.net.crosses(r, j):  # on the NICs at their fair share, then the path's latency
-                links, cap, after = self.net.wire(r, j, self.S, start)
+                links, cap, after = self.net.wire(r, j, self.S, start, both_ways=False)  # j sends its own
                 wires.append((self.on_wire(links, self.S, cap), after))
             else:
                 end = max(end, start + self.net.transfer_s(r, j, self.S, start))

@@ -16,14 +16,15 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
 - between hosts the NICs are shared, not snapshot: the bytes of a pairwise average or a gossip
   transfer go on the NICs as a transfer of :attr:`Network.nics` (:class:`FairLinks`), which
   moves at its max-min fair rate (:func:`~psgdlab.core.cost.max_min_rates`) over both hosts'
-  NICs, recomputed whenever a transfer joins or leaves, so its end moves later when others
-  join: concurrent transfers share a NIC as TCP flows through one rate limit do (each of ``k``
-  takes ``k`` times as long; ``bench/bench_netns.py --flows``), and a NIC never carries more
-  than its rate. A transfer's cap is the NIC's bandwidth, or the share of the PCIe legs at
-  both ends when it starts where devices send directly; besides its bytes' time it takes the
-  path's latency and its CPU work's stretch (:meth:`Network.wire`). The simulator waits on
-  these transfers as events (:mod:`psgdlab.sim.engine`). With ``staging = "host"`` the
-  pairwise average is a device-to-host copy, the network leg, a CPU average
+  NICs (each NIC two links, one a direction: an average sends both ways, a gossip's send one way
+  while the peer's own send comes back), recomputed whenever a transfer joins or leaves, so its
+  end moves later when others join: concurrent transfers share a NIC as TCP flows through one
+  rate limit do (each of ``k`` takes ``k`` times as long; ``bench/bench_netns.py --flows``), and
+  a NIC never carries more than its rate. A transfer's cap is the NIC's bandwidth, or the share
+  of the PCIe legs at both ends when it starts where devices send directly; besides its bytes'
+  time it takes the path's latency and its CPU work's stretch (:meth:`Network.wire`). The
+  simulator waits on these transfers as events (:mod:`psgdlab.sim.engine`). With ``staging =
+  "host"`` the pairwise average is a device-to-host copy, the network leg, a CPU average
   (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after another.
   Collectives and server requests that cross the NICs take a snapshot share of them (counting
   the transfers in flight there) and do not slow those transfers down.
@@ -192,13 +193,16 @@ class Network:
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self._cpu = platform.host_cpu
         self._cpu_flows: dict[int, list[list[float]]] = {}  # per machine: [start, end, processes]
-        self.nics = FairLinks(self._nic_bw)  # transfers between hosts in flight on the NICs (host h's is link h)
+        self.nics = FairLinks(self._nic_bw)  # transfers between hosts in flight on the NICs (_nic_links)
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
         """Transfers on ``link`` at ``t``: those registered, and on a NIC those in flight there."""
         n = int(_running(self._flows.get(link), t, keep=8))
-        return n + self.nics.active(link) if 0 <= link < self._n_hosts else n
+        if 0 <= link < self._n_hosts:  # a NIC: the busier of its two directions
+            out, into = _nic_links(link)
+            n += max(self.nics.active(out), self.nics.active(into))
+        return n
 
     def _register(self, links: tuple[int, ...], start: float, end: float) -> None:
         for link in links:
@@ -289,9 +293,13 @@ class Network:
             self._register(links, start, start + dur)
         return dur
 
-    def wire(self, a: int, b: int, nbytes: float, start: float) -> tuple[tuple[int, int], float, float]:
-        """A transfer of ``nbytes`` each way between the hosts of ``a`` and ``b`` whose bytes go on
-        the NICs at ``start``: the NIC links it shares (:attr:`nics`), its rate cap (the NIC's
+    def wire(
+        self, a: int, b: int, nbytes: float, start: float, both_ways: bool = True
+    ) -> tuple[tuple[int, ...], float, float]:
+        """A transfer of ``nbytes`` each way between the hosts of ``a`` and ``b`` (from ``a`` to
+        ``b`` alone when not ``both_ways``: a gossip's send, whose reply is the peer's own send)
+        whose bytes go on the NICs at ``start``: the NIC links it shares (:attr:`nics`: each NIC
+        is two links, one a direction, as a full-duplex NIC is), its rate cap (the NIC's
         bandwidth, or the share of the PCIe legs at both ends when devices send directly),
         and the time it takes besides its bytes' time on the NICs: the path's latency and the
         stretch of its CPU work on oversubscribed cores (counted at ``start``, as the bytes'
@@ -304,14 +312,17 @@ class Network:
         elif not self._process_ends:
             legs = (self._n_hosts + self._socket[a], self._n_hosts + self._socket[b])
             cap = min(cap, self._share(legs, (self._pcie_bw,) * 2, start))
-        wire = nbytes / min(cap, self._nic_bw / (max(self.nics.active(ha), self.nics.active(hb)) + 1))
+        out_a, into_a = _nic_links(ha)
+        out_b, into_b = _nic_links(hb)
+        links = (out_a, into_b, out_b, into_a) if both_ways else (out_a, into_b)
+        wire = nbytes / min(cap, self._nic_bw / (max(self.nics.active(x) for x in links) + 1))
         after = lat
         if self._cpu is not None:
             work = self._cpu.work_s(1, nbytes, between_hosts=True)
             after = self._cpu_wait(self._per_host((a, b)), work, start, wire + lat, wire) - wire
         if legs:
             self._register(legs, start, start + wire + after)
-        return (ha, hb), cap, after
+        return links, cap, after
 
     @property
     def n_hosts(self) -> int:
@@ -509,6 +520,11 @@ class Network:
             return 0.0
         share = self._pcie_bw * self.platform.input_efficiency / self._per_socket[self._socket[rank]]
         return transfer_s(nbytes, share, self.platform.pcie.latency_s)
+
+
+def _nic_links(host: int) -> tuple[int, int]:
+    """The keys in :attr:`Network.nics` of a host's NIC sending and receiving."""
+    return 2 * host, 2 * host + 1
 
 
 def _socket_link(host: int) -> int:

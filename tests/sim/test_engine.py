@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
 from psgdlab.core.cost import allreduce_s
@@ -407,3 +409,53 @@ def test_pairwise_averages_between_hosts_share_the_nics_and_end_together():
     assert together, "no two averages between hosts began together"
     for durations in together:
         assert durations == pytest.approx([2 * one + nic.latency_s] * 2, rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    case=st.sampled_from([("adpsgd", {}), ("adpsgd", {"variant": "random"}), ("hadpsgd", {"gpus_per_node": 2})]),
+    hosts=st.sampled_from([2, 4]),  # matchings pair an even count of nodes
+    seed=st.integers(0, 2**16),
+    staging=st.sampled_from(["direct", "host"]),
+)
+def test_transfers_between_hosts_never_beat_the_nics(case, hosts, seed, staging):
+    """Whatever meets on the NICs: no pairwise average between hosts is faster than its bytes
+    alone at the NIC's rate plus its latency, and in any window no host's NIC carries more bytes
+    of the averages that began and ended inside it than its rate allows (fair shares conserve
+    the capacity)."""
+    name, params = case
+    nic = Link(latency_s=1e-4, bandwidth_bytes_per_s=1e8)
+    p = flat_platform(hosts=hosts, devices_per_host=2, nic=nic, endpoints="process", staging=staging)
+    n = 2 * hosts
+    res = simulate(
+        make_algorithm(name, n_workers=n, **params),
+        p,
+        workload("lognormal:0.01:0.005", n_params=250_000),  # 10 ms of compute, 10 ms alone on the NICs
+        steps=10,
+        seed=seed,
+    )
+    host = res.placement.host
+    t = res.trace
+    t = t[(t["kind"] == int(ExchangeKind.PAIRWISE)) & (t["nbytes"] > 0) & (t["phase"] == PHASES["overlap"])]
+    t = t[[host[r] != host[q] for r, q in zip(t["rank"], t["peer"])]]
+    assert len(t) > 0
+    assert np.all(t["end_s"] - t["start_s"] >= t["nbytes"] / 1e8 + 1e-4 - 1e-12)
+    for h in range(hosts):
+        mine = t[[host[r] == h or host[q] == h for r, q in zip(t["rank"], t["peer"])]]
+        for a in np.unique(mine["start_s"]):
+            for b in np.unique(mine["end_s"][mine["end_s"] > a]):
+                inside = mine[(mine["start_s"] >= a) & (mine["end_s"] <= b)]
+                assert inside["nbytes"].sum() <= 1e8 * (b - a) * (1 + 1e-9)
+
+
+def test_a_gossip_between_hosts_sends_each_model_once_each_way():
+    """D-PSGD on two hosts of one worker: each sends its model to the other while receiving the
+    other's, one transfer each way on full-duplex NICs, so a step's exchange takes one
+    transfer time plus the latency (counting each side's send as both ways took two)."""
+    nic = Link(latency_s=2e-4, bandwidth_bytes_per_s=1e8)
+    p = flat_platform(hosts=2, devices_per_host=1, nic=nic, endpoints="process")
+    w = workload("0.001", n_params=2_500_000)
+    res = simulate(make_algorithm("dpsgd", n_workers=2, topology="complete"), p, w, steps=6, seed=0)
+    comm = res.trace[res.trace["kind"] == int(ExchangeKind.GOSSIP)]
+    assert len(comm) >= 10
+    np.testing.assert_allclose(comm["end_s"] - comm["start_s"], w.payload_bytes / 1e8 + 2e-4, rtol=1e-9)
