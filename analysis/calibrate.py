@@ -691,7 +691,7 @@ def platform_profile(
 def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit: the
     log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
-    ``platform.collective``; a latency at its bound 0 has none) and of the CPU work of
+    ``platform.collective`` and ``platform.nic``; a latency at its bound 0 has none) and of the CPU work of
     communication (``platform.host_cpu``, per message and per byte, from the probe's or the
     oversubscribed runs' scatter, and between hosts from the probe between hosts; one at its
     bound 0 has none), their correlation within each
@@ -699,12 +699,19 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`, marked unpinned) and the run-to-run noise of
     a mean step (measured where a configuration repeats, else
     :data:`~psgdlab.core.priors.STEP_NOISE_CV`) with the processes per core it was measured at.
-    The ``nic`` copy of the link is left out: the calibrated platform is one host."""
+    The link between hosts (``platform.nic``, fitted from runs with hosts or a probe between
+    them) is one more table; a platform of one host does not use it, so its spread moves no
+    prediction there."""
     params: list[str] = []
     sds: list[float] = []
     blocks: list[tuple[int, int, float]] = []
     unpinned: list[str] = []
-    for table, fit in (("platform.pcie", calibration["link"]), ("platform.collective", calibration.get("collective"))):
+    links = (
+        ("platform.pcie", calibration["link"]),
+        ("platform.collective", calibration.get("collective")),
+        ("platform.nic", calibration.get("nic")),
+    )
+    for table, fit in links:
         if not fit:
             continue
         first = len(params)

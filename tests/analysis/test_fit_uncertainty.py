@@ -202,3 +202,39 @@ def test_the_cpu_work_spread_widens_the_intervals_of_oversubscribed_cases_only()
 
     assert half_width(with_cpu, 2) == pytest.approx(half_width(links_only, 2), rel=1e-6)
     assert half_width(with_cpu, 8) > 1.2 * half_width(links_only, 8)
+
+
+def test_the_link_between_hosts_spread_widens_the_intervals_of_cases_across_hosts_only():
+    """A link between hosts fitted from runs with hosts (or a probe between them) enters the
+    profile's [uncertainty] as ``platform.nic``: an allreduce across two hosts reacts to it and
+    its interval widens; one inside a host does not."""
+    import dataclasses
+
+    from psgdlab.analysis.calibrate import fit_uncertainty
+    from psgdlab.core.profile import Link, Platform, Profile, Workload
+    from psgdlab.sim.predict import predict_one
+
+    link = {"latency_s": 2e-4, "bandwidth_bytes_per_s": 1e9, "latency_log_sd": 0.05, "bandwidth_log_sd": 0.05}
+    nic = {"latency_s": 1e-3, "bandwidth_bytes_per_s": 6e7, "latency_log_sd": 0.2, "bandwidth_log_sd": 0.2}
+    calibration = {"link": link, "nic": {**nic, "log_correlation": -0.6}, "noise": {"step_cv_used": 0.005}}
+    unc = fit_uncertainty(calibration)
+    assert unc.parameters[-2:] == ("platform.nic.latency_s", "platform.nic.bandwidth_bytes_per_s")
+    platform = Platform(
+        hosts=2,
+        devices_per_host=4,
+        sockets_per_host=4,
+        pcie=Link(latency_s=2e-4, bandwidth_bytes_per_s=1e9),
+        nic=Link(latency_s=1e-3, bandwidth_bytes_per_s=6e7),
+        endpoints="process",
+    )
+    with_nic = Profile(
+        platform=platform, workload=Workload(n_params=250_000, itemsize=8, compute="0.05"), uncertainty=unc
+    )
+    one_host = dataclasses.replace(with_nic, uncertainty=fit_uncertainty({**calibration, "nic": None}))
+
+    def half_width(profile, n):
+        row = predict_one("ssgd", n, profile.resolved(), steps=40, seed=0).row
+        return math.log(row["step_time_s_high"] / row["step_time_s"])
+
+    assert half_width(with_nic, 4) == pytest.approx(half_width(one_host, 4), rel=1e-6)  # one host of 4
+    assert half_width(with_nic, 8) > 1.5 * half_width(one_host, 8)  # across the NICs
