@@ -51,6 +51,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from psgdlab.core.config import format_rate, parse_rate
 from psgdlab.runtime import netns
@@ -435,22 +436,34 @@ def main() -> int:
         return 2
     if args.leak:
         return leak(args.leak, args.seed)
+    rates = [r for r in args.rates.split(",") if r]
     if args.idle:
-        idles = [float(x) for x in args.idle.split(",") if x]
-        if not idles or min(idles) < 0:
-            print(f"bench_netns: --idle ({args.idle!r}) must be seconds >= 0, like 0,0.05,0.5", file=sys.stderr)
+        idles = _numbers(args.idle, "--idle", float, 0.0, "seconds >= 0, like 0,0.05,0.5")
+        if idles is None:
             return 2
-        idle_connections([r for r in args.rates.split(",") if r], args.seconds, idles)
+        idle_connections(rates, args.seconds, idles)
         return 0
     if args.flows:
-        counts = [int(k) for k in args.flows.split(",") if k]
-        if not counts or min(counts) < 1:
-            print(f"bench_netns: --flows ({args.flows!r}) must be counts >= 1, like 1,2,4", file=sys.stderr)
+        counts = _numbers(args.flows, "--flows", int, 1, "counts >= 1, like 1,2,4")
+        if counts is None:
             return 2
-        flows([r for r in args.rates.split(",") if r], args.seconds, counts)
+        flows(rates, args.seconds, [int(k) for k in counts])
         return 0
-    bandwidth([r for r in args.rates.split(",") if r], args.seconds)
+    bandwidth(rates, args.seconds)
     return 0
+
+
+def _numbers(text: str, flag: str, kind: type, least: float, rule: str) -> list[Any] | None:
+    """The comma-separated numbers of ``flag``; ``None``, after a one-line error naming the
+    value and ``rule``, when they are not numbers of ``kind`` of at least ``least``."""
+    try:
+        values = [kind(x) for x in text.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or min(values) < least:
+        print(f"bench_netns: {flag} ({text!r}) must be {rule}", file=sys.stderr)
+        return None
+    return values
 
 
 if __name__ == "__main__":
