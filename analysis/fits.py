@@ -308,7 +308,8 @@ def _posterior(
     """The weighted least-squares fit of ``t ~ X @ (exp(a), exp(v))`` (latency and inverse
     bandwidth in log terms, so both stay positive), each prior of ``priors`` (latency,
     bandwidth) one more observation of ``a`` or ``-v`` with its ``log_sd``; the covariance
-    of ``(a, v)`` from the Jacobian at the solution."""
+    of ``(a, v)`` from the Jacobian at the solution, the data's rows scaled by their scatter
+    (the reduced chi-square; at least 1 when weighted) and the priors' rows as they are."""
     from scipy.optimize import least_squares
 
     lat, bw = priors
@@ -326,7 +327,10 @@ def _posterior(
     chi2 = float(np.sum(sol.fun[:data_rows] ** 2))
     red = chi2 / (data_rows - 2) if data_rows > 2 else None
     inflate = (max(1.0, red) if red is not None else 1.0) if weighted else (red if red is not None else 1.0)
-    cov = _covariance(sol.jac) * inflate
+    # the data's scatter widens what the data say, not the priors: a value the data leave to its
+    # prior keeps the prior's spread (scaling the whole covariance had widened it past the prior)
+    jac = np.vstack([sol.jac[:data_rows] / math.sqrt(max(inflate, 1e-300)), sol.jac[data_rows:]])
+    cov = _covariance(jac)
     sd_a, sd_v = (float(math.sqrt(max(cov[i, i], 0.0))) for i in (0, 1))
     return {
         "alpha": float(math.exp(sol.x[0])),

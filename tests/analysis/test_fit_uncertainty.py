@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from psgdlab.analysis.fits import PINNED_SHRINK, fit_link
 from psgdlab.core.errors import ConfigError
@@ -238,3 +240,30 @@ def test_the_link_between_hosts_spread_widens_the_intervals_of_cases_across_host
 
     assert half_width(with_nic, 4) == pytest.approx(half_width(one_host, 4), rel=1e-6)  # one host of 4
     assert half_width(with_nic, 8) > 1.5 * half_width(one_host, 8)  # across the NICs
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    alpha=st.floats(1e-6, 1e-2),
+    beta=st.floats(1e7, 1e10),
+    scatter=st.floats(0.01, 1.0),
+    seed=st.integers(0, 2**16),
+)
+def test_a_fitted_spread_is_never_wider_than_its_prior(alpha, beta, scatter, seed):
+    """Whatever the data, however badly they fit: each fitted log-sd is at most its prior's (data
+    add information; their scatter widens what they say, not the prior)."""
+    rng = np.random.default_rng(seed)
+    S = np.repeat([8e3, 6.4e4, 5.12e5, 4e6], 3)
+    t = (alpha + S / beta) * np.exp(rng.normal(0.0, scatter, S.size))
+    fit = fit_link(
+        t,
+        S,
+        records=120,
+        group_sizes=np.full(S.size, 2),
+        algorithm="direct",
+        sd_s=0.02 * t,
+        bandwidth_prior=LOOPBACK_BANDWIDTH,
+        latency_prior=LOOPBACK_LATENCY,
+    )
+    assert fit["latency_log_sd"] is None or fit["latency_log_sd"] <= LOOPBACK_LATENCY.log_sd * (1 + 1e-9)
+    assert fit["bandwidth_log_sd"] <= LOOPBACK_BANDWIDTH.log_sd * (1 + 1e-9)
