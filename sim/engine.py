@@ -491,20 +491,14 @@ class _Sim:
             self.env.process(self._pair_later(r, ex, t, s, phase, ahead, resp, h))
             return h
         start = max(t, ahead, resp)
+        if start >= self.detect[peer]:  # a peer known dead: nothing to average with
+            return self._settle(r, ex, s, phase, t, start, start)[0]
         nbytes = self._pair_nbytes(ex)
-        if start >= self.detect[peer]:
-            end, nbytes = start, 0  # a peer known dead: nothing to average with
-        else:
-            gather = 1 if self.sums[r] else _gathers(r, ex)
-            end = start + self.net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S)
-            if end > self.death[peer]:  # the peer dies first: the request hangs until the deadline
-                self.comm_free[r] = end = self.detect[peer]
-                nbytes = 0
-            else:
-                self.comm_free[r] = self.resp_free[peer] = end
-                self._merged(r, peer, start, end)
-        if self.record:
-            self.rows.append((r, s, phase, _K_PAIR, t if phase == _COMM else start, end, peer, nbytes, -1, _NAN))
+        dur = self.net.pair_average_s(r, peer, nbytes, start, gather=self._gather(r, ex), model_bytes=self.S)
+        end, merged = self._settle(r, ex, s, phase, t, start, start + dur)
+        self.comm_free[r] = end
+        if merged:
+            self.resp_free[peer] = end
         return end
 
     def _pair_later(
@@ -522,11 +516,8 @@ class _Sim:
         start = max(t, _end(ahead), _end(resp))
         if start > env.now:
             yield env.timeout(start - env.now)
-        nbytes = self._pair_nbytes(ex)
-        gather = 1 if self.sums[r] else _gathers(r, ex)
-        if start >= self.detect[peer]:
-            end, nbytes = start, 0
-        else:
+        if start < self.detect[peer]:
+            nbytes, gather = self._pair_nbytes(ex), self._gather(r, ex)
             if net.crosses(r, peer):
                 before = net.pair_before_wire(r, peer, nbytes, start)
                 if before > 0.0:
@@ -539,20 +530,38 @@ class _Sim:
                 yield env.timeout(after)
             else:
                 yield env.timeout(net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S))
-            end = env.now
-            if end > self.death[peer]:  # the peer died first: the request hangs until the deadline
-                end, nbytes = self.detect[peer], 0
-                yield env.timeout(end - env.now)
-            else:
-                self._merged(r, peer, start, end)
-        if self.record:
-            self.rows.append((r, s, phase, _K_PAIR, t if phase == _COMM else start, end, peer, nbytes, -1, _NAN))
+        end = self._settle(r, ex, s, phase, t, start, env.now)[0]
+        if end > env.now:  # the peer died first: the request hangs until the deadline
+            yield env.timeout(end - env.now)
         if self.comm_free[r] is h:  # nothing queued behind it: the thread is free from its end
             self.comm_free[r] = end
         if self.resp_free[peer] is h:
             self.resp_free[peer] = end
         h.end = end
         h.done.succeed()
+
+    def _settle(self, r: int, ex: PairwiseAverage, s: int, phase: int, t: float, start: float, end: float):
+        """Close ``r``'s active average ``ex`` of step ``s``, asked for at ``t``, begun at ``start``,
+        its transfer over at ``end`` (``start`` itself when the peer was known dead by then:
+        nothing was sent). A peer that died before ``end`` leaves the request hanging until its
+        deadline, with nothing merged; otherwise both sides merge (:meth:`_merged`). Records it
+        (``phase``: ``overlap`` from its start, ``comm`` from ``t``); returns its end and whether
+        it merged."""
+        peer = ex.peer
+        merged = start < self.detect[peer] and end <= self.death[peer]
+        if merged:
+            self._merged(r, peer, start, end)
+        elif start < self.detect[peer]:
+            end = self.detect[peer]
+        if self.record:
+            nbytes = self._pair_nbytes(ex) if merged else 0
+            self.rows.append((r, s, phase, _K_PAIR, t if phase == _COMM else start, end, peer, nbytes, -1, _NAN))
+        return end, merged
+
+    def _gather(self, r: int, ex: PairwiseAverage) -> int:
+        """Shards of the allgather after ``r``'s average ``ex`` (1: none; a node that sums its
+        slices with the gradient has none, :func:`_gathers` otherwise)."""
+        return 1 if self.sums[r] else _gathers(r, ex)
 
     def _pair_nbytes(self, ex: PairwiseAverage) -> int:
         nbytes = self.pair_bytes.get(ex.n_shards)

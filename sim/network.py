@@ -324,11 +324,6 @@ class Network:
             self._register(legs, start, start + wire + after)
         return links, cap, after
 
-    @property
-    def n_hosts(self) -> int:
-        """Hosts of the platform (NIC links ``0 .. n_hosts - 1``)."""
-        return self._n_hosts
-
     def pair_average_s(
         self, a: int, b: int, nbytes: float, start: float, gather: int = 1, model_bytes: float = 0.0
     ) -> float:
