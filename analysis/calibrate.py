@@ -13,6 +13,7 @@ import numpy as np
 from psgdlab.analysis.fits import (
     MIN_RECORDS,
     PINNED_SHRINK,
+    fit_bandwidth_at_latency,
     fit_compute_time,
     fit_link,
     fit_links,
@@ -292,14 +293,20 @@ def nic_rate_of(run: Any) -> float | None:
 def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, Any]:
     r"""The link between hosts from runs with one rank per host (``psgdlab train --hosts H
     --workers H``, :mod:`psgdlab.runtime.netns`): every exchange of such a run crosses hosts, so
-    :func:`fit_link` over their allreduce and pairwise points (:func:`link_samples`, both kinds
-    in one fit, with the schedule the runs recorded) is what a message between two hosts costs,
-    end to end: :math:`\alpha + S/\beta`. The bandwidth's prior is the shaped rate the runs
-    recorded (``hosts.json``, :func:`psgdlab.analysis.probe.nic_prior`), the latency's
+    their allreduce and pairwise points (:func:`link_samples`, with the schedule the runs
+    recorded) give what a message between two hosts costs, end to end: :math:`\alpha + S/\beta`.
+    As inside a host (:func:`fit_links`), where the runs give both kinds at two sizes or more,
+    the pairwise points fit the link (a message between hosts) and the allreduce points, apart,
+    the allreduce across hosts (``collective``: gloo's ring moves its bytes between two hosts
+    faster than its send/recv both ways on one connection, docs/measurements.md) -- at the
+    messages' latency per round where its allreduces all have one group size
+    (:func:`fit_bandwidth_at_latency`); otherwise ``collective`` is ``None`` and one fit prices
+    both. The bandwidth's prior is the shaped rate
+    the runs recorded (``hosts.json``, :func:`psgdlab.analysis.probe.nic_prior`), the latency's
     :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
     ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
-    ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the most of the runs)
-    and ``allreduce_algorithm`` (the schedule of an allreduce across hosts)."""
+    ``collective``, ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the
+    most of the runs) and ``allreduce_algorithm`` (the schedule of an allreduce across hosts)."""
     for r in runs:
         placement = list(r.case.placement or [])
         if len(set(placement)) != len(placement) or not placement:
@@ -323,20 +330,28 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     sd = np.sqrt(pts[5] ** 2 + ((noise if noise is not None else RUN_NOISE_CV) * pts[0]) ** 2)
     from psgdlab.analysis.probe import nic_prior
 
-    prior = nic_prior(rate)
-    fit = fit_link(
-        pts[0],
-        pts[1],
-        group_sizes=pts[2],
-        pairwise=pts[3],
-        records=int(pts[4].sum()),
-        algorithm=algorithm,
-        sd_s=sd,
-        bandwidth_prior=prior,
-        latency_prior=LOOPBACK_LATENCY,
+    fit, collective = fit_links(
+        *pts[:5], sd, algorithm=algorithm, bandwidth_prior=nic_prior(rate), latency_prior=LOOPBACK_LATENCY
     )
+    reduce = ~pts[3]
+    if collective is not None and np.unique(pts[2][reduce]).size < 2:
+        # one group size cannot tell a cost per round from one per allreduce (a per-round latency
+        # fitted from 2 rounds would be paid 14 times by 8 ranks): the rounds take the latency of
+        # a message between the hosts, the allreduce's bytes its own bandwidth
+        collective = fit_bandwidth_at_latency(
+            pts[0][reduce],
+            pts[1][reduce],
+            pts[2][reduce],
+            fit["latency_s"],
+            records=int(pts[4][reduce].sum()),
+            algorithm=algorithm,
+            sd_s=sd[reduce],
+            latency_log_sd=fit["latency_log_sd"],
+            latency_unpinned="latency_s" in fit["unpinned"],
+        )
     return {
         **fit,
+        "collective": collective,
         "rate_bytes_per_s": rate,
         "hosts": max(hosts_of(r) for r in runs),
         "allreduce_algorithm": algorithm,
@@ -357,11 +372,13 @@ def _between_hosts_work(cpu: dict[str, Any] | None) -> dict[str, float]:
 
 def _probe_nic(probe: dict[str, Any] | None) -> dict[str, Any] | None:
     """The link between hosts of a probe on emulated hosts (:func:`psgdlab.analysis.probe.fit_probe`):
-    its pairwise link (a message between two hosts), the schedule it reported."""
+    its pairwise link (a message between two hosts), its allreduce fitted apart (``collective``,
+    ``None`` when not), the schedule it reported."""
     if probe is None:
         return None
     return {
         **probe["link"],
+        "collective": probe["collective"],
         "rate_bytes_per_s": probe["rate_bytes_per_s"],
         "hosts": probe["hosts"],
         "allreduce_algorithm": probe["allreduce_algorithm"],
@@ -538,6 +555,11 @@ def platform_profile(
             ),
             "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
         }
+        span = nic_fit.get("collective")
+        if span:
+            between["collective_between_hosts"] = Link(
+                latency_s=float(span["latency_s"]), bandwidth_bytes_per_s=float(span["bandwidth_bytes_per_s"])
+            )
     platform = Platform(
         name=name,
         description=(
@@ -554,6 +576,7 @@ def platform_profile(
         nic=between.get("nic", fitted_link),
         endpoints="process",
         allreduce_between_hosts=between.get("allreduce_between_hosts"),
+        collective_between_hosts=between.get("collective_between_hosts"),
         collective=Link(
             latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"])
         )
@@ -620,12 +643,23 @@ def platform_profile(
             "  between hosts: "
             + (
                 f"{nic_fit['latency_s']:.4g} s + S / {nic_fit['bandwidth_bytes_per_s']:.4g} B/s end to end "
-                f"({nic_fit['allreduce_algorithm']} allreduce) from {nic_fit['samples']} exchanges of runs with one "
+                f"({nic_fit['allreduce_algorithm']} allreduce) from {nic_fit['samples']} exchanges "
+                f"({nic_fit['allreduce_samples']} allreduce, {nic_fit['pairwise_samples']} pairwise) of runs with one "
                 f"rank per host, NIC shaped to {nic_fit['rate_bytes_per_s'] or 0:.4g} B/s (0: unshaped), rms "
                 f"residual {nic_fit['rms_residual_s']:.4g} s, max relative residual {nic_fit['max_rel_residual']:.4g}"
                 if nic_fit
                 else "no runs between hosts: one host, the link above is the NIC too"
             )
+        ),
+        *(
+            [
+                "  allreduce between hosts (fitted apart from the pairwise exchanges between hosts): "
+                f"{span['latency_s']:.4g} s + S / {span['bandwidth_bytes_per_s']:.4g} B/s from {span['samples']} "
+                f"allreduces, rms residual {span['rms_residual_s']:.4g} s, max relative residual "
+                f"{span['max_rel_residual']:.4g}"
+            ]
+            if nic_fit and (span := nic_fit.get("collective"))
+            else []
         ),
         (
             "  server: "
@@ -688,6 +722,36 @@ def platform_profile(
     return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=tuple(notes))
 
 
+def _tie_latency(
+    params: list[str], sds: list[float], corr: list[list[float]], slope: float
+) -> tuple[list[float], list[list[float]]]:
+    r"""The spread of an allreduce between hosts whose rounds take the NIC's latency
+    (:func:`psgdlab.analysis.fits.fit_bandwidth_at_latency`): its latency *is* the NIC's (the
+    same row of the covariance), and its bandwidth, fitted given that latency, moves with it by
+    ``slope`` (:math:`\partial \ln\beta / \partial \ln\alpha`: a longer latency leaves the
+    measured allreduces less time for their bytes) beside its own spread given the latency."""
+    a = params.index("platform.nic.latency_s")
+    sd = np.array(sds)
+    cov = np.array(corr) * np.outer(sd, sd)
+    for key, gain in (("latency_s", 1.0), ("bandwidth_bytes_per_s", slope)):
+        path = f"platform.collective_between_hosts.{key}"
+        if path not in params:
+            continue
+        i = params.index(path)
+        own = cov[i, i] if key == "bandwidth_bytes_per_s" else 0.0
+        row = gain * cov[a]
+        row[i] = own + gain * gain * cov[a, a]
+        if key == "bandwidth_bytes_per_s" and "platform.collective_between_hosts.latency_s" in params:
+            row[params.index("platform.collective_between_hosts.latency_s")] = gain * cov[a, a]
+        cov[i, :] = row
+        cov[:, i] = row
+    sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    scale = np.where(sd > 0, sd, 1.0)
+    out = np.clip(cov / np.outer(scale, scale), -1.0, 1.0)
+    np.fill_diagonal(out, 1.0)
+    return sd.tolist(), out.tolist()
+
+
 def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit: the
     log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
@@ -700,8 +764,9 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     a mean step (measured where a configuration repeats, else
     :data:`~psgdlab.core.priors.STEP_NOISE_CV`) with the processes per core it was measured at.
     The link between hosts (``platform.nic``, fitted from runs with hosts or a probe between
-    them) is one more table; a platform of one host does not use it, so its spread moves no
-    prediction there."""
+    them) is one more table, and its allreduce fitted apart (``platform.collective_between_hosts``)
+    another (its latency, where it is the messages', with their spread: one value); a platform of
+    one host does not use them, so their spread moves no prediction there."""
     params: list[str] = []
     sds: list[float] = []
     blocks: list[tuple[int, int, float]] = []
@@ -710,6 +775,7 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
         ("platform.pcie", calibration["link"]),
         ("platform.collective", calibration.get("collective")),
         ("platform.nic", calibration.get("nic")),
+        ("platform.collective_between_hosts", (calibration.get("nic") or {}).get("collective")),
     )
     for table, fit in links:
         if not fit:
@@ -739,11 +805,16 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     corr = [[1.0 if i == j else 0.0 for j in range(len(params))] for i in range(len(params))]
     for i, j, c in blocks:
         corr[i][j] = corr[j][i] = c
+    correlated = bool(blocks)
+    span = (calibration.get("nic") or {}).get("collective") or {}
+    if span.get("latency_given") and "platform.nic.latency_s" in params:
+        sds, corr = _tie_latency(params, sds, corr, span["bandwidth_latency_slope"])
+        correlated = True
     noise = calibration.get("noise", {})
     return Uncertainty(
         parameters=tuple(params),
         log_sd=tuple(sds),
-        correlation=tuple(tuple(row) for row in corr) if blocks else (),
+        correlation=tuple(tuple(row) for row in corr) if correlated else (),
         unpinned=tuple(unpinned),
         noise_cv=float(noise.get("step_cv_used", STEP_NOISE_CV)),
         noise_processes_per_core=noise.get("processes_per_core"),

@@ -47,6 +47,7 @@ __all__ = [
     "fit_compute_time",
     "fit_link",
     "fit_links",
+    "fit_bandwidth_at_latency",
     "fit_overhead_per_byte",
     "overhead_line",
     "nonnegative_log_spread",
@@ -392,6 +393,74 @@ def fit_links(
     if enough(pair) and enough(~pair):
         return one(pair, bandwidth_prior), one(~pair, collective_prior or bandwidth_prior)
     return one(np.ones(t.shape, dtype=bool), bandwidth_prior), None
+
+
+def fit_bandwidth_at_latency(
+    durations_s: np.ndarray,
+    payload_bytes: np.ndarray,
+    group_sizes: np.ndarray,
+    latency_s: float,
+    *,
+    records: int,
+    algorithm: str = "ring",
+    sd_s: np.ndarray | None = None,
+    latency_log_sd: float | None = None,
+    latency_unpinned: bool = False,
+) -> dict[str, Any]:
+    r"""The bandwidth of allreduces whose rounds take a given latency: weighted least squares of
+    :math:`t - R(n)\alpha` on the bytes sent, :math:`2(n-1)/n \cdot S`, through 0 (the
+    :func:`fit_link` law with :math:`\alpha` given). Where every allreduce measured has one group
+    size, the data cannot tell a cost per round from a cost per allreduce, and a per-round
+    latency fitted from them grows with the rounds of a larger group; the latency of the path
+    (a message's over the same link) is the one its rounds take. Returns :func:`fit_link`'s keys,
+    ``latency_log_sd`` and ``unpinned`` those given of the latency (it is not this fit's; marked
+    ``latency_given``), the bandwidth's spread given the latency scaled by the reduced
+    chi-square (at least 1 when weighted), and ``bandwidth_latency_slope``,
+    :math:`\partial \ln\beta / \partial \ln\alpha` of the fit (how the bandwidth moves with
+    the latency it was given).
+
+    >>> import numpy as np
+    >>> S = np.array([1e6, 3e6]); n = np.array([2.0, 2.0])
+    >>> t = 2 * 2e-4 + S / 5e8                          # 2 rounds at 0.2 ms, 500 MB/s
+    >>> fit = fit_bandwidth_at_latency(t, S, n, 2e-4, records=40)
+    >>> round(fit["bandwidth_bytes_per_s"] / 1e6, 3), fit["latency_s"]
+    (500.0, 0.0002)
+    """
+    t = np.asarray(durations_s, dtype=float)
+    S = np.asarray(payload_bytes, dtype=float)
+    if records < MIN_RECORDS or t.size == 0:
+        raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
+    X = _link_design(S, np.asarray(group_sizes, dtype=float), np.zeros(t.shape, dtype=bool), algorithm)
+    sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
+    x, y = X[:, 1] / sd, (t - X[:, 0] * latency_s) / sd
+    inv_beta = float(np.dot(x, y) / np.dot(x, x))
+    if inv_beta <= 0:
+        raise ConfigError(
+            f"fitted bandwidth is not positive (1/beta = {inv_beta:.3g} s/B) at a latency of {latency_s:.3g} s: "
+            "the allreduces take less than their latency rounds; measure larger payloads"
+        )
+    slope = float(latency_s * np.dot(x, X[:, 0] / sd) / np.dot(x, x) / inv_beta)  # d ln(beta) / d ln(alpha)
+    resid = t - X @ np.array([latency_s, inv_beta])
+    red = float(np.sum((resid / sd) ** 2)) / (t.size - 1) if t.size > 1 else None
+    inflate = (max(1.0, red) if red is not None else 1.0) if sd_s is not None else (red or 0.0)
+    return {
+        "latency_s": float(latency_s),
+        "bandwidth_bytes_per_s": 1.0 / inv_beta,
+        "latency_log_sd": latency_log_sd,
+        "bandwidth_log_sd": float(math.sqrt(inflate / np.dot(x, x))) / inv_beta if inflate else None,
+        "log_correlation": None,
+        "unpinned": ["latency_s"] if latency_unpinned else [],
+        "latency_given": True,
+        "bandwidth_latency_slope": slope,
+        "samples": int(records),
+        "points": int(t.size),
+        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
+        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+        "reduced_chi2": red,
+        "allreduce_samples": int(records),
+        "pairwise_samples": 0,
+        "payload_sizes_bytes": sorted({int(v) for v in S}),
+    }
 
 
 def fit_overhead_per_byte(points: list[tuple[float, float]]) -> tuple[float, float]:

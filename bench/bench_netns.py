@@ -447,7 +447,7 @@ def main() -> int:
         counts = _numbers(args.flows, "--flows", int, 1, "counts >= 1, like 1,2,4")
         if counts is None:
             return 2
-        flows(rates, args.seconds, [int(k) for k in counts])
+        flows(rates, args.seconds, counts)
         return 0
     bandwidth(rates, args.seconds)
     return 0

@@ -17,6 +17,9 @@ direction (:class:`Link`):
   implementation's collective moves bytes otherwise than its point-to-point transfers (gloo's
   TCP ring against its send/recv, a shared-memory reduction, NCCL's allreduce bus bandwidth
   against its peer-to-peer); ``None``: the per-device share of PCIe (or NVLink);
+- ``collective_between_hosts`` -- optional: the same for an allreduce whose group spans hosts,
+  per connection, where it moves bytes otherwise than a point-to-point message between hosts
+  (gloo's TCP ring against its send/recv both ways on one connection); ``None``: the NIC's;
 - ``server`` (:class:`ServerSpec`) -- the link of the parameter-server role, with a per-request
   ``service_overhead_s``.
 
@@ -28,7 +31,8 @@ the platform; :class:`Defaults` the sweep a file suggests.
 TOML layout
 -----------
 A :class:`Profile` reads and writes one TOML document with the tables ``[platform]`` (sub-tables
-``pcie``, ``nic``, ``nvlink``, ``collective``, ``server``, ``host_cpu``), ``[workload]`` and
+``pcie``, ``nic``, ``nvlink``, ``collective``, ``collective_between_hosts``, ``server``,
+``host_cpu``), ``[workload]`` and
 ``[defaults]``; keys are the dataclass fields (unknown keys are rejected with the closest valid
 key suggested, :func:`psgdlab.core.config.load_dataclass`). Two kinds of comment travel with the
 values: ``notes``, the comment lines at the head of the file (where a profile came from, a fit's
@@ -223,7 +227,8 @@ class Platform:
     pcie : Link
         Per socket, per direction; shared by the devices behind the socket.
     nic : Link
-        Per host, per direction.
+        Per host, per direction: a point-to-point message between hosts (and, without
+        ``collective_between_hosts``, an allreduce that spans hosts).
     endpoints : {"device", "process"}
         What the two ends of a message between hosts are. ``device`` (default): an accelerator
         behind its socket's PCIe, so the message crosses the sender's PCIe, both NICs and the
@@ -245,6 +250,11 @@ class Platform:
         inside one host; ``None`` (default): the point-to-point links' (``nvlink``, or the
         per-device share of ``pcie``). ``psgdlab calibrate`` fits it when the measured
         allreduces and pairwise exchanges disagree.
+    collective_between_hosts : Link or None
+        Latency (per round) and bandwidth per connection of an allreduce whose group spans
+        hosts; ``None`` (default): the NIC's (``nic``, which then prices every message between
+        hosts). ``psgdlab calibrate`` fits it when the allreduces and pairwise exchanges of its
+        runs between hosts disagree, as it fits ``collective`` inside a host.
     allreduce : {"ring", "halving-doubling", "direct"}
         How the implementation schedules an allreduce, which sets its latency rounds over ``n``
         members (:func:`psgdlab.core.exchange.allreduce_rounds`: :math:`2(n-1)`,
@@ -326,6 +336,7 @@ class Platform:
     nvlink: Link | None = None
     socket_link: Link | None = None
     collective: Link | None = None
+    collective_between_hosts: Link | None = None
     allreduce: AllreduceAlgorithm = "ring"
     allreduce_between_hosts: AllreduceAlgorithm | None = None
     host_memory_bandwidth_bytes_per_s: float = 5e10

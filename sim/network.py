@@ -33,7 +33,9 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts
   (with ``platform.allreduce_between_hosts`` as its schedule, when set; with ``endpoints``
   processes a group that spans hosts runs on the network alone: the NICs' share and latency);
-  a group inside one host uses ``platform.collective`` instead when it is set.
+  a group inside one host uses ``platform.collective`` instead when it is set, and the edges
+  between hosts of a group that spans them ``platform.collective_between_hosts`` (its latency
+  and its rate in place of the NIC's) when that is set.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
   :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
 - the fold of an averaged model into each member after a model allreduce
@@ -165,6 +167,8 @@ class Network:
         "_process_ends",
         "_socket",
         "_socket_bw",
+        "_span_bw",
+        "_span_lat",
         "_staging",
         "nics",
         "placement",
@@ -185,7 +189,11 @@ class Network:
         self._intra_bw = nv.effective_bandwidth_bytes_per_s if nv is not None else None
         self._intra_lat = nv.latency_s if nv is not None else platform.pcie.latency_s
         self._process_ends = platform.endpoints == "process"
-        self._inter_lat = platform.nic.latency_s + (0.0 if self._process_ends else 2 * platform.pcie.latency_s)
+        ends_lat = 0.0 if self._process_ends else 2 * platform.pcie.latency_s
+        self._inter_lat = platform.nic.latency_s + ends_lat
+        span = platform.collective_between_hosts or platform.nic  # an allreduce's edges between hosts
+        self._span_bw = span.effective_bandwidth_bytes_per_s
+        self._span_lat = span.latency_s + ends_lat
         self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
         sl = platform.socket_link
         self._socket_bw = sl.effective_bandwidth_bytes_per_s if sl is not None else None
@@ -330,11 +338,11 @@ class Network:
         """Pairwise average of ``nbytes`` between ``a`` and ``b`` of the same host (+ an allgather
         of ``gather`` shards of ``model_bytes`` inside the host afterwards); between hosts its
         legs are :meth:`pair_before_wire`, :meth:`wire` and :meth:`pair_after_wire`."""
+        if self.crosses(a, b):
+            raise SimulationError(f"a pairwise average between hosts ({a}, {b}) shares the NICs: see Network.wire")
         if self._staging == "direct":
             dur = self.transfer_s(a, b, nbytes, start)
         else:
-            if self.crosses(a, b):
-                raise SimulationError(f"a pairwise average between hosts ({a}, {b}) shares the NICs: see Network.wire")
             d2h = self.pair_before_wire(a, b, nbytes, start)
             t = start + d2h
             net = 0.0
@@ -424,10 +432,10 @@ class Network:
             links: tuple[int, ...] = tuple(hosts) if spans else ()
             crossing: tuple[int, ...] = ()
             if spans and self._process_ends:  # every edge is a network connection between processes
-                intra, lat = float("inf"), self._inter_lat
+                intra, lat = float("inf"), self._span_lat
             else:
                 intra = min(self._intra_share_bw(m) if len(m) > 1 else float("inf") for m in by_host.values())
-                lat = max(self._inter_lat, self._intra_lat) if spans else self._intra_lat
+                lat = max(self._span_lat, self._intra_lat) if spans else self._intra_lat
                 links += tuple(self._n_hosts + s for s in sockets) if self._intra_bw is None else ()
                 crossing = (
                     tuple(_socket_link(h) for h, m in by_host.items() if len({self._socket[r] for r in m}) > 1)
@@ -448,7 +456,7 @@ class Network:
             bw = min(bw, self._share(crossing, (self._socket_bw,) * len(crossing), start))
         if spans:
             nic_links = tuple(link for link in links if link < self._n_hosts)
-            bw = min(bw, self._share(nic_links, (self._nic_bw,) * len(nic_links), start))
+            bw = min(bw, self._share(nic_links, (self._span_bw,) * len(nic_links), start))
         if bw == float("inf"):
             bw = self._pcie_bw
         algorithm = self.platform.allreduce

@@ -184,6 +184,12 @@ def run(args: argparse.Namespace) -> int:
                 + (f"{nic['rate_bytes_per_s'] / 1e9:.3g} GB/s" if nic["rate_bytes_per_s"] else "no rate")
                 + f"; {nic['allreduce_algorithm']} allreduce across hosts)"
             )
+            span = nic.get("collective")
+            if span:
+                print(
+                    f"allreduce between hosts (apart): latency {span['latency_s'] * 1e6:.1f} us per round, bandwidth "
+                    f"{span['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({span['samples']} allreduces)"
+                )
         co = fit.get("collective")
         schedule = fit["allreduce_algorithm"]
         print(

@@ -500,6 +500,59 @@ def test_calibrate_fits_the_link_between_hosts_apart(runs, tmp_path, monkeypatch
         calibrate_runs(crossing)
 
 
+def test_the_allreduce_between_hosts_is_fitted_apart_from_their_messages(runs, tmp_path, monkeypatch):
+    """Runs between hosts with both kinds of exchange at two sizes each fit the pairwise link (a
+    message between hosts: the NIC) and, apart, the bandwidth of the allreduce across hosts, as
+    a collective is fitted apart inside a host; with one group size its rounds take the
+    messages' latency. The simulator prices each with its own law, and the spread of both
+    reaches the intervals."""
+    nic_alpha, nic_beta, span_beta = 3e-3, 1.0e7, 1.4e7
+    span_alpha = nic_alpha
+    monkeypatch.setitem(write_run.__globals__, "ALPHA", nic_alpha)
+    monkeypatch.setitem(write_run.__globals__, "BETA", nic_beta)
+    monkeypatch.setitem(write_run.__globals__, "AR_ALPHA", span_alpha)
+    monkeypatch.setitem(write_run.__globals__, "AR_BETA", span_beta)
+    crossing = [
+        _between_hosts(write_run(tmp_path / f"{kind}{i}", n_params=n, pairwise=kind == "pair", seed=60 + i), 1.25e7)
+        for kind in ("pair", "ring")
+        for i, n in enumerate((10_000, 200_000))
+    ]
+    monkeypatch.undo()
+    fit = calibrate_runs(runs + crossing)
+    nic, span = fit["nic"], fit["nic"]["collective"]
+    assert (nic["latency_s"], nic["bandwidth_bytes_per_s"]) == pytest.approx((nic_alpha, nic_beta), rel=1e-6)
+    assert (span["latency_s"], span["bandwidth_bytes_per_s"]) == pytest.approx((span_alpha, span_beta), rel=1e-6)
+    assert span["latency_s"] == nic["latency_s"]  # groups of one size: the rounds take a message's latency
+    profile = platform_profile(fit, n_params=50_000, devices=2, hosts=2)
+    platform = profile.platform
+    assert platform.collective_between_hosts is not None
+    assert platform.collective_between_hosts.bandwidth_bytes_per_s == pytest.approx(span_beta, rel=1e-6)
+    assert "allreduce between hosts (fitted apart" in "\n".join(profile.notes)
+    from psgdlab.core.profile import Profile
+    from psgdlab.sim.network import Network
+    from psgdlab.sim.platform import Placement
+
+    assert Profile.read(profile.write(tmp_path / "p.toml")) == profile
+    net = Network(platform, Placement.pack(platform, 4))
+    S = 1e6
+    _, cap, after = net.wire(0, 2, S, 0.0)
+    assert after + S / cap == pytest.approx(nic_alpha + S / nic_beta, rel=1e-9)  # a message: the NIC
+    assert net.allreduce_s((0, 2), S, 10.0) == pytest.approx(2 * span_alpha + S / span_beta, rel=1e-9)
+    u = profile.uncertainty
+    assert "platform.collective_between_hosts.bandwidth_bytes_per_s" in u.parameters
+    i, j = (u.parameters.index(f"platform.{t}.latency_s") for t in ("nic", "collective_between_hosts"))
+    assert u.log_sd[i] == u.log_sd[j] and u.correlation[i][j] == pytest.approx(1.0)  # one latency, one spread
+    assert [row[i] for row in u.correlation] == pytest.approx([row[j] for row in u.correlation])
+    k = u.parameters.index("platform.collective_between_hosts.bandwidth_bytes_per_s")
+    assert u.correlation[k][j] > 0  # a longer latency leaves the measured allreduces' bytes less time
+    from psgdlab.core.intervals import directions
+
+    for d in directions(u):  # the two move together in every direction of the intervals
+        assert d.get(u.parameters[i], 0.0) == pytest.approx(d.get(u.parameters[j], 0.0), abs=1e-9)
+    # one kind only: one fit prices both, as before
+    assert calibrate_runs(runs + crossing[:2])["nic"]["collective"] is None
+
+
 def write_probe(path, *, hosts, w_msg, w_byte, rate=6.25e7, latency=1e-3, seed=0):
     """A probe directory as ``calibrate --probe`` writes it (group 2, ring): every member's CPU
     time the exact law ``w_msg`` per message plus ``w_byte`` per byte it sends, the wall time
