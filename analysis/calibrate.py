@@ -331,7 +331,15 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     from psgdlab.analysis.probe import nic_prior
 
     fit, collective = fit_links(
-        *pts[:5], sd, algorithm=algorithm, bandwidth_prior=nic_prior(rate), latency_prior=LOOPBACK_LATENCY
+        pts[0],
+        pts[1],
+        pts[2],
+        pts[3],
+        pts[4],
+        sd,
+        algorithm=algorithm,
+        bandwidth_prior=nic_prior(rate),
+        latency_prior=LOOPBACK_LATENCY,
     )
     reduce = ~pts[3]
     if collective is not None and np.unique(pts[2][reduce]).size < 2:
