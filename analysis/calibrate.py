@@ -13,7 +13,6 @@ import numpy as np
 from psgdlab.analysis.fits import (
     MIN_RECORDS,
     PINNED_SHRINK,
-    fit_bandwidth_at_latency,
     fit_compute_time,
     fit_link,
     fit_links,
@@ -300,8 +299,8 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     the allreduce across hosts (``collective``: gloo's ring moves its bytes between two hosts
     faster than its send/recv both ways on one connection, docs/measurements.md) -- at the
     messages' latency per round where its allreduces all have one group size
-    (:func:`fit_bandwidth_at_latency`); otherwise ``collective`` is ``None`` and one fit prices
-    both. The bandwidth's prior is the shaped rate
+    (:func:`fit_links` ``between_hosts``); otherwise ``collective`` is ``None`` and one fit
+    prices both. The bandwidth's prior is the shaped rate
     the runs recorded (``hosts.json``, :func:`psgdlab.analysis.probe.nic_prior`), the latency's
     :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
     ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
@@ -340,23 +339,8 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
         algorithm=algorithm,
         bandwidth_prior=nic_prior(rate),
         latency_prior=LOOPBACK_LATENCY,
+        between_hosts=True,
     )
-    reduce = ~pts[3]
-    if collective is not None and np.unique(pts[2][reduce]).size < 2:
-        # one group size cannot tell a cost per round from one per allreduce (a per-round latency
-        # fitted from 2 rounds would be paid 14 times by 8 ranks): the rounds take the latency of
-        # a message between the hosts, the allreduce's bytes its own bandwidth
-        collective = fit_bandwidth_at_latency(
-            pts[0][reduce],
-            pts[1][reduce],
-            pts[2][reduce],
-            fit["latency_s"],
-            records=int(pts[4][reduce].sum()),
-            algorithm=algorithm,
-            sd_s=sd[reduce],
-            latency_log_sd=fit["latency_log_sd"],
-            latency_unpinned="latency_s" in fit["unpinned"],
-        )
     return {
         **fit,
         "collective": collective,

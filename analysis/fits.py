@@ -355,6 +355,7 @@ def fit_links(
     bandwidth_prior: Prior | None = None,
     collective_prior: Prior | None = None,
     latency_prior: Prior | None = None,
+    between_hosts: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The point-to-point link and, apart from it, the allreduce's (``collective``) from the
     points of :func:`link_samples` (durations, payloads, group sizes, pairwise mask, records,
@@ -368,6 +369,13 @@ def fit_links(
     from the link). ``algorithm`` and ``bandwidth_prior``: as in :func:`fit_link`;
     ``collective_prior`` (default ``bandwidth_prior``) is the allreduce fit's prior;
     ``latency_prior`` that of both.
+
+    ``between_hosts``: every exchange crosses hosts (runs and probes with one rank per host).
+    Where the allreduces then all have one group size (2), a cost per round cannot be told from
+    one per allreduce, and a per-round latency fitted from them would be paid by a larger
+    group's every round: the rounds take the messages' latency and only the allreduce's
+    bandwidth is fitted (:func:`fit_bandwidth_at_latency`, the latency's spread and pinning the
+    messages').
     """
 
     def enough(sel: np.ndarray) -> bool:
@@ -390,9 +398,22 @@ def fit_links(
         fit["payload_sizes_bytes"] = sorted({int(x) for x in S[sel]})
         return fit
 
-    if enough(pair) and enough(~pair):
-        return one(pair, bandwidth_prior), one(~pair, collective_prior or bandwidth_prior)
-    return one(np.ones(t.shape, dtype=bool), bandwidth_prior), None
+    if not (enough(pair) and enough(~pair)):
+        return one(np.ones(t.shape, dtype=bool), bandwidth_prior), None
+    link = one(pair, bandwidth_prior)
+    if not between_hosts or np.unique(n[~pair]).size >= 2:
+        return link, one(~pair, collective_prior or bandwidth_prior)
+    return link, fit_bandwidth_at_latency(
+        t[~pair],
+        S[~pair],
+        n[~pair],
+        link["latency_s"],
+        records=int(rec[~pair].sum()),
+        algorithm=algorithm,
+        sd_s=None if sd is None else sd[~pair],
+        latency_log_sd=link["latency_log_sd"],
+        latency_unpinned="latency_s" in link["unpinned"],
+    )
 
 
 def fit_bandwidth_at_latency(

@@ -98,6 +98,7 @@ def fit_probe(path: Any, *, cores: int | None = None) -> dict[str, Any]:
         algorithm=schedule,
         bandwidth_prior=nic_prior(rate) if hosts > 1 else LOOPBACK_BANDWIDTH,
         latency_prior=LOOPBACK_LATENCY,
+        between_hosts=hosts > 1,
     )
     out = {
         "points": points,

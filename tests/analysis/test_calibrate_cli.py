@@ -600,6 +600,9 @@ def test_a_probe_between_hosts_gives_the_cpu_work_of_a_message_between_hosts(tmp
     assert cpu.work_s(1, 1e6, between_hosts=True) == pytest.approx(2e-4 + 1e-3, rel=1e-6)
     assert "platform.host_cpu.work_per_byte_between_hosts_s" in profile.uncertainty.parameters
     assert "work_per_byte_between_hosts_s" in profile.to_toml()
+    nic = fit["nic"]  # the probe's allreduce of 2 apart, at its messages' latency (one group size)
+    assert nic["collective"]["latency_s"] == nic["latency_s"] and nic["collective"]["latency_given"]
+    assert profile.platform.collective_between_hosts is not None
     inside = write_probe(tmp_path / "probe-h1", hosts=1, w_msg=1e-4, w_byte=2e-10)
     assert calibrate_runs(runs + [inside, across])["host_cpu"]["work_per_byte_s"] == pytest.approx(2e-10, rel=1e-6)
     assert calibrate_runs(runs + busy)["host_cpu_between_hosts"] is None
