@@ -538,6 +538,7 @@ def platform_profile(
     fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw))
     memory: dict[str, Any] = {"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}
     nic_fit = calibration.get("nic")
+    span = nic_fit.get("collective") if nic_fit else None  # the allreduce between hosts, fitted apart
     between: dict[str, Any] = {}
     if nic_fit:
         between = {
@@ -547,7 +548,6 @@ def platform_profile(
             ),
             "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
         }
-        span = nic_fit.get("collective")
         if span:
             between["collective_between_hosts"] = Link(
                 latency_s=float(span["latency_s"]), bandwidth_bytes_per_s=float(span["bandwidth_bytes_per_s"])
@@ -650,7 +650,7 @@ def platform_profile(
                 f"allreduces, rms residual {span['rms_residual_s']:.4g} s, max relative residual "
                 f"{span['max_rel_residual']:.4g}"
             ]
-            if nic_fit and (span := nic_fit.get("collective"))
+            if span
             else []
         ),
         (
@@ -718,25 +718,20 @@ def _tie_latency(
     params: list[str], sds: list[float], corr: list[list[float]], slope: float
 ) -> tuple[list[float], list[list[float]]]:
     r"""The spread of an allreduce between hosts whose rounds take the NIC's latency
-    (:func:`psgdlab.analysis.fits.fit_bandwidth_at_latency`): its latency *is* the NIC's (the
-    same row of the covariance), and its bandwidth, fitted given that latency, moves with it by
-    ``slope`` (:math:`\partial \ln\beta / \partial \ln\alpha`: a longer latency leaves the
-    measured allreduces less time for their bytes) beside its own spread given the latency."""
+    (:func:`psgdlab.analysis.fits.fit_bandwidth_at_latency`): its latency *is* the NIC's, and
+    its bandwidth, fitted given that latency, moves with it by ``slope``
+    (:math:`\partial \ln\beta / \partial \ln\alpha`: a longer latency leaves the measured
+    allreduces less time for their bytes) beside its own spread given the latency. Both are
+    linear in the NIC's log latency, so the covariance is :math:`J \Sigma J^\top`."""
     a = params.index("platform.nic.latency_s")
     sd = np.array(sds)
-    cov = np.array(corr) * np.outer(sd, sd)
-    for key, gain in (("latency_s", 1.0), ("bandwidth_bytes_per_s", slope)):
+    J = np.eye(len(params))
+    for key, gain, own in (("latency_s", 1.0, 0.0), ("bandwidth_bytes_per_s", slope, 1.0)):
         path = f"platform.collective_between_hosts.{key}"
-        if path not in params:
-            continue
-        i = params.index(path)
-        own = cov[i, i] if key == "bandwidth_bytes_per_s" else 0.0
-        row = gain * cov[a]
-        row[i] = own + gain * gain * cov[a, a]
-        if key == "bandwidth_bytes_per_s" and "platform.collective_between_hosts.latency_s" in params:
-            row[params.index("platform.collective_between_hosts.latency_s")] = gain * cov[a, a]
-        cov[i, :] = row
-        cov[:, i] = row
+        if path in params:
+            i = params.index(path)
+            J[i, i], J[i, a] = own, gain
+    cov = J @ (np.array(corr) * np.outer(sd, sd)) @ J.T
     sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
     scale = np.where(sd > 0, sd, 1.0)
     out = np.clip(cov / np.outer(scale, scale), -1.0, 1.0)
@@ -763,11 +758,12 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     sds: list[float] = []
     blocks: list[tuple[int, int, float]] = []
     unpinned: list[str] = []
+    span = (calibration.get("nic") or {}).get("collective") or {}
     links = (
         ("platform.pcie", calibration["link"]),
         ("platform.collective", calibration.get("collective")),
         ("platform.nic", calibration.get("nic")),
-        ("platform.collective_between_hosts", (calibration.get("nic") or {}).get("collective")),
+        ("platform.collective_between_hosts", span),
     )
     for table, fit in links:
         if not fit:
@@ -798,7 +794,6 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     for i, j, c in blocks:
         corr[i][j] = corr[j][i] = c
     correlated = bool(blocks)
-    span = (calibration.get("nic") or {}).get("collective") or {}
     if span.get("latency_given") and "platform.nic.latency_s" in params:
         sds, corr = _tie_latency(params, sds, corr, span["bandwidth_latency_slope"])
         correlated = True

@@ -158,8 +158,7 @@ def fit_link(
     if t.size != S.size:
         raise ConfigError(f"durations ({t.size}) and payloads ({S.size}) must have the same length")
     records = t.size if records is None else int(records)
-    if records < MIN_RECORDS or t.size == 0:
-        raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
+    _require_records(records, t.size)
     if np.unique(S).size < 2 and bandwidth_prior is None:  # also one point summarizing many exchanges
         raise ConfigError(
             f"cannot separate latency from bandwidth with a single payload size ({records} exchanges, all of "
@@ -200,11 +199,24 @@ def fit_link(
         "bandwidth_log_sd": post["sd_log_inv_beta"],
         "log_correlation": post["corr"],
         "unpinned": unpinned,
-        "samples": records,
+        **_residuals(t, resid, records),
+        "reduced_chi2": post["reduced_chi2"],
+    }
+
+
+def _require_records(records: int, points: int) -> None:
+    """Refuse a link fit from fewer than :data:`MIN_RECORDS` measured exchanges."""
+    if records < MIN_RECORDS or points == 0:
+        raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
+
+
+def _residuals(t: np.ndarray, resid: np.ndarray, records: int) -> dict[str, Any]:
+    """How a link law fits its points: ``samples``, ``points``, ``rms_residual_s``, ``max_rel_residual``."""
+    return {
+        "samples": int(records),
         "points": int(t.size),
         "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
         "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
-        "reduced_chi2": post["reduced_chi2"],
     }
 
 
@@ -381,6 +393,12 @@ def fit_links(
     def enough(sel: np.ndarray) -> bool:
         return np.unique(S[sel]).size >= 2 and int(rec[sel].sum()) >= MIN_RECORDS
 
+    def counted(fit: dict[str, Any], sel: np.ndarray) -> dict[str, Any]:
+        fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
+        fit["pairwise_samples"] = int(rec[sel & pair].sum())
+        fit["payload_sizes_bytes"] = sorted({int(x) for x in S[sel]})
+        return fit
+
     def one(sel: np.ndarray, prior: Prior | None) -> dict[str, Any]:
         fit = fit_link(
             t[sel],
@@ -393,17 +411,14 @@ def fit_links(
             bandwidth_prior=prior,
             latency_prior=latency_prior,
         )
-        fit["allreduce_samples"] = int(rec[sel & ~pair].sum())
-        fit["pairwise_samples"] = int(rec[sel & pair].sum())
-        fit["payload_sizes_bytes"] = sorted({int(x) for x in S[sel]})
-        return fit
+        return counted(fit, sel)
 
     if not (enough(pair) and enough(~pair)):
         return one(np.ones(t.shape, dtype=bool), bandwidth_prior), None
     link = one(pair, bandwidth_prior)
     if not between_hosts or np.unique(n[~pair]).size >= 2:
         return link, one(~pair, collective_prior or bandwidth_prior)
-    return link, fit_bandwidth_at_latency(
+    ring = fit_bandwidth_at_latency(
         t[~pair],
         S[~pair],
         n[~pair],
@@ -414,6 +429,7 @@ def fit_links(
         latency_log_sd=link["latency_log_sd"],
         latency_unpinned="latency_s" in link["unpinned"],
     )
+    return link, counted(ring, ~pair)
 
 
 def fit_bandwidth_at_latency(
@@ -449,8 +465,7 @@ def fit_bandwidth_at_latency(
     """
     t = np.asarray(durations_s, dtype=float)
     S = np.asarray(payload_bytes, dtype=float)
-    if records < MIN_RECORDS or t.size == 0:
-        raise ConfigError(f"too little data to fit a link: {records} exchanges (need >= {MIN_RECORDS})")
+    _require_records(records, t.size)
     X = _link_design(S, np.asarray(group_sizes, dtype=float), np.zeros(t.shape, dtype=bool), algorithm)
     sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
     x, y = X[:, 1] / sd, (t - X[:, 0] * latency_s) / sd
@@ -473,14 +488,8 @@ def fit_bandwidth_at_latency(
         "unpinned": ["latency_s"] if latency_unpinned else [],
         "latency_given": True,
         "bandwidth_latency_slope": slope,
-        "samples": int(records),
-        "points": int(t.size),
-        "rms_residual_s": float(np.sqrt(np.mean(resid**2))),
-        "max_rel_residual": float(np.max(np.abs(resid) / np.maximum(t, 1e-12))),
+        **_residuals(t, resid, records),
         "reduced_chi2": red,
-        "allreduce_samples": int(records),
-        "pairwise_samples": 0,
-        "payload_sizes_bytes": sorted({int(v) for v in S}),
     }
 
 

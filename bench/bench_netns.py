@@ -437,18 +437,17 @@ def main() -> int:
     if args.leak:
         return leak(args.leak, args.seed)
     rates = [r for r in args.rates.split(",") if r]
-    if args.idle:
-        idles = _numbers(args.idle, "--idle", float, 0.0, "seconds >= 0, like 0,0.05,0.5")
-        if idles is None:
-            return 2
-        idle_connections(rates, args.seconds, idles)
-        return 0
-    if args.flows:
-        counts = _numbers(args.flows, "--flows", int, 1, "counts >= 1, like 1,2,4")
-        if counts is None:
-            return 2
-        flows(rates, args.seconds, counts)
-        return 0
+    modes = (  # a list-valued flag that picks a mode of its own: (value, flag, kind, least, rule, mode)
+        (args.idle, "--idle", float, 0.0, "seconds >= 0, like 0,0.05,0.5", idle_connections),
+        (args.flows, "--flows", int, 1, "counts >= 1, like 1,2,4", flows),
+    )
+    for text, flag, kind, least, rule, mode in modes:
+        if text:
+            values = _numbers(text, flag, kind, least, rule)
+            if values is None:
+                return 2
+            mode(rates, args.seconds, values)
+            return 0
     bandwidth(rates, args.seconds)
     return 0
 
