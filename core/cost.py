@@ -6,6 +6,9 @@ bandwidth :math:`\beta` (bytes per second, per direction), for ``S`` bytes of mo
 - **allreduce** over ``n`` ranks (:func:`allreduce_s`): every schedule moves
   :math:`2(n-1)/n \cdot S` per rank (:func:`allreduce_bytes`) in :math:`R(n)` latency rounds
   (:func:`allreduce_rounds`), :math:`t = 2(n-1)/n \cdot S/\beta + R(n)\,\alpha`;
+- **a ring whose members arrive apart** (:func:`ring_allreduce_after_arrivals`): the chunks
+  that do not hold a late member's contribution go round before it arrives, so the ring's slow
+  edges (those between hosts) have less left to carry once it does;
 - **allgather** of ``m`` shards (:func:`allgather_s`): the allgather half of an allreduce,
   :math:`(m-1)/m \cdot S/\beta + \lfloor R(m)/2 \rfloor\,\alpha`;
 - **point to point** (a pairwise transfer, a server message; :func:`transfer_s`):
@@ -59,6 +62,7 @@ __all__ = [
     "allreduce_s",
     "allreduce_terms",
     "allreduce_group_size",
+    "ring_allreduce_after_arrivals",
     "allgather_s",
     "transfer_s",
     "transfer_terms",
@@ -172,6 +176,55 @@ def allreduce_group_size(sent_bytes: Any, payload_bytes: float) -> Any:
     array([2., 4., 8.])
     """
     return np.rint(2.0 / np.maximum(2.0 - sent_bytes / payload_bytes, 1e-9)).clip(2, None)
+
+
+def ring_allreduce_after_arrivals(ahead_s: Sequence[float], slow: Sequence[bool], step_s: float) -> tuple[float, float]:
+    r"""What a ring allreduce has left when its last member arrives: ``(seconds, done)``, the time
+    from that arrival to the end and the fraction of the slow edges' work done before it (the
+    chunks they moved, a chunk under way counted in part).
+
+    Member ``i`` arrived ``ahead_s[i] >= 0`` seconds before the last (0 for the last) and sends
+    to member ``i + 1`` (modulo ``n``, the ring's order); that edge moves one chunk in ``step_s``
+    when ``slow[i]`` (an edge between hosts, the link class that bounds the ring) and at once
+    otherwise (an edge inside a host, much faster). The ring runs :math:`2(n-1)` steps
+    (reduce-scatter then allgather); step ``k`` on edge ``i`` ends at
+
+    .. math::
+        f_{i,k} = \max(a_i, f_{i,k-1}, f_{i-1,k-1}) + \tau_i
+
+    (member ``i`` has arrived, the edge has sent step :math:`k-1`, and member ``i`` has received
+    step :math:`k-1` from edge :math:`i-1`). The longest path through these dependencies gives it
+    in closed form on a slow edge ``e``: :math:`f_{e,k} = \tau(k+1) + \max_{h \le k}(a_{e-h} -
+    \tau\,m_{e,h})`, with :math:`m_{e,h}` the fast edges among :math:`e-h, \dots, e` (a path
+    lingers on slow edges and crosses fast ones at once). So a chunk that does not yet hold a
+    late member's contribution moves before it arrives, and where the slow edges are only some
+    of the ring they have fewer chunks left once it does: :math:`2(n-1) - d` steps for a late
+    member :math:`d` fast edges upstream of a slow one. With every edge slow (one member per
+    host) or every member on time it is the ring's own :math:`2(n-1)` steps (:func:`allreduce_s`
+    with ``step_s`` its time over :math:`2(n-1)`).
+
+    >>> ring_allreduce_after_arrivals([0.0, 0.0, 0.0, 0.0], [False, True, False, True], 1.0)
+    (6.0, 0.0)
+    >>> ring_allreduce_after_arrivals([9.0, 0.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0], [False, False, False, True] * 2, 1.0)
+    (12.0, 0.2857142857142857)
+    >>> ring_allreduce_after_arrivals([9.0, 0.0, 9.0, 9.0], [True] * 4, 1.0)[0]  # all slow: no head start
+    6.0
+    """
+    n = len(ahead_s)
+    require(len(slow) == n and n >= 2, "ring", n, "needs one edge per member and at least 2 members")
+    slow_edges = np.asarray(slow, dtype=bool)
+    if step_s <= 0.0 or not slow_edges.any():
+        return 0.0, 0.0
+    arrive = -np.asarray(ahead_s, dtype=float)
+    ends = np.flatnonzero(slow_edges)
+    upstream = (ends[:, None] - np.arange(n)[None, :]) % n  # member e - h, for each slow edge e
+    fast = np.cumsum(~slow_edges[upstream], axis=1)  # m_{e,h}
+    best = np.maximum.accumulate(arrive[upstream] - step_s * fast, axis=1)
+    steps = 2 * (n - 1)
+    k = np.arange(steps)
+    f = step_s * (k + 1) + best[:, np.minimum(k, n - 1)]
+    before = float(np.clip(step_s - f, 0.0, step_s).sum())
+    return float(f[:, -1].max()), before / (steps * len(ends) * step_s)
 
 
 def allgather_s(

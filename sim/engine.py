@@ -330,6 +330,7 @@ class _Sim:
         self.wire_clock = 0  # the NICs' timer in force (an arrival or departure voids the earlier one)
         self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
         self.mdone = [0] * n  # merges completed so far
+        # collectives gathering: [release, arrived so far, group, who (with failures), when by rank]
         self.coll: dict[tuple[Any, ...], list[Any]] = {}
         self.arrive: dict[tuple[int, int], simpy.Event] = {}
         self.server_busy = 0.0
@@ -436,7 +437,7 @@ class _Sim:
                 if j in newly and not ev.triggered:
                     ev.succeed()  # a gossip partner waiting on the dead goes on without it
             for key, entry in list(self.coll.items()):
-                ev, _count, group, arrived = entry
+                ev, _count, group, arrived, times = entry
                 living = tuple(g for g in group if g not in self.detected)
                 if living == group:
                     continue
@@ -444,12 +445,13 @@ class _Sim:
                 here = [a for a in arrived if a not in self.detected]
                 kind, payload, _first, _size, step = key
                 if len(here) == len(living):  # every survivor of the group is waiting: go
-                    dur = self.net.allreduce_s(living, self.S if kind == _K_ALLREDUCE else 0.0, env.now)
+                    size = self.S if kind == _K_ALLREDUCE else 0.0
+                    dur = self.net.allreduce_s(living, size, env.now, tuple(times[g] for g in living))
                     if kind == _K_ALLREDUCE and payload == "model" and len(living) > 1:
                         dur += self.net.model_average_s(living, self.S, env.now + dur)
                     _release_after(env, ev, dur if len(living) > 1 else 0.0)
                 else:
-                    self.coll[(kind, payload, living[0], len(living), step)] = [ev, len(here), living, here]
+                    self.coll[(kind, payload, living[0], len(living), step)] = [ev, len(here), living, here, times]
 
     def lost_steps(self, r: int) -> tuple[int, int]:
         """``(in_flight, unshared)`` of a worker that died: its step begun but not applied, and
@@ -611,12 +613,13 @@ class _Sim:
         key = (kind, getattr(ex, "payload", ""), group[0], len(group), s)
         entry = self.coll.get(key)
         if entry is None:
-            entry = [simpy.Event(env), 0, group, [] if self.failing else None]
+            entry = [simpy.Event(env), 0, group, [] if self.failing else None, {}]
             self.coll[key] = entry
         entry[1] += 1
         if self.failing:
             entry[3].append(r)
         t_arr = env.now
+        entry[4][r] = t_arr
         ev = entry[0]
         payload = getattr(ex, "payload", "")
         summed = payload == "grad" and self.sums[r]  # the node's slices ride with the gradient
@@ -624,7 +627,7 @@ class _Sim:
         if entry[1] == len(group):
             del self.coll[key]
             size = 0.0 if kind != _K_ALLREDUCE else self.sum_bytes if summed else self.S
-            dur = self.net.allreduce_s(group, size, env.now)
+            dur = self.net.allreduce_s(group, size, env.now, tuple(entry[4][g] for g in group))
             if kind == _K_ALLREDUCE and payload == "model":  # fold the mean into each member
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             ev = _release_after(env, ev, dur)

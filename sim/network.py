@@ -35,7 +35,12 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   processes a group that spans hosts runs on the network alone: the NICs' share and latency);
   a group inside one host uses ``platform.collective`` instead when it is set, and the edges
   between hosts of a group that spans them ``platform.collective_between_hosts`` (its latency
-  and its rate in place of the NIC's) when that is set.
+  and its rate in place of the NIC's) when that is set. A ring that spans hosts, and whose
+  members arrived apart, has moved before the last arrives what needs no late member's
+  contribution (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`: its edges between
+  hosts take the ring's time per chunk step, those inside a host, faster, none): it takes what is
+  left from there, and its members' CPU work shrinks by the share of the edges between hosts'
+  chunks already moved.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
   :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
 - the fold of an averaged model into each member after a model allreduce
@@ -63,11 +68,13 @@ from psgdlab.core.cost import (
     allgather_s,
     allreduce_bytes,
     allreduce_messages,
+    allreduce_rounds,
     allreduce_s,
     cpu_stretch_s,
     host_average_s,
     host_work_s,
     max_min_rates,
+    ring_allreduce_after_arrivals,
     server_s,
     transfer_s,
 )
@@ -414,9 +421,13 @@ class Network:
         return self._cpu_wait({host: 1}, work, start, dur)
 
     # ----- collectives ------------------------------------------------------------------------
-    def allreduce_s(self, group: tuple[int, ...], nbytes: float, start: float) -> float:
-        """Allreduce of ``nbytes`` over ``group`` starting at ``start`` (one event; the platform's
-        ``allreduce`` schedule)."""
+    def allreduce_s(
+        self, group: tuple[int, ...], nbytes: float, start: float, arrivals: tuple[float, ...] | None = None
+    ) -> float:
+        """Allreduce of ``nbytes`` over ``group`` starting at ``start``, when its last member
+        arrives (one event; the platform's ``allreduce`` schedule). ``arrivals``: when each
+        member of ``group`` arrived; a ring that spans hosts is then ahead by what it could move
+        before the last (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`)."""
         n = len(group)
         if n <= 1:
             return 0.0
@@ -447,9 +458,10 @@ class Network:
             if coll is not None and not spans:  # the implementation's own collective, measured as such
                 intra, lat = coll.effective_bandwidth_bytes_per_s, coll.latency_s
             members = self._per_host(group)
-            info = (links, intra, lat, members, spans, crossing)
+            slow = tuple(self._host[a] != self._host[b] for a, b in zip(group, group[1:] + group[:1]))
+            info = (links, intra, lat, members, spans, crossing, slow if spans and not all(slow) else None)
             self._cache[key] = info
-        links, intra, lat, members, spans, crossing = info
+        links, intra, lat, members, spans, crossing, slow = info
         bw = intra
         if crossing:  # the ring's edges between sockets share each host's socket link
             assert self._socket_bw is not None
@@ -463,10 +475,15 @@ class Network:
         if spans and self.platform.allreduce_between_hosts is not None:
             algorithm = self.platform.allreduce_between_hosts
         dur = allreduce_s(n, nbytes, bw, lat, algorithm)
+        left = 1.0  # of the chunks to move once the last member is here
+        if slow is not None and algorithm == "ring" and arrivals is not None and min(arrivals) < start:
+            ahead = tuple(start - a for a in arrivals)
+            dur, done = ring_allreduce_after_arrivals(ahead, slow, dur / allreduce_rounds(n, algorithm))
+            left = 1.0 - done
         if self._cpu is not None:
             sent = allreduce_bytes(n, nbytes)
             work = self._cpu.work_s(allreduce_messages(n, algorithm), sent, between_hosts=spans)
-            dur = self._cpu_wait(members, work, start, dur, sent / bw if spans else 0.0)
+            dur = self._cpu_wait(members, left * work, start, dur, left * sent / bw if spans else 0.0)
         self._register(links, start, start + dur)
         return dur
 

@@ -21,6 +21,7 @@ from psgdlab.core.cost import (
     cpu_stretch_terms,
     cpu_work_s,
     max_min_rates,
+    ring_allreduce_after_arrivals,
     transfer_s,
     transfer_terms,
 )
@@ -175,3 +176,55 @@ def test_folds_model_is_true_exactly_for_model_allreducing_schedules(name, param
     assert any(folds_model(exs) for exs in steps) is expected
     # the question is the schedule's: a model allreduce in some step, and only then
     assert all(folds_model(exs) == any(type(ex) is AllReduce and ex.payload == "model" for ex in exs) for exs in steps)
+
+
+def _ring_by_chunks(ahead, slow, step):
+    """The ring chunk by chunk, written apart from the law: every (edge, step) transfer starts
+    once its sender has arrived, its edge is free and its chunk has come in from upstream."""
+    n = len(ahead)
+    end: dict[tuple[int, int], float] = {}
+    for k in range(2 * (n - 1)):
+        for i in range(n):
+            ready = [-ahead[i]]
+            if k:
+                ready += [end[i, k - 1], end[(i - 1) % n, k - 1]]
+            end[i, k] = max(ready) + (step if slow[i] else 0.0)
+    before = sum(min(step, max(0.0, step - t)) for (i, _k), t in end.items() if slow[i])
+    return max(end.values()), before / (2 * (n - 1) * sum(slow) * step)
+
+
+@given(
+    ahead=st.lists(st.floats(0.0, 20.0), min_size=2, max_size=12),
+    slow_bits=st.lists(st.booleans(), min_size=12, max_size=12),
+    step=st.floats(1e-3, 2.0),
+)
+def test_a_ring_whose_members_arrive_apart_is_its_chunks_dependencies(ahead, slow_bits, step):
+    """The ring's head start agrees with a chunk-by-chunk reference; it never takes longer than
+    the ring itself (2(n-1) steps) once the last member is here, and takes just that when
+    every member is on time or every edge is slow (the last member's chunk crosses each edge
+    twice); what was done before is a fraction."""
+    n = len(ahead)
+    ahead = [*ahead[:-1], 0.0]  # the last member
+    slow = [*slow_bits[: n - 1], True]  # at least one edge between hosts
+    left, done = ring_allreduce_after_arrivals(ahead, slow, step)
+    ref_left, ref_done = _ring_by_chunks(ahead, slow, step)
+    assert left == pytest.approx(ref_left, rel=1e-9, abs=1e-9)
+    assert done == pytest.approx(ref_done, rel=1e-9, abs=1e-9)
+    ring = 2 * (n - 1) * step
+    assert left <= ring * (1 + 1e-12) and 0.0 <= done <= 1.0
+    assert ring_allreduce_after_arrivals([0.0] * n, slow, step) == pytest.approx((ring, 0.0))
+    assert ring_allreduce_after_arrivals(ahead, [True] * n, step)[0] == pytest.approx(ring)
+
+
+def test_a_late_member_of_a_ring_across_two_hosts_leaves_the_edges_between_them_less_to_carry():
+    """Two hosts of four, member 1 late: of the 14 chunks each edge between hosts carries, the
+    one leaving host 0 (3 to 4) sent 2 before member 1 arrived (those without its
+    contribution), the one leaving host 1 (7 to 0) sent 6; the ring ends 12 chunk times after
+    member 1 arrives. With member 3 late, the edge it sends on has sent nothing: 14."""
+    ahead = [9.0] * 8
+    ahead[1] = 0.0
+    edges = [False, False, False, True] * 2
+    assert ring_allreduce_after_arrivals(ahead, edges, 1.0) == pytest.approx((12.0, 8 / 28))
+    ahead = [9.0] * 8
+    ahead[3] = 0.0
+    assert ring_allreduce_after_arrivals(ahead, edges, 1.0)[0] == pytest.approx(14.0)

@@ -147,6 +147,28 @@ def test_ssgd_step_time_follows_the_slowest_worker():
     assert slow["step_time_s"] == pytest.approx(0.2 + ar)
 
 
+@pytest.mark.parametrize("slow_rank,steps_left", [(1, 12), (3, 14)])
+def test_ssgd_across_hosts_waits_on_a_straggler_less_than_a_whole_ring(slow_rank, steps_left):
+    """SSGD over two hosts of four (the ring between hosts at the NIC's 1e8 B/s, the edges inside a
+    host at 1e10): a straggler's step is its compute and what the ring has left when its
+    gradient arrives (core.cost.ring_allreduce_after_arrivals): 12 of 14 chunk steps for worker
+    1, whose chunks need 2 hops to leave its host; all 14 for worker 3, which sends across."""
+    p = flat_platform(
+        hosts=2,
+        devices_per_host=4,
+        nvlink=Link(latency_s=0.0, bandwidth_bytes_per_s=1e10),
+        pcie=Link(latency_s=0.0, bandwidth_bytes_per_s=1e10),
+        nic=Link(latency_s=0.0, bandwidth_bytes_per_s=1e8),
+        allreduce_between_hosts="ring",
+    )
+    w = workload("0.5")
+    late = StragglerModel.parse(f"{slow_rank}:2")
+    trace = simulate(make_algorithm("ssgd", n_workers=8), p, w, steps=20, stragglers=late).trace
+    slow = summarize(trace, samples_per_step=32, warmup_steps=2)
+    ring = allreduce_s(8, w.payload_bytes, 1e8, 0.0)
+    assert slow["step_time_s"] == pytest.approx(1.0 + ring * steps_left / 14)
+
+
 def test_adpsgd_loses_only_about_the_slow_workers_share():
     cfg = load_config(preset="interspeech2019-v100")
     n = 16

@@ -100,6 +100,33 @@ def test_processes_as_endpoints_take_the_network_path_alone():
         Platform(endpoints="gpu")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("endpoints", ["process", "device"])
+def test_a_ring_across_hosts_moves_what_it_can_before_its_last_member_arrives(endpoints):
+    """Two hosts of four on a ring between hosts (8 members: 14 chunk steps): with member 1 long
+    late, the edges between the hosts carried 2 and 6 of their chunks before it came, so the
+    ring ends 12 steps after it; with every member on time it takes its 14, as without arrival
+    times; a group inside one host and a ring of one member per host gain nothing."""
+    p = Platform(
+        hosts=2,
+        devices_per_host=4,
+        pcie=Link(latency_s=LAT, bandwidth_bytes_per_s=1e9),
+        nic=Link(latency_s=NIC, bandwidth_bytes_per_s=1e8),
+        endpoints=endpoints,
+        allreduce_between_hosts="ring",
+    )
+    group, late = tuple(range(8)), [0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    ring = Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0)
+    assert Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0, (5.0,) * 8) == pytest.approx(ring)
+    assert Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0, tuple(late)) == pytest.approx(ring * 12 / 14)
+    inside = Network(p, Placement.pack(p, 8))
+    assert inside.allreduce_s((0, 1, 2, 3), 1e8, 5.0, (0.0, 5.0, 0.0, 0.0)) == pytest.approx(
+        Network(p, Placement.pack(p, 8)).allreduce_s((0, 1, 2, 3), 1e8, 5.0)
+    )
+    spread = Placement.pack(p, 2, per_host=1)
+    alone = Network(p, spread).allreduce_s((0, 1), 1e8, 5.0)
+    assert Network(p, spread).allreduce_s((0, 1), 1e8, 5.0, (0.0, 5.0)) == pytest.approx(alone)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     starts=st.lists(st.floats(0.0, 3.0), min_size=1, max_size=8),
