@@ -55,10 +55,12 @@ def test_socket_link_bounds_transfers_and_allreduces_across_sockets():
 LAT, NIC = 1e-3, 2e-3  # the link inside a host's latency, the NIC's
 
 
-def _two_hosts(between: Literal["ring"] | None, endpoints: Literal["device", "process"] = "device") -> Platform:
+def _two_hosts(
+    between: Literal["ring"] | None, endpoints: Literal["device", "process"] = "device", devices_per_host: int = 2
+) -> Platform:
     return Platform(
         hosts=2,
-        devices_per_host=2,
+        devices_per_host=devices_per_host,
         sockets_per_host=2,
         pcie=Link(latency_s=LAT, bandwidth_bytes_per_s=1e9),
         nic=Link(latency_s=NIC, bandwidth_bytes_per_s=1e8),
@@ -106,14 +108,7 @@ def test_a_ring_across_hosts_moves_what_it_can_before_its_last_member_arrives(en
     late, the edges between the hosts carried 2 and 6 of their chunks before it came, so the
     ring ends 12 steps after it; with every member on time it takes its 14, as without arrival
     times; a group inside one host and a ring of one member per host gain nothing."""
-    p = Platform(
-        hosts=2,
-        devices_per_host=4,
-        pcie=Link(latency_s=LAT, bandwidth_bytes_per_s=1e9),
-        nic=Link(latency_s=NIC, bandwidth_bytes_per_s=1e8),
-        endpoints=endpoints,
-        allreduce_between_hosts="ring",
-    )
+    p = _two_hosts("ring", endpoints, devices_per_host=4)
     group, late = tuple(range(8)), [0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     ring = Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0)
     assert Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0, (5.0,) * 8) == pytest.approx(ring)
