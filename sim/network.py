@@ -35,12 +35,13 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   processes a group that spans hosts runs on the network alone: the NICs' share and latency);
   a group inside one host uses ``platform.collective`` instead when it is set, and the edges
   between hosts of a group that spans them ``platform.collective_between_hosts`` (its latency
-  and its rate in place of the NIC's) when that is set. A ring that spans hosts, and whose
-  members arrived apart, has moved before the last arrives what needs no late member's
-  contribution (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`: its edges between
-  hosts take the ring's time per chunk step, those inside a host, faster, none): it takes what is
-  left from there, and its members' CPU work shrinks by the share of the edges between hosts'
-  chunks already moved.
+  and its rate in place of the NIC's) when that is set. A ring that spans hosts, is bound by
+  the NICs (not by the links inside a host) and whose members arrived apart, has moved before
+  the last arrives what needs no late member's contribution
+  (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`: its edges between hosts take the
+  ring's time per chunk step, those inside a host, faster, none): it takes what is left from
+  there, and its members' CPU work shrinks by the share of the edges between hosts' chunks
+  already moved.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
   :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
 - the fold of an averaged model into each member after a model allreduce
@@ -426,8 +427,9 @@ class Network:
     ) -> float:
         """Allreduce of ``nbytes`` over ``group`` starting at ``start``, when its last member
         arrives (one event; the platform's ``allreduce`` schedule). ``arrivals``: when each
-        member of ``group`` arrived; a ring that spans hosts is then ahead by what it could move
-        before the last (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`)."""
+        member of ``group`` arrived; a ring that spans hosts and is bound by the NICs is then
+        ahead by what it could move before the last
+        (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`)."""
         n = len(group)
         if n <= 1:
             return 0.0
@@ -466,9 +468,11 @@ class Network:
         if crossing:  # the ring's edges between sockets share each host's socket link
             assert self._socket_bw is not None
             bw = min(bw, self._share(crossing, (self._socket_bw,) * len(crossing), start))
+        by_nics = False  # whether the edges between hosts are the ring's slowest
         if spans:
             nic_links = tuple(link for link in links if link < self._n_hosts)
-            bw = min(bw, self._share(nic_links, (self._span_bw,) * len(nic_links), start))
+            nics = self._share(nic_links, (self._span_bw,) * len(nic_links), start)
+            by_nics, bw = nics < bw, min(bw, nics)
         if bw == float("inf"):
             bw = self._pcie_bw
         algorithm = self.platform.allreduce
@@ -476,7 +480,7 @@ class Network:
             algorithm = self.platform.allreduce_between_hosts
         dur = allreduce_s(n, nbytes, bw, lat, algorithm)
         left = 1.0  # of the chunks to move once the last member is here
-        if slow is not None and algorithm == "ring" and arrivals is not None and min(arrivals) < start:
+        if by_nics and slow is not None and algorithm == "ring" and arrivals is not None and min(arrivals) < start:
             ahead = tuple(start - a for a in arrivals)
             dur, done = ring_allreduce_after_arrivals(ahead, slow, dur / allreduce_rounds(n, algorithm))
             left = 1.0 - done

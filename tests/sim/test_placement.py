@@ -122,6 +122,25 @@ def test_a_ring_across_hosts_moves_what_it_can_before_its_last_member_arrives(en
     assert Network(p, spread).allreduce_s((0, 1), 1e8, 5.0, (0.0, 5.0)) == pytest.approx(alone)
 
 
+def test_a_ring_bound_inside_its_hosts_gains_nothing_from_a_late_member():
+    """With GPUs as endpoints and a NIC faster than each device's share of its socket's PCIe,
+    every edge of the ring runs at the PCIe share (an edge between hosts crosses PCIe at both
+    ends too): a late member's chunk waits on slow edges all the way, so the ring takes its 14
+    steps after it, as the allreduce without arrival times."""
+    p = Platform(
+        hosts=2,
+        devices_per_host=4,
+        sockets_per_host=2,
+        pcie=Link(latency_s=LAT, bandwidth_bytes_per_s=1e9),
+        nic=Link(latency_s=NIC, bandwidth_bytes_per_s=1e10),
+        allreduce_between_hosts="ring",
+    )
+    group = tuple(range(8))
+    ring = Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0)
+    late = (0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert Network(p, Placement.pack(p, 8)).allreduce_s(group, 1e8, 5.0, late) == pytest.approx(ring)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     starts=st.lists(st.floats(0.0, 3.0), min_size=1, max_size=8),
