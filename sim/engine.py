@@ -330,8 +330,8 @@ class _Sim:
         self.wire_clock = 0  # the NICs' timer in force (an arrival or departure voids the earlier one)
         self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
         self.mdone = [0] * n  # merges completed so far
-        # collectives gathering: [release, arrived so far, group, who (with failures), when by rank]
-        self.coll: dict[tuple[Any, ...], list[Any]] = {}
+        # collectives gathering: (release, group, arrival time by rank of those arrived so far)
+        self.coll: dict[tuple[Any, ...], tuple[Any, tuple[int, ...], dict[int, float]]] = {}
         self.arrive: dict[tuple[int, int], simpy.Event] = {}
         self.server_busy = 0.0
         self.server_version = 0
@@ -437,21 +437,21 @@ class _Sim:
                 if j in newly and not ev.triggered:
                     ev.succeed()  # a gossip partner waiting on the dead goes on without it
             for key, entry in list(self.coll.items()):
-                ev, _count, group, arrived, times = entry
+                ev, group, times = entry
                 living = tuple(g for g in group if g not in self.detected)
                 if living == group:
                     continue
                 del self.coll[key]
-                here = [a for a in arrived if a not in self.detected]
+                here = {a: t for a, t in times.items() if a not in self.detected}
                 kind, payload, _first, _size, step = key
                 if len(here) == len(living):  # every survivor of the group is waiting: go
                     size = self.S if kind == _K_ALLREDUCE else 0.0
-                    dur = self.net.allreduce_s(living, size, env.now, tuple(times[g] for g in living))
+                    dur = self.net.allreduce_s(living, size, env.now, tuple(here[g] for g in living))
                     if kind == _K_ALLREDUCE and payload == "model" and len(living) > 1:
                         dur += self.net.model_average_s(living, self.S, env.now + dur)
                     _release_after(env, ev, dur if len(living) > 1 else 0.0)
                 else:
-                    self.coll[(kind, payload, living[0], len(living), step)] = [ev, len(here), living, here, times]
+                    self.coll[(kind, payload, living[0], len(living), step)] = (ev, living, here)
 
     def lost_steps(self, r: int) -> tuple[int, int]:
         """``(in_flight, unshared)`` of a worker that died: its step begun but not applied, and
@@ -613,21 +613,16 @@ class _Sim:
         key = (kind, getattr(ex, "payload", ""), group[0], len(group), s)
         entry = self.coll.get(key)
         if entry is None:
-            entry = [simpy.Event(env), 0, group, [] if self.failing else None, {}]
-            self.coll[key] = entry
-        entry[1] += 1
-        if self.failing:
-            entry[3].append(r)
-        t_arr = env.now
-        entry[4][r] = t_arr
-        ev = entry[0]
+            entry = self.coll[key] = (simpy.Event(env), group, {})
+        ev, _group, times = entry
+        t_arr = times[r] = env.now
         payload = getattr(ex, "payload", "")
         summed = payload == "grad" and self.sums[r]  # the node's slices ride with the gradient
         nbytes = wire_bytes(ex, self.sum_elements if summed else self.n_params, self.itemsize)[0]
-        if entry[1] == len(group):
+        if len(times) == len(group):
             del self.coll[key]
             size = 0.0 if kind != _K_ALLREDUCE else self.sum_bytes if summed else self.S
-            dur = self.net.allreduce_s(group, size, env.now, tuple(entry[4][g] for g in group))
+            dur = self.net.allreduce_s(group, size, env.now, tuple(times[g] for g in group))
             if kind == _K_ALLREDUCE and payload == "model":  # fold the mean into each member
                 dur += self.net.model_average_s(group, self.S, env.now + dur)
             ev = _release_after(env, ev, dur)

@@ -67,9 +67,9 @@ Collectives use the standard formulas, one event per collective (never one per c
 with :math:`B` the slowest link class on the ring (a group that spans hosts is bounded by the
 NIC or by the per-device share of a socket's PCIe, whichever is smaller) and :math:`\alpha` its
 largest latency, counted from the last member's arrival. A ring that spans hosts and is
-bound by the NICs starts earlier in part: chunks that hold no late member's contribution go round before it arrives,
-so the edges between hosts have fewer chunks left when it does (a straggler two hops from its
-host's edge saves the ring two of its :math:`2(n-1)` steps;
+bound by the NICs starts earlier in part: chunks that hold no late member's contribution go
+round before it arrives, so the edges between hosts have fewer chunks left when it does (a
+straggler two hops from its host's edge saves the ring two of its :math:`2(n-1)` steps;
 :func:`psgdlab.core.cost.ring_allreduce_after_arrivals`).
 Other schedules (``allreduce``) move the same bytes in other numbers of latency rounds:
 :math:`2\lceil\log_2 n\rceil\alpha` for ``halving-doubling``, :math:`2\alpha` for ``direct``
