@@ -300,8 +300,8 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     faster than its send/recv both ways on one connection, docs/measurements.md) -- at the
     messages' latency per round where its allreduces all have one group size
     (:func:`fit_links` ``between_hosts``); otherwise ``collective`` is ``None`` and one fit
-    prices both. The bandwidth's prior is the shaped rate
-    the runs recorded (``hosts.json``, :func:`psgdlab.analysis.probe.nic_prior`), the latency's
+    prices both. The bandwidth's prior is the shaped rate the runs recorded (``hosts.json``,
+    :func:`psgdlab.analysis.probe.nic_prior`), the latency's
     :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
     ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
     ``collective``, ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the
