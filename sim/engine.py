@@ -12,10 +12,12 @@ exchange           simulated as
 =================  ===========================================================================
 PairwiseAverage    non-blocking (``"mix"``): the active side starts it with the step from its
                    communication thread and it runs beside the compute (trace phase
-                   ``overlap``); the passive side answers from its *responder*, one request at
-                   a time in arrival order, beside the worker's own active averages (two
-                   threads, as in the runtime); a worker applies its gradient only when both
-                   its compute and its step's exchange are done (phase ``comm`` for the tail).
+                   ``overlap``); the passive side answers from its *responder*. A process
+                   carries one average at a time, active or passive, in arrival order (the
+                   runtime's two threads share the process's point-to-point communicator,
+                   interpreter and cores: docs/validation.md); a worker applies its gradient
+                   only when both its compute and its step's exchange are done (phase
+                   ``comm`` for the tail).
                    An average in flight on the responder does not hold the update back: the
                    runtime's responder takes the model's lock only to copy it and to add the
                    average's difference back (so an update in between is kept: the atomic
@@ -74,13 +76,13 @@ checkpoint, :math:`c = K \lfloor \min_r \text{applied}_r / K \rfloor` (``checkpo
 ``{failed_at_s, time_s, step, removed, detection_s}`` per detection (``time_s`` when the
 survivors act; ``step`` the first step of the slowest survivor that may run on the new schedule).
 
-The communication threads, the responders and the server queue are analytical FIFO queues (a
+A process's pairwise averages and the server queue are analytical FIFO queues (a
 ``busy_until`` time per resource): with service times known when a request is made, this gives
 exactly the schedule of a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD
 learner step inside a host costs one or two simpy events. A pairwise average between hosts
 has no service time known in advance -- its bytes share the NICs with transfers that join
 later (:class:`~psgdlab.sim.network.FairLinks`) -- so it, and any average queued behind it on
-a thread or responder, is a process of its own (:meth:`_Sim.pair` returns a pending end that
+either of its processes, is a process of its own (:meth:`_Sim.pair` returns a pending end that
 the worker waits on), and the NICs' next departure is one timer event, replaced whenever a
 transfer joins or leaves.
 
@@ -283,7 +285,7 @@ class _Pending:
 
 
 def _end(x: float | _Pending) -> float:
-    """When a communication thread or responder held by ``x`` is free."""
+    """When a process's pairwise averages held by ``x`` are free."""
     if type(x) is _Pending:
         assert x.end is not None
         return x.end
@@ -321,10 +323,9 @@ class _Sim:
         self.n_params = workload.n_params
         self.steps = steps
         self.comp = [row.tolist() for row in comp]
-        # a worker's communication thread (one active average at a time) and responder (one passive
-        # average at a time): free from a time, or when the _Pending average holding it ends
-        self.comm_free: list[Any] = [0.0] * n
-        self.resp_free: list[Any] = [0.0] * n
+        # a process's pairwise averages, active (its communication thread) or passive (its
+        # responder), one at a time: free from a time, or when the _Pending average holding it ends
+        self.lane: list[Any] = [0.0] * n
         self.wires: dict[int, simpy.Event] = {}  # transfers on the NICs, by their key in Network.nics
         self.wire_key = 0
         self.wire_clock = 0  # the NICs' timer in force (an arrival or departure voids the earlier one)
@@ -480,16 +481,16 @@ class _Sim:
 
     # ----- exchanges --------------------------------------------------------------------------
     def pair(self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int) -> float | _Pending:
-        """Start an active pairwise average of step ``s`` at ``t``, queued on ``r``'s communication
-        thread and on the peer's responder (FIFO), and record it (``phase``: ``overlap`` from its
-        start, ``comm`` from ``t``). Returns its end, or a :class:`_Pending` when that is not known
+        """Start an active pairwise average of step ``s`` at ``t``, queued behind the averages of
+        ``r`` and of the peer, active or passive (FIFO, :attr:`lane`), and record it (``phase``:
+        ``overlap`` from its start, ``comm`` from ``t``). Returns its end, or a :class:`_Pending` when that is not known
         yet: it crosses the NICs (whose transfers end as others join and leave) or waits for one
         that does."""
         peer = ex.peer
-        ahead, resp = self.comm_free[r], self.resp_free[peer]
+        ahead, resp = self.lane[r], self.lane[peer]
         if type(ahead) is not float or type(resp) is not float or self.net.crosses(r, peer):
             h = _Pending(simpy.Event(self.env))
-            self.comm_free[r] = self.resp_free[peer] = h
+            self.lane[r] = self.lane[peer] = h
             self.env.process(self._pair_later(r, ex, t, s, phase, ahead, resp, h))
             return h
         start = max(t, ahead, resp)
@@ -498,19 +499,19 @@ class _Sim:
         nbytes = self._pair_nbytes(ex)
         dur = self.net.pair_average_s(r, peer, nbytes, start, gather=self._gather(r, ex), model_bytes=self.S)
         end, merged = self._settle(r, ex, s, phase, t, start, start + dur)
-        self.comm_free[r] = end
+        self.lane[r] = end
         if merged:
-            self.resp_free[peer] = end
+            self.lane[peer] = end
         return end
 
     def _pair_later(
         self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int, ahead: Any, resp: Any, h: _Pending
     ):
         """The process of a pairwise average whose end is not known when it is asked for
-        (:meth:`pair`): it waits for the average ahead of it on ``r``'s communication thread and
-        on the peer's responder, then (between hosts) for its device-to-host copies, its bytes'
-        time on the NICs at their fair share (:attr:`Network.nics`), the path's latency, its CPU
-        work's stretch, the host average and copies back, and the allgather after it."""
+        (:meth:`pair`): it waits for the averages ahead of it on ``r`` and on the peer, then
+        (between hosts) for its device-to-host copies, its bytes' time on the NICs at their fair
+        share (:attr:`Network.nics`), the path's latency, its CPU work's stretch, the host average
+        and copies back, and the allgather after it."""
         env, net, peer = self.env, self.net, ex.peer
         for x in (ahead, resp):
             if type(x) is _Pending and x.end is None:
@@ -535,10 +536,9 @@ class _Sim:
         end = self._settle(r, ex, s, phase, t, start, env.now)[0]
         if end > env.now:  # the peer died first: the request hangs until the deadline
             yield env.timeout(end - env.now)
-        if self.comm_free[r] is h:  # nothing queued behind it: the thread is free from its end
-            self.comm_free[r] = end
-        if self.resp_free[peer] is h:
-            self.resp_free[peer] = end
+        for x in (r, peer):
+            if self.lane[x] is h:  # nothing queued behind it: the process is free from its end
+                self.lane[x] = end
         h.end = end
         h.done.succeed()
 

@@ -481,3 +481,34 @@ def test_a_gossip_between_hosts_sends_each_model_once_each_way():
     comm = res.trace[res.trace["kind"] == int(ExchangeKind.GOSSIP)]
     assert len(comm) >= 10
     np.testing.assert_allclose(comm["end_s"] - comm["start_s"], w.payload_bytes / 1e8 + 2e-4, rtol=1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    hosts=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+    straggler=st.sampled_from(["", "1:2", "0:3"]),
+)
+def test_a_process_carries_one_pairwise_average_at_a_time(hosts, seed, straggler):
+    """On the random ring a process is asked for an average while its own is in flight: its
+    communication thread and responder share its communicator, interpreter and cores, so the
+    averages it takes part in, active or passive, never overlap in time (each waits for the one
+    ahead of it on either process)."""
+    n = 8
+    nic = Link(latency_s=1e-4, bandwidth_bytes_per_s=2e8)
+    p = flat_platform(hosts=hosts, devices_per_host=n // hosts, nic=nic, endpoints="process")
+    res = simulate(
+        make_algorithm("adpsgd", n_workers=n, variant="random", seed=seed),
+        p,
+        workload("lognormal:0.01:0.005", n_params=1_000_000),  # 4 MB: 4-20 ms an average, as long as the compute
+        steps=15,
+        seed=seed,
+        stragglers=StragglerModel.parse(straggler, n_workers=n) if straggler else None,
+    )
+    t = res.trace
+    t = t[(t["kind"] == int(ExchangeKind.PAIRWISE)) & (t["nbytes"] > 0) & (t["phase"] == PHASES["overlap"])]
+    assert len(t) > 0
+    for r in range(n):
+        mine = t[(t["rank"] == r) | (t["peer"] == r)]
+        mine = mine[np.argsort(mine["start_s"], kind="stable")]
+        assert np.all(mine["start_s"][1:] >= mine["end_s"][:-1] - 1e-12), f"rank {r} carries two averages at once"
