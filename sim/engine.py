@@ -483,17 +483,17 @@ class _Sim:
     def pair(self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int) -> float | _Pending:
         """Start an active pairwise average of step ``s`` at ``t``, queued behind the averages of
         ``r`` and of the peer, active or passive (FIFO, :attr:`lane`), and record it (``phase``:
-        ``overlap`` from its start, ``comm`` from ``t``). Returns its end, or a :class:`_Pending` when that is not known
-        yet: it crosses the NICs (whose transfers end as others join and leave) or waits for one
-        that does."""
+        ``overlap`` from its start, ``comm`` from ``t``). Returns its end, or a :class:`_Pending`
+        when that is not known yet: it crosses the NICs (whose transfers end as others join and
+        leave) or waits for one that does."""
         peer = ex.peer
-        ahead, resp = self.lane[r], self.lane[peer]
-        if type(ahead) is not float or type(resp) is not float or self.net.crosses(r, peer):
+        mine, theirs = self.lane[r], self.lane[peer]
+        if type(mine) is not float or type(theirs) is not float or self.net.crosses(r, peer):
             h = _Pending(simpy.Event(self.env))
             self.lane[r] = self.lane[peer] = h
-            self.env.process(self._pair_later(r, ex, t, s, phase, ahead, resp, h))
+            self.env.process(self._pair_later(r, ex, t, s, phase, mine, theirs, h))
             return h
-        start = max(t, ahead, resp)
+        start = max(t, mine, theirs)
         if start >= self.detect[peer]:  # a peer known dead: nothing to average with
             return self._settle(r, ex, s, phase, t, start, start)[0]
         nbytes = self._pair_nbytes(ex)
@@ -505,7 +505,7 @@ class _Sim:
         return end
 
     def _pair_later(
-        self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int, ahead: Any, resp: Any, h: _Pending
+        self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int, mine: Any, theirs: Any, h: _Pending
     ):
         """The process of a pairwise average whose end is not known when it is asked for
         (:meth:`pair`): it waits for the averages ahead of it on ``r`` and on the peer, then
@@ -513,10 +513,10 @@ class _Sim:
         share (:attr:`Network.nics`), the path's latency, its CPU work's stretch, the host average
         and copies back, and the allgather after it."""
         env, net, peer = self.env, self.net, ex.peer
-        for x in (ahead, resp):
+        for x in (mine, theirs):
             if type(x) is _Pending and x.end is None:
                 yield x.done
-        start = max(t, _end(ahead), _end(resp))
+        start = max(t, _end(mine), _end(theirs))
         if start > env.now:
             yield env.timeout(start - env.now)
         if start < self.detect[peer]:
