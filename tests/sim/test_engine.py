@@ -46,6 +46,12 @@ def compute_rows(trace):
     return trace[trace["phase"] == PHASES["compute"]]
 
 
+def average_rows(trace):
+    """The records of pairwise averages that moved bytes, each from its start (phase overlap)."""
+    t = trace
+    return t[(t["kind"] == int(ExchangeKind.PAIRWISE)) & (t["nbytes"] > 0) & (t["phase"] == PHASES["overlap"])]
+
+
 def test_same_seed_gives_identical_trace_arrays():
     cfg = load_config(preset="interspeech2019-v100")
     a = make_algorithm("adpsgd", n_workers=16, variant="random", seed=3)
@@ -457,8 +463,7 @@ def test_transfers_between_hosts_never_beat_the_nics(case, hosts, seed, staging)
         seed=seed,
     )
     host = res.placement.host
-    t = res.trace
-    t = t[(t["kind"] == int(ExchangeKind.PAIRWISE)) & (t["nbytes"] > 0) & (t["phase"] == PHASES["overlap"])]
+    t = average_rows(res.trace)
     t = t[[host[r] != host[q] for r, q in zip(t["rank"], t["peer"])]]
     assert len(t) > 0
     assert np.all(t["end_s"] - t["start_s"] >= t["nbytes"] / 1e8 + 1e-4 - 1e-12)
@@ -505,8 +510,7 @@ def test_a_process_carries_one_pairwise_average_at_a_time(hosts, seed, straggler
         seed=seed,
         stragglers=StragglerModel.parse(straggler, n_workers=n) if straggler else None,
     )
-    t = res.trace
-    t = t[(t["kind"] == int(ExchangeKind.PAIRWISE)) & (t["nbytes"] > 0) & (t["phase"] == PHASES["overlap"])]
+    t = average_rows(res.trace)
     assert len(t) > 0
     for r in range(n):
         mine = t[(t["rank"] == r) | (t["peer"] == r)]
