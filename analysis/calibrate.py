@@ -95,7 +95,10 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     runs' fits, so a bandwidth the runs do not pin is the probe's while the latency stays the
     runs' (what a step sees: arrival skew, wake-ups); its laws replace the runs' where those
     cannot be fitted at all (``link_source``, per law); its measured CPU work is ``host_cpu``
-    unless runs with more workers than cores fit it. Another may be a probe between emulated
+    unless runs with more workers than cores fit it. Runs with ranks on several emulated hosts
+    (one rank per host) give the link between hosts (``nic``, :func:`fit_between_hosts`), those
+    with a core per rank only where there are some (the others are ``between_hosts_busy``, for
+    :func:`psgdlab.calibration.pin_latency_between_hosts`). Another may be a probe between emulated
     hosts (one rank per host): the link between hosts where no run between hosts gives it
     (``nic``), and its measured CPU work is ``host_cpu_between_hosts``, the work of a message
     that goes through the network stack instead of a host's shared-memory plane (``None``
@@ -133,6 +136,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
             )
     probe = inside[0] if inside else None
     nic_probe = across[0] if across else None
+    crossing_free = [r for r in crossing if cores is None or workers_of(r) <= cores] or crossing
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
     busy = [r for r in runs if r not in free]
     if not free:
@@ -243,7 +247,11 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     return {
         "compute": compute,
         "link": link,
-        "nic": fit_between_hosts(crossing, warmup_steps=warmup_steps) if crossing else _probe_nic(nic_probe),
+        "nic": fit_between_hosts(crossing_free, warmup_steps=warmup_steps) if crossing_free else _probe_nic(nic_probe),
+        # runs between hosts with more ranks than cores: left out of the link fit (the cores'
+        # contention is in their exchanges), for what the simulator, which prices it, can pin
+        # with them (psgdlab.calibration.pin_latency_between_hosts)
+        "between_hosts_busy": [str(r.path) for r in crossing if r not in crossing_free],
         "collective": collective,
         "server": server,
         "host_cpu": host_cpu,
@@ -649,6 +657,7 @@ def platform_profile(
                 f"{span['latency_s']:.4g} s + S / {span['bandwidth_bytes_per_s']:.4g} B/s from {span['samples']} "
                 f"allreduces, rms residual {span['rms_residual_s']:.4g} s, max relative residual "
                 f"{span['max_rel_residual']:.4g}"
+                + (f"; its latency per round {span['latency_source']}" if span.get("latency_source") else "")
             ]
             if span
             else []

@@ -320,7 +320,8 @@ def test_multi_host_cases_and_bad_input(capsys, monkeypatch, tmp_path):
     assert host_cases(vc) == [(2, 4), (2, 8), (4, 8)]
     assert {p[0] for p in calibration_plan(vc, cores=2)} >= {"easgd", "bmuf"}  # the server's and the fold's
     plan = between_hosts_plan(vc)
-    assert len(plan) == 2 * 2 * 2 * vc.calibration_runs and {p[2] for p in plan} == {"100Mbit/s", "2Gbit/s"}
+    assert len(plan) == 2 * 3 * 2 * vc.calibration_runs and {p[3] for p in plan} == {"100Mbit/s", "2Gbit/s"}
+    assert {(p[0], p[1]) for p in plan} == {("ssgd", 2), ("adpsgd", 2), ("ssgd", 4)}  # one rank a host
     with pytest.raises(ConfigError, match="no case"):
         ValidateConfig(out="x", hosts=(4,), workers=(4,))
     with pytest.raises(ConfigError, match="applies only with --hosts"):

@@ -23,6 +23,7 @@ __all__ = [
     "calibration_plan",
     "probe_groups",
     "host_cases",
+    "BETWEEN_HOSTS_GROUPS",
     "between_hosts_plan",
     "between_hosts_probes",
     "rate_slug",
@@ -243,23 +244,37 @@ def host_cases(vc: ValidateConfig) -> list[tuple[int, int]]:
     return [(h, n) for h in vc.hosts for n in vc.workers if n % h == 0 and n // h >= 2]
 
 
-def between_hosts_plan(vc: ValidateConfig) -> list[tuple[str, int, str | None, str]]:
-    """The calibration runs between emulated hosts, ``(algorithm, dim, NIC rate, directory
-    name)`` each: a gradient allreduce (ssgd) and a pairwise average (adpsgd) of 2 workers on 2
-    hosts (one each, so every exchange crosses the NIC), at both calibration sizes, at each NIC
-    rate, ``vc.calibration_runs`` times (:func:`psgdlab.analysis.calibrate.fit_between_hosts`).
+#: the hosts of the calibration runs between emulated hosts (one rank each, every exchange crosses
+#: hosts): 2, for a message between two hosts and an allreduce of 2; and 4, an allreduce of 6
+#: rounds beside 2, so that its latency per round is told from a cost per call (one group size
+#: cannot: :func:`psgdlab.analysis.fits.fit_links`). With fewer cores than its ranks a run's
+#: exchanges also hold the cores' contention: it stays out of the link fit, and the simulator,
+#: which prices that contention, fits the latency per round from it
+#: (:func:`psgdlab.calibration.pin_latency_between_hosts`)
+BETWEEN_HOSTS_GROUPS = (2, 4)
 
-    >>> [p[3] for p in between_hosts_plan(ValidateConfig(out="x", hosts=(2,), workers=(4,),
-    ...                                                  nic_bandwidths=("1Gbit/s",), calibration_runs=1))]
-    ['ssgd-h2-d125000-1Gbit-s', 'ssgd-h2-d375000-1Gbit-s', 'adpsgd-h2-d125000-1Gbit-s', 'adpsgd-h2-d375000-1Gbit-s']
+
+def between_hosts_plan(vc: ValidateConfig) -> list[tuple[str, int, int, str | None, str]]:
+    """The calibration runs between emulated hosts, ``(algorithm, hosts, dim, NIC rate, directory
+    name)`` each: a gradient allreduce (ssgd) and a pairwise average (adpsgd) of 2 workers on 2
+    hosts, and an allreduce of 4 workers on 4 hosts (:data:`BETWEEN_HOSTS_GROUPS`; one worker a
+    host, so every exchange crosses the NICs), at both calibration sizes, at each NIC rate,
+    ``vc.calibration_runs`` times (:func:`psgdlab.analysis.calibrate.fit_between_hosts`).
+
+    >>> vc = ValidateConfig(out="x", hosts=(2,), workers=(4,), nic_bandwidths=("1Gbit/s",), calibration_runs=1)
+    >>> [p[4] for p in between_hosts_plan(vc)]  # doctest: +NORMALIZE_WHITESPACE
+    ['ssgd-h2-d125000-1Gbit-s', 'ssgd-h2-d375000-1Gbit-s', 'adpsgd-h2-d125000-1Gbit-s',
+     'adpsgd-h2-d375000-1Gbit-s', 'ssgd-h4-d125000-1Gbit-s', 'ssgd-h4-d375000-1Gbit-s']
     """
     dims = vc.calibration_dims or ()
+    kinds = [("ssgd", 2), ("adpsgd", 2)] + [("ssgd", h) for h in BETWEEN_HOSTS_GROUPS if h > 2]
     out = []
     for rate in vc.nic_bandwidths or (None,):
         for i in range(vc.calibration_runs):
-            for alg in ("ssgd", "adpsgd"):
+            for alg, h in kinds:
                 for d in dims:
-                    out.append((alg, d, rate, f"{alg}-h2-d{d}-{rate_slug(rate)}" + (f"-r{i + 1}" if i else "")))
+                    name = f"{alg}-h{h}-d{d}-{rate_slug(rate)}" + (f"-r{i + 1}" if i else "")
+                    out.append((alg, h, d, rate, name))
     return out
 
 

@@ -267,3 +267,31 @@ def test_a_fitted_spread_is_never_wider_than_its_prior(alpha, beta, scatter, see
     )
     assert fit["latency_log_sd"] is None or fit["latency_log_sd"] <= LOOPBACK_LATENCY.log_sd * (1 + 1e-9)
     assert fit["bandwidth_log_sd"] <= LOOPBACK_BANDWIDTH.log_sd * (1 + 1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(round_s=st.floats(2e-5, 2e-3), beta=st.floats(3e7, 3e9), seed=st.integers(0, 2**16))
+def test_allreduces_of_two_group_sizes_between_hosts_fit_their_own_latency_per_round(round_s, beta, seed):
+    """Between hosts, allreduces of one group size (2) cannot tell a cost per round from one per
+    call: their rounds take the messages' latency (given, not fitted). With a second group size
+    (4 hosts: 6 rounds against 2) the allreduce's latency per round is its own fit, within three
+    of its reported standard deviations of the truth, and never wider than its prior."""
+    from psgdlab.analysis.fits import fit_links
+    from psgdlab.core.cost import allreduce_bytes
+
+    rng = np.random.default_rng(seed)
+    S = np.array([1e6, 3e6, 1e6, 3e6, 1e6, 3e6])
+    n = np.array([2.0, 2.0, 4.0, 4.0, 2.0, 2.0])
+    pair = np.array([False, False, False, False, True, True])
+    truth = np.where(pair, round_s + S / beta, 2 * (n - 1) * round_s + allreduce_bytes(n, S) / beta)
+    t = truth * (1 + 0.01 * rng.standard_normal(S.size))
+    rec, sd = np.full(S.size, 40), 0.01 * truth
+    priors = {"latency_prior": LOOPBACK_LATENCY, "bandwidth_prior": LOOPBACK_BANDWIDTH, "between_hosts": True}
+    two = ~((n == 4) & ~pair)
+    link, coll = fit_links(t[two], S[two], n[two], pair[two], rec[two], sd[two], **priors)
+    assert coll["latency_given"] and coll["latency_s"] == link["latency_s"]
+    link, coll = fit_links(t, S, n, pair, rec, sd, **priors)
+    assert not coll.get("latency_given")
+    assert abs(math.log(coll["latency_s"] / round_s)) <= 3 * coll["latency_log_sd"]
+    assert abs(math.log(coll["bandwidth_bytes_per_s"] / beta)) <= 3 * coll["bandwidth_log_sd"]
+    assert coll["latency_log_sd"] <= LOOPBACK_LATENCY.log_sd * (1 + 1e-9)
