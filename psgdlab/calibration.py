@@ -14,7 +14,17 @@ anything the noise was measured on. No prediction from the profile can
 honestly be surer than the model is on the runs it has seen; a fitted preset follows the same
 rule with its figures (:func:`psgdlab.core.fitting.fit_parameters`: the larger of the figures'
 noise and the fit's residual spread). ``psgdlab calibrate`` and ``psgdlab validate`` both write
-their profiles through it.
+their profiles through it (:func:`fitted_profile`).
+
+One value is fitted through the simulator here, because only the simulator prices what its runs
+also hold. Allreduces between hosts of one group size (2 hosts) cannot tell a latency per round
+from a cost per call, so their rounds take the messages' latency, which the runs rarely pin
+(:func:`psgdlab.analysis.fits.fit_links`); an allreduce of more hosts can, but on a machine with
+fewer cores than its ranks (emulated hosts share this machine's cores) its exchanges also hold
+the cores' contention, which the simulator's host-cores model prices
+(:class:`psgdlab.core.profile.HostCPU`, ``hosts_per_machine``). :func:`pin_latency_between_hosts`
+simulates those runs as they ran over a grid of latencies per round and keeps the one their mean
+steps say, with its spread.
 """
 
 from __future__ import annotations
@@ -25,7 +35,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["RunRequest", "run_request", "run_residuals", "residual_cv", "with_residuals"]
+__all__ = [
+    "RunRequest",
+    "run_request",
+    "run_residuals",
+    "residual_cv",
+    "with_residuals",
+    "LATENCY_GRID",
+    "pin_latency_between_hosts",
+    "fitted_profile",
+]
+
+#: the logarithms, about the prior's value, at which :func:`pin_latency_between_hosts` simulates
+#: the runs, in steps of a factor e^0.5: from e^-8 of it (3000 times less: as good as none) to
+#: e^3 (20 times more)
+LATENCY_GRID = tuple(0.5 * k for k in range(-16, 7))
 
 
 class RunRequest(NamedTuple):
@@ -145,3 +169,164 @@ def with_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> tuple[Any, d
     )
     raised = dataclasses.replace(u, noise_cv=round(cv, 6), noise_processes_per_core=load)
     return dataclasses.replace(profile, uncertainty=raised, notes=(*profile.notes, note)), residuals
+
+
+def _step_time_s(trace: Any, batch: int) -> float:
+    from psgdlab.analysis.compare import cut_at_first_finish, window_summary
+
+    return float(window_summary(cut_at_first_finish(trace), samples_per_step=batch)["step_time_s"])
+
+
+def _as_run(profile: Any, req: RunRequest) -> Any:
+    """``profile`` resolved for ``req``: its hosts, its workers per host (each behind its own
+    link, as :func:`psgdlab.analysis.calibrate.platform_profile` places devices), every emulated
+    host on this machine's cores, its model size and batch; no uncertainty (a point prediction)."""
+    per_host = int(req.keywords["workers_per_host"])
+    cpu = profile.platform.host_cpu
+    platform = dataclasses.replace(
+        profile.platform,
+        hosts=req.hosts,
+        devices_per_host=per_host,
+        sockets_per_host=per_host,
+        host_cpu=dataclasses.replace(cpu, hosts_per_machine=req.hosts) if cpu is not None else None,
+    )
+    bare = dataclasses.replace(profile, platform=platform, uncertainty=None)
+    n_params = req.payload_bytes // profile.workload.itemsize
+    return bare.with_values({"workload.n_params": n_params, "workload.batch_per_worker": req.batch}).resolved()
+
+
+def pin_latency_between_hosts(
+    calibration: dict[str, Any], profile: Any, *, predict: Any = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    r"""The latency per round of the allreduce between hosts, fitted through the simulator from
+    the runs between hosts with more ranks than cores (``calibration["between_hosts_busy"]``,
+    :func:`psgdlab.analysis.calibrate.calibrate_runs`), where the link fit left it unpinned at the
+    messages' latency :math:`\alpha_0` (module docstring).
+
+    Each run is simulated as it ran on ``profile`` (the fit's, with its hosts' cores) at latencies
+    :math:`\alpha = \alpha_0 e^{x}` over :data:`LATENCY_GRID`, the allreduce's bandwidth moving
+    with it as its fit given the latency does: that fit is linear in :math:`\alpha`, so
+    :math:`1/\beta(\alpha) = (1 + s\,(1 - \alpha/\alpha_0))/\beta_0` with :math:`s` its
+    ``bandwidth_latency_slope`` (:func:`psgdlab.analysis.fits.fit_bandwidth_at_latency`). The log
+    errors of the runs' mean steps, at the calibration's run-to-run noise of a mean step, and the
+    prior (:math:`\alpha_0` and its spread) give :math:`\chi^2(x)`:
+
+    - a least value inside the grid: a parabola through it and its neighbours gives :math:`\hat x`
+      and the spread :math:`1/\sqrt{A}` (:math:`A` the curvature of :math:`\chi^2/2`), widened by
+      :math:`\sqrt{\chi^2_\nu}` where the runs scatter more than their noise, never wider than the
+      prior; pinned where that is at most :data:`psgdlab.analysis.fits.PINNED_SHRINK` times the
+      prior's spread;
+    - at the grid's low end: the runs price no latency per round, which is then at its bound 0
+      (no spread, as a fitted latency at 0 has none);
+    - at its high end: the runs say more than the grid holds; nothing changes.
+
+    Returns the calibration with ``nic.collective`` updated (its latency, bandwidth, spreads and
+    their correlation; ``latency_given`` off, ``latency_source`` saying where it came from) and
+    ``latency_between_hosts``, the report (``runs``, the grid's ``log_latency_s`` and ``chi2``,
+    ``latency_s``, ``latency_log_sd``, ``reduced_chi2``, ``pinned``, ``log_errors`` of the runs
+    at the fit); ``(calibration, None)`` unchanged where there is nothing to fit.
+    ``predict(profile, run, request)`` -> mean step time (default: the simulator,
+    :func:`psgdlab.sim.predict.predict_one`) is for tests.
+    """
+    from psgdlab.analysis.fits import PINNED_SHRINK
+    from psgdlab.analysis.load import load_run
+
+    span = (calibration.get("nic") or {}).get("collective")
+    busy = calibration.get("between_hosts_busy") or []
+    if not busy or not span or not span.get("latency_given") or "latency_s" not in span.get("unpinned", ()):
+        return calibration, None
+    link0 = profile.platform.collective_between_hosts
+    if link0 is None or not span.get("latency_log_sd") or not span["latency_s"] > 0:
+        return calibration, None
+    if predict is None:
+        from psgdlab.sim.predict import predict_one
+
+        def predict(prof: Any, run: Any, req: RunRequest) -> float:
+            pred = predict_one(req.name, req.n_workers, _as_run(prof, req), intervals=False, **req.keywords)
+            return _step_time_s(pred.result.trace, req.batch)
+
+    runs = [(run, req) for run in map(load_run, busy) if (req := run_request(run)) is not None]
+    if not runs:
+        return calibration, None
+    measured = [math.log(_step_time_s(run.trace, req.batch)) for run, req in runs]
+    sigma = float(calibration["noise"]["step_cv_used"])
+    alpha0, beta0 = float(span["latency_s"]), float(span["bandwidth_bytes_per_s"])
+    prior_sd, slope = float(span["latency_log_sd"]), float(span.get("bandwidth_latency_slope") or 0.0)
+
+    def bandwidth(alpha: float) -> float:
+        return beta0 / max(1e-9, 1.0 + slope * (1.0 - alpha / alpha0))
+
+    def log_errors(alpha: float) -> list[float]:
+        link = dataclasses.replace(link0, latency_s=alpha, bandwidth_bytes_per_s=bandwidth(alpha))
+        platform = dataclasses.replace(profile.platform, collective_between_hosts=link)
+        prof = dataclasses.replace(profile, platform=platform)
+        return [m - math.log(predict(prof, run, req)) for m, (run, req) in zip(measured, runs)]
+
+    def data_chi2(errors: list[float]) -> float:
+        return sum((e / sigma) ** 2 for e in errors)
+
+    chi2 = [data_chi2(log_errors(alpha0 * math.exp(x))) + (x / prior_sd) ** 2 for x in LATENCY_GRID]
+    report: dict[str, Any] = {
+        "runs": [str(run.path) for run, _ in runs],
+        "log_latency_s": [math.log(alpha0) + x for x in LATENCY_GRID],
+        "chi2": chi2,
+        "pinned": False,
+        "latency_s": alpha0,
+        "latency_log_sd": prior_sd,
+    }
+    k = min(range(len(chi2)), key=chi2.__getitem__)
+    sd: float | None = None
+    if k == len(chi2) - 1:  # the runs want more latency than the grid holds: nothing is changed
+        return {**calibration, "latency_between_hosts": report}, report
+    if k == 0:  # no latency per round: at its bound 0, as a fitted latency at 0
+        alpha, curvature = 0.0, math.inf
+    else:
+        h = LATENCY_GRID[1] - LATENCY_GRID[0]
+        curvature = (chi2[k + 1] - 2 * chi2[k] + chi2[k - 1]) / (2 * h * h)
+        x_hat = LATENCY_GRID[k] - (chi2[k + 1] - chi2[k - 1]) / (4 * h * curvature)
+        alpha = alpha0 * math.exp(x_hat)
+    errors = log_errors(alpha)
+    red = data_chi2(errors) / (len(errors) - 1) if len(errors) > 1 else 1.0
+    if alpha > 0:
+        sd = min(prior_sd, math.sqrt(max(1.0, red) / curvature))
+    pinned = sd is None or sd <= PINNED_SHRINK * prior_sd
+    beta = bandwidth(alpha)
+    gain = slope * (alpha / alpha0) * beta / beta0  # d ln(beta) / d ln(alpha) at the fit
+    bw_sd_given = float(span.get("bandwidth_log_sd") or 0.0)
+    bw_sd = math.hypot(bw_sd_given, gain * sd) if sd is not None else bw_sd_given
+    fitted = {
+        **span,
+        "latency_s": alpha,
+        "bandwidth_bytes_per_s": beta,
+        "latency_log_sd": sd,
+        "bandwidth_log_sd": bw_sd,
+        "log_correlation": gain * sd / bw_sd if sd is not None and bw_sd > 0 else None,
+        "latency_given": False,
+        "unpinned": [u for u in span.get("unpinned", ()) if not (pinned and u == "latency_s")],
+        "latency_source": (
+            f"fitted through the simulator from {len(runs)} runs between hosts with more ranks than cores "
+            f"(reduced chi-square {red:.3g}" + (", at its bound 0)" if alpha == 0 else ")")
+        ),
+    }
+    report.update(pinned=pinned, latency_s=alpha, latency_log_sd=sd, reduced_chi2=red, log_errors=errors)
+    nic = {**calibration["nic"], "collective": fitted}
+    return {**calibration, "nic": nic, "latency_between_hosts": report}, report
+
+
+def fitted_profile(
+    calibration: dict[str, Any], run_dirs: Sequence[str | Path], **platform: Any
+) -> tuple[Any, dict[str, Any]]:
+    """The profile of a :func:`psgdlab.analysis.calibrate.calibrate_runs` fit
+    (:func:`~psgdlab.analysis.calibrate.platform_profile` with ``platform``'s keywords), its
+    latency per round between hosts fitted through the simulator where the link fit left it
+    unpinned (:func:`pin_latency_between_hosts`), and its noise at least its residual on
+    ``run_dirs`` (:func:`with_residuals`); and the calibration, with ``residuals`` (and
+    ``latency_between_hosts`` where that was fitted)."""
+    from psgdlab.analysis.calibrate import platform_profile
+
+    profile = platform_profile(calibration, **platform)
+    calibration, pinned = pin_latency_between_hosts(calibration, profile)
+    if pinned is not None and "reduced_chi2" in pinned:
+        profile = platform_profile(calibration, **platform)
+    profile, residuals = with_residuals(profile, run_dirs)
+    return profile, {**calibration, "residuals": residuals}

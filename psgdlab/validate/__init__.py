@@ -17,8 +17,9 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              probe between 2 emulated hosts (one rank each) per NIC rate: the
                              CPU work of a message between hosts
     OUT/platform.toml        the fitted platform profile (psgdlab.analysis.calibrate), its
-                             noise_cv at least the calibration runs' residual
-                             (psgdlab.calibration.with_residuals)
+                             noise_cv at least the calibration runs' residual, its latency
+                             per round between hosts fitted through the simulator where the
+                             runs of more hosts than cores say it (psgdlab.calibration.fitted_profile)
     OUT/predicted/runs/A-wN  the simulator's prediction of each case on that platform
     OUT/measured/runs/A-wN   the runtime's measurement of each case
     OUT/measured-repeats/    more runs of the cases of a pair measured out of the predicted order
@@ -33,7 +34,8 @@ needs root): the cases are every ``H x N/H`` (:func:`~psgdlab.validate.plan.host
 divides a ``--workers`` count ``N`` with at least 2 workers per host), every algorithm case, with
 hadpsgd's node a host and easgd's server on host 0, each at every NIC rate, and calibration adds
 runs of 2 hosts with one worker each (a gradient allreduce and a pairwise average at both
-calibration sizes, per rate: :func:`~psgdlab.validate.plan.between_hosts_plan`), from which
+calibration sizes, per rate; and an allreduce of 4 hosts, whose latency per round the runs of 2
+cannot tell from a cost per call: :func:`~psgdlab.validate.plan.between_hosts_plan`), from which
 :func:`psgdlab.analysis.calibrate.fit_between_hosts` fits the link between hosts. One platform
 per rate, ``OUT/platform-RATE.toml``: this machine's fits inside a host and that rate's between
 hosts, ``H`` hosts of ``N/H`` devices; the predictions place the workers on hosts as the runtime
@@ -85,7 +87,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from psgdlab.calibration import with_residuals
+from psgdlab.calibration import fitted_profile
 from psgdlab.core.algorithms import algorithm_parameters
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.validate.machine import load_average, wait_for_quiet
@@ -155,7 +157,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
 
 
 def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dict[str, Any]:
-    from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
+    from psgdlab.analysis.calibrate import calibrate_runs
     from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.analysis.load import load_run
@@ -213,20 +215,23 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         calib_dirs.append(obtain(Path(probe_cfg.out), label, partial(probe, probe_cfg)))
     between: dict[str | None, list[Path]] = {}
     if vc.hosts:
-        for alg, dim, rate, name in between_hosts_plan(vc):
+        for alg, h, dim, rate, name in between_hosts_plan(vc):
             cfg = train_config(
                 vc,
                 algorithm=alg,
                 variant=None,
-                workers=2,
+                workers=h,
                 dim=dim,
                 straggler="",
                 steps=vc.calibration_steps,
                 out=source / "calibration" / name,
-                hosts=2,
+                hosts=h,
                 nic_bandwidth=rate,
             )
-            label = f"calibration run {name} (2 emulated hosts, one worker each)"
+            if vc.measured and h > 2 and not Path(cfg.out).is_dir():  # a validate older than these runs
+                say(f"{name}: not in {source}; the allreduce between hosts takes the messages' latency per round")
+                continue
+            label = f"calibration run {name} ({h} emulated hosts, one worker each)"
             between.setdefault(rate, []).append(obtain(Path(cfg.out), label, partial(launch_fresh, cfg)))
         from psgdlab.runtime.probe import ProbeConfig, probe
 
@@ -249,8 +254,10 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         calibration = calibrate_runs(fitted, cores=cores)
         platform_path = out / ("platform.toml" if not vc.hosts else f"platform-{rate_slug(rate)}.toml")
         per_host = max(n // h for h, n in host_cases(vc)) if vc.hosts else max(vc.workers)
-        profile = platform_profile(
+        say("predict the calibration runs")
+        profile, calibration = fitted_profile(
             calibration,
+            fitted,
             name="this-machine" if not vc.hosts else f"emulated-hosts-{rate_slug(rate)}",
             devices=per_host,
             n_params=vc.dim,
@@ -259,8 +266,6 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             workers=vc.workers,
             hosts=max(vc.hosts) if vc.hosts else None,
         )
-        say("predict the calibration runs")
-        profile, calibration["residuals"] = with_residuals(profile, fitted)
         profile.write(platform_path)
         configs[rate] = load_config(path=platform_path)
         calibrations[str(platform_path.name)] = calibration
