@@ -370,6 +370,11 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     assert placement["placement"] == [0, 0, 1, 1]
     # a core per worker (--cores 4): the cores are not modelled, so nothing probes their work between hosts
     assert not (out / "calibration" / "probe-h2-200Mbit-s").exists()
+    # the ring of 4 hosts has a core per rank: it enters the link fit, and the ring across hosts
+    # has a latency per round of its own (not the messages')
+    assert (out / "calibration" / "ssgd-h4-d50000-200Mbit-s").is_dir()
+    fit = json.loads((out / "validate.json").read_text())["calibration"]["platform-200Mbit-s.toml"]
+    assert not fit["nic"]["collective"].get("latency_given") and "latency_between_hosts" not in fit
     from psgdlab.validate.plan import ValidateConfig, between_hosts_probes
 
     busy = ValidateConfig(out="x", hosts=(2,), workers=(4, 8), nic_bandwidths=("200Mbit/s",))

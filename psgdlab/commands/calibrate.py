@@ -189,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
             if span:
                 print(
                     f"allreduce between hosts (apart): latency {span['latency_s'] * 1e6:.1f} us per round, bandwidth "
-                    f"{span['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({span['samples']} allreduces)"
+                    f"{span['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({span['samples']} allreduces"
+                    + (f"; its latency {span['latency_source']}" if span.get("latency_source") else "")
+                    + ")"
                 )
         co = fit.get("collective")
         schedule = fit["allreduce_algorithm"]
