@@ -375,6 +375,21 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     assert (out / "calibration" / "ssgd-h4-d50000-200Mbit-s").is_dir()
     fit = json.loads((out / "validate.json").read_text())["calibration"]["platform-200Mbit-s.toml"]
     assert not fit["nic"]["collective"].get("latency_given") and "latency_between_hosts" not in fit
+    # on 2 cores the same runs of 4 hosts are beyond the cores: out of the link fit, and the
+    # ring's latency per round is fitted through the simulator from them
+    from psgdlab.analysis.calibrate import calibrate_runs
+    from psgdlab.calibration import fitted_profile
+
+    runs = sorted(p for p in (out / "calibration").iterdir() if p.is_dir())
+    narrow = calibrate_runs(runs, cores=2)
+    assert sorted(os.path.basename(p) for p in narrow["between_hosts_busy"]) == [
+        "ssgd-h4-d50000-200Mbit-s",
+        "ssgd-h4-d500000-200Mbit-s",
+    ]
+    profile, narrow = fitted_profile(narrow, runs, n_params=2000, itemsize=8, batch=1, hosts=2, devices=2)
+    report = narrow["latency_between_hosts"]
+    assert len(report["runs"]) == 2 and len(report["chi2"]) == len(report["log_latency_s"])
+    assert profile.platform.collective_between_hosts.latency_s == pytest.approx(report["latency_s"])
     from psgdlab.validate.plan import ValidateConfig, between_hosts_probes
 
     busy = ValidateConfig(out="x", hosts=(2,), workers=(4, 8), nic_bandwidths=("200Mbit/s",))
