@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Workload
 
-__all__ = ["WORKLOADS", "WorkloadEntry", "dense_cost", "workload", "workload_names", "load_workload"]
+__all__ = ["WORKLOADS", "BY_MODEL", "WorkloadEntry", "dense_cost", "workload", "workload_names", "load_workload"]
 
 #: FLOPs per multiply-accumulate per sample over forward + backward (2 forward, 4 backward)
 FLOPS_PER_MAC = 6.0
@@ -63,13 +63,15 @@ def dense_cost(macs_per_sample: float, n_params: int, itemsize: int = 4) -> tupl
 
 @dataclass(frozen=True, slots=True)
 class WorkloadEntry:
-    """A named workload with the provenance of its figures (ALGORITHMS.md tags)."""
+    """A named workload with the provenance of its figures (ALGORITHMS.md tags) and the runtime's
+    model preset that trains it (``psgdlab train --model``), which names it too."""
 
     workload: Workload
     provenance: dict[str, str]
+    model: str
 
 
-def _li_et_al(name: str, description: str, n: int, inputs: int, notes: dict[str, str]) -> WorkloadEntry:
+def _li_et_al(name: str, model: str, description: str, n: int, inputs: int, notes: dict[str, str]) -> WorkloadEntry:
     """A model of Li et al.'s LibriSpeech study (frame-synchronous, 4096-frame minibatches)."""
     flops, traffic = dense_cost(n, n)
     millions = f"{n / 1e6:g}M"
@@ -98,12 +100,14 @@ def _li_et_al(name: str, description: str, n: int, inputs: int, notes: dict[str,
             "epochs": "[INF]",
             **notes,
         },
+        model,
     )
 
 
 def _dnn_13_5m() -> WorkloadEntry:
     return _li_et_al(
         "dnn-13.5m",
+        "dnn",
         "Li et al. DNN: 6x1024 ReLU, 1320 inputs (40 FBANK+D+DD, 11 frames), 5723 states",
         13_500_000,
         1320,
@@ -114,6 +118,7 @@ def _dnn_13_5m() -> WorkloadEntry:
 def _cldnn_13_8m() -> WorkloadEntry:
     return _li_et_al(
         "cldnn-13.8m",
+        "cldnn",
         "Li et al. CLDNN: conv 128 maps, 2 LSTM 1024/512 proj, 2 DNN 1024, 5723 states, FBANK+D",
         13_800_000,
         80,
@@ -156,6 +161,7 @@ def _bilstm_43m() -> WorkloadEntry:
             "samples_per_epoch": "[DER §D.4] 7.2e8 frames / 21",
             "epochs": "[S000 §6.2]",
         },
+        "blstm",
     )
 
 
@@ -163,25 +169,37 @@ def _bilstm_43m() -> WorkloadEntry:
 WORKLOADS: dict[str, WorkloadEntry] = {e.workload.name: e for e in (_bilstm_43m(), _dnn_13_5m(), _cldnn_13_8m())}
 
 
+#: the named workloads by the runtime's model preset that trains each (``train --model``)
+BY_MODEL: dict[str, str] = {e.model: name for name, e in WORKLOADS.items()}
+
+
 def workload_names() -> tuple[str, ...]:
-    return tuple(sorted(WORKLOADS))
+    """The workloads' names, then the runtime's model presets that name them too."""
+    return (*sorted(WORKLOADS), *sorted(BY_MODEL))
 
 
 def workload(name: str) -> Workload:
-    """The workload named ``name``; an unknown name is a one-line error with the closest name."""
-    if name not in WORKLOADS:
+    """The workload named ``name``, or trained by the runtime's model preset ``name``
+    (:data:`BY_MODEL`: ``cldnn`` is ``cldnn-13.8m``); an unknown name is a one-line error with
+    the closest name.
+
+    >>> workload("cldnn") == workload("cldnn-13.8m")
+    True
+    """
+    key = BY_MODEL.get(name, name)
+    if key not in WORKLOADS:
         from psgdlab.core.config import closest
 
         raise ConfigError(
-            f"workload {name!r} is not known (known: {', '.join(workload_names())}){closest(name, WORKLOADS)}"
+            f"workload {name!r} is not known (known: {', '.join(workload_names())}){closest(name, workload_names())}"
         )
-    return WORKLOADS[name].workload
+    return WORKLOADS[key].workload
 
 
 def load_workload(name_or_path: str) -> Workload:
     """A workload by name (:data:`WORKLOADS`) or from a TOML file with a ``[workload]`` table (the
     profile's schema; unknown keys rejected with the closest key suggested)."""
-    if name_or_path in WORKLOADS or not name_or_path.endswith(".toml"):
+    if name_or_path in workload_names() or not name_or_path.endswith(".toml"):
         return workload(name_or_path)
     from psgdlab.core.config import check_keys, load_dataclass, load_toml
 

@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME|FILE.toml",
         default=None,
         help="predict another model on the same platform: a named workload (bilstm-43m, dnn-13.5m, "
-        "cldnn-13.8m) or a TOML file with a [workload] table; its compute time follows from the "
+        "cldnn-13.8m; or the runtime's model preset that trains it, blstm, dnn, cldnn) or a TOML file "
+        "with a [workload] table; its compute time follows from the "
         "platform's device (peak FLOP/s and memory bandwidth times the platform's efficiencies); "
         "default: the file's own [workload]",
     )
