@@ -109,14 +109,10 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
     "predicted_step_time_s", "measured_step_time_s", "processes_per_core"}, ...], "residual_cv"}``
     (:func:`residual_cv`; ``None`` when no run could be predicted; ``processes_per_core``: its
     workers over the cores of the machine that recorded it, ``None`` where it did not say)."""
-    from psgdlab.analysis.compare import cut_at_first_finish, window_summary
     from psgdlab.analysis.cores import cores_of
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
     from psgdlab.sim.predict import predict_one
-
-    def step_time_s(trace: Any, batch: int) -> float:
-        return float(window_summary(cut_at_first_finish(trace), samples_per_step=batch)["step_time_s"])
 
     platform = profile.platform
     pairs: list[tuple[float, float]] = []
@@ -135,7 +131,7 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
                 {"workload.n_params": key[0], "workload.batch_per_worker": key[1]}
             ).resolved()
         pred = predict_one(req.name, req.n_workers, configs[key], intervals=False, **req.keywords)
-        pair = (step_time_s(pred.result.trace, req.batch), step_time_s(run.trace, req.batch))
+        pair = (_step_time_s(pred.result.trace, req.batch), _step_time_s(run.trace, req.batch))
         pairs.append(pair)
         cores = cores_of([run])
         rows.append(
@@ -172,6 +168,7 @@ def with_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> tuple[Any, d
 
 
 def _step_time_s(trace: Any, batch: int) -> float:
+    """The mean step of ``trace`` under the comparison's window (the first worker's finish)."""
     from psgdlab.analysis.compare import cut_at_first_finish, window_summary
 
     return float(window_summary(cut_at_first_finish(trace), samples_per_step=batch)["step_time_s"])
@@ -275,20 +272,16 @@ def pin_latency_between_hosts(
         "latency_log_sd": prior_sd,
     }
     k = min(range(len(chi2)), key=chi2.__getitem__)
-    sd: float | None = None
     if k == len(chi2) - 1:  # the runs want more latency than the grid holds: nothing is changed
         return {**calibration, "latency_between_hosts": report}, report
-    if k == 0:  # no latency per round: at its bound 0, as a fitted latency at 0
-        alpha, curvature = 0.0, math.inf
-    else:
+    alpha, curvature = 0.0, 0.0  # the least value at the low end: at its bound 0, as a fitted latency at 0
+    if k > 0:
         h = LATENCY_GRID[1] - LATENCY_GRID[0]
         curvature = (chi2[k + 1] - 2 * chi2[k] + chi2[k - 1]) / (2 * h * h)
-        x_hat = LATENCY_GRID[k] - (chi2[k + 1] - chi2[k - 1]) / (4 * h * curvature)
-        alpha = alpha0 * math.exp(x_hat)
+        alpha = alpha0 * math.exp(LATENCY_GRID[k] - (chi2[k + 1] - chi2[k - 1]) / (4 * h * curvature))
     errors = log_errors(alpha)
     red = data_chi2(errors) / (len(errors) - 1) if len(errors) > 1 else 1.0
-    if alpha > 0:
-        sd = min(prior_sd, math.sqrt(max(1.0, red) / curvature))
+    sd = min(prior_sd, math.sqrt(max(1.0, red) / curvature)) if alpha > 0 else None
     pinned = sd is None or sd <= PINNED_SHRINK * prior_sd
     beta = bandwidth(alpha)
     gain = slope * (alpha / alpha0) * beta / beta0  # d ln(beta) / d ln(alpha) at the fit
@@ -325,8 +318,9 @@ def fitted_profile(
     from psgdlab.analysis.calibrate import platform_profile
 
     profile = platform_profile(calibration, **platform)
-    calibration, pinned = pin_latency_between_hosts(calibration, profile)
-    if pinned is not None and "reduced_chi2" in pinned:
+    nic = calibration.get("nic")
+    calibration, _ = pin_latency_between_hosts(calibration, profile)
+    if calibration.get("nic") is not nic:  # the ring's latency was fitted: its platform and spread follow
         profile = platform_profile(calibration, **platform)
     profile, residuals = with_residuals(profile, run_dirs)
     return profile, {**calibration, "residuals": residuals}
