@@ -27,6 +27,7 @@ from psgdlab.analysis.samples import (
     averages_model,
     link_samples,
     merging_steps,
+    pairwise_scatter,
     payload_of,
     step_gaps,
     workers_of,
@@ -77,7 +78,9 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     the runs whose training threads never fold an average back when there are some, the steps
     that do giving ``mix_merge`` (:func:`_fit_mix_merge`),
     ``link`` and ``collective``
-    (:func:`fit_links` over their allreduce and pairwise records, see :func:`link_samples`) and
+    (:func:`fit_links` over their allreduce and pairwise records, see :func:`link_samples`;
+    ``link["scatter"]``, how the pairwise averages of the runs of 2 workers scatter around it,
+    :func:`~psgdlab.analysis.samples.pairwise_scatter`) and
     ``server`` (service overhead: the :data:`SERVER_QUANTILE` of the server-exchange durations
     minus :math:`\alpha + S/\beta`, ``None`` without server records). Runs with more workers
     than cores give ``host_cpu`` (:func:`psgdlab.analysis.cores.fit_host_cpu`; ``None`` without
@@ -217,6 +220,8 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         link, collective = probe["link"], probe["collective"]
         source = {"link": "probe", "collective": "probe"}
         algorithm = probe["allreduce_algorithm"]
+    if link is not None:  # how single averages scatter around the law: runs of 2 workers
+        link["scatter"] = pairwise_scatter([r for r in plain if workers_of(r) == 2], warmup_steps=warmup_steps)
     for key, fit in (("link", link), ("collective", collective)):
         bw = "bandwidth_bytes_per_s"
         if fit is not None and source[key] == "runs" and priors[key] is not None and bw in fit["unpinned"]:
@@ -312,6 +317,7 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     :func:`psgdlab.analysis.probe.nic_prior`), the latency's
     :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
     ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
+    ``scatter`` (the runs of 2 ranks', :func:`~psgdlab.analysis.samples.pairwise_scatter`),
     ``collective``, ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the
     most of the runs) and ``allreduce_algorithm`` (the schedule of an allreduce across hosts)."""
     for r in runs:
@@ -351,6 +357,7 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     )
     return {
         **fit,
+        "scatter": pairwise_scatter([r for r in runs if workers_of(r) == 2], warmup_steps=warmup_steps),
         "collective": collective,
         "rate_bytes_per_s": rate,
         "hosts": max(hosts_of(r) for r in runs),
@@ -543,7 +550,7 @@ def platform_profile(
     avg = calibration.get("model_average")
     mix = calibration.get("mix_merge")
     mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
-    fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw))
+    fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw), scatter=tuple(link.get("scatter") or ()))
     memory: dict[str, Any] = {"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}
     nic_fit = calibration.get("nic")
     span = nic_fit.get("collective") if nic_fit else None  # the allreduce between hosts, fitted apart
@@ -552,7 +559,9 @@ def platform_profile(
         between = {
             "hosts": int(hosts or nic_fit["hosts"]),
             "nic": Link(
-                latency_s=float(nic_fit["latency_s"]), bandwidth_bytes_per_s=float(nic_fit["bandwidth_bytes_per_s"])
+                latency_s=float(nic_fit["latency_s"]),
+                bandwidth_bytes_per_s=float(nic_fit["bandwidth_bytes_per_s"]),
+                scatter=tuple(nic_fit.get("scatter") or ()),
             ),
             "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
         }

@@ -29,6 +29,8 @@ __all__ = [
     "workers_of",
     "allreduce_spans",
     "link_samples",
+    "pairwise_scatter",
+    "SCATTER_QUANTILES",
     "quantile_se",
     "step_gaps",
     "merging_steps",
@@ -156,6 +158,32 @@ def link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
         pts.append((q, float(size), 2.0, True, int(dur.size), quantile_se(dur, PAIRWISE_QUANTILE)))
     cols = list(zip(*pts)) if pts else [(), (), (), (), (), ()]
     return tuple(np.array(c, dtype=t) for c, t in zip(cols, (float, float, float, bool, int, float)))
+
+
+#: the quantiles of a pairwise average's duration over its law that a link's ``scatter`` keeps
+SCATTER_QUANTILES = tuple(float(q) for q in np.linspace(0.02, 0.98, 25))
+
+
+def pairwise_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, ...]:
+    """How the durations of the pairwise averages of ``runs`` scatter around the law the
+    calibration fits to them: each average's duration over the :data:`PAIRWISE_QUANTILE` of its
+    run's averages of the same payload (the point :func:`link_samples` gives the fit), pooled
+    over the runs, at :data:`SCATTER_QUANTILES` (``()`` without pairwise averages). Those of a
+    run of 2 workers are what one average meets alone: the scatter of the link, its transport
+    and the processes' wake-ups, not the queueing of a larger run."""
+    ratios = []
+    for run in runs:
+        tr = run.trace
+        pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
+        pw = pw[pw["step"] >= warmup_steps]
+        for size in np.unique(pw["nbytes"]):
+            dur = (pw["end_s"] - pw["start_s"])[pw["nbytes"] == size].astype(float)
+            law = float(np.quantile(dur, PAIRWISE_QUANTILE))
+            if law > 0.0:
+                ratios.append(dur / law)
+    if not ratios:
+        return ()
+    return tuple(float(x) for x in np.quantile(np.concatenate(ratios), SCATTER_QUANTILES))
 
 
 def quantile_se(x: np.ndarray, q: float) -> float:

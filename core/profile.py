@@ -56,6 +56,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import tomllib
@@ -97,11 +98,17 @@ def _require_efficiency(name: str, x: float) -> None:
 class Link:
     """One link class: latency (seconds) and bandwidth (bytes per second, per direction), and the
     achieved fraction of that bandwidth, ``efficiency`` in (0, 1] (a spec-sheet bandwidth times
-    what the software reaches on it; 1 when ``bandwidth_bytes_per_s`` is itself measured)."""
+    what the software reaches on it; 1 when ``bandwidth_bytes_per_s`` is itself measured).
+
+    ``scatter``: how a pairwise average over the link scatters around its law, as evenly spaced
+    quantiles of *duration / law* (non-decreasing, positive; a calibration measures them,
+    :func:`psgdlab.analysis.samples.pairwise_scatter`). The simulator draws each average's
+    factor from them (:mod:`psgdlab.sim.engine`); ``()``: every average takes its law."""
 
     latency_s: float = 0.0
     bandwidth_bytes_per_s: float = 1e9
     efficiency: float = 1.0
+    scatter: tuple[float, ...] = ()
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
@@ -115,6 +122,13 @@ class Link:
             "bandwidth_bytes_per_s",
             self.bandwidth_bytes_per_s,
             "must be a positive number of bytes per second",
+        )
+        q = self.scatter
+        require(
+            all(_finite(x) and x > 0 for x in q) and all(a <= b for a, b in itertools.pairwise(q)) and len(q) != 1,
+            "scatter",
+            list(q),
+            "must be positive quantiles in non-decreasing order, at least 2 (or none)",
         )
 
 
@@ -871,7 +885,7 @@ def _tables(name: str, obj: Any) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
     subs: list[tuple[str, Any]] = []
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if value is None:
+        if value is None or (value == () and f.default == ()):
             continue
         (subs if dataclasses.is_dataclass(value) else items).append((f.name, value))
     yield name, items

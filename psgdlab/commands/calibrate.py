@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
             f"link: latency {lk['latency_s'] * 1e6:.1f} us, bandwidth {lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
             f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)"
         )
+        _print_scatter("inside a host", lk)
         nic = fit.get("nic")
         if nic:
             print(
@@ -185,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
                 + (f"{nic['rate_bytes_per_s'] / 1e9:.3g} GB/s" if nic["rate_bytes_per_s"] else "no rate")
                 + f"; {nic['allreduce_algorithm']} allreduce across hosts)"
             )
+            _print_scatter("between hosts", nic)
             span = nic.get("collective")
             if span:
                 print(
@@ -280,6 +282,17 @@ def _run_probe(args: argparse.Namespace) -> str:
         return str(probe(cfg, progress=progress))
     finally:
         bar.close()
+
+
+def _print_scatter(where: str, fit: dict) -> None:
+    """One line on how single pairwise averages scatter around the law (``fit["scatter"]``)."""
+    q = fit.get("scatter") or ()
+    if q:
+        mid = len(q) // 2
+        print(
+            f"pairwise averages {where}, alone (runs of 2): {q[0]:.2g} / {q[mid]:.2g} / {q[-1]:.2g} times the law "
+            "(2 / 50 / 98 % quantiles; the simulator draws each average's factor from them)"
+        )
 
 
 def _print_probe(path: str, args: argparse.Namespace) -> int:

@@ -277,6 +277,26 @@ def test_server_update_cost_is_fitted_from_two_sizes(runs, tmp_path):
     assert cfg.platform.host_memory_bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.1)
 
 
+def test_calibrate_measures_how_single_averages_scatter_around_the_law(runs, tmp_path):
+    """Half the synthetic averages take the law exactly, half wait besides (an exponential): the
+    scatter's quantiles up to the median are 1, above it they grow past 1; the profile carries
+    them on the link inside a host, and its TOML reads them back."""
+    from psgdlab.analysis.samples import SCATTER_QUANTILES
+
+    q = np.array(calibrate_runs(runs)["link"]["scatter"])
+    levels = np.array(SCATTER_QUANTILES)
+    assert q.shape == levels.shape
+    np.testing.assert_allclose(q[levels < 0.45], 1.0, rtol=1e-9)
+    assert np.all(q[levels > 0.55] > 1.0) and np.all(np.diff(q) >= 0)
+    profile = platform_profile(calibrate_runs(runs), n_params=50_000)
+    assert profile.platform.pcie.scatter == tuple(q)
+    out = profile.write(tmp_path / "p.toml")
+    assert load_config(path=out).platform.pcie.scatter == tuple(q)
+    no_pairwise = calibrate_runs(runs[:2])
+    assert no_pairwise["link"]["scatter"] == ()  # nothing measured: every average takes the law
+    assert platform_profile(no_pairwise, n_params=50_000).platform.pcie.scatter == ()
+
+
 def test_calibrate_cli_writes_loadable_toml(runs, tmp_path, capsys):
     out = tmp_path / "platform.toml"
     assert main(["calibrate", *map(str, runs), "--out", str(out), "--n-params", "50000"]) == 0

@@ -22,7 +22,8 @@ counts = st.integers(1, 64)
 
 
 def links():
-    return st.builds(Link, latency_s=nonneg, bandwidth_bytes_per_s=positive)
+    scatter = st.just(()) | st.lists(st.floats(0.01, 100.0), min_size=2, max_size=25).map(lambda q: tuple(sorted(q)))
+    return st.builds(Link, latency_s=nonneg, bandwidth_bytes_per_s=positive, scatter=scatter)
 
 
 @st.composite
@@ -120,6 +121,12 @@ def test_profile_to_toml_and_back_is_the_identity(profile):
     assert back.to_toml() == text
     for name in ("platform", "workload", "defaults"):  # floats exactly, not approximately
         assert repr(getattr(back, name)) == repr(getattr(profile, name))
+
+
+@pytest.mark.parametrize("scatter", [(1.0,), (2.0, 1.0), (0.0, 1.0), (1.0, float("inf"))])
+def test_a_links_scatter_must_be_positive_ordered_quantiles(scatter):
+    with pytest.raises(ConfigError, match="scatter"):
+        Link(scatter=scatter)
 
 
 def test_unknown_keys_get_the_closest_key():
