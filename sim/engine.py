@@ -12,12 +12,14 @@ exchange           simulated as
 =================  ===========================================================================
 PairwiseAverage    non-blocking (``"mix"``): the active side starts it with the step from its
                    communication thread and it runs beside the compute (trace phase
-                   ``overlap``); the passive side answers from its *responder*. A process
-                   carries one average at a time, active or passive, in arrival order (the
-                   runtime's two threads share the process's point-to-point communicator,
-                   interpreter and cores: docs/validation.md); a worker applies its gradient
-                   only when both its compute and its step's exchange are done (phase
-                   ``comm`` for the tail).
+                   ``overlap``); the passive side answers from its *responder*. Each thread
+                   carries one average at a time in arrival order; where a process is active
+                   and passive at once (the random ring) its two averages share it, their
+                   work going on at the processes' fair shares (the runtime's two threads
+                   share the process's interpreter and cores: docs/validation.md). Each
+                   average takes its link's law times a draw from the link's ``scatter``
+                   (none: the law). A worker applies its gradient only when both its compute
+                   and its step's exchange are done (phase ``comm`` for the tail).
                    An average in flight on the responder does not hold the update back: the
                    runtime's responder takes the model's lock only to copy it and to add the
                    average's difference back (so an update in between is kept: the atomic
@@ -81,10 +83,12 @@ A process's pairwise averages and the server queue are analytical FIFO queues (a
 exactly the schedule of a simpy ``Resource(capacity=1)`` without its events, so an AD-PSGD
 learner step inside a host costs one or two simpy events. A pairwise average between hosts
 has no service time known in advance -- its bytes share the NICs with transfers that join
-later (:class:`~psgdlab.sim.network.FairLinks`) -- so it, and any average queued behind it on
-either of its processes, is a process of its own (:meth:`_Sim.pair` returns a pending end that
-the worker waits on), and the NICs' next departure is one timer event, replaced whenever a
-transfer joins or leaves.
+later (:class:`~psgdlab.sim.network.FairLinks`) -- nor has one on a schedule whose processes
+are active and passive at once -- its work shares its processes with averages that join later
+(a second :class:`~psgdlab.sim.network.FairLinks`, one link a process, capacity 1) -- so it,
+and any average queued behind it, is a process of its own (:meth:`_Sim.pair` returns a pending
+end that the worker waits on), and the next departure of each is one timer event, replaced
+whenever a transfer or an average joins or leaves.
 
 Examples
 --------
@@ -125,7 +129,7 @@ from psgdlab.core.failure import STEP_CHECK_ELEMENTS, Failure, node_sum_elements
 from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, SERVER_PEER, TraceBuilder
-from psgdlab.sim.network import Network
+from psgdlab.sim.network import FairLinks, Network
 from psgdlab.sim.platform import Placement, Platform
 from psgdlab.sim.workload import Workload, loader_pauses
 
@@ -262,6 +266,22 @@ def _gathers(r: int, ex: PairwiseAverage) -> int:
     return ex.n_shards if ex.shard == last else 1
 
 
+def _both_sides(algorithm: Algorithm, steps: int) -> bool:
+    """Whether some process of ``algorithm``'s schedule is active in one pairwise average and
+    passive in another (AD-PSGD's random ring; not its fixed ring, whose processes keep their
+    side), over the first ``steps`` steps (at most 64: a schedule's pattern shows by then)."""
+    active, passive = set(), set()
+    for s in range(min(steps, 64)):
+        for r in range(algorithm.n_workers):
+            for ex in algorithm.exchanges(s, r):
+                if type(ex) is PairwiseAverage and ex.active:
+                    active.add(r)
+                    passive.add(ex.peer)
+        if active & passive:
+            return True
+    return False
+
+
 def _release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) -> simpy.Event:
     """A timeout ``delay`` from now that resumes, in the order they began to wait, the processes
     waiting on ``waiting`` (the group's earlier arrivals), then whoever yields it (the last one):
@@ -312,6 +332,7 @@ class _Sim:
         steps: int,
         record: bool,
         policy: str = "stop",
+        scatter_streams: Sequence[np.random.Generator] = (),
     ) -> None:
         self.env = _CountingEnvironment()
         self.alg = algorithm
@@ -323,9 +344,21 @@ class _Sim:
         self.n_params = workload.n_params
         self.steps = steps
         self.comp = [row.tolist() for row in comp]
-        # a process's pairwise averages, active (its communication thread) or passive (its
-        # responder), one at a time: free from a time, or when the _Pending average holding it ends
+        # a process's pairwise averages: its communication thread's (active) one at a time, its
+        # responder's (passive) one at a time, each lane free from a time or when the _Pending
+        # average holding it ends; where a schedule has no process on both sides, one lane each
         self.lane: list[Any] = [0.0] * n
+        self.passive: list[Any] = self.lane
+        # where some process is on both sides (AD-PSGD's random ring), its two averages at once
+        # share it: their CPU work goes on at the processes' fair shares (FairLinks of capacity 1)
+        self.shares_process = _both_sides(algorithm, steps)
+        if self.shares_process:
+            self.passive = [0.0] * n
+        self.cpu = FairLinks(1.0)
+        self.cpu_done: dict[int, simpy.Event] = {}
+        self.cpu_key = 0
+        self.cpu_clock = 0
+        self.scatter = list(scatter_streams)  # each worker's draws of its averages' scatter
         self.wires: dict[int, simpy.Event] = {}  # transfers on the NICs, by their key in Network.nics
         self.wire_key = 0
         self.wire_clock = 0  # the NICs' timer in force (an arrival or departure voids the earlier one)
@@ -485,12 +518,12 @@ class _Sim:
         ``r`` and of the peer, active or passive (FIFO, :attr:`lane`), and record it (``phase``:
         ``overlap`` from its start, ``comm`` from ``t``). Returns its end, or a :class:`_Pending`
         when that is not known yet: it crosses the NICs (whose transfers end as others join and
-        leave) or waits for one that does."""
+        leave, or shares a process with another average) or waits for one that does."""
         peer = ex.peer
-        mine, theirs = self.lane[r], self.lane[peer]
-        if type(mine) is not float or type(theirs) is not float or self.net.crosses(r, peer):
+        mine, theirs = self.lane[r], self.passive[peer]
+        if type(mine) is not float or type(theirs) is not float or self.shares_process or self.net.crosses(r, peer):
             h = _Pending(simpy.Event(self.env))
-            self.lane[r] = self.lane[peer] = h
+            self.lane[r] = self.passive[peer] = h
             self.env.process(self._pair_later(r, ex, t, s, phase, mine, theirs, h))
             return h
         start = max(t, mine, theirs)
@@ -498,10 +531,11 @@ class _Sim:
             return self._settle(r, ex, s, phase, t, start, start)[0]
         nbytes = self._pair_nbytes(ex)
         dur = self.net.pair_average_s(r, peer, nbytes, start, gather=self._gather(r, ex), model_bytes=self.S)
+        dur *= self._scatter(r, peer)
         end, merged = self._settle(r, ex, s, phase, t, start, start + dur)
         self.lane[r] = end
         if merged:
-            self.lane[peer] = end
+            self.passive[peer] = end
         return end
 
     def _pair_later(
@@ -511,7 +545,10 @@ class _Sim:
         (:meth:`pair`): it waits for the averages ahead of it on ``r`` and on the peer, then
         (between hosts) for its device-to-host copies, its bytes' time on the NICs at their fair
         share (:attr:`Network.nics`), the path's latency, its CPU work's stretch, the host average
-        and copies back, and the allgather after it."""
+        and copies back, its scatter (:meth:`_scatter`, past its bytes' time), and the allgather
+        after it. Where processes are shared (:attr:`shares_process`) what follows the bytes --
+        inside a host, the whole average -- is work of both processes at their fair shares
+        (:meth:`on_cpu`)."""
         env, net, peer = self.env, self.net, ex.peer
         for x in (mine, theirs):
             if type(x) is _Pending and x.end is None:
@@ -528,19 +565,58 @@ class _Sim:
                 links, cap, after = net.wire(r, peer, nbytes, env.now)
                 yield self.on_wire(links, nbytes, cap)
                 after += net.pair_after_wire(r, peer, nbytes, env.now + after)
+                factor = self._scatter(r, peer)
+                if factor != 1.0:  # the law is the whole average; the bytes' time stays
+                    after = max(0.0, after + (factor - 1.0) * (before + nbytes / cap + after))
                 if gather > 1:
                     after += net.allgather_s(r, gather, self.S, env.now + after)
-                yield env.timeout(after)
+                yield self.on_cpu((r, peer), after) if self.shares_process else env.timeout(after)
             else:
-                yield env.timeout(net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S))
+                dur = net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=self.S)
+                dur *= self._scatter(r, peer)
+                yield self.on_cpu((r, peer), dur) if self.shares_process else env.timeout(dur)
         end = self._settle(r, ex, s, phase, t, start, env.now)[0]
         if end > env.now:  # the peer died first: the request hangs until the deadline
             yield env.timeout(end - env.now)
-        for x in (r, peer):
-            if self.lane[x] is h:  # nothing queued behind it: the process is free from its end
-                self.lane[x] = end
+        for lane, x in ((self.lane, r), (self.passive, peer)):
+            if lane[x] is h:  # nothing queued behind it: the lane is free from its end
+                lane[x] = end
         h.end = end
         h.done.succeed()
+
+    def _scatter(self, r: int, peer: int) -> float:
+        """The factor of ``r``'s next active average with ``peer`` over its law: a draw from its
+        link's ``scatter`` quantiles (:meth:`Network.pair_scatter`), linear between them, from
+        ``r``'s stream; 1 without them."""
+        q = self.net.pair_scatter(r, peer)
+        if not q:
+            return 1.0
+        x = float(self.scatter[r].random()) * (len(q) - 1)
+        i = min(int(x), len(q) - 2)
+        return q[i] + (q[i + 1] - q[i]) * (x - i)
+
+    def on_cpu(self, procs: tuple[int, ...], work_s: float) -> simpy.Event:
+        """An event that succeeds, with the time, when ``work_s`` of work of the processes
+        ``procs`` begun now is done, each process shared fairly among the averages it carries
+        (max-min over ``procs``: an average goes at the pace of its busier process)."""
+        key = self.cpu_key = self.cpu_key + 1
+        ev = self.cpu_done[key] = simpy.Event(self.env)
+        self._cpu_ended(self.cpu.add(key, procs, work_s, 1.0, self.env.now))
+        return ev
+
+    def _cpu_ended(self, ended: list[tuple[int, float]]) -> None:
+        for key, end in ended:
+            self.cpu_done.pop(key).succeed(end)
+        self.cpu_clock += 1  # the earlier timer is void: an average joined or left
+        t = self.cpu.next_end()
+        if t < math.inf:
+            clock = self.cpu_clock
+            timer = self.env.timeout(max(0.0, t - self.env.now))
+            timer.callbacks.append(lambda _ev: self._cpu_timer(clock))
+
+    def _cpu_timer(self, clock: int) -> None:
+        if clock == self.cpu_clock:
+            self._cpu_ended(self.cpu.advance(self.env.now))
 
     def _settle(self, r: int, ex: PairwiseAverage, s: int, phase: int, t: float, start: float, end: float):
         """Close ``r``'s active average ``ex`` of step ``s``, asked for at ``t``, begun at ``start``,
@@ -889,7 +965,9 @@ def simulate(
         stragglers.validate(n)
     comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network, streams=streams)
     policy = on_failure or (failures.policy if failures is not None else "stop")
-    sim = _Sim(algorithm, network, workload, comp, steps, record, policy)
+    order = range(n) if streams is None else streams
+    scatter = [np.random.default_rng([seed, int(order[r]), 0x5CA7]) for r in range(n)]
+    sim = _Sim(algorithm, network, workload, comp, steps, record, policy, scatter)
     require(until in ("first", "all"), "until", until, "must be 'first' or 'all'")
     t_end = math.inf
     if failures is not None:

@@ -167,9 +167,11 @@ class Network:
         "_inter_lat",
         "_intra_bw",
         "_intra_lat",
+        "_intra_scatter",
         "_mem_bw",
         "_n_hosts",
         "_nic_bw",
+        "_nic_scatter",
         "_pcie_bw",
         "_per_socket",
         "_process_ends",
@@ -196,6 +198,8 @@ class Network:
         nv = platform.nvlink
         self._intra_bw = nv.effective_bandwidth_bytes_per_s if nv is not None else None
         self._intra_lat = nv.latency_s if nv is not None else platform.pcie.latency_s
+        self._intra_scatter = (nv or platform.pcie).scatter
+        self._nic_scatter = platform.nic.scatter
         self._process_ends = platform.endpoints == "process"
         ends_lat = 0.0 if self._process_ends else 2 * platform.pcie.latency_s
         self._inter_lat = platform.nic.latency_s + ends_lat
@@ -290,6 +294,14 @@ class Network:
                 self._intra_lat,
             )
         return (H + sa, H + sb), (self._pcie_bw,) * 2, self._intra_lat
+
+    def pair_scatter(self, a: int, b: int) -> tuple[float, ...]:
+        """The ``scatter`` quantiles of a pairwise average between ``a`` and ``b``: the NIC's
+        between hosts, inside a host its link class's (NVLink, else PCIe: what the
+        calibration's averages inside a host fit)."""
+        if self._host[a] != self._host[b]:
+            return self._nic_scatter
+        return self._intra_scatter
 
     def crosses(self, a: int, b: int) -> bool:
         """Whether ``a`` and ``b`` are on different hosts (their transfers cross the NICs)."""

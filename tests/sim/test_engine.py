@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -488,17 +489,21 @@ def test_a_gossip_between_hosts_sends_each_model_once_each_way():
     np.testing.assert_allclose(comm["end_s"] - comm["start_s"], w.payload_bytes / 1e8 + 2e-4, rtol=1e-9)
 
 
+def _overlaps(x, y):
+    return (x["start_s"] < y["end_s"] - 1e-12) & (y["start_s"] < x["end_s"] - 1e-12)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     hosts=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**16),
     straggler=st.sampled_from(["", "1:2", "0:3"]),
 )
-def test_a_process_carries_one_pairwise_average_at_a_time(hosts, seed, straggler):
+def test_a_process_carries_one_active_and_one_passive_average_at_a_time(hosts, seed, straggler):
     """On the random ring a process is asked for an average while its own is in flight: its
-    communication thread and responder share its communicator, interpreter and cores, so the
-    averages it takes part in, active or passive, never overlap in time (each waits for the one
-    ahead of it on either process)."""
+    communication thread carries its active averages one at a time, its responder the passive
+    ones, so no two averages of one side of a process overlap in time (the two sides do:
+    :func:`test_averages_that_share_a_process_share_it_fairly`)."""
     n = 8
     nic = Link(latency_s=1e-4, bandwidth_bytes_per_s=2e8)
     p = flat_platform(hosts=hosts, devices_per_host=n // hosts, nic=nic, endpoints="process")
@@ -513,6 +518,87 @@ def test_a_process_carries_one_pairwise_average_at_a_time(hosts, seed, straggler
     t = average_rows(res.trace)
     assert len(t) > 0
     for r in range(n):
-        mine = t[(t["rank"] == r) | (t["peer"] == r)]
-        mine = mine[np.argsort(mine["start_s"], kind="stable")]
-        assert np.all(mine["start_s"][1:] >= mine["end_s"][:-1] - 1e-12), f"rank {r} carries two averages at once"
+        for side in (t[t["rank"] == r], t[t["peer"] == r]):
+            side = side[np.argsort(side["start_s"], kind="stable")]
+            assert np.all(side["start_s"][1:] >= side["end_s"][:-1] - 1e-12), f"rank {r} carries two at once"
+
+
+def test_averages_that_share_a_process_share_it_fairly():
+    """Inside one host without a CPU model an average alone on its processes takes its law
+    exactly; one that shares a process with another for any time takes longer (each goes at
+    its busier process's fair share)."""
+    n = 8
+    p = flat_platform(hosts=1, devices_per_host=n, endpoints="process")
+    shared = 0
+    for seed, straggler in ((0, ""), (1, ""), (2, "1:2"), (3, "1:2")):
+        res = simulate(
+            make_algorithm("adpsgd", n_workers=n, variant="random", seed=seed),
+            p,
+            workload("lognormal:0.01:0.005", n_params=3_000_000),  # 12 ms an average alone
+            steps=15,
+            seed=seed,
+            stragglers=StragglerModel.parse(straggler, n_workers=n) if straggler else None,
+            until="all",  # every average recorded: none that one overlaps is left out
+        )
+        t = average_rows(res.trace)
+        law = float(np.min(t["end_s"] - t["start_s"]))
+        for i, a in enumerate(t):
+            procs = (a["rank"], a["peer"])
+            mine = np.isin(t["rank"], procs) | np.isin(t["peer"], procs)
+            mine[i] = False
+            dur = a["end_s"] - a["start_s"]
+            if _overlaps(a, t[mine]).any():
+                shared += 1
+                assert dur > law * (1 + 1e-9)
+            else:
+                assert dur == pytest.approx(law, rel=1e-9)
+    assert shared > 0  # not vacuous: some process is active and passive at once
+
+
+def test_fixed_ring_processes_keep_one_side_and_do_not_share():
+    """On the fixed ring no process is active and passive: each average is alone on its
+    processes and takes its law, as under a FIFO queue per process."""
+    n = 8
+    p = flat_platform(hosts=1, devices_per_host=n, endpoints="process")
+    res = simulate(make_algorithm("adpsgd", n_workers=n), p, workload("0.01", n_params=1_000_000), steps=10, seed=1)
+    d = average_rows(res.trace)
+    d = d["end_s"] - d["start_s"]
+    assert len(d) > 0
+    np.testing.assert_allclose(d, d.min(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_scatter_draws_each_average_from_its_links_quantiles(hosts):
+    """With a link's ``scatter`` each average's duration is its law times a draw between the
+    first and last quantile (between hosts only the part past its bytes' time), seeded: the
+    same seed gives the same durations, another seed others; without it every average takes
+    its law."""
+    n = 4
+    q = (0.8, 1.0, 1.1, 2.0)
+    nic = Link(latency_s=1e-4, bandwidth_bytes_per_s=2e8)
+
+    def durations(scatter, seed):
+        inside = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9, scatter=scatter if hosts == 1 else ())
+        p = flat_platform(
+            hosts=hosts,
+            devices_per_host=n // hosts,
+            endpoints="process",
+            nvlink=inside,
+            nic=dataclasses.replace(nic, scatter=scatter if hosts == 2 else ()),
+        )
+        w = workload("1.0", n_params=250_000)
+        res = simulate(make_algorithm("adpsgd", n_workers=n), p, w, steps=40, seed=seed)
+        t = average_rows(res.trace)
+        host = res.placement.host
+        t = t[[(host[a] != host[b]) == (hosts == 2) for a, b in zip(t["rank"], t["peer"])]]
+        return np.sort(t["end_s"] - t["start_s"])
+
+    law = durations((), 0)
+    np.testing.assert_allclose(law, law[0], rtol=1e-9)
+    a = durations(q, 0)
+    np.testing.assert_array_equal(a, durations(q, 0))
+    assert not np.array_equal(a, durations(q, 1))
+    lo = law[0] * q[0] if hosts == 1 else 2e6 / 2e8  # between hosts the bytes' time stays
+    assert a.min() >= lo * (1 - 1e-9)
+    assert a.max() <= law[0] * q[-1] * (1 + 1e-9)
+    assert law[0] * q[1] <= np.median(a) <= law[0] * q[2]  # the draws' median is between 1.0 and 1.1
