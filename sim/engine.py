@@ -320,6 +320,42 @@ def _merge_at(queue: deque[float], t: float) -> None:
         queue.append(t)
 
 
+class _Flows:
+    """Simpy events over a :class:`~psgdlab.sim.network.FairLinks`: :meth:`join` starts a flow
+    and returns an event that succeeds, with the time, when it has gone through; the next
+    departure is one timer, voided whenever a flow joins or leaves."""
+
+    __slots__ = ("clock", "env", "events", "key", "links")
+
+    def __init__(self, env: simpy.Environment, links: FairLinks) -> None:
+        self.env = env
+        self.links = links
+        self.events: dict[int, simpy.Event] = {}
+        self.key = 0
+        self.clock = 0  # the timer in force (an arrival or departure voids the earlier one)
+
+    def join(self, links: tuple[int, ...], amount: float, cap: float) -> simpy.Event:
+        """A flow of ``amount`` over ``links`` at most ``cap`` a second, from now."""
+        key = self.key = self.key + 1
+        ev = self.events[key] = simpy.Event(self.env)
+        self._ended(self.links.add(key, links, amount, cap, self.env.now))
+        return ev
+
+    def _ended(self, ended: list[tuple[int, float]]) -> None:
+        for key, end in ended:
+            self.events.pop(key).succeed(end)
+        self.clock += 1
+        t = self.links.next_end()
+        if t < math.inf:
+            clock = self.clock
+            timer = self.env.timeout(max(0.0, t - self.env.now))
+            timer.callbacks.append(lambda _ev: self._timer(clock))
+
+    def _timer(self, clock: int) -> None:
+        if clock == self.clock:
+            self._ended(self.links.advance(self.env.now))
+
+
 class _Sim:
     """One simulation's state; :meth:`worker` is the simpy process of one worker."""
 
@@ -354,14 +390,9 @@ class _Sim:
         self.shares_process = _both_sides(algorithm, steps)
         if self.shares_process:
             self.passive = [0.0] * n
-        self.cpu = FairLinks(1.0)
-        self.cpu_done: dict[int, simpy.Event] = {}
-        self.cpu_key = 0
-        self.cpu_clock = 0
+        self.cpu = _Flows(self.env, FairLinks(1.0))
         self.scatter = list(scatter_streams)  # each worker's draws of its averages' scatter
-        self.wires: dict[int, simpy.Event] = {}  # transfers on the NICs, by their key in Network.nics
-        self.wire_key = 0
-        self.wire_clock = 0  # the NICs' timer in force (an arrival or departure voids the earlier one)
+        self.wires = _Flows(self.env, network.nics)  # transfers between hosts on the NICs
         self.mq: list[deque[float]] = [deque() for _ in range(n)]  # pending merge completion times
         self.mdone = [0] * n  # merges completed so far
         # collectives gathering: (release, group, arrival time by rank of those arrived so far)
@@ -599,24 +630,7 @@ class _Sim:
         """An event that succeeds, with the time, when ``work_s`` of work of the processes
         ``procs`` begun now is done, each process shared fairly among the averages it carries
         (max-min over ``procs``: an average goes at the pace of its busier process)."""
-        key = self.cpu_key = self.cpu_key + 1
-        ev = self.cpu_done[key] = simpy.Event(self.env)
-        self._cpu_ended(self.cpu.add(key, procs, work_s, 1.0, self.env.now))
-        return ev
-
-    def _cpu_ended(self, ended: list[tuple[int, float]]) -> None:
-        for key, end in ended:
-            self.cpu_done.pop(key).succeed(end)
-        self.cpu_clock += 1  # the earlier timer is void: an average joined or left
-        t = self.cpu.next_end()
-        if t < math.inf:
-            clock = self.cpu_clock
-            timer = self.env.timeout(max(0.0, t - self.env.now))
-            timer.callbacks.append(lambda _ev: self._cpu_timer(clock))
-
-    def _cpu_timer(self, clock: int) -> None:
-        if clock == self.cpu_clock:
-            self._cpu_ended(self.cpu.advance(self.env.now))
+        return self.cpu.join(procs, work_s, 1.0)
 
     def _settle(self, r: int, ex: PairwiseAverage, s: int, phase: int, t: float, start: float, end: float):
         """Close ``r``'s active average ``ex`` of step ``s``, asked for at ``t``, begun at ``start``,
@@ -660,24 +674,7 @@ class _Sim:
     def on_wire(self, links: tuple[int, ...], nbytes: float, cap: float) -> simpy.Event:
         """An event that succeeds, with the time, when ``nbytes`` put on the NIC ``links`` now
         at most ``cap`` bytes/s have left them at their fair share (:class:`~psgdlab.sim.network.FairLinks`)."""
-        key = self.wire_key = self.wire_key + 1
-        ev = self.wires[key] = simpy.Event(self.env)
-        self._wires_ended(self.net.nics.add(key, links, nbytes, cap, self.env.now))
-        return ev
-
-    def _wires_ended(self, ended: list[tuple[int, float]]) -> None:
-        for key, end in ended:
-            self.wires.pop(key).succeed(end)
-        self.wire_clock += 1  # the earlier timer is void: a transfer joined or left
-        t = self.net.nics.next_end()
-        if t < math.inf:
-            clock = self.wire_clock
-            timer = self.env.timeout(max(0.0, t - self.env.now))
-            timer.callbacks.append(lambda _ev: self._wire_timer(clock))
-
-    def _wire_timer(self, clock: int) -> None:
-        if clock == self.wire_clock:
-            self._wires_ended(self.net.nics.advance(self.env.now))
+        return self.wires.join(links, nbytes, cap)
 
     def collective(self, r: int, s: int, ex: AllReduce | Barrier, kind: int):
         group = ex.group
