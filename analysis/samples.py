@@ -128,6 +128,16 @@ def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return uniq[:, 0].astype(int), wire, n, cost
 
 
+def _pairwise_durations(trace: np.ndarray, *, from_step: int = 0) -> list[tuple[float, np.ndarray]]:
+    """The durations of the pairwise averages of ``trace`` that moved bytes (each from its start,
+    phase ``overlap``), of steps ``from_step`` on, per payload size: ``(bytes, durations)``."""
+    tr = trace
+    pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
+    pw = pw[pw["step"] >= from_step]
+    dur = (pw["end_s"] - pw["start_s"]).astype(float)
+    return [(float(size), dur[pw["nbytes"] == size]) for size in np.unique(pw["nbytes"])]
+
+
 def link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
     """One robust point per exchange kind and payload size of ``run``: ``(durations, model
     payloads, group sizes, pairwise mask, records behind each point, standard error of each
@@ -151,9 +161,7 @@ def link_samples(run: Any, *, warmup_steps: int = 2) -> tuple[np.ndarray, ...]:
         pts.append(
             (float(np.median(cost[sel])), S, n_w, False, int(np.count_nonzero(sel)), quantile_se(cost[sel], 0.5))
         )
-    pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
-    for size in np.unique(pw["nbytes"]):
-        dur = (pw["end_s"] - pw["start_s"])[pw["nbytes"] == size].astype(float)
+    for size, dur in _pairwise_durations(tr):
         q = float(np.quantile(dur, PAIRWISE_QUANTILE))
         pts.append((q, float(size), 2.0, True, int(dur.size), quantile_se(dur, PAIRWISE_QUANTILE)))
     cols = list(zip(*pts)) if pts else [(), (), (), (), (), ()]
@@ -173,11 +181,7 @@ def pairwise_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, 
     and the processes' wake-ups, not the queueing of a larger run."""
     ratios = []
     for run in runs:
-        tr = run.trace
-        pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
-        pw = pw[pw["step"] >= warmup_steps]
-        for size in np.unique(pw["nbytes"]):
-            dur = (pw["end_s"] - pw["start_s"])[pw["nbytes"] == size].astype(float)
+        for _size, dur in _pairwise_durations(run.trace, from_step=warmup_steps):
             law = float(np.quantile(dur, PAIRWISE_QUANTILE))
             if law > 0.0:
                 ratios.append(dur / law)

@@ -103,6 +103,7 @@ Examples
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -266,12 +267,14 @@ def _gathers(r: int, ex: PairwiseAverage) -> int:
     return ex.n_shards if ex.shard == last else 1
 
 
+@functools.lru_cache(maxsize=256)
 def _both_sides(algorithm: Algorithm, steps: int) -> bool:
     """Whether some process of ``algorithm``'s schedule is active in one pairwise average and
     passive in another (AD-PSGD's random ring; not its fixed ring, whose processes keep their
-    side), over the first ``steps`` steps (at most 64: a schedule's pattern shows by then)."""
+    side), over its first ``steps`` steps (callers pass at most 64: a schedule's pattern shows
+    by then). Cached: a prediction simulates one schedule with many seeds."""
     active, passive = set(), set()
-    for s in range(min(steps, 64)):
+    for s in range(steps):
         for r in range(algorithm.n_workers):
             for ex in algorithm.exchanges(s, r):
                 if type(ex) is PairwiseAverage and ex.active:
@@ -387,7 +390,7 @@ class _Sim:
         self.passive: list[Any] = self.lane
         # where some process is on both sides (AD-PSGD's random ring), its two averages at once
         # share it: their CPU work goes on at the processes' fair shares (FairLinks of capacity 1)
-        self.shares_process = _both_sides(algorithm, steps)
+        self.shares_process = _both_sides(algorithm, min(steps, 64))
         if self.shares_process:
             self.passive = [0.0] * n
         self.cpu = _Flows(self.env, FairLinks(1.0))

@@ -299,9 +299,7 @@ class Network:
         """The ``scatter`` quantiles of a pairwise average between ``a`` and ``b``: the NIC's
         between hosts, inside a host its link class's (NVLink, else PCIe: what the
         calibration's averages inside a host fit)."""
-        if self._host[a] != self._host[b]:
-            return self._nic_scatter
-        return self._intra_scatter
+        return self._nic_scatter if self.crosses(a, b) else self._intra_scatter
 
     def crosses(self, a: int, b: int) -> bool:
         """Whether ``a`` and ``b`` are on different hosts (their transfers cross the NICs)."""
