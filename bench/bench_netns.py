@@ -24,6 +24,18 @@ exchanging 2 MB both ways at once again and again (a pairwise average's traffic)
 exchange's time alone at the rate (``K`` exchanges that share the link fairly take ``K`` times
 it each; sent one after another they would take 1 to ``K`` times it).
 
+A pairwise average across hosts (``--pairwise 1,3``, sizes in MB)::
+
+    sudo .venv/bin/python bench/bench_netns.py --pairwise 1,3 [--rates 500Mbit/s] [--seconds 4]
+
+For each rate and size, two gloo ranks on two hosts exchange as AD-PSGD's runtime does: the
+active rank, after a seeded 20-60 ms of "compute", sends a header and exchanges the payload both
+ways; the passive rank receives the header from any rank, copies its parameters and exchanges.
+Once with the order of :func:`psgdlab.runtime.torch_dist.post_exchange` (on gloo: the receive
+posted before the send) and once with the send posted first (the runtime's order before
+2026-11-28). Prints the exchanges' 10/50/90 % quantiles and the median against one direction's
+time at the rate (1.0: both directions at once; 2.0: one after the other).
+
 Leak check::
 
     sudo .venv/bin/python bench/bench_netns.py --leak 20 [--seed 0]
@@ -213,6 +225,94 @@ def idle_connections(rates: list[str], seconds: float, idles: list[float]) -> No
                 f"{format_rate(rate):>10s} {idle * 1e3:5.0f} ms {r['median_s'] * 1e3:13.1f} ms "
                 f"{r['median_s'] / alone:8.2f} {r['median_s'] / first:15.2f}"
             )
+
+
+PAIRWISE_ORDERS = ("psgdlab", "sends first")
+
+
+def _pairwise_worker(rank: int, address: str, seconds: float, nbytes: int, order: str) -> None:
+    """One rank of ``--pairwise`` (rank 0 active, rank 1 passive); rank 0 prints its exchanges' times."""
+    import datetime
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from psgdlab.runtime.torch_dist import post_exchange, wait_all
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR=address, MASTER_PORT="29512", GLOO_SOCKET_IFNAME=netns.IFACE)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    params = torch.ones(nbytes // 4)
+    recv = torch.empty_like(params)
+    header = torch.zeros(4, dtype=torch.int64)
+    peer = 1 - rank
+
+    def exchange(send: torch.Tensor) -> None:
+        if order == "psgdlab":
+            wait_all(post_exchange(send, [recv], [peer], None, tag=2))
+        else:
+            wait_all([dist.isend(send, dst=peer, tag=2), dist.irecv(recv, src=peer, tag=2)])
+
+    rng = np.random.default_rng(0)
+    times: list[float] = []
+    go = torch.ones(1)
+    while True:
+        if rank == 0:  # the active side decides when to stop, and says so in the header
+            time.sleep(float(rng.uniform(0.02, 0.06)))
+            go[0] = float(sum(times) < seconds)
+            header[0] = int(go[0])
+            start = time.monotonic()
+            dist.send(header, 1, tag=1)
+            if not go[0]:
+                break
+            exchange(params)
+            times.append(time.monotonic() - start)
+        else:
+            dist.recv(header, None, tag=1)
+            if not header[0]:
+                break
+            exchange(params.clone())
+    if rank == 0:
+        print(json.dumps({"times": times[3:]}))  # the first exchanges open the connection and its window
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def pairwise(rates: list[str], seconds: float, sizes_mb: list[float]) -> None:
+    import numpy as np
+
+    print(f"a pairwise average between 2 hosts over gloo, {seconds:g} s of exchanges per case")
+    print(f"{'rate':>10s} {'size':>7s} {'order':>12s} {'10 %':>8s} {'50 %':>8s} {'90 %':>8s} {'50 % / one way':>15s}")
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")  # no reverse DNS in the namespaces: c10d warns
+    me = [sys.executable, str(Path(__file__).resolve()), "--worker", "pairwise"]
+    for rate, hosts in _two_hosts(rates):
+        for mb in sizes_mb:
+            nbytes = int(mb * 1e6) // 4 * 4
+            for order in PAIRWISE_ORDERS:
+                args = ["--address", hosts.address(0), "--seconds", str(seconds), "--nbytes", str(nbytes)]
+                args += ["--order", order]
+                passive = subprocess.Popen([*hosts.exec_prefix(1), *me, "1", *args], env=env)
+                try:
+                    out = subprocess.run(
+                        [*hosts.exec_prefix(0), *me, "0", *args],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                        timeout=seconds * 4 + 120,
+                    )
+                    passive.wait(timeout=60)
+                finally:
+                    if passive.poll() is None:
+                        passive.kill()
+                        passive.wait(timeout=10)
+                ms = np.array(json.loads(out.stdout.strip().splitlines()[-1])["times"]) * 1e3
+                q10, q50, q90 = np.percentile(ms, [10, 50, 90])
+                one_way = nbytes / rate * 1e3
+                print(
+                    f"{format_rate(rate):>10s} {mb:4g} MB {order:>12s} {q10:5.1f} ms {q50:5.1f} ms {q90:5.1f} ms "
+                    f"{q50 / one_way:15.2f}"
+                )
 
 
 def _two_hosts(rates: list[str]) -> Iterator[tuple[float, netns.EmulatedHosts]]:
@@ -413,6 +513,14 @@ def main() -> int:
         "--flows", default="", metavar="K[,...]", help="concurrent exchanges on K connections instead (e.g. 1,2,4)"
     )
     parser.add_argument(
+        "--pairwise",
+        default="",
+        metavar="MB[,...]",
+        help="a pairwise average's payload of MB both ways between two gloo ranks instead (e.g. 1,3)",
+    )
+    parser.add_argument("--nbytes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--order", choices=PAIRWISE_ORDERS, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--idle",
         default="",
         metavar="S[,...]",
@@ -423,6 +531,8 @@ def main() -> int:
         kind, role = args.worker
         if kind == "exchange":
             _exchange_worker(role, args.address, args.seconds, int(args.flows), args.port, float(args.idle or 0))
+        elif kind == "pairwise":
+            _pairwise_worker(int(role), args.address, args.seconds, args.nbytes, args.order)
         elif kind == "tcp":
             _tcp_worker(role, args.address, args.seconds, args.rate_bytes, args.port)
         else:
@@ -440,6 +550,7 @@ def main() -> int:
     modes = (  # a list-valued flag that picks a mode of its own: (value, flag, kind, least, rule, mode)
         (args.idle, "--idle", float, 0.0, "seconds >= 0, like 0,0.05,0.5", idle_connections),
         (args.flows, "--flows", int, 1, "counts >= 1, like 1,2,4", flows),
+        (args.pairwise, "--pairwise", float, 0.001, "sizes in MB >= 0.001, like 1,3", pairwise),
     )
     for text, flag, kind, least, rule, mode in modes:
         if text:

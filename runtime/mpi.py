@@ -88,8 +88,9 @@ class MPITransport(Transport):
 
     def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], tag: int) -> None:
         MPI = self._MPI
-        reqs = [self._p2p.Isend(_buf(send), dest=p, tag=tag) for p in peers]
-        reqs += [self._p2p.Irecv(_buf(b), source=p, tag=tag) for b, p in zip(recvs, peers)]
+        # the receives first, as MPI_Sendrecv posts them: a peer's payload finds its buffer waiting
+        reqs = [self._p2p.Irecv(_buf(b), source=p, tag=tag) for b, p in zip(recvs, peers)]
+        reqs += [self._p2p.Isend(_buf(send), dest=p, tag=tag) for p in peers]
         MPI.Request.Waitall(reqs)
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:

@@ -10,11 +10,10 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from psgdlab.core.errors import TransportError
 from psgdlab.runtime.shm import SUM_DTYPES, SharedMemoryPlane
-from psgdlab.runtime.torch_dist import TorchTransport
+from psgdlab.runtime.torch_dist import TorchTransport, post_exchange, wait_all
 from psgdlab.runtime.transport import CHANNELS
 
 __all__ = ["SharedMemoryTransport"]
@@ -73,9 +72,8 @@ class SharedMemoryTransport(TorchTransport):
         self, send: torch.Tensor, recvs: list[torch.Tensor], peers: list[int], shared: list[bool], tag: int
     ) -> None:
         """Payloads to the other hosts' peers over gloo; posts, takes and acknowledgements with the others."""
-        group = self._ctrl
-        reqs = [dist.isend(send, dst=p, group=group, tag=tag) for p, s in zip(peers, shared) if not s]
-        reqs += [dist.irecv(buf, src=p, group=group, tag=tag) for p, buf, s in zip(peers, recvs, shared) if not s]
+        remote = [(p, buf) for p, buf, s in zip(peers, recvs, shared) if not s]
+        reqs = post_exchange(send, [buf for _, buf in remote], [p for p, _ in remote], self._ctrl, tag)
         readers = [p for p, s in zip(peers, shared) if s]
         if self.plane.single_copy and not send.is_contiguous():  # read in place: alive until acknowledged
             send = send.contiguous()
@@ -86,9 +84,7 @@ class SharedMemoryTransport(TorchTransport):
         plane = self.plane
         for p, seq in zip(readers, seqs):
             plane.wait(p, plane.layout.ack(self.rank, self._channel), partial(operator.eq, seq), "exchange")
-        for req in reqs:
-            if req is not None:  # None only for a rank outside the group, which no caller is
-                req.wait()
+        wait_all(reqs)
         self.shm_ops += 1
 
     def _post(self, send: torch.Tensor, readers: list[int], tag: int) -> list[int]:

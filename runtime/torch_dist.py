@@ -12,6 +12,7 @@ instead (:mod:`psgdlab.runtime.shm`; off with ``PSGDLAB_SHM=0``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from psgdlab.runtime.transport import Transport
 
-__all__ = ["TorchTransport"]
+__all__ = ["TorchTransport", "post_exchange", "wait_all"]
 
 
 class TorchTransport(Transport):
@@ -91,24 +92,41 @@ class TorchTransport(Transport):
         return int(dist.recv(tensor, src=src, group=self._p2p_group(tensor), tag=tag))
 
     def sendrecv(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int) -> None:
-        group = self._p2p_group(send)
-        reqs = [dist.isend(send, dst=peer, group=group, tag=tag), dist.irecv(recv, src=peer, group=group, tag=tag)]
-        for req in reqs:
-            if req is not None:  # None only for a rank outside the group, which no caller is
-                req.wait()
+        wait_all(post_exchange(send, [recv], [peer], self._p2p_group(send), tag))
 
     def multi_exchange(self, send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], tag: int) -> None:
-        group = self._p2p_group(send)
-        reqs = [dist.isend(send, dst=p, group=group, tag=tag) for p in peers]
-        reqs += [dist.irecv(buf, src=p, group=group, tag=tag) for buf, p in zip(recvs, peers)]
-        for req in reqs:
-            if req is not None:  # None only for a rank outside the group, which no caller is
-                req.wait()
+        wait_all(post_exchange(send, recvs, peers, self._p2p_group(send), tag))
 
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         out: list[Any] | None = [None] * self.world_size if self.rank == root else None
         dist.gather_object(obj, out, dst=root, group=self._ctrl)
         return out
+
+
+def post_exchange(
+    send: torch.Tensor, recvs: Sequence[torch.Tensor], peers: Sequence[int], group: Any, tag: int
+) -> list[Any]:
+    """Post ``send`` to every peer and a receive from each into ``recvs``; the requests.
+
+    On gloo the receives go first. gloo's TCP pair sends a payload only once the peer has said
+    that its receive is posted, and that word travels on the same byte stream as this rank's own
+    payloads: posted after a send that the peer was already waiting for, it reaches the peer
+    behind the whole payload, and the two directions of the exchange run one after the other
+    instead of at once (``bench/bench_netns.py --pairwise``). NCCL runs a pair's operations in
+    order on one stream, where a receive posted first would wait for a send that the peer has
+    queued behind its own receive: there the sends go first.
+    """
+    sends = [partial(dist.isend, send, dst=p, group=group, tag=tag) for p in peers]
+    receives = [partial(dist.irecv, buf, src=p, group=group, tag=tag) for buf, p in zip(recvs, peers)]
+    order = [*sends, *receives] if send.is_cuda else [*receives, *sends]
+    return [post() for post in order]
+
+
+def wait_all(reqs: Sequence[Any]) -> None:
+    """Wait for every request of :func:`post_exchange`."""
+    for req in reqs:
+        if req is not None:  # None only for a rank outside the group, which no caller is
+            req.wait()
 
 
 class _Done:

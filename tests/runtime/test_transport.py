@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from psgdlab.runtime.launch import free_port, mpiexec_path
 from psgdlab.runtime.transport import launch_env
@@ -155,3 +156,24 @@ def test_transport_operations_on_mpi():
 def test_ranks_come_from_the_launcher_environment(environ, expected):
     env = launch_env(environ)
     assert (env.rank, env.world_size, env.local_rank, env.launcher) == expected
+
+
+class _CudaLike:
+    """Stands in for a CUDA tensor: :func:`post_exchange` only asks ``is_cuda`` and passes it on."""
+
+    is_cuda = True
+
+
+@pytest.mark.parametrize(("send", "first"), [(torch.zeros(3), "irecv"), (_CudaLike(), "isend")], ids=["gloo", "nccl"])
+def test_an_exchange_posts_its_receives_first_on_gloo_and_its_sends_first_on_nccl(monkeypatch, send, first):
+    # gloo tells a peer that a receive is posted on the byte stream that carries this rank's
+    # payloads: a receive posted behind a send reaches the peer behind the whole payload
+    from psgdlab.runtime import torch_dist
+
+    posted: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch_dist.dist, "isend", lambda t, dst, group, tag: posted.append(("isend", dst)))
+    monkeypatch.setattr(torch_dist.dist, "irecv", lambda t, src, group, tag: posted.append(("irecv", src)))
+    reqs = torch_dist.post_exchange(send, [torch.zeros(3), torch.zeros(3)], [2, 5], group=None, tag=7)
+    assert len(reqs) == 4
+    second = "isend" if first == "irecv" else "irecv"
+    assert posted == [(first, 2), (first, 5), (second, 2), (second, 5)]
