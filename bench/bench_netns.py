@@ -228,6 +228,7 @@ def idle_connections(rates: list[str], seconds: float, idles: list[float]) -> No
 
 
 PAIRWISE_ORDERS = ("psgdlab", "sends first")
+PAIRWISE_LEAST = 20  # exchanges a case makes at least, past the first 3
 
 
 def _pairwise_worker(rank: int, address: str, seconds: float, nbytes: int, order: str) -> None:
@@ -256,15 +257,14 @@ def _pairwise_worker(rank: int, address: str, seconds: float, nbytes: int, order
 
     rng = np.random.default_rng(0)
     times: list[float] = []
-    go = torch.ones(1)
+    t0 = time.monotonic()
     while True:
         if rank == 0:  # the active side decides when to stop, and says so in the header
             time.sleep(float(rng.uniform(0.02, 0.06)))
-            go[0] = float(sum(times) < seconds)
-            header[0] = int(go[0])
+            header[0] = int(time.monotonic() - t0 < seconds or len(times) < PAIRWISE_LEAST + 3)
             start = time.monotonic()
             dist.send(header, 1, tag=1)
-            if not go[0]:
+            if not header[0]:
                 break
             exchange(params)
             times.append(time.monotonic() - start)
@@ -282,7 +282,7 @@ def _pairwise_worker(rank: int, address: str, seconds: float, nbytes: int, order
 def pairwise(rates: list[str], seconds: float, sizes_mb: list[float]) -> None:
     import numpy as np
 
-    print(f"a pairwise average between 2 hosts over gloo, {seconds:g} s of exchanges per case")
+    print(f"a pairwise average between 2 hosts over gloo, about {seconds:g} s per case")
     print(f"{'rate':>10s} {'size':>7s} {'order':>12s} {'10 %':>8s} {'50 %':>8s} {'90 %':>8s} {'50 % / one way':>15s}")
     env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")  # no reverse DNS in the namespaces: c10d warns
     me = [sys.executable, str(Path(__file__).resolve()), "--worker", "pairwise"]
