@@ -112,9 +112,10 @@ def post_exchange(
     that its receive is posted, and that word travels on the same byte stream as this rank's own
     payloads: posted after a send that the peer was already waiting for, it reaches the peer
     behind the whole payload, and the two directions of the exchange run one after the other
-    instead of at once (``bench/bench_netns.py --pairwise``). NCCL runs a pair's operations in
-    order on one stream, where a receive posted first would wait for a send that the peer has
-    queued behind its own receive: there the sends go first.
+    instead of at once (``bench/bench_netns.py --pairwise``). NCCL keeps the sends first, its
+    order before; it runs a pair's operations in order on one stream, and ungrouped it may hold
+    a send that it cannot buffer until the peer's receive is posted (NVIDIA/nccl#479), which
+    neither order avoids for large payloads: the grouped form is ``dist.batch_isend_irecv``.
     """
     sends = [partial(dist.isend, send, dst=p, group=group, tag=tag) for p in peers]
     receives = [partial(dist.irecv, buf, src=p, group=group, tag=tag) for buf, p in zip(recvs, peers)]
