@@ -221,7 +221,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         source = {"link": "probe", "collective": "probe"}
         algorithm = probe["allreduce_algorithm"]
     if link is not None:  # how single averages scatter around the law: runs of 2 workers
-        link["scatter"] = pairwise_scatter([r for r in plain if workers_of(r) == 2], warmup_steps=warmup_steps)
+        link["scatter"] = pairwise_scatter(plain, warmup_steps=warmup_steps)
     for key, fit in (("link", link), ("collective", collective)):
         bw = "bandwidth_bytes_per_s"
         if fit is not None and source[key] == "runs" and priors[key] is not None and bw in fit["unpinned"]:
@@ -357,7 +357,7 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     )
     return {
         **fit,
-        "scatter": pairwise_scatter([r for r in runs if workers_of(r) == 2], warmup_steps=warmup_steps),
+        "scatter": pairwise_scatter(runs, warmup_steps=warmup_steps),
         "collective": collective,
         "rate_bytes_per_s": rate,
         "hosts": max(hosts_of(r) for r in runs),

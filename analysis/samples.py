@@ -131,8 +131,7 @@ def allreduce_spans(run: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 def _pairwise_durations(trace: np.ndarray, *, from_step: int = 0) -> list[tuple[float, np.ndarray]]:
     """The durations of the pairwise averages of ``trace`` that moved bytes (each from its start,
     phase ``overlap``), of steps ``from_step`` on, per payload size: ``(bytes, durations)``."""
-    tr = trace
-    pw = tr[(tr["kind"] == ExchangeKind.PAIRWISE) & (tr["phase"] == PHASES["overlap"]) & (tr["nbytes"] > 0)]
+    pw = trace[(trace["kind"] == ExchangeKind.PAIRWISE) & (trace["phase"] == PHASES["overlap"]) & (trace["nbytes"] > 0)]
     pw = pw[pw["step"] >= from_step]
     dur = (pw["end_s"] - pw["start_s"]).astype(float)
     return [(float(size), dur[pw["nbytes"] == size]) for size in np.unique(pw["nbytes"])]
@@ -173,14 +172,15 @@ SCATTER_QUANTILES = tuple(float(q) for q in np.linspace(0.02, 0.98, 25))
 
 
 def pairwise_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, ...]:
-    """How the durations of the pairwise averages of ``runs`` scatter around the law the
-    calibration fits to them: each average's duration over the :data:`PAIRWISE_QUANTILE` of its
-    run's averages of the same payload (the point :func:`link_samples` gives the fit), pooled
-    over the runs, at :data:`SCATTER_QUANTILES` (``()`` without pairwise averages). Those of a
-    run of 2 workers are what one average meets alone: the scatter of the link, its transport
-    and the processes' wake-ups, not the queueing of a larger run."""
+    """How the durations of the pairwise averages of the runs of 2 workers among ``runs``
+    scatter around the law the calibration fits to them: each average's duration over the
+    :data:`PAIRWISE_QUANTILE` of its run's averages of the same payload (the point
+    :func:`link_samples` gives the fit), pooled over the runs, at :data:`SCATTER_QUANTILES`
+    (``()`` without such averages). Only runs of 2 workers count: theirs are what one average
+    meets alone, the scatter of the link, its transport and the processes' wake-ups, not the
+    queueing of a larger run."""
     ratios = []
-    for run in runs:
+    for run in (r for r in runs if workers_of(r) == 2):
         for _size, dur in _pairwise_durations(run.trace, from_step=warmup_steps):
             law = float(np.quantile(dur, PAIRWISE_QUANTILE))
             if law > 0.0:
