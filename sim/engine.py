@@ -966,7 +966,7 @@ def simulate(
     comp = compute_times(workload, n, steps, seed=seed, stragglers=stragglers, network=network, streams=streams)
     policy = on_failure or (failures.policy if failures is not None else "stop")
     order = range(n) if streams is None else streams
-    scatter = [np.random.default_rng([seed, int(order[r]), 0x5CA7]) for r in range(n)]
+    scatter = [np.random.default_rng([seed, int(order[r]), 0x5CA7]) for r in range(n)] if network.scatters else []
     sim = _Sim(algorithm, network, workload, comp, steps, record, policy, scatter)
     require(until in ("first", "all"), "until", until, "must be 'first' or 'all'")
     t_end = math.inf

@@ -295,6 +295,12 @@ class Network:
             )
         return (H + sa, H + sb), (self._pcie_bw,) * 2, self._intra_lat
 
+    @property
+    def scatters(self) -> bool:
+        """Whether some pairwise average draws a factor from a link's ``scatter``
+        (:meth:`pair_scatter`)."""
+        return bool(self._nic_scatter or self._intra_scatter)
+
     def pair_scatter(self, a: int, b: int) -> tuple[float, ...]:
         """The ``scatter`` quantiles of a pairwise average between ``a`` and ``b``: the NIC's
         between hosts, inside a host its link class's (NVLink, else PCIe: what the
