@@ -176,22 +176,30 @@ def _exchange_worker(role: str, address: str, seconds: float, flows: int, port: 
         print(json.dumps({"exchanges": len(times), "span": max(spans), "median_s": statistics.median(times)}))
 
 
-def _exchanges(hosts: netns.EmulatedHosts, seconds: float, flows: int, idle: float = 0.0) -> dict[str, float]:
-    """:func:`_exchange_worker` with its server in host 1 and its client in host 0."""
-    me = [sys.executable, str(Path(__file__).resolve()), "--worker", "exchange"]
-    args = ["--address", hosts.address(1), "--seconds", str(seconds), "--flows", str(flows), "--idle", str(idle)]
-    server = subprocess.Popen([*hosts.exec_prefix(1), *me, "serve", *args], stdout=subprocess.DEVNULL)
+def _host_pair(
+    kind: str, roles: tuple[str, str], args: list[str], hosts: netns.EmulatedHosts, timeout: float, **popen: Any
+) -> dict[str, Any]:
+    """``--worker KIND`` twice: ``roles[1]`` in host 1 (in the background), ``roles[0]`` in host 0;
+    the last line host 0's worker prints, as JSON (host 1's worker killed if it outlives it)."""
+    me = [sys.executable, str(Path(__file__).resolve()), "--worker", kind]
+    other = subprocess.Popen([*hosts.exec_prefix(1), *me, roles[1], *args], stdout=subprocess.DEVNULL, **popen)
     try:
         out = subprocess.run(
-            [*hosts.exec_prefix(0), *me, "client", *args], capture_output=True, text=True, timeout=seconds * 4 + 60
+            [*hosts.exec_prefix(0), *me, roles[0], *args], capture_output=True, text=True, timeout=timeout, **popen
         )
-        server.wait(timeout=60)
+        other.wait(timeout=60)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(timeout=10)
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        if other.poll() is None:
+            other.kill()
+            other.wait(timeout=10)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def _exchanges(hosts: netns.EmulatedHosts, seconds: float, flows: int, idle: float = 0.0) -> dict[str, float]:
+    """:func:`_exchange_worker` with its server in host 1 and its client in host 0."""
+    args = ["--address", hosts.address(1), "--seconds", str(seconds), "--flows", str(flows), "--idle", str(idle)]
+    return _host_pair("exchange", ("client", "serve"), args, hosts, seconds * 4 + 60)
 
 
 def flows(rates: list[str], seconds: float, counts: list[int]) -> None:
@@ -285,28 +293,14 @@ def pairwise(rates: list[str], seconds: float, sizes_mb: list[float]) -> None:
     print(f"a pairwise average between 2 hosts over gloo, about {seconds:g} s per case")
     print(f"{'rate':>10s} {'size':>7s} {'order':>12s} {'10 %':>8s} {'50 %':>8s} {'90 %':>8s} {'50 % / one way':>15s}")
     env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")  # no reverse DNS in the namespaces: c10d warns
-    me = [sys.executable, str(Path(__file__).resolve()), "--worker", "pairwise"]
     for rate, hosts in _two_hosts(rates):
         for mb in sizes_mb:
             nbytes = int(mb * 1e6) // 4 * 4
             for order in PAIRWISE_ORDERS:
                 args = ["--address", hosts.address(0), "--seconds", str(seconds), "--nbytes", str(nbytes)]
                 args += ["--order", order]
-                passive = subprocess.Popen([*hosts.exec_prefix(1), *me, "1", *args], env=env)
-                try:
-                    out = subprocess.run(
-                        [*hosts.exec_prefix(0), *me, "0", *args],
-                        capture_output=True,
-                        text=True,
-                        env=env,
-                        timeout=seconds * 4 + 120,
-                    )
-                    passive.wait(timeout=60)
-                finally:
-                    if passive.poll() is None:
-                        passive.kill()
-                        passive.wait(timeout=10)
-                ms = np.array(json.loads(out.stdout.strip().splitlines()[-1])["times"]) * 1e3
+                times = _host_pair("pairwise", ("0", "1"), args, hosts, seconds * 4 + 120, env=env)["times"]
+                ms = np.array(times) * 1e3
                 q10, q50, q90 = np.percentile(ms, [10, 50, 90])
                 one_way = nbytes / rate * 1e3
                 print(
