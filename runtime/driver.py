@@ -690,9 +690,7 @@ class _Worker:
                 )
                 if opt.record_params:
                     trajectory.append(self.state.params.detach().cpu().numpy().copy())
-                if opt.evaluate_every and (s + 1) % opt.evaluate_every == 0:
-                    with self.lock:
-                        snapshots.append((s + 1, self.state.params.detach().cpu().clone()))
+                snapshot = bool(opt.evaluate_every) and (s + 1) % opt.evaluate_every == 0
                 stop = self.stop_requested and not sync  # synchronous ranks stop together, below
                 if sync and ((s + 1) % STOP_CHECK_EVERY == 0 or s + 1 == opt.steps):
                     flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
@@ -700,10 +698,16 @@ class _Worker:
                         self.main.allreduce_mean(flag, alg.all_ranks)
                     stop = bool(flag.item() > 0)
                 done = s + 1
-                if opt.run_dir is not None and (
+                save = opt.run_dir is not None and (
                     (opt.checkpoint_every and done % opt.checkpoint_every == 0) or stop or done == opt.steps
-                ):
-                    self._save(done)
+                )
+                if snapshot or save:
+                    with self.lock:  # one read: a step's scored snapshot and its checkpoint are one model
+                        state, merges = self.state, self.merges  # (every update replaces the tensors)
+                    if snapshot:
+                        snapshots.append((done, state.params.detach().cpu().clone()))
+                    if save:
+                        self._save(done, state, merges)
                 if opt.progress is not None:
                     t = self.now()
                     rate = samples * alg.n_workers / (t - t_prev) if t_prev is not None and t > t_prev else math.nan
@@ -969,18 +973,18 @@ class _Worker:
             self.main.barrier(ex.group)
         self.trace.add(rank=self.rank, step=st.step, phase="comm", start_s=t0, end_s=self.now(), kind=_BARRIER)
 
-    def _save(self, done: int) -> None:
-        with self.lock:
-            st = self.state
-            payload = {
-                "step": done,
-                "rank": self.rank,
-                "params": st.params,
-                "momentum": st.momentum,
-                "extras": dict(st.extras),
-                "merges": self.merges,
-                "algorithm": self.alg.params(),
-            }
+    def _save(self, done: int, st: Any, merges: int) -> None:
+        """Checkpoint ``st``, the state after step ``done`` (read under the lock by the caller),
+        and the ``merges`` counted by then."""
+        payload = {
+            "step": done,
+            "rank": self.rank,
+            "params": st.params,
+            "momentum": st.momentum,
+            "extras": dict(st.extras),
+            "merges": merges,
+            "algorithm": self.alg.params(),
+        }
         try:
             ckpt.save_checkpoint(
                 self.opt.run_dir,  # type: ignore[arg-type]
