@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.errors import ConfigError, TransportError, require
 from psgdlab.runtime.mpi import MPITransport, mpi_module
 from psgdlab.runtime.ranks import STORE_FD_ENV
 from psgdlab.runtime.shm import open_plane
@@ -69,8 +69,7 @@ def open_channels(
         Collective and point-to-point timeout of the torch process groups; a peer that died
         makes the survivors fail within it instead of hanging.
     device : torch.device, optional
-        The channels' device; default: GPU ``local_rank`` (modulo the GPU count) on NCCL, the
-        CPU otherwise.
+        The channels' device; default: :func:`rank_device`.
     master : (host, port), optional
         Rendezvous for torch.distributed when ``MASTER_ADDR``/``MASTER_PORT`` are not set. Ranks
         started by :func:`psgdlab.runtime.launch.launch` on one host find
@@ -95,6 +94,30 @@ def open_channels(
         return _open_torch(backend, env=env, groups=groups, timeout_s=timeout_s, device=device, master=master)
     except RuntimeError as exc:
         raise TransportError(f"rank {env.rank}: could not initialise {backend}: {exc}") from exc
+
+
+def rank_device(backend: str, env: LaunchEnv) -> torch.device:
+    """The device of a rank's payloads and workload: GPU ``local_rank`` on NCCL, else the CPU.
+
+    NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected"), so a local
+    rank without a GPU of its own is an error here, before any rank initialises.
+
+    Raises
+    ------
+    ConfigError
+        NCCL and ``env.local_rank`` at or beyond this host's GPU count.
+    """
+    if backend != "nccl":
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    require(
+        env.local_rank < gpus,
+        "local rank",
+        env.local_rank,
+        f"of rank {env.rank} has no GPU of its own on this host, which has {gpus}; NCCL needs one GPU per rank",
+        hint="start at most as many ranks per host as it has GPUs, or use --backend gloo or mpi",
+    )
+    return torch.device("cuda", env.local_rank)
 
 
 def _open_mpi(*, env: LaunchEnv, groups: Sequence[tuple[int, ...]]) -> dict[str, Transport]:
@@ -142,11 +165,7 @@ def _open_torch(
     os.environ.setdefault("MASTER_PORT", "29500")
     timeout = datetime.timedelta(seconds=timeout_s)
     if device is None:
-        device = (
-            torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
-            if backend == "nccl"
-            else torch.device("cpu")
-        )
+        device = rank_device(backend, env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():

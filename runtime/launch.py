@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.errors import ConfigError, TransportError, require
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, lsq_problem, world_size_of
@@ -65,6 +65,7 @@ from psgdlab.runtime.survivors import continuing_path
 
 __all__ = [
     "launch",
+    "require_local_gpus",
     "require_lsq_memory",
     "available_memory_bytes",
     "free_port",
@@ -108,6 +109,25 @@ def require_lsq_memory(config: TrainConfig, local_ranks: int) -> None:
     )
 
 
+def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
+    """Refuse, before anything starts, an NCCL run of more ranks on this machine than it has
+    GPUs: NCCL needs one GPU per rank (each rank's own check is
+    :func:`psgdlab.runtime.channels.rank_device`)."""
+    if config.backend != "nccl":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    server = " and the parameter server" if local_ranks > config.workers else ""
+    require(
+        local_ranks <= gpus,
+        "workers",
+        config.workers,
+        f"need {local_ranks} GPUs on this machine with --backend nccl (one per worker{server}), which has {gpus}",
+        hint="use fewer workers, or --backend gloo or mpi",
+    )
+
+
 def mpiexec_path() -> Path:
     """``mpiexec`` beside the running interpreter (the mpich wheel's), else on PATH."""
     here = Path(sys.executable).parent / "mpiexec"
@@ -131,8 +151,10 @@ def launch(
 
     ``config.failure_policy == "restart"``: under torchrun's elastic agent instead
     (:func:`psgdlab.runtime.elastic.launch_elastic`). A least-squares run whose data would not
-    fit this machine's memory is refused first (:func:`require_lsq_memory`)."""
+    fit this machine's memory is refused first (:func:`require_lsq_memory`), and so is an NCCL
+    run of more ranks than this machine has GPUs (:func:`require_local_gpus`)."""
     require_lsq_memory(config, world_size_of(config))
+    require_local_gpus(config, world_size_of(config))
     if config.failure_policy == "restart":
         from psgdlab.runtime.elastic import launch_elastic
 

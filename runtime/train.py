@@ -41,7 +41,7 @@ from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import atomic_write_bytes, empty_trace, read_trace, summarize, to_chrome_trace, write_trace
 from psgdlab.runtime import checkpoint as ckpt
-from psgdlab.runtime.channels import open_channels
+from psgdlab.runtime.channels import open_channels, rank_device
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, lsq_problem, world_size_of
 from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
 from psgdlab.runtime.elastic import Progress, restart_count
@@ -204,11 +204,7 @@ def _train(
         )
     rank = env.rank
     # NCCL: the workload lives on this rank's GPU, where the transport moves the payloads
-    device = (
-        torch.device("cuda", env.local_rank % torch.cuda.device_count())
-        if config.backend == "nccl" and torch.cuda.is_available()
-        else None
-    )
+    device = rank_device(config.backend, env)
     if workload_factory is not None:
         workload, spe = workload_factory(min(rank, config.workers - 1), config.workers), None
     else:

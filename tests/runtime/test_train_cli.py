@@ -37,6 +37,47 @@ def test_nccl_without_cuda(capsys, tmp_path):
     _fails(capsys, ["--backend", "nccl", "--out", str(tmp_path)], r"nccl.*needs CUDA")
 
 
+def test_nccl_with_more_ranks_than_gpus_is_refused_before_anything_starts(capsys, tmp_path, monkeypatch):
+    """NCCL refuses two ranks on one GPU at its initialisation ("Duplicate GPU detected", seen on
+    one H200): the launcher says so first, counting the parameter server's rank."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    out = tmp_path / "run"
+    _fails(
+        capsys,
+        ["--backend", "nccl", "--workers", "2", "--out", str(out)],
+        r"workers \(2\) need 2 GPUs on this machine with --backend nccl \(one per worker\), which has 1; use fewer",
+    )
+    _fails(
+        capsys,
+        ["--backend", "nccl", "--algorithm", "asgd", "--workers", "1", "--out", str(out)],
+        r"workers \(1\) need 2 GPUs .*one per worker and the parameter server\), which has 1",
+    )
+    assert not out.exists()
+
+
+def test_an_nccl_rank_without_a_gpu_of_its_own_is_refused(monkeypatch):
+    """Under torchrun or mpiexec, a local rank beyond the host's GPUs (which used to share GPU
+    ``local_rank`` modulo the count, and then fail in NCCL's initialisation)."""
+    import torch
+
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.runtime.channels import rank_device
+    from psgdlab.runtime.transport import launch_env
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    env = launch_env({"RANK": "5", "WORLD_SIZE": "6", "LOCAL_RANK": "2"})
+    with pytest.raises(
+        ConfigError, match=r"local rank \(2\) of rank 5 has no GPU of its own on this host, which has 2;"
+    ):
+        rank_device("nccl", env)
+    second = launch_env({"RANK": "1", "WORLD_SIZE": "6", "LOCAL_RANK": "1"})
+    assert rank_device("nccl", second) == torch.device("cuda", 1)
+    assert rank_device("gloo", env) == torch.device("cpu") == rank_device("mpi", env)
+
+
 def test_missing_hdf5_file(capsys, tmp_path):
     _fails(capsys, ["--data", str(tmp_path / "nope.h5"), "--out", str(tmp_path)], r"not found: .*nope\.h5")
 
