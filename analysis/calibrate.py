@@ -23,6 +23,7 @@ from psgdlab.analysis.samples import (
     PAIRWISE_QUANTILE,
     algorithm_of,
     allreduce_algorithm_of,
+    allreduce_scatter,
     allreduce_spans,
     averages_model,
     link_samples,
@@ -80,7 +81,8 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     ``link`` and ``collective``
     (:func:`fit_links` over their allreduce and pairwise records, see :func:`link_samples`;
     ``link["scatter"]``, how the pairwise averages of the runs of 2 workers scatter around it,
-    :func:`~psgdlab.analysis.samples.pairwise_scatter`) and
+    :func:`~psgdlab.analysis.samples.pairwise_scatter`, and ``collective["scatter"]`` their
+    allreduces, :func:`~psgdlab.analysis.samples.allreduce_scatter`) and
     ``server`` (service overhead: the :data:`SERVER_QUANTILE` of the server-exchange durations
     minus :math:`\alpha + S/\beta`, ``None`` without server records). Runs with more workers
     than cores give ``host_cpu`` (:func:`psgdlab.analysis.cores.fit_host_cpu`; ``None`` without
@@ -222,6 +224,8 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         algorithm = probe["allreduce_algorithm"]
     if link is not None:  # how single averages scatter around the law: runs of 2 workers
         link["scatter"] = pairwise_scatter(plain, warmup_steps=warmup_steps)
+    if collective is not None:  # and single allreduces around theirs
+        collective["scatter"] = allreduce_scatter(plain, warmup_steps=warmup_steps)
     for key, fit in (("link", link), ("collective", collective)):
         bw = "bandwidth_bytes_per_s"
         if fit is not None and source[key] == "runs" and priors[key] is not None and bw in fit["unpinned"]:
@@ -587,7 +591,9 @@ def platform_profile(
         allreduce_between_hosts=between.get("allreduce_between_hosts"),
         collective_between_hosts=between.get("collective_between_hosts"),
         collective=Link(
-            latency_s=float(coll_fit["latency_s"]), bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"])
+            latency_s=float(coll_fit["latency_s"]),
+            bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"]),
+            scatter=tuple(coll_fit.get("scatter") or ()),
         )
         if coll_fit
         else None,

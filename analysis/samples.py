@@ -27,6 +27,7 @@ __all__ = [
     "resolved_algorithm",
     "averages_model",
     "workers_of",
+    "allreduce_scatter",
     "allreduce_spans",
     "link_samples",
     "pairwise_scatter",
@@ -183,6 +184,26 @@ def pairwise_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, 
     for run in (r for r in runs if workers_of(r) == 2):
         for _size, dur in _pairwise_durations(run.trace, from_step=warmup_steps):
             law = float(np.quantile(dur, PAIRWISE_QUANTILE))
+            if law > 0.0:
+                ratios.append(dur / law)
+    if not ratios:
+        return ()
+    return tuple(float(x) for x in np.quantile(np.concatenate(ratios), SCATTER_QUANTILES))
+
+
+def allreduce_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, ...]:
+    """How the allreduces of the runs of 2 workers among ``runs`` scatter around the law the
+    calibration fits to them: each allreduce's cost (:func:`allreduce_spans`) over the median of
+    its run's allreduces of the same payload (the point :func:`link_samples` gives the fit),
+    pooled over the runs, at :data:`SCATTER_QUANTILES` (``()`` without such allreduces). Only
+    runs of 2 workers count, as in :func:`pairwise_scatter`."""
+    ratios = []
+    for run in (r for r in runs if workers_of(r) == 2):
+        step, wire, _n, cost = allreduce_spans(run)
+        keep = step >= warmup_steps
+        for size in np.unique(wire[keep]):
+            dur = cost[keep & (wire == size)]
+            law = float(np.median(dur))
             if law > 0.0:
                 ratios.append(dur / law)
     if not ratios:

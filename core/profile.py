@@ -100,10 +100,12 @@ class Link:
     achieved fraction of that bandwidth, ``efficiency`` in (0, 1] (a spec-sheet bandwidth times
     what the software reaches on it; 1 when ``bandwidth_bytes_per_s`` is itself measured).
 
-    ``scatter``: how a pairwise average over the link scatters around its law, as evenly spaced
-    quantiles of *duration / law* (non-decreasing, positive; a calibration measures them,
-    :func:`psgdlab.analysis.samples.pairwise_scatter`). The simulator draws each average's
-    factor from them (:mod:`psgdlab.sim.engine`); ``()``: every average takes its law."""
+    ``scatter``: how a pairwise average over the link (on ``Platform.collective``: an allreduce
+    inside a host) scatters around its law, as evenly spaced quantiles of *duration / law*
+    (non-decreasing, positive; a calibration measures them,
+    :func:`psgdlab.analysis.samples.pairwise_scatter`, :func:`~psgdlab.analysis.samples.allreduce_scatter`).
+    The simulator draws each one's factor from them (:mod:`psgdlab.sim.engine`); ``()``: each
+    takes its law."""
 
     latency_s: float = 0.0
     bandwidth_bytes_per_s: float = 1e9

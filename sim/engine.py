@@ -28,7 +28,8 @@ PairwiseAverage    non-blocking (``"mix"``): the active side starts it with the 
 Gossip             blocking: after the compute, wait for the neighbours to reach the same step,
                    then exchange with all of them (phase ``comm``).
 AllReduce          a rendezvous of the group; one event per collective with the ring formula
-                   (phase ``comm``, waiting for the slowest member included).
+                   (phase ``comm``, waiting for the slowest member included); inside a host
+                   times a draw from ``platform.collective``'s ``scatter`` (none: the law).
 ServerExchange     the server role: one request at a time in arrival order (phase ``wait``
                    while queued, ``comm`` while served); staleness = server updates since this
                    worker's last pull.
@@ -514,10 +515,9 @@ class _Sim:
                 kind, payload, _first, _size, step = key
                 if len(here) == len(living):  # every survivor of the group is waiting: go
                     size = self.S if kind == _K_ALLREDUCE else 0.0
-                    dur = self.net.allreduce_s(living, size, env.now, tuple(here[g] for g in living))
-                    if kind == _K_ALLREDUCE and payload == "model" and len(living) > 1:
-                        dur += self.net.model_average_s(living, self.S, env.now + dur)
-                    _release_after(env, ev, dur if len(living) > 1 else 0.0)
+                    times = tuple(here[g] for g in living)
+                    dur = self._allreduce(kind, payload, living, size, times) if len(living) > 1 else 0.0
+                    _release_after(env, ev, dur)
                 else:
                     self.coll[(kind, payload, living[0], len(living), step)] = (ev, living, here)
 
@@ -620,14 +620,32 @@ class _Sim:
 
     def _scatter(self, r: int, peer: int) -> float:
         """The factor of ``r``'s next active average with ``peer`` over its law: a draw from its
-        link's ``scatter`` quantiles (:meth:`Network.pair_scatter`), linear between them, from
-        ``r``'s stream; 1 without them."""
-        q = self.net.pair_scatter(r, peer)
+        link's ``scatter`` (:meth:`Network.pair_scatter`, :meth:`_draw`) from ``r``'s stream."""
+        return self._draw(self.net.pair_scatter(r, peer), r)
+
+    def _draw(self, q: tuple[float, ...], r: int) -> float:
+        """A draw from the ``scatter`` quantiles ``q``, linear between them, from ``r``'s stream;
+        1 without them."""
         if not q:
             return 1.0
         x = float(self.scatter[r].random()) * (len(q) - 1)
         i = min(int(x), len(q) - 2)
         return q[i] + (q[i + 1] - q[i]) * (x - i)
+
+    def _allreduce(
+        self, kind: int, payload: str, group: tuple[int, ...], size: float, times: tuple[float, ...]
+    ) -> float:
+        """How long a collective over ``group`` takes from now, its last member's arrival
+        (``times``: each member's): the allreduce (:meth:`Network.allreduce_s`) times a draw
+        from its ``scatter`` (:meth:`Network.allreduce_scatter`, from the first member's
+        stream), then for a model allreduce the fold of the mean into each member."""
+        env = self.env
+        dur = self.net.allreduce_s(group, size, env.now, times)
+        if kind == _K_ALLREDUCE:
+            dur *= self._draw(self.net.allreduce_scatter(group), group[0])
+            if payload == "model":
+                dur += self.net.model_average_s(group, self.S, env.now + dur)
+        return dur
 
     def on_cpu(self, procs: tuple[int, ...], work_s: float) -> simpy.Event:
         """An event that succeeds, with the time, when ``work_s`` of work of the processes
@@ -698,10 +716,7 @@ class _Sim:
         if len(times) == len(group):
             del self.coll[key]
             size = 0.0 if kind != _K_ALLREDUCE else self.sum_bytes if summed else self.S
-            dur = self.net.allreduce_s(group, size, env.now, tuple(times[g] for g in group))
-            if kind == _K_ALLREDUCE and payload == "model":  # fold the mean into each member
-                dur += self.net.model_average_s(group, self.S, env.now + dur)
-            ev = _release_after(env, ev, dur)
+            ev = _release_after(env, ev, self._allreduce(kind, payload, group, size, tuple(times[g] for g in group)))
         yield ev
         if self.tracked and r in self.tracked and kind == _K_ALLREDUCE and payload == "grad":
             self.covered[r].append((env.now, s + 1))  # the group holds this step's gradient

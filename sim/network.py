@@ -160,6 +160,7 @@ class Network:
 
     __slots__ = (
         "_cache",
+        "_coll_scatter",
         "_cpu",
         "_cpu_flows",
         "_flows",
@@ -199,6 +200,7 @@ class Network:
         self._intra_bw = nv.effective_bandwidth_bytes_per_s if nv is not None else None
         self._intra_lat = nv.latency_s if nv is not None else platform.pcie.latency_s
         self._intra_scatter = (nv or platform.pcie).scatter
+        self._coll_scatter = platform.collective.scatter if platform.collective is not None else ()
         self._nic_scatter = platform.nic.scatter
         self._process_ends = platform.endpoints == "process"
         ends_lat = 0.0 if self._process_ends else 2 * platform.pcie.latency_s
@@ -297,15 +299,21 @@ class Network:
 
     @property
     def scatters(self) -> bool:
-        """Whether some pairwise average draws a factor from a link's ``scatter``
-        (:meth:`pair_scatter`)."""
-        return bool(self._nic_scatter or self._intra_scatter)
+        """Whether some pairwise average or allreduce draws a factor from a link's ``scatter``
+        (:meth:`pair_scatter`, :meth:`allreduce_scatter`)."""
+        return bool(self._nic_scatter or self._intra_scatter or self._coll_scatter)
 
     def pair_scatter(self, a: int, b: int) -> tuple[float, ...]:
         """The ``scatter`` quantiles of a pairwise average between ``a`` and ``b``: the NIC's
         between hosts, inside a host its link class's (NVLink, else PCIe: what the
         calibration's averages inside a host fit)."""
         return self._nic_scatter if self.crosses(a, b) else self._intra_scatter
+
+    def allreduce_scatter(self, group: tuple[int, ...]) -> tuple[float, ...]:
+        """The ``scatter`` quantiles of an allreduce over ``group``: ``platform.collective``'s
+        inside a host, where that law prices it (:meth:`allreduce_s`); none across hosts."""
+        host = self._host[group[0]]
+        return self._coll_scatter if all(self._host[r] == host for r in group) else ()
 
     def crosses(self, a: int, b: int) -> bool:
         """Whether ``a`` and ``b`` are on different hosts (their transfers cross the NICs)."""

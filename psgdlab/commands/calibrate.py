@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             f"link: latency {lk['latency_s'] * 1e6:.1f} us, bandwidth {lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
             f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)"
         )
-        _print_scatter("inside a host", lk)
+        _print_scatter("pairwise averages inside a host", lk)
         nic = fit.get("nic")
         if nic:
             print(
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
                 + (f"{nic['rate_bytes_per_s'] / 1e9:.3g} GB/s" if nic["rate_bytes_per_s"] else "no rate")
                 + f"; {nic['allreduce_algorithm']} allreduce across hosts)"
             )
-            _print_scatter("between hosts", nic)
+            _print_scatter("pairwise averages between hosts", nic)
             span = nic.get("collective")
             if span:
                 print(
@@ -208,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             if co
             else "allreduce: the link (too few allreduce or pairwise payload sizes to fit it apart)"
         )
+        _print_scatter("allreduces inside a host", co)
         avg = fit.get("model_average")
         if avg:
             print(
@@ -284,14 +285,14 @@ def _run_probe(args: argparse.Namespace) -> str:
         bar.close()
 
 
-def _print_scatter(where: str, fit: dict) -> None:
-    """One line on how single pairwise averages scatter around the law (``fit["scatter"]``)."""
-    q = fit.get("scatter") or ()
+def _print_scatter(what: str, fit: dict | None) -> None:
+    """One line on how single exchanges (``what``) scatter around their law (``fit["scatter"]``)."""
+    q = (fit or {}).get("scatter") or ()
     if q:
         mid = len(q) // 2
         print(
-            f"pairwise averages {where}, alone (runs of 2): {q[0]:.2g} / {q[mid]:.2g} / {q[-1]:.2g} times the law "
-            "(2 / 50 / 98 % quantiles; the simulator draws each average's factor from them)"
+            f"{what}, alone (runs of 2): {q[0]:.2g} / {q[mid]:.2g} / {q[-1]:.2g} times the law "
+            "(2 / 50 / 98 % quantiles; the simulator draws each one's factor from them)"
         )
 
 

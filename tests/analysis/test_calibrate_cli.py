@@ -41,12 +41,14 @@ def write_run(
     schedule=None,
     merge=(0.0, 0.0),
     resolved=None,
+    spread=0.0,
 ):
     """A runtime-like run directory on a machine of CORES cores: compute records drawn from a
     lognormal law, exchanges of the exact cost model (allreduces over more workers than cores
     stretched by the CPU model) plus non-negative waiting (what the fit must see through).
     ``resolved``: the algorithm's parameters, written to config.resolved.json as the runtime
-    does; then only the steps whose training thread folds an average back pay ``merge``."""
+    does; then only the steps whose training thread folds an average back pay ``merge``.
+    ``spread``: each allreduce's cost times a factor uniform in ``[1 - spread, 1 + spread]``."""
     alg = (
         make_algorithm(resolved["algorithm"], **{k: v for k, v in resolved.items() if k != "algorithm"})
         if resolved
@@ -104,7 +106,7 @@ def write_run(
         t = np.zeros(workers)
         for s in range(steps):
             arrive = t + [compute(r, s, t[r]) for r in range(workers)]
-            end = arrive.max() + d
+            end = arrive.max() + d * (1.0 + spread * float(rng.uniform(-1.0, 1.0)) if spread else 1.0)
             for r in range(workers):
                 tb.add(
                     rank=r,
@@ -295,6 +297,38 @@ def test_calibrate_measures_how_single_averages_scatter_around_the_law(runs, tmp
     no_pairwise = calibrate_runs(runs[:2])
     assert no_pairwise["link"]["scatter"] == ()  # nothing measured: every average takes the law
     assert platform_profile(no_pairwise, n_params=50_000).platform.pcie.scatter == ()
+
+
+def test_calibrate_measures_how_single_allreduces_scatter_around_the_law(tmp_path):
+    """Allreduces of 2 workers whose cost is the law times a factor uniform in [0.8, 1.2]: the
+    collective's scatter is their quantiles over the median (about 0.8 / 1.0 ... 1.2 / 1.0 at
+    its ends, 1 at its middle); the profile carries it on ``platform.collective`` and its TOML
+    reads it back. Runs of 4 workers on 2 cores (oversubscribed) do not count; allreduces of
+    the law alone scatter by nothing."""
+    from psgdlab.analysis.load import load_run
+    from psgdlab.analysis.samples import SCATTER_QUANTILES, allreduce_scatter
+
+    spread = [
+        write_run(tmp_path / f"a{i}", n_params=n, seed=i, spread=0.2, steps=200)
+        for i, n in enumerate((10_000, 200_000))
+    ]
+    pairs = [
+        write_run(tmp_path / f"p{i}", n_params=n, pairwise=True, seed=5 + i) for i, n in enumerate((10_000, 200_000))
+    ]
+    fit = calibrate_runs(spread + pairs)
+    q = np.array(fit["collective"]["scatter"])
+    assert q.shape == (len(SCATTER_QUANTILES),) and np.all(np.diff(q) >= 0)
+    assert q[0] == pytest.approx(0.8 + 0.4 * SCATTER_QUANTILES[0], abs=0.04)
+    assert q[-1] == pytest.approx(0.8 + 0.4 * SCATTER_QUANTILES[-1], abs=0.04)
+    assert q[len(q) // 2] == pytest.approx(1.0, abs=0.01)
+    profile = platform_profile(fit, n_params=50_000)
+    assert profile.platform.collective.scatter == tuple(q)
+    out = profile.write(tmp_path / "p.toml")
+    assert load_config(path=out).platform.collective.scatter == tuple(q)
+    four = write_run(tmp_path / "w4", n_params=10_000, workers=4, seed=9, spread=0.5)
+    assert allreduce_scatter([load_run(four)]) == ()
+    exact = [load_run(write_run(tmp_path / "e", n_params=10_000, seed=3))]
+    np.testing.assert_allclose(allreduce_scatter(exact), 1.0, rtol=1e-9)
 
 
 def test_calibrate_cli_writes_loadable_toml(runs, tmp_path, capsys):

@@ -567,6 +567,34 @@ def test_fixed_ring_processes_keep_one_side_and_do_not_share():
     np.testing.assert_allclose(d, d.min(), rtol=1e-9)
 
 
+def test_scatter_draws_each_allreduce_inside_a_host_from_the_collectives_quantiles():
+    """With ``platform.collective``'s ``scatter`` each allreduce inside a host takes its law
+    times a draw between the first and last quantile, seeded; an allreduce across hosts (whose
+    law is not the collective's) and one without a scatter take their law. The spans are the
+    allreduces': last member in to the end."""
+    q = (0.5, 1.0, 1.2, 3.0)
+
+    def spans(hosts, scatter, seed):
+        coll = Link(latency_s=1e-4, bandwidth_bytes_per_s=1e9, scatter=scatter)
+        p = flat_platform(hosts=hosts, devices_per_host=4 // hosts, endpoints="process", collective=coll)
+        res = simulate(make_algorithm("ssgd", n_workers=4), p, workload("0.01", n_params=250_000), steps=60, seed=seed)
+        t = res.trace[(res.trace["kind"] == ExchangeKind.ALLREDUCE) & (res.trace["phase"] == PHASES["comm"])]
+        ends = {}
+        for row in t:
+            start = ends.get(int(row["step"]), (0.0, 0.0))[0]
+            ends[int(row["step"])] = (max(start, float(row["start_s"])), float(row["end_s"]))
+        return np.array([e - a for a, e in ends.values()])
+
+    law = spans(1, (), 0)
+    np.testing.assert_allclose(law, law[0], rtol=1e-9)
+    a = spans(1, q, 0)
+    np.testing.assert_array_equal(a, spans(1, q, 0))
+    assert not np.array_equal(a, spans(1, q, 1))
+    assert law[0] * q[0] * (1 - 1e-9) <= a.min() and a.max() <= law[0] * q[-1] * (1 + 1e-9)
+    assert law[0] * q[1] <= np.median(a) <= law[0] * q[2]
+    np.testing.assert_array_equal(spans(2, q, 0), spans(2, (), 0))
+
+
 @pytest.mark.parametrize("hosts", [1, 2])
 def test_scatter_draws_each_average_from_its_links_quantiles(hosts):
     """With a link's ``scatter`` each average's duration is its law times a draw between the
