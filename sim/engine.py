@@ -515,8 +515,8 @@ class _Sim:
                 kind, payload, _first, _size, step = key
                 if len(here) == len(living):  # every survivor of the group is waiting: go
                     size = self.S if kind == _K_ALLREDUCE else 0.0
-                    times = tuple(here[g] for g in living)
-                    dur = self._allreduce(kind, payload, living, size, times) if len(living) > 1 else 0.0
+                    arrived = tuple(here[g] for g in living)
+                    dur = self._allreduce(kind, payload, living, size, arrived) if len(living) > 1 else 0.0
                     _release_after(env, ev, dur)
                 else:
                     self.coll[(kind, payload, living[0], len(living), step)] = (ev, living, here)
