@@ -8,6 +8,7 @@ worker's host time between steps, and the allreduce schedule the backend reporte
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -180,15 +181,12 @@ def pairwise_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, 
     (``()`` without such averages). Only runs of 2 workers count: theirs are what one average
     meets alone, the scatter of the link, its transport and the processes' wake-ups, not the
     queueing of a larger run."""
-    ratios = []
-    for run in (r for r in runs if workers_of(r) == 2):
-        for _size, dur in _pairwise_durations(run.trace, from_step=warmup_steps):
-            law = float(np.quantile(dur, PAIRWISE_QUANTILE))
-            if law > 0.0:
-                ratios.append(dur / law)
-    if not ratios:
-        return ()
-    return tuple(float(x) for x in np.quantile(np.concatenate(ratios), SCATTER_QUANTILES))
+    return _scatter_quantiles(
+        (dur, float(np.quantile(dur, PAIRWISE_QUANTILE)))
+        for run in runs
+        if workers_of(run) == 2
+        for _size, dur in _pairwise_durations(run.trace, from_step=warmup_steps)
+    )
 
 
 def allreduce_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float, ...]:
@@ -197,15 +195,22 @@ def allreduce_scatter(runs: list[Any], *, warmup_steps: int = 2) -> tuple[float,
     its run's allreduces of the same payload (the point :func:`link_samples` gives the fit),
     pooled over the runs, at :data:`SCATTER_QUANTILES` (``()`` without such allreduces). Only
     runs of 2 workers count, as in :func:`pairwise_scatter`."""
-    ratios = []
-    for run in (r for r in runs if workers_of(r) == 2):
+
+    def costs(run: Any) -> Iterator[np.ndarray]:
         step, wire, _n, cost = allreduce_spans(run)
         keep = step >= warmup_steps
         for size in np.unique(wire[keep]):
-            dur = cost[keep & (wire == size)]
-            law = float(np.median(dur))
-            if law > 0.0:
-                ratios.append(dur / law)
+            yield cost[keep & (wire == size)]
+
+    return _scatter_quantiles(
+        (dur, float(np.median(dur))) for run in runs if workers_of(run) == 2 for dur in costs(run)
+    )
+
+
+def _scatter_quantiles(samples: Iterable[tuple[np.ndarray, float]]) -> tuple[float, ...]:
+    """``(durations, law)`` pairs as durations over their law (a law of 0 skipped), pooled, at
+    :data:`SCATTER_QUANTILES`; ``()`` without any."""
+    ratios = [dur / law for dur, law in samples if law > 0.0]
     if not ratios:
         return ()
     return tuple(float(x) for x in np.quantile(np.concatenate(ratios), SCATTER_QUANTILES))

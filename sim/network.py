@@ -312,6 +312,8 @@ class Network:
     def allreduce_scatter(self, group: tuple[int, ...]) -> tuple[float, ...]:
         """The ``scatter`` quantiles of an allreduce over ``group``: ``platform.collective``'s
         inside a host, where that law prices it (:meth:`allreduce_s`); none across hosts."""
+        if not self._coll_scatter:
+            return ()
         host = self._host[group[0]]
         return self._coll_scatter if all(self._host[r] == host for r in group) else ()
 
