@@ -150,6 +150,8 @@ class DriverOptions:
     stragglers : StragglerModel
     run_dir : Path, optional
         Where checkpoints go.
+    run_id : str
+        The run the checkpoints belong to (:func:`psgdlab.runtime.checkpoint.write_run_record`).
     checkpoint_every : int
         Steps between checkpoints (0: only at the end and on SIGTERM).
     record_params : bool
@@ -173,6 +175,7 @@ class DriverOptions:
     compute_time: ComputeTime | None = None
     stragglers: StragglerModel = field(default_factory=StragglerModel)
     run_dir: Path | None = None
+    run_id: str = ""
     checkpoint_every: int = 0
     record_params: bool = False
     seed: int = 0
@@ -991,6 +994,7 @@ class _Worker:
                 step=done,
                 rank=self.rank,
                 payload=payload,
+                run_id=self.opt.run_id,
                 n_ranks=self.alg.n_workers,
             )
         except ckpt.CheckpointError as exc:  # a full disk: say so and train on; the next one may fit

@@ -133,6 +133,7 @@ def run_server(
             ckpt.save_server(
                 options.run_dir,
                 {"params": server.params, "version": server.version, "last_pull": dict(server.last_pull)},
+                run_id=options.run_id,
             )
         if stop["flag"]:
             break

@@ -24,6 +24,7 @@ import io
 import logging
 import math
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -39,7 +40,15 @@ from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
 from psgdlab.core.schedules import lr_schedule
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import atomic_write_bytes, empty_trace, read_trace, summarize, to_chrome_trace, write_trace
+from psgdlab.core.trace import (
+    TRACE_DTYPE,
+    atomic_write_bytes,
+    empty_trace,
+    read_trace,
+    summarize,
+    to_chrome_trace,
+    write_trace,
+)
 from psgdlab.runtime import checkpoint as ckpt
 from psgdlab.runtime.channels import open_channels, rank_device
 from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, lsq_problem, world_size_of
@@ -232,19 +241,27 @@ def _train(
             config.backend, env=env, groups=groups, timeout_s=backstop_s, master=master, device=device
         )
         main = channels["main"]
-        start_step, resume_payload = 0, None
-        if config.resume or restarted:
-            start_step, resume_payload = _agree_on_checkpoint(main, out, workers=config.workers)  # type: ignore[arg-type]
+        start_step, resume_payload, run_id = 0, None, None
+        if config.resume or (restarted and ckpt.has_run_record(out)):  # type: ignore[arg-type]
+            run_id = ckpt.check_run_record(out, workers=config.workers, world_size=world, algorithm=algorithm.params())  # type: ignore[arg-type]
+            start_step, resume_payload = _agree_on_checkpoint(main, out, workers=config.workers, run_id=run_id)  # type: ignore[arg-type]
             if config.resume and start_step == 0 and resume_payload is None:
                 raise ConfigError(f"run directory {out} has no readable complete checkpoint to resume from")
-        stamp = torch.tensor([time.time()], dtype=torch.float64, device=main.device)
+        # the run's start and, for a new run, its id (52 random bits: exact in a float64)
+        stamp = torch.tensor([time.time(), float(secrets.randbits(52))], dtype=torch.float64, device=main.device)
         main.broadcast(stamp, 0, everyone)
+        if run_id is None:
+            run_id = f"{int(stamp[1].item()):013x}"
+            if rank == 0 and out is not None:
+                ckpt.write_run_record(
+                    out, run_id=run_id, workers=config.workers, world_size=world, algorithm=algorithm.params()
+                )
     progress = _progress_bar(steps, start_step) if rank == 0 else None
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     if config.failure_policy == "restart" and ranks_dir and rank < config.workers:
         record = Progress(ranks_dir, rank=rank, attempt=restart_count(), start_step=start_step)
         progress = record if progress is None else _both(progress, record)
-    origin = float(stamp.item())
+    origin = float(stamp[0].item())
     flight.set_origin(origin)
     base_lr = lr_schedule(
         config.lr_schedule,
@@ -261,6 +278,7 @@ def _train(
         compute_time=ComputeTime.parse(config.compute_time) if config.compute_time else None,
         stragglers=StragglerModel.parse(config.straggler, seed=config.seed, n_workers=config.workers),
         run_dir=out,
+        run_id=run_id,
         checkpoint_every=config.checkpoint_every,
         record_params=config.record_params,
         seed=config.seed,
@@ -412,7 +430,7 @@ def _finish_surviving(
     folder = out / SURVIVOR_RESULTS_DIR
     folder.mkdir(exist_ok=True)
     buf = io.BytesIO()
-    torch.save(result, buf)
+    torch.save(_result_state(result), buf)
     try:
         atomic_write_bytes(folder / f"rank{rank}.pt", buf.getvalue())
     except OSError as exc:
@@ -427,7 +445,7 @@ def _finish_surviving(
                 time.sleep(0.05)
                 continue
             found = survivors.wait_for(paths, config.timeout_s)
-            results = [torch.load(p, weights_only=False) for p in found.values()]
+            results = [_result_of_state(torch.load(p, weights_only=True)) for p in found.values()]
             snapshots = _mean_surviving_snapshots(results)
             for r in results:
                 r.snapshots = []
@@ -457,6 +475,41 @@ def _finish_surviving(
         survivors.close()
 
 
+def _result_state(result: RankResult) -> dict[str, Any]:
+    """``result`` as tensors and plain values, which ``torch.load(weights_only=True)`` reads back
+    without running code (:func:`_result_of_state` inverts it)."""
+
+    def tensor(a: np.ndarray | None) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+    return {
+        "rank": result.rank,
+        "trace": torch.frombuffer(bytearray(result.trace.tobytes()), dtype=torch.uint8),
+        "final_params": tensor(result.final_params),
+        "trajectory": tensor(result.trajectory),
+        "evaluations": result.evaluations,
+        "preempted": result.preempted,
+        "snapshots": result.snapshots,
+        "extra": result.extra,
+    }
+
+
+def _result_of_state(state: dict[str, Any]) -> RankResult:
+    def array(t: torch.Tensor | None) -> np.ndarray | None:
+        return None if t is None else t.numpy()
+
+    return RankResult(
+        rank=state["rank"],
+        trace=np.frombuffer(state["trace"].numpy().tobytes(), dtype=TRACE_DTYPE).copy(),
+        final_params=array(state["final_params"]),
+        trajectory=array(state["trajectory"]),
+        evaluations=state["evaluations"],
+        preempted=state["preempted"],
+        snapshots=[(int(step), t) for step, t in state["snapshots"]],
+        extra=state["extra"],
+    )
+
+
 def _mean_surviving_snapshots(results: list[RankResult]) -> list[tuple[int, torch.Tensor]]:
     """The mean over the survivors of the snapshots every one of them took."""
     k = min((len(r.snapshots) for r in results), default=0)
@@ -465,19 +518,19 @@ def _mean_surviving_snapshots(results: list[RankResult]) -> list[tuple[int, torc
     ]
 
 
-def _agree_on_checkpoint(main: Any, out: Path, *, workers: int) -> tuple[int, dict[str, Any] | None]:
-    """The newest complete checkpoint every rank can read, and this rank's payload of it;
-    ``(0, None)`` if there is none. Collective over every rank: each loads its own file of the
-    newest complete step (:func:`psgdlab.runtime.checkpoint.complete_steps`) and rank 0 decides;
-    when some rank's file is corrupt or unreadable rank 0 says so in one line and every rank
-    tries the previous complete step. The parameter server loads ``server.pt``."""
+def _agree_on_checkpoint(main: Any, out: Path, *, workers: int, run_id: str) -> tuple[int, dict[str, Any] | None]:
+    """The newest complete checkpoint of run ``run_id`` every rank can read, and this rank's
+    payload of it; ``(0, None)`` if there is none. Collective over every rank: each loads its own
+    file of the newest complete step (:func:`psgdlab.runtime.checkpoint.complete_steps`) and rank 0
+    decides; when some rank's file is corrupt, unreadable or of another run, rank 0 says so in one
+    line and every rank tries the previous complete step. The parameter server loads ``server.pt``."""
     rank, world = main.rank, main.world_size
     everyone = tuple(range(world))
     for step in ckpt.complete_steps(out, workers):
         payload, problem = None, None
         if rank < workers:
             try:
-                payload = ckpt.load_checkpoint(out, step=step, rank=rank)
+                payload = ckpt.load_checkpoint(out, step=step, rank=rank, run_id=run_id)
             except ckpt.CheckpointError as exc:
                 problem = str(exc)
         problems = main.gather_object(problem, root=0)
@@ -495,7 +548,7 @@ def _agree_on_checkpoint(main: Any, out: Path, *, workers: int) -> tuple[int, di
         main.broadcast(verdict, 0, everyone)
         if verdict.item() == 0:
             if rank >= workers:
-                payload = ckpt.load_server(out)
+                payload = ckpt.load_server(out, run_id=run_id)
             return step, payload
     return 0, None
 

@@ -105,21 +105,70 @@ def test_restart_is_refused_on_mpi_and_on_emulated_hosts(tmp_path, capsys):
 
 
 # ----- checkpoints ----------------------------------------------------------------------------------
+RUN = "0123456789abc"
+
+
 def _payload(value: float) -> dict:
     return {"params": torch.full((4,), value, dtype=torch.float64), "step": value}
 
 
 def test_a_corrupted_or_truncated_checkpoint_is_detected(tmp_path):
-    path = ckpt.save_checkpoint(tmp_path, step=4, rank=0, payload=_payload(1.0), n_ranks=1)
-    assert ckpt.load_checkpoint(tmp_path, step=4, rank=0)["step"] == 1.0
+    path = ckpt.save_checkpoint(tmp_path, step=4, rank=0, payload=_payload(1.0), run_id=RUN, n_ranks=1)
+    assert ckpt.load_checkpoint(tmp_path, step=4, rank=0, run_id=RUN)["step"] == 1.0
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(ckpt.CheckpointError, match=r"rank0\.pt is corrupt: its SHA-256 does not match"):
-        ckpt.load_checkpoint(tmp_path, step=4, rank=0)
+        ckpt.load_checkpoint(tmp_path, step=4, rank=0, run_id=RUN)
     path.write_bytes(b"not a checkpoint")
-    with pytest.raises(ckpt.CheckpointError, match=r"rank0\.pt is unreadable"):
-        ckpt.load_checkpoint(tmp_path, step=4, rank=0)
+    with pytest.raises(ckpt.CheckpointError, match=r"rank0\.pt is not a psgdlab checkpoint"):
+        ckpt.load_checkpoint(tmp_path, step=4, rank=0, run_id=RUN)
+
+
+class _Planted:
+    """A pickle that runs code when it is loaded (what a hostile checkpoint holds)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_planted_pickle_in_a_checkpoint_runs_nothing(tmp_path):
+    """The digest proves nothing (the planter writes it too): the load itself must run no code."""
+    import hashlib
+    import io
+
+    marker = tmp_path / "ran"
+    for obj in (_Planted(marker), {"params": torch.zeros(2), "run_id": RUN, "hook": _Planted(marker)}):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        body = buf.getvalue()
+        path = ckpt.checkpoint_root(tmp_path) / "step00000004" / "rank0.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(ckpt.MAGIC + hashlib.sha256(body).digest() + body)
+        with pytest.raises(ckpt.CheckpointError, match=r"rank0\.pt is unreadable \(UnpicklingError"):
+            ckpt.load_checkpoint(tmp_path, step=4, rank=0, run_id=RUN)
+        assert not marker.exists()
+
+
+def test_a_checkpoint_of_another_run_or_world_size_is_refused(tmp_path):
+    alg = {"algorithm": "adpsgd", "n_workers": 2, "variant": "fixed"}
+    ckpt.write_run_record(tmp_path, run_id=RUN, workers=2, world_size=2, algorithm=alg)
+    assert ckpt.check_run_record(tmp_path, workers=2, world_size=2, algorithm=dict(alg)) == RUN
+    with pytest.raises(ConfigError, match=r"belong to a run of 2 workers \(2 ranks\), not 4 \(4 ranks\)"):
+        ckpt.check_run_record(tmp_path, workers=4, world_size=4, algorithm=alg)
+    with pytest.raises(ConfigError, match=r"resume with the same algorithm flags"):
+        ckpt.check_run_record(tmp_path, workers=2, world_size=2, algorithm={**alg, "variant": "random"})
+    ckpt.save_checkpoint(tmp_path, step=4, rank=0, payload=_payload(4.0), run_id="another", n_ranks=1)
+    with pytest.raises(ckpt.CheckpointError, match=r"belongs to run 'another', not to run '0123456789abc'"):
+        ckpt.load_checkpoint(tmp_path, step=4, rank=0, run_id=RUN)
+    (ckpt.checkpoint_root(tmp_path) / ckpt.RUN_RECORD).unlink()
+    with pytest.raises(ConfigError, match=r"run\.json is missing"):
+        ckpt.check_run_record(tmp_path, workers=2, world_size=2, algorithm=alg)
 
 
 class _OneRank:
@@ -138,27 +187,27 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_complete_one(t
     from psgdlab.runtime.train import _agree_on_checkpoint
 
     for step in (4, 8):
-        ckpt.save_checkpoint(tmp_path, step=step, rank=0, payload=_payload(float(step)), n_ranks=1)
+        ckpt.save_checkpoint(tmp_path, step=step, rank=0, payload=_payload(float(step)), run_id=RUN, n_ranks=1)
     newest = ckpt.checkpoint_root(tmp_path) / "step00000008" / "rank0.pt"
     newest.write_bytes(newest.read_bytes()[:-100])  # a truncated write
-    step, payload = _agree_on_checkpoint(_OneRank(), tmp_path, workers=1)
+    step, payload = _agree_on_checkpoint(_OneRank(), tmp_path, workers=1, run_id=RUN)
     assert step == 4 and payload is not None and payload["step"] == 4.0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "checkpoint of step 8 is unusable" in err and "falling back to the previous complete checkpoint" in err
     (ckpt.checkpoint_root(tmp_path) / "step00000004" / "rank0.pt").write_bytes(b"")
-    assert _agree_on_checkpoint(_OneRank(), tmp_path, workers=1) == (0, None)  # none left: from the start
+    assert _agree_on_checkpoint(_OneRank(), tmp_path, workers=1, run_id=RUN) == (0, None)  # none left: from the start
 
 
 def test_keep_counts_complete_checkpoints_so_a_rank_running_ahead_keeps_the_last_complete_one(tmp_path):
     """Rank 0 writes steps 5, 6, 7 after rank 1 died past step 4: step 4 (complete) must stay."""
     for step in (2, 4):
         for rank in (0, 1):
-            ckpt.save_checkpoint(tmp_path, step=step, rank=rank, payload=_payload(step), n_ranks=2)
+            ckpt.save_checkpoint(tmp_path, step=step, rank=rank, payload=_payload(step), run_id=RUN, n_ranks=2)
     for step in (5, 6, 7):
-        ckpt.save_checkpoint(tmp_path, step=step, rank=0, payload=_payload(step), n_ranks=2)
+        ckpt.save_checkpoint(tmp_path, step=step, rank=0, payload=_payload(step), run_id=RUN, n_ranks=2)
     assert ckpt.complete_steps(tmp_path, 2) == [4, 2]
-    ckpt.save_checkpoint(tmp_path, step=6, rank=1, payload=_payload(6), n_ranks=2)
+    ckpt.save_checkpoint(tmp_path, step=6, rank=1, payload=_payload(6), run_id=RUN, n_ranks=2)
     assert ckpt.complete_steps(tmp_path, 2) == [6, 4]  # rank 1's step 2 went once two newer were complete
     assert not (ckpt.checkpoint_root(tmp_path) / "step00000002" / "rank1.pt").exists()
 
@@ -166,7 +215,7 @@ def test_keep_counts_complete_checkpoints_so_a_rank_running_ahead_keeps_the_last
 def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     import os
 
-    ckpt.save_checkpoint(tmp_path, step=4, rank=0, payload=_payload(4.0), n_ranks=1)
+    ckpt.save_checkpoint(tmp_path, step=4, rank=0, payload=_payload(4.0), run_id=RUN, n_ranks=1)
 
     def disk_full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -177,9 +226,9 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_intact(tmp_
         match=r"rank 0: the checkpoint of step 8 could not be written \(No space left on device\); "
         r"the newest complete checkpoint \(step 4\) is intact",
     ):
-        ckpt.save_checkpoint(tmp_path, step=8, rank=0, payload=_payload(8.0), n_ranks=1)
+        ckpt.save_checkpoint(tmp_path, step=8, rank=0, payload=_payload(8.0), run_id=RUN, n_ranks=1)
     assert sorted(p.name for p in ckpt.checkpoint_root(tmp_path).rglob("*") if p.is_file()) == ["rank0.pt"]
-    assert ckpt.load_checkpoint(tmp_path, step=4, rank=0)["step"] == 4.0
+    assert ckpt.load_checkpoint(tmp_path, step=4, rank=0, run_id=RUN)["step"] == 4.0
 
 
 def test_the_driver_warns_and_trains_on_when_a_checkpoint_cannot_be_written(tmp_path, monkeypatch):

@@ -203,7 +203,7 @@ def test_train_scores_held_out_speakers_after_every_epoch(tiny_fsdd, tmp_path, c
 
     config = TrainConfig.from_json(json.loads((out / "launch.json").read_text())["train"])
     workload, _ = build_workload(config, 0)
-    final = [ckpt.load_checkpoint(out, step=2 * per_epoch, rank=r)["params"] for r in (0, 1)]
+    final = [ckpt.load_checkpoint(out, step=2 * per_epoch, rank=r, run_id=None)["params"] for r in (0, 1)]
     assert not torch.equal(final[0], final[1])  # AD-PSGD replicas differ
     assert summary["held_out_model"] == "mean of 2 workers"
     assert workload.evaluate((final[0] + final[1]) / 2)["loss"] == pytest.approx(held[-1]["loss"], rel=1e-5)
