@@ -105,6 +105,7 @@ __all__ = [
     "setting_of",
     "predict_steps",
     "target_columns",
+    "paired_log_sd",
     "TARGET_KEYS",
 ]
 
@@ -387,7 +388,10 @@ def setting_of(algorithm: Any, batch_per_worker: int, *, staleness_mean: float =
 class Outcome:
     """A configuration's prediction: whether it reaches the target (``reason`` and a ``short``
     form of it when not), its epochs and steps per worker to the target, and the standard
-    deviation of their logarithm (``None`` when it does not reach it)."""
+    deviation of their logarithm (``None`` when it does not reach it); ``gradient``, the
+    derivatives of the log epochs in the parameters' logs (the order of
+    :meth:`ConvergenceProfile.covariance`), and ``scatter_log_sd``, one run's scatter, let two
+    configurations be compared with their shared uncertainty cancelled (:func:`paired_log_sd`)."""
 
     reaches: bool
     reason: str | None = None
@@ -396,6 +400,8 @@ class Outcome:
     steps: float | None = None
     log_sd: float | None = None
     factors: Mapping[str, float] = field(default_factory=dict)
+    gradient: tuple[float, ...] = ()
+    scatter_log_sd: float = 0.0
 
 
 def _not(reason: str, short: str) -> Outcome:
@@ -453,9 +459,18 @@ def predict_steps(profile: ConvergenceProfile, setting: Setting, target: Target)
     factors, grad = _factors(profile, setting, m)
     epochs = float(np.prod(list(factors.values())))
     cov = profile.covariance()
-    var = float(grad @ cov @ grad) + (profile.metric_sd / (m - floor)) ** 2
+    scatter = profile.metric_sd / (m - floor)
+    var = float(grad @ cov @ grad) + scatter**2
     steps = epochs * profile.samples_per_epoch / setting.total_batch
-    return Outcome(reaches=True, epochs=epochs, steps=steps, log_sd=math.sqrt(var), factors=factors)
+    return Outcome(
+        reaches=True,
+        epochs=epochs,
+        steps=steps,
+        log_sd=math.sqrt(var),
+        factors=factors,
+        gradient=tuple(float(x) for x in grad),
+        scatter_log_sd=scatter,
+    )
 
 
 def _factors(profile: ConvergenceProfile, s: Setting, m: float) -> tuple[dict[str, float], np.ndarray]:
@@ -480,6 +495,28 @@ def _factors(profile: ConvergenceProfile, s: Setting, m: float) -> tuple[dict[st
         factors[name] = 1.0 + u
         grad[i] = -power * u / (1.0 + u)
     return factors, grad
+
+
+def paired_log_sd(a: Mapping[str, Any], b: Mapping[str, Any], covariance: np.ndarray) -> float:
+    r"""The standard deviation of :math:`\log(t_a/t_b)`, the ratio of two rows' times to target
+    (:func:`target_columns`' rows): the convergence parameters both share cancel but for the
+    difference of their effects, :math:`(g_a - g_b)^\top\Sigma(g_a - g_b)`; each run's scatter
+    and each row's simulated-window and run-to-run noise add; the throughput's parameter parts
+    are taken as moving both rows the same way (:math:`(s_a - s_b)^2`).
+
+    >>> r = {"target_log_sd": {"gradient": [0.0, 1.0], "scatter": 0.1}, "interval": {"log_sd": {}}}
+    >>> round(paired_log_sd(r, r, np.eye(2)), 4)   # the scatter of two runs: 0.1 * sqrt(2)
+    0.1414
+    """
+    ga = np.asarray(a["target_log_sd"]["gradient"], dtype=float)
+    gb = np.asarray(b["target_log_sd"]["gradient"], dtype=float)
+    d = ga - gb
+    var = float(d @ covariance @ d) + a["target_log_sd"]["scatter"] ** 2 + b["target_log_sd"]["scatter"] ** 2
+    la, lb = a.get("interval", {}).get("log_sd", {}), b.get("interval", {}).get("log_sd", {})
+    for part in ("step_time_simulation", "step_time_run_to_run"):
+        var += la.get(part, 0.0) ** 2 + lb.get(part, 0.0) ** 2
+    var += (la.get("step_time_parameters", 0.0) - lb.get("step_time_parameters", 0.0)) ** 2
+    return math.sqrt(var)
 
 
 def target_columns(
@@ -516,7 +553,13 @@ def target_columns(
         gpu_hours_to_target=gpu_h,
         gpu_hours_to_target_low=gpu_h / spread,
         gpu_hours_to_target_high=gpu_h * spread,
-        target_log_sd={"convergence": outcome.log_sd, "throughput": step_time_log_sd, "total": s},
+        target_log_sd={
+            "convergence": outcome.log_sd,
+            "throughput": step_time_log_sd,
+            "total": s,
+            "gradient": list(outcome.gradient),
+            "scatter": outcome.scatter_log_sd,
+        },
         target_factors=dict(outcome.factors),
     )
     return out
