@@ -25,9 +25,14 @@ from pathlib import Path
 
 
 def _mpiexec() -> str:
-    from psgdlab.runtime.launch import mpiexec_path
+    """mpiexec beside the interpreter (the mpich wheel's), else on PATH."""
+    import shutil
 
-    return str(mpiexec_path())
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.is_file() else shutil.which("mpiexec")
+    if found is None:
+        raise SystemExit("no mpiexec beside the interpreter or on PATH (pip install mpich)")
+    return found
 
 
 def _plan(prefix: list[str], extra: list[str], out: Path) -> tuple[float, float, dict]:

@@ -238,11 +238,19 @@ def fit_curve(
         floor=est("floor", floor, "no prior"),
         curve=est("curve", None, "no prior"),
         noise_scale=est("noise_scale", noise_scale, "no prior"),
-        correlation=rep.correlation,
+        correlation=_clean_correlation(rep.correlation),
         metric_sd=max(metric_sd, rep.noise * float(np.median(y))),
         report=rep,
         observations=obs,
     )
+
+
+def _clean_correlation(c: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
+    """A fit's correlation made exactly symmetric, unit-diagonal and within [-1, 1] (rounding)."""
+    a = np.asarray(c, dtype=float)
+    a = np.clip(0.5 * (a + a.T), -1.0, 1.0)
+    np.fill_diagonal(a, 1.0)
+    return tuple(tuple(float(x) for x in row) for row in a)
 
 
 def _profile(
