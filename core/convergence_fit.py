@@ -197,7 +197,8 @@ def fit_curve(
     require(bool(np.all(e > 0) & np.all(y > 0) & np.all(B > 0)), "observations", "...", "must be positive")
 
     def model(p: dict[str, float], rows: np.ndarray) -> np.ndarray:
-        return p["floor"] + p["curve"] * (1.0 + B[rows] / p["noise_scale"]) * P[rows] / e[rows]
+        out: np.ndarray = p["floor"] + p["curve"] * (1.0 + B[rows] / p["noise_scale"]) * P[rows] / e[rows]
+        return out
 
     lo = float(y.min())
     prior = {

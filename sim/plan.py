@@ -124,7 +124,7 @@ def candidates(
     seen_single: set[int] = set()
     for name in names:
         params = algorithm_parameters(name)
-        variants = list(ALGORITHMS[name].variants) or [None]
+        variants: list[str | None] = [*ALGORITHMS[name].variants] or [None]
         pers: list[int | None] = list(periods) if "period" in params else [None]
         gpns: list[int | None] = list(groups) if "gpus_per_node" in params else [None]
         for n in _worker_counts(top):

@@ -265,6 +265,7 @@ def resolve_convergence(
 
     target = Target.parse(target_text) if target_text is not None else None
     name = config.workload.name
+    profile: ConvergenceProfile | None
     if source is not None:
         profile = load_convergence(source, workload=name, target=target.value if target is not None else None)
     else:
