@@ -9,7 +9,8 @@ by itself); :func:`save_figure` writes one to a PNG atomically.
   directory;
 - an emulation (``psgdlab emulate``'s curves): :func:`emulation_loss_figure`,
   :func:`consensus_figure`;
-- a training run (``psgdlab train``'s summary): :func:`training_loss_figure`.
+- a training run (``psgdlab train``'s summary): :func:`training_loss_figure`;
+- a plan (``psgdlab plan``'s rows): :func:`plan_figure`.
 
 Examples
 --------
@@ -50,6 +51,7 @@ __all__ = [
     "emulation_loss_figure",
     "consensus_figure",
     "training_loss_figure",
+    "plan_figure",
 ]
 
 
@@ -342,4 +344,58 @@ def spectral_gap_figure(
     ax.set_title("Spectral gap against the number of workers")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
+    return fig
+
+
+def plan_figure(
+    rows: Sequence[Mapping[str, Any]],
+    pareto: Sequence[Mapping[str, Any]],
+    recommended: Mapping[str, Any] | None,
+    *,
+    title: str = "",
+) -> Figure:
+    """Time to target against GPU-hours of every configuration that reaches the target (grey), the
+    Pareto front with its 90 % intervals on both axes, and the recommended configuration (a star)."""
+    fig = Figure(figsize=(7.5, 5.0))
+    ax = fig.add_subplot(1, 1, 1)
+    if rows:
+        ax.scatter(
+            [r["gpu_hours_to_target"] for r in rows],
+            [r["time_to_target_s"] / 3600 for r in rows],
+            s=8,
+            color="0.7",
+            label=f"reach the target ({len(rows)})",
+        )
+    for r in pareto:
+        x, y = r["gpu_hours_to_target"], r["time_to_target_s"] / 3600
+        ax.errorbar(
+            x,
+            y,
+            xerr=[[x - r["gpu_hours_to_target_low"]], [r["gpu_hours_to_target_high"] - x]],
+            yerr=[[y - r["time_to_target_s_low"] / 3600], [r["time_to_target_s_high"] / 3600 - y]],
+            fmt="o",
+            color="C0",
+            ms=4,
+            capsize=2,
+            lw=0.8,
+        )
+        ax.annotate(str(r["config"]), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    if pareto:
+        ax.plot([], [], "o", color="C0", label="Pareto front [90 %]")
+    if recommended is not None:
+        ax.plot(
+            recommended["gpu_hours_to_target"],
+            recommended["time_to_target_s"] / 3600,
+            "*",
+            color="C3",
+            ms=14,
+            label="recommended",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GPU-hours to target")
+    ax.set_ylabel("hours to target")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
     return fig

@@ -96,6 +96,17 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--target": dict(
+        metavar="wer=PCT|loss=VALUE",
+        help="the held-out metric to reach: each row adds its time to target (default: the workload's "
+        "convergence profile's own target, where it has one)",
+    ),
+    "--convergence": dict(
+        metavar="RUN_DIR[,RUN_DIR...]",
+        help="take the convergence model from measurement: a reference run of the model (its summary.json "
+        "has noise_scale and heldout_curve) or several psgdlab emulate run directories (default: the "
+        "workload's shipped profile, where it has one)",
+    ),
     "--jobs": dict(
         type=int,
         metavar="J",

@@ -19,6 +19,7 @@ __all__ = ["main", "build_parser"]
 COMMANDS: dict[str, str] = {
     "topology": "topology",
     "predict": "predict",
+    "plan": "plan",
     "emulate": "emulate",
     "train": "train",
     "hosts": "hosts",

@@ -13,6 +13,12 @@ and the long run extrapolated from the window:
   :math:`\lceil E N / (n b) \rceil`) :math:`\times` ``step_time_s`` -- **extrapolated** from the
   window, which the summary names (``extrapolation``).
 
+With a convergence profile (:mod:`psgdlab.core.convergence`) a row also carries the time to a
+target (:func:`target_row`): whether the configuration reaches it (``reaches_target``, and
+``target_reason`` when not), ``steps_to_target`` per worker, ``time_to_target_s`` = steps
+:math:`\times` ``step_time_s`` and ``gpu_hours_to_target``, with 90 % intervals that combine the
+step time's log-sd and the convergence model's.
+
 The window is steady when the throughput of its two halves differs by less than
 ``STEADY_TOLERANCE``; if not, it is doubled (up to four times) before extrapolating, and the
 summary says whether steadiness was reached.
@@ -44,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.algorithms import ALGORITHMS, Algorithm, algorithm_from_flags, algorithm_parameters, check_flags
+from psgdlab.core.convergence import ConvergenceProfile, Target, predict_steps, setting_of, target_columns
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.failure import check_on_failure
 from psgdlab.core.intervals import (
@@ -66,6 +73,7 @@ from psgdlab.sim.workload import SimConfig
 
 __all__ = [
     "Prediction",
+    "target_row",
     "predict_one",
     "predict_sweep",
     "sweep_jobs",
@@ -259,6 +267,8 @@ def predict_one(
     intervals: bool = True,
     failures: FailureRequest | None = None,
     on_failure: str | None = None,
+    convergence: ConvergenceProfile | None = None,
+    target: Target | None = None,
 ) -> Prediction:
     """Simulate one configuration and build its row (see the module docstring).
 
@@ -271,7 +281,8 @@ def predict_one(
     into the row's ``failures`` (not for one worker: the speedup baseline has none).
     ``on_failure`` is the run's policy when ``failures`` is not given (default stop): it decides
     the protocol a node of several members runs (:func:`psgdlab.core.failure.sums_node_slices`),
-    so a failure-free run under continue is priced as it runs."""
+    so a failure-free run under continue is priced as it runs. ``convergence`` adds the time to
+    ``target`` (default: the profile's own) to the row (:func:`target_row`)."""
     workload = config.workload
     algorithm, model = _prepare(
         name,
@@ -390,6 +401,8 @@ def predict_one(
         row["has_unpinned_parameters"] = bool(u is not None and u.unpinned)
         measured_at, load = (u.noise_processes_per_core if u is not None else None), row["processes_per_core"]
         row["noise_extrapolated"] = bool(measured_at and load and load > measured_at * (1 + 1e-9))
+    if convergence is not None:
+        row.update(target_row(row, algorithm, convergence, target))
     if failures is not None and failing:
         row["failures"] = predict_failures(
             algorithm,
@@ -403,6 +416,21 @@ def predict_one(
             on_failure=policy,
         )
     return Prediction(row=row, result=result, summary=summ)
+
+
+def target_row(
+    row: dict[str, Any], algorithm: Algorithm, convergence: ConvergenceProfile, target: Target | None
+) -> dict[str, Any]:
+    """The time-to-target keys of a simulated row (:func:`psgdlab.core.convergence.target_columns`):
+    the convergence model at the row's algorithm, total batch and mean staleness, times the row's
+    mean step time; the interval adds the step time's log-sd (0 for a row without intervals)."""
+    goal = target if target is not None else convergence.own_target()
+    setting = setting_of(algorithm, int(row["batch_per_worker"]), staleness_mean=float(row["staleness_mean"]))
+    outcome = predict_steps(convergence, setting, goal)
+    log_sd = float(row["interval"]["log_sd"]["step_time"]) if "interval" in row else 0.0
+    return target_columns(
+        outcome, goal, step_time_s=float(row["step_time_s"]), step_time_log_sd=log_sd, workers=int(row["workers"])
+    )
 
 
 @dataclass(slots=True)

@@ -25,7 +25,16 @@ from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
-__all__ = ["write_prediction", "format_table", "interval_lines", "noise_load_lines", "failure_lines", "row_flags"]
+__all__ = [
+    "write_prediction",
+    "format_table",
+    "interval_lines",
+    "noise_load_lines",
+    "failure_lines",
+    "row_flags",
+    "target_cell",
+    "target_lines",
+]
 
 TIMELINE_EVENTS = 4000
 
@@ -116,6 +125,7 @@ def format_table(
         f"{w.epochs:g} epochs of {w.samples_per_epoch:.3g}"
     )
     has_interval = bool(rows) and all("speedup_low" in r for r in rows)
+    has_target = bool(rows) and all("reaches_target" in r for r in rows)
     cols = (
         "algorithm",
         "workers",
@@ -124,7 +134,7 @@ def format_table(
         "samples/s",
         "speedup [90 %]" if has_interval else "speedup",
         "epoch",
-        "train*",
+        f"to {rows[0]['target']} [90 %]" if has_target else "train*",
         "comm%",
         "idle%",
         "stale",
@@ -132,6 +142,9 @@ def format_table(
     widths = [9] * len(cols)
     if has_interval:
         widths[5] = 22
+    if has_target:
+        widths[7] = 25
+        head += f"; target {rows[0]['target']}"
     lines = [head, _cells(cols, widths)]
     for r in rows:
         name = r["algorithm"] if r["ran_as"] == r["algorithm"] else f"{r['algorithm']}({r['ran_as']})"
@@ -146,7 +159,7 @@ def format_table(
             f"{r['samples_per_s']:.0f}",
             speedup,
             _hms(r["epoch_time_s"]),
-            _hms(r["time_to_train_s"]),
+            target_cell(r) if has_target else _hms(r["time_to_train_s"]),
             f"{100 * r['comm_fraction']:.1f}",
             f"{100 * r['idle_fraction']:.1f}",
             f"{r['staleness_mean']:.2f}",
@@ -154,12 +167,15 @@ def format_table(
         lines.append(_cells(cells, widths))
     win = sorted({r["extrapolation"]["window_steps_per_worker"] for r in rows})
     unsteady = [f"{r['algorithm']}x{r['workers']}" for r in rows if not r["extrapolation"]["steady"]]
+    what = "train time" if not has_target else "time to target: steps to target (convergence model) x step time,"
     lines.append(
         "nodes = hosts used x workers per host; ALG(sgd) = one worker runs plain SGD; "
         "stale = mean staleness in updates; speedup over "
-        f"1-worker SGD; * train time extrapolated from a window of {'/'.join(map(str, win))} "
+        f"1-worker SGD; {'' if has_target else '* '}{what} extrapolated from a window of {'/'.join(map(str, win))} "
         f"steps per worker" + (f" (not steady: {', '.join(unsteady)})" if unsteady else "")
     )
+    if has_target:
+        lines.extend(target_lines(rows))
     if has_interval:
         lines.extend(interval_lines(rows[0]["interval"]))
         lines.extend(noise_load_lines(rows))
@@ -167,6 +183,35 @@ def format_table(
     if run_dir is not None:
         lines.append(f"run directory: {run_dir}" + (f"   ({wall_s:.1f} s)" if wall_s is not None else ""))
     return "\n".join(lines)
+
+
+def target_cell(r: dict[str, Any]) -> str:
+    """A row's time to target with its 90 % interval, or ``no: REASON`` (short) when it does not
+    reach the target."""
+    if not r["reaches_target"]:
+        return f"no: {r.get('target_short_reason') or 'see below'}"
+    return f"{_hms(r['time_to_target_s'])} [{_hms(r['time_to_target_s_low'])}, {_hms(r['time_to_target_s_high'])}]"
+
+
+def target_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The lines under a table with times to target: the reason of each row that does not reach
+    it (once per reason), and the GPU-hours of each that does."""
+    lines = []
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if not r["reaches_target"]:
+            reasons.setdefault(str(r["target_reason"]), []).append(f"{r['algorithm']}x{r['workers']}")
+    for reason, names in reasons.items():
+        lines.append(f"does not reach {rows[0]['target']}: {', '.join(names)}: {reason}")
+    hours = [
+        f"{r['algorithm']}x{r['workers']} {r['gpu_hours_to_target']:.0f} "
+        f"[{r['gpu_hours_to_target_low']:.0f}, {r['gpu_hours_to_target_high']:.0f}]"
+        for r in rows
+        if r["reaches_target"]
+    ]
+    if hours:
+        lines.append("GPU-hours to target [90 %]: " + "; ".join(hours))
+    return lines
 
 
 def _cells(cells: Sequence[str], widths: Sequence[int]) -> str:

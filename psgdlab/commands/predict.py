@@ -1,4 +1,4 @@
-"""``psgdlab predict``: predict step time, speedup, time to train, staleness and straggler cost.
+"""``psgdlab predict``: predict step time, speedup, time to train or to a target, staleness and straggler cost.
 
 Runs the discrete-event simulator (:mod:`psgdlab.sim`) for every (algorithm, workers) pair on a
 preset or a platform file, prints a table (or one JSON object with ``--json``) and writes a run
@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 
 if TYPE_CHECKING:
+    from psgdlab.core.convergence import ConvergenceProfile, Target
     from psgdlab.sim.failures import FailureRequest
+    from psgdlab.sim.workload import SimConfig
 
 DEFAULT_PRESET = "interspeech2019-v100"
 
@@ -88,6 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out",
         "--json",
         "--jobs",
+        "--target",
+        "--convergence",
         helps={
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
@@ -160,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             f"{config.platform.devices_per_host} devices per host"
         )
     failures = _failure_request(args)
+    convergence, target = resolve_convergence(config, args.convergence, args.target)
     request = {
         "algorithms": list(algorithms),
         "workers": list(workers),
@@ -176,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         "on_failure": args.on_failure,
         "checkpoint_every": args.checkpoint_every,
         "failure_draws": args.failure_draws,
+        "target": str(target or convergence.own_target()) if convergence is not None else None,
+        "convergence": args.convergence,
     }
 
     bar = None
@@ -207,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
             failures=failures,
             on_failure=args.on_failure,
             jobs=args.jobs,
+            convergence=convergence,
+            target=target,
         )
     finally:
         if bar is not None:
@@ -240,6 +249,39 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
     return 0
+
+
+def resolve_convergence(
+    config: SimConfig, source: str | None, target_text: str | None
+) -> tuple[ConvergenceProfile | None, Target | None]:
+    """The convergence profile of a prediction and its target: from ``--convergence`` (run
+    directories) or the workload's shipped profile, and ``--target`` parsed; ``(None, None)``
+    for a workload without a profile and no target. A target without a profile, or of another
+    metric than the profile's, is a one-line ConfigError."""
+    from psgdlab.core.convergence import Target
+    from psgdlab.core.convergence_fit import load_convergence
+    from psgdlab.core.convergence_published import convergence_profile, profile_names
+    from psgdlab.core.errors import ConfigError
+
+    target = Target.parse(target_text) if target_text is not None else None
+    name = config.workload.name
+    profile: ConvergenceProfile | None
+    if source is not None:
+        profile = load_convergence(source, workload=name, target=target.value if target is not None else None)
+    else:
+        profile = convergence_profile(name)
+    if profile is None:
+        if target is not None:
+            raise ConfigError(
+                f"--target ({target}) needs a convergence model, and workload {name} has none (shipped for: "
+                f"{', '.join(profile_names())}); give one with --convergence RUN_DIR (a reference run whose "
+                "summary.json has noise_scale and heldout_curve) or --convergence RUN_DIR,RUN_DIR,... "
+                "(psgdlab emulate run directories)"
+            )
+        return None, None
+    if target is not None:
+        profile.check_target(target)
+    return profile, target
 
 
 def _failure_request(args: argparse.Namespace) -> FailureRequest | None:

@@ -1,0 +1,262 @@
+"""``psgdlab plan``: search configurations for the Pareto front of time to target against GPU-hours.
+
+Enumerates algorithms x workers x ring variant x period x per-GPU batch (x gossip group size for
+H-ADPSGD) on a platform (:mod:`psgdlab.sim.plan`), predicts each candidate's time to a target with
+``predict``'s rows, prints the Pareto front with 90 % intervals, the recommended configuration and
+why, and writes a run directory (``summary.json``, ``plan.png``).
+
+Parallelism: ``--jobs`` forked processes on this machine, or, run as
+``mpiexec -n N python -m mpi4py.futures -m psgdlab plan ...``, the N - 1 worker ranks of an
+mpi4py.futures pool (the ranks may span a cluster). Each candidate is seeded by itself, so the
+answer is the same whatever the parallelism.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, int_list
+
+if TYPE_CHECKING:
+    from psgdlab.core.convergence import ConvergenceProfile, Target
+    from psgdlab.sim.plan import Candidate
+    from psgdlab.sim.workload import SimConfig
+
+DEFAULT_PRESET = "interspeech2019-v100"
+#: candidates per task sent to a process or an MPI rank (fewer messages; chunks of like cost)
+CHUNK = 6
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="search algorithms, workers, batches and periods for the fastest or cheapest way to a target",
+        description=(
+            "Search algorithms x workers x ring variant x period x per-GPU batch (and GPUs per super-learner "
+            "for H-ADPSGD) for the Pareto front of time to a target against GPU-hours, with 90 %% intervals; "
+            "recommend one and say why. Configurations whose intervals overlap are ties, not ranked."
+        ),
+        formatter_class=DefaultsHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group()
+    add_flags(src, "--preset", "--platform", helps={"--preset": f"default {DEFAULT_PRESET}"})
+    p.add_argument("--workload", metavar="NAME|FILE.toml", default=None, help="as predict's --workload")
+    add_flags(p, "--target", "--convergence", "--seed", "--out", "--json", "--jobs")
+    p.add_argument("--max-gpus", type=int, default=None, metavar="G", help="at most G GPUs (default: the platform's)")
+    p.add_argument("--deadline", type=float, default=None, metavar="HOURS", help="time to target at most HOURS")
+    p.add_argument("--budget-gpu-hours", type=float, default=None, metavar="H", help="GPU-hours to target at most H")
+    p.add_argument(
+        "--objective",
+        choices=("time", "gpu-hours"),
+        default="time",
+        help="what the recommendation minimises (ties on it are broken by the other)",
+    )
+    p.add_argument(
+        "--algorithm",
+        type=lambda s: tuple(x for x in s.split(",") if x),
+        default=None,
+        metavar="A,B",
+        help="search only these algorithms (default: those the convergence profile covers)",
+    )
+    p.add_argument("--batches", type=int_list, default=None, metavar="B,B", help="per-GPU batches (default 32..256)")
+    p.add_argument("--periods", type=int_list, default=None, metavar="P,P", help="periods (default 5,20,80)")
+    p.add_argument("--steps", type=int, default=None, metavar="S", help="simulated steps per worker (default 40)")
+    p.add_argument("--no-figures", action="store_true", help="do not draw plan.png")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from psgdlab.commands.predict import resolve_convergence
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.core.rundir import RunDir, default_run_dir, environment
+    from psgdlab.sim.plan import DEFAULT_BATCHES, DEFAULT_PERIODS, PLAN_STEPS, candidates, choose
+    from psgdlab.sim.workload import load_config, with_workload
+
+    t0 = time.perf_counter()
+    config = load_config(path=args.platform) if args.platform else load_config(preset=args.preset or DEFAULT_PRESET)
+    if args.workload is not None:
+        config = with_workload(config, args.workload)
+    profile, target = resolve_convergence(config, args.convergence, args.target)
+    if profile is None:
+        raise ConfigError(
+            f"plan needs a convergence model, and workload {config.workload.name} has none: give --convergence "
+            "RUN_DIR (a reference run) or RUN_DIR,RUN_DIR,... (psgdlab emulate run directories)"
+        )
+    target = target or profile.own_target()
+    for name, v in (("deadline", args.deadline), ("budget-gpu-hours", args.budget_gpu_hours)):
+        if v is not None and not v > 0:
+            raise ConfigError(f"--{name} ({v}) must be > 0")
+    cands = candidates(
+        config,
+        profile,
+        max_gpus=args.max_gpus,
+        batches=args.batches or DEFAULT_BATCHES,
+        periods=args.periods or DEFAULT_PERIODS,
+        algorithms=args.algorithm,
+    )
+    steps = args.steps if args.steps is not None else PLAN_STEPS
+    rows, how = search(cands, config, profile, target, steps=steps, seed=args.seed, jobs=args.jobs)
+    choice = choose(
+        rows,
+        profile.covariance(),
+        objective=args.objective,
+        deadline_s=args.deadline * 3600 if args.deadline is not None else None,
+        budget_gpu_hours=args.budget_gpu_hours,
+    )
+    wall = time.perf_counter() - t0
+    reasons: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if not r["reaches_target"]:
+            short = str(r.get("target_short_reason") or r["target_reason"])
+            key = f"{r['ran_as']}: {short}" if r.get("simulated") else short
+            reasons.setdefault(key, {"count": 0, "example": r["target_reason"]})["count"] += 1
+    out = {
+        "candidates": len(cands),
+        "pareto": choice.pareto,
+        "recommended": choice.recommended,
+        "ties": choice.ties,
+        "why": choice.why,
+        "target": str(target),
+        "objective": args.objective,
+        "simulated": sum(1 for r in rows if r.get("simulated")),
+        "reaching": sum(1 for r in rows if r["reaches_target"]),
+        "within_limits": choice.feasible,
+        "not_reaching": reasons,
+        "parallelism": how,
+        "steps": steps,
+        "platform": config.platform.name,
+        "workload": config.workload.name,
+        "wall_s": wall,
+    }
+    rd = RunDir(args.out or default_run_dir("plan"))
+    rd.write_json("config.resolved.json", {"request": {k: v for k, v in vars(args).items() if k != "func"}})
+    rd.write_json("env.json", environment(source="simulator"))
+    rd.write_json("summary.json", {**out, "rows": [_brief(r) for r in rows]})
+    if not args.no_figures:
+        from psgdlab.analysis.figures import plan_figure, save_figure
+
+        title = f"{config.platform.name}: {config.workload.name} to {target}"
+        save_figure(
+            plan_figure([r for r in rows if r["reaches_target"]], choice.pareto, choice.recommended, title=title),
+            rd / "plan.png",
+        )
+    out["run_dir"] = str(rd.path)
+    if args.json:
+        print(json.dumps(out, default=float))
+    else:
+        print(format_plan(out))
+    return 0
+
+
+def _brief(r: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "config",
+        "reaches_target",
+        "target_reason",
+        "time_to_target_s",
+        "time_to_target_s_low",
+        "time_to_target_s_high",
+        "gpu_hours_to_target",
+        "gpu_hours_to_target_low",
+        "gpu_hours_to_target_high",
+        "step_time_s",
+        "staleness_mean",
+        "simulated",
+    )
+    return {k: r.get(k) for k in keys}
+
+
+def search(
+    cands: Sequence[Candidate],
+    config: SimConfig,
+    profile: ConvergenceProfile,
+    target: Target,
+    *,
+    steps: int,
+    seed: int,
+    jobs: int | None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """The rows of every candidate, in candidate order, and how they were computed. Chunks of
+    :data:`CHUNK` candidates of like cost (most workers first) go to the pool; under
+    ``python -m mpi4py.futures`` the pool is the MPI ranks."""
+    from psgdlab.sim.plan import evaluate
+    from psgdlab.sim.predict import sweep_jobs
+
+    order = sorted(range(len(cands)), key=lambda i: (-cands[i].workers, i))
+    chunks = [[(i, cands[i]) for i in order[k : k + CHUNK]] for k in range(0, len(order), CHUNK)]
+    done: dict[int, dict[str, Any]] = {}
+    pool, how = _pool(sweep_jobs(jobs))
+    if pool is None:
+        for ch in chunks:
+            done.update(evaluate(ch, config, profile, target, steps=steps, seed=seed))
+    else:
+        with pool:
+            futures = [pool.submit(evaluate, ch, config, profile, target, steps=steps, seed=seed) for ch in chunks]
+            for f in futures:
+                done.update(f.result())
+    return [done[i] for i in range(len(cands))], how
+
+
+def _pool(jobs: int) -> tuple[Any, str]:
+    """An executor and its description: the MPI ranks when this process runs under
+    ``python -m mpi4py.futures`` with more than one rank, else ``jobs`` forked processes (none
+    for one job)."""
+    if "mpi4py.futures" in sys.modules:
+        from mpi4py import MPI
+        from mpi4py.futures import MPIPoolExecutor
+
+        size = MPI.COMM_WORLD.Get_size()
+        if size > 1:
+            return MPIPoolExecutor(), f"mpi4py.futures, {size - 1} worker rank(s)"
+    if jobs <= 1:
+        return None, "1 process"
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")), f"{jobs} processes"
+
+
+def _hms(seconds: float) -> str:
+    from psgdlab.sim.report import _hms as hms
+
+    return hms(seconds)
+
+
+def format_plan(out: dict[str, Any]) -> str:
+    """The plan as text: what was searched, why candidates fall out, the Pareto front with
+    intervals, the recommendation and its ties."""
+    lines = [
+        f"plan: {out['platform']}: {out['workload']} to {out['target']}; {out['candidates']} candidates "
+        f"({out['simulated']} simulated over {out['steps']} steps per worker; {out['reaching']} reach the target, "
+        f"{out['within_limits']} within the limits); {out['parallelism']}; {out['wall_s']:.1f} s"
+    ]
+    for short, v in sorted(out["not_reaching"].items(), key=lambda kv: (-kv[1]["count"], kv[0])):
+        lines.append(f"  {v['count']:5d} do not reach it ({short}), e.g. {v['example']}")
+    lines.append("Pareto front (time to target against GPU-hours; [90 %] intervals):")
+    lines.append(f"  {'configuration':<36} {'time to target':>26} {'GPU-hours':>22}")
+    for r in out["pareto"]:
+        t = f"{_hms(r['time_to_target_s'])} [{_hms(r['time_to_target_s_low'])}, {_hms(r['time_to_target_s_high'])}]"
+        g = f"{r['gpu_hours_to_target']:.0f} [{r['gpu_hours_to_target_low']:.0f}, {r['gpu_hours_to_target_high']:.0f}]"
+        mark = " *" if out["recommended"] is not None and r["config"] == out["recommended"]["config"] else ""
+        lines.append(f"  {r['config']:<36} {t:>26} {g:>22}{mark}")
+    rec = out["recommended"]
+    if rec is None:
+        lines.append(out["why"])
+    else:
+        lines.append(
+            f"recommended (*): {rec['config']}: {_hms(rec['time_to_target_s'])}, "
+            f"{rec['gpu_hours_to_target']:.0f} GPU-hours; {out['why']}"
+        )
+        if out["ties"]:
+            names = ", ".join(r["config"] for r in out["ties"][:8])
+            more = f" and {len(out['ties']) - 8} more" if len(out["ties"]) > 8 else ""
+            lines.append(f"tied with it ({len(out['ties'])}): {names}{more}")
+    lines.append(f"run directory: {out['run_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+r"""Planning: search configurations for the cheapest and the fastest way to a target.
+
+A *candidate* is an algorithm the convergence profile covers, a number of workers (GPUs), a
+per-GPU batch, and where the algorithm takes them a ring variant, an averaging period and a
+gossip group size (H-ADPSGD's GPUs per super-learner). :func:`candidates` enumerates them;
+:func:`evaluate` turns a chunk of them into rows of ``psgdlab predict``
+(:func:`psgdlab.sim.predict.predict_one`: one code path for a row, the time to target included);
+:func:`choose` takes the Pareto front of time to target against GPU-hours among the rows within
+the limits, the recommended configuration and the rows tied with it.
+
+What the search needs of the simulator, and no more:
+
+- **no simulation where the answer is known without one**: a candidate beyond a limit that does
+  not depend on the simulation (batch, learners on the ring, period) does not reach the target
+  whatever its step time; only its reason is kept. The staleness limit needs the simulated
+  staleness, so those are simulated;
+- **short windows** (:data:`PLAN_STEPS` steps per worker, against ``predict``'s 200): the mean
+  step time of a steady window, and the batch-means noise of a short window goes into the
+  interval;
+- every candidate is seeded by itself (``seed``), so a row does not depend on which process
+  simulated it: the answer is the same with one process, many, or ranks of an MPI pool.
+
+**Choosing.** The Pareto front: rows that reach the target within ``--deadline`` and
+``--budget-gpu-hours`` (their point values) that no other such row beats on both time and
+GPU-hours. The recommended row is the best on the objective (``time`` or ``gpu-hours``); the
+rows whose 90 % interval overlaps it are *ties*: the model cannot rank them, and of those the
+recommended one is the best on the other objective. Two rows share most of their uncertainty
+(the same convergence parameters, the same platform), which moves both together and says
+nothing about their order; the intervals compared are therefore those of the *ratio* of the
+two rows' times (:func:`psgdlab.core.convergence.paired_log_sd`): a tie when it holds 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
+from psgdlab.core.convergence import ConvergenceProfile, Target, paired_log_sd, predict_steps, setting_of
+from psgdlab.core.errors import TestbedError, require
+from psgdlab.core.intervals import Z
+from psgdlab.sim.platform import Placement
+from psgdlab.sim.predict import build_algorithm, predict_one
+from psgdlab.sim.workload import SimConfig
+
+__all__ = [
+    "PLAN_STEPS",
+    "DEFAULT_BATCHES",
+    "DEFAULT_PERIODS",
+    "Candidate",
+    "candidates",
+    "evaluate",
+    "choose",
+    "Choice",
+]
+
+#: steps per worker of a candidate's simulated window (module docstring)
+PLAN_STEPS = 40
+#: per-GPU batches searched by default (in the workload's sample unit)
+DEFAULT_BATCHES = (32, 48, 64, 96, 128, 192, 256)
+#: averaging periods searched by default (algorithms that have one)
+DEFAULT_PERIODS = (5, 20, 80)
+Objective = Literal["time", "gpu-hours"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One configuration of the search (``None``: the algorithm does not take it)."""
+
+    algorithm: str
+    workers: int
+    batch: int
+    variant: str | None = None
+    period: int | None = None
+    gpus_per_node: int | None = None
+
+    @property
+    def label(self) -> str:
+        parts = [self.algorithm]
+        if self.variant is not None:
+            parts.append(self.variant)
+        parts.append(f"x{self.workers}")
+        if self.gpus_per_node is not None:
+            parts.append(f"({self.gpus_per_node}/node)")
+        if self.period is not None:
+            parts.append(f"period {self.period}")
+        parts.append(f"b{self.batch}")
+        return " ".join(parts)
+
+
+def _worker_counts(max_gpus: int) -> list[int]:
+    return [1, *range(2, max_gpus + 1, 2)]
+
+
+def candidates(
+    config: SimConfig,
+    profile: ConvergenceProfile,
+    *,
+    max_gpus: int | None = None,
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    periods: Sequence[int] = DEFAULT_PERIODS,
+    algorithms: Sequence[str] | None = None,
+) -> list[Candidate]:
+    """Every configuration of the search, in a fixed order: algorithms the profile covers (or
+    ``algorithms``) x worker counts (1 and the even counts up to ``max_gpus``, default the
+    platform's devices) x per-GPU ``batches`` x the algorithm's ring variants, ``periods`` and
+    gossip group sizes (divisors of the devices per host, >= 2). One worker is single-worker
+    SGD whatever the algorithm, so it is one candidate per batch. A configuration the algorithm
+    or the platform refuses (an odd ring, more workers than GPUs) is not a candidate."""
+    total = config.platform.total_devices
+    top = total if max_gpus is None else max_gpus
+    require(isinstance(top, int) and 1 <= top <= total, "max_gpus", top, f"must be in [1, {total}] on this platform")
+    for b in batches:
+        require(isinstance(b, int) and b >= 1, "batch", b, "must be integers >= 1")
+    names = list(algorithms) if algorithms is not None else [a for a in profile.algorithms if a in ALGORITHMS]
+    names = [a for a in names if a != "sgd"] or names  # sgd is the one-worker candidate of every algorithm
+    per_host = config.platform.devices_per_host
+    groups = [g for g in range(2, per_host + 1) if per_host % g == 0]
+    out: list[Candidate] = []
+    seen_single: set[int] = set()
+    for name in names:
+        params = algorithm_parameters(name)
+        variants: list[str | None] = [*ALGORITHMS[name].variants] or [None]
+        pers: list[int | None] = list(periods) if "period" in params else [None]
+        gpns: list[int | None] = list(groups) if "gpus_per_node" in params else [None]
+        for n in _worker_counts(top):
+            for b in batches:
+                if n == 1:
+                    if b not in seen_single:
+                        seen_single.add(b)
+                        out.append(Candidate(algorithm="sgd", workers=1, batch=b))
+                    continue
+                for v in variants:
+                    for p in pers:
+                        for g in gpns:
+                            c = Candidate(algorithm=name, workers=n, batch=b, variant=v, period=p, gpus_per_node=g)
+                            if _valid(c, config):
+                                out.append(c)
+    return out
+
+
+def _valid(c: Candidate, config: SimConfig) -> bool:
+    try:
+        build_algorithm(
+            c.algorithm, c.workers, config, period=c.period, variant=c.variant, gpus_per_node=c.gpus_per_node
+        )
+    except TestbedError:  # a configuration error, an odd ring, a placement that does not fit
+        return False
+    try:
+        Placement.pack(config.platform, c.workers, c.gpus_per_node)
+    except TestbedError:
+        return False
+    return True
+
+
+def _static_outcome(
+    c: Candidate, config: SimConfig, profile: ConvergenceProfile, target: Target
+) -> dict[str, Any] | None:
+    """The reason a candidate cannot reach the target whatever the simulation says (a limit on
+    batch, learners or period, or a target below the floor), else ``None``."""
+    alg = build_algorithm(
+        c.algorithm, c.workers, config, period=c.period, variant=c.variant, gpus_per_node=c.gpus_per_node
+    )
+    outcome = predict_steps(profile, setting_of(alg, c.batch), target)
+    if outcome.reaches or (outcome.short or "").startswith("staleness"):
+        return None
+    return {"target_reason": outcome.reason, "target_short_reason": f"{alg.name}: {outcome.short}"}
+
+
+def evaluate(
+    chunk: Sequence[tuple[int, Candidate]],
+    config: SimConfig,
+    profile: ConvergenceProfile,
+    target: Target,
+    *,
+    steps: int = PLAN_STEPS,
+    seed: int = 0,
+) -> list[tuple[int, dict[str, Any]]]:
+    """The rows of a chunk of indexed candidates: a row of ``predict`` (with ``config``, the
+    candidate's label) for each candidate that needs a simulation, ``{"config": label,
+    "reaches_target": False, "target_reason": ..., "simulated": False}`` for the rest."""
+    out = []
+    for i, c in chunk:
+        reason = _static_outcome(c, config, profile, target)
+        if reason is not None:
+            out.append((i, {"config": c.label, "reaches_target": False, "simulated": False, **reason}))
+            continue
+        pred = predict_one(
+            c.algorithm,
+            c.workers,
+            _with_batch(config, c.batch),
+            steps=steps,
+            period=c.period,
+            variant=c.variant,
+            gpus_per_node=c.gpus_per_node,
+            seed=seed,
+            record=True,
+            convergence=profile,
+            target=target,
+        )
+        row = dict(pred.row)
+        row["config"] = c.label
+        row["simulated"] = True
+        out.append((i, row))
+    return out
+
+
+def _with_batch(config: SimConfig, batch: int) -> SimConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, workload=config.workload.with_batch(batch))
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What :func:`choose` found: the Pareto front (by time), the recommended row, the rows tied
+    with it, and why it was recommended."""
+
+    pareto: list[dict[str, Any]]
+    recommended: dict[str, Any] | None
+    ties: list[dict[str, Any]]
+    why: str
+    feasible: int
+
+
+_KEYS = {"time": "time_to_target_s", "gpu-hours": "gpu_hours_to_target"}
+
+
+def choose(
+    rows: Iterable[dict[str, Any]],
+    covariance: np.ndarray,
+    *,
+    objective: Objective = "time",
+    deadline_s: float | None = None,
+    budget_gpu_hours: float | None = None,
+) -> Choice:
+    """The Pareto front, the recommended row and its ties (module docstring). ``rows`` in
+    candidate order; a tie between equal values goes to the earlier row. ``covariance``: the
+    convergence profile's (:meth:`~psgdlab.core.convergence.ConvergenceProfile.covariance`), for
+    comparing two rows with their shared uncertainty cancelled
+    (:func:`~psgdlab.core.convergence.paired_log_sd`)."""
+    require(objective in _KEYS, "objective", objective, f"must be one of {', '.join(_KEYS)}")
+    ok = [
+        r
+        for r in rows
+        if r.get("reaches_target")
+        and (deadline_s is None or r["time_to_target_s"] <= deadline_s)
+        and (budget_gpu_hours is None or r["gpu_hours_to_target"] <= budget_gpu_hours)
+    ]
+    if not ok:
+        return Choice([], None, [], "no configuration reaches the target within the limits", 0)
+    t, g = "time_to_target_s", "gpu_hours_to_target"
+    order = sorted(range(len(ok)), key=lambda i: (ok[i][t], ok[i][g], i))
+    pareto, best_g = [], float("inf")
+    for i in order:
+        if ok[i][g] < best_g:
+            pareto.append(ok[i])
+            best_g = ok[i][g]
+    key, other = _KEYS[objective], _KEYS["gpu-hours" if objective == "time" else "time"]
+    best = min(range(len(ok)), key=lambda i: (ok[i][key], i))
+    tied = [i for i in range(len(ok)) if i == best or _tie(ok[best], ok[i], key, covariance)]
+    pick = min(tied, key=lambda i: (ok[i][other], i))
+    rec = ok[pick]
+    ties = [ok[i] for i in tied if i != pick]
+    what = "time to target" if objective == "time" else "GPU-hours to target"
+    why = (
+        f"the best {what} is {ok[best]['config']}'s; {len(tied) - 1} other configuration(s) are tied with it "
+        f"(the 90 % interval of the ratio of their {what} holds 1: the model cannot rank them), and of those "
+        f"{rec['config']} needs the fewest {'GPU-hours' if objective == 'time' else 'hours'}"
+        if len(tied) > 1
+        else f"{rec['config']} has the best {what}, and every other configuration is slower beyond the 90 % "
+        "interval of the ratio"
+    )
+    return Choice(pareto, rec, ties, why, len(ok))
+
+
+def _tie(a: dict[str, Any], b: dict[str, Any], key: str, covariance: np.ndarray) -> bool:
+    """Whether the 90 % interval of ``b[key] / a[key]`` holds 1."""
+    return abs(math.log(b[key] / a[key])) <= Z * paired_log_sd(a, b, covariance)
