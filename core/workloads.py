@@ -54,6 +54,7 @@ __all__ = [
     "conformer_cost",
     "workload",
     "workload_names",
+    "workload_toml",
     "load_workload",
 ]
 
@@ -333,9 +334,33 @@ def workload(name: str) -> Workload:
         from psgdlab.core.config import closest
 
         raise ConfigError(
-            f"workload {name!r} is not known (known: {', '.join(workload_names())}){closest(name, workload_names())}"
+            f"workload {name!r} is not known (known: {', '.join(workload_names())})"
+            f"{closest(name, workload_names(), n=3)}"
         )
     return WORKLOADS[key].workload
+
+
+def workload_toml(name: str) -> str:
+    """The named workload as a TOML file with one ``[workload]`` table, each value's source in its
+    comment, that :func:`load_workload` (``psgdlab predict --workload FILE.toml``) reads back to
+    :func:`workload` of ``name``.
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "dnn.toml"
+    >>> _ = path.write_text(workload_toml("dnn"))
+    >>> load_workload(str(path)) == workload("dnn-13.5m")
+    True
+    """
+    from psgdlab.core.profile import Platform, Profile
+
+    w = workload(name)
+    notes = (
+        f"The named workload {w.name} (psgdlab workload show {w.name}); tags in brackets name the sources of",
+        "sim/presets/sources.toml. Edit it and pass it with psgdlab predict --workload FILE.toml: its compute",
+        "time follows from the platform's device (flops_per_sample, bytes_per_step).",
+    )
+    provenance = {f"workload.{key}": text for key, text in WORKLOADS[w.name].provenance.items()}
+    return Profile(platform=Platform(), workload=w, notes=notes, provenance=provenance).to_toml(tables=("workload",))
 
 
 def load_workload(name_or_path: str) -> Workload:

@@ -19,6 +19,8 @@ __all__ = ["main", "build_parser"]
 COMMANDS: dict[str, str] = {
     "topology": "topology",
     "predict": "predict",
+    "preset": "preset",
+    "workload": "workload",
     "emulate": "emulate",
     "train": "train",
     "hosts": "hosts",
