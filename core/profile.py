@@ -433,6 +433,17 @@ class Platform:
     def total_devices(self) -> int:
         return self.hosts * self.devices_per_host
 
+    @property
+    def ends_latency_s(self) -> float:
+        """The latency the two ends add to a message between hosts and to each round of an
+        allreduce's edge between hosts, beyond ``nic`` (``collective_between_hosts``): the sender's
+        and the receiver's PCIe with ``endpoints = "device"``, none where processes are the ends.
+
+        >>> Platform(pcie=Link(latency_s=1e-6)).ends_latency_s, Platform(endpoints="process").ends_latency_s
+        (2e-06, 0.0)
+        """
+        return 0.0 if self.endpoints == "process" else 2 * self.pcie.latency_s
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
