@@ -327,3 +327,21 @@ def test_the_platform_written_holds_the_logs(cluster_logs):
     assert (p.name, p.hosts, p.devices_per_host, p.sockets_per_host) == ("mine", 32, 8, 8)
     with pytest.raises(ConfigError, match=r"ar1.log ran 8 ranks per node on 1 nodes.*give --devices"):
         nccl_profile(base, fit, logs, devices=4)
+
+
+def test_launcher_prefixes_and_nccl_lines_are_read_through(tmp_path):
+    """mpirun --tag-output's '[1,0]<stdout>:' and srun --label's '0: ' before every line, and
+    NCCL's own INFO lines among the rows (a container's host name may begin with digits)."""
+    text = nccl_log("all_reduce", 2, 4, 2e-6, 5e10)
+    lines = text.split("\n")
+    at = next(i for i, x in enumerate(lines) if x.strip().startswith("65536 "))
+    lines[at:at] = ["930ae2939a89:78:78 [0] NCCL INFO Channel 00/02 : 0 1 2 3", "node-0:1:1 [0] NCCL INFO comm ready"]
+    plain = read_nccl_tests(_write(tmp_path, "a.txt", "\n".join(lines)))
+    for prefix in ("[1,0]<stdout>:", "0: "):
+        tagged = read_nccl_tests(_write(tmp_path, "b.txt", "\n".join(prefix + x for x in lines)))
+        assert (tagged.ranks, tagged.nodes, tagged.sizes_bytes, tagged.times_s) == (
+            8,
+            2,
+            plain.sizes_bytes,
+            plain.times_s,
+        )
