@@ -140,13 +140,9 @@ def bus_factor(test: str, ranks: int) -> float:
     return 1.0
 
 
-class _Refusal(ConfigError):
-    pass
-
-
-def _refuse(path: Any, number: int, line: str, why: str) -> _Refusal:
+def _refuse(path: Any, number: int, line: str, why: str) -> ConfigError:
     """The one-line error of a line that cannot be read: the file, the line number and the line."""
-    return _Refusal(f"{path}: line {number}: {line.strip()!r}: {why}")
+    return ConfigError(f"{path}: line {number}: {line.strip()!r}: {why}")
 
 
 @dataclass(slots=True)
@@ -331,8 +327,11 @@ def _check_row(
     test: str,
     ranks: int,
 ) -> tuple[int, float]:
-    """``(size, out-of-place seconds)`` of a row held to nccl-tests' conventions (module docstring)."""
+    """``(size, out-of-place seconds)`` of a row held to nccl-tests' conventions (module docstring);
+    a row of 0 bytes (a size too small to split over the ranks) is passed over."""
     size, time = int(cells[size_col]), _number(cells[columns[_TIME]])
+    if size == 0:
+        return 0, 0.0
     if not (math.isfinite(time) and time > 0):
         raise _refuse(path, number, raw, f"the out-of-place time {cells[columns[_TIME]]!r} is not a positive number")
     if "algbw" not in columns or "busbw" not in columns:

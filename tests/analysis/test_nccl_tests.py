@@ -345,3 +345,15 @@ def test_launcher_prefixes_and_nccl_lines_are_read_through(tmp_path):
             plain.sizes_bytes,
             plain.times_s,
         )
+
+
+def test_rows_of_no_bytes_are_passed_over(tmp_path):
+    """Sizes too small to split over the ranks print as 0 bytes, in any time (NVIDIA/nccl-tests
+    issue 128 shows such rows): no point of the fit."""
+    text = nccl_log("reduce_scatter", 2, 8, 5e-6, 1e11)
+    zero = f"{0:12d}  {0:12d}  {'float':>8}  {'sum':>6}  {-1:6d}" + f"  {0.0:7.2f}  {0.0:6.2f}  {0.0:6.2f}  {0:5d}" * 2
+    lines = text.split("\n")
+    at = next(i for i, x in enumerate(lines) if x.strip().startswith("0 "))
+    lines.insert(at, zero)
+    log = read_nccl_tests(_write(tmp_path, "rs.txt", "\n".join(lines)))
+    assert 0 not in log.sizes_bytes and log.sizes_bytes[0] == 256  # 16 ranks x 16 bytes
