@@ -106,6 +106,7 @@ def fit_link(
     sd_s: np.ndarray | None = None,
     bandwidth_prior: Prior | None = None,
     latency_prior: Prior | None = None,
+    design: np.ndarray | None = None,
 ) -> dict[str, Any]:
     r"""Latency and bandwidth from exchange durations and payloads, with their uncertainty.
 
@@ -143,6 +144,11 @@ def fit_link(
     bandwidth_prior, latency_prior : Prior, optional
         What the bandwidth and the latency are known to be before the data
         (:mod:`psgdlab.core.priors`).
+    design : array of shape (points, 2), optional
+        Each point's coefficients of :math:`(\alpha, 1/\beta)` from its cost law, for exchanges
+        other than a pairwise one and an allreduce (an allgather,
+        :func:`psgdlab.core.cost.allgather_terms`); replaces ``group_sizes``, ``pairwise`` and
+        ``algorithm``.
 
     Returns
     -------
@@ -164,7 +170,9 @@ def fit_link(
             f"cannot separate latency from bandwidth with a single payload size ({records} exchanges, all of "
             f"{S[0]:.0f} bytes); measure exchanges of at least two sizes"
         )
-    X = _link_design(S, group_sizes, pairwise, algorithm)
+    X = _link_design(S, group_sizes, pairwise, algorithm) if design is None else np.asarray(design, dtype=float)
+    if X.shape != (t.size, 2):
+        raise ConfigError(f"design must have one row of 2 coefficients per point ({t.size}), not shape {X.shape}")
     sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
     weighted = sd_s is not None
     post = _wls(X, t, sd, weighted=weighted) if np.unique(S).size >= 2 else None

@@ -38,10 +38,22 @@ __all__ = ["load_toml", "load_dataclass", "check_keys", "apply_overrides", "clos
 T = TypeVar("T")
 
 
-def closest(key: str, known: typing.Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest known key, or ``""``."""
-    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
+def closest(key: str, known: typing.Iterable[str], n: int = 1) -> str:
+    """``"; did you mean 'x'?"`` for the closest known key (up to ``n`` of them, closest first:
+    ``"; did you mean 'x' or 'y'?"``), or ``""``. Close is :mod:`difflib`'s ratio of at least
+    0.6, then, where that finds fewer than ``n``, a known key that starts with ``key`` (a short
+    name's long form).
+
+    >>> closest("h100-sxm", ["a100-sxm-hdr", "h100-sxm-ndr", "l40s-pcie-100gbe"], n=2)
+    "; did you mean 'h100-sxm-ndr' or 'a100-sxm-hdr'?"
+    >>> closest("h100", ["a100-sxm-hdr", "h100-sxm-ndr"])
+    "; did you mean 'h100-sxm-ndr'?"
+    """
+    known = list(known)
+    match = difflib.get_close_matches(key, known, n=n, cutoff=0.6)
+    if key and len(match) < n:
+        match += [k for k in known if k.lower().startswith(key.lower()) and k not in match][: n - len(match)]
+    return f"; did you mean {' or '.join(repr(m) for m in match)}?" if match else ""
 
 
 def check_keys(data: Mapping[str, Any], known: typing.Iterable[str], *, where: str) -> None:

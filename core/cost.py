@@ -30,7 +30,7 @@ bandwidth :math:`\beta` (bytes per second, per direction), for ``S`` bytes of mo
 
 The fits read the same laws backwards: each law is linear in its unknowns, and the ``*_terms``
 functions give the coefficients of those unknowns (a row of the least-squares design matrix):
-:func:`allreduce_terms` and :func:`transfer_terms` for :math:`(\alpha, 1/\beta)`,
+:func:`allreduce_terms`, :func:`allgather_terms` and :func:`transfer_terms` for :math:`(\alpha, 1/\beta)`,
 :func:`cpu_stretch_terms` for :math:`(w_m, w_b)`; :func:`allreduce_group_size` recovers a group
 from the bytes a rank sent. They accept numpy arrays where they take sizes.
 
@@ -64,6 +64,7 @@ __all__ = [
     "allreduce_group_size",
     "ring_allreduce_after_arrivals",
     "allgather_s",
+    "allgather_terms",
     "transfer_s",
     "transfer_terms",
     "max_min_rates",
@@ -232,12 +233,24 @@ def allgather_s(
 ) -> float:
     r"""Allgather of ``m`` shards of a ``payload_bytes`` model: the allgather half of an allreduce,
     :math:`(m-1)/m \cdot S/\beta + \lfloor R(m)/2 \rfloor\,\alpha` (ring: :math:`m-1` rounds).
+    A reduce-scatter, the other half, moves the same bytes in the same rounds.
 
     >>> allgather_s(4, 4000.0, 1000.0, 1.0)
     6.0
     """
-    rounds = allreduce_rounds(m, algorithm) // 2
-    return (m - 1) / m * payload_bytes / bandwidth_bytes_per_s + rounds * latency_s
+    rounds, sent = allgather_terms(m, payload_bytes, algorithm)
+    return float(sent / bandwidth_bytes_per_s + rounds * latency_s)
+
+
+def allgather_terms(m: Any, payload_bytes: Any, algorithm: str = "ring") -> tuple[Any, Any]:
+    r"""Coefficients of :math:`(\alpha, 1/\beta)` in :func:`allgather_s` (and a reduce-scatter):
+    ``(floor(R(m)/2), (m-1)/m S)``, half of :func:`allreduce_terms`'s (``m`` an int or an array).
+
+    >>> allgather_terms(np.array([2.0, 4.0]), 1000.0)
+    (array([1., 3.]), array([500., 750.]))
+    """
+    rounds, sent = allreduce_terms(m, payload_bytes, algorithm)
+    return rounds // 2, sent / 2
 
 
 # ----- point to point, host averaging, server -----------------------------------------------------

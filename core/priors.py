@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from psgdlab.core.errors import require
 
-__all__ = ["Prior", "LOOPBACK_BANDWIDTH", "LOOPBACK_LATENCY", "RUN_NOISE_CV", "STEP_NOISE_CV"]
+__all__ = ["Prior", "LOOPBACK_BANDWIDTH", "LOOPBACK_LATENCY", "RUN_NOISE_CV", "STEP_NOISE_CV", "NCCL_TESTS_CV"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,3 +73,9 @@ RUN_NOISE_CV = 0.2
 #: relative run-to-run scatter of a configuration's mean step time when the runs repeat none:
 #: six runs each of two cases on this machine, about 0.5 % (docs/validation.md)
 STEP_NOISE_CV = 0.005
+
+#: relative scatter of one time nccl-tests prints (the mean of its ``-n`` iterations, 20 by
+#: default) from one run to the next: a few per cent [INF]. It weighs the points of a fit of
+#: nccl-tests output (:mod:`psgdlab.analysis.nccl_tests`), whose spreads grow by the residuals
+#: where the points scatter more about the law (:func:`psgdlab.analysis.fits.fit_link`)
+NCCL_TESTS_CV = 0.03

@@ -60,7 +60,7 @@ import itertools
 import math
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -432,6 +432,17 @@ class Platform:
     @property
     def total_devices(self) -> int:
         return self.hosts * self.devices_per_host
+
+    @property
+    def ends_latency_s(self) -> float:
+        """The latency the two ends add to a message between hosts and to each round of an
+        allreduce's edge between hosts, beyond ``nic`` (``collective_between_hosts``): the sender's
+        and the receiver's PCIe with ``endpoints = "device"``, none where processes are the ends.
+
+        >>> Platform(pcie=Link(latency_s=1e-6)).ends_latency_s, Platform(endpoints="process").ends_latency_s
+        (2e-06, 0.0)
+        """
+        return 0.0 if self.endpoints == "process" else 2 * self.pcie.latency_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -841,11 +852,12 @@ class Profile:
         return cls.from_toml(path.read_text(encoding="utf-8"), source=str(path))
 
     # ----- writing ----------------------------------------------------------------------------
-    def tables(self) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+    def tables(self, names: Sequence[str] = TABLES) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
         """``(dotted table name, [(key, value), ...])`` in the order :meth:`to_toml` writes them:
-        each table's plain values, then its sub-tables; ``None`` values are left out."""
+        each table's plain values, then its sub-tables; ``None`` values are left out. ``names``:
+        the top-level tables (:data:`TABLES`) to give."""
         for name in TABLES:
-            if getattr(self, name) is not None:
+            if name in names and getattr(self, name) is not None:
                 yield from _tables(name, getattr(self, name))
 
     def paths(self) -> Iterator[str]:
@@ -855,10 +867,17 @@ class Profile:
             for key, _ in items:
                 yield f"{table}.{key}"
 
-    def to_toml(self) -> str:
-        """The TOML document (module docstring); :meth:`from_toml` reads it back to an equal profile."""
+    def to_toml(self, tables: Sequence[str] = TABLES) -> str:
+        """The TOML document (module docstring); :meth:`from_toml` reads it back to an equal profile.
+        ``tables``: the top-level tables to write (``("workload",)``: a workload file, as
+        ``psgdlab predict --workload FILE`` reads one), with the notes at its head.
+
+        >>> p = Profile(platform=Platform(), workload=Workload(n_params=7), provenance={"workload.n_params": "[INF]"})
+        >>> print(p.to_toml(tables=("workload",)).splitlines()[:4])
+        ['[workload]', 'name = "model"', 'description = ""', 'n_params = 7                             # [INF]']
+        """
         lines = [f"# {line}" if line else "#" for line in self.notes]
-        for table, items in self.tables():
+        for table, items in self.tables(tables):
             if lines:
                 lines.append("")
             lines.append(self._line(f"[{table}]", table))

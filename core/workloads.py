@@ -24,7 +24,10 @@ weights in the update: :math:`M = 5 \cdot n_\text{params} \cdot` itemsize. Frame
 models (a DNN, and LSTMs trained frame by frame with truncated back-propagation, as Kaldi's nnet1
 does) use each weight once per frame (the first layer needs no input gradient, so the rule
 overcounts by 2 FLOPs per weight of that layer: under 3 % for the DNN); a window model (the
-BLSTM of the IBM papers) runs its recurrent layers over every frame of the window.
+BLSTM of the IBM papers) runs its recurrent layers over every frame of the window. A model whose
+weights are used a different number of times per sample (convolutions, attention, a transducer's
+joint network) counts its multiply-accumulates from its definition (:func:`conformer_cost`) and
+takes the same 6 FLOPs per MAC and 5 passes over its weights.
 
 Examples
 --------
@@ -42,7 +45,18 @@ from dataclasses import dataclass
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Workload
 
-__all__ = ["WORKLOADS", "BY_MODEL", "WorkloadEntry", "dense_cost", "workload", "workload_names", "load_workload"]
+__all__ = [
+    "WORKLOADS",
+    "BY_MODEL",
+    "WorkloadEntry",
+    "dense_cost",
+    "ConformerShape",
+    "conformer_cost",
+    "workload",
+    "workload_names",
+    "workload_toml",
+    "load_workload",
+]
 
 #: FLOPs per multiply-accumulate per sample over forward + backward (2 forward, 4 backward)
 FLOPS_PER_MAC = 6.0
@@ -61,14 +75,103 @@ def dense_cost(macs_per_sample: float, n_params: int, itemsize: int = 4) -> tupl
     return FLOPS_PER_MAC * macs_per_sample, WEIGHT_PASSES * n_params * itemsize
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConformerShape:
+    """The hyper-parameters of a Conformer transducer (Gulati et al. 2020, Table 1) and of the
+    utterance it is costed on.
+
+    ``d_model``, ``layers``, ``conv_kernel``, ``ffn_factor``: the encoder (``heads`` splits
+    ``d_model`` and changes neither the weights nor the MACs); ``features``: filter-bank channels
+    of the input; ``decoder_dim``: the one-layer LSTM prediction network, its embedding and the
+    joint network; ``vocabulary``: word pieces (plus a blank); ``frames``: 10 ms input frames of
+    the utterance; ``tokens``: its word pieces.
+
+    The defaults are Conformer (L) on the mean utterance of LibriSpeech's 960 h of training data
+    (281,241 utterances: 12.29 s, 1229 frames). Gulati et al. give the encoder's and the
+    decoder's sizes and 80 filter-bank channels; the vocabulary (1k word pieces), the joint
+    network's width (the decoder's) and the 50 word pieces of a mean utterance (about 33 words of
+    read speech at 1.5 pieces a word) are assumptions of this count.
+    """
+
+    d_model: int = 512
+    layers: int = 17
+    conv_kernel: int = 32
+    ffn_factor: int = 4
+    features: int = 80
+    decoder_dim: int = 640
+    vocabulary: int = 1024
+    frames: int = 1229
+    tokens: int = 50
+
+
+def conformer_cost(shape: ConformerShape) -> tuple[int, float]:
+    r"""``(n_params, macs_per_utterance)`` of a Conformer transducer: the forward pass's
+        multiply-accumulates over one utterance (:class:`ConformerShape`).
+
+        The parts, with :math:`d` = ``d_model``, :math:`k` = ``conv_kernel``, :math:`D` =
+        ``decoder_dim``, :math:`V` = ``vocabulary`` + 1 (the blank), :math:`U` = ``tokens``:
+
+        - convolutional subsampling (ESPnet's ``Conv2dSubsampling``, which Gulati et al.'s figure 1
+          draws without its sizes): two 3x3 convolutions of stride 2 with :math:`d` channels over
+          time and frequency, then a linear layer from :math:`d \cdot F_2` to :math:`d`, leaving
+          :math:`T = \lfloor(\lfloor(T_{in}-1)/2
+    floor-1)/2
+    floor` frames of 40 ms;
+        - each of the ``layers`` blocks: two half-step feed-forward modules (:math:`d 	o 4d 	o d`),
+          multi-head self-attention with relative positions (ESPnet's
+          ``RelPositionMultiHeadedAttention``: query, key, value and output projections, a
+          projection of the :math:`2T-1` relative positions and two bias vectors), the convolution
+          module (point-wise :math:`d 	o 2d` with a GLU, depth-wise of width :math:`k`, batch norm,
+          point-wise :math:`d 	o d`) and four layer norms plus the block's last:
+          :math:`24d^2 + (k + 32)d` weights; per frame :math:`23d^2 + kd` MACs, and per block and
+          utterance :math:`T^2 d` (scores) :math:`+\; T(2T-1)d` (relative-position scores)
+          :math:`+\; T^2 d` (weighted values) :math:`+\; (2T-1)d^2` (position projection);
+        - the prediction network: an embedding of the :math:`V` symbols and one LSTM layer of
+          :math:`D` cells over the :math:`U + 1` labels;
+        - the joint network: projections of the encoder (:math:`d 	o D`) and of the prediction
+          network (:math:`D 	o D`), and the output layer :math:`D 	o V` on each of the
+          :math:`T (U + 1)` pairs of frame and label.
+
+        Biases count as weights and cost no MACs; norms, activations and the softmax cost no MACs.
+
+        >>> n, macs = conformer_cost(ConformerShape())  # Conformer (L): 118.8M published
+        >>> round(n / 1e6, 1), round(macs / 1e9, 1)
+        (120.2, 63.3)
+        >>> round(conformer_cost(ConformerShape(d_model=144, layers=16, decoder_dim=320))[0] / 1e6, 2)  # (S): 10.3M
+        10.32
+    """
+    d, k, D, V = shape.d_model, shape.conv_kernel, shape.decoder_dim, shape.vocabulary + 1
+    f = shape.ffn_factor
+    # subsampling: conv(1 -> d, 3x3, stride 2), conv(d -> d, 3x3, stride 2), linear(d * F2 -> d)
+    t1, f1 = (shape.frames - 1) // 2, (shape.features - 1) // 2
+    T, f2 = (t1 - 1) // 2, (f1 - 1) // 2
+    sub_params = (9 * d + d) + (9 * d * d + d) + (f2 * d * d + d)
+    sub_macs = t1 * f1 * 9 * d + T * f2 * 9 * d * d + T * f2 * d * d
+    # one block: 2 feed-forward modules, attention with relative positions, convolution module, 5 norms
+    ffn = 2 * (2 * f * d * d + f * d + d)
+    attention = 4 * (d * d + d) + d * d + 2 * d
+    conv = (2 * d * d + 2 * d) + (k * d + d) + 2 * d + (d * d + d)
+    block_params = ffn + attention + conv + 5 * 2 * d
+    per_frame = 2 * 2 * f * d * d + 4 * d * d + 2 * d * d + k * d + d * d
+    block_macs = T * per_frame + 2 * T * T * d + T * (2 * T - 1) * d + (2 * T - 1) * d * d
+    # prediction network (embedding + one LSTM layer) and joint network
+    labels = shape.tokens + 1
+    lstm = 4 * (D * (D + D) + 2 * D)
+    decoder_params = V * D + lstm + (d * D + D) + (D * D + D) + (D * V + V)
+    decoder_macs = labels * 4 * D * 2 * D + T * d * D + labels * D * D + T * labels * D * V
+    n_params = sub_params + shape.layers * block_params + decoder_params
+    return n_params, float(sub_macs + shape.layers * block_macs + decoder_macs)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadEntry:
-    """A named workload with the provenance of its figures (ALGORITHMS.md tags) and the runtime's
-    model preset that trains it (``psgdlab train --model``), which names it too."""
+    """A named workload with the provenance of its figures (the tags of ``sim/presets/sources.toml``)
+    and the runtime's model preset that trains it (``psgdlab train --model``), which names it
+    too; ``None`` where the runtime has none (the workload is for predictions only)."""
 
     workload: Workload
     provenance: dict[str, str]
-    model: str
+    model: str | None = None
 
 
 def _li_et_al(name: str, model: str, description: str, n: int, inputs: int, notes: dict[str, str]) -> WorkloadEntry:
@@ -165,12 +268,52 @@ def _bilstm_43m() -> WorkloadEntry:
     )
 
 
-#: the named workloads (the published models of ALGORITHMS.md §D)
-WORKLOADS: dict[str, WorkloadEntry] = {e.workload.name: e for e in (_bilstm_43m(), _dnn_13_5m(), _cldnn_13_8m())}
+def _conformer_120m() -> WorkloadEntry:
+    """Conformer (L) of Gulati et al. 2020 on LibriSpeech 960 h, one utterance per sample."""
+    shape = ConformerShape()
+    n, macs = conformer_cost(shape)
+    flops, traffic = dense_cost(macs, n)
+    return WorkloadEntry(
+        Workload(
+            name="conformer-120m",
+            description="Conformer (L) transducer: 17 blocks of d=512, conv kernel 32, 1-layer LSTM 640 decoder; "
+            "LibriSpeech 960 h, one 12.3 s utterance per sample",
+            n_params=n,
+            flops_per_sample=flops,
+            bytes_per_step=traffic,
+            compute="lognormal:0.1:0.05",
+            reference_batch=32,
+            batch_per_worker=32,
+            input_bytes_per_sample=shape.frames * shape.features * 4.0,
+            samples_per_epoch=281241.0,
+            epochs=50.0,
+            sample_unit="utterances",
+        ),
+        {
+            "n_params": "[DER] counted from the definition (core/workloads.py conformer_cost); [GULATI2020 Tab.1] "
+            "gives 118.8M",
+            "itemsize": "[INF] fp32 gradients (mixed precision keeps fp32 weights)",
+            "reference_batch": "[INF] the batch the compute law is stated at",
+            "flops_per_sample": "[DER] 6 x the forward MACs of a 1229-frame utterance (conformer_cost)",
+            "bytes_per_step": "[DER] 5 passes x the weights x 4 B",
+            "compute": "[INF] spread 5 %: 32 utterances whose lengths scatter by about 30 %; the mean follows from "
+            "the platform's device",
+            "batch_per_worker": "[INF] 32 utterances per GPU",
+            "input_bytes_per_sample": "[DER] 1229 frames x 80 filter banks [GULATI2020 §3.1] x 4 B",
+            "samples_per_epoch": "[LIBRISPEECH] 281,241 utterances in the 960 h of training data",
+            "epochs": "[INF] the paper gives training steps, not epochs",
+        },
+    )
+
+
+#: the named workloads: the published models of ALGORITHMS.md §D and a transformer-sized one
+WORKLOADS: dict[str, WorkloadEntry] = {
+    e.workload.name: e for e in (_bilstm_43m(), _dnn_13_5m(), _cldnn_13_8m(), _conformer_120m())
+}
 
 
 #: the named workloads by the runtime's model preset that trains each (``train --model``)
-BY_MODEL: dict[str, str] = {e.model: name for name, e in WORKLOADS.items()}
+BY_MODEL: dict[str, str] = {e.model: name for name, e in WORKLOADS.items() if e.model is not None}
 
 
 def workload_names() -> tuple[str, ...]:
@@ -191,9 +334,33 @@ def workload(name: str) -> Workload:
         from psgdlab.core.config import closest
 
         raise ConfigError(
-            f"workload {name!r} is not known (known: {', '.join(workload_names())}){closest(name, workload_names())}"
+            f"workload {name!r} is not known (known: {', '.join(workload_names())})"
+            f"{closest(name, workload_names(), n=3)}"
         )
     return WORKLOADS[key].workload
+
+
+def workload_toml(name: str) -> str:
+    """The named workload as a TOML file with one ``[workload]`` table, each value's source in its
+    comment, that :func:`load_workload` (``psgdlab predict --workload FILE.toml``) reads back to
+    :func:`workload` of ``name``.
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "dnn.toml"
+    >>> _ = path.write_text(workload_toml("dnn"))
+    >>> load_workload(str(path)) == workload("dnn-13.5m")
+    True
+    """
+    from psgdlab.core.profile import Platform, Profile
+
+    w = workload(name)
+    notes = (
+        f"The named workload {w.name} (psgdlab workload show {w.name}); tags in brackets name the sources of",
+        "sim/presets/sources.toml. Edit it and pass it with psgdlab predict --workload FILE.toml: its compute",
+        "time follows from the platform's device (flops_per_sample, bytes_per_step).",
+    )
+    provenance = {f"workload.{key}": text for key, text in WORKLOADS[w.name].provenance.items()}
+    return Profile(platform=Platform(), workload=w, notes=notes, provenance=provenance).to_toml(tables=("workload",))
 
 
 def load_workload(name_or_path: str) -> Workload:

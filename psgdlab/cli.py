@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "topology": "topology",
     "predict": "predict",
     "plan": "plan",
+    "preset": "preset",
+    "workload": "workload",
     "emulate": "emulate",
     "train": "train",
     "hosts": "hosts",

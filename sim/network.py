@@ -203,7 +203,7 @@ class Network:
         self._coll_scatter = platform.collective.scatter if platform.collective is not None else ()
         self._nic_scatter = platform.nic.scatter
         self._process_ends = platform.endpoints == "process"
-        ends_lat = 0.0 if self._process_ends else 2 * platform.pcie.latency_s
+        ends_lat = platform.ends_latency_s
         self._inter_lat = platform.nic.latency_s + ends_lat
         span = platform.collective_between_hosts or platform.nic  # an allreduce's edges between hosts
         self._span_bw = span.effective_bandwidth_bytes_per_s

@@ -4,9 +4,11 @@ The schema (:class:`Workload`, :class:`Defaults`, and the :class:`~psgdlab.core.
 that holds them with a platform, :data:`SimConfig` here) is core's,
 :mod:`psgdlab.core.profile`; this module adds the data loader's pauses (:func:`loader_pauses`)
 and finds the shipped presets (``sim/presets/NAME.toml``, :func:`preset_names`,
-:func:`load_config`). Every worker has its own loader; its position in its buffer at the start
-of the simulated window is drawn from the stationary distribution, so workers refill at
-unrelated steps -- synchronous blocks then wait for whichever worker refilled.
+:func:`load_config`) and the sources their values cite (``sim/presets/sources.toml``,
+:func:`preset_sources`, :func:`provenance_tags`). Every worker has its own loader; its position
+in its buffer at the start of the simulated window is drawn from the stationary distribution,
+so workers refill at unrelated steps -- synchronous blocks then wait for whichever worker
+refilled.
 
 A configuration file (``--platform FILE.toml``; the shipped presets have the same format) has
 the tables ``[platform]`` (with sub-tables ``pcie``, ``nic``, ``nvlink``, ``collective``,
@@ -16,6 +18,7 @@ the tables ``[platform]`` (with sub-tables ``pcie``, ``nic``, ``nvlink``, ``coll
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,10 @@ __all__ = [
     "with_workload",
     "preset_names",
     "preset_path",
+    "SOURCES_FILE",
+    "SOURCE_KINDS",
+    "preset_sources",
+    "provenance_tags",
     "loader_pauses",
 ]
 
@@ -91,21 +98,52 @@ def _presets_dir():
     return resources.files("psgdlab.sim").joinpath("presets")
 
 
+#: the table of the sources the presets cite, beside them (not a preset)
+SOURCES_FILE = "sources.toml"
+
+#: what a source is: a paper, a vendor's data sheet or a standard, figures someone measured, a
+#: value computed from cited ones, or an assumption where the sources are silent
+SOURCE_KINDS = ("publication", "spec-sheet", "measurement", "derived", "assumption")
+
+_TAG = re.compile(r"\[([A-Za-z][A-Za-z0-9._-]*)")
+
+
 def preset_names() -> tuple[str, ...]:
-    """Names of the shipped presets (files ``sim/presets/NAME.toml``)."""
+    """Names of the shipped presets (files ``sim/presets/NAME.toml``, but the sources table)."""
     folder = _presets_dir()
-    return tuple(sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml")))
+    return tuple(sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml") and p.name != SOURCES_FILE))
 
 
 def preset_path(name: str) -> Path:
+    """The file of the shipped preset ``name``; an unknown name is a one-line :class:`ConfigError`
+    that lists the presets and suggests the closest names."""
+    from psgdlab.core.config import closest
+
     names = preset_names()
     if name not in names:
-        import difflib
-
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"preset {name!r} is not known (known: {', '.join(names)}){hint}")
+        raise ConfigError(f"preset {name!r} is not known (known: {', '.join(names)}){closest(name, names, n=3)}")
     return Path(str(_presets_dir() / f"{name}.toml"))
+
+
+def preset_sources() -> dict[str, dict[str, str]]:
+    """The sources the presets' values cite, by tag (``sim/presets/sources.toml``): each with its
+    ``kind`` (:data:`SOURCE_KINDS`), ``citation`` and ``url`` (``""`` where there is none)."""
+    import tomllib
+
+    with _presets_dir().joinpath(SOURCES_FILE).open("rb") as fh:
+        return {tag: dict(entry) for tag, entry in tomllib.load(fh).items()}
+
+
+def provenance_tags(comment: str) -> tuple[str, ...]:
+    """The source tags a value's comment cites: the first word of each bracket that opens with a
+    letter (``"[S000 §5.1] 100 Gbit/s; [INF, F.8]"`` cites ``S000`` and ``INF``).
+
+    >>> provenance_tags("[DER §D.4] 203 h / 16 epochs on one V100 at 128 samples; CV 5 % [INF]")
+    ('DER', 'INF')
+    >>> provenance_tags("fitted (prior 0.6, log-sd 0.4); unpinned")
+    ()
+    """
+    return tuple(_TAG.findall(comment))
 
 
 def load_config(

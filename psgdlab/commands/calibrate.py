@@ -1,4 +1,6 @@
-"""``psgdlab calibrate [--probe] RUN_DIR... --out PLATFORM.toml``: fit this machine's platform profile."""
+"""``psgdlab calibrate [--probe] RUN_DIR... --out PLATFORM.toml``: fit this machine's platform profile;
+``psgdlab calibrate --nccl-tests FILE... [--preset NAME | --platform FILE] --out PLATFORM.toml``: a
+cluster's links from nccl-tests output, on a base profile."""
 
 from __future__ import annotations
 
@@ -36,11 +38,34 @@ def register(sub: argparse._SubParsersAction) -> None:
             "bus bandwidth per size, the allreduce schedule) and the CPU work of communication, while the "
             "RUN_DIRs (short psgdlab train runs of your model) give the compute law. A probe directory may "
             "also be given as a RUN_DIR. Without RUN_DIRs, --probe prints the probe's fit and writes no "
-            "profile."
+            "profile. "
+            "--nccl-tests FILE... reads the text output of nccl-tests (all_reduce_perf, sendrecv_perf, "
+            "all_gather_perf, reduce_scatter_perf) run on a GPU cluster, with the ranks and nodes each ran on, "
+            "and fits the collective and point-to-point laws inside a node and between nodes (latency and "
+            "bus bandwidth from the out-of-place times, with their uncertainty from the fit's residuals) into a "
+            "base profile: --preset NAME or --platform FILE, or else the preset whose device the logs name; "
+            "docs/cluster.md says which runs to make."
         ),
     )
     p.add_argument(
         "run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by psgdlab train (or a probe's)"
+    )
+    p.add_argument(
+        "--nccl-tests",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="nccl-tests output files, one run each (without RUN_DIRs); --json adds nccl_tests: per file its "
+        "test, ranks, nodes, sizes_bytes, measured_s (out-of-place) and fitted_s",
+    )
+    add_flags(
+        p.add_mutually_exclusive_group(),
+        "--preset",
+        "--platform",
+        helps={
+            "--preset": "the base profile of --nccl-tests (default: the preset whose device the logs name)",
+            "--platform": "the base profile of --nccl-tests, a file",
+        },
     )
     p.add_argument("--out", metavar="PLATFORM.toml", help="the TOML file to write (atomically); needs a RUN_DIR")
     p.add_argument("--probe", action="store_true", help="probe the transport first (about 10-20 s with the defaults)")
@@ -85,14 +110,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="H",
         help="hosts of the platform written, when a probe or runs between hosts fitted the link between "
-        "them (default: as many as they used); --devices is then the devices of each host",
+        "them (default: as many as they used); --devices is then the devices of each host; with --nccl-tests "
+        "(default: the base's)",
     )
-    p.add_argument("--name", default="calibrated", help="platform name in the file")
+    p.add_argument(
+        "--name", default=None, help="platform name in the file (default: calibrated; with --nccl-tests the base's)"
+    )
     p.add_argument(
         "--devices",
         type=int,
         default=None,
-        help="devices (worker processes) of this machine's one host (default: the runs' largest worker count)",
+        help="devices (worker processes) of this machine's one host (default: the runs' largest worker count); "
+        "with --nccl-tests, of each host of the platform written (default: the base's)",
     )
     p.add_argument(
         "--cores",
@@ -142,6 +171,15 @@ def run(args: argparse.Namespace) -> int:
         (2,),
         1,
     )
+    if args.nccl_tests is not None:
+        if args.run_dirs or args.probe or probing:
+            raise ConfigError(
+                "--nccl-tests calibrates a GPU cluster's links on a base profile; RUN_DIRs and --probe calibrate this "
+                "machine: give one or the other"
+            )
+        return _run_nccl_tests(args)
+    if args.preset is not None or args.platform is not None:
+        raise ConfigError("--preset and --platform give the base profile of --nccl-tests")
     if not args.probe and probing:
         raise ConfigError("--sizes, --groups, --probe-out, --hosts and --nic-bandwidth set up a probe; add --probe")
     if not args.run_dirs and not args.probe:
@@ -165,7 +203,12 @@ def run(args: argparse.Namespace) -> int:
     # the model's miss on the runs it has seen raises the noise; the latency per round between
     # hosts is fitted through the simulator where the link fit could not pin it
     profile, fit = fitted_profile(
-        fit, run_dirs, name=args.name, devices=args.devices, n_params=args.n_params, hosts=args.platform_hosts
+        fit,
+        run_dirs,
+        name=args.name or "calibrated",
+        devices=args.devices,
+        n_params=args.n_params,
+        hosts=args.platform_hosts,
     )
     profile.write(args.out)
     if args.json:
@@ -334,3 +377,67 @@ def _print_probe(path: str, args: argparse.Namespace) -> int:
         )
     print(f"probe samples: {path}/probe.npz")
     return 0
+
+
+def _run_nccl_tests(args: argparse.Namespace) -> int:
+    """``--nccl-tests``: read the files, fit their laws, write them into the base profile."""
+    from psgdlab.analysis.nccl_tests import LAWS, fit_nccl_tests, nccl_profile, read_nccl_tests
+    from psgdlab.sim.workload import load_config
+
+    logs = [read_nccl_tests(path) for path in args.nccl_tests]
+    base = (
+        load_config(path=args.platform)
+        if args.platform is not None
+        else load_config(preset=args.preset or _preset_of(logs[0].device))
+    )
+    p = base.platform
+    fit = fit_nccl_tests(logs, algorithm=p.allreduce, algorithm_between_hosts=p.allreduce_between_hosts)
+    profile = nccl_profile(base, fit, logs, name=args.name, hosts=args.platform_hosts, devices=args.devices)
+    if args.out is not None:
+        profile.write(args.out)
+    if args.json:
+        laws = {key: fit[key] for key, _, _ in LAWS.values()}
+        doc = {**laws, "allreduce_algorithm": p.allreduce, "runs": [], "base": base.source, "out": args.out}
+        print(json.dumps({**doc, "nccl_tests": fit["nccl_tests"]}, indent=2, default=str))
+        return 0
+    for entry in fit["nccl_tests"]:
+        sizes = entry["sizes_bytes"]
+        print(
+            f"{entry['file']}: {entry['test']}_perf, {entry['ranks']} ranks on {entry['nodes']} node(s) "
+            f"({entry['device']}), {len(sizes)} sizes {min(sizes)}-{max(sizes)} B"
+        )
+    for key, table, what in LAWS.values():
+        law = fit[key]
+        if law is None:
+            continue
+        target = table or ("nvlink" if base.platform.nvlink is not None else "pcie")
+        lat_sd, bw_sd = law["latency_log_sd"], law["bandwidth_log_sd"]
+        print(
+            f"{what} -> [platform.{target}]: latency {law['latency_s'] * 1e6:.3g} us"
+            + (" per round" if "collective" in key else "")
+            + (f" (log-sd {lat_sd:.2g})" if lat_sd is not None else " (at its bound 0)")
+            + f", bandwidth {law['bandwidth_bytes_per_s'] / 1e9:.4g} GB/s"
+            + (f" (log-sd {bw_sd:.2g})" if bw_sd is not None else "")
+            + f"; max relative residual {law['max_rel_residual']:.2g} over {law['points']} points"
+        )
+    print(f"base: {base.source}; " + (f"wrote {args.out}" if args.out else "no --out: nothing written"))
+    return 0
+
+
+def _preset_of(device: str) -> str:
+    """The one shipped preset whose device the logs' device names (``H100`` in ``NVIDIA H100 80GB
+    HBM3``), or a one-line error asking for the base."""
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.sim.workload import load_config, preset_names
+
+    def squeeze(text: str) -> str:
+        return "".join(c for c in text.lower() if c.isalnum())
+
+    found = [name for name in preset_names() if squeeze(load_config(preset=name).platform.device) in squeeze(device)]
+    if len(found) != 1:
+        said = f"the presets {', '.join(found)} all name" if found else "no preset names"
+        raise ConfigError(
+            f"{said} the logs' device ({device!r}): give the base profile with --preset NAME or --platform FILE "
+            "(psgdlab preset list)"
+        )
+    return found[0]

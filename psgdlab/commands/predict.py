@@ -41,17 +41,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         "--platform",
         helps={
-            "--preset": f"interspeech2019-v100 or librispeech-gtx1080; default {DEFAULT_PRESET}",
-            "--platform": "copy a preset from sim/presets/",
+            "--preset": f"psgdlab preset list names them; default {DEFAULT_PRESET}",
+            "--platform": "psgdlab preset show NAME > FILE.toml writes one to edit",
         },
     )
     p.add_argument(
         "--workload",
         metavar="NAME|FILE.toml",
         default=None,
-        help="predict another model on the same platform: a named workload (bilstm-43m, dnn-13.5m, "
-        "cldnn-13.8m; or the runtime's model preset that trains it, blstm, dnn, cldnn) or a TOML file "
-        "with a [workload] table; its compute time follows from the "
+        help="predict another model on the same platform: a named workload (psgdlab workload list: bilstm-43m, "
+        "dnn-13.5m, cldnn-13.8m, conformer-120m; or the runtime's model preset that trains it, blstm, dnn, cldnn) "
+        "or a TOML file with a [workload] table (psgdlab workload show NAME writes one); its compute time follows "
+        "from the "
         "platform's device (peak FLOP/s and memory bandwidth times the platform's efficiencies); "
         "default: the file's own [workload]",
     )

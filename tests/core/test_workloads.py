@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Link, Platform, Profile
-from psgdlab.core.workloads import WORKLOADS, dense_cost, load_workload, workload, workload_names
+from psgdlab.core.workloads import (
+    WORKLOADS,
+    ConformerShape,
+    conformer_cost,
+    dense_cost,
+    load_workload,
+    workload,
+    workload_names,
+)
 
 positive = st.floats(1e-3, 1e3)
 efficiency = st.floats(0.01, 1.0)
@@ -48,7 +56,7 @@ def test_no_device_no_law():
 
 
 def test_catalog_entries_follow_the_counting_rule():
-    assert set(WORKLOADS) == {"bilstm-43m", "dnn-13.5m", "cldnn-13.8m"}
+    assert set(WORKLOADS) == {"bilstm-43m", "dnn-13.5m", "cldnn-13.8m", "conformer-120m"}
     assert set(workload_names()) == set(WORKLOADS) | {"blstm", "dnn", "cldnn"}
     for name in ("dnn-13.5m", "cldnn-13.8m"):
         w = workload(name)
@@ -56,6 +64,39 @@ def test_catalog_entries_follow_the_counting_rule():
     blstm = workload("bilstm-43m")
     assert blstm.flops_per_sample == pytest.approx(6 * 21 * blstm.n_params)
     assert dense_cost(10, 3, itemsize=2) == (60.0, 30.0)
+
+
+@pytest.mark.parametrize(
+    "shape,published",
+    [
+        (ConformerShape(), 118.8e6),  # Conformer (L), Gulati et al. 2020 Table 1
+        (ConformerShape(d_model=144, layers=16, decoder_dim=320), 10.3e6),  # Conformer (S)
+    ],
+)
+def test_conformer_count_is_the_published_size(shape, published):
+    """The count from the definition lands within 2 % of Table 1 (the subsampling and the joint
+    network, which the table does not size, make the difference)."""
+    n, _ = conformer_cost(shape)
+    assert n == pytest.approx(published, rel=0.02)
+
+
+def test_conformer_workload_is_its_count():
+    w = workload("conformer-120m")
+    n, macs = conformer_cost(ConformerShape())
+    assert w.n_params == n and (w.flops_per_sample, w.bytes_per_step) == dense_cost(macs, n)
+    assert w.input_bytes_per_sample == 1229 * 80 * 4
+    assert w.samples_per_epoch * 12.29 / 3600 == pytest.approx(960, rel=0.001)  # 281,241 utterances of 960 h
+
+
+@given(tokens=st.integers(0, 200), frames=st.integers(30, 4000))
+@settings(max_examples=30, deadline=None)
+def test_conformer_macs_grow_with_the_utterance_and_the_weights_do_not(tokens, frames):
+    shape = ConformerShape(d_model=64, layers=2, decoder_dim=32, vocabulary=50, tokens=tokens, frames=frames)
+    n, macs = conformer_cost(shape)
+    longer = conformer_cost(
+        ConformerShape(d_model=64, layers=2, decoder_dim=32, vocabulary=50, tokens=tokens + 1, frames=frames + 8)
+    )
+    assert longer[0] == n and longer[1] > macs
 
 
 def test_the_runtimes_model_presets_name_the_workloads_they_train():

@@ -10,7 +10,7 @@ import pytest
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError, TopologyError
 from psgdlab.core.trace import read_trace
-from psgdlab.sim.workload import load_config, preset_path
+from psgdlab.sim.workload import load_config, preset_names, preset_path
 
 
 def test_default_run_prints_rows_and_writes_the_run_directory(tmp_path, capsys):
@@ -166,7 +166,7 @@ def test_platform_file_round_trips_the_preset(tmp_path):
     assert load_config(path=copy).platform == load_config(preset="interspeech2019-v100").platform
 
 
-@pytest.mark.parametrize("name", ["interspeech2019-v100", "librispeech-gtx1080"])
+@pytest.mark.parametrize("name", preset_names())
 def test_every_preset_rewritten_by_the_profile_writer_loads_the_same(tmp_path, name):
     """The hand-written preset and the generated one alike: values (floats exactly), head notes and
     end-of-line provenance survive the one writer; the generated one is byte for byte its output."""
