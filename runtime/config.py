@@ -90,7 +90,7 @@ class Recipe:
 
 
 _UNTUNED = "not tuned for this model: the testbed's generic defaults"
-#: model name -> its recipe (every preset of :data:`psgdlab.runtime.models.MODEL_PRESETS`, and least squares)
+#: model name -> its recipe (every preset of :data:`psgdlab.models.networks.MODEL_PRESETS`, and least squares)
 MODEL_RECIPES: dict[str, Recipe] = {
     "blstm": Recipe(
         lr=0.1,
@@ -258,19 +258,19 @@ class TrainConfig:
                 hint="use --backend gloo or mpi",
             )
         if self.model != LSQ_MODEL:
-            from psgdlab.runtime.models import MODEL_PRESETS, build_model
+            from psgdlab.models.networks import MODEL_PRESETS, build_model
 
             if self.model not in MODEL_PRESETS:
                 build_model(self.model)  # raises the data branch's "unknown model" error
         if self.data != "synthetic" and self.model != LSQ_MODEL:
-            from psgdlab.runtime.data import inspect_corpus
+            from psgdlab.models.data import inspect_corpus
 
             inspect_corpus(self.data)  # missing file, not HDF5, missing dataset named
 
     def _check_hosts(self) -> None:
-        """``--hosts`` and ``--nic-bandwidth`` (:mod:`psgdlab.runtime.netns`): hosts that divide
+        """``--hosts`` and ``--nic-bandwidth`` (:mod:`psgdlab.runtime.launcher.netns`): hosts that divide
         the workers, a rate that parses, a backend that crosses emulated hosts."""
-        from psgdlab.runtime.netns import MAX_HOSTS
+        from psgdlab.runtime.launcher.netns import MAX_HOSTS
 
         require(
             isinstance(self.hosts, int) and 1 <= self.hosts <= MAX_HOSTS,
@@ -346,7 +346,9 @@ class TrainConfig:
             self.max_restarts,
             "must be an integer >= 0",
         )
-        if self.on_failure == "restart":  # torchrun's elastic agent (psgdlab.runtime.elastic) restarts the ranks
+        if (
+            self.on_failure == "restart"
+        ):  # torchrun's elastic agent (psgdlab.runtime.launcher.elastic) restarts the ranks
             require(
                 self.backend != "mpi",
                 "on-failure",

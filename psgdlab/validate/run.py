@@ -94,7 +94,7 @@ def case_policy(
 
 def launch_fresh(cfg: Any) -> dict[str, Any]:
     """Run ``cfg`` with the runtime into an emptied ``cfg.out``; its summary."""
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     out = Path(cfg.out)
     if out.exists():
