@@ -60,9 +60,9 @@ def main() -> None:
 
     from psgdlab.runtime.launcher.launch import free_port
     from psgdlab.runtime.transports.channels import open_channels
+    from psgdlab.runtime.transports.env import launch_env
     from psgdlab.runtime.transports.shm.shm import SHM_ENV
     from psgdlab.runtime.transports.shm.shm_transport import SharedMemoryTransport
-    from psgdlab.runtime.transports.transport import launch_env
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

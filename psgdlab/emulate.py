@@ -4,7 +4,7 @@ r"""The emulation pipeline: simulate a configuration, replay its trace on real r
 for many virtual workers: the simulator (:func:`psgdlab.sim.engine.simulate`) times every
 worker's steps on the platform model, and the emulator (:func:`psgdlab.sim.emulate.replay`)
 replays that trace with real replicas, so staleness (stragglers included) comes from the
-platform. It sits above sim and runtime, like :mod:`psgdlab.validate`: the replicas are a torch
+platform. It sits above sim and models (never the runtime's transports): the replicas are a torch
 model on a window corpus (:class:`psgdlab.models.replicas.TorchReplicas`) or the least-squares
 problem (:class:`psgdlab.core.reference.LeastSquaresReplicas`, ``--model least-squares``).
 
@@ -204,7 +204,7 @@ def _load_data(cfg: EmulateConfig) -> tuple[Any, Any]:
 def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
     """The replicas of ``cfg`` (:class:`psgdlab.core.replicas.Replicas`, with ``steps_per_epoch()``)
     and what they add to the resolved configuration."""
-    from psgdlab.runtime.config import LSQ_MODEL
+    from psgdlab.models.recipes import LSQ_MODEL
 
     if cfg.model == LSQ_MODEL:
         from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas

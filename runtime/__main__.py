@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     from psgdlab.core.errors import TestbedError
-    from psgdlab.runtime.transports.transport import launch_env
+    from psgdlab.runtime.transports.env import launch_env
 
     env = launch_env()
     try:

@@ -49,7 +49,8 @@ from psgdlab.core.trace import (
     to_chrome_trace,
     write_trace,
 )
-from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, lsq_problem, world_size_of
+from psgdlab.models.recipes import LSQ_MODEL
+from psgdlab.runtime.config import TrainConfig, build_algorithm, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
 from psgdlab.runtime.failures.survive.mailbox import address_toward
 from psgdlab.runtime.failures.survive.survivors import (
@@ -61,14 +62,13 @@ from psgdlab.runtime.failures.survive.survivors import (
     work_lost,
 )
 from psgdlab.runtime.launcher.elastic import Progress, restart_count
-from psgdlab.runtime.launcher.netns import host_identity
 from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.runtime.loop.driver import DriverOptions, RankResult, run_worker
 from psgdlab.runtime.loop.scan import collect_groups
 from psgdlab.runtime.loop.server import run_server
 from psgdlab.runtime.loop.workloads import LeastSquaresWorkload, ModuleWorkload
 from psgdlab.runtime.transports.channels import open_channels, rank_device
-from psgdlab.runtime.transports.transport import LaunchEnv, launch_env
+from psgdlab.runtime.transports.env import LaunchEnv, host_identity, launch_env
 
 __all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]
 
@@ -736,7 +736,7 @@ def _write_run_dir(
 
 def _placement(hosts: list[str]) -> tuple[int, tuple[int, ...]]:
     """How many hosts the ranks ran on, and each rank's host (numbered in order of first
-    appearance), from the host of each rank in rank order (:func:`~psgdlab.runtime.launcher.netns.host_identity`)."""
+    appearance), from the host of each rank in rank order (:func:`~psgdlab.runtime.transports.env.host_identity`)."""
     numbers: dict[str, int] = {}
     placement = tuple(numbers.setdefault(host, len(numbers)) for host in hosts)
     return len(numbers), placement

@@ -45,8 +45,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from psgdlab.core.errors import require
+    from psgdlab.runtime.config import MAX_HOSTS
     from psgdlab.runtime.launcher.hostrun import run_on_hosts
-    from psgdlab.runtime.launcher.netns import MAX_HOSTS
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     require(1 <= args.hosts <= MAX_HOSTS, "hosts", args.hosts, f"must be an integer from 1 to {MAX_HOSTS}")

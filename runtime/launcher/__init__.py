@@ -9,5 +9,7 @@
 - :mod:`~psgdlab.runtime.launcher.probe`: timed exchanges over a sweep of sizes, on the real
   transport.
 
-Importing :mod:`~psgdlab.runtime.launcher.launch` loads no torch: only the ranks need it.
+The top of the runtime: it imports the run's configuration, the loop, the failure protocols and
+the transports, and nothing below imports it. Importing :mod:`~psgdlab.runtime.launcher.launch`
+loads no torch: only the ranks need it.
 """

@@ -292,10 +292,10 @@ def launch_elastic(
         RANKS_DIR,
         STOP_GRACE_S,
         free_port,
-        in_main_thread,
         rank_environment,
     )
     from psgdlab.runtime.loop import checkpoint as ckpt
+    from psgdlab.runtime.transports.env import in_main_thread
     from psgdlab.runtime.transports.shm.shm_sys import remove_segments
 
     if not config.out:

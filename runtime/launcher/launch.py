@@ -35,13 +35,13 @@ from typing import Any
 from psgdlab.core.errors import ConfigError, TransportError, require
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
-from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, lsq_problem, world_size_of
+from psgdlab.models.recipes import LSQ_MODEL
+from psgdlab.runtime.config import TrainConfig, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import FLIGHT_DIR, flight_path
 from psgdlab.runtime.failures.stop import FAILURE_FILE, RankWatch, process_state, remove_partial_files, stop_run
 from psgdlab.runtime.failures.survive.survivors import continuing_path
 from psgdlab.runtime.launcher.netns import (
     BRIDGE,
-    HOST_ENV,
     MPI_NETWORK_ENV,
     EmulatedHosts,
     contiguous_placement,
@@ -56,11 +56,11 @@ from psgdlab.runtime.launcher.ranks import (
     STOP_GRACE_S,
     describe_exit,
     free_port,
-    in_main_thread,
     oom_kills,
     rank_environment,
     start_ranks,
 )
+from psgdlab.runtime.transports.env import HOST_ENV, in_main_thread
 from psgdlab.runtime.transports.shm.shm_sys import remove_orphaned, remove_segments
 
 __all__ = [

@@ -26,8 +26,10 @@ Placement
     (:func:`contiguous_placement`):
     ranks 0..k-1 on host 0 and so on, as srun's block distribution and mpiexec's ``-ppn`` do.
     Ranks of one emulated host share the shared-memory data plane; those of different hosts do
-    not, because the launcher gives each rank its host's identity (:data:`HOST_ENV`, read by
-    :func:`host_identity`), where by default it is the machine's name.
+    not, because the launcher gives each rank its host's identity
+    (:data:`~psgdlab.runtime.transports.env.HOST_ENV`, read by
+    :func:`~psgdlab.runtime.transports.env.host_identity`), where by default it is the machine's
+    name.
 
 MPI
     ``mpiexec`` (MPICH's hydra) runs in the bridge's namespace, listening on br0
@@ -62,7 +64,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -72,18 +73,18 @@ from pathlib import Path
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.trace import atomic_write_text
+from psgdlab.runtime.config import MAX_HOSTS
+from psgdlab.runtime.transports.env import HOST_ENV
 from psgdlab.runtime.transports.shm.shm_sys import remove_segments, start_time
 
 __all__ = [
     "BRIDGE",
     "EmulatedHosts",
-    "HOST_ENV",
     "LAUNCHER_ADDRESS",
     "MPI_NETWORK_ENV",
     "IFACE",
     "contiguous_placement",
     "fresh_hosts",
-    "host_identity",
     "remove_stale",
     "unavailable_reason",
     "require_netns",
@@ -92,9 +93,6 @@ __all__ = [
     "set_parent_death_signal",
 ]
 
-#: the environment variable that names a rank's host where the machine's name does not (the
-#: launcher of emulated hosts sets it to the host's namespace; read by :func:`host_identity`)
-HOST_ENV = "PSGDLAB_HOST_ID"
 #: the host's interface inside its namespace (gloo binds it: ``GLOO_SOCKET_IFNAME``)
 IFACE = "nic0"
 BRIDGE = "br0"
@@ -115,7 +113,6 @@ MPI_NETWORK_ENV = {
     "UCX_NET_DEVICES": IFACE,
     "UCX_TLS": "tcp,self",
 }
-MAX_HOSTS = 200
 CMD_TIMEOUT_S = 20.0
 _NAME_RE = re.compile(r"^(psgd-(\d+)-(\d+)-\d+)-(br|h\d+)$")
 #: where a run records its ranks' pids (``psgdlab-<prefix>.pids``), so that the next start can
@@ -446,14 +443,3 @@ exec ip netns exec "$ns" sh -c "$*"
 
     def __exit__(self, *exc: object) -> None:
         self.down()
-
-
-def host_identity(environ: dict[str, str] | None = None) -> str:
-    """The host this process runs on: :data:`HOST_ENV` where the launcher set it (emulated hosts
-    share one machine), else the machine's name. Ranks that share it may share memory.
-
-    >>> host_identity({HOST_ENV: "psgd-1-2-h0"})
-    'psgd-1-2-h0'
-    """
-    env = os.environ if environ is None else environ
-    return env.get(HOST_ENV) or socket.gethostname()

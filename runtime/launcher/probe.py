@@ -266,7 +266,7 @@ def run_rank(cfg: ProbeConfig) -> None:
 
     from psgdlab.core.rundir import environment
     from psgdlab.runtime.transports.channels import open_channels
-    from psgdlab.runtime.transports.transport import launch_env
+    from psgdlab.runtime.transports.env import launch_env
 
     torch.set_num_threads(1)
     env = launch_env()

@@ -12,16 +12,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from psgdlab.runtime.transports.env import STORE_FD_ENV
+
 __all__ = [
     "GRACE_S",
     "RANK_ENV",
     "RANKS_DIR",
     "STOP_GRACE_S",
-    "STORE_FD_ENV",
     "describe_exit",
     "oom_kills",
     "free_port",
-    "in_main_thread",
     "rank_environment",
     "rendezvous_socket",
     "start_ranks",
@@ -47,11 +47,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-#: the file descriptor of the rendezvous store's listening socket, which rank 0 inherits
-#: (:func:`rendezvous_socket`); every rank of such a launch has it (the others connect to the store)
-STORE_FD_ENV = "PSGDLAB_STORE_FD"
 
 
 def rendezvous_socket() -> socket.socket:
@@ -177,10 +172,3 @@ def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
     return env
-
-
-def in_main_thread() -> bool:
-    """True in the main thread (where signal handlers may be set)."""
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -10,5 +10,5 @@ workloads they train, and per-rank checkpoints.
 - :mod:`~psgdlab.runtime.loop.checkpoint`: atomic, checksummed per-rank checkpoints.
 
 Uses :mod:`psgdlab.runtime.transports` and :mod:`psgdlab.runtime.failures` (the flight recorder,
-the survivors' protocol).
+the survivors' protocol); never the launchers.
 """

@@ -89,10 +89,10 @@ from psgdlab.core.timing import ComputeTime
 from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime.failures.flight import FlightRecorder
 from psgdlab.runtime.failures.survive.survivors import Survivors
-from psgdlab.runtime.launcher.ranks import in_main_thread
 from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.runtime.loop.scan import count_passive, overlap_group, shard_bounds
 from psgdlab.runtime.loop.server import server_exchange
+from psgdlab.runtime.transports.env import in_main_thread
 from psgdlab.runtime.transports.transport import Tags, Transport
 
 __all__ = [

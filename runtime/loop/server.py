@@ -29,9 +29,9 @@ import torch
 
 from psgdlab.core.algorithms.base import Algorithm, ServerState
 from psgdlab.runtime.failures.flight import FlightRecorder
-from psgdlab.runtime.launcher.ranks import in_main_thread
 from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.runtime.loop.scan import count_server_requests
+from psgdlab.runtime.transports.env import in_main_thread
 from psgdlab.runtime.transports.transport import Tags, Transport
 
 __all__ = ["run_server", "server_exchange"]

@@ -5,5 +5,8 @@
 - :mod:`~psgdlab.runtime.transports.torch_dist` (gloo, NCCL) and
   :mod:`~psgdlab.runtime.transports.mpi` (mpi4py): the implementations;
 - :mod:`~psgdlab.runtime.transports.shm`: the shared-memory data plane of co-located gloo ranks;
-- :mod:`~psgdlab.runtime.transports.channels`: the factory, the one module that knows them all.
+- :mod:`~psgdlab.runtime.transports.channels`: the factory, the one module that knows them all;
+- :mod:`~psgdlab.runtime.transports.env`: where a process sits in the job, as its launcher said.
+
+Imports nothing else of the runtime.
 """

@@ -34,12 +34,12 @@ import torch
 import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError, require
-from psgdlab.runtime.launcher.ranks import STORE_FD_ENV
+from psgdlab.runtime.transports.env import STORE_FD_ENV, LaunchEnv
 from psgdlab.runtime.transports.mpi import MPITransport, mpi_module
 from psgdlab.runtime.transports.shm.shm import open_plane
 from psgdlab.runtime.transports.shm.shm_transport import SharedMemoryTransport
 from psgdlab.runtime.transports.torch_dist import TorchTransport
-from psgdlab.runtime.transports.transport import CHANNELS, LaunchEnv, Transport
+from psgdlab.runtime.transports.transport import CHANNELS, Transport
 
 __all__ = ["BACKENDS", "open_channels"]
 
@@ -73,7 +73,7 @@ def open_channels(
     master : (host, port), optional
         Rendezvous for torch.distributed when ``MASTER_ADDR``/``MASTER_PORT`` are not set. Ranks
         started by :func:`psgdlab.runtime.launcher.launch.launch` on one host find
-        :data:`~psgdlab.runtime.launcher.ranks.STORE_FD_ENV` set: rank 0 serves the store on the socket
+        :data:`~psgdlab.runtime.transports.env.STORE_FD_ENV` set: rank 0 serves the store on the socket
         the launcher bound and handed it (:func:`~psgdlab.runtime.launcher.ranks.rendezvous_socket`).
 
     Raises

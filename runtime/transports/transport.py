@@ -1,4 +1,4 @@
-r"""The one small interface every runtime transport implements, and the launcher environment.
+r"""The one small interface every runtime transport implements.
 
 A :class:`Transport` is one *channel* of a process: the communicators one thread uses. The
 driver opens several channels on the same processes
@@ -36,23 +36,20 @@ and gloo on CPUs; on gloo, the pairwise exchanges and allreduces of ranks on one
 the shared-memory data plane of :mod:`psgdlab.runtime.transports.shm.shm`) and
 :mod:`psgdlab.runtime.transports.mpi` (mpi4py; tensors go through the buffer protocol). They
 import this module and this module imports none of them; :mod:`psgdlab.runtime.transports.channels`
-(the factory) imports them all.
+(the factory) imports them all. Where a process sits in the job (the launcher's environment) is
+:mod:`psgdlab.runtime.transports.env`.
 """
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from psgdlab.core.errors import ConfigError
-
-__all__ = ["Transport", "LaunchEnv", "launch_env", "Tags", "CHANNELS"]
+__all__ = ["Transport", "Tags", "CHANNELS"]
 
 #: the channels of a process (module docstring), in the order of their shared-memory regions and slots
 CHANNELS = ("main", "comm", "responder")
@@ -177,42 +174,3 @@ class Transport(ABC):
         if pool is not None:  # idle after a normal run; after a failure, do not wait for a dead peer
             pool.shutdown(wait=False, cancel_futures=True)
             self._async_pool = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchEnv:
-    """Where this process sits in the job, read from the launcher's environment."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    launcher: str  # "torchrun", "mpi", "slurm", "single"
-
-
-def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
-    """Rank, world size and local rank from torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``),
-    MPICH/Hydra (``PMI_RANK``/``PMI_SIZE``), Open MPI (``OMPI_COMM_WORLD_*``) or Slurm
-    (``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``), in that order; a single process
-    otherwise.
-
-    >>> launch_env({"PMI_RANK": "2", "PMI_SIZE": "4"})
-    LaunchEnv(rank=2, world_size=4, local_rank=2, launcher='mpi')
-    """
-    env = os.environ if environ is None else environ
-    candidates = (
-        ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-        ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-        ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-        ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-    )
-    for launcher, rank_key, size_key, local_key in candidates:
-        if rank_key in env and size_key in env:
-            try:
-                rank, size = int(env[rank_key]), int(env[size_key])
-                local = int(env.get(local_key, rank))
-            except ValueError:
-                raise ConfigError(
-                    f"launcher variables {rank_key}={env[rank_key]!r}, {size_key}={env[size_key]!r} are not integers"
-                ) from None
-            return LaunchEnv(rank=rank, world_size=size, local_rank=local, launcher=launcher)
-    return LaunchEnv(rank=0, world_size=1, local_rank=0, launcher="single")

@@ -42,7 +42,8 @@ import torch
 from psgdlab.runtime.loop.flat import flat_gradients
 from psgdlab.runtime.loop.overlap import OverlappedAllreduce
 from psgdlab.runtime.transports.channels import open_channels
-from psgdlab.runtime.transports.transport import Tags, launch_env
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 env = launch_env()
 r = env.rank
 ch = open_channels("nccl", env=env, groups=[], timeout_s=60)

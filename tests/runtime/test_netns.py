@@ -23,6 +23,7 @@ import pytest
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.rundir import Summary
 from psgdlab.runtime.launcher import netns
+from psgdlab.runtime.transports.env import HOST_ENV, host_identity
 from psgdlab.tests.runtime._runtime_helpers import train_fails
 
 REASON = netns.unavailable_reason()
@@ -92,8 +93,8 @@ def test_the_summary_keeps_hosts_and_placement():
 
 
 def test_the_host_identity_comes_from_the_launcher():
-    assert netns.host_identity({netns.HOST_ENV: "psgd-1-2-h1"}) == "psgd-1-2-h1"
-    assert netns.host_identity({}) == os.uname().nodename
+    assert host_identity({HOST_ENV: "psgd-1-2-h1"}) == "psgd-1-2-h1"
+    assert host_identity({}) == os.uname().nodename
 
 
 # --- with root ---

@@ -22,7 +22,8 @@ import torch, torch.distributed as dist
 from psgdlab.runtime.transports.shm.shm import segment_prefix
 from psgdlab.runtime.transports.shm.shm_transport import SharedMemoryTransport
 from psgdlab.runtime.transports.channels import open_channels
-from psgdlab.runtime.transports.transport import launch_env, Tags
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 torch.set_num_threads(1)
 env = launch_env(); r, n = env.rank, env.world_size
 world, pair = (0, 1, 2, 3), ((0, 1) if r < 2 else (2, 3))
@@ -144,7 +145,8 @@ import os, signal, threading, time
 import torch
 from psgdlab.core.errors import TransportError
 from psgdlab.runtime.transports.channels import open_channels
-from psgdlab.runtime.transports.transport import launch_env, Tags
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 env = launch_env(); r = env.rank
 ch = open_channels("gloo", env=env, groups=[], timeout_s=60)
 if r == 1:

@@ -65,7 +65,7 @@ def test_an_nccl_rank_without_a_gpu_of_its_own_is_refused(monkeypatch):
 
     from psgdlab.core.errors import ConfigError
     from psgdlab.runtime.transports.channels import rank_device
-    from psgdlab.runtime.transports.transport import launch_env
+    from psgdlab.runtime.transports.env import launch_env
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     env = launch_env({"RANK": "5", "WORLD_SIZE": "6", "LOCAL_RANK": "2"})
@@ -233,7 +233,8 @@ def test_the_rendezvous_port_stays_bound_from_its_choice_to_rank_0s_store():
     process can take the port in between (with a port that was only free a moment ago, a run
     starting beside another one failed in rank 0's set-up: the port was taken while it imported
     torch)."""
-    from psgdlab.runtime.launcher.ranks import STORE_FD_ENV, rendezvous_socket, store_environment
+    from psgdlab.runtime.launcher.ranks import rendezvous_socket, store_environment
+    from psgdlab.runtime.transports.env import STORE_FD_ENV
 
     with rendezvous_socket() as sock:
         port = sock.getsockname()[1]

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from psgdlab.runtime.launcher.launch import free_port, mpiexec_path
-from psgdlab.runtime.transports.transport import launch_env
+from psgdlab.runtime.transports.env import launch_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 CHECK = r"""
 import torch
 from psgdlab.runtime.transports.channels import open_channels
-from psgdlab.runtime.transports.transport import launch_env, Tags
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 env = launch_env()
 r, n = env.rank, env.world_size
 ch = open_channels("{backend}", env=env, groups=[(0, 1), (2, 3), (0, 1, 2, 3)], timeout_s=60)

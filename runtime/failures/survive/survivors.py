@@ -146,7 +146,7 @@ class Survivors:
             else None
         )
         self.summary_path = run_dir / SUMMARY_FILE
-        #: every rank's host (:func:`~psgdlab.runtime.launcher.netns.host_identity`), learnt at set-up
+        #: every rank's host (:func:`~psgdlab.runtime.transports.env.host_identity`), learnt at set-up
         self.hosts: list[str] = []
         #: each peer's local step at its last exchange with this rank that completed: the peer's
         #: work up to there lives on in this rank's model

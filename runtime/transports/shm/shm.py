@@ -18,7 +18,7 @@ Segments
     mapping, and a rank killed at any later moment leaves nothing behind. (A rank killed inside
     setup, before that allgather, leaves its file until a peer that got past it unlinks it, or
     ``psgdlab train``'s launcher does after the run: :func:`~psgdlab.runtime.transports.shm.shm_sys.remove_segments`.)
-    The host is :func:`~psgdlab.runtime.launcher.netns.host_identity`: the machine's name, or the
+    The host is :func:`~psgdlab.runtime.transports.env.host_identity`: the machine's name, or the
     emulated host the launcher named (:mod:`psgdlab.runtime.launcher.netns`), so ranks of different
     emulated hosts on one machine never share memory.
 
@@ -88,7 +88,7 @@ import torch
 import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.runtime.launcher.netns import host_identity
+from psgdlab.runtime.transports.env import host_identity
 from psgdlab.runtime.transports.shm import shm_sys
 from psgdlab.runtime.transports.shm.shm_sys import SHM_DIR, segment_prefix
 from psgdlab.runtime.transports.transport import CHANNELS
