@@ -7,8 +7,10 @@
 - :mod:`~psgdlab.runtime.failures`: the flight recorder, ``stop`` and ``continue``;
 - :mod:`~psgdlab.runtime.launcher`: starting ranks (local, restarted, on emulated hosts), the probe.
 
-Imports torch and (in the transports) mpi4py; nothing in :mod:`psgdlab.core` or
-:mod:`psgdlab.models` imports this package.
+Dependencies point one way: ``transports`` and ``failures`` import nothing else of the runtime,
+``loop`` imports them, ``config`` imports none of the runtime, ``launcher`` imports any of them,
+and ``train`` all (``tests/test_layering.py``). Imports torch and (in the transports) mpi4py;
+nothing in :mod:`psgdlab.core` or :mod:`psgdlab.models` imports this package.
 
 Entry points: :func:`train` (per rank, any launcher), :func:`launch` (local processes, what
 ``psgdlab train`` calls), :class:`TrainConfig`, :class:`ModuleWorkload` (any ``nn.Module``) and
