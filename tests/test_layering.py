@@ -154,11 +154,6 @@ def violations(layer: str) -> list[str]:
     folder, layers, third_party = LAYERS[layer]
     out = []
     for path in sorted((ROOT / folder).rglob("*.py")):
-        if layer == "cli" and any(
-            p in ("core", "sim", "models", "runtime", "analysis", "tests")
-            for p in path.relative_to(ROOT / folder).parts[:1]
-        ):
-            continue  # development symlinks psgdlab/<part> -> ../<part>
         for imp in sorted(imports_of(path, layer), key=lambda i: i.line):
             target = layer_of(imp.module)
             root = imp.module.split(".")[0]
