@@ -308,7 +308,7 @@ def nic_rate_of(run: Any) -> float | None:
 
 def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, Any]:
     r"""The link between hosts from runs with one rank per host (``psgdlab train --hosts H
-    --workers H``, :mod:`psgdlab.runtime.netns`): every exchange of such a run crosses hosts, so
+    --workers H``, :mod:`psgdlab.runtime.launcher.netns`): every exchange of such a run crosses hosts, so
     their allreduce and pairwise points (:func:`link_samples`, with the schedule the runs
     recorded) give what a message between two hosts costs, end to end: :math:`\alpha + S/\beta`.
     As inside a host (:func:`fit_links`), where the runs give both kinds at two sizes or more,

@@ -1,4 +1,4 @@
-r"""Fitting the link laws from a probe's run directory (:mod:`psgdlab.runtime.probe` writes it).
+r"""Fitting the link laws from a probe's run directory (:mod:`psgdlab.runtime.launcher.probe` writes it).
 
 A probe times pairwise exchanges and allreduces over a sweep of message sizes and group sizes,
 each operation on each participating rank with its wall time and the CPU time its process spent
@@ -44,7 +44,7 @@ from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_
 
 __all__ = ["is_probe_dir", "read_probe", "fit_probe", "nic_prior"]
 
-_PAIRWISE, _ALLREDUCE = 0, 1  # kind codes of psgdlab.runtime.probe.KINDS
+_PAIRWISE, _ALLREDUCE = 0, 1  # kind codes of psgdlab.runtime.launcher.probe.KINDS
 
 
 def is_probe_dir(path: Any) -> bool:

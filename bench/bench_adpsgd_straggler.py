@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from psgdlab.runtime.config import TrainConfig
-from psgdlab.runtime.launch import launch
+from psgdlab.runtime.launcher.launch import launch
 
 
 def main() -> None:

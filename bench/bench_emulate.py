@@ -31,9 +31,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from psgdlab.core.algorithms import make_algorithm
-    from psgdlab.runtime.data import load_corpus, synthetic_corpus
-    from psgdlab.runtime.models import build_model
-    from psgdlab.runtime.replicas import TorchReplicas
+    from psgdlab.models.data import load_corpus, synthetic_corpus
+    from psgdlab.models.networks import build_model
+    from psgdlab.models.replicas import TorchReplicas
     from psgdlab.sim.emulate import replay
     from psgdlab.sim.engine import simulate
     from psgdlab.sim.workload import load_config

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from psgdlab.core.errors import TransportError
 from psgdlab.runtime.config import TrainConfig
-from psgdlab.runtime.launch import launch
+from psgdlab.runtime.launcher.launch import launch
 
 CASES = (
     ("ssgd", 4, "0:5"),

@@ -108,7 +108,7 @@ def _rank_pids(out: Path, world: int, proc: subprocess.Popen, timeout_s: float =
 
 def _joined(out: Path, victim: int | None) -> bool:
     """Whether the victim had joined the survivors' membership (its ``.continuing`` marker,
-    :func:`psgdlab.runtime.survivors.continuing_path`); a link fault has no victim: True."""
+    :func:`psgdlab.runtime.failures.survive.survivors.continuing_path`); a link fault has no victim: True."""
     return victim is None or (out / ".ranks" / f"rank{victim}.continuing").exists()
 
 

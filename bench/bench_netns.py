@@ -1,11 +1,11 @@
 """Emulated hosts: a shaped link's achieved bandwidth against its configured rate, and a leak check
-over interrupted runs (needs root; ``runtime/netns.py``).
+over interrupted runs (needs root; ``runtime/launcher/netns.py``).
 
 Bandwidth (the default)::
 
     sudo .venv/bin/python bench/bench_netns.py [--rates 100Mbit/s,1Gbit/s,2Gbit/s] [--seconds 3]
 
-For each rate, two emulated hosts (:class:`psgdlab.runtime.netns.EmulatedHosts`) shaped to it;
+For each rate, two emulated hosts (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`) shaped to it;
 host 1 sends to host 0 for about ``--seconds``, first on a plain TCP stream, then with
 torch.distributed gloo ``send``/``recv`` of 16 MiB tensors (a rank in each namespace, gloo bound
 to nic0); then, on three hosts, hosts 1 and 2 send to host 0 at once, so that host 0's incoming
@@ -31,7 +31,7 @@ A pairwise average across hosts (``--pairwise 1,3``, sizes in MB)::
 For each rate and size, two gloo ranks on two hosts exchange as AD-PSGD's runtime does: the
 active rank, after a seeded 20-60 ms of "compute", sends a header and exchanges the payload both
 ways; the passive rank receives the header from any rank, copies its parameters and exchanges.
-Once with the order of :func:`psgdlab.runtime.torch_dist.post_exchange` (on gloo: the receive
+Once with the order of :func:`psgdlab.runtime.transports.torch_dist.post_exchange` (on gloo: the receive
 posted before the send) and once with the send posted first (the runtime's order before
 2026-11-28). Prints the exchanges' 10/50/90 % quantiles and the median against one direction's
 time at the rate (1.0: both directions at once; 2.0: one after the other).
@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.config import format_rate, parse_rate
-from psgdlab.runtime import netns
+from psgdlab.runtime.launcher import netns
 
 MIB = 1 << 20
 TCP_CEILING_MTU9000 = 8948 / 9014
@@ -247,7 +247,7 @@ def _pairwise_worker(rank: int, address: str, seconds: float, nbytes: int, order
     import torch
     import torch.distributed as dist
 
-    from psgdlab.runtime.torch_dist import post_exchange, wait_all
+    from psgdlab.runtime.transports.torch_dist import post_exchange, wait_all
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR=address, MASTER_PORT="29512", GLOO_SOCKET_IFNAME=netns.IFACE)

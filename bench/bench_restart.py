@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from psgdlab.runtime.config import TrainConfig
-from psgdlab.runtime.elastic import AGENT_START_FILE
-from psgdlab.runtime.launch import RANKS_DIR, launch
+from psgdlab.runtime.launcher.elastic import AGENT_START_FILE
+from psgdlab.runtime.launcher.launch import RANKS_DIR, launch
 
 
 def cold_start_s(run: Path) -> float:

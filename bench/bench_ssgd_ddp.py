@@ -8,7 +8,7 @@ backward pass (the default) and psgdlab ssgd without it (``PSGDLAB_OVERLAP=0``: 
 the flat gradient after the backward pass), one after another, so load from other processes
 hits all three alike. Prints samples/s of each run and the median over rounds of the per-round
 ratio to DDP (target >= 0.95). DDP runs with ``THP_MEM_ALLOC_ENABLE=0`` like psgdlab's ranks
-(``runtime.ranks.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
+(``runtime.launcher.ranks.RANK_ENV``), so both use the same allocator. Shared machine: compare the ratios.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def _ddp_worker(rank: int, world: int, port: int, model_name: str, steps: int, b
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from psgdlab.runtime.batches import WindowSampler
-    from psgdlab.runtime.data import load_corpus
-    from psgdlab.runtime.models import build_model
+    from psgdlab.models.batches import WindowSampler
+    from psgdlab.models.data import load_corpus
+    from psgdlab.models.networks import build_model
 
     corpus = load_corpus(data)
     sampler = WindowSampler(corpus, window=21, batch=batch, rank=rank, world_size=world, seed=0)
@@ -66,10 +66,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="gloo", choices=("gloo", "mpi"))
     args = parser.parse_args()
+    from psgdlab.models.data import synthetic_corpus
     from psgdlab.runtime.config import TrainConfig
-    from psgdlab.runtime.data import synthetic_corpus
-    from psgdlab.runtime.driver import OVERLAP_ENV
-    from psgdlab.runtime.launch import free_port, launch
+    from psgdlab.runtime.launcher.launch import free_port, launch
+    from psgdlab.runtime.loop.driver import OVERLAP_ENV
 
     tmp = Path(tempfile.mkdtemp(prefix="psgdlab-bench-"))
     data = str(synthetic_corpus(tmp / "synthetic.h5", n_utterances=64, seed=0))

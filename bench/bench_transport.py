@@ -13,7 +13,7 @@ Lines:
   :meth:`Transport.allreduce_sum` (what the driver's gradient allreduce runs; the 1/n is folded
   into the learning rate), and :meth:`Transport.allreduce_mean` (sum, then a divide pass; the
   model allreduces of BSP/BMUF/EASGD use it); the gloo transport three times: ``shm`` with
-  its shared-memory data plane (the default, :mod:`psgdlab.runtime.shm`: one copy by
+  its shared-memory data plane (the default, :mod:`psgdlab.runtime.transports.shm.shm`: one copy by
   cross-memory attach where the kernel allows it), ``shm 2-copy`` with the data plane forced to
   copy through its segments (``PSGDLAB_SHM=copy``: what hosts without cross-memory attach get),
   and ``tcp`` without it (``PSGDLAB_SHM=0``: every payload through gloo's TCP loopback);
@@ -21,7 +21,7 @@ Lines:
   a plain gloo group -- the ceiling of anything built on gloo's TCP transport.
 
 Every case moves the same torch-allocated buffers (raw mpi4py through ``tensor.numpy()``), with
-``THP_MEM_ALLOC_ENABLE=0`` as the runtime's ranks have it (``runtime.ranks.RANK_ENV``; set
+``THP_MEM_ALLOC_ENABLE=0`` as the runtime's ranks have it (``runtime.launcher.ranks.RANK_ENV``; set
 ``THP_MEM_ALLOC_ENABLE=1`` to see buffers on transparent huge pages). Each line prints MB/s and the
 ratio to raw MPI (target >= 0.8). Shared machine: noisy.
 """
@@ -58,11 +58,11 @@ def main() -> None:
     import torch.distributed as dist
     from mpi4py import MPI
 
-    from psgdlab.runtime.channels import open_channels
-    from psgdlab.runtime.launch import free_port
-    from psgdlab.runtime.shm import SHM_ENV
-    from psgdlab.runtime.shm_transport import SharedMemoryTransport
-    from psgdlab.runtime.transport import launch_env
+    from psgdlab.runtime.launcher.launch import free_port
+    from psgdlab.runtime.transports.channels import open_channels
+    from psgdlab.runtime.transports.env import launch_env
+    from psgdlab.runtime.transports.shm.shm import SHM_ENV
+    from psgdlab.runtime.transports.shm.shm_transport import SharedMemoryTransport
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

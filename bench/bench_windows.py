@@ -37,9 +37,9 @@ def main() -> None:
 
     import torch
 
-    from psgdlab.runtime.batches import WindowSampler
-    from psgdlab.runtime.data import load_corpus
-    from psgdlab.runtime.speech import import_fsdd
+    from psgdlab.models.batches import WindowSampler
+    from psgdlab.models.data import load_corpus
+    from psgdlab.models.speech import import_fsdd
 
     torch.set_num_threads(1)
     if not args.data.exists():

@@ -16,7 +16,7 @@ needs to know about the model and the data goes through this protocol:
 Two implementations ship, each beside what it mirrors:
 :class:`psgdlab.core.reference.LeastSquaresReplicas` (numpy, the reference executor's own
 arithmetic, so a replay can equal :func:`psgdlab.core.reference.run_reference` bit for bit) and
-:class:`psgdlab.runtime.replicas.TorchReplicas` (a torch model on a window corpus).
+:class:`psgdlab.models.replicas.TorchReplicas` (a torch model on a window corpus).
 :class:`NumpyArrays` gives the array part for numpy replicas.
 
 Examples

@@ -155,7 +155,7 @@ def temporary_path(path: str | os.PathLike[str], tag: str = "") -> Path:
     """The name this process writes ``path`` under before it is complete: ``.NAME[.TAG].tmpPID``
     beside it (``tag`` tells apart writers on hosts whose process ids may repeat). Every temporary
     file of a run has this form, so what a killed process left is found by its id
-    (:func:`psgdlab.runtime.failures.remove_partial_files`).
+    (:func:`psgdlab.runtime.failures.stop.remove_partial_files`).
 
     >>> temporary_path("/run/epoch00000002.json", tag="3").name.startswith(".epoch00000002.json.3.tmp")
     True

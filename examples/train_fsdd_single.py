@@ -16,7 +16,7 @@ stand-in VAD labels, scoring) trains, and to measure digit WER on speakers never
   used because it needs no tuning for a baseline; the parallel algorithms use SGD as in the papers.
 * Each epoch prints: mean training loss, held-out frame accuracy and WER -- words by HMM
   decoding of the posteriors divided by the training state priors
-  (``psgdlab.runtime.scoring.decode_words``), the majority vote of the frames' argmax digits in
+  (``psgdlab.models.scoring.decode_words``), the majority vote of the frames' argmax digits in
   brackets -- and training and scoring wall time.
 
 Measured on the shared 2-core development machine (one torch thread, seed 0, load 6-13; held-out
@@ -51,11 +51,11 @@ from pathlib import Path
 
 import torch
 
-from psgdlab.runtime.batches import WindowSampler
-from psgdlab.runtime.data import inspect_corpus, load_corpus
-from psgdlab.runtime.models import build_model, count_parameters
-from psgdlab.runtime.scoring import score_corpus, state_priors
-from psgdlab.runtime.speech import base_speaker, import_fsdd
+from psgdlab.models.batches import WindowSampler
+from psgdlab.models.data import inspect_corpus, load_corpus
+from psgdlab.models.networks import build_model, count_parameters
+from psgdlab.models.scoring import score_corpus, state_priors
+from psgdlab.models.speech import base_speaker, import_fsdd
 
 REPO = Path(__file__).resolve().parent.parent
 

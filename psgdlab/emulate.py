@@ -4,8 +4,8 @@ r"""The emulation pipeline: simulate a configuration, replay its trace on real r
 for many virtual workers: the simulator (:func:`psgdlab.sim.engine.simulate`) times every
 worker's steps on the platform model, and the emulator (:func:`psgdlab.sim.emulate.replay`)
 replays that trace with real replicas, so staleness (stragglers included) comes from the
-platform. It sits above sim and runtime, like :mod:`psgdlab.validate`: the replicas are a torch
-model on a window corpus (:class:`psgdlab.runtime.replicas.TorchReplicas`) or the least-squares
+platform. It sits above sim and models (never the runtime's transports): the replicas are a torch
+model on a window corpus (:class:`psgdlab.models.replicas.TorchReplicas`) or the least-squares
 problem (:class:`psgdlab.core.reference.LeastSquaresReplicas`, ``--model least-squares``).
 
 :func:`write_run` writes the run directory::
@@ -59,7 +59,7 @@ class EmulateConfig:
         Platform model and workload timing (one of them; default preset
         ``interspeech2019-v100``).
     model : str
-        A ``psgdlab.runtime.models`` preset (default ``tiny-blstm``) or ``"least-squares"``.
+        A ``psgdlab.models.networks`` preset (default ``tiny-blstm``) or ``"least-squares"``.
     data : str
         A corpus file (``psgdlab data`` layout) or ``"synthetic"`` (the synthetic corpus of
         ``psgdlab train --data synthetic``, ``synthetic_utterances`` utterances).
@@ -171,7 +171,7 @@ class EmulateConfig:
 
 def _corpus_path(cfg: EmulateConfig) -> Path:
     """The corpus file: ``cfg.data``, or the synthetic corpus (cached in ``cfg.workdir``)."""
-    from psgdlab.runtime.data import synthetic_corpus
+    from psgdlab.models.data import synthetic_corpus
 
     if cfg.data != SYNTHETIC:
         path = Path(cfg.data)
@@ -190,7 +190,7 @@ def _corpus_path(cfg: EmulateConfig) -> Path:
 
 
 def _load_data(cfg: EmulateConfig) -> tuple[Any, Any]:
-    from psgdlab.runtime.data import load_corpus
+    from psgdlab.models.data import load_corpus
 
     path = _corpus_path(cfg)
     full = load_corpus(path)
@@ -204,7 +204,7 @@ def _load_data(cfg: EmulateConfig) -> tuple[Any, Any]:
 def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
     """The replicas of ``cfg`` (:class:`psgdlab.core.replicas.Replicas`, with ``steps_per_epoch()``)
     and what they add to the resolved configuration."""
-    from psgdlab.runtime.config import LSQ_MODEL
+    from psgdlab.models.recipes import LSQ_MODEL
 
     if cfg.model == LSQ_MODEL:
         from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas
@@ -219,8 +219,8 @@ def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
         return LeastSquaresReplicas(problem), {"train_samples": problem.n_samples}
     import torch
 
-    from psgdlab.runtime.models import MODEL_PRESETS, build_model
-    from psgdlab.runtime.replicas import TorchReplicas
+    from psgdlab.models.networks import MODEL_PRESETS, build_model
+    from psgdlab.models.replicas import TorchReplicas
 
     if cfg.model not in MODEL_PRESETS:
         build_model(cfg.model)  # raises the "unknown model" error with the closest name

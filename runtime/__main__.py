@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-# before torch allocates: torch's default allocator, no huge pages (see runtime.ranks.RANK_ENV)
+# before torch allocates: torch's default allocator, no huge pages (see runtime.launcher.ranks.RANK_ENV)
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     from psgdlab.core.errors import TestbedError
-    from psgdlab.runtime.transport import launch_env
+    from psgdlab.runtime.transports.env import launch_env
 
     env = launch_env()
     try:

@@ -8,7 +8,7 @@ rank's trace to rank 0 and writes the run directory there::
     OUT/config.resolved.json  env.json  trace.npz  summary.json  timeline.json
     OUT/trajectory.npz        (with record_params: models after every step, for oracle checks)
     OUT/final_params.npz      (models up to 2 M parameters)
-    OUT/checkpoints/...       (psgdlab.runtime.checkpoint)
+    OUT/checkpoints/...       (psgdlab.runtime.loop.checkpoint)
 
 Any ``torch.nn.Module`` trains through ``workload_factory``::
 
@@ -49,17 +49,11 @@ from psgdlab.core.trace import (
     to_chrome_trace,
     write_trace,
 )
-from psgdlab.runtime import checkpoint as ckpt
-from psgdlab.runtime.channels import open_channels, rank_device
-from psgdlab.runtime.config import LSQ_MODEL, TrainConfig, build_algorithm, lsq_problem, world_size_of
-from psgdlab.runtime.driver import DriverOptions, RankResult, run_worker
-from psgdlab.runtime.elastic import Progress, restart_count
-from psgdlab.runtime.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
-from psgdlab.runtime.mailbox import address_toward
-from psgdlab.runtime.netns import host_identity
-from psgdlab.runtime.scan import collect_groups
-from psgdlab.runtime.server import run_server
-from psgdlab.runtime.survivors import (
+from psgdlab.models.recipes import LSQ_MODEL
+from psgdlab.runtime.config import TrainConfig, build_algorithm, lsq_problem, world_size_of
+from psgdlab.runtime.failures.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
+from psgdlab.runtime.failures.survive.mailbox import address_toward
+from psgdlab.runtime.failures.survive.survivors import (
     SURVIVOR_RESULTS_DIR,
     Survivors,
     clear_previous_segment,
@@ -67,12 +61,18 @@ from psgdlab.runtime.survivors import (
     survivor_throughput,
     work_lost,
 )
-from psgdlab.runtime.transport import LaunchEnv, launch_env
-from psgdlab.runtime.workloads import LeastSquaresWorkload, ModuleWorkload
+from psgdlab.runtime.launcher.elastic import Progress, restart_count
+from psgdlab.runtime.loop import checkpoint as ckpt
+from psgdlab.runtime.loop.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.loop.scan import collect_groups
+from psgdlab.runtime.loop.server import run_server
+from psgdlab.runtime.loop.workloads import LeastSquaresWorkload, ModuleWorkload
+from psgdlab.runtime.transports.channels import open_channels, rank_device
+from psgdlab.runtime.transports.env import LaunchEnv, host_identity, launch_env
 
 __all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]
 
-#: what each held-out evaluation records (psgdlab.runtime.scoring.score_corpus): frame accuracy,
+#: what each held-out evaluation records (psgdlab.models.scoring.score_corpus): frame accuracy,
 #: frame cross-entropy, the HMM decoder's WER (``wer`` = ``wer_viterbi``) and the majority vote's
 HELD_OUT_KEYS = ("frame_accuracy", "loss", "wer", "wer_viterbi", "wer_vote")
 
@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 
 
 def _corpora(config: TrainConfig, rank: int) -> tuple[Any, Any]:
-    from psgdlab.runtime.data import load_corpus, synthetic_corpus
+    from psgdlab.models.data import load_corpus, synthetic_corpus
 
     held = list(config.held_out_speakers)
 
@@ -100,9 +100,9 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
     if config.model == LSQ_MODEL:
         problem = lsq_problem(config)
         return LeastSquaresWorkload(problem, device=device), max(1, config.lsq_samples_per_worker // config.batch)
-    from psgdlab.runtime.batches import WindowSampler
-    from psgdlab.runtime.models import build_model
-    from psgdlab.runtime.scoring import score_corpus, state_priors
+    from psgdlab.models.batches import WindowSampler
+    from psgdlab.models.networks import build_model
+    from psgdlab.models.scoring import score_corpus, state_priors
 
     train_corpus, held = _corpora(config, rank)
     sampler = WindowSampler(
@@ -165,14 +165,14 @@ def train(
     ----------
     config : TrainConfig
     workload_factory : callable (rank, n_workers) -> Workload, optional
-        Plug in any model and sampler (:class:`~psgdlab.runtime.workloads.ModuleWorkload`);
+        Plug in any model and sampler (:class:`~psgdlab.runtime.loop.workloads.ModuleWorkload`);
         default: the model and data named by ``config``. Pass ``steps`` (not ``epochs``) then.
     env : LaunchEnv, optional
         Default: from the launcher's environment variables.
 
     Notes
     -----
-    Every blocking wait of the rank has the deadline ``config.timeout_s`` (:mod:`psgdlab.runtime.flight`):
+    Every blocking wait of the rank has the deadline ``config.timeout_s`` (:mod:`psgdlab.runtime.failures.flight`):
     past it, or when the launcher aborts the run, the rank writes ``OUT/flight/rank{r}.json`` and
     exits the process; a run that raises writes it too.
 
@@ -180,7 +180,7 @@ def train(
     restarted (``TORCHELASTIC_RESTART_COUNT`` > 0): the ranks resume from the newest complete
     checkpoint every rank can read (:func:`_agree_on_checkpoint`; a restart with none starts at
     step 0). Under ``psgdlab train --on-failure restart`` every worker also keeps its
-    :class:`~psgdlab.runtime.elastic.Progress` record.
+    :class:`~psgdlab.runtime.launcher.elastic.Progress` record.
     """
     env = env or launch_env()
     flight = FlightRecorder(env.rank, out=config.out or None, deadline_s=config.timeout_s)
@@ -379,7 +379,7 @@ def _open_survivors(
     main: Any,
     deadline_s: float,
 ) -> Survivors:
-    """The membership of a ``--on-failure continue`` run (:mod:`psgdlab.runtime.survivors`): the
+    """The membership of a ``--on-failure continue`` run (:mod:`psgdlab.runtime.failures.survive.survivors`): the
     mailboxes' addresses are exchanged while every rank is alive, then each connects to all within
     ``deadline_s`` (the error names the ranks that did not connect)."""
     import torch.distributed as dist
@@ -521,7 +521,7 @@ def _mean_surviving_snapshots(results: list[RankResult]) -> list[tuple[int, torc
 def _agree_on_checkpoint(main: Any, out: Path, *, workers: int, run_id: str) -> tuple[int, dict[str, Any] | None]:
     """The newest complete checkpoint of run ``run_id`` every rank can read, and this rank's
     payload of it; ``(0, None)`` if there is none. Collective over every rank: each loads its own
-    file of the newest complete step (:func:`psgdlab.runtime.checkpoint.complete_steps`) and rank 0
+    file of the newest complete step (:func:`psgdlab.runtime.loop.checkpoint.complete_steps`) and rank 0
     decides; when some rank's file is corrupt, unreadable or of another run, rank 0 says so in one
     line and every rank tries the previous complete step. The parameter server loads ``server.pt``."""
     rank, world = main.rank, main.world_size
@@ -649,7 +649,7 @@ def _write_run_dir(
             "wall_s": wall_s,
             "on_failure": config.failure_policy,
             # a run that finished lost no rank unless it went on without some (continue); a
-            # failed run writes OUT/failure.json instead (psgdlab.runtime.failures: the same keys)
+            # failed run writes OUT/failure.json instead (psgdlab.runtime.failures.stop: the same keys)
             "membership_changes": membership[0] if membership else [],
             "survivors": membership[1] if membership else list(range(world)),
             **(payload or {}),
@@ -736,7 +736,7 @@ def _write_run_dir(
 
 def _placement(hosts: list[str]) -> tuple[int, tuple[int, ...]]:
     """How many hosts the ranks ran on, and each rank's host (numbered in order of first
-    appearance), from the host of each rank in rank order (:func:`~psgdlab.runtime.netns.host_identity`)."""
+    appearance), from the host of each rank in rank order (:func:`~psgdlab.runtime.transports.env.host_identity`)."""
     numbers: dict[str, int] = {}
     placement = tuple(numbers.setdefault(host, len(numbers)) for host in hosts)
     return len(numbers), placement

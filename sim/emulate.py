@@ -44,7 +44,7 @@ server exchanges), so it emerges from the platform model that produced the trace
 **Gradients are lazy and batched**: a read only records ``(rank, step, snapshot)``; when an
 apply or an allreduce needs a gradient that is not computed yet, every pending entry is
 computed in one call of :meth:`~psgdlab.core.replicas.Replicas.gradients` (batched by the
-torch replicas, :class:`psgdlab.runtime.replicas.TorchReplicas`).
+torch replicas, :class:`psgdlab.models.replicas.TorchReplicas`).
 
 **Structure.** :func:`index_trace` turns the trace into the emulator's events (each a
 :class:`ReplayEvent` of one :class:`EventKind`, dispatched on the record's exchange kind) in

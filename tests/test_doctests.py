@@ -11,6 +11,7 @@ import pytest
 import psgdlab
 import psgdlab.analysis
 import psgdlab.core
+import psgdlab.models
 import psgdlab.runtime
 import psgdlab.sim
 
@@ -26,7 +27,7 @@ def _modules(package):
 MODULES = sorted(
     {
         name
-        for package in (psgdlab, psgdlab.core, psgdlab.sim, psgdlab.runtime, psgdlab.analysis)
+        for package in (psgdlab, psgdlab.core, psgdlab.sim, psgdlab.models, psgdlab.runtime, psgdlab.analysis)
         for name in _modules(package)
         if not name.startswith("psgdlab.tests") and not name.endswith(".__main__")
     }

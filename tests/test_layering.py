@@ -1,10 +1,13 @@
-"""Dependencies point one way: core <- {sim, runtime} <- analysis <- psgdlab (CLI, pipelines).
+"""Dependencies point one way: core <- {sim, models} <- runtime <- psgdlab (CLI, pipelines);
+core <- analysis <- psgdlab; and inside the runtime, transports and failures <- loop <- launcher.
 
-Two checks:
+Three checks:
 
 - a static one: every import statement of every module of the package (lazy ones inside
   functions included, relative ones resolved, ``importlib.import_module("...")`` with a literal
   name too) is read from the source with :mod:`ast` and checked against the layer's rule below;
+- the same scan inside the runtime, against the rule of each of its parts (:data:`RUNTIME_PARTS`),
+  a rule that itself has no circle;
 - an import-time one: importing the light entry points loads none of the heavy libraries.
 """
 
@@ -30,21 +33,55 @@ LAYERS: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {
         frozenset({"numpy", "scipy", "networkx", "hypothesis"}),
     ),
     "sim": ("sim", frozenset({"core", "sim"}), frozenset({"numpy", "scipy", "simpy", "tqdm"})),
-    "runtime": (
-        "runtime",
-        frozenset({"core", "runtime"}),
-        frozenset({"numpy", "scipy", "torch", "mpi4py", "h5py", "kaldiio", "jiwer", "tqdm"}),
+    # what the trainer and the emulator both use: no transport, no launcher, no simulator
+    "models": (
+        "models",
+        frozenset({"core", "models"}),
+        frozenset({"numpy", "scipy", "torch", "h5py", "kaldiio", "jiwer", "tqdm"}),
     ),
+    "runtime": ("runtime", frozenset({"core", "models", "runtime"}), frozenset({"numpy", "torch", "mpi4py", "tqdm"})),
     "analysis": ("analysis", frozenset({"core", "analysis"}), frozenset({"numpy", "scipy", "matplotlib"})),
-    "cli": ("psgdlab", frozenset({"core", "sim", "runtime", "analysis", "cli"}), frozenset({"*"})),
+    "cli": ("psgdlab", frozenset({"core", "sim", "models", "runtime", "analysis", "cli"}), frozenset({"*"})),
 }
 #: the import package of each layer
 PACKAGES = {
     "core": "psgdlab.core",
     "sim": "psgdlab.sim",
+    "models": "psgdlab.models",
     "runtime": "psgdlab.runtime",
     "analysis": "psgdlab.analysis",
     "cli": "psgdlab",
+}
+
+#: the runtime's parts (a module belongs to the longest one its name under ``psgdlab.runtime``
+#: starts with) -> the other parts it may import (a part names its subparts too); ``None``: any
+_TRANSPORT_IMPLEMENTATIONS = ("transports.torch_dist", "transports.mpi", "transports.shm")
+RUNTIME_PARTS: dict[str, frozenset[str] | None] = {
+    # the transports: the interface and the launcher's environment import nothing of the
+    # runtime, the implementations the interface, the factory (channels) all of them
+    "transports": frozenset(),  # the package, and a module of it not named below
+    "transports.env": frozenset(),
+    "transports.transport": frozenset(),
+    "transports.torch_dist": frozenset({"transports.transport"}),
+    "transports.mpi": frozenset({"transports.transport"}),
+    "transports.shm": frozenset({"transports.transport", "transports.env", "transports.torch_dist"}),
+    "transports.channels": frozenset({"transports.transport", "transports.env", *_TRANSPORT_IMPLEMENTATIONS}),
+    # what a run does about failures: imports nothing else of the runtime
+    "failures": frozenset(),
+    "failures.flight": frozenset(),
+    "failures.stop": frozenset({"failures.flight"}),
+    "failures.survive": frozenset(),
+    # the training loop talks to the transport interface, never to an implementation, and
+    # never to a launcher
+    "loop": frozenset({"transports.transport", "transports.env", "failures.flight", "failures.survive"}),
+    # the resolved run configuration: models and core only
+    "config": frozenset(),
+    # starting ranks: the top of the runtime below the entries; nothing else imports it
+    "launcher": frozenset({"config", "loop", "failures", "transports"}),
+    # the entries: one rank's run, ``python -m psgdlab.runtime``, the package's lazy exports
+    "train": None,
+    "__main__": None,
+    "": None,
 }
 
 
@@ -73,6 +110,16 @@ def module_name(path: Path, layer: str) -> str:
     return ".".join([PACKAGES[layer], *parts])
 
 
+def source_of(module: str) -> Path | None:
+    """The source file of a ``psgdlab`` module; ``None`` for anything else (a name in a module)."""
+    layer = layer_of(module)
+    if layer is None:
+        return None
+    rest = module.removeprefix(PACKAGES[layer]).lstrip(".")
+    base = ROOT / LAYERS[layer][0] / rest.replace(".", "/")
+    return next((c for c in (base / "__init__.py", base.with_suffix(".py")) if c.is_file()), None)
+
+
 def imports_of(path: Path, layer: str) -> list[Import]:
     """Every module ``path`` imports, wherever the statement stands."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -88,7 +135,9 @@ def imports_of(path: Path, layer: str) -> list[Import]:
                 name = ".".join(base + ([node.module] if node.module else []))
             else:
                 name = node.module or ""
-            found.append(Import(path, node.lineno, name))
+            # ``from package import module`` imports the module
+            modules = {f"{name}.{alias.name}" for alias in node.names if source_of(f"{name}.{alias.name}")}
+            found += [Import(path, node.lineno, m) for m in sorted(modules)] or [Import(path, node.lineno, name)]
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -105,10 +154,6 @@ def violations(layer: str) -> list[str]:
     folder, layers, third_party = LAYERS[layer]
     out = []
     for path in sorted((ROOT / folder).rglob("*.py")):
-        if layer == "cli" and any(
-            p in ("core", "sim", "runtime", "analysis", "tests") for p in path.relative_to(ROOT / folder).parts[:1]
-        ):
-            continue  # development symlinks psgdlab/<part> -> ../<part>
         for imp in sorted(imports_of(path, layer), key=lambda i: i.line):
             target = layer_of(imp.module)
             root = imp.module.split(".")[0]
@@ -127,6 +172,90 @@ def violations(layer: str) -> list[str]:
 def test_imports_point_one_way(layer):
     bad = violations(layer)
     assert not bad, "imports against the grain:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", ["psgdlab.emulate", "psgdlab.commands.emulate"])
+def test_the_emulator_uses_the_models_never_the_runtime(module):
+    """The emulation pipeline replays a trace on the models' replicas: it needs no transport."""
+    path = source_of(module)
+    assert path is not None
+    bad = [f"{imp.line}: {imp.module}" for imp in imports_of(path, "cli") if layer_of(imp.module) == "runtime"]
+    assert not bad, f"{module} imports the runtime: {bad}"
+    assert any(layer_of(imp.module) == "models" for imp in imports_of(path, "cli"))
+
+
+def runtime_part(module: str) -> str | None:
+    """The part of the runtime (:data:`RUNTIME_PARTS`) that ``module`` belongs to; ``None`` outside it."""
+    if layer_of(module) != "runtime":
+        return None
+    rest = module.removeprefix(PACKAGES["runtime"]).lstrip(".")
+    return max((p for p in RUNTIME_PARTS if p == "" or rest == p or rest.startswith(p + ".")), key=len)
+
+
+def _covers(allowed: str, part: str) -> bool:
+    """Whether the allowed name ``allowed`` stands for ``part`` (itself or a part under it)."""
+    return part == allowed or part.startswith(allowed + ".")
+
+
+def runtime_violations() -> list[str]:
+    out = []
+    for path in sorted((ROOT / LAYERS["runtime"][0]).rglob("*.py")):
+        part = runtime_part(module_name(path, "runtime"))
+        assert part is not None
+        allowed = RUNTIME_PARTS[part]
+        if allowed is None:
+            continue
+        for imp in sorted(imports_of(path, "runtime"), key=lambda i: i.line):
+            target = runtime_part(imp.module)
+            if target is not None and target != part and not any(_covers(a, target) for a in allowed):
+                out.append(f"{path.relative_to(ROOT)}:{imp.line}: runtime.{part or '__init__'} imports {imp.module}")
+    return out
+
+
+def test_the_runtime_parts_import_each_other_one_way():
+    bad = runtime_violations()
+    assert not bad, "imports against the grain inside the runtime:\n" + "\n".join(bad)
+
+
+def test_the_runtime_rule_has_no_circle():
+    """Part A may import part B, B may import C, ...: never back to A (so the imports that keep
+    the rule cannot make a circle between parts). The entries may import every part; none of
+    them is imported."""
+
+    def allows(rule: frozenset[str] | None, other: str) -> bool:
+        return rule is None or any(_covers(a, other) for a in rule)
+
+    may = {part: {o for o in RUNTIME_PARTS if o != part and allows(rule, o)} for part, rule in RUNTIME_PARTS.items()}
+    entries = {part for part, rule in RUNTIME_PARTS.items() if rule is None}
+    assert not any(entries & targets for part, targets in may.items() if part not in entries)
+    done: set[str] = set()
+
+    def visit(part: str, path: list[str]) -> None:
+        for other in sorted(may[part] - entries):
+            assert other not in path, "circle: " + " -> ".join([*path[path.index(other) :], other])
+            if other not in done:
+                visit(other, [*path, other])
+        done.add(part)
+
+    for part in sorted(set(RUNTIME_PARTS) - entries):
+        visit(part, [part])
+
+
+def test_the_runtime_scan_finds_a_back_arrow(tmp_path, monkeypatch):
+    """A loop module that imports a launcher, or the transport interface one of its
+    implementations, is named (``from package import module`` included)."""
+    for folder in ("runtime/loop", "runtime/launcher", "runtime/transports"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "runtime/launcher/launch.py").write_text("")
+    (tmp_path / "runtime/transports/mpi.py").write_text("")
+    (tmp_path / "runtime/loop/driver.py").write_text("from psgdlab.runtime.launcher import launch\n")
+    (tmp_path / "runtime/transports/transport.py").write_text("def f():\n    from . import mpi\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert [line.split(": ", 1)[1] for line in runtime_violations()] == [
+        "runtime.loop imports psgdlab.runtime.launcher.launch",
+        "runtime.transports.transport imports psgdlab.runtime.transports.mpi",
+    ]
 
 
 def test_the_scan_sees_lazy_relative_and_dynamic_imports(tmp_path, monkeypatch):
@@ -166,9 +295,15 @@ print(",".join(bad))
         ("psgdlab.core.reference", ("torch", "simpy", "mpi4py", "matplotlib")),
         ("psgdlab.core.topology", ("torch", "simpy", "mpi4py", "matplotlib", "networkx")),
         ("psgdlab.sim", ("torch", "mpi4py", "matplotlib")),
+        ("psgdlab.analysis", ("torch", "simpy", "mpi4py")),
         ("psgdlab.cli", ("torch", "simpy", "mpi4py", "matplotlib")),
+        # what the emulator and the trainer share: never the runtime or the simulator
+        ("psgdlab.models", ("torch", "simpy", "mpi4py", "psgdlab.runtime", "psgdlab.sim")),
+        ("psgdlab.models.recipes", ("torch", "simpy", "mpi4py", "psgdlab.runtime", "psgdlab.sim")),
+        ("psgdlab.models.replicas", ("simpy", "mpi4py", "psgdlab.runtime", "psgdlab.sim")),
+        ("psgdlab.models.scoring", ("simpy", "mpi4py", "psgdlab.runtime", "psgdlab.sim")),
         # the launcher of `psgdlab train` starts the ranks; only they need torch
-        ("psgdlab.runtime.launch", ("torch", "simpy", "matplotlib")),
+        ("psgdlab.runtime.launcher.launch", ("torch", "simpy", "matplotlib")),
     ],
 )
 def test_import_does_not_load_heavy_dependencies(module, forbidden):

@@ -14,7 +14,7 @@ from psgdlab.validate import ValidateConfig
 
 
 def _netns_reason() -> str | None:
-    from psgdlab.runtime.netns import unavailable_reason
+    from psgdlab.runtime.launcher.netns import unavailable_reason
 
     return unavailable_reason()
 
@@ -313,7 +313,7 @@ def test_multi_host_cases_and_bad_input(capsys, monkeypatch, tmp_path):
     """--hosts makes the cases H x N/H with at least 2 workers per host (every algorithm: the
     server on host 0), and calibrates between hosts at every rate; bad input is one line and exit 2,
     and so is a machine where emulated hosts cannot be made (nothing is written)."""
-    from psgdlab.runtime import netns
+    from psgdlab.runtime.launcher import netns
     from psgdlab.validate.plan import ValidateConfig, between_hosts_plan, calibration_plan, host_cases
 
     vc = ValidateConfig(out="x", hosts=(2, 4), workers=(4, 8), nic_bandwidths=("100Mbit/s", "2Gbit/s"))

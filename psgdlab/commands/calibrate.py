@@ -306,7 +306,7 @@ def _run_probe(args: argparse.Namespace) -> str:
     from tqdm import tqdm
 
     from psgdlab.core.rundir import default_run_dir
-    from psgdlab.runtime.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
+    from psgdlab.runtime.launcher.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
 
     cfg = ProbeConfig(
         out=str(args.probe_out or default_run_dir("probe")),

@@ -71,19 +71,19 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.runtime.data import inspect_corpus
+    from psgdlab.models.data import inspect_corpus
 
     kind = args.data_command
     if kind == "info":
         path = args.path
     elif kind == "fsdd":
-        from psgdlab.runtime.speech import import_fsdd
+        from psgdlab.models.speech import import_fsdd
 
         path = import_fsdd(
             args.directory, args.out, progress=not args.no_progress, speed_factors=_floats(args.speed, "--speed")
         )
     elif kind == "kaldi":
-        from psgdlab.runtime.speech import import_kaldi
+        from psgdlab.models.speech import import_kaldi
 
         path = import_kaldi(
             args.feats,
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     else:
-        from psgdlab.runtime.data import synthetic_corpus
+        from psgdlab.models.data import synthetic_corpus
 
         path = synthetic_corpus(
             args.out,

@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from psgdlab.emulate import EmulateConfig, emulate, write_run
-    from psgdlab.runtime.config import recipe_of
+    from psgdlab.models.recipes import recipe_of
 
     steps = args.steps if (args.steps is not None or args.epochs is not None) else 100
     batch, lr, lr_schedule = recipe_of(args.model).resolve(

@@ -1,8 +1,8 @@
 """``psgdlab hosts``: run one command on each of H emulated hosts of this machine.
 
 Each host is a network namespace with its own address, its link shaped to ``--nic-bandwidth``
-(:mod:`psgdlab.runtime.netns`); the command runs once inside each, with ``{host}``, ``{hosts}``,
-``{address}`` and ``{master}`` filled in (:mod:`psgdlab.runtime.hostrun`). It is how to start the
+(:mod:`psgdlab.runtime.launcher.netns`); the command runs once inside each, with ``{host}``, ``{hosts}``,
+``{address}`` and ``{master}`` filled in (:mod:`psgdlab.runtime.launcher.hostrun`). It is how to start the
 per-rank entry by hand on an emulated cluster, e.g. torchrun on two emulated nodes::
 
     psgdlab hosts --hosts 2 --nic-bandwidth 1Gbit/s -- python -m torch.distributed.run \\
@@ -45,8 +45,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from psgdlab.core.errors import require
-    from psgdlab.runtime.hostrun import run_on_hosts
-    from psgdlab.runtime.netns import MAX_HOSTS
+    from psgdlab.runtime.config import MAX_HOSTS
+    from psgdlab.runtime.launcher.hostrun import run_on_hosts
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     require(1 <= args.hosts <= MAX_HOSTS, "hosts", args.hosts, f"must be an integer from 1 to {MAX_HOSTS}")

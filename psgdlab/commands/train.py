@@ -2,7 +2,7 @@
 
 Starts the N local processes itself (gloo/nccl: spawned processes on 127.0.0.1 with a free
 port; mpi: the ``mpiexec`` beside the Python interpreter; ``--hosts H``: inside H emulated hosts,
-network namespaces with links shaped to ``--nic-bandwidth``, see :mod:`psgdlab.runtime.netns`),
+network namespaces with links shaped to ``--nic-bandwidth``, see :mod:`psgdlab.runtime.launcher.netns`),
 watches them, and prints the summary (``--json``: the summary object). For torchrun, mpiexec
 and srun use the per-rank entry ``python -m psgdlab.runtime`` with the same flags.
 """
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     config = TrainConfig.from_args(args)
     summary = launch(config)

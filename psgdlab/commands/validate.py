@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nic_bandwidth and not args.hosts:
         raise ConfigError(f"nic-bandwidth ({','.join(args.nic_bandwidth)}) applies only with --hosts")
     if args.hosts:  # one line and exit 2 where emulated hosts cannot be made, before anything runs
-        from psgdlab.runtime.netns import require_netns
+        from psgdlab.runtime.launcher.netns import require_netns
 
         require_netns(max(args.hosts))
     workers = args.workers or ((2, 4, 8) if args.full else (4, 8) if args.hosts else (2, 4))

@@ -10,7 +10,7 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              ``--calibration-runs`` times (pooled by the fits): never a
                              validated case (other payload sizes); with --calibrate-workers
                              only at those worker counts
-    OUT/calibration/probe/   a probe of the transport (psgdlab.runtime.probe), when cases have
+    OUT/calibration/probe/   a probe of the transport (psgdlab.runtime.launcher.probe), when cases have
                              more workers than cores and no calibration run does: the CPU work
                              of communication, measured (validate.plan.probe_groups)
     OUT/calibration/probe-h2-RATE/  with --hosts, when a case has more workers than cores, a
@@ -29,7 +29,7 @@ r"""The validation loop on this machine: calibrate, predict, measure, compare.
                              as ties, misordered: psgdlab.analysis.compare.ranking), the load
                              before every run
 
-**On emulated hosts** (``--hosts H[,...] --nic-bandwidth RATE[,...]``, :mod:`psgdlab.runtime.netns`,
+**On emulated hosts** (``--hosts H[,...] --nic-bandwidth RATE[,...]``, :mod:`psgdlab.runtime.launcher.netns`,
 needs root): the cases are every ``H x N/H`` (:func:`~psgdlab.validate.plan.host_cases`: ``H``
 divides a ``--workers`` count ``N`` with at least 2 workers per host), every algorithm case, with
 hadpsgd's node a host and easgd's server on host 0, each at every NIC rate, and calibration adds
@@ -169,7 +169,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
     from psgdlab.sim.workload import load_config
 
     if vc.hosts and not vc.measured:  # one line and nothing written where emulated hosts cannot be made
-        from psgdlab.runtime.netns import require_netns
+        from psgdlab.runtime.launcher.netns import require_netns
 
         require_netns(max(vc.hosts))
 
@@ -208,7 +208,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         calib_dirs.append(obtain(Path(cfg.out), f"calibration run {name}", partial(launch_fresh, cfg)))
     groups = probe_groups(vc, cores)
     if groups:  # the CPU work of communication, measured where no calibration run oversubscribes the cores
-        from psgdlab.runtime.probe import ProbeConfig, probe
+        from psgdlab.runtime.launcher.probe import ProbeConfig, probe
 
         probe_cfg = ProbeConfig(out=str(source / "calibration" / "probe"), backend=vc.backend, groups=groups)
         label = f"probe of the transport (groups {', '.join(map(str, groups))})"
@@ -233,7 +233,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                 continue
             label = f"calibration run {name} ({h} emulated hosts, one worker each)"
             between.setdefault(rate, []).append(obtain(Path(cfg.out), label, partial(launch_fresh, cfg)))
-        from psgdlab.runtime.probe import ProbeConfig, probe
+        from psgdlab.runtime.launcher.probe import ProbeConfig, probe
 
         for rate, name in between_hosts_probes(vc, cores):  # the CPU work of a message between hosts
             d = source / "calibration" / name

@@ -49,7 +49,7 @@ def wait_for_quiet(vc: ValidateConfig, say: Callable[[str], None]) -> dict[str, 
         say(f"  waiting for {vc.min_idle_cores:g} idle cores (now {idle:.2f})")
         time.sleep(5.0)
         idle = idle_cores(window)
-    from psgdlab.runtime.launch import available_memory_bytes
+    from psgdlab.runtime.launcher.launch import available_memory_bytes
 
     memory = available_memory_bytes()
     return {

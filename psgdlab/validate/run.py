@@ -46,7 +46,8 @@ def train_config(
 ) -> Any:
     """The runtime's configuration of one run of a validation; on ``hosts`` emulated hosts
     (shaped to ``nic_bandwidth``) H-ADPSGD's nodes are the hosts."""
-    from psgdlab.runtime.config import LSQ_MODEL, TrainConfig
+    from psgdlab.models.recipes import LSQ_MODEL
+    from psgdlab.runtime.config import TrainConfig
 
     gpn = vc.gpus_per_node if hosts == 1 else workers // hosts
     return TrainConfig(
@@ -94,7 +95,7 @@ def case_policy(
 
 def launch_fresh(cfg: Any) -> dict[str, Any]:
     """Run ``cfg`` with the runtime into an emptied ``cfg.out``; its summary."""
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     out = Path(cfg.out)
     if out.exists():

@@ -611,7 +611,7 @@ def write_probe(path, *, hosts, w_msg, w_byte, rate=6.25e7, latency=1e-3, seed=0
     """A probe directory as ``calibrate --probe`` writes it (group 2, ring): every member's CPU
     time the exact law ``w_msg`` per message plus ``w_byte`` per byte it sends, the wall time
     a latency plus the bytes at ``rate``."""
-    from psgdlab.runtime.probe import KINDS, PROBE_DTYPE
+    from psgdlab.runtime.launcher.probe import KINDS, PROBE_DTYPE
 
     rng = np.random.default_rng(seed)
     rows = []

@@ -103,7 +103,7 @@ def test_the_runtimes_model_presets_name_the_workloads_they_train():
     """``predict --workload cldnn`` is the workload the runtime's ``--model cldnn`` trains, as
     the issue's example writes it; every entry names a preset the runtime has."""
     from psgdlab.core.workloads import BY_MODEL
-    from psgdlab.runtime.models import MODEL_PRESETS
+    from psgdlab.models.networks import MODEL_PRESETS
 
     assert BY_MODEL == {"blstm": "bilstm-43m", "dnn": "dnn-13.5m", "cldnn": "cldnn-13.8m"}
     assert set(BY_MODEL) <= set(MODEL_PRESETS)

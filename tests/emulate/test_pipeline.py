@@ -25,8 +25,8 @@ def _run(capsys, tmp_path, *argv):
 def test_data_synthetic_is_the_corpus_of_train(tmp_path, monkeypatch):
     import tempfile
 
+    from psgdlab.models.data import load_corpus
     from psgdlab.runtime.config import TrainConfig
-    from psgdlab.runtime.data import load_corpus
     from psgdlab.runtime.train import _corpora
 
     cfg = EmulateConfig(

@@ -12,9 +12,9 @@ pytest.importorskip("psgdlab.sim.engine")
 
 from psgdlab.cli import main  # noqa: E402
 from psgdlab.core.replicas import consensus_distance  # noqa: E402
-from psgdlab.runtime.data import load_corpus, synthetic_corpus  # noqa: E402
-from psgdlab.runtime.models import build_model  # noqa: E402
-from psgdlab.runtime.replicas import TorchReplicas  # noqa: E402
+from psgdlab.models.data import load_corpus, synthetic_corpus  # noqa: E402
+from psgdlab.models.networks import build_model  # noqa: E402
+from psgdlab.models.replicas import TorchReplicas  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ def initial_full_loss(config) -> float:
 
 def leftover_segments(run_dir) -> list[str]:
     """What the run's ranks (pids in ``RUN/.ranks``) left in ``/dev/shm``."""
-    from psgdlab.runtime.shm import segment_prefix
+    from psgdlab.runtime.transports.shm.shm import segment_prefix
 
     pids = [int(f.read_text()) for f in (Path(run_dir) / ".ranks").glob("rank*.pid")]
     assert pids, f"no rank pid files in {run_dir}"

@@ -1,4 +1,4 @@
-"""The membership agreement of :mod:`psgdlab.runtime.agreement`: one chain of epochs, each written
+"""The membership agreement of :mod:`psgdlab.runtime.failures.survive.agreement`: one chain of epochs, each written
 once and whole, that every rank reads alike, however proposals interleave or race."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psgdlab.runtime.agreement import Agreement, Removed
+from psgdlab.runtime.failures.survive.agreement import Agreement, Removed
 
 
 def _check_chain(agreements: list[Agreement], n: int) -> list:

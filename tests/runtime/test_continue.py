@@ -1,7 +1,7 @@
 """``--on-failure continue``: the survivors of a gossip run go on without a dead worker.
 
 The distributed cases inject the failure with ``PSGDLAB_TEST_CRASH=RANK:STEP[:STOP]``
-(:data:`psgdlab.runtime.driver.CRASH_ENV`), which notes the wall time of the failure in
+(:data:`psgdlab.runtime.loop.driver.CRASH_ENV`), which notes the wall time of the failure in
 ``OUT/.ranks/rank{r}.crash``.
 """
 
@@ -22,9 +22,9 @@ from psgdlab.core.failure import node_sum_elements
 from psgdlab.core.membership import rebuild, survivor_exchanges
 from psgdlab.core.trace import PHASES, read_trace
 from psgdlab.runtime.config import build_algorithm
-from psgdlab.runtime.failures import process_state
-from psgdlab.runtime.mailbox import BEATS_PER_DEADLINE, Mailbox
-from psgdlab.runtime.survivors import SWITCH_AFTER_WORKERS
+from psgdlab.runtime.failures.stop import process_state
+from psgdlab.runtime.failures.survive.mailbox import BEATS_PER_DEADLINE, Mailbox
+from psgdlab.runtime.failures.survive.survivors import SWITCH_AFTER_WORKERS
 from psgdlab.tests.runtime._runtime_helpers import leftover_segments, lsq_config
 
 
@@ -153,7 +153,7 @@ def test_a_held_up_dispatcher_does_not_take_its_delay_for_silence():
 # ----- the schedule the survivors follow -----------------------------------------------------------
 def test_survivors_follow_the_simulators_rebuilt_schedule(tmp_path):
     from psgdlab.core.algorithms import make_algorithm
-    from psgdlab.runtime.survivors import Survivors
+    from psgdlab.runtime.failures.survive.survivors import Survivors
 
     alg = make_algorithm("adpsgd", n_workers=6)
     members = [
@@ -177,7 +177,7 @@ def test_a_blocking_gossip_drops_the_dead_until_the_switch_step(tmp_path):
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.errors import TransportError
     from psgdlab.core.membership import without_peers
-    from psgdlab.runtime.survivors import Survivors
+    from psgdlab.runtime.failures.survive.survivors import Survivors
 
     alg = make_algorithm("dpsgd", n_workers=5)  # a ring
     a, b = (
@@ -207,7 +207,7 @@ def test_a_blocking_gossip_drops_the_dead_until_the_switch_step(tmp_path):
 
 
 def test_the_work_a_dead_rank_lost_runs_from_its_last_exchange_to_its_last_word():
-    from psgdlab.runtime.survivors import work_lost
+    from psgdlab.runtime.failures.survive.survivors import work_lost
 
     changes = [{"removed": [2]}, {"removed": [3]}]
     reports = [
@@ -223,7 +223,7 @@ def test_the_work_a_dead_rank_lost_runs_from_its_last_exchange_to_its_last_word(
 
 def test_the_survivors_throughput_is_their_pace_before_and_after():
     from psgdlab.core.trace import TraceBuilder
-    from psgdlab.runtime.survivors import survivor_throughput
+    from psgdlab.runtime.failures.survive.survivors import survivor_throughput
 
     tb = TraceBuilder()
     for rank in (0, 1, 3):  # 10 steps/s each until 5 s, then 5 steps/s; rank 3 goes on alone
@@ -291,7 +291,7 @@ def _continue_run(
     workers: int = 4,
     **kw,
 ):
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     config = lsq_config(
         tmp_path, algorithm, workers, steps=steps, compute_time="0.01", on_failure=on_failure, **kw
@@ -349,7 +349,7 @@ def test_a_run_does_not_read_the_membership_an_earlier_run_left_in_its_directory
     """The directory of a ``--resume`` holds the last segment's epochs, results and summary: read
     as this run's, an epoch would fence a live rank and the summary would end the survivors before
     they train. Rank 0 clears them at set-up: all four ranks train and write a new summary."""
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     config = lsq_config(tmp_path, "hadpsgd", 4, steps=8)  # one GPU per node: continue by default
     assert config.failure_policy == "continue"
@@ -393,7 +393,7 @@ def test_dpsgd_survivors_switch_to_the_rebuilt_ring_at_one_step(tmp_path):
 
 
 def _netns_reason() -> str | None:
-    from psgdlab.runtime.netns import unavailable_reason
+    from psgdlab.runtime.launcher.netns import unavailable_reason
 
     return unavailable_reason()
 
@@ -412,7 +412,7 @@ def test_a_host_cut_off_is_given_up_and_one_side_goes_on(tmp_path):
     reason = _netns_reason()
     if reason is not None:
         pytest.skip(reason)
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     config = lsq_config(
         tmp_path, "adpsgd", 4, steps=600, compute_time="0.01", on_failure="continue", hosts=2, checkpoint_every=50
@@ -445,7 +445,7 @@ def test_survivors_form_a_group_alone_and_a_member_that_never_joins_fails_it_at_
     it through a rendezvous file; a member that never comes fails the forming at the timeout."""
     import torch
 
-    from psgdlab.runtime.regroup import SurvivorGroups
+    from psgdlab.runtime.failures.survive.regroup import SurvivorGroups
 
     root = tmp_path / "groups"
     groups = {r: SurvivorGroups(root, rank=r, timeout_s=5.0) for r in (0, 2)}

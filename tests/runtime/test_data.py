@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 h5py = pytest.importorskip("h5py")
 
 from psgdlab.core.errors import ConfigError  # noqa: E402
-from psgdlab.runtime.batches import WindowSampler, eval_windows  # noqa: E402
-from psgdlab.runtime.data import (  # noqa: E402
+from psgdlab.models.batches import WindowSampler, eval_windows  # noqa: E402
+from psgdlab.models.data import (  # noqa: E402
     DATASETS,
     append_deltas,
     inspect_corpus,
@@ -21,7 +21,7 @@ from psgdlab.runtime.data import (  # noqa: E402
     synthetic_corpus,
     write_corpus,
 )
-from psgdlab.runtime.models import build_model  # noqa: E402
+from psgdlab.models.networks import build_model  # noqa: E402
 
 
 def _small(tmp_path, name="c.h5", **kw):
@@ -388,7 +388,7 @@ def test_tiny_model_loss_falls_on_synthetic_data(tmp_path):
 
 
 def test_corpus_format_and_io_need_no_torch():
-    """runtime.data reads and writes corpora with h5py and numpy; torch batches are runtime.batches'."""
+    """models.data reads and writes corpora with h5py and numpy; torch batches are runtime.batches'."""
     import os
     import subprocess
     import sys
@@ -396,6 +396,6 @@ def test_corpus_format_and_io_need_no_torch():
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    code = "import sys, psgdlab.runtime.data; assert 'torch' not in sys.modules, 'runtime.data imported torch'"
+    code = "import sys, psgdlab.models.data; assert 'torch' not in sys.modules, 'models.data imported torch'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-2000:]

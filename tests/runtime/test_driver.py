@@ -41,7 +41,7 @@ SYNC_CASES = [
 
 
 def _launch(config, **kw):
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     return launch(config, quiet=True, timeout_s=90, **kw)
 
@@ -186,8 +186,8 @@ def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():
     from psgdlab.core.errors import TestbedWarning
     from psgdlab.core.reference import LeastSquaresProblem
     from psgdlab.core.timing import ComputeTime
-    from psgdlab.runtime.driver import DriverOptions, _Worker
-    from psgdlab.runtime.workloads import LeastSquaresWorkload
+    from psgdlab.runtime.loop.driver import DriverOptions, _Worker
+    from psgdlab.runtime.loop.workloads import LeastSquaresWorkload
 
     class Slow(LeastSquaresWorkload):
         def gradient(self, weights, rank, step):
@@ -231,8 +231,8 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
     import signal
     import threading
 
-    from psgdlab.runtime.checkpoint import latest_complete_step
-    from psgdlab.runtime.driver import STOP_CHECK_EVERY
+    from psgdlab.runtime.loop.checkpoint import latest_complete_step
+    from psgdlab.runtime.loop.driver import STOP_CHECK_EVERY
 
     config = lsq_config(tmp_path, "ssgd", 2, steps=70, compute_time="0.02", checkpoint_every=7, name="term")
     first = tmp_path / "term" / "checkpoints" / "step00000007" / "rank1.pt"
@@ -256,7 +256,7 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
 def test_every_exchange_kind_of_core_has_one_runtime_handler():
     """The driver dispatches through one table keyed by the exchange record's class."""
     from psgdlab.core.exchange import EXCHANGE_KINDS
-    from psgdlab.runtime.driver import EXCHANGE_HANDLERS
+    from psgdlab.runtime.loop.driver import EXCHANGE_HANDLERS
 
     assert set(EXCHANGE_HANDLERS) == set(EXCHANGE_KINDS)
 
@@ -269,8 +269,8 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.reference import LeastSquaresProblem
-    from psgdlab.runtime.driver import DriverOptions, _Step, _Worker
-    from psgdlab.runtime.workloads import LeastSquaresWorkload
+    from psgdlab.runtime.loop.driver import DriverOptions, _Step, _Worker
+    from psgdlab.runtime.loop.workloads import LeastSquaresWorkload
 
     class Teleport:
         phase = "post"

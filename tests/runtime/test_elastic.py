@@ -1,5 +1,5 @@
-"""``--on-failure restart`` (torchrun's elastic agent, :mod:`psgdlab.runtime.elastic`) and the
-checkpoints it resumes from (:mod:`psgdlab.runtime.checkpoint`).
+"""``--on-failure restart`` (torchrun's elastic agent, :mod:`psgdlab.runtime.launcher.elastic`) and the
+checkpoints it resumes from (:mod:`psgdlab.runtime.loop.checkpoint`).
 
 A synchronous run whose rank is killed mid-run and restarted ends bit-identical to one never
 interrupted; restarts run out with an error naming the rank; a corrupted newest checkpoint falls
@@ -19,20 +19,20 @@ import pytest
 import torch
 
 from psgdlab.core.errors import ConfigError, TestbedWarning, TransportError
-from psgdlab.runtime import checkpoint as ckpt
+from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.tests.runtime._runtime_helpers import lsq_config, train_fails
 
 
 def _launch(config, **kw):
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     return launch(config, quiet=True, timeout_s=90, **kw)
 
 
 def _segments_of(run_dir: Path) -> list[str]:
     """What any worker the agent ever started left in ``/dev/shm``."""
-    from psgdlab.runtime.elastic import PIDS_FILE
-    from psgdlab.runtime.shm import segment_prefix
+    from psgdlab.runtime.launcher.elastic import PIDS_FILE
+    from psgdlab.runtime.transports.shm.shm import segment_prefix
 
     pids = [int(line.split()[0]) for line in (run_dir / ".ranks" / PIDS_FILE).read_text().splitlines()]
     assert len(pids) >= 4, pids  # two attempts of two workers
@@ -236,8 +236,8 @@ def test_the_driver_warns_and_trains_on_when_a_checkpoint_cannot_be_written(tmp_
 
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.reference import LeastSquaresProblem
-    from psgdlab.runtime.driver import DriverOptions, _Worker
-    from psgdlab.runtime.workloads import LeastSquaresWorkload
+    from psgdlab.runtime.loop.driver import DriverOptions, _Worker
+    from psgdlab.runtime.loop.workloads import LeastSquaresWorkload
 
     def disk_full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from psgdlab.core.errors import TransportError
-from psgdlab.runtime.failures import (
+from psgdlab.runtime.failures.flight import FlightRecorder, describe_wait, flight_path
+from psgdlab.runtime.failures.stop import (
     FAILURE_FILE,
     RankWatch,
     _say_waits,
@@ -30,7 +31,6 @@ from psgdlab.runtime.failures import (
     process_state,
     remove_partial_files,
 )
-from psgdlab.runtime.flight import FlightRecorder, describe_wait, flight_path
 from psgdlab.tests.runtime._runtime_helpers import leftover_segments, lsq_config, needs_topology
 
 # ----- the recorder and the launcher's bookkeeping (no processes) ----------------------------------
@@ -163,7 +163,7 @@ def test_the_watchdog_ends_a_rank_whose_wait_passed_the_deadline(tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        from psgdlab.runtime.flight import FlightRecorder, Watchdog
+        from psgdlab.runtime.failures.flight import FlightRecorder, Watchdog
         rec = FlightRecorder(1, out={str(tmp_path)!r}, deadline_s=0.3)
         Watchdog(rec, ranks_dir=None).start()
         with rec.wait("allreduce", what="gradient", step=4, peers=[0, 1]):
@@ -184,7 +184,7 @@ def test_the_watchdog_ends_a_rank_when_the_launcher_aborts(tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        from psgdlab.runtime.flight import FlightRecorder, Watchdog
+        from psgdlab.runtime.failures.flight import FlightRecorder, Watchdog
         rec = FlightRecorder(0, out={str(tmp_path)!r}, deadline_s=60)
         Watchdog(rec, ranks_dir={str(tmp_path)!r}).start()
         with rec.wait("barrier", step=2, peers=[0, 1]):
@@ -202,7 +202,7 @@ def test_the_watchdog_ends_a_rank_when_the_launcher_aborts(tmp_path):
 def _fail_run(config, crash: str):
     """Launch ``config`` with the injected failure; returns (error, seconds from the failure to the
     launcher's return, failure.json)."""
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     with pytest.raises(TransportError) as info:
         launch(config, quiet=True, timeout_s=60, extra_env={"PSGDLAB_TEST_CRASH": crash})
@@ -279,13 +279,13 @@ def test_a_stopped_rank_is_dead_after_the_deadline(tmp_path, backend):
 @pytest.mark.timeout(60)
 def test_a_failure_record_that_cannot_be_written_still_ends_in_one_error(tmp_path, monkeypatch):
     """A full disk (often what failed the run) must not turn the launcher's error into a traceback."""
-    from psgdlab.runtime import failures
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.failures import stop
+    from psgdlab.runtime.launcher.launch import launch
 
     def full(path, obj):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(failures, "atomic_write_json", full)
+    monkeypatch.setattr(stop, "atomic_write_json", full)
     config = lsq_config(tmp_path, "ssgd", 2, steps=100000, compute_time="0.002").replace(record_params=False)
     with pytest.raises(TransportError) as info:
         launch(config, quiet=True, timeout_s=60, extra_env={"PSGDLAB_TEST_CRASH": "1:5"})
@@ -299,7 +299,7 @@ def test_a_sigkill_while_the_oom_killer_struck_says_so(monkeypatch):
     """A rank killed by SIGKILL is named with its signal; when the kernel's out-of-memory killer
     has killed processes since the run began (``oom_kill`` of /proc/vmstat), the error says that
     this is the likely cause -- nothing else tells a user why the run lost a rank."""
-    from psgdlab.runtime import ranks
+    from psgdlab.runtime.launcher import ranks
 
     kills = iter([7])
     monkeypatch.setattr(ranks, "oom_kills", lambda: next(kills))

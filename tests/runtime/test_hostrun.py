@@ -1,4 +1,4 @@
-"""``psgdlab hosts``: one command on each emulated host (:mod:`psgdlab.runtime.hostrun`).
+"""``psgdlab hosts``: one command on each emulated host (:mod:`psgdlab.runtime.launcher.hostrun`).
 
 The tests that make namespaces need root, ``ip`` and ``tc`` and skip with the reason otherwise.
 Every way a run ends (done, a host's command failing, SIGINT) leaves nothing in ``ip netns list``.
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from psgdlab.cli import main
-from psgdlab.runtime import netns
+from psgdlab.runtime.launcher import netns
 
 REASON = netns.unavailable_reason()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -8,8 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from psgdlab.core.errors import ConfigError  # noqa: E402
-from psgdlab.runtime.flat import flat_gradients, flat_order, flat_parameters  # noqa: E402
-from psgdlab.runtime.models import (  # noqa: E402
+from psgdlab.models.networks import (  # noqa: E402
     MODEL_NAMES,
     BLSTMAcousticModel,
     CLDNNAcousticModel,
@@ -17,6 +16,7 @@ from psgdlab.runtime.models import (  # noqa: E402
     build_model,
     count_parameters,
 )
+from psgdlab.runtime.loop.flat import flat_gradients, flat_order, flat_parameters  # noqa: E402
 
 
 def _blstm_count(input_dim, hidden, layers, projection, n_classes, biases_per_gate=2):

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from psgdlab.runtime.launch import free_port  # noqa: E402
+from psgdlab.runtime.launcher.launch import free_port  # noqa: E402
 from psgdlab.tests.runtime._runtime_helpers import (  # noqa: E402
     TRAJECTORY_ATOL,
     initial_full_loss,
@@ -39,10 +39,11 @@ two_gpus = pytest.mark.skipif(
 
 CHECK = r"""
 import torch
-from psgdlab.runtime.flat import flat_gradients
-from psgdlab.runtime.overlap import OverlappedAllreduce
-from psgdlab.runtime.channels import open_channels
-from psgdlab.runtime.transport import Tags, launch_env
+from psgdlab.runtime.loop.flat import flat_gradients
+from psgdlab.runtime.loop.overlap import OverlappedAllreduce
+from psgdlab.runtime.transports.channels import open_channels
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 env = launch_env()
 r = env.rank
 ch = open_channels("nccl", env=env, groups=[], timeout_s=60)
@@ -101,7 +102,7 @@ def test_transport_operations_on_nccl():
 
 
 def _launch(config):
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     return launch(config, quiet=True, timeout_s=150)
 

@@ -1,4 +1,4 @@
-"""Emulated hosts (``psgdlab train --hosts H --nic-bandwidth RATE``, :mod:`psgdlab.runtime.netns`).
+"""Emulated hosts (``psgdlab train --hosts H --nic-bandwidth RATE``, :mod:`psgdlab.runtime.launcher.netns`).
 
 Bad input is one line and exit status 2 everywhere; the tests that make namespaces need root
 (CAP_NET_ADMIN), ``ip`` and ``tc``, and skip with the reason otherwise. Set-up and every way a run
@@ -22,7 +22,8 @@ import pytest
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.rundir import Summary
-from psgdlab.runtime import netns
+from psgdlab.runtime.launcher import netns
+from psgdlab.runtime.transports.env import HOST_ENV, host_identity
 from psgdlab.tests.runtime._runtime_helpers import train_fails
 
 REASON = netns.unavailable_reason()
@@ -92,8 +93,8 @@ def test_the_summary_keeps_hosts_and_placement():
 
 
 def test_the_host_identity_comes_from_the_launcher():
-    assert netns.host_identity({netns.HOST_ENV: "psgd-1-2-h1"}) == "psgd-1-2-h1"
-    assert netns.host_identity({}) == os.uname().nodename
+    assert host_identity({HOST_ENV: "psgd-1-2-h1"}) == "psgd-1-2-h1"
+    assert host_identity({}) == os.uname().nodename
 
 
 # --- with root ---
@@ -173,7 +174,7 @@ def test_only_namespaces_whose_owner_is_gone_are_stale():
     "backend,algorithm",
     # mpi: ssgd, whose allreduces cross the hosts too (hadpsgd's threaded gossip hung in 3 of 8 runs
     # on MPICH's UCX netmod across emulated hosts, none of 16 on libfabric's tcp, which
-    # runtime.netns.MPI_NETWORK_ENV now picks; the suite keeps the case that never hung); easgd: the
+    # runtime.launcher.netns.MPI_NETWORK_ENV now picks; the suite keeps the case that never hung); easgd: the
     # parameter server, a rank beyond the workers' blocks, on host 0 (mpiexec's host file wraps to it)
     [
         ("gloo", "hadpsgd"),
@@ -183,7 +184,7 @@ def test_only_namespaces_whose_owner_is_gone_are_stale():
 )
 def test_two_hosts_of_two_ranks_train_and_record_the_placement(tmp_path, backend, algorithm):
     from psgdlab.runtime.config import TrainConfig
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
 
     if backend == "mpi":
         pytest.importorskip("mpi4py")
@@ -279,7 +280,7 @@ def test_interrupted_runs_leave_nothing_behind(tmp_path, capsys):
     left = _mine(f"psgd-{runs['launcher'][0].pid}-")
     assert len(left) == 3
     from psgdlab.runtime.config import TrainConfig
-    from psgdlab.runtime.launch import _emulated_hosts
+    from psgdlab.runtime.launcher.launch import _emulated_hosts
 
     capsys.readouterr()
     _emulated_hosts(TrainConfig(model="least-squares", steps=1, hosts=2, out=str(tmp_path / "next")))

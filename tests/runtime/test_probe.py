@@ -11,7 +11,7 @@ import pytest
 from psgdlab.analysis.probe import fit_probe, read_probe
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
-from psgdlab.runtime.probe import KINDS, ProbeConfig
+from psgdlab.runtime.launcher.probe import KINDS, ProbeConfig
 
 
 def _status(argv):
@@ -71,7 +71,7 @@ def test_probe_flags_are_checked_before_anything_runs(tmp_path, capsys):
 
 
 def _netns_reason():
-    from psgdlab.runtime.netns import unavailable_reason
+    from psgdlab.runtime.launcher.netns import unavailable_reason
 
     return unavailable_reason()
 

@@ -13,8 +13,9 @@ import pytest
 
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
-from psgdlab.runtime.config import LSQ_MODEL, MODEL_RECIPES, TrainConfig, lsq_stable_lr, recipe_of
-from psgdlab.runtime.models import MODEL_PRESETS
+from psgdlab.models.networks import MODEL_PRESETS
+from psgdlab.models.recipes import LSQ_MODEL, MODEL_RECIPES, lsq_stable_lr, recipe_of
+from psgdlab.runtime.config import TrainConfig
 
 
 def _config(*argv):

@@ -1,4 +1,4 @@
-"""HMM word decoding of frame posteriors (runtime.scoring): Viterbi against brute force, words
+"""HMM word decoding of frame posteriors (models.scoring): Viterbi against brute force, words
 generated from their states, prior division, error paths; held-out scoring in `psgdlab train`."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ pytest.importorskip("h5py")
 
 from psgdlab.cli import main  # noqa: E402
 from psgdlab.core.errors import ConfigError  # noqa: E402
-from psgdlab.runtime.scoring import (  # noqa: E402
+from psgdlab.models.scoring import (  # noqa: E402
     decode_words,
     state_priors,
     viterbi_word_scores,
     word_state_classes,
 )
-from psgdlab.runtime.speech import DIGIT_WORDS, import_fsdd  # noqa: E402
+from psgdlab.models.speech import DIGIT_WORDS, import_fsdd  # noqa: E402
 from psgdlab.runtime.train import HELD_OUT_KEYS  # noqa: E402
 from psgdlab.tests.conftest import FSDD_DIR  # noqa: E402
 
@@ -197,8 +197,8 @@ def test_train_scores_held_out_speakers_after_every_epoch(tiny_fsdd, tmp_path, c
     # what was scored is the mean of the two workers' models (their final checkpoints), not rank 0's
     import torch
 
-    from psgdlab.runtime import checkpoint as ckpt
     from psgdlab.runtime.config import TrainConfig
+    from psgdlab.runtime.loop import checkpoint as ckpt
     from psgdlab.runtime.train import build_workload
 
     config = TrainConfig.from_json(json.loads((out / "launch.json").read_text())["train"])

@@ -1,4 +1,4 @@
-"""The gloo transport's shared-memory data plane (runtime/shm.py), with 4 ranks on one host."""
+"""The gloo transport's shared-memory data plane (runtime/transports/shm/shm.py), with 4 ranks on one host."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.runtime.launch import free_port
-from psgdlab.runtime.shm import DEFAULT_CAPACITY_BYTES, shm_settings
+from psgdlab.runtime.launcher.launch import free_port
+from psgdlab.runtime.transports.shm.shm import DEFAULT_CAPACITY_BYTES, shm_settings
 from psgdlab.tests.runtime.test_transport import _env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
@@ -19,10 +19,11 @@ CAPACITY_BYTES = 65536
 CHECK = r"""
 import glob, os, random, threading, time
 import torch, torch.distributed as dist
-from psgdlab.runtime.shm import segment_prefix
-from psgdlab.runtime.shm_transport import SharedMemoryTransport
-from psgdlab.runtime.channels import open_channels
-from psgdlab.runtime.transport import launch_env, Tags
+from psgdlab.runtime.transports.shm.shm import segment_prefix
+from psgdlab.runtime.transports.shm.shm_transport import SharedMemoryTransport
+from psgdlab.runtime.transports.channels import open_channels
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 torch.set_num_threads(1)
 env = launch_env(); r, n = env.rank, env.world_size
 world, pair = (0, 1, 2, 3), ((0, 1) if r < 2 else (2, 3))
@@ -143,8 +144,9 @@ DEATH = r"""
 import os, signal, threading, time
 import torch
 from psgdlab.core.errors import TransportError
-from psgdlab.runtime.channels import open_channels
-from psgdlab.runtime.transport import launch_env, Tags
+from psgdlab.runtime.transports.channels import open_channels
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 env = launch_env(); r = env.rank
 ch = open_channels("gloo", env=env, groups=[], timeout_s=60)
 if r == 1:
@@ -208,8 +210,8 @@ def test_settings_come_from_the_environment():
 def test_the_segments_of_dead_processes_are_removed_and_no_others():
     import os
 
-    from psgdlab.runtime.shm_sys import SHM_DIR, remove_segments
-    from psgdlab.runtime.shm_sys import segment_prefix as prefix
+    from psgdlab.runtime.transports.shm.shm_sys import SHM_DIR, remove_segments
+    from psgdlab.runtime.transports.shm.shm_sys import segment_prefix as prefix
 
     dead = subprocess.Popen(["true"])
     dead.wait(timeout=10)

@@ -14,22 +14,22 @@ from scipy.io import wavfile  # noqa: E402
 
 from psgdlab.cli import main  # noqa: E402
 from psgdlab.core.errors import ConfigError  # noqa: E402
-from psgdlab.runtime.data import inspect_corpus, load_corpus, write_corpus  # noqa: E402
-from psgdlab.runtime.frontend import (  # noqa: E402
+from psgdlab.models.data import inspect_corpus, load_corpus, write_corpus  # noqa: E402
+from psgdlab.models.frontend import (  # noqa: E402
     frame_energy_db,
     log_mel_filterbank,
     mel_band_centres_hz,
     mel_filterbank,
     speed_perturb,
 )
-from psgdlab.runtime.models import build_model  # noqa: E402
-from psgdlab.runtime.scoring import (  # noqa: E402
+from psgdlab.models.networks import build_model  # noqa: E402
+from psgdlab.models.scoring import (  # noqa: E402
     frame_accuracy,
     score_corpus,
     utterance_words,
     word_error_rate,
 )
-from psgdlab.runtime.speech import base_speaker, import_fsdd, import_kaldi, vad_labels  # noqa: E402
+from psgdlab.models.speech import base_speaker, import_fsdd, import_kaldi, vad_labels  # noqa: E402
 from psgdlab.tests.conftest import FSDD_DIR  # noqa: E402
 
 SR = 8000

@@ -64,8 +64,8 @@ def test_an_nccl_rank_without_a_gpu_of_its_own_is_refused(monkeypatch):
     import torch
 
     from psgdlab.core.errors import ConfigError
-    from psgdlab.runtime.channels import rank_device
-    from psgdlab.runtime.transport import launch_env
+    from psgdlab.runtime.transports.channels import rank_device
+    from psgdlab.runtime.transports.env import launch_env
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     env = launch_env({"RANK": "5", "WORLD_SIZE": "6", "LOCAL_RANK": "2"})
@@ -100,7 +100,7 @@ def test_flag_that_does_not_apply_to_the_algorithm(capsys, tmp_path):
 def test_least_squares_data_beyond_the_machines_memory_is_refused_before_anything_starts(capsys, tmp_path, monkeypatch):
     """Every rank builds all workers' rows: 8 ranks of 8 x 256 rows of 250 000 float64 columns need
     33 GB; with 10 GB available the run stops at once, one line, nothing written."""
-    from psgdlab.runtime import launch
+    from psgdlab.runtime.launcher import launch
 
     monkeypatch.setattr(launch, "available_memory_bytes", lambda: 10 * 10**9)
     out = tmp_path / "run"
@@ -185,8 +185,8 @@ def test_train_prints_the_summary_as_json(capsys, tmp_path):
     from psgdlab.core.exchange import ExchangeKind
     from psgdlab.core.trace import PHASES, read_trace
     from psgdlab.runtime.config import TrainConfig
-    from psgdlab.runtime.driver import OVERLAP_ENV
-    from psgdlab.runtime.launch import launch
+    from psgdlab.runtime.launcher.launch import launch
+    from psgdlab.runtime.loop.driver import OVERLAP_ENV
 
     trace, _ = read_trace(out / "trace.npz")
     assert not np.any((trace["kind"] == ExchangeKind.ALLREDUCE) & (trace["phase"] == PHASES["overlap"]))
@@ -233,7 +233,8 @@ def test_the_rendezvous_port_stays_bound_from_its_choice_to_rank_0s_store():
     process can take the port in between (with a port that was only free a moment ago, a run
     starting beside another one failed in rank 0's set-up: the port was taken while it imported
     torch)."""
-    from psgdlab.runtime.ranks import STORE_FD_ENV, rendezvous_socket, store_environment
+    from psgdlab.runtime.launcher.ranks import rendezvous_socket, store_environment
+    from psgdlab.runtime.transports.env import STORE_FD_ENV
 
     with rendezvous_socket() as sock:
         port = sock.getsockname()[1]

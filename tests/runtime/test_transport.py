@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from psgdlab.runtime.launch import free_port, mpiexec_path
-from psgdlab.runtime.transport import launch_env
+from psgdlab.runtime.launcher.launch import free_port, mpiexec_path
+from psgdlab.runtime.transports.env import launch_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 CHECK = r"""
 import torch
-from psgdlab.runtime.channels import open_channels
-from psgdlab.runtime.transport import launch_env, Tags
+from psgdlab.runtime.transports.channels import open_channels
+from psgdlab.runtime.transports.env import launch_env
+from psgdlab.runtime.transports.transport import Tags
 env = launch_env()
 r, n = env.rank, env.world_size
 ch = open_channels("{backend}", env=env, groups=[(0, 1), (2, 3), (0, 1, 2, 3)], timeout_s=60)
@@ -61,8 +62,8 @@ for h in [main.allreduce_sum_async(x, (0, 1, 2, 3)) for x in ts]:
     h.wait()
 assert [x[0].item() for x in ts] == [6.0, 10.0, 14.0], ts
 # bucketed gradient sum from backward hooks (tiny buckets: several) = sum of the whole buffer
-from psgdlab.runtime.flat import flat_gradients
-from psgdlab.runtime.overlap import OverlappedAllreduce
+from psgdlab.runtime.loop.flat import flat_gradients
+from psgdlab.runtime.loop.overlap import OverlappedAllreduce
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
 flat = flat_gradients(net)
@@ -168,7 +169,7 @@ class _CudaLike:
 def test_an_exchange_posts_its_receives_first_on_gloo_and_its_sends_first_on_nccl(monkeypatch, send, first):
     # gloo tells a peer that a receive is posted on the byte stream that carries this rank's
     # payloads: a receive posted behind a send reaches the peer behind the whole payload
-    from psgdlab.runtime import torch_dist
+    from psgdlab.runtime.transports import torch_dist
 
     posted: list[tuple[str, int]] = []
     monkeypatch.setattr(torch_dist.dist, "isend", lambda t, dst, group, tag: posted.append(("isend", dst)))

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from psgdlab.core.workloads import dense_cost  # noqa: E402
-from psgdlab.runtime.models import build_model, count_parameters  # noqa: E402
+from psgdlab.models.networks import build_model, count_parameters  # noqa: E402
 
 
 def test_dense_counting_rule_matches_torch_on_the_dnn():

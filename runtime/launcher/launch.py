@@ -1,0 +1,474 @@
+"""The local launcher behind ``psgdlab train``: start every rank, watch them, fail fast.
+
+- gloo / nccl: ``world_size`` processes ``python -m psgdlab.runtime --config OUT/launch.json``
+  with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a free ``MASTER_PORT`` on 127.0.0.1;
+- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same;
+- ``hosts > 1`` (gloo or mpi): emulated hosts (:mod:`psgdlab.runtime.launcher.netns`): the launcher removes the
+  leftovers of runs whose launcher was killed (one line on stderr), makes one network namespace
+  per host, starts each rank inside its host's namespace (``ip netns exec``; ranks in contiguous
+  blocks) with ``MASTER_ADDR`` = host 0's address, gloo bound to the host's interface and the
+  host named in ``PSGDLAB_HOST_ID`` (mpi: mpiexec in the bridge's namespace starts each host's
+  proxy inside the host's), writes ``OUT/hosts.json`` (the hosts, the placement, the bytes each
+  host's link carried), and removes the namespaces when the run ends however it ends.
+
+Every rank writes ``OUT/.ranks/rank{r}.pid`` when it starts and ``rank{r}.done`` when it ends.
+The launcher polls its children (and, under mpiexec, those pids) every 0.1 s: the first rank
+that exits with an error, disappears without its ``done`` file, or stays stopped (SIGSTOP) past
+the deadline (``--timeout``) stops the run (:mod:`psgdlab.runtime.failures.stop`: the survivors write
+their flight records, the others are terminated, :class:`TransportError` names the failed rank
+and the step, ``OUT/failure.json`` records it). SIGTERM/SIGINT to the launcher is forwarded to
+every rank, which checkpoints at its next step boundary; ranks still running
+:data:`STOP_GRACE_S` later are killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.core.rundir import SUMMARY_FILE
+from psgdlab.core.trace import atomic_write_json
+from psgdlab.models.recipes import LSQ_MODEL
+from psgdlab.runtime.config import TrainConfig, lsq_problem, world_size_of
+from psgdlab.runtime.failures.flight import FLIGHT_DIR, flight_path
+from psgdlab.runtime.failures.stop import FAILURE_FILE, RankWatch, process_state, remove_partial_files, stop_run
+from psgdlab.runtime.failures.survive.survivors import continuing_path
+from psgdlab.runtime.launcher.netns import (
+    BRIDGE,
+    MPI_NETWORK_ENV,
+    EmulatedHosts,
+    contiguous_placement,
+    fresh_hosts,
+    require_netns,
+    set_parent_death_signal,
+)
+from psgdlab.runtime.launcher.ranks import (
+    GRACE_S,
+    RANK_ENV,
+    RANKS_DIR,
+    STOP_GRACE_S,
+    describe_exit,
+    free_port,
+    oom_kills,
+    rank_environment,
+    start_ranks,
+)
+from psgdlab.runtime.transports.env import HOST_ENV, in_main_thread
+from psgdlab.runtime.transports.shm.shm_sys import remove_orphaned, remove_segments
+
+__all__ = [
+    "launch",
+    "require_local_gpus",
+    "require_lsq_memory",
+    "available_memory_bytes",
+    "free_port",
+    "mpiexec_path",
+    "RANKS_DIR",
+    "RANK_ENV",
+    "GRACE_S",
+    "STOP_GRACE_S",
+    "rank_environment",
+]
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this machine can give new processes (``MemAvailable`` of ``/proc/meminfo``),
+    ``None`` where the kernel does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def require_lsq_memory(config: TrainConfig, local_ranks: int) -> None:
+    """Refuse, before anything starts, a least-squares run whose data cannot fit this machine:
+    every rank builds the whole problem (all workers' rows: ``workers x --lsq-samples`` rows of
+    ``--lsq-dim`` float64 columns), so ``local_ranks`` ranks need that many times it."""
+    if config.model != LSQ_MODEL:
+        return
+    per_rank = lsq_problem(config).data_bytes
+    available = available_memory_bytes()
+    if available is None or per_rank * local_ranks <= available:
+        return
+    raise ConfigError(
+        f"least-squares data of {per_rank / 1e9:.3g} GB per rank (every rank builds all {config.workers} workers' "
+        f"rows: workers x --lsq-samples {config.lsq_samples_per_worker} x (--lsq-dim {config.lsq_dim} + 1) x 8 B) "
+        f"times {local_ranks} ranks on this machine is {per_rank * local_ranks / 1e9:.3g} GB, more than the "
+        f"{available / 1e9:.3g} GB available: lower --lsq-samples or --lsq-dim"
+    )
+
+
+def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
+    """Refuse, before anything starts, an NCCL run of more ranks on this machine than it has
+    GPUs: NCCL needs one GPU per rank (each rank's own check is
+    :func:`psgdlab.runtime.transports.channels.rank_device`)."""
+    if config.backend != "nccl":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    server = " and the parameter server" if local_ranks > config.workers else ""
+    require(
+        local_ranks <= gpus,
+        "workers",
+        config.workers,
+        f"need {local_ranks} GPUs on this machine with --backend nccl (one per worker{server}), which has {gpus}",
+        hint="use fewer workers, or --backend gloo or mpi",
+    )
+
+
+def mpiexec_path() -> Path:
+    """``mpiexec`` beside the running interpreter (the mpich wheel's), else on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.is_file():
+        return here
+    import shutil
+
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ConfigError(
+            "backend ('mpi') needs mpiexec, which is neither beside the Python interpreter nor on "
+            "PATH; install the mpich wheel (pip install mpich)"
+        )
+    return Path(found)
+
+
+def launch(
+    config: TrainConfig, *, extra_env: dict[str, str] | None = None, timeout_s: float | None = None, quiet: bool = False
+) -> dict[str, Any]:
+    """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``).
+
+    ``config.failure_policy == "restart"``: under torchrun's elastic agent instead
+    (:func:`psgdlab.runtime.launcher.elastic.launch_elastic`). A least-squares run whose data would not
+    fit this machine's memory is refused first (:func:`require_lsq_memory`), and so is an NCCL
+    run of more ranks than this machine has GPUs (:func:`require_local_gpus`)."""
+    require_lsq_memory(config, world_size_of(config))
+    require_local_gpus(config, world_size_of(config))
+    if config.failure_policy == "restart":
+        from psgdlab.runtime.launcher.elastic import launch_elastic
+
+        return launch_elastic(config, extra_env=extra_env, timeout_s=timeout_s, quiet=quiet)
+    if not config.out:
+        raise ConfigError("launch needs an output directory (config.out)")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ranks_dir = out / RANKS_DIR
+    ranks_dir.mkdir(exist_ok=True)
+    for old in ranks_dir.iterdir():
+        old.unlink()
+    _clear_failure_records(out)
+    world = world_size_of(config)
+    placement = contiguous_placement(world, config.hosts, workers=config.workers)  # hosts.json says the same
+    config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
+    env = rank_environment(ranks_dir, extra_env)
+    cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
+    stderr = subprocess.DEVNULL if quiet else None
+    procs: dict[int, subprocess.Popen] = {}
+    forwarded: dict[str, Any] = {"sig": None, "at": None, "setting_up": True}
+    started = time.time() - 1.0  # file times have a coarser clock
+
+    def _forward(signum: int, frame: Any) -> None:
+        first = forwarded["sig"] is None
+        forwarded["sig"] = signum
+        forwarded["at"] = forwarded["at"] or time.monotonic()
+        if forwarded["setting_up"] and first:  # unwind; the finally below removes what was made
+            raise _Stopped(signum)
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    old_handlers = {}
+    if in_main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old_handlers[sig] = signal.signal(sig, _forward)
+    hosts = None
+    try:
+        if config.hosts > 1:
+            hosts = _emulated_hosts(config)
+            hosts.up()
+            hosts.wait_until_reachable()
+        if config.backend == "mpi":
+            mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
+            mpi_env = env
+            if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
+                hydra = _hydra_options(hosts, ranks_dir, config.workers)
+                mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path()), *hydra, "-n", str(world), *cmd]
+                mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
+            procs[-1] = subprocess.Popen(
+                mpi_cmd,
+                env=mpi_env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=None if hosts is None else set_parent_death_signal,
+            )
+            forwarded["setting_up"] = False
+        else:
+
+            def _started(r: int, proc: subprocess.Popen) -> None:
+                procs[r] = proc
+                forwarded["setting_up"] = False
+
+            start_ranks(
+                cmd,
+                env,
+                world,
+                hosts=hosts,
+                placement=placement,
+                master_port=MASTER_PORT,
+                stderr=stderr,
+                on_start=_started,
+            )
+        if forwarded["sig"] is not None:  # arrived while the ranks were starting
+            _forward(forwarded["sig"], None)
+        _watch(
+            procs,
+            ranks_dir,
+            world,
+            timeout_s,
+            forwarded,
+            deadline_s=config.timeout_s,
+            out=out,
+            policy=config.failure_policy,
+        )
+    except _Stopped:
+        pass
+    finally:
+        forwarded["setting_up"] = False
+        try:
+            _terminate(procs)
+            remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
+            remove_partial_files(out, _rank_pids(procs, ranks_dir, world).values())  # of ranks killed writing
+            if config.backend == "mpi":  # MPICH's own, of ranks killed before MPI_Finalize
+                remove_orphaned("mpich_shm_*", started)
+            if hosts is not None:
+                try:
+                    _record_hosts(hosts, out, placement)
+                finally:
+                    hosts.down()
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+    if forwarded["sig"] is not None and not procs:
+        raise TransportError(
+            f"run stopped by signal {signal.Signals(forwarded['sig']).name} during set-up; no rank ran"
+        )
+    if forwarded["sig"] is not None:
+        raise TransportError(
+            f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
+            f"{out / 'checkpoints'} (continue with --resume {out})"
+        )
+    summary_path = out / SUMMARY_FILE
+    if not summary_path.is_file():
+        raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
+    return json.loads(summary_path.read_text())
+
+
+#: the rendezvous port inside emulated hosts (a fresh namespace: nothing else listens there)
+MASTER_PORT = 29500
+
+
+def _record_hosts(hosts: EmulatedHosts, out: Path, placement: tuple[int, ...]) -> None:
+    """``OUT/hosts.json``: the emulated hosts, the placement, and the bytes each host's link
+    carried (what crossed the shaped links: traffic between hosts, never within one)."""
+    try:
+        carried = hosts.link_bytes()
+    except (TransportError, LookupError, ValueError):  # set-up did not get that far
+        return
+    atomic_write_json(
+        out / "hosts.json",
+        {
+            "hosts": hosts.hosts,
+            "placement": list(placement),
+            "addresses": [hosts.address(h) for h in range(hosts.hosts)],
+            "nic_bandwidth_bytes_per_s": hosts.rate_bytes_per_s,
+            "link_bytes": carried,
+        },
+    )
+
+
+def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, workers: int) -> list[str]:
+    """mpiexec's options for emulated hosts: listen on the bridge, a host file of the hosts'
+    addresses with ``workers / hosts`` slots each (contiguous blocks; mpiexec places the ranks
+    beyond the slots, a parameter server, from the first host again: on host 0), the namespace
+    launcher hook."""
+    per_host = workers // hosts.hosts
+    host_file = ranks_dir / "hosts.txt"
+    host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
+    hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")
+    return ["-iface", BRIDGE, "-f", str(host_file), "-launcher", "ssh", "-launcher-exec", str(hook)]
+
+
+class _Stopped(Exception):
+    """SIGINT/SIGTERM arrived before any rank ran."""
+
+
+def _emulated_hosts(config: TrainConfig) -> EmulatedHosts:
+    """This run's hosts, not made yet, after the leftovers of killed launchers are removed."""
+    require_netns(config.hosts)
+    return fresh_hosts(config.hosts, config.nic_bandwidth_bytes_per_s)
+
+
+def _watch(
+    procs: dict[int, subprocess.Popen],
+    ranks_dir: Path,
+    world: int,
+    timeout_s: float | None,
+    forwarded: dict[str, Any] | None = None,
+    *,
+    deadline_s: float = float("inf"),
+    out: Path | None = None,
+    policy: str = "stop",
+) -> None:
+    """Poll the ranks until they all exit; on the first failure stop the run
+    (:func:`psgdlab.runtime.failures.stop.stop_run`) and raise the error that names the failed rank.
+    Under ``policy="continue"`` the survivors go on (:mod:`psgdlab.runtime.failures.survive.survivors`) once every
+    rank has joined their membership (:func:`~psgdlab.runtime.failures.survive.survivors.continuing_path`; a rank lost
+    in the set-up stops the run as under ``stop``): a rank stopped past the deadline is killed, and
+    the run fails only when no survivor wrote its summary."""
+    start = time.monotonic()
+    seen: dict[int, int] = {}
+    watch = RankWatch(deadline_s)
+    oom_before = oom_kills()
+
+    def poll(w: RankWatch) -> None:
+        for r, p in procs.items():
+            code = p.poll()
+            if code is not None and code != 0 and r >= 0 and r not in w.killed_by_us:
+                w.saw(r, f"rank {r} {describe_exit(code, oom_before)}", dead=_killed(code), when=w.exited.get(r))
+        for r in range(world):  # under mpiexec: a rank that vanished without finishing
+            if r not in seen:
+                pid_file = ranks_dir / f"rank{r}.pid"
+                if pid_file.is_file():
+                    text = pid_file.read_text().strip()
+                    if text.isdigit() and int(text) > 0:
+                        seen[r] = int(text)
+            elif (
+                r not in procs and process_state(seen[r]) in (None, "Z") and not (ranks_dir / f"rank{r}.done").exists()
+            ):
+                # (the launcher's own children are judged by their exit status above)
+                # a rank that wrote its flight record left on its own (an error, a deadline)
+                wrote = out is not None and flight_path(out, r).exists()
+                w.saw(
+                    r,
+                    f"rank {r} {'exited after an error' if wrote else 'died'}",
+                    dead=not wrote,
+                    when=w.exited.get(r),
+                    known=False,
+                )
+
+    try:
+        while True:
+            poll(watch)
+            pids = _rank_pids(procs, ranks_dir, world) | seen
+            overdue = watch.check_stopped(pids)
+            # the survivors can go on once every rank has joined their membership; a rank lost in
+            # the set-up (the rendezvous needs every rank) stops the run as under stop
+            surviving = policy == "continue" and all(continuing_path(ranks_dir, r).exists() for r in range(world))
+            if surviving:  # the survivors gave it up at the deadline: end the process
+                watch.kill_stopped(pids, [r for r in overdue if r not in watch.killed_by_us])
+            else:
+                watch.note_stopped(overdue)  # stopped past the deadline: dead (stop_run kills it)
+            mpi = procs.get(-1)
+            if mpi is not None and mpi.poll() not in (None, 0) and not watch.failures:
+                watch.saw(
+                    -1, f"mpiexec {describe_exit(mpi.returncode)} (a rank failed; see its message above)", dead=False
+                )
+            if surviving and watch.failures and all(p.poll() is not None for p in procs.values()):
+                if out is not None and not (out / SUMMARY_FILE).is_file():  # no survivor finished
+                    raise TransportError(f"run failed: every rank exited without a summary; {watch.culprits()[0].text}")
+                return
+            if not surviving and watch.failures and (forwarded or {}).get("sig") is None:
+                # (after a forwarded stop, ranks end as they may; under continue the survivors go on)
+                if out is None:
+                    _terminate(procs)
+                    raise TransportError(f"run failed: {watch.culprits()[0].text}")
+                message = stop_run(
+                    watch,
+                    pids=lambda: _rank_pids(procs, ranks_dir, world) | seen,
+                    poll=poll,
+                    all_exited=lambda: all(p.poll() is not None for p in procs.values()),
+                    terminate=lambda: _terminate(procs),
+                    ranks_dir=ranks_dir,
+                    out=out,
+                    world=world,
+                    policy="stop" if policy == "continue" else policy,
+                )
+                raise TransportError(f"run failed: {message}")
+            if all(p.poll() is not None for p in procs.values()):
+                return
+            stopped_at = (forwarded or {}).get("at")
+            if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                _terminate(procs)  # asked to stop, and some rank did not within the grace period
+                return
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                _terminate(procs)
+                raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
+            watch.wait_exits(pids, 0.1)  # the exit times to the millisecond: who died first
+    finally:
+        watch.close()
+
+
+def _killed(code: int) -> bool:
+    """Whether an exit status says the rank was killed from outside (a signal other than SIGABRT,
+    which a rank raises itself: a C++ library's terminate after its peer vanished)."""
+    return code < 0 and -code != signal.SIGABRT
+
+
+def _rank_pids(procs: dict[int, subprocess.Popen], ranks_dir: Path, world: int) -> dict[int, int]:
+    """Each rank's process id: the launcher's children, else the ranks' pid files (mpiexec)."""
+    pids = {r: p.pid for r, p in procs.items() if r >= 0}
+    for r in range(world):
+        if r not in pids:
+            try:
+                text = (ranks_dir / f"rank{r}.pid").read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                pids[r] = int(text)
+    return pids
+
+
+def _clear_failure_records(out: Path) -> None:
+    """Remove the flight records and ``failure.json`` of an earlier launch into ``out``."""
+    (out / FAILURE_FILE).unlink(missing_ok=True)
+    flight = out / FLIGHT_DIR
+    if flight.is_dir():
+        for old in flight.iterdir():
+            old.unlink()
+
+
+def _terminate(procs: dict[int, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(p, signal.SIGKILL)
+            p.wait()
+
+
+def _signal(p: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to a rank process, or to mpiexec's whole process group (its ranks included)."""
+    try:
+        args = p.args if isinstance(p.args, (list, tuple)) else [p.args]
+        if any("mpiexec" in str(a) for a in args[:6]):  # also behind ``ip netns exec NS``
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+    except ProcessLookupError:
+        pass

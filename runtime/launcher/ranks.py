@@ -1,0 +1,174 @@
+"""What every launcher gives the ranks it starts (:mod:`psgdlab.runtime.launcher.launch`, and
+:mod:`psgdlab.runtime.launcher.elastic`'s agent): their run-time directory, their environment, the grace
+periods of stopping them, and how their exits are said."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from psgdlab.runtime.transports.env import STORE_FD_ENV
+
+__all__ = [
+    "GRACE_S",
+    "RANK_ENV",
+    "RANKS_DIR",
+    "STOP_GRACE_S",
+    "describe_exit",
+    "oom_kills",
+    "free_port",
+    "rank_environment",
+    "rendezvous_socket",
+    "start_ranks",
+    "store_environment",
+]
+
+#: under the run directory: the ranks' pid, done, crash and abort files
+RANKS_DIR = ".ranks"
+#: set for every rank unless the caller's environment says otherwise. ``THP_MEM_ALLOC_ENABLE``
+#: stays torch's default (off): with it, every tensor of 2 MiB or more is a fresh huge-page
+#: mapping, zeroed on first touch and unmapped when freed, which the per-step temporaries of a
+#: training step pay for (docs/measurements.md, "Huge pages"). Setting it in the environment
+#: still reaches the ranks.
+RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
+#: between SIGTERM and SIGKILL when ranks are stopped
+GRACE_S = 5.0
+#: after a forwarded SIGINT/SIGTERM, how long ranks have to checkpoint and leave
+STOP_GRACE_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rendezvous_socket() -> socket.socket:
+    """A TCP socket bound to a free port of 127.0.0.1, listening: the server socket of the ranks'
+    rendezvous store, which rank 0 inherits (``pass_fds``) and serves
+    (:func:`psgdlab.runtime.transports.channels.open_channels`). The port stays bound from its choice to the
+    store: with :func:`free_port`, another process (a second run starting on the machine, any
+    outgoing connection given that port) could take it while rank 0 was still importing torch,
+    and rank 0 failed to listen. The launcher closes its copy once the ranks have started."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.listen(socket.SOMAXCONN)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def store_environment(sock: socket.socket) -> dict[str, str]:
+    """The environment by which the ranks of one launch find the store of :func:`rendezvous_socket`
+    (rank 0 must also be given ``pass_fds=(sock.fileno(),)``)."""
+    port = sock.getsockname()[1]
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), STORE_FD_ENV: str(sock.fileno())}
+
+
+def start_ranks(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    world: int,
+    *,
+    hosts: Any = None,
+    placement: Sequence[int] = (),
+    master_port: int = 0,
+    stderr: Any = None,
+    on_start: Callable[[int, subprocess.Popen], None] | None = None,
+) -> list[subprocess.Popen]:
+    """Start ``cmd`` once per rank of ``world`` on this machine, each with ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK`` and the rendezvous in its environment (``env`` and those); ``on_start(rank,
+    process)`` is called as each starts (a launcher's signal handler sees the ranks started so far).
+
+    On one host (``hosts`` None) rank 0 serves the store on a :func:`rendezvous_socket` bound
+    here, which this function closes once rank 0 holds it. On emulated hosts
+    (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host) each rank
+    starts in its host's namespace with its host's environment, finds the store at
+    ``master_port`` (fresh namespaces, where nothing else listens), dies with its launcher
+    (parent-death signal), and is recorded for the clean-up after a killed launcher."""
+    store = rendezvous_socket() if hosts is None else None
+    rendezvous = store_environment(store) if store else {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+    death_signal = None
+    if hosts is not None:
+        from psgdlab.runtime.launcher.netns import set_parent_death_signal
+
+        death_signal = set_parent_death_signal
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(world):
+            env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **rendezvous)
+            prefix: list[str] = []
+            if hosts is not None:
+                host = placement[r]
+                env_r.update(hosts.environment(host, env), LOCAL_RANK=str(list(placement[:r]).count(host)))
+                prefix = hosts.exec_prefix(host)
+            proc = subprocess.Popen(
+                [*prefix, *cmd],
+                env=env_r,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                preexec_fn=death_signal,
+                pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
+            )
+            procs.append(proc)
+            if on_start is not None:
+                on_start(r, proc)
+    finally:
+        if store is not None:  # rank 0 holds it now (or no rank will)
+            store.close()
+    if hosts is not None:
+        hosts.record_ranks([p.pid for p in procs])
+    return procs
+
+
+def oom_kills() -> int | None:
+    """The processes the kernel's out-of-memory killer has killed since boot (``oom_kill`` in
+    ``/proc/vmstat``, readable without privileges), or ``None`` where the kernel does not say."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def describe_exit(code: int, oom_kills_before: int | None = None) -> str:
+    """How a process ended, from its exit code: ``was killed by signal SIGKILL``, ``exited with
+    status 1``; a SIGKILL while the kernel's out-of-memory killer has killed processes since
+    :func:`oom_kills` read ``oom_kills_before`` says so (the likely killer, and what to change)."""
+    if code < 0:
+        try:
+            text = f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            text = f"was killed by signal {-code}"
+        if code == -signal.SIGKILL and oom_kills_before is not None:
+            now = oom_kills()
+            if now is not None and now > oom_kills_before:
+                text += (
+                    f" (the kernel's out-of-memory killer killed {now - oom_kills_before} process(es) during the "
+                    "run: the ranks need more memory than the machine has; use fewer workers or a smaller model)"
+                )
+        return text
+    return f"exited with status {code}"
+
+
+def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
+    """The environment every rank starts with: this process's, ``extra_env``, :data:`RANK_ENV`
+    where neither sets it, unbuffered output, and ``PSGDLAB_RANKS_DIR``."""
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    for key, value in RANK_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    return env

@@ -1,0 +1,14 @@
+"""The training loop of one rank: the driver and the parameter server over a transport, the
+workloads they train, and per-rank checkpoints.
+
+- :mod:`~psgdlab.runtime.loop.driver`: the step loop (any algorithm of the core registry);
+- :mod:`~psgdlab.runtime.loop.server`: the parameter server of ASGD and asynchronous EASGD;
+- :mod:`~psgdlab.runtime.loop.scan`: what a rank reads from the schedule before it starts;
+- :mod:`~psgdlab.runtime.loop.workloads`, :mod:`~psgdlab.runtime.loop.flat`,
+  :mod:`~psgdlab.runtime.loop.overlap`: what a worker trains, its flat buffers, and the gradient
+  allreduce overlapped with the backward pass;
+- :mod:`~psgdlab.runtime.loop.checkpoint`: atomic, checksummed per-rank checkpoints.
+
+Uses :mod:`psgdlab.runtime.transports` and :mod:`psgdlab.runtime.failures` (the flight recorder,
+the survivors' protocol); never the launchers.
+"""
