@@ -117,11 +117,11 @@ def preset_names() -> tuple[str, ...]:
 def preset_path(name: str) -> Path:
     """The file of the shipped preset ``name``; an unknown name is a one-line :class:`ConfigError`
     that lists the presets and suggests the closest names."""
-    from psgdlab.core.config import closest
+    from psgdlab.core.config import unknown
 
     names = preset_names()
     if name not in names:
-        raise ConfigError(f"preset {name!r} is not known (known: {', '.join(names)}){closest(name, names, n=3)}")
+        raise unknown("preset", name, names, n=3)
     return Path(str(_presets_dir() / f"{name}.toml"))
 
 

@@ -66,7 +66,7 @@ def test_human_table(capsys):
             r"with exactly one other, which needs an even number of workers; "
             r"use ring, torus or exponential for odd counts",
         ),
-        (["rnig", "--workers", "8"], r"topology kind \('rnig'\) is not known; .*did you mean 'ring'\?"),
+        (["rnig", "--workers", "8"], r"topology kind \('rnig'\) is not known \(known: .*\); did you mean 'ring'\?"),
         (["hypercube", "--workers", "12"], r"must be a power of two"),
         (["hierarchical", "--workers", "12", "--gpus-per-node", "5"], r"must be divisible by gpus_per_node \(5\)"),
         (["ring", "--workers", "8", "--inner", "random-ring"], r"inner \('random-ring'\) only applies to kind"),

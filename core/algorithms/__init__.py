@@ -15,7 +15,6 @@ psgdlab.core.errors.ConfigError: --period (5) does not apply to ssgd (its parame
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
 from psgdlab.core.algorithms.adpsgd import ADPSGD
@@ -28,6 +27,7 @@ from psgdlab.core.algorithms.easgd import EASGD
 from psgdlab.core.algorithms.hadpsgd import HADPSGD
 from psgdlab.core.algorithms.sgd import SGD
 from psgdlab.core.algorithms.ssgd import SSGD
+from psgdlab.core.config import unknown
 from psgdlab.core.errors import ConfigError
 
 __all__ = [
@@ -72,9 +72,7 @@ def make_algorithm(name: str, **params: Any) -> Algorithm:
     known = algorithm_parameters(name)
     for key in params:
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"parameter {key!r} is not known to {name} (known: {', '.join(known)}){hint}")
+            raise unknown(f"parameter of {name}", key, known)
     return cls(**{k: v for k, v in params.items() if v is not None})
 
 
@@ -138,6 +136,4 @@ def _lookup(name: str) -> type[Algorithm]:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        close = difflib.get_close_matches(str(name), list(ALGORITHMS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"algorithm {name!r} is not known (known: {', '.join(ALGORITHMS)}){hint}") from None
+        raise unknown("algorithm", name, ALGORITHMS) from None

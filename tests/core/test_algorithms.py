@@ -31,12 +31,12 @@ def test_registry_has_every_algorithm_of_the_issue():
 
 
 def test_unknown_algorithm_suggests_closest():
-    with pytest.raises(ConfigError, match=r"algorithm 'adpsdg' is not known .*did you mean 'adpsgd'"):
+    with pytest.raises(ConfigError, match=r"^algorithm \('adpsdg'\) is not known \(known: sgd, .*hadpsgd\); did you mean 'adpsgd'\?$"):
         make_algorithm("adpsdg", n_workers=4)
 
 
 def test_unknown_parameter_suggests_closest():
-    with pytest.raises(ConfigError, match=r"parameter 'peroid' is not known to bmuf.*did you mean 'period'"):
+    with pytest.raises(ConfigError, match=r"^parameter of bmuf \('peroid'\) is not known \(known: n_workers, .*\); did you mean 'period'\?$"):
         make_algorithm("bmuf", n_workers=4, peroid=5)
 
 

@@ -90,7 +90,7 @@ def test_malformed_hdf5_names_the_missing_dataset(capsys, tmp_path):
 
 
 def test_unknown_model(capsys, tmp_path):
-    _fails(capsys, ["--model", "blstn", "--out", str(tmp_path)], r"model \('blstn'\) is not a known model.*'blstm'")
+    _fails(capsys, ["--model", "blstn", "--out", str(tmp_path)], r"model \('blstn'\) is not known \(known: .*\); did you mean 'blstm'\?")
 
 
 def test_flag_that_does_not_apply_to_the_algorithm(capsys, tmp_path):
