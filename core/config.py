@@ -40,6 +40,7 @@ __all__ = [
     "apply_overrides",
     "closest",
     "unknown",
+    "listing",
     "parse_rate",
     "format_rate",
 ]
@@ -76,6 +77,16 @@ def unknown(what: str, name: object, known: typing.Iterable[str], *, n: int = 1)
     """
     known = list(known)
     return ConfigError(f"{what} ({name!r}) is not known (known: {', '.join(known)}){closest(str(name), known, n=n)}")
+
+
+def listing(names: typing.Iterable[str], last: str = "or") -> str:
+    """Names as a sentence says them: ``"a, b or c"`` (``last="and"``: ``"a, b and c"``).
+
+    >>> listing(["gloo", "nccl", "mpi"]), listing(["gloo"]), listing(["adpsgd", "dpsgd"], "and")
+    ('gloo, nccl or mpi', 'gloo', 'adpsgd and dpsgd')
+    """
+    names = list(names)
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def check_keys(data: Mapping[str, Any], known: typing.Iterable[str], *, where: str) -> None:

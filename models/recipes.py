@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from psgdlab.core.config import unknown
 from psgdlab.core.errors import require
 
-__all__ = ["LSQ_MODEL", "Recipe", "MODEL_RECIPES", "recipe_of", "lsq_stable_lr"]
+__all__ = ["LSQ_MODEL", "DEFAULT_MODEL", "Recipe", "MODEL_RECIPES", "recipe_of", "lsq_stable_lr"]
 
 #: built-in model name: the reference executor's least-squares problem (float64)
 LSQ_MODEL = "least-squares"
+#: the model of ``psgdlab train`` and ``psgdlab emulate`` given no ``--model``
+DEFAULT_MODEL = "tiny-blstm"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

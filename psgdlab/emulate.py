@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from psgdlab.core.errors import require
-from psgdlab.core.schedules import LR_SCHEDULE_NAMES
+from psgdlab.core.schedules import check_lr_schedule
+from psgdlab.models.recipes import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from psgdlab.sim.emulate import EmulationResult
@@ -56,10 +57,11 @@ class EmulateConfig:
         it does not take is an error), the number of virtual workers and the workers per node
         (H-ADPSGD's super-learner size; also the placement).
     preset, platform_file : str or None
-        Platform model and workload timing (one of them; default preset
-        ``interspeech2019-v100``).
+        Platform model and workload timing (one of them; default
+        :data:`psgdlab.sim.workload.DEFAULT_PRESET`).
     model : str
-        A ``psgdlab.models.networks`` preset (default ``tiny-blstm``) or ``"least-squares"``.
+        A model of :data:`psgdlab.models.recipes.MODEL_RECIPES` (a ``psgdlab.models.networks``
+        preset, default :data:`~psgdlab.models.recipes.DEFAULT_MODEL`, or ``"least-squares"``).
     data : str
         A corpus file (``psgdlab data`` layout) or ``"synthetic"`` (the synthetic corpus of
         ``psgdlab train --data synthetic``, ``synthetic_utterances`` utterances).
@@ -97,7 +99,7 @@ class EmulateConfig:
     gpus_per_node: int | None = None
     preset: str | None = None
     platform_file: str | None = None
-    model: str = "tiny-blstm"
+    model: str = DEFAULT_MODEL
     data: str = SYNTHETIC
     epochs: float | None = None
     steps: int | None = None
@@ -139,12 +141,7 @@ class EmulateConfig:
             isinstance(self.data, str) and self.data != "", "data", self.data, f"must be a corpus file or {SYNTHETIC!r}"
         )
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        require(
-            self.lr_schedule in LR_SCHEDULE_NAMES,
-            "lr-schedule",
-            self.lr_schedule,
-            f"must be one of {', '.join(LR_SCHEDULE_NAMES)}",
-        )
+        check_lr_schedule(self.lr_schedule)
         if self.lr_final is not None:
             require(
                 self.lr_schedule == "exp",
@@ -250,7 +247,7 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     from psgdlab.core.stragglers import StragglerModel
     from psgdlab.sim.emulate import replay
     from psgdlab.sim.engine import simulate
-    from psgdlab.sim.workload import load_config
+    from psgdlab.sim.workload import DEFAULT_PRESET, load_config
 
     torch.set_num_threads(1)
     algorithm = algorithm_from_flags(
@@ -263,9 +260,7 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     )
     stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
     sim_cfg = (
-        load_config(path=cfg.platform_file)
-        if cfg.platform_file
-        else load_config(preset=cfg.preset or "interspeech2019-v100")
+        load_config(path=cfg.platform_file) if cfg.platform_file else load_config(preset=cfg.preset or DEFAULT_PRESET)
     )
     workload = sim_cfg.workload.with_batch(cfg.batch)
     extra: dict[str, Any] = {}

@@ -24,15 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
-from psgdlab.core.config import check_keys, parse_rate
+from psgdlab.core.config import check_keys, listing, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
-from psgdlab.core.failure import check_on_failure, default_on_failure
+from psgdlab.core.failure import check_on_failure, default_on_failure, gossip_algorithms
 from psgdlab.core.flags import add_flags
 from psgdlab.core.reference import LeastSquaresProblem, require_lsq_shape
 from psgdlab.core.rundir import default_run_dir
+from psgdlab.core.schedules import LR_SCHEDULES, check_lr_schedule
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
-from psgdlab.models.recipes import LSQ_MODEL, MODEL_RECIPES, recipe_of
+from psgdlab.models.recipes import DEFAULT_MODEL, LSQ_MODEL, MODEL_RECIPES, recipe_of
+from psgdlab.runtime.transports.backends import BACKENDS, backends_that, check_backend, cpu_backends, either
 
 __all__ = [
     "TrainConfig",
@@ -42,7 +44,6 @@ __all__ = [
     "lsq_problem",
 ]
 
-LR_SCHEDULES = ("const", "ibm", "newbob", "exp")
 #: the most emulated hosts of a run (``--hosts``): :mod:`psgdlab.runtime.launcher.netns` gives host
 #: ``i`` the address ``10.213.0.<i+1>`` of one /24 subnet, whose ``.254`` is the bridge
 MAX_HOSTS = 200
@@ -61,7 +62,7 @@ class TrainConfig:
     workers: int = 2
     gpus_per_node: int = 1
     backend: str = "gloo"
-    model: str = "tiny-blstm"
+    model: str = DEFAULT_MODEL
     data: str = "synthetic"
     steps: int | None = None
     epochs: float | None = None
@@ -106,7 +107,7 @@ class TrainConfig:
             f"must be divisible by --gpus-per-node ({self.gpus_per_node})",
             error=TopologyError,
         )
-        require(self.backend in ("gloo", "nccl", "mpi"), "backend", self.backend, "must be gloo, nccl or mpi")
+        check_backend(self.backend)
         require(
             (self.steps is None) != (self.epochs is None),
             "steps/epochs",
@@ -119,19 +120,14 @@ class TrainConfig:
             require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
         require(isinstance(self.batch, int) and self.batch >= 1, "batch", self.batch, "must be an integer >= 1")
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
+        check_lr_schedule(self.lr_schedule)
         require(
-            self.lr_schedule in LR_SCHEDULES,
+            not LR_SCHEDULES[self.lr_schedule].follows_heldout,
             "lr-schedule",
             self.lr_schedule,
-            f"must be one of {', '.join(LR_SCHEDULES)}",
-        )
-        require(
-            self.lr_schedule != "newbob",
-            "lr-schedule",
-            "newbob",
             "needs every worker to agree on a held-out loss after each epoch, which the runtime does "
             "not do (held-out scoring runs after training)",
-            hint="use exp, ibm or const; psgdlab emulate runs newbob",
+            hint=f"use {listing(_train_schedules())}; psgdlab emulate runs {self.lr_schedule}",
         )
         if self.lr_final is not None:
             require(
@@ -150,15 +146,15 @@ class TrainConfig:
         build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_hosts()
         self._check_on_failure()
-        if self.backend == "nccl":
+        if BACKENDS[self.backend].needs_cuda:
             import torch
 
             require(
                 torch.cuda.is_available(),
                 "backend",
-                "nccl",
+                self.backend,
                 "needs CUDA, which this machine does not have",
-                hint="use --backend gloo or mpi",
+                hint=f"use {either(cpu_backends())}",
             )
         if self.model != LSQ_MODEL:
             from psgdlab.models.networks import MODEL_PRESETS, build_model
@@ -192,11 +188,12 @@ class TrainConfig:
             "(a parameter server on host 0)",
         )
         require(
-            self.backend != "nccl",
+            BACKENDS[self.backend].crosses_emulated_hosts,
             "hosts",
             self.hosts,
-            "is not supported with --backend nccl (the GPUs of one machine would still talk through NVLink/PCIe)",
-            hint="use --backend gloo",
+            f"is not supported with --backend {self.backend} (its ranks do not run on emulated hosts: the GPUs of "
+            "one machine would still talk through NVLink/PCIe)",
+            hint=f"use {either(backends_that(lambda b: b.crosses_emulated_hosts))}",
         )
 
     @property
@@ -214,14 +211,15 @@ class TrainConfig:
     def _continue_refusal(self) -> tuple[str, str] | None:
         """Why the runtime's survivors cannot go on in this configuration (the rule broken, and
         what to use instead), or ``None``; what they can do so far is in runtime/README.md."""
-        if self.algorithm not in ("adpsgd", "dpsgd", "hadpsgd"):
+        if self.algorithm not in gossip_algorithms():
             return (
-                f"is built in the runtime for adpsgd, dpsgd and hadpsgd, not {self.algorithm}",
+                f"is built in the runtime for {listing(gossip_algorithms(), 'and')}, not {self.algorithm}",
                 "use stop or restart",
             )
-        if self.backend != "gloo":
+        if not BACKENDS[self.backend].survives_a_death:
             return (
-                f"needs --backend gloo, not {self.backend} (mpiexec ends every rank when one dies)",
+                f"needs {either(backends_that(lambda b: b.survives_a_death))}, not {self.backend}: a backend "
+                "whose ranks outlive a dead peer",
                 "use stop or restart",
             )
         if self.hosts != 1 and self.algorithm == "dpsgd":
@@ -251,10 +249,11 @@ class TrainConfig:
             self.on_failure == "restart"
         ):  # torchrun's elastic agent (psgdlab.runtime.launcher.elastic) restarts the ranks
             require(
-                self.backend != "mpi",
+                BACKENDS[self.backend].restartable,
                 "on-failure",
                 "restart",
-                "needs --backend gloo or nccl: torchrun's elastic agent starts processes, not MPI ranks",
+                f"needs {either(backends_that(lambda b: b.restartable))}: torchrun's elastic agent starts "
+                "processes, not MPI ranks",
             )
             require(
                 self.hosts == 1,
@@ -319,14 +318,16 @@ class TrainConfig:
         parser.add_argument(
             "--backend",
             default="gloo",
-            choices=["gloo", "nccl", "mpi"],
-            help="torch.distributed backend or MPI (default: gloo)",
+            choices=tuple(BACKENDS),
+            help="the transports' backend: "
+            + "; ".join(f"{name}, {b.summary}" for name, b in BACKENDS.items())
+            + " (default: gloo)",
         )
         add_flags(
             parser,
             "--model",
-            defaults={"--model": "tiny-blstm"},
-            helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: tiny-blstm); recipes: {recipes}"},
+            defaults={"--model": DEFAULT_MODEL},
+            helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: {DEFAULT_MODEL}); recipes: {recipes}"},
         )
         add_flags(parser, "--data", defaults={"--data": "synthetic"})
         steps = parser.add_mutually_exclusive_group()
@@ -343,8 +344,8 @@ class TrainConfig:
             helps={
                 "--batch": f"{recipe_help}'s total batch / workers",
                 "--lr": recipe_help,
-                "--lr-schedule": f"{recipe_help}; newbob is refused by train (it needs a held-out "
-                "loss every epoch; psgdlab emulate runs it)",
+                "--lr-schedule": f"{recipe_help}; {', '.join(_heldout_schedules())} refused by train (it needs a "
+                "held-out loss every epoch; psgdlab emulate runs it)",
                 "--momentum": f"{recipe_help} where the algorithm takes momentum",
             },
         )
@@ -378,13 +379,19 @@ class TrainConfig:
             parser,
             "--on-failure",
             helps={
-                "--on-failure": "default: continue for adpsgd, dpsgd and hadpsgd where the runtime's survivors can "
-                "go on (gloo, a run directory; dpsgd on one host), stop otherwise"
+                "--on-failure": f"default: continue for {listing(gossip_algorithms(), 'and')} where the runtime's "
+                f"survivors can go on ({either(backends_that(lambda b: b.survives_a_death))}, a run directory; "
+                "dpsgd on one host), stop otherwise"
             },
         )
         if launcher:
             add_flags(
-                parser, "--hosts", "--nic-bandwidth", "--max-restarts", defaults={"--hosts": 1, "--max-restarts": 3}
+                parser,
+                "--hosts",
+                "--nic-bandwidth",
+                "--max-restarts",
+                defaults={"--hosts": 1, "--max-restarts": 3},
+                helps={"--hosts": f"with {either(backends_that(lambda b: b.crosses_emulated_hosts))}"},
             )
 
     @classmethod
@@ -448,6 +455,17 @@ class TrainConfig:
             on_failure=args.on_failure or "",
             max_restarts=getattr(args, "max_restarts", 3),
         )
+
+
+def _heldout_schedules() -> tuple[str, ...]:
+    """The schedules that follow a held-out loss every epoch, which the runtime does not compute."""
+    return tuple(name for name, s in LR_SCHEDULES.items() if s.follows_heldout)
+
+
+def _train_schedules() -> tuple[str, ...]:
+    """The schedules a training run takes (:data:`~psgdlab.core.schedules.LR_SCHEDULES` but
+    :func:`_heldout_schedules`)."""
+    return tuple(name for name in LR_SCHEDULES if name not in _heldout_schedules())
 
 
 def build_algorithm(config: TrainConfig) -> Algorithm:

@@ -35,6 +35,7 @@ __all__ = [
     "load_config",
     "with_workload",
     "preset_names",
+    "DEFAULT_PRESET",
     "preset_path",
     "SOURCES_FILE",
     "SOURCE_KINDS",
@@ -106,6 +107,10 @@ SOURCES_FILE = "sources.toml"
 SOURCE_KINDS = ("publication", "spec-sheet", "measurement", "derived", "assumption")
 
 _TAG = re.compile(r"\[([A-Za-z][A-Za-z0-9._-]*)")
+
+
+#: the preset of a command given neither ``--preset`` nor ``--platform``
+DEFAULT_PRESET = "interspeech2019-v100"
 
 
 def preset_names() -> tuple[str, ...]:

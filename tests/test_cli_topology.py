@@ -10,7 +10,6 @@ import pytest
 
 from psgdlab.cli import main
 from psgdlab.commands import topology as command
-from psgdlab.core import topology as core_topology
 
 
 def run_json(capsys, *argv: str) -> dict:
@@ -110,10 +109,6 @@ def test_plot_counts_cover_each_kind_with_valid_sizes():
     assert command._plot_counts("fixed-ring", 256, 1)[:4] == [4, 6, 8, 10]
     assert all(n % 8 == 0 and (n // 8 == 1 or n // 8 % 2 == 0) for n in command._plot_counts("hierarchical", 256, 8))
     assert command._plot_counts("torus", 16, 1) == [12, 16]
-
-
-def test_cli_kind_names_match_core():
-    assert command.KINDS == core_topology.KINDS
 
 
 def test_closed_stdout_pipe_is_not_a_traceback():

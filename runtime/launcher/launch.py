@@ -60,6 +60,7 @@ from psgdlab.runtime.launcher.ranks import (
     rank_environment,
     start_ranks,
 )
+from psgdlab.runtime.transports.backends import BACKENDS, cpu_backends, either
 from psgdlab.runtime.transports.env import HOST_ENV, in_main_thread
 from psgdlab.runtime.transports.shm.shm_sys import remove_orphaned, remove_segments
 
@@ -113,7 +114,7 @@ def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
     """Refuse, before anything starts, an NCCL run of more ranks on this machine than it has
     GPUs: NCCL needs one GPU per rank (each rank's own check is
     :func:`psgdlab.runtime.transports.channels.rank_device`)."""
-    if config.backend != "nccl":
+    if not BACKENDS[config.backend].needs_cuda:
         return
     import torch
 
@@ -123,8 +124,9 @@ def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
         local_ranks <= gpus,
         "workers",
         config.workers,
-        f"need {local_ranks} GPUs on this machine with --backend nccl (one per worker{server}), which has {gpus}",
-        hint="use fewer workers, or --backend gloo or mpi",
+        f"need {local_ranks} GPUs on this machine with --backend {config.backend} (one per worker{server}), "
+        f"which has {gpus}",
+        hint=f"use fewer workers, or {either(cpu_backends())}",
     )
 
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError, require
 from psgdlab.core.trace import atomic_write_bytes, atomic_write_json, atomic_write_text
+from psgdlab.runtime.transports.backends import cpu_backends
 
 __all__ = ["ProbeConfig", "probe", "PROBE_DTYPE", "KINDS", "DEFAULT_SIZES_BYTES"]
 
@@ -107,7 +108,7 @@ class ProbeConfig:
     nic_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
-        require(self.backend in ("gloo", "mpi"), "backend", self.backend, "must be gloo or mpi")
+        require(self.backend in cpu_backends(), "backend", self.backend, f"must be one of {', '.join(cpu_backends())}")
         for s in self.sizes_bytes:
             require(isinstance(s, int) and s >= 8 and s % 8 == 0, "sizes", s, "must be positive multiples of 8 bytes")
         require(

@@ -65,9 +65,11 @@ def test_no_module_but_the_helper_matches_names_itself():
 
 def _lookups():
     from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.schedules import lr_schedule
     from psgdlab.core.topology import build_topology
     from psgdlab.core.workloads import workload
     from psgdlab.models.recipes import recipe_of
+    from psgdlab.runtime.transports.backends import check_backend
     from psgdlab.sim.workload import preset_path
 
     return [
@@ -77,6 +79,8 @@ def _lookups():
         ("preset", "h100-sxm", "h100-sxm-ndr", preset_path),
         ("workload", "conformer", "conformer-120m", workload),
         ("model", "blstm-smal", "blstm-small", recipe_of),
+        ("lr-schedule", "expo", "exp", lambda name: lr_schedule(name, lr=0.1, total_batch=1, steps_per_epoch=1)),
+        ("backend", "ncl", "nccl", check_backend),
     ]
 
 
@@ -85,5 +89,6 @@ def test_every_registry_refuses_a_mistyped_name_in_the_one_shape(what, typo, mea
     with pytest.raises(ConfigError) as info:
         lookup(typo)
     text = str(info.value)
-    assert re.match(rf"^{re.escape(what)} \({re.escape(repr(typo))}\) is not known \(known: [^)]*\); did you mean ", text)
+    head = rf"^{re.escape(what)} \({re.escape(repr(typo))}\) is not known"
+    assert re.match(head + r" \(known: [^)]*\); did you mean ", text)
     assert f"{meant!r}" in text.split("did you mean", 1)[1]
