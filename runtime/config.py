@@ -28,6 +28,7 @@ from psgdlab.core.config import check_keys, listing, parse_rate
 from psgdlab.core.errors import ConfigError, TopologyError, require
 from psgdlab.core.failure import check_on_failure, default_on_failure, gossip_algorithms
 from psgdlab.core.flags import add_flags
+from psgdlab.core.placement import equal_blocks
 from psgdlab.core.reference import LeastSquaresProblem, require_lsq_shape
 from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.schedules import LR_SCHEDULES, check_lr_schedule
@@ -180,13 +181,7 @@ class TrainConfig:
             require(self.hosts >= 2, "nic-bandwidth", self.nic_bandwidth, "applies only with --hosts 2 or more")
         if self.hosts == 1:
             return
-        require(
-            self.workers % self.hosts == 0,
-            "hosts",
-            self.hosts,
-            f"must divide the {self.workers} workers: workers go on hosts in equal contiguous blocks "
-            "(a parameter server on host 0)",
-        )
+        equal_blocks(self.workers, hosts=self.hosts)
         require(
             BACKENDS[self.backend].crosses_emulated_hosts,
             "hosts",

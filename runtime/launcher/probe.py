@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.core.placement import equal_blocks
 from psgdlab.core.trace import atomic_write_bytes, atomic_write_json, atomic_write_text
 from psgdlab.runtime.transports.backends import cpu_backends
 
@@ -136,12 +137,7 @@ class ProbeConfig:
                 self.hosts,
                 "is supported by the probe with --backend gloo only (psgdlab train --hosts runs MPI too)",
             )
-            require(
-                self.world % self.hosts == 0,
-                "hosts",
-                self.hosts,
-                f"must divide the probe's {self.world} ranks (the largest group): ranks go on hosts in equal blocks",
-            )
+            equal_blocks(self.world, hosts=self.hosts, what="ranks of the probe (its largest group)")
 
     @property
     def world(self) -> int:
@@ -210,7 +206,7 @@ def _up_hosts(cfg: ProbeConfig) -> tuple[Any, list[int], int]:
     removed first); the host of every rank; the rendezvous port."""
     from psgdlab.core.config import parse_rate
     from psgdlab.runtime.launcher.launch import MASTER_PORT
-    from psgdlab.runtime.launcher.netns import EmulatedHosts, contiguous_placement, remove_stale, require_netns
+    from psgdlab.runtime.launcher.netns import EmulatedHosts, remove_stale, require_netns
 
     require_netns(cfg.hosts)
     remove_stale()
@@ -222,7 +218,7 @@ def _up_hosts(cfg: ProbeConfig) -> tuple[Any, list[int], int]:
     except BaseException:
         hosts.down()
         raise
-    return hosts, list(contiguous_placement(cfg.world, cfg.hosts)), MASTER_PORT
+    return hosts, list(equal_blocks(cfg.world, hosts=cfg.hosts).host), MASTER_PORT
 
 
 def _wait(
