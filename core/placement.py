@@ -14,7 +14,8 @@ host 0 the next one after host 0's workers.
 socket :math:`\lfloor l / (D/k) \rfloor`). The two agree on a full host.
 
 :func:`place` applies the rule; :meth:`Placement.pack` places a number of workers on a
-:class:`~psgdlab.core.profile.Platform` (the simulator), :func:`equal_blocks` spreads them over
+:class:`~psgdlab.core.profile.Platform` (the simulator; by default a host holds
+:func:`workers_per_host`, all its devices, which is also H-ADPSGD's node), :func:`equal_blocks` spreads them over
 a number of hosts in equal blocks (the launcher's ``--hosts``), and :meth:`Placement.rank_hosts`
 and :func:`local_ranks` give every rank's host and device, a server's included.
 
@@ -22,7 +23,7 @@ Examples
 --------
 >>> p = place(6, per_host=4, hosts=2, devices_per_host=4, sockets_per_host=2)
 >>> p.host, p.device, p.socket, p.hosts_used
-((0, 0, 0, 0, 1, 1), (0, 1, 2, 3, 0, 1), (0, 0, 1, 1, 2, 3), 2)
+((0, 0, 0, 0, 1, 1), (0, 1, 2, 3, 0, 1), (0, 0, 1, 1, 2, 2), 2)
 >>> place(2, per_host=4, devices_per_host=4, sockets_per_host=2, socket_fill="pack").socket
 (0, 0)
 >>> q = equal_blocks(4, hosts=2)
@@ -42,7 +43,7 @@ from psgdlab.core.errors import ConfigError, require
 if TYPE_CHECKING:
     from psgdlab.core.profile import HostCPU, Platform
 
-__all__ = ["SOCKET_FILLS", "Placement", "place", "equal_blocks", "local_ranks"]
+__all__ = ["SOCKET_FILLS", "Placement", "place", "workers_per_host", "equal_blocks", "local_ranks"]
 
 #: how the workers of a host are laid on its sockets (module docstring)
 SOCKET_FILLS = ("spread", "pack")
@@ -96,7 +97,7 @@ class Placement:
         """``n_workers`` on ``platform``: ``per_host`` a host (default: every device of a host,
         at most ``n_workers``), on its sockets by the platform's ``socket_fill``. Raises
         :class:`ConfigError` when the platform is too small."""
-        m = min(platform.devices_per_host, n_workers) if per_host is None else per_host
+        m = workers_per_host(platform.devices_per_host, n_workers) if per_host is None else per_host
         return place(
             n_workers,
             per_host=m,
@@ -106,6 +107,16 @@ class Placement:
             socket_fill=platform.socket_fill,
             where=platform.name,
         )
+
+
+def workers_per_host(devices_per_host: int, n_workers: int) -> int:
+    """The workers a host holds when nothing says otherwise: all its devices, at most the
+    workers there are (H-ADPSGD's node size, :class:`psgdlab.core.algorithms.PlatformFacts`).
+
+    >>> workers_per_host(8, 32), workers_per_host(8, 4)
+    (8, 4)
+    """
+    return min(devices_per_host, n_workers)
 
 
 def place(

@@ -38,9 +38,11 @@ from psgdlab.core.schedules import check_lr_schedule
 from psgdlab.models.recipes import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from psgdlab.core.algorithms import Algorithm
     from psgdlab.sim.emulate import EmulationResult
+    from psgdlab.sim.workload import SimConfig
 
-__all__ = ["EmulateConfig", "emulate", "write_run", "build_replicas", "SYNTHETIC"]
+__all__ = ["EmulateConfig", "emulate", "platform_of", "build_algorithm", "write_run", "build_replicas", "SYNTHETIC"]
 
 #: the ``data`` value that asks for the synthetic corpus (as ``psgdlab train --data synthetic``)
 SYNTHETIC = "synthetic"
@@ -53,9 +55,10 @@ class EmulateConfig:
     Parameters
     ----------
     algorithm, variant, period, workers, gpus_per_node : str, str or None, int or None, int, int or None
-        The algorithm (:func:`psgdlab.core.algorithms.algorithm_from_flags`: a variant or period
-        it does not take is an error), the number of virtual workers and the workers per node
-        (H-ADPSGD's super-learner size; also the placement).
+        The algorithm (:func:`build_algorithm`: a variant or period it does not take is an
+        error; what is not given, the platform says, as for ``psgdlab predict``), the number of
+        virtual workers and the workers per node (H-ADPSGD's super-learner size, default a
+        host's devices; also the placement).
     preset, platform_file : str or None
         Platform model and workload timing (one of them; default
         :data:`psgdlab.sim.workload.DEFAULT_PRESET`).
@@ -233,6 +236,34 @@ def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
     }
 
 
+def platform_of(cfg: EmulateConfig) -> SimConfig:
+    """The platform and workload ``cfg`` emulates on: its ``platform_file``, its ``preset``, or
+    :data:`~psgdlab.sim.workload.DEFAULT_PRESET`."""
+    from psgdlab.sim.workload import DEFAULT_PRESET, load_config
+
+    if cfg.platform_file:
+        return load_config(path=cfg.platform_file)
+    return load_config(preset=cfg.preset or DEFAULT_PRESET)
+
+
+def build_algorithm(cfg: EmulateConfig, sim_cfg: SimConfig) -> Algorithm:
+    """The algorithm ``cfg`` emulates on ``sim_cfg``: built from its flags and what the platform
+    says (:func:`psgdlab.core.algorithms.algorithm_from_flags` with
+    :attr:`~psgdlab.core.profile.Profile.facts`), as ``psgdlab predict`` builds it with the
+    same flags."""
+    from psgdlab.core.algorithms import algorithm_from_flags
+
+    return algorithm_from_flags(
+        cfg.algorithm,
+        cfg.workers,
+        seed=cfg.seed,
+        platform=sim_cfg.facts,
+        variant=cfg.variant,
+        period=cfg.period,
+        gpus_per_node=cfg.gpus_per_node,
+    )
+
+
 def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResult, dict[str, Any]]:
     """Simulate ``cfg`` with the platform model and replay it on real replicas.
 
@@ -242,26 +273,15 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     """
     import torch
 
-    from psgdlab.core.algorithms import algorithm_from_flags
     from psgdlab.core.schedules import Newbob, lr_schedule
     from psgdlab.core.stragglers import StragglerModel
     from psgdlab.sim.emulate import replay
     from psgdlab.sim.engine import simulate
-    from psgdlab.sim.workload import DEFAULT_PRESET, load_config
 
     torch.set_num_threads(1)
-    algorithm = algorithm_from_flags(
-        cfg.algorithm,
-        cfg.workers,
-        seed=cfg.seed,
-        variant=cfg.variant,
-        period=cfg.period,
-        gpus_per_node=cfg.gpus_per_node,
-    )
+    sim_cfg = platform_of(cfg)
+    algorithm = build_algorithm(cfg, sim_cfg)
     stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
-    sim_cfg = (
-        load_config(path=cfg.platform_file) if cfg.platform_file else load_config(preset=cfg.preset or DEFAULT_PRESET)
-    )
     workload = sim_cfg.workload.with_batch(cfg.batch)
     extra: dict[str, Any] = {}
     if replicas is None:

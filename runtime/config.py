@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
+from psgdlab.core.algorithms import Algorithm, PlatformFacts, algorithm_from_flags, algorithm_parameters
 from psgdlab.core.config import check_keys, listing, parse_rate
-from psgdlab.core.errors import ConfigError, TopologyError, require
+from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.failure import check_on_failure, default_on_failure, gossip_algorithms
 from psgdlab.core.flags import add_flags
 from psgdlab.core.placement import equal_blocks
@@ -41,6 +41,7 @@ __all__ = [
     "TrainConfig",
     "MAX_HOSTS",
     "build_algorithm",
+    "platform_facts",
     "world_size_of",
     "lsq_problem",
 ]
@@ -61,7 +62,7 @@ class TrainConfig:
 
     algorithm: str = "ssgd"
     workers: int = 2
-    gpus_per_node: int = 1
+    gpus_per_node: int | None = None
     backend: str = "gloo"
     model: str = DEFAULT_MODEL
     data: str = "synthetic"
@@ -96,17 +97,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
         require(
-            isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1,
+            self.gpus_per_node is None or (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1),
             "gpus-per-node",
             self.gpus_per_node,
             "must be an integer >= 1",
-        )
-        require(
-            self.workers % self.gpus_per_node == 0,
-            "workers",
-            self.workers,
-            f"must be divisible by --gpus-per-node ({self.gpus_per_node})",
-            error=TopologyError,
         )
         check_backend(self.backend)
         require(
@@ -144,8 +138,8 @@ class TrainConfig:
         if self.compute_time is not None:
             ComputeTime.parse(self.compute_time)
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
-        build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_hosts()
+        build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_on_failure()
         if BACKENDS[self.backend].needs_cuda:
             import torch
@@ -308,7 +302,8 @@ class TrainConfig:
             "--algorithm",
             "--workers",
             "--gpus-per-node",
-            defaults={"--algorithm": "ssgd", "--workers": 2, "--gpus-per-node": 1},
+            defaults={"--algorithm": "ssgd", "--workers": 2},
+            helps={"--gpus-per-node": "default: with --hosts H, workers / H (the ranks of a host); else 1"},
         )
         parser.add_argument(
             "--backend",
@@ -463,14 +458,25 @@ def _train_schedules() -> tuple[str, ...]:
     return tuple(name for name in LR_SCHEDULES if name not in _heldout_schedules())
 
 
+def platform_facts(config: TrainConfig) -> PlatformFacts:
+    """What the run's platform says that an algorithm takes where no flag gives it: on emulated
+    hosts (``--hosts H``) a host holds ``workers / H`` ranks, H-ADPSGD's node; on one machine
+    nothing (a node of one, as the algorithm's default), and no default period."""
+    if config.hosts > 1:
+        return PlatformFacts(devices_per_host=equal_blocks(config.workers, hosts=config.hosts).per_host)
+    return PlatformFacts()
+
+
 def build_algorithm(config: TrainConfig) -> Algorithm:
-    """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`:
-    ``--period``, ``--variant`` and ``--momentum`` go to the algorithms that take them and are an
-    error elsewhere; ``--gpus-per-node`` to those whose schedule uses it)."""
+    """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`
+    with :func:`platform_facts`, as every command builds it: ``--period``, ``--variant`` and
+    ``--momentum`` go to the algorithms that take them and are an error elsewhere;
+    ``--gpus-per-node`` to those whose schedule uses it)."""
     return algorithm_from_flags(
         config.algorithm,
         config.workers,
         seed=config.seed,
+        platform=platform_facts(config),
         period=config.period,
         variant=config.variant,
         momentum=config.momentum,

@@ -47,7 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--data",
         required={"--algorithm", "--workers"},
         defaults={"--model": DEFAULT_MODEL, "--data": SYNTHETIC},
-        helps={"--workers": "virtual workers", "--model": ", ".join(MODEL_RECIPES)},
+        helps={
+            "--workers": "virtual workers",
+            "--gpus-per-node": "default: the platform's devices per host, capped by the number of workers",
+            "--model": ", ".join(MODEL_RECIPES),
+        },
     )
     length = p.add_mutually_exclusive_group()
     add_flags(length, "--epochs", "--steps", helps={"--steps": "default 100"})
