@@ -25,8 +25,9 @@ least-squares replicas);
 :mod:`~psgdlab.core.schedules` (learning-rate recipes); :mod:`~psgdlab.core.stragglers` and
 :mod:`~psgdlab.core.timing` (straggler and compute-time models shared by the simulator and the
 runtime); :mod:`~psgdlab.core.trace` (the trace schema and summary); :mod:`~psgdlab.core.config`
-(strict TOML/dict loading, and the one "did you mean" of a mistyped name); :mod:`~psgdlab.core.strategies` (hypothesis strategies, needs
-``hypothesis``); :mod:`~psgdlab.core.errors`.
+(strict TOML/dict loading, and the one "did you mean" of a mistyped name);
+:mod:`~psgdlab.core.strategies` (hypothesis strategies, needs ``hypothesis``);
+:mod:`~psgdlab.core.errors`.
 """
 
 from psgdlab.core.errors import (
