@@ -56,6 +56,8 @@ flags = st.fixed_dictionaries(
 )
 
 
+# period 1 is legal but pointless for some (a TestbedWarning): the flags are drawn, not chosen
+@pytest.mark.filterwarnings("ignore::psgdlab.core.errors.TestbedWarning")
 @settings(max_examples=400, deadline=None)
 @given(f=flags, devices=st.integers(1, 8), default_period=st.none() | st.integers(1, 12))
 def test_predict_and_emulate_build_the_same_algorithm_from_the_same_flags(f, devices, default_period):
@@ -78,6 +80,7 @@ def test_predict_and_emulate_build_the_same_algorithm_from_the_same_flags(f, dev
         assert params["period"] == (f["period"] or default_period or default)
 
 
+@pytest.mark.filterwarnings("ignore::psgdlab.core.errors.TestbedWarning")
 @settings(max_examples=150, deadline=None)
 @given(f=flags, hosts=st.integers(1, 4), per_host=st.integers(1, 6))
 def test_train_builds_what_predict_builds_on_a_platform_of_its_hosts(f, hosts, per_host):

@@ -25,7 +25,7 @@ def test_workers_not_divisible_by_gpus_per_node(capsys, tmp_path):
     _fails(
         capsys,
         ["--algorithm", "hadpsgd", "--workers", "4", "--gpus-per-node", "3", "--out", str(tmp_path)],
-        r"workers \(4\) must be divisible by --gpus-per-node \(3\)",
+        r"workers \(4\) must be divisible by gpus_per_node \(3\)",
     )
 
 
