@@ -8,7 +8,9 @@ Modules: :mod:`~psgdlab.core.topology`, :mod:`~psgdlab.core.mixing`,
 :mod:`~psgdlab.core.membership` (a topology rebuilt over the workers that survive);
 :mod:`~psgdlab.core.failure` (what a run does when a worker dies, failures ``RANK@SECONDS``
 and seeded random ones);
-:mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry);
+:mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry, and the one builder
+from flags and what the platform says);
+:mod:`~psgdlab.core.placement` (which rank sits on which host, device and socket);
 :mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics);
 :mod:`~psgdlab.core.cost` (the communication cost laws, forward and as the fits' design rows);
 :mod:`~psgdlab.core.profile` (the platform profile schema and its TOML round trip, the device's
@@ -23,8 +25,9 @@ least-squares replicas);
 :mod:`~psgdlab.core.schedules` (learning-rate recipes); :mod:`~psgdlab.core.stragglers` and
 :mod:`~psgdlab.core.timing` (straggler and compute-time models shared by the simulator and the
 runtime); :mod:`~psgdlab.core.trace` (the trace schema and summary); :mod:`~psgdlab.core.config`
-(strict TOML/dict loading); :mod:`~psgdlab.core.strategies` (hypothesis strategies, needs
-``hypothesis``); :mod:`~psgdlab.core.errors`.
+(strict TOML/dict loading, and the one "did you mean" of a mistyped name);
+:mod:`~psgdlab.core.strategies` (hypothesis strategies, needs ``hypothesis``);
+:mod:`~psgdlab.core.errors`.
 """
 
 from psgdlab.core.errors import (

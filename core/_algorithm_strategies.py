@@ -61,7 +61,7 @@ def _one(name: str, lo: int, hi: int, evens: list[int]) -> st.SearchStrategy[Alg
             period=period,
             block_momentum=st.none() | st.floats(0.0, 0.95),
             block_lr=st.floats(0.1, 2.0),
-            variant=st.sampled_from(["classical", "nesterov"]),
+            variant=st.sampled_from(ALGORITHMS[name].variants),
         )
     if name == "easgd":
         return st.integers(lo, hi).flatmap(
@@ -71,7 +71,7 @@ def _one(name: str, lo: int, hi: int, evens: list[int]) -> st.SearchStrategy[Alg
                 n_workers=st.just(n),
                 period=period,
                 alpha=st.none() | st.floats(0.0, 0.99 / n),
-                variant=st.sampled_from(["async", "sync"]),
+                variant=st.sampled_from(ALGORITHMS[name].variants),
             )
         )
     if name == "asgd":
@@ -87,7 +87,7 @@ def _one(name: str, lo: int, hi: int, evens: list[int]) -> st.SearchStrategy[Alg
             seed=seed,
         )
     if name == "adpsgd":
-        return st.sampled_from(["fixed", "random", "delay"]).flatmap(
+        return st.sampled_from(ALGORITHMS[name].variants).flatmap(
             lambda v: st.builds(
                 _make,
                 st.just(name),
@@ -105,7 +105,7 @@ def _one(name: str, lo: int, hi: int, evens: list[int]) -> st.SearchStrategy[Alg
                 st.just(name),
                 n_workers=st.just(mn[1]),
                 gpus_per_node=st.just(mn[0]),
-                variant=st.sampled_from(["fixed", "random"]),
+                variant=st.sampled_from(ALGORITHMS[name].variants),
                 seed=seed,
             )
         )

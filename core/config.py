@@ -33,7 +33,17 @@ from typing import Any, TypeVar
 
 from psgdlab.core.errors import ConfigError
 
-__all__ = ["load_toml", "load_dataclass", "check_keys", "apply_overrides", "closest", "parse_rate", "format_rate"]
+__all__ = [
+    "load_toml",
+    "load_dataclass",
+    "check_keys",
+    "apply_overrides",
+    "closest",
+    "unknown",
+    "listing",
+    "parse_rate",
+    "format_rate",
+]
 
 T = TypeVar("T")
 
@@ -54,6 +64,29 @@ def closest(key: str, known: typing.Iterable[str], n: int = 1) -> str:
     if key and len(match) < n:
         match += [k for k in known if k.lower().startswith(key.lower()) and k not in match][: n - len(match)]
     return f"; did you mean {' or '.join(repr(m) for m in match)}?" if match else ""
+
+
+def unknown(what: str, name: object, known: typing.Iterable[str], *, n: int = 1) -> ConfigError:
+    """The error of a name that is none of ``known``: what was looked up, the name, every known
+    name, and the closest ones (:func:`closest`). Every registry that is looked up by name
+    (algorithms, topologies, presets, workloads, models, ...) raises it, so the message has one
+    shape wherever a name is mistyped.
+
+    >>> str(unknown("preset", "h100", ["a100-sxm-hdr", "h100-sxm-ndr"]))
+    "preset ('h100') is not known (known: a100-sxm-hdr, h100-sxm-ndr); did you mean 'h100-sxm-ndr'?"
+    """
+    known = list(known)
+    return ConfigError(f"{what} ({name!r}) is not known (known: {', '.join(known)}){closest(str(name), known, n=n)}")
+
+
+def listing(names: typing.Iterable[str], last: str = "or") -> str:
+    """Names as a sentence says them: ``"a, b or c"`` (``last="and"``: ``"a, b and c"``).
+
+    >>> listing(["gloo", "nccl", "mpi"]), listing(["gloo"]), listing(["adpsgd", "dpsgd"], "and")
+    ('gloo, nccl or mpi', 'gloo', 'adpsgd and dpsgd')
+    """
+    names = list(names)
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def check_keys(data: Mapping[str, Any], known: typing.Iterable[str], *, where: str) -> None:

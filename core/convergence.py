@@ -94,6 +94,7 @@ from psgdlab.core.errors import ConfigError, require
 
 __all__ = [
     "METRICS",
+    "OBJECTIVES",
     "Target",
     "Estimate",
     "Limit",
@@ -125,6 +126,9 @@ TARGET_KEYS = (
     "gpu_hours_to_target_low",
     "gpu_hours_to_target_high",
 )
+#: what a plan may minimise -> the row key of :func:`target_columns` it reads (``psgdlab plan
+#: --objective``'s choices, and :func:`psgdlab.sim.plan.choose`'s)
+OBJECTIVES: dict[str, str] = {"time": "time_to_target_s", "gpu-hours": "gpu_hours_to_target"}
 #: the standard normal's 95 % quantile (a two-sided 90 % interval), as :mod:`psgdlab.core.intervals`
 _Z = 1.6448536269514722
 _TARGET_RE = re.compile(r"^\s*([a-z]+)\s*=\s*(\S+)\s*$")

@@ -70,8 +70,13 @@ __all__ = [
     "sums_node_slices",
 ]
 
-#: the values of ``--on-failure``
-ON_FAILURE = ("continue", "stop", "restart")
+#: the policies of ``--on-failure`` -> what each does (the one list: the flag's choices and help
+#: and every check read it)
+ON_FAILURE: dict[str, str] = {
+    "continue": "survivors re-form the gossip topology; gossip algorithms only",
+    "stop": "every rank exits, the error names the dead rank and the step",
+    "restart": "from the last complete checkpoint under torchrun's elastic agent, --max-restarts times",
+}
 
 
 #: what a node's sum under ``continue`` carries beside the gradient and the slices: the step

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
 from psgdlab.core.failure import ON_FAILURE
-from psgdlab.core.schedules import LR_SCHEDULE_NAMES
+from psgdlab.core.schedules import LR_SCHEDULES
 
 __all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]
 
@@ -73,9 +73,8 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--batch": dict(type=int, metavar="B", help="minibatch per worker per step, in the model's sample unit"),
     "--lr": dict(type=float, metavar="LR", help="learning rate (the schedule's base rate)"),
     "--lr-schedule": dict(
-        choices=LR_SCHEDULE_NAMES,
-        help="learning-rate schedule: const; ibm (the IBM papers' warm-up and decay, --lr is the "
-        "rate of a 256 batch); newbob (halve on held-out plateaus); exp (--lr to --lr-final)",
+        choices=tuple(LR_SCHEDULES),
+        help="learning-rate schedule: " + "; ".join(f"{name} ({s.summary})" for name, s in LR_SCHEDULES.items()),
     ),
     "--lr-final": dict(type=float, metavar="LR", help="exp schedule: rate at the last step (default lr / 10)"),
     "--lsq-dim": dict(type=int, metavar="D", default=16, help="least-squares model: number of parameters"),
@@ -127,15 +126,13 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--hosts": dict(
         type=int,
         metavar="H",
-        help="emulated hosts on this machine (gloo or mpi): one network namespace each, joined by a bridge "
+        help="emulated hosts on this machine: one network namespace each, joined by a bridge "
         "(needs root); workers go on hosts in contiguous blocks of workers/H (ranks 0..k-1 on host 0, ...), "
         "a parameter server on host 0",
     ),
     "--on-failure": dict(
-        choices=ON_FAILURE,
-        help="when a worker dies: continue (survivors re-form the gossip topology; gossip algorithms "
-        "only), stop (every rank exits, the error names the dead rank and the step), restart (from the "
-        "last complete checkpoint under torchrun's elastic agent, --max-restarts times)",
+        choices=tuple(ON_FAILURE),
+        help="when a worker dies: " + ", ".join(f"{name} ({what})" for name, what in ON_FAILURE.items()),
     ),
     "--max-restarts": dict(
         type=int, metavar="R", help="--on-failure restart: restarts before the run gives up (default 3)"

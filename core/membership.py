@@ -49,11 +49,10 @@ from numpy.typing import NDArray
 
 from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import AllReduce, Barrier, Exchange, Gossip, PairwiseAverage
-from psgdlab.core.topology import Topology, build_topology, torus_shape
+from psgdlab.core.topology import STATIC_KINDS, Topology, build_topology, torus_shape
 
 __all__ = ["Rebuilt", "rebuild", "survivor_exchanges", "without_peers"]
 
-_STATIC = ("ring", "torus", "complete", "exponential")
 _MATCHING = ("fixed-ring", "random-ring", "hypercube")
 
 
@@ -103,7 +102,7 @@ class Rebuilt:
 
     @property
     def is_static(self) -> bool:
-        return self.kind in _STATIC
+        return self.kind in STATIC_KINDS
 
     def idle(self, round: int) -> int | None:
         """The unit (node index, or member index) that sits out ``round`` when a matching rule
@@ -199,7 +198,7 @@ def rebuild(topology: Topology, alive: Iterable[int]) -> Rebuilt:
         inner_kind = topology.inner or "fixed-ring"
         return Rebuilt(topology, members, nodes, "hierarchical", _inner(inner_kind, len(nodes), topology.seed))
     singles = tuple((r,) for r in members)
-    if kind in _STATIC:
+    if kind in STATIC_KINDS:
         static = _static_kind(kind, k)
         return Rebuilt(topology, members, singles, static, build_topology(static, k) if k >= 1 else None)
     require(kind in _MATCHING, "topology kind", kind, "has no rebuild rule")

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from psgdlab.core.algorithms import PlatformFacts
 from psgdlab.core.config import check_keys, closest, load_dataclass
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work_s
 from psgdlab.core.errors import ConfigError, require
@@ -736,6 +737,13 @@ class Profile:
                         path,
                         "must name a positive number of the profile" + _closest(path, paths),
                     )
+
+    @property
+    def facts(self) -> PlatformFacts:
+        """What this profile says that an algorithm takes where no flag gives it: the devices of
+        a host (H-ADPSGD's node) and the ``[defaults] period``
+        (:func:`psgdlab.core.algorithms.algorithm_from_flags`)."""
+        return PlatformFacts(devices_per_host=self.platform.devices_per_host, period=self.defaults.period)
 
     # ----- the device's compute law ------------------------------------------------------------
     @property

@@ -15,8 +15,9 @@ r"""Learning-rate recipes (ALGORITHMS.md §C).
   of an asynchronous run agrees on it without communicating.
 - :func:`constant_lr`.
 
-:func:`lr_schedule` turns a name of :data:`LR_SCHEDULE_NAMES` into the step -> rate function
-every executor uses.
+:data:`LR_SCHEDULES` names them (the one list: ``--lr-schedule``'s choices and help and every
+check read it), and :func:`lr_schedule` turns a name into the step -> rate function every executor
+uses.
 
 Epochs are 1-based in the tables: ``ibm_lr(epoch=e)`` is the rate used during epoch ``e``;
 fractional epochs interpolate the warm-up per step when ``per_step=True``.
@@ -35,11 +36,52 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from psgdlab.core.config import unknown
 from psgdlab.core.errors import ConfigError, require
 
-__all__ = ["ibm_lr", "exp_lr", "constant_lr", "Newbob", "lr_schedule", "LR_SCHEDULE_NAMES"]
+__all__ = [
+    "ibm_lr",
+    "exp_lr",
+    "constant_lr",
+    "Newbob",
+    "lr_schedule",
+    "check_lr_schedule",
+    "Schedule",
+    "LR_SCHEDULES",
+    "LR_SCHEDULE_NAMES",
+]
 
-LR_SCHEDULE_NAMES = ("const", "ibm", "newbob", "exp")
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """What a learning-rate schedule is, as the flags' help and the checks say it."""
+
+    #: one line for ``--lr-schedule``'s help
+    summary: str
+    #: True when the rate follows the held-out loss of every epoch (the executor feeds it one)
+    follows_heldout: bool = False
+
+
+#: name -> schedule: the one list of learning-rate schedules
+LR_SCHEDULES: dict[str, Schedule] = {
+    "const": Schedule("one rate throughout"),
+    "ibm": Schedule("the IBM papers' warm-up and decay; the rate given is that of a 256-sample batch"),
+    "newbob": Schedule("halve on held-out plateaus", follows_heldout=True),
+    "exp": Schedule("exponential decay from the rate to the final rate"),
+}
+LR_SCHEDULE_NAMES = tuple(LR_SCHEDULES)
+
+
+def check_lr_schedule(name: str) -> None:
+    """Refuse a name that is not in :data:`LR_SCHEDULES` (one line, with the closest name).
+
+    >>> check_lr_schedule("expo")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    psgdlab.core.errors.ConfigError: lr-schedule ('expo') is not known (known: const, ...); did you mean 'exp'?
+    """
+    if name not in LR_SCHEDULES:
+        raise unknown("lr-schedule", name, LR_SCHEDULES)
 
 
 def ibm_lr(
@@ -137,7 +179,8 @@ def lr_schedule(
 
     Parameters
     ----------
-    name : {"const", "ibm", "newbob", "exp"}
+    name : str
+        A name of :data:`LR_SCHEDULES`.
     lr : float
         The rate (``ibm``: the base rate of a 256-sample batch; ``exp``, ``newbob``: the
         initial rate).
@@ -167,7 +210,7 @@ def lr_schedule(
     >>> nb(0), isinstance(nb, Newbob)
     (0.1, True)
     """
-    require(name in LR_SCHEDULE_NAMES, "lr-schedule", name, "must be ibm, newbob, exp or const")
+    check_lr_schedule(name)
     require(steps_per_epoch >= 1, "steps_per_epoch", steps_per_epoch, "must be >= 1")
     require(
         isinstance(warmup_epochs, int) and warmup_epochs >= 1, "warmup_epochs", warmup_epochs, "must be an integer >= 1"

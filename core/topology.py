@@ -66,7 +66,6 @@ psgdlab.core.errors.TopologyError: workers (7) must be even for fixed-ring: a pe
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -75,6 +74,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from psgdlab.core.config import unknown
 from psgdlab.core.errors import ConfigError, TopologyError
 from psgdlab.core.mixing import (
     check_adjacency,
@@ -125,9 +125,7 @@ def _is_int(value: object) -> bool:
 
 
 def _unknown_kind(kind: object) -> ConfigError:
-    close = difflib.get_close_matches(str(kind), KINDS, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"topology kind ({kind!r}) is not known; known kinds: {', '.join(KINDS)}{hint}")
+    return unknown("topology kind", kind, KINDS)
 
 
 def torus_shape(n: int) -> tuple[int, int]:
@@ -437,7 +435,7 @@ def build_topology(
     >>> build_topology("randm-ring", 8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    psgdlab.core.errors.ConfigError: topology kind ('randm-ring') is not known; known kinds: ...; did you mean ...
+    psgdlab.core.errors.ConfigError: topology kind ('randm-ring') is not known (known: ring, ...); did you mean ...
     """
     if kind not in KINDS:
         raise _unknown_kind(kind)

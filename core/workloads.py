@@ -331,12 +331,9 @@ def workload(name: str) -> Workload:
     """
     key = BY_MODEL.get(name, name)
     if key not in WORKLOADS:
-        from psgdlab.core.config import closest
+        from psgdlab.core.config import unknown
 
-        raise ConfigError(
-            f"workload {name!r} is not known (known: {', '.join(workload_names())})"
-            f"{closest(name, workload_names(), n=3)}"
-        )
+        raise unknown("workload", name, workload_names(), n=3)
     return WORKLOADS[key].workload
 
 

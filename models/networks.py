@@ -44,7 +44,6 @@ References
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from psgdlab.core.config import unknown
 from psgdlab.core.errors import ConfigError, require
 
 __all__ = [
@@ -444,9 +444,7 @@ def build_model(
     """
     preset = MODEL_PRESETS.get(name)
     if preset is None:
-        close = difflib.get_close_matches(str(name), MODEL_NAMES, n=1)
-        hint = (f"did you mean {close[0]!r}? " if close else "") + "known: " + ", ".join(MODEL_NAMES)
-        raise ConfigError(f"model ({name!r}) is not a known model; {hint}")
+        raise unknown("model", name, MODEL_NAMES)
     sizes = {"input_dim": input_dim, "n_classes": n_classes, "window": window}
     for key, value in sizes.items():
         if value is None:

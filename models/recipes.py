@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from psgdlab.core.config import closest
-from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.config import unknown
+from psgdlab.core.errors import require
 
-__all__ = ["LSQ_MODEL", "Recipe", "MODEL_RECIPES", "recipe_of", "lsq_stable_lr"]
+__all__ = ["LSQ_MODEL", "DEFAULT_MODEL", "Recipe", "MODEL_RECIPES", "recipe_of", "lsq_stable_lr"]
 
 #: built-in model name: the reference executor's least-squares problem (float64)
 LSQ_MODEL = "least-squares"
+#: the model of ``psgdlab train`` and ``psgdlab emulate`` given no ``--model``
+DEFAULT_MODEL = "tiny-blstm"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,9 +93,7 @@ def recipe_of(model: str) -> Recipe:
     'lr 0.2, exp, momentum 0.9, total batch 32'
     """
     if model not in MODEL_RECIPES:
-        raise ConfigError(
-            f"model ({model!r}) is not a known model (known: {', '.join(MODEL_RECIPES)}){closest(model, MODEL_RECIPES)}"
-        )
+        raise unknown("model", model, MODEL_RECIPES)
     return MODEL_RECIPES[model]
 
 

@@ -68,8 +68,12 @@ class RunRequest(NamedTuple):
 def run_request(run: Any) -> RunRequest | None:
     """How to simulate ``run`` (an :class:`psgdlab.analysis.load.Run` of ``psgdlab train``) as it
     ran, read from its ``config.resolved.json`` and summary; ``None`` for a run that recorded no
-    resolved ``train`` table, payload or trace (a probe's, an emulator's)."""
+    resolved ``train`` table, payload or trace (a probe's, an emulator's). The algorithm's
+    variant, period and node size are the ones it ran with (the resolved ``algorithm`` table,
+    where the run wrote one), never what the profile's platform would say for flags the run was
+    not given."""
     from psgdlab.analysis.samples import payload_of, workers_of
+    from psgdlab.core.placement import equal_blocks
 
     train = run.config.get("train")
     payload = payload_of(run)
@@ -77,15 +81,14 @@ def run_request(run: Any) -> RunRequest | None:
         return None
     n = workers_of(run)
     hosts = int(train.get("hosts") or 1)
-    gpus_per_node = int(train.get("gpus_per_node") or 1)
+    ran = run.config.get("algorithm")
+    ran = ran if isinstance(ran, dict) else {}
     keywords = {
         "steps": int(train["steps"]),
         "seed": int(train.get("seed") or 0),
-        "variant": train.get("variant") or None,
-        "period": train.get("period") or None,
-        "gpus_per_node": gpus_per_node if gpus_per_node > 1 else None,
+        **{key: ran.get(key, train.get(key)) or None for key in ("variant", "period", "gpus_per_node")},
         "stragglers": train.get("straggler") or None,
-        "workers_per_host": n // hosts,
+        "workers_per_host": equal_blocks(n, hosts=hosts).per_host,
         "on_failure": run.summary.get("on_failure") or None,  # the protocol it ran (a node's, under continue)
     }
     return RunRequest(str(train["algorithm"]), n, hosts, int(payload), int(train["batch"]), keywords)

@@ -34,12 +34,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from psgdlab.core.errors import require
-from psgdlab.core.schedules import LR_SCHEDULE_NAMES
+from psgdlab.core.schedules import check_lr_schedule
+from psgdlab.models.recipes import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from psgdlab.core.algorithms import Algorithm
     from psgdlab.sim.emulate import EmulationResult
+    from psgdlab.sim.workload import SimConfig
 
-__all__ = ["EmulateConfig", "emulate", "write_run", "build_replicas", "SYNTHETIC"]
+__all__ = ["EmulateConfig", "emulate", "platform_of", "build_algorithm", "write_run", "build_replicas", "SYNTHETIC"]
 
 #: the ``data`` value that asks for the synthetic corpus (as ``psgdlab train --data synthetic``)
 SYNTHETIC = "synthetic"
@@ -52,14 +55,16 @@ class EmulateConfig:
     Parameters
     ----------
     algorithm, variant, period, workers, gpus_per_node : str, str or None, int or None, int, int or None
-        The algorithm (:func:`psgdlab.core.algorithms.algorithm_from_flags`: a variant or period
-        it does not take is an error), the number of virtual workers and the workers per node
-        (H-ADPSGD's super-learner size; also the placement).
+        The algorithm (:func:`build_algorithm`: a variant or period it does not take is an
+        error; what is not given, the platform says, as for ``psgdlab predict``), the number of
+        virtual workers and the workers per node (H-ADPSGD's super-learner size, default a
+        host's devices; also the placement).
     preset, platform_file : str or None
-        Platform model and workload timing (one of them; default preset
-        ``interspeech2019-v100``).
+        Platform model and workload timing (one of them; default
+        :data:`psgdlab.sim.workload.DEFAULT_PRESET`).
     model : str
-        A ``psgdlab.models.networks`` preset (default ``tiny-blstm``) or ``"least-squares"``.
+        A model of :data:`psgdlab.models.recipes.MODEL_RECIPES` (a ``psgdlab.models.networks``
+        preset, default :data:`~psgdlab.models.recipes.DEFAULT_MODEL`, or ``"least-squares"``).
     data : str
         A corpus file (``psgdlab data`` layout) or ``"synthetic"`` (the synthetic corpus of
         ``psgdlab train --data synthetic``, ``synthetic_utterances`` utterances).
@@ -97,7 +102,7 @@ class EmulateConfig:
     gpus_per_node: int | None = None
     preset: str | None = None
     platform_file: str | None = None
-    model: str = "tiny-blstm"
+    model: str = DEFAULT_MODEL
     data: str = SYNTHETIC
     epochs: float | None = None
     steps: int | None = None
@@ -139,12 +144,7 @@ class EmulateConfig:
             isinstance(self.data, str) and self.data != "", "data", self.data, f"must be a corpus file or {SYNTHETIC!r}"
         )
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        require(
-            self.lr_schedule in LR_SCHEDULE_NAMES,
-            "lr-schedule",
-            self.lr_schedule,
-            f"must be one of {', '.join(LR_SCHEDULE_NAMES)}",
-        )
+        check_lr_schedule(self.lr_schedule)
         if self.lr_final is not None:
             require(
                 self.lr_schedule == "exp",
@@ -236,6 +236,34 @@ def build_replicas(cfg: EmulateConfig) -> tuple[Any, dict[str, Any]]:
     }
 
 
+def platform_of(cfg: EmulateConfig) -> SimConfig:
+    """The platform and workload ``cfg`` emulates on: its ``platform_file``, its ``preset``, or
+    :data:`~psgdlab.sim.workload.DEFAULT_PRESET`."""
+    from psgdlab.sim.workload import DEFAULT_PRESET, load_config
+
+    if cfg.platform_file:
+        return load_config(path=cfg.platform_file)
+    return load_config(preset=cfg.preset or DEFAULT_PRESET)
+
+
+def build_algorithm(cfg: EmulateConfig, sim_cfg: SimConfig) -> Algorithm:
+    """The algorithm ``cfg`` emulates on ``sim_cfg``: built from its flags and what the platform
+    says (:func:`psgdlab.core.algorithms.algorithm_from_flags` with
+    :attr:`~psgdlab.core.profile.Profile.facts`), as ``psgdlab predict`` builds it with the
+    same flags."""
+    from psgdlab.core.algorithms import algorithm_from_flags
+
+    return algorithm_from_flags(
+        cfg.algorithm,
+        cfg.workers,
+        seed=cfg.seed,
+        platform=sim_cfg.facts,
+        variant=cfg.variant,
+        period=cfg.period,
+        gpus_per_node=cfg.gpus_per_node,
+    )
+
+
 def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResult, dict[str, Any]]:
     """Simulate ``cfg`` with the platform model and replay it on real replicas.
 
@@ -245,28 +273,15 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     """
     import torch
 
-    from psgdlab.core.algorithms import algorithm_from_flags
     from psgdlab.core.schedules import Newbob, lr_schedule
     from psgdlab.core.stragglers import StragglerModel
     from psgdlab.sim.emulate import replay
     from psgdlab.sim.engine import simulate
-    from psgdlab.sim.workload import load_config
 
     torch.set_num_threads(1)
-    algorithm = algorithm_from_flags(
-        cfg.algorithm,
-        cfg.workers,
-        seed=cfg.seed,
-        variant=cfg.variant,
-        period=cfg.period,
-        gpus_per_node=cfg.gpus_per_node,
-    )
+    sim_cfg = platform_of(cfg)
+    algorithm = build_algorithm(cfg, sim_cfg)
     stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
-    sim_cfg = (
-        load_config(path=cfg.platform_file)
-        if cfg.platform_file
-        else load_config(preset=cfg.preset or "interspeech2019-v100")
-    )
     workload = sim_cfg.workload.with_batch(cfg.batch)
     extra: dict[str, Any] = {}
     if replicas is None:

@@ -8,7 +8,8 @@
 - :mod:`~psgdlab.runtime.launcher`: starting ranks (local, restarted, on emulated hosts), the probe.
 
 Dependencies point one way: ``transports`` and ``failures`` import nothing else of the runtime,
-``loop`` imports them, ``config`` imports none of the runtime, ``launcher`` imports any of them,
+``loop`` imports them, ``config`` imports only the backends' registry
+(:mod:`~psgdlab.runtime.transports.backends`), ``launcher`` imports any of them,
 and ``train`` all (``tests/test_layering.py``). Imports torch and (in the transports) mpi4py;
 nothing in :mod:`psgdlab.core` or :mod:`psgdlab.models` imports this package.
 

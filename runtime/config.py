@@ -23,26 +23,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.algorithms import Algorithm, algorithm_from_flags, algorithm_parameters
-from psgdlab.core.config import check_keys, parse_rate
-from psgdlab.core.errors import ConfigError, TopologyError, require
-from psgdlab.core.failure import check_on_failure, default_on_failure
+from psgdlab.core.algorithms import Algorithm, PlatformFacts, algorithm_from_flags, algorithm_parameters
+from psgdlab.core.config import check_keys, listing, parse_rate
+from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.failure import check_on_failure, default_on_failure, gossip_algorithms
 from psgdlab.core.flags import add_flags
+from psgdlab.core.placement import equal_blocks
 from psgdlab.core.reference import LeastSquaresProblem, require_lsq_shape
 from psgdlab.core.rundir import default_run_dir
+from psgdlab.core.schedules import LR_SCHEDULES, check_lr_schedule
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
-from psgdlab.models.recipes import LSQ_MODEL, MODEL_RECIPES, recipe_of
+from psgdlab.models.recipes import DEFAULT_MODEL, LSQ_MODEL, MODEL_RECIPES, recipe_of
+from psgdlab.runtime.transports.backends import BACKENDS, backends_that, check_backend, cpu_backends, either
 
 __all__ = [
     "TrainConfig",
     "MAX_HOSTS",
     "build_algorithm",
+    "platform_facts",
     "world_size_of",
     "lsq_problem",
 ]
 
-LR_SCHEDULES = ("const", "ibm", "newbob", "exp")
 #: the most emulated hosts of a run (``--hosts``): :mod:`psgdlab.runtime.launcher.netns` gives host
 #: ``i`` the address ``10.213.0.<i+1>`` of one /24 subnet, whose ``.254`` is the bridge
 MAX_HOSTS = 200
@@ -59,9 +62,9 @@ class TrainConfig:
 
     algorithm: str = "ssgd"
     workers: int = 2
-    gpus_per_node: int = 1
+    gpus_per_node: int | None = None
     backend: str = "gloo"
-    model: str = "tiny-blstm"
+    model: str = DEFAULT_MODEL
     data: str = "synthetic"
     steps: int | None = None
     epochs: float | None = None
@@ -94,19 +97,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
         require(
-            isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1,
+            self.gpus_per_node is None or (isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1),
             "gpus-per-node",
             self.gpus_per_node,
             "must be an integer >= 1",
         )
-        require(
-            self.workers % self.gpus_per_node == 0,
-            "workers",
-            self.workers,
-            f"must be divisible by --gpus-per-node ({self.gpus_per_node})",
-            error=TopologyError,
-        )
-        require(self.backend in ("gloo", "nccl", "mpi"), "backend", self.backend, "must be gloo, nccl or mpi")
+        check_backend(self.backend)
         require(
             (self.steps is None) != (self.epochs is None),
             "steps/epochs",
@@ -119,19 +115,14 @@ class TrainConfig:
             require(self.epochs > 0, "epochs", self.epochs, "must be > 0")
         require(isinstance(self.batch, int) and self.batch >= 1, "batch", self.batch, "must be an integer >= 1")
         require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
+        check_lr_schedule(self.lr_schedule)
         require(
-            self.lr_schedule in LR_SCHEDULES,
+            not LR_SCHEDULES[self.lr_schedule].follows_heldout,
             "lr-schedule",
             self.lr_schedule,
-            f"must be one of {', '.join(LR_SCHEDULES)}",
-        )
-        require(
-            self.lr_schedule != "newbob",
-            "lr-schedule",
-            "newbob",
             "needs every worker to agree on a held-out loss after each epoch, which the runtime does "
             "not do (held-out scoring runs after training)",
-            hint="use exp, ibm or const; psgdlab emulate runs newbob",
+            hint=f"use {listing(_train_schedules())}; psgdlab emulate runs {self.lr_schedule}",
         )
         if self.lr_final is not None:
             require(
@@ -147,18 +138,18 @@ class TrainConfig:
         if self.compute_time is not None:
             ComputeTime.parse(self.compute_time)
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
-        build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_hosts()
+        build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_on_failure()
-        if self.backend == "nccl":
+        if BACKENDS[self.backend].needs_cuda:
             import torch
 
             require(
                 torch.cuda.is_available(),
                 "backend",
-                "nccl",
+                self.backend,
                 "needs CUDA, which this machine does not have",
-                hint="use --backend gloo or mpi",
+                hint=f"use {either(cpu_backends())}",
             )
         if self.model != LSQ_MODEL:
             from psgdlab.models.networks import MODEL_PRESETS, build_model
@@ -184,19 +175,14 @@ class TrainConfig:
             require(self.hosts >= 2, "nic-bandwidth", self.nic_bandwidth, "applies only with --hosts 2 or more")
         if self.hosts == 1:
             return
+        equal_blocks(self.workers, hosts=self.hosts)
         require(
-            self.workers % self.hosts == 0,
+            BACKENDS[self.backend].crosses_emulated_hosts,
             "hosts",
             self.hosts,
-            f"must divide the {self.workers} workers: workers go on hosts in equal contiguous blocks "
-            "(a parameter server on host 0)",
-        )
-        require(
-            self.backend != "nccl",
-            "hosts",
-            self.hosts,
-            "is not supported with --backend nccl (the GPUs of one machine would still talk through NVLink/PCIe)",
-            hint="use --backend gloo",
+            f"is not supported with --backend {self.backend} (its ranks do not run on emulated hosts: the GPUs of "
+            "one machine would still talk through NVLink/PCIe)",
+            hint=f"use {either(backends_that(lambda b: b.crosses_emulated_hosts))}",
         )
 
     @property
@@ -214,14 +200,15 @@ class TrainConfig:
     def _continue_refusal(self) -> tuple[str, str] | None:
         """Why the runtime's survivors cannot go on in this configuration (the rule broken, and
         what to use instead), or ``None``; what they can do so far is in runtime/README.md."""
-        if self.algorithm not in ("adpsgd", "dpsgd", "hadpsgd"):
+        if self.algorithm not in gossip_algorithms():
             return (
-                f"is built in the runtime for adpsgd, dpsgd and hadpsgd, not {self.algorithm}",
+                f"is built in the runtime for {listing(gossip_algorithms(), 'and')}, not {self.algorithm}",
                 "use stop or restart",
             )
-        if self.backend != "gloo":
+        if not BACKENDS[self.backend].survives_a_death:
             return (
-                f"needs --backend gloo, not {self.backend} (mpiexec ends every rank when one dies)",
+                f"needs {either(backends_that(lambda b: b.survives_a_death))}, not {self.backend}: a backend "
+                "whose ranks outlive a dead peer",
                 "use stop or restart",
             )
         if self.hosts != 1 and self.algorithm == "dpsgd":
@@ -251,10 +238,11 @@ class TrainConfig:
             self.on_failure == "restart"
         ):  # torchrun's elastic agent (psgdlab.runtime.launcher.elastic) restarts the ranks
             require(
-                self.backend != "mpi",
+                BACKENDS[self.backend].restartable,
                 "on-failure",
                 "restart",
-                "needs --backend gloo or nccl: torchrun's elastic agent starts processes, not MPI ranks",
+                f"needs {either(backends_that(lambda b: b.restartable))}: torchrun's elastic agent starts "
+                "processes, not MPI ranks",
             )
             require(
                 self.hosts == 1,
@@ -314,19 +302,22 @@ class TrainConfig:
             "--algorithm",
             "--workers",
             "--gpus-per-node",
-            defaults={"--algorithm": "ssgd", "--workers": 2, "--gpus-per-node": 1},
+            defaults={"--algorithm": "ssgd", "--workers": 2},
+            helps={"--gpus-per-node": "default: with --hosts H, workers / H (the ranks of a host); else 1"},
         )
         parser.add_argument(
             "--backend",
             default="gloo",
-            choices=["gloo", "nccl", "mpi"],
-            help="torch.distributed backend or MPI (default: gloo)",
+            choices=tuple(BACKENDS),
+            help="the transports' backend: "
+            + "; ".join(f"{name}, {b.summary}" for name, b in BACKENDS.items())
+            + " (default: gloo)",
         )
         add_flags(
             parser,
             "--model",
-            defaults={"--model": "tiny-blstm"},
-            helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: tiny-blstm); recipes: {recipes}"},
+            defaults={"--model": DEFAULT_MODEL},
+            helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: {DEFAULT_MODEL}); recipes: {recipes}"},
         )
         add_flags(parser, "--data", defaults={"--data": "synthetic"})
         steps = parser.add_mutually_exclusive_group()
@@ -343,8 +334,8 @@ class TrainConfig:
             helps={
                 "--batch": f"{recipe_help}'s total batch / workers",
                 "--lr": recipe_help,
-                "--lr-schedule": f"{recipe_help}; newbob is refused by train (it needs a held-out "
-                "loss every epoch; psgdlab emulate runs it)",
+                "--lr-schedule": f"{recipe_help}; {', '.join(_heldout_schedules())} refused by train (it needs a "
+                "held-out loss every epoch; psgdlab emulate runs it)",
                 "--momentum": f"{recipe_help} where the algorithm takes momentum",
             },
         )
@@ -378,13 +369,19 @@ class TrainConfig:
             parser,
             "--on-failure",
             helps={
-                "--on-failure": "default: continue for adpsgd, dpsgd and hadpsgd where the runtime's survivors can "
-                "go on (gloo, a run directory; dpsgd on one host), stop otherwise"
+                "--on-failure": f"default: continue for {listing(gossip_algorithms(), 'and')} where the runtime's "
+                f"survivors can go on ({either(backends_that(lambda b: b.survives_a_death))}, a run directory; "
+                "dpsgd on one host), stop otherwise"
             },
         )
         if launcher:
             add_flags(
-                parser, "--hosts", "--nic-bandwidth", "--max-restarts", defaults={"--hosts": 1, "--max-restarts": 3}
+                parser,
+                "--hosts",
+                "--nic-bandwidth",
+                "--max-restarts",
+                defaults={"--hosts": 1, "--max-restarts": 3},
+                helps={"--hosts": f"with {either(backends_that(lambda b: b.crosses_emulated_hosts))}"},
             )
 
     @classmethod
@@ -450,14 +447,36 @@ class TrainConfig:
         )
 
 
+def _heldout_schedules() -> tuple[str, ...]:
+    """The schedules that follow a held-out loss every epoch, which the runtime does not compute."""
+    return tuple(name for name, s in LR_SCHEDULES.items() if s.follows_heldout)
+
+
+def _train_schedules() -> tuple[str, ...]:
+    """The schedules a training run takes (:data:`~psgdlab.core.schedules.LR_SCHEDULES` but
+    :func:`_heldout_schedules`)."""
+    return tuple(name for name in LR_SCHEDULES if name not in _heldout_schedules())
+
+
+def platform_facts(config: TrainConfig) -> PlatformFacts:
+    """What the run's platform says that an algorithm takes where no flag gives it: on emulated
+    hosts (``--hosts H``) a host holds ``workers / H`` ranks, H-ADPSGD's node; on one machine
+    nothing (a node of one, as the algorithm's default), and no default period."""
+    if config.hosts > 1:
+        return PlatformFacts(devices_per_host=equal_blocks(config.workers, hosts=config.hosts).per_host)
+    return PlatformFacts()
+
+
 def build_algorithm(config: TrainConfig) -> Algorithm:
-    """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`:
-    ``--period``, ``--variant`` and ``--momentum`` go to the algorithms that take them and are an
-    error elsewhere; ``--gpus-per-node`` to those whose schedule uses it)."""
+    """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`
+    with :func:`platform_facts`, as every command builds it: ``--period``, ``--variant`` and
+    ``--momentum`` go to the algorithms that take them and are an error elsewhere;
+    ``--gpus-per-node`` to those whose schedule uses it)."""
     return algorithm_from_flags(
         config.algorithm,
         config.workers,
         seed=config.seed,
+        platform=platform_facts(config),
         period=config.period,
         variant=config.variant,
         momentum=config.momentum,

@@ -40,7 +40,14 @@ from typing import Any, Literal
 import numpy as np
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
-from psgdlab.core.convergence import ConvergenceProfile, Target, paired_log_sd, predict_steps, setting_of
+from psgdlab.core.convergence import (
+    OBJECTIVES,
+    ConvergenceProfile,
+    Target,
+    paired_log_sd,
+    predict_steps,
+    setting_of,
+)
 from psgdlab.core.errors import TestbedError, require
 from psgdlab.core.intervals import Z
 from psgdlab.sim.platform import Placement
@@ -227,9 +234,6 @@ class Choice:
     feasible: int
 
 
-_KEYS = {"time": "time_to_target_s", "gpu-hours": "gpu_hours_to_target"}
-
-
 def choose(
     rows: Iterable[dict[str, Any]],
     covariance: np.ndarray,
@@ -243,7 +247,7 @@ def choose(
     convergence profile's (:meth:`~psgdlab.core.convergence.ConvergenceProfile.covariance`), for
     comparing two rows with their shared uncertainty cancelled
     (:func:`~psgdlab.core.convergence.paired_log_sd`)."""
-    require(objective in _KEYS, "objective", objective, f"must be one of {', '.join(_KEYS)}")
+    require(objective in OBJECTIVES, "objective", objective, f"must be one of {', '.join(OBJECTIVES)}")
     ok = [
         r
         for r in rows
@@ -260,7 +264,7 @@ def choose(
         if ok[i][g] < best_g:
             pareto.append(ok[i])
             best_g = ok[i][g]
-    key, other = _KEYS[objective], _KEYS["gpu-hours" if objective == "time" else "time"]
+    key, other = OBJECTIVES[objective], next(v for k, v in OBJECTIVES.items() if k != objective)
     best = min(range(len(ok)), key=lambda i: (ok[i][key], i))
     tied = [i for i in range(len(ok)) if i == best or _tie(ok[best], ok[i], key, covariance)]
     pick = min(tied, key=lambda i: (ok[i][other], i))

@@ -2,8 +2,9 @@ r"""The platform model as the simulator uses it: placement of workers, shared li
 
 The profile schema (:class:`Platform`, :class:`Link`, :class:`ServerSpec`, :class:`HostCPU`) is
 core's (:mod:`psgdlab.core.profile`, re-exported here), and so are the cost laws
-(:mod:`psgdlab.core.cost`); this module adds where workers run (:class:`Placement`) and says how
-the simulator applies the profile (the link classes, ``pcie`` per socket, ``nic`` per host,
+(:mod:`psgdlab.core.cost`) and where workers run (:class:`Placement`, the rule of
+:mod:`psgdlab.core.placement` that the launcher follows too); this module says how the simulator
+applies the profile (the link classes, ``pcie`` per socket, ``nic`` per host,
 ``nvlink`` and ``collective`` optional, ``server``, are described in :mod:`psgdlab.core.profile`).
 
 Transfers that share a link share its bandwidth: each transfer registers one *flow* on every
@@ -86,74 +87,7 @@ Examples
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
-
-from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.placement import Placement
 from psgdlab.core.profile import HostCPU, Link, Platform, ServerSpec
 
 __all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Placement"]
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where each worker runs: ``host[r]`` and ``socket[r]`` (global socket id
-    ``host * sockets_per_host + local socket``), with ``per_host`` workers per host."""
-
-    host: tuple[int, ...]
-    socket: tuple[int, ...]
-    per_host: int
-    hosts_used: int
-    per_socket: tuple[int, ...]  # workers behind each global socket id
-    sockets_per_host: int = 1
-
-    def processes_per_core(self, cpu: HostCPU | None) -> float | None:
-        """Workers per CPU core on the most loaded machine (emulated hosts of one machine,
-        ``cpu.hosts_per_machine``, count together); ``None`` without ``host_cpu``."""
-        if cpu is None:
-            return None
-        per_machine = Counter(h // cpu.hosts_per_machine for h in self.host)
-        return max(per_machine.values()) / cpu.cores_per_host
-
-    def sockets_text(self) -> str:
-        """Workers behind each socket of the first host, ``"4+0"``."""
-        return "+".join(str(c) for c in self.per_socket[: self.sockets_per_host])
-
-    @classmethod
-    def pack(cls, platform: Platform, n_workers: int, per_host: int | None = None) -> Placement:
-        """Workers fill hosts ``per_host`` at a time (default: every device of a host), placed
-        on the sockets of each host by the platform's ``socket_fill`` (evenly, or the first
-        socket's devices first). Raises :class:`ConfigError` when the platform is too small."""
-        m = platform.devices_per_host if per_host is None else per_host
-        m = min(m, n_workers) if per_host is None else m
-        require(isinstance(m, int) and m >= 1, "gpus_per_node", m, "must be an integer >= 1")
-        if m > platform.devices_per_host:
-            raise ConfigError(
-                f"gpus_per_node ({m}) must be <= the platform's devices per host "
-                f"({platform.devices_per_host}) on {platform.name}"
-            )
-        hosts_used = -(-n_workers // m)
-        if hosts_used > platform.hosts:
-            raise ConfigError(
-                f"workers ({n_workers}) need {hosts_used} hosts of {m} devices but {platform.name} "
-                f"has {platform.hosts} hosts; use fewer workers or a larger platform"
-            )
-        k = platform.sockets_per_host
-        host = tuple(r // m for r in range(n_workers))
-        per_socket_devices = platform.devices_per_host // k
-        if platform.socket_fill == "pack":
-            local = [(r % m) // per_socket_devices for r in range(n_workers)]
-        else:
-            local = [((r % m) * k) // m for r in range(n_workers)]
-        socket = tuple((r // m) * k + s for r, s in zip(range(n_workers), local))
-        per_socket = [0] * (platform.hosts * k)
-        for s in socket:
-            per_socket[s] += 1
-        return cls(
-            host=host,
-            socket=socket,
-            per_host=m,
-            hosts_used=hosts_used,
-            per_socket=tuple(per_socket),
-            sockets_per_host=k,
-        )

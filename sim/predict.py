@@ -114,23 +114,20 @@ def build_algorithm(
     gpus_per_node: int | None = None,
     seed: int = 0,
 ) -> Algorithm:
-    """The algorithm ``name`` for ``n_workers``, built by
-    :func:`~psgdlab.core.algorithms.algorithm_from_flags` (a flag ``name`` does not take is an
-    error).
+    """The algorithm ``name`` for ``n_workers`` on ``config``'s platform, built by
+    :func:`~psgdlab.core.algorithms.algorithm_from_flags` with what the platform says
+    (:attr:`~psgdlab.core.profile.Profile.facts`: H-ADPSGD's node is a host's devices, the
+    default period the file's ``[defaults] period``), as every command builds it; a flag
+    ``name`` does not take is an error.
 
-    Two rules of a prediction on top: a ``period`` not given is the platform file's
-    ``[defaults] period`` for algorithms that have one; H-ADPSGD's ``gpus_per_node`` not given is
-    the platform's devices per host, capped by the number of workers. The 1-worker point of a
-    sweep is single-worker SGD, the speedup baseline, whatever ``name`` is (after ``name``'s flags
-    are checked)."""
-    if period is None and "period" in algorithm_parameters(name):
-        period = config.defaults.period
+    One rule of a sweep on top: its 1-worker point is single-worker SGD, the speedup baseline,
+    whatever ``name`` is (after ``name``'s flags are checked; the row's ``ran_as`` says so)."""
     if n_workers == 1:
         check_flags(name, period=period, variant=variant)
         return algorithm_from_flags("sgd", 1, seed=seed)
-    if gpus_per_node is None:
-        gpus_per_node = min(config.platform.devices_per_host, n_workers)
-    return algorithm_from_flags(name, n_workers, seed=seed, period=period, variant=variant, gpus_per_node=gpus_per_node)
+    return algorithm_from_flags(
+        name, n_workers, seed=seed, platform=config.facts, period=period, variant=variant, gpus_per_node=gpus_per_node
+    )
 
 
 def sweep_flags(name: str, flags: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ __all__ = [
     "load_config",
     "with_workload",
     "preset_names",
+    "DEFAULT_PRESET",
     "preset_path",
     "SOURCES_FILE",
     "SOURCE_KINDS",
@@ -108,6 +109,10 @@ SOURCE_KINDS = ("publication", "spec-sheet", "measurement", "derived", "assumpti
 _TAG = re.compile(r"\[([A-Za-z][A-Za-z0-9._-]*)")
 
 
+#: the preset of a command given neither ``--preset`` nor ``--platform``
+DEFAULT_PRESET = "interspeech2019-v100"
+
+
 def preset_names() -> tuple[str, ...]:
     """Names of the shipped presets (files ``sim/presets/NAME.toml``, but the sources table)."""
     folder = _presets_dir()
@@ -117,11 +122,11 @@ def preset_names() -> tuple[str, ...]:
 def preset_path(name: str) -> Path:
     """The file of the shipped preset ``name``; an unknown name is a one-line :class:`ConfigError`
     that lists the presets and suggests the closest names."""
-    from psgdlab.core.config import closest
+    from psgdlab.core.config import unknown
 
     names = preset_names()
     if name not in names:
-        raise ConfigError(f"preset {name!r} is not known (known: {', '.join(names)}){closest(name, names, n=3)}")
+        raise unknown("preset", name, names, n=3)
     return Path(str(_presets_dir() / f"{name}.toml"))
 
 

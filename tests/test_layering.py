@@ -61,11 +61,14 @@ RUNTIME_PARTS: dict[str, frozenset[str] | None] = {
     # runtime, the implementations the interface, the factory (channels) all of them
     "transports": frozenset(),  # the package, and a module of it not named below
     "transports.env": frozenset(),
+    "transports.backends": frozenset(),
     "transports.transport": frozenset(),
     "transports.torch_dist": frozenset({"transports.transport"}),
     "transports.mpi": frozenset({"transports.transport"}),
     "transports.shm": frozenset({"transports.transport", "transports.env", "transports.torch_dist"}),
-    "transports.channels": frozenset({"transports.transport", "transports.env", *_TRANSPORT_IMPLEMENTATIONS}),
+    "transports.channels": frozenset(
+        {"transports.transport", "transports.env", "transports.backends", *_TRANSPORT_IMPLEMENTATIONS}
+    ),
     # what a run does about failures: imports nothing else of the runtime
     "failures": frozenset(),
     "failures.flight": frozenset(),
@@ -74,8 +77,8 @@ RUNTIME_PARTS: dict[str, frozenset[str] | None] = {
     # the training loop talks to the transport interface, never to an implementation, and
     # never to a launcher
     "loop": frozenset({"transports.transport", "transports.env", "failures.flight", "failures.survive"}),
-    # the resolved run configuration: models and core only
-    "config": frozenset(),
+    # the resolved run configuration: models and core, and the names of the transports' backends
+    "config": frozenset({"transports.backends"}),
     # starting ranks: the top of the runtime below the entries; nothing else imports it
     "launcher": frozenset({"config", "loop", "failures", "transports"}),
     # the entries: one rank's run, ``python -m psgdlab.runtime``, the package's lazy exports

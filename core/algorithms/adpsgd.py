@@ -101,7 +101,6 @@ class ADPSGD(Algorithm):
 
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
-        require(self.variant in VARIANTS, "variant", self.variant, f"must be one of {', '.join(VARIANTS)}")
         if self.delay is None:
             object.__setattr__(self, "delay", 1 if self.variant == "delay" else 0)
         if self.variant == "delay":

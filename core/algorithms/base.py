@@ -103,7 +103,8 @@ class Algorithm:
     #: True when the schedule is gossip over a topology that :func:`psgdlab.core.membership.rebuild`
     #: can re-form without some workers, so survivors may go on after a worker dies
     gossip: ClassVar[bool] = False
-    #: the values of the ``variant`` parameter, for algorithms that have one
+    #: the values of the ``variant`` parameter, for algorithms that have one (checked here, in
+    #: :meth:`__post_init__`; the flags' help and errors read it)
     variants: ClassVar[tuple[str, ...]] = ()
 
     n_workers: int = 1
@@ -119,6 +120,9 @@ class Algorithm:
         )
         require(0.0 <= self.momentum < 1.0, "momentum", self.momentum, "must be in [0, 1)")
         require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
+        if self.variants:  # the one check of a variant: against the class's own list
+            variant = getattr(self, "variant", None)
+            require(variant in self.variants, "variant", variant, f"must be one of {', '.join(self.variants)}")
 
     # ----- schedule ---------------------------------------------------------------------------
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:

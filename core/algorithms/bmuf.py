@@ -84,7 +84,6 @@ class BMUF(Algorithm):
         object.__setattr__(self, "block_momentum", momentum)
         require(0.0 <= momentum < 1.0, "block_momentum", momentum, "must be in [0, 1)")
         require(self.block_lr > 0.0, "block_lr", self.block_lr, "must be > 0")
-        require(self.variant in self.variants, "variant", self.variant, "must be 'classical' or 'nesterov'")
         if self.period == 1:
             warnings.warn(
                 "bmuf with period 1 filters after every step: it pays one model allreduce "

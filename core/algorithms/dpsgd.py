@@ -35,13 +35,12 @@ from psgdlab.core.algorithms._matching import mixing_column
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import require
 from psgdlab.core.exchange import Exchange, Gossip
+from psgdlab.core.topology import STATIC_KINDS
 
 if TYPE_CHECKING:
     from psgdlab.core.topology import Topology
 
 __all__ = ["DPSGD"]
-
-STATIC_KINDS = ("ring", "torus", "complete", "exponential")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,7 +74,6 @@ class EASGD(Algorithm):
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
         check_period(self.period)
-        require(self.variant in self.variants, "variant", self.variant, "must be 'async' or 'sync'")
         alpha = 0.9 / self.n_workers if self.alpha is None else self.alpha
         object.__setattr__(self, "alpha", alpha)
         require(0.0 <= alpha < 1.0, "alpha", alpha, "must be in [0, 1)")

@@ -79,7 +79,6 @@ class HADPSGD(Algorithm):
             f"must be divisible by gpus_per_node ({m})",
             error=TopologyError,
         )
-        require(self.variant in self.variants, "variant", self.variant, "must be 'fixed' or 'random'")
         if self.n_nodes > 1:
             check_even(self.n_nodes, "nodes (workers / gpus_per_node)")
 

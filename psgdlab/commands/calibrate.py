@@ -12,6 +12,7 @@ import sys
 
 def register(sub: argparse._SubParsersAction) -> None:
     from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
+    from psgdlab.runtime.transports.backends import cpu_backends
 
     p = sub.add_parser(
         "calibrate",
@@ -75,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="the probe's run directory (default: runs/probe-TIMESTAMP)",
     )
-    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo", help="the transport the probe measures")
+    p.add_argument("--backend", choices=cpu_backends(), default="gloo", help="the transport the probe measures")
     p.add_argument(
         "--sizes",
         type=_sizes,

@@ -14,6 +14,9 @@ import json
 import sys
 
 from psgdlab.core.flags import add_flags
+from psgdlab.emulate import SYNTHETIC
+from psgdlab.models.recipes import DEFAULT_MODEL, MODEL_RECIPES
+from psgdlab.sim.workload import DEFAULT_PRESET
 
 __all__ = ["register", "run"]
 
@@ -31,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         "--platform",
         dests={"--platform": "platform_file"},
-        helps={"--preset": "default interspeech2019-v100"},
+        helps={"--preset": f"default {DEFAULT_PRESET}"},
     )
     add_flags(
         p,
@@ -43,10 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         "--data",
         required={"--algorithm", "--workers"},
-        defaults={"--model": "tiny-blstm", "--data": "synthetic"},
+        defaults={"--model": DEFAULT_MODEL, "--data": SYNTHETIC},
         helps={
             "--workers": "virtual workers",
-            "--model": "tiny-blstm, blstm-small, blstm, dnn, dnn-small, cldnn or least-squares",
+            "--gpus-per-node": "default: the platform's devices per host, capped by the number of workers",
+            "--model": ", ".join(MODEL_RECIPES),
         },
     )
     length = p.add_mutually_exclusive_group()

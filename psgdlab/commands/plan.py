@@ -19,14 +19,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from psgdlab.core.convergence import OBJECTIVES
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, int_list
+from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
     from psgdlab.sim.plan import Candidate
     from psgdlab.sim.workload import SimConfig
 
-DEFAULT_PRESET = "interspeech2019-v100"
 #: candidates per task sent to a process or an MPI rank (fewer messages; chunks of like cost)
 CHUNK = 6
 
@@ -51,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-gpu-hours", type=float, default=None, metavar="H", help="GPU-hours to target at most H")
     p.add_argument(
         "--objective",
-        choices=("time", "gpu-hours"),
+        choices=tuple(OBJECTIVES),
         default="time",
         help="what the recommendation minimises (ties on it are broken by the other)",
     )

@@ -13,13 +13,14 @@ import time
 from typing import TYPE_CHECKING
 
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
+from psgdlab.core.profile import Defaults
+from psgdlab.core.workloads import BY_MODEL, WORKLOADS
+from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
     from psgdlab.sim.failures import FailureRequest
     from psgdlab.sim.workload import SimConfig
-
-DEFAULT_PRESET = "interspeech2019-v100"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Predict, with a discrete-event simulator, how fast each parallel-SGD algorithm trains a "
             "workload on a cluster: step time, samples/s, speedup over one-worker SGD, epoch time and "
             "time to train (extrapolated from a simulated window), communication and idle fractions and "
-            "the staleness of updates. With no arguments: preset interspeech2019-v100, algorithms "
-            "ssgd,adpsgd,hadpsgd, workers 1,2,4,8,16,32,64."
+            f"the staleness of updates. With no arguments: preset {DEFAULT_PRESET}, algorithms "
+            f"{','.join(Defaults().algorithms)}, workers {','.join(map(str, Defaults().workers))}."
         ),
         formatter_class=DefaultsHelpFormatter,
     )
@@ -49,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workload",
         metavar="NAME|FILE.toml",
         default=None,
-        help="predict another model on the same platform: a named workload (psgdlab workload list: bilstm-43m, "
-        "dnn-13.5m, cldnn-13.8m, conformer-120m; or the runtime's model preset that trains it, blstm, dnn, cldnn) "
+        help="predict another model on the same platform: a named workload (psgdlab workload list: "
+        f"{', '.join(sorted(WORKLOADS))}; or the runtime's model preset that trains it, {', '.join(BY_MODEL)}) "
         "or a TOML file with a [workload] table (psgdlab workload show NAME writes one); its compute time follows "
         "from the "
         "platform's device (peak FLOP/s and memory bandwidth times the platform's efficiencies); "
@@ -62,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workers",
         many={"--algorithm", "--workers"},
         helps={
-            "--algorithm": "default: the file's [defaults] or ssgd,adpsgd,hadpsgd",
-            "--workers": "default: the file's [defaults] or 1,2,4,8,16,32,64",
+            "--algorithm": f"default: the file's [defaults] or {','.join(Defaults().algorithms)}",
+            "--workers": f"default: the file's [defaults] or {','.join(map(str, Defaults().workers))}",
         },
     )
     add_flags(

@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["register", "run", "KINDS"]
+from psgdlab.core.topology import INNER_KINDS, KINDS
 
-# the same names as psgdlab.core.topology.KINDS (a test keeps the two in step; core is not
-# imported at module level so that `psgdlab --help` stays light)
-KINDS = ("ring", "torus", "complete", "exponential", "hypercube", "fixed-ring", "random-ring", "hierarchical")
+__all__ = ["register", "run"]
+
 MIXING_TOL = 1e-6
 
 
@@ -45,9 +44,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--inner",
-        choices=("fixed-ring", "random-ring"),
+        choices=INNER_KINDS,
         default=None,
-        help="schedule of the super-learners (hierarchical only); default fixed-ring",
+        help=f"schedule of the super-learners (hierarchical only); default {INNER_KINDS[0]}",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="K", help="seed of random-ring schedules")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -14,6 +14,7 @@ from typing import Any
 
 from psgdlab.core.flags import add_flags
 from psgdlab.runtime.config import TrainConfig
+from psgdlab.runtime.transports.backends import BACKENDS
 
 __all__ = ["register", "run"]
 
@@ -32,7 +33,7 @@ def _draw_loss(config: Any, summary: dict[str, Any]) -> None:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "train", help="real distributed training (gloo, nccl, mpi)", description=__doc__.split("\n\n")[0]
+        "train", help=f"real distributed training ({', '.join(BACKENDS)})", description=__doc__.split("\n\n")[0]
     )
     TrainConfig.add_arguments(parser, launcher=True)
     add_flags(parser, "--json")

@@ -10,6 +10,7 @@ from typing import Any
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, name_list
+from psgdlab.runtime.transports.backends import cpu_backends
 from psgdlab.validate.plan import ALGORITHM_CASES
 
 
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "bottleneck and one where it is not)",
         },
     )
-    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo", help="the runtime's transport")
+    p.add_argument("--backend", choices=cpu_backends(), default="gloo", help="the runtime's transport")
     p.add_argument(
         "--compute-time", default="0.05", metavar="T", help="emulated compute per step (psgdlab.core.timing spec)"
     )

@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.calibration import fitted_profile
-from psgdlab.core.algorithms import algorithm_parameters
+from psgdlab.core.placement import equal_blocks
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.validate.machine import load_average, wait_for_quiet
 from psgdlab.validate.plan import (
@@ -289,9 +289,9 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             for name in vc.algorithms:
                 algorithm, variant = ALGORITHM_CASES[name]
                 for n in counts_n:
-                    per_host = n if hosts == 1 else n // hosts
-                    node = vc.gpus_per_node if hosts == 1 else per_host  # on emulated hosts a node is a host
-                    gpn = node if "gpus_per_node" in algorithm_parameters(algorithm) else None
+                    per_host = equal_blocks(n, hosts=hosts).per_host
+                    # the run's node: on emulated hosts a host (psgdlab.runtime.config.platform_facts)
+                    gpn = vc.gpus_per_node if hosts == 1 else per_host
                     cname = case_name(name, n, straggler, hosts, rate)
                     d = meas_root / "runs" / f"{name}-w{n}"
                     say(f"predict {cname}")

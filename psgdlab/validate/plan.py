@@ -11,6 +11,7 @@ from psgdlab.core.algorithms import algorithm_from_flags
 from psgdlab.core.config import parse_rate
 from psgdlab.core.errors import require
 from psgdlab.core.exchange import folds_model
+from psgdlab.runtime.transports.backends import cpu_backends
 
 __all__ = [
     "ALGORITHM_CASES",
@@ -123,7 +124,7 @@ class ValidateConfig:
             require(a in ALGORITHM_CASES, "algorithms", a, f"must be one of {', '.join(ALGORITHM_CASES)}")
         for w in self.workers:
             require(isinstance(w, int) and w >= 2, "workers", w, "must be integers >= 2")
-        require(self.backend in ("gloo", "mpi"), "backend", self.backend, "must be gloo or mpi")
+        require(self.backend in cpu_backends(), "backend", self.backend, f"must be one of {', '.join(cpu_backends())}")
         require(self.steps >= 10, "steps", self.steps, "must be >= 10 (warm-up and window)")
         require(self.calibration_steps >= 10, "calibration_steps", self.calibration_steps, "must be >= 10")
         require(isinstance(self.dim, int) and self.dim >= 4, "dim", self.dim, "must be an integer >= 4")

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.algorithms import algorithm_parameters
 from psgdlab.core.errors import ConfigError
 from psgdlab.validate.machine import wait_for_quiet
 from psgdlab.validate.plan import ALGORITHM_CASES, ValidateConfig, case_name
@@ -49,12 +48,11 @@ def train_config(
     from psgdlab.models.recipes import LSQ_MODEL
     from psgdlab.runtime.config import TrainConfig
 
-    gpn = vc.gpus_per_node if hosts == 1 else workers // hosts
     return TrainConfig(
         algorithm=algorithm,
         variant=variant,
         workers=workers,
-        gpus_per_node=gpn if "gpus_per_node" in algorithm_parameters(algorithm) else 1,
+        gpus_per_node=vc.gpus_per_node if hosts == 1 else None,  # None: a host (platform_facts)
         hosts=hosts,
         nic_bandwidth=nic_bandwidth,
         backend=vc.backend,

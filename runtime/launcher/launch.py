@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.core.placement import equal_blocks
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.models.recipes import LSQ_MODEL
@@ -44,7 +45,6 @@ from psgdlab.runtime.launcher.netns import (
     BRIDGE,
     MPI_NETWORK_ENV,
     EmulatedHosts,
-    contiguous_placement,
     fresh_hosts,
     require_netns,
     set_parent_death_signal,
@@ -60,11 +60,13 @@ from psgdlab.runtime.launcher.ranks import (
     rank_environment,
     start_ranks,
 )
+from psgdlab.runtime.transports.backends import BACKENDS, cpu_backends, either
 from psgdlab.runtime.transports.env import HOST_ENV, in_main_thread
 from psgdlab.runtime.transports.shm.shm_sys import remove_orphaned, remove_segments
 
 __all__ = [
     "launch",
+    "rank_hosts",
     "require_local_gpus",
     "require_lsq_memory",
     "available_memory_bytes",
@@ -113,7 +115,7 @@ def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
     """Refuse, before anything starts, an NCCL run of more ranks on this machine than it has
     GPUs: NCCL needs one GPU per rank (each rank's own check is
     :func:`psgdlab.runtime.transports.channels.rank_device`)."""
-    if config.backend != "nccl":
+    if not BACKENDS[config.backend].needs_cuda:
         return
     import torch
 
@@ -123,8 +125,9 @@ def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
         local_ranks <= gpus,
         "workers",
         config.workers,
-        f"need {local_ranks} GPUs on this machine with --backend nccl (one per worker{server}), which has {gpus}",
-        hint="use fewer workers, or --backend gloo or mpi",
+        f"need {local_ranks} GPUs on this machine with --backend {config.backend} (one per worker{server}), "
+        f"which has {gpus}",
+        hint=f"use fewer workers, or {either(cpu_backends())}",
     )
 
 
@@ -169,7 +172,8 @@ def launch(
         old.unlink()
     _clear_failure_records(out)
     world = world_size_of(config)
-    placement = contiguous_placement(world, config.hosts, workers=config.workers)  # hosts.json says the same
+    blocks = equal_blocks(config.workers, hosts=config.hosts)
+    placement = rank_hosts(config)  # hosts.json says the same
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
     env = rank_environment(ranks_dir, extra_env)
     cmd = [sys.executable, "-m", "psgdlab.runtime", "--config", str(config_path)]
@@ -202,7 +206,7 @@ def launch(
             mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
             mpi_env = env
             if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
-                hydra = _hydra_options(hosts, ranks_dir, config.workers)
+                hydra = _hydra_options(hosts, ranks_dir, blocks.per_host)
                 mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path()), *hydra, "-n", str(world), *cmd]
                 mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
             procs[-1] = subprocess.Popen(
@@ -298,12 +302,18 @@ def _record_hosts(hosts: EmulatedHosts, out: Path, placement: tuple[int, ...]) -
     )
 
 
-def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, workers: int) -> list[str]:
+def rank_hosts(config: TrainConfig) -> tuple[int, ...]:
+    """The host of every rank of ``config``'s run (a parameter server's included): the workers
+    in equal blocks over ``config.hosts``, as :mod:`psgdlab.core.placement` places them for the
+    simulator too."""
+    return equal_blocks(config.workers, hosts=config.hosts).rank_hosts(world_size_of(config))
+
+
+def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, per_host: int) -> list[str]:
     """mpiexec's options for emulated hosts: listen on the bridge, a host file of the hosts'
-    addresses with ``workers / hosts`` slots each (contiguous blocks; mpiexec places the ranks
-    beyond the slots, a parameter server, from the first host again: on host 0), the namespace
-    launcher hook."""
-    per_host = workers // hosts.hosts
+    addresses with ``per_host`` slots each (the placement's blocks, :mod:`psgdlab.core.placement`;
+    mpiexec places the ranks beyond the slots, a parameter server, from the first host again: on
+    host 0), the namespace launcher hook."""
     host_file = ranks_dir / "hosts.txt"
     host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
     hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")

@@ -23,7 +23,7 @@ Shaping
 
 Placement
     Workers go on hosts in contiguous blocks, ``workers / H`` each, a parameter server on host 0
-    (:func:`contiguous_placement`):
+    (:func:`psgdlab.core.placement.equal_blocks`, the rule the simulator places workers by too):
     ranks 0..k-1 on host 0 and so on, as srun's block distribution and mpiexec's ``-ppn`` do.
     Ranks of one emulated host share the shared-memory data plane; those of different hosts do
     not, because the launcher gives each rank its host's identity
@@ -83,7 +83,6 @@ __all__ = [
     "LAUNCHER_ADDRESS",
     "MPI_NETWORK_ENV",
     "IFACE",
-    "contiguous_placement",
     "fresh_hosts",
     "remove_stale",
     "unavailable_reason",
@@ -120,25 +119,6 @@ _NAME_RE = re.compile(r"^(psgd-(\d+)-(\d+)-\d+)-(br|h\d+)$")
 RECORD_DIR = Path("/run")
 _RUNS = itertools.count()  # the runs of this process (two launches at once stay apart)
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
-
-
-def contiguous_placement(world_size: int, hosts: int, *, workers: int | None = None) -> tuple[int, ...]:
-    """The host of every rank: the first ``workers`` ranks (default: all) in contiguous blocks of
-    ``workers // hosts``, and the ranks after them (a parameter server) on host 0, where the
-    simulator puts the server.
-
-    >>> contiguous_placement(6, 3)
-    (0, 0, 1, 1, 2, 2)
-    >>> contiguous_placement(5, 2, workers=4)
-    (0, 0, 1, 1, 0)
-    """
-    workers = world_size if workers is None else workers
-    if not 1 <= workers <= world_size:
-        raise ConfigError(f"workers ({workers}) must be from 1 to the {world_size} ranks")
-    if hosts < 1 or workers % hosts:
-        raise ConfigError(f"hosts ({hosts}) must divide the {workers} workers (workers go on hosts in equal blocks)")
-    per = workers // hosts
-    return tuple(r // per if r < workers else 0 for r in range(world_size))
 
 
 def tbf_arguments(rate_bytes_per_s: float) -> list[str]:

@@ -41,7 +41,9 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.core.placement import equal_blocks
 from psgdlab.core.trace import atomic_write_bytes, atomic_write_json, atomic_write_text
+from psgdlab.runtime.transports.backends import cpu_backends
 
 __all__ = ["ProbeConfig", "probe", "PROBE_DTYPE", "KINDS", "DEFAULT_SIZES_BYTES"]
 
@@ -107,7 +109,7 @@ class ProbeConfig:
     nic_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
-        require(self.backend in ("gloo", "mpi"), "backend", self.backend, "must be gloo or mpi")
+        require(self.backend in cpu_backends(), "backend", self.backend, f"must be one of {', '.join(cpu_backends())}")
         for s in self.sizes_bytes:
             require(isinstance(s, int) and s >= 8 and s % 8 == 0, "sizes", s, "must be positive multiples of 8 bytes")
         require(
@@ -135,12 +137,7 @@ class ProbeConfig:
                 self.hosts,
                 "is supported by the probe with --backend gloo only (psgdlab train --hosts runs MPI too)",
             )
-            require(
-                self.world % self.hosts == 0,
-                "hosts",
-                self.hosts,
-                f"must divide the probe's {self.world} ranks (the largest group): ranks go on hosts in equal blocks",
-            )
+            equal_blocks(self.world, hosts=self.hosts, what="ranks of the probe (its largest group)")
 
     @property
     def world(self) -> int:
@@ -209,7 +206,7 @@ def _up_hosts(cfg: ProbeConfig) -> tuple[Any, list[int], int]:
     removed first); the host of every rank; the rendezvous port."""
     from psgdlab.core.config import parse_rate
     from psgdlab.runtime.launcher.launch import MASTER_PORT
-    from psgdlab.runtime.launcher.netns import EmulatedHosts, contiguous_placement, remove_stale, require_netns
+    from psgdlab.runtime.launcher.netns import EmulatedHosts, remove_stale, require_netns
 
     require_netns(cfg.hosts)
     remove_stale()
@@ -221,7 +218,7 @@ def _up_hosts(cfg: ProbeConfig) -> tuple[Any, list[int], int]:
     except BaseException:
         hosts.down()
         raise
-    return hosts, list(contiguous_placement(cfg.world, cfg.hosts)), MASTER_PORT
+    return hosts, list(equal_blocks(cfg.world, hosts=cfg.hosts).host), MASTER_PORT
 
 
 def _wait(

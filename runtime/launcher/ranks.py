@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from psgdlab.core.placement import local_ranks
 from psgdlab.runtime.transports.env import STORE_FD_ENV
 
 __all__ = [
@@ -90,7 +91,8 @@ def start_ranks(
 
     On one host (``hosts`` None) rank 0 serves the store on a :func:`rendezvous_socket` bound
     here, which this function closes once rank 0 holds it. On emulated hosts
-    (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host) each rank
+    (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host, its
+    ``LOCAL_RANK`` its place among its host's ranks, :func:`psgdlab.core.placement.local_ranks`) each rank
     starts in its host's namespace with its host's environment, finds the store at
     ``master_port`` (fresh namespaces, where nothing else listens), dies with its launcher
     (parent-death signal), and is recorded for the clean-up after a killed launcher."""
@@ -101,15 +103,15 @@ def start_ranks(
         from psgdlab.runtime.launcher.netns import set_parent_death_signal
 
         death_signal = set_parent_death_signal
+    local = local_ranks(placement if hosts is not None else (0,) * world)  # a rank's device on its host
     procs: list[subprocess.Popen] = []
     try:
         for r in range(world):
-            env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **rendezvous)
+            env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(local[r]), **rendezvous)
             prefix: list[str] = []
             if hosts is not None:
-                host = placement[r]
-                env_r.update(hosts.environment(host, env), LOCAL_RANK=str(list(placement[:r]).count(host)))
-                prefix = hosts.exec_prefix(host)
+                env_r.update(hosts.environment(placement[r], env))
+                prefix = hosts.exec_prefix(placement[r])
             proc = subprocess.Popen(
                 [*prefix, *cmd],
                 env=env_r,

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.runtime.transports.backends import BACKENDS, check_backend, cpu_backends, either
 from psgdlab.runtime.transports.env import STORE_FD_ENV, LaunchEnv
 from psgdlab.runtime.transports.mpi import MPITransport, mpi_module
 from psgdlab.runtime.transports.shm.shm import open_plane
@@ -41,9 +42,7 @@ from psgdlab.runtime.transports.shm.shm_transport import SharedMemoryTransport
 from psgdlab.runtime.transports.torch_dist import TorchTransport
 from psgdlab.runtime.transports.transport import CHANNELS, Transport
 
-__all__ = ["BACKENDS", "open_channels"]
-
-BACKENDS = ("gloo", "nccl", "mpi")
+__all__ = ["open_channels", "rank_device"]
 
 
 def open_channels(
@@ -59,7 +58,8 @@ def open_channels(
 
     Parameters
     ----------
-    backend : {"gloo", "nccl", "mpi"}
+    backend : str
+        A name of :data:`~psgdlab.runtime.transports.backends.BACKENDS`.
     env : LaunchEnv
         This process's place in the job.
     groups : sequence of tuple of int
@@ -84,12 +84,12 @@ def open_channels(
         torch.distributed could not initialise, or MPI lacks ``MPI_THREAD_MULTIPLE`` or disagrees
         with the launcher on the world size.
     """
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
+    if check_backend(backend).needs_cuda and not torch.cuda.is_available():
+        raise ConfigError(
+            f"backend ({backend!r}) needs CUDA, which this machine does not have; use {either(cpu_backends())}"
+        )
     if backend == "mpi":
         return _open_mpi(env=env, groups=groups)
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("backend ('nccl') needs CUDA, which this machine does not have; use --backend gloo")
     try:
         return _open_torch(backend, env=env, groups=groups, timeout_s=timeout_s, device=device, master=master)
     except RuntimeError as exc:
@@ -107,7 +107,7 @@ def rank_device(backend: str, env: LaunchEnv) -> torch.device:
     ConfigError
         NCCL and ``env.local_rank`` at or beyond this host's GPU count.
     """
-    if backend != "nccl":
+    if not BACKENDS[backend].needs_cuda:
         return torch.device("cpu")
     gpus = torch.cuda.device_count()
     require(
@@ -115,7 +115,7 @@ def rank_device(backend: str, env: LaunchEnv) -> torch.device:
         "local rank",
         env.local_rank,
         f"of rank {env.rank} has no GPU of its own on this host, which has {gpus}; NCCL needs one GPU per rank",
-        hint="start at most as many ranks per host as it has GPUs, or use --backend gloo or mpi",
+        hint=f"start at most as many ranks per host as it has GPUs, or use {either(cpu_backends())}",
     )
     return torch.device("cuda", env.local_rank)
 

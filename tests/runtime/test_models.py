@@ -92,7 +92,10 @@ def test_cldnn_uses_projected_lstm():
 
 
 def test_unknown_model_name_lists_known_and_suggests():
-    with pytest.raises(ConfigError, match=r"did you mean 'blstm-small'.*known: blstm, blstm-small"):
+    with pytest.raises(
+        ConfigError,
+        match=(r"model \('blstm-smal'\) is not known \(known: blstm, blstm-small, .*\); did you mean 'blstm-small'\?$"),
+    ):
         build_model("blstm-smal", input_dim=1, n_classes=2, window=3)
 
 

@@ -69,18 +69,11 @@ def test_without_root_the_command_says_so(capsys, tmp_path, monkeypatch):
     )
 
 
-def test_rates_and_placement():
+def test_rates_parse_and_format():
     from psgdlab.core.config import format_rate, parse_rate
 
     assert parse_rate("1Gbit/s") == 125e6 and parse_rate("500Mbit/s") == 62.5e6 and parse_rate("10MB/s") == 1e7
     assert format_rate(parse_rate("2Gbit/s")) == "2Gbit/s"
-    assert netns.contiguous_placement(4, 2) == (0, 0, 1, 1)
-    assert netns.contiguous_placement(8, 4) == (0, 0, 1, 1, 2, 2, 3, 3)
-    assert netns.contiguous_placement(5, 2, workers=4) == (0, 0, 1, 1, 0)  # the server on host 0
-    with pytest.raises(ConfigError, match=r"hosts \(3\) must divide the 4 workers"):
-        netns.contiguous_placement(4, 3)
-    with pytest.raises(ConfigError, match=r"hosts \(2\) must divide the 3 workers"):
-        netns.contiguous_placement(4, 2, workers=3)
 
 
 def test_the_summary_keeps_hosts_and_placement():

@@ -55,7 +55,7 @@ def test_probe_flags_are_checked_before_anything_runs(tmp_path, capsys):
         (["--sizes", "8k,64k"], "add --probe"),
         (["--hosts", "2"], "add --probe"),
         (["--probe", "--hosts", "2", "--backend", "mpi"], "with --backend gloo only"),
-        (["--probe", "--hosts", "2", "--groups", "3"], r"must divide the probe's 3 ranks"),
+        (["--probe", "--hosts", "2", "--groups", "3"], r"hosts \(2\) must divide the 3 ranks of the probe"),
         (["--probe", "--nic-bandwidth", "1Gbit/s"], "applies only with --hosts 2 or more"),
         (["--probe", "--hosts", "2", "--nic-bandwidth", "fast"], r"nic-bandwidth \('fast'\)"),
         (["--probe", str(tmp_path / "missing"), "--out", str(tmp_path / "x.toml")], "missing does not exist"),
