@@ -14,7 +14,7 @@ the fits read fixed runs, so the same inputs give the same values; what measures
 (``train``, a fresh probe) or the clock (``wall_s``, the environment's time) is compared by its
 keys and value types only (:data:`MEASURED`, :data:`VOLATILE`). ``compare`` prints every path whose
 key is missing, added or whose value differs, and exits 1 if any is not an allowed addition
-(:data:`ADDED`).
+(:func:`added`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,15 @@ PY = sys.executable
 VOLATILE = {"wall_s", "time_utc"}
 #: commands that measure this machine: every value compared by type only
 MEASURED = {"train", "train/summary.json", "calibrate --probe"}
-#: keys a recording after the change may add: (path suffix, where)
-ADDED = ("schema_version", "kind")
+
+
+#: top-level keys a recording after the change may add: every document gains ``schema_version``;
+#: a summary.json (and train's and emulate's --json, which print theirs) its header's ``kind``;
+#: plan's summary.json, which had no header, its ``source`` too
+def added(name: str) -> tuple[str, ...]:
+    if name.endswith("summary.json") or name in ("train", "emulate"):
+        return ("schema_version", "kind", "source") if name == "plan/summary.json" else ("schema_version", "kind")
+    return ("schema_version",)
 
 
 def _psgdlab(*argv: str, cwd: Path) -> Any:
@@ -184,7 +191,8 @@ def _same(a: Any, b: Any, *, loose: bool) -> bool:
 
 def compare(before: Path, after: Path) -> int:
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
-    bad, added = [], []
+    bad: list[str] = []
+    additions: list[str] = []
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
             bad.append(f"{name}: only {'after' if name in b else 'before'}")
@@ -199,14 +207,14 @@ def compare(before: Path, after: Path) -> int:
             if key not in fb:
                 bad.append(f"{name}: {key} missing after")
             elif key not in fa:
-                (added if last in ADDED else bad).append(f"{name}: {key} added ({fb[key]!r})")
+                (additions if key in added(name) else bad).append(f"{name}: {key} added ({fb[key]!r})")
             elif not _same(fa[key], fb[key], loose=name in MEASURED or last in VOLATILE):
                 bad.append(f"{name}: {key} {fa[key]!r} -> {fb[key]!r}")
-    for line in added:
+    for line in additions:
         print("allowed:", line)
     for line in bad:
         print("DIFFERS:", line)
-    print(f"{len(set(a) | set(b))} outputs; {len(added)} allowed additions; {len(bad)} differences")
+    print(f"{len(set(a) | set(b))} outputs; {len(additions)} allowed additions; {len(bad)} differences")
     return 1 if bad else 0
 
 

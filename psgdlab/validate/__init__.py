@@ -307,7 +307,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                     # first (seed offset 0, rank order) is the case's prediction, written and compared
                     first, *more = relabelled_seeds(n, vc.prediction_seeds)
                     p = predict_one(algorithm, n, config, seed=vc.seed + first[0], streams=first[1], **case)
-                    p.row["algorithm"] = name
+                    p.row = dataclasses.replace(p.row, algorithm=name)
                     preds.append(p)
                     predicted[(name, n)] = [
                         predicted_samples_per_s(q.result.trace, vc.batch)

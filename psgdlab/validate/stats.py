@@ -141,7 +141,7 @@ def staleness_ok(c: dict[str, Any]) -> bool:
     return abs(p - m) / m <= TARGETS["staleness_mean_rel_error"]
 
 
-def mark_intervals(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+def mark_intervals(cases: list[dict[str, Any]], rows: Sequence[Mapping[str, Any]]) -> None:
     """Mark which measured step times fall inside their prediction's 90 % interval (issue 16).
 
     ``rows`` are the predictions' rows (:func:`psgdlab.sim.predict.predict_one`, with
