@@ -12,9 +12,10 @@ Three steps::
 ``record`` runs each command in its own ``python -m psgdlab`` process. The simulator is seeded and
 the fits read fixed runs, so the same inputs give the same values; what measures this machine
 (``train``, a fresh probe) or the clock (``wall_s``, the environment's time) is compared by its
-keys and value types only (:data:`MEASURED`, :data:`VOLATILE`). ``compare`` prints every path whose
-key is missing, added or whose value differs, and exits 1 if any is not an allowed addition
-(:func:`added`).
+keys and value types only (:data:`MEASURED`, :data:`VOLATILE`). A TOML profile written on the way
+is compared by its tables; its notes (comments) are text a change may reword, and ``compare`` says
+where they differ. ``compare`` prints every path whose key is missing, added or whose value
+differs, and exits 1 if any is not an allowed addition (:func:`added`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,12 @@ MEASURED = {"train", "train/summary.json", "calibrate --probe"}
 #: top-level keys a recording after the change may add: every document gains ``schema_version``;
 #: a summary.json (and train's and emulate's --json, which print theirs) its header's ``kind``;
 #: plan's summary.json, which had no header, its ``source`` too
+#: fit --json also gains what its text shows (FitResult: one source for both)
 def added(name: str) -> tuple[str, ...]:
     if name.endswith("summary.json") or name in ("train", "emulate"):
         return ("schema_version", "kind", "source") if name == "plan/summary.json" else ("schema_version", "kind")
+    if name == "fit":
+        return ("schema_version", "prior", "prior_log_sd", "noise", "logo_by_grouping")
     return ("schema_version",)
 
 
@@ -193,13 +198,16 @@ def compare(before: Path, after: Path) -> int:
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
     bad: list[str] = []
     additions: list[str] = []
+    notes: list[str] = []
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
             bad.append(f"{name}: only {'after' if name in b else 'before'}")
             continue
-        if isinstance(a[name], str):  # a TOML file: the text
-            if a[name] != b[name]:
-                bad.append(f"{name}: the text differs")
+        if isinstance(a[name], str):  # a TOML file: its tables must be equal; its comments (notes) are text
+            if tomllib.loads(a[name]) != tomllib.loads(b[name]):
+                bad.append(f"{name}: the tables differ")
+            elif a[name] != b[name]:
+                notes.append(f"{name}: the tables are equal; the notes (comments) differ")
             continue
         fa, fb = _flat(a[name]), _flat(b[name])
         for key in sorted(set(fa) | set(fb)):
@@ -207,11 +215,14 @@ def compare(before: Path, after: Path) -> int:
             if key not in fb:
                 bad.append(f"{name}: {key} missing after")
             elif key not in fa:
-                (additions if key in added(name) else bad).append(f"{name}: {key} added ({fb[key]!r})")
+                top = key.split("/", 1)[0]
+                (additions if top in added(name) else bad).append(f"{name}: {key} added ({fb[key]!r})")
             elif not _same(fa[key], fb[key], loose=name in MEASURED or last in VOLATILE):
                 bad.append(f"{name}: {key} {fa[key]!r} -> {fb[key]!r}")
     for line in additions:
         print("allowed:", line)
+    for line in notes:
+        print("notes:", line)
     for line in bad:
         print("DIFFERS:", line)
     print(f"{len(set(a) | set(b))} outputs; {len(additions)} allowed additions; {len(bad)} differences")
