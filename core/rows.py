@@ -505,7 +505,7 @@ class PlanRow(Record):
         return self.prediction is not None and self.prediction.reaches_target
 
     @property
-    def target(self) -> TargetColumns:
+    def to_target(self) -> TargetColumns:
         """The simulated row's time to target (a :class:`ValueError` for a row not simulated)."""
         if self.prediction is None or self.prediction.to_target is None:
             raise ValueError(f"plan row {self.config!r} has no time to target")

@@ -228,7 +228,7 @@ _KEYS = {"time": "time_to_target_s", "gpu-hours": "gpu_hours_to_target"}
 
 def _figure(row: PlanRow, key: str) -> float:
     """A row's time to target (s) or GPU-hours to it: ``key`` of its :class:`~psgdlab.core.rows.TargetColumns`."""
-    value = getattr(row.target, key)
+    value = getattr(row.to_target, key)
     return float(value)
 
 

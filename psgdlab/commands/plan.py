@@ -164,7 +164,7 @@ def not_reaching(rows: Sequence[PlanRow]) -> dict[str, NotReaching]:
         if r.reaches_target:
             continue
         if r.prediction is not None:
-            t = r.target
+            t = r.to_target
             key = f"{r.prediction.ran_as}: {t.target_short_reason or t.target_reason}"
             reason = t.target_reason
         else:
@@ -246,7 +246,7 @@ def format_plan(answer: PlanAnswer) -> str:
     lines.append(f"  {'configuration':<36} {'time to target':>26} {'GPU-hours':>22}")
     rec = a.recommended
     for r in a.pareto:
-        t = r.target
+        t = r.to_target
         time_text = f"{_hms(t.time_to_target_s)} [{_hms(t.time_to_target_s_low)}, {_hms(t.time_to_target_s_high)}]"
         g = f"{t.gpu_hours_to_target:.0f} [{t.gpu_hours_to_target_low:.0f}, {t.gpu_hours_to_target_high:.0f}]"
         mark = " *" if rec is not None and r.config == rec.config else ""
@@ -255,8 +255,8 @@ def format_plan(answer: PlanAnswer) -> str:
         lines.append(a.why)
     else:
         lines.append(
-            f"recommended (*): {rec.config}: {_hms(rec.target.time_to_target_s)}, "
-            f"{rec.target.gpu_hours_to_target:.0f} GPU-hours; {a.why}"
+            f"recommended (*): {rec.config}: {_hms(rec.to_target.time_to_target_s)}, "
+            f"{rec.to_target.gpu_hours_to_target:.0f} GPU-hours; {a.why}"
         )
         if a.ties:
             names = ", ".join(r.config for r in a.ties[:8])
