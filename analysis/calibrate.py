@@ -6,10 +6,11 @@ r"""Fitting a platform profile from measured runs: :func:`calibrate_runs` reads 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
 from psgdlab.analysis.fits import (
     MIN_RECORDS,
     PINNED_SHRINK,
@@ -35,6 +36,7 @@ from psgdlab.analysis.samples import (
 )
 from psgdlab.core.cost import (
     HOST_AVERAGE_TRAFFIC,
+    AllreduceAlgorithm,
     transfer_s,
 )
 from psgdlab.core.errors import ConfigError
@@ -44,8 +46,10 @@ from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, Ser
 from psgdlab.core.trace import PHASES
 
 __all__ = [
+    "Calibration",
     "calibrate_runs",
     "platform_profile",
+    "calibration_notes",
     "fit_uncertainty",
     "fit_between_hosts",
     "hosts_of",
@@ -68,8 +72,9 @@ __all__ = [
 SERVER_QUANTILE = 0.5
 
 
-def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> dict[str, Any]:
-    r"""Fit this machine's platform profile from runtime run directories.
+def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> Calibration:
+    r"""Fit this machine's platform profile from runtime run directories: a
+    :class:`~psgdlab.analysis.calibration_report.Calibration`.
 
     Runs with at most ``cores`` workers (every worker has a core) give ``compute``
     (:func:`fit_compute_time` over their compute records) with its ``step_overhead_fixed_s`` and
@@ -253,41 +258,41 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     payloads = [p for p in (payload_of(r) for r in free) if p]
     itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
     batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
-    return {
-        "compute": compute,
-        "link": link,
-        "nic": fit_between_hosts(crossing_free, warmup_steps=warmup_steps) if crossing_free else _probe_nic(nic_probe),
+    return Calibration(
+        compute=compute,
+        link=link,
+        nic=fit_between_hosts(crossing_free, warmup_steps=warmup_steps) if crossing_free else _probe_nic(nic_probe),
         # runs between hosts with more ranks than cores: left out of the link fit (the cores'
         # contention is in their exchanges), for what the simulator, which prices it, can pin
         # with them (psgdlab.calibration.pin_latency_between_hosts)
-        "between_hosts_busy": [str(r.path) for r in crossing if r not in crossing_free],
-        "collective": collective,
-        "server": server,
-        "host_cpu": host_cpu,
+        between_hosts_busy=tuple(str(r.path) for r in crossing if r not in crossing_free),
+        collective=collective,
+        server=server,
+        host_cpu=host_cpu,
         # the CPU work of a message between hosts (a socket through the network stack), measured
         # by the probe between hosts, where the host's cores are modelled; None: charged as inside
         # a host
-        "host_cpu_between_hosts": nic_probe["host_cpu"] if nic_probe is not None and host_cpu else None,
-        "model_average": model_average,
-        "mix_merge": mix_merge,
-        "link_source": source,
-        "probe": probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
-        "noise": {
-            "link_cv": link_noise,
-            "step_cv": step_noise,
-            "link_cv_used": link_noise if link_noise is not None else RUN_NOISE_CV,
-            "step_cv_used": step_noise if step_noise is not None else STEP_NOISE_CV,
+        host_cpu_between_hosts=nic_probe["host_cpu"] if nic_probe is not None and host_cpu else None,
+        model_average=model_average,
+        mix_merge=mix_merge,
+        link_source=source,
+        probe=probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
+        noise=CalibrationNoise(
+            link_cv=link_noise,
+            step_cv=step_noise,
+            link_cv_used=link_noise if link_noise is not None else RUN_NOISE_CV,
+            step_cv_used=step_noise if step_noise is not None else STEP_NOISE_CV,
             # the runs whose repeats measured it: the load it was measured at
-            "processes_per_core": max(workers_of(r) for r in free) / cores if cores else None,
-        },
-        "cores": cores,
-        "allreduce_algorithm": algorithm,
-        "runs": [str(r.path) for r in runs + crossing] + [str(p) for p in probe_dirs],
-        "payload_bytes": payloads,
-        "itemsize": max(itemsizes) or None,
-        "batch": max(batches) or None,
-        "max_workers": max(workers_of(r) for r in runs),
-    }
+            processes_per_core=max(workers_of(r) for r in free) / cores if cores else None,
+        ),
+        cores=cores,
+        allreduce_algorithm=algorithm,
+        runs=tuple([str(r.path) for r in runs + crossing] + [str(p) for p in probe_dirs]),
+        payload_bytes=tuple(payloads),
+        itemsize=max(itemsizes) or None,
+        batch=max(batches) or None,
+        max_workers=max(workers_of(r) for r in runs),
+    )
 
 
 def hosts_of(run: Any) -> int:
@@ -504,7 +509,7 @@ def _fit_server(runs: list[Any], link: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def platform_profile(
-    calibration: dict[str, Any],
+    calibration: Calibration,
     *,
     name: str = "calibrated",
     devices: int | None = None,
@@ -515,7 +520,8 @@ def platform_profile(
     hosts: int | None = None,
 ) -> Profile:
     """The simulator's platform profile (:class:`psgdlab.core.profile.Profile`) of a
-    :func:`calibrate_runs` fit, with the fit's residuals as its notes.
+    :func:`calibrate_runs` fit, with the fit described as its notes
+    (:meth:`~psgdlab.analysis.calibration_report.Calibration.describe`).
 
     One host (this machine) of ``devices`` devices (default: the largest worker count of the
     runs), each behind its own link (``sockets_per_host = devices``: the fitted link already is
@@ -535,28 +541,28 @@ def platform_profile(
     endpoints, so a message between hosts takes the NIC path alone, and so does every edge of an
     allreduce across hosts (gloo's, process to process).
     """
-    comp, link, srv = calibration["compute"], calibration["link"], calibration["server"]
-    cpu = calibration.get("host_cpu")
-    devices = int(devices or calibration["max_workers"])
-    itemsize = int(itemsize or calibration.get("itemsize") or 4)
+    comp, link, srv = calibration.compute, calibration.link, calibration.server
+    cpu = calibration.host_cpu
+    devices = int(devices or calibration.max_workers)
+    itemsize = int(itemsize or calibration.itemsize or 4)
     if n_params is None:
-        payloads = calibration.get("payload_bytes") or []
+        payloads = calibration.payload_bytes
         if not payloads:
             raise ConfigError("the runs do not record their payload (payload_bytes); give n_params")
         n_params = max(1, int(max(payloads)) // itemsize)
-    batch = int(batch or calibration.get("batch") or 1)
+    batch = int(batch or calibration.batch or 1)
     overhead = (
-        comp.get("step_overhead_fixed_s", comp.get("step_overhead_s", 0.0)),
-        comp.get("step_overhead_s_per_byte", 0.0),
+        float(comp.get("step_overhead_fixed_s", comp.get("step_overhead_s")) or 0.0),
+        float(comp.get("step_overhead_s_per_byte") or 0.0),
     )
     lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
-    coll_fit = calibration.get("collective")
-    avg = calibration.get("model_average")
-    mix = calibration.get("mix_merge")
+    coll_fit = calibration.collective
+    avg = calibration.model_average
+    mix = calibration.mix_merge
     mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
     fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw), scatter=tuple(link.get("scatter") or ()))
     memory: dict[str, Any] = {"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}
-    nic_fit = calibration.get("nic")
+    nic_fit = calibration.nic
     span = nic_fit.get("collective") if nic_fit else None  # the allreduce between hosts, fitted apart
     between: dict[str, Any] = {}
     if nic_fit:
@@ -597,7 +603,7 @@ def platform_profile(
         )
         if coll_fit
         else None,
-        allreduce=calibration.get("allreduce_algorithm") or "ring",
+        allreduce=cast(AllreduceAlgorithm, calibration.allreduce_algorithm or "ring"),
         **memory,
         model_average_s=float(avg["fixed_s"]) if avg else 0.0,
         model_average_s_per_byte=float(avg["s_per_byte"]) if avg else 0.0,
@@ -617,7 +623,7 @@ def platform_profile(
             work_per_message_s=float(cpu["work_per_message_s"]),
             work_per_byte_s=float(cpu["work_per_byte_s"]),
             hosts_per_machine=int(between.get("hosts", 1)),
-            **_between_hosts_work(calibration.get("host_cpu_between_hosts")),
+            **_between_hosts_work(calibration.host_cpu_between_hosts),
         )
         if cpu
         else None,
@@ -633,109 +639,18 @@ def platform_profile(
     )
     defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
     uncertainty = fit_uncertainty(calibration)
-    notes = [
-        f"Platform profile fitted by `psgdlab calibrate` from {len(calibration['runs'])} run(s):",
-        *[f"  {r}" for r in calibration["runs"]],
-        "Residuals of the fit:",
-        f"  compute: lognormal mean {comp['mean_s']:.6g} s, cv {comp['cv']:.4g} (sample mean "
-        f"{comp.get('sample_mean_s', comp['mean_s']):.6g} s), median {comp['p50_s']:.6g} s, "
-        f"p95 {comp['p95_s']:.6g} s, {comp['samples']} records, Kolmogorov-Smirnov distance {comp['ks_distance']:.4g}",
-        f"  link: {link['samples']} exchanges ({link['allreduce_samples']} allreduce, {link['pairwise_samples']} "
-        f"pairwise) of sizes {link['payload_sizes_bytes']} B in {link['points']} points (median allreduce span, "
-        f"low quantile of pairwise durations per run and size), rms residual {link['rms_residual_s']:.4g} s, "
-        f"max relative residual {link['max_rel_residual']:.4g}",
-        (
-            "  collective (allreduce, fitted apart from the pairwise exchanges): "
-            + (
-                f"{coll_fit['latency_s']:.4g} s + S / {coll_fit['bandwidth_bytes_per_s']:.4g} B/s from "
-                f"{coll_fit['samples']} allreduces, rms residual {coll_fit['rms_residual_s']:.4g} s, max relative "
-                f"residual {coll_fit['max_rel_residual']:.4g}"
-                if coll_fit
-                else "not fitted apart (too few allreduce or pairwise sizes): the link's"
-            )
-        ),
-        (
-            "  between hosts: "
-            + (
-                f"{nic_fit['latency_s']:.4g} s + S / {nic_fit['bandwidth_bytes_per_s']:.4g} B/s end to end "
-                f"({nic_fit['allreduce_algorithm']} allreduce) from {nic_fit['samples']} exchanges "
-                f"({nic_fit['allreduce_samples']} allreduce, {nic_fit['pairwise_samples']} pairwise) of runs with one "
-                f"rank per host, NIC shaped to {nic_fit['rate_bytes_per_s'] or 0:.4g} B/s (0: unshaped), rms "
-                f"residual {nic_fit['rms_residual_s']:.4g} s, max relative residual {nic_fit['max_rel_residual']:.4g}"
-                if nic_fit
-                else "no runs between hosts: one host, the link above is the NIC too"
-            )
-        ),
-        *(
-            [
-                "  allreduce between hosts (fitted apart from the pairwise exchanges between hosts): "
-                f"{span['latency_s']:.4g} s + S / {span['bandwidth_bytes_per_s']:.4g} B/s from {span['samples']} "
-                f"allreduces, rms residual {span['rms_residual_s']:.4g} s, max relative residual "
-                f"{span['max_rel_residual']:.4g}"
-                + (f"; its latency per round {span['latency_source']}" if span.get("latency_source") else "")
-            ]
-            if span
-            else []
-        ),
-        (
-            "  server: "
-            + (
-                f"service overhead {srv['service_overhead_s']:.4g} s, update at "
-                f"{srv['memory_bandwidth_bytes_per_s'] or 0:.4g} B/s of memory (0: not fitted) from "
-                f"{srv['samples']} requests (median excess over the link {srv['median_excess_s']:.4g} s)"
-                if srv
-                else "no server exchanges measured; overhead 0"
-            )
-        ),
-        (
-            "  model average (the fold of an averaged model back, beyond the allreduce): "
-            + (
-                f"{avg['fixed_s']:.4g} s + {avg['s_per_byte']:.4g} s per byte from {avg['runs']} runs (excess "
-                f"{avg['excess_s']} s at {avg['payloads_bytes']} B)"
-                if avg
-                else "no model-averaging runs: 0"
-            )
-        ),
-        f"  step overhead (host work between a step's exchanges and the next compute, apart from the compute: "
-        f"a straggler does not slow it): {overhead[0] + overhead[1] * n_params * itemsize:.4g} s at "
-        f"{n_params * itemsize} B ({overhead[0]:.4g} s + {overhead[1]:.4g} s per byte of model)",
-        (
-            "  merge of an average by the training thread: "
-            + (
-                f"{mix['fixed_s']:.4g} s + {mix['s_per_byte']:.4g} s per byte from {mix['runs']} runs (excess "
-                f"{mix['excess_s']} s at {mix['payloads_bytes']} B; the passive sides' own excess, not priced: "
-                f"{mix.get('passive_excess_s', [])} s)"
-                if mix
-                else "no runs with pairwise averages: 0"
-            )
-        ),
-        (
-            "  host cores: "
-            + (
-                f"{cpu['cores_per_host']} cores; CPU work {cpu['work_per_message_s']:.4g} s per "
-                f"message, {cpu['work_per_byte_s']:.4g} s per byte from {cpu['records']} "
-                + (
-                    "exchanges of the probe (their CPU time; median "
-                    if cpu.get("source")
-                    else "allreduces in runs with more workers than cores (median excess "
-                )
-                + f"{cpu['median_excess_s']} s, "
-                f"rms residual "
-                f"{cpu['rms_residual_s']:.4g} s)"
-                if cpu
-                else "no run had more workers than cores: the cores are not modelled"
-            )
-        ),
-    ]
-    notes.append(
-        "  uncertainty: "
-        + (
-            ", ".join(f"{p} log-sd {sd:.3g}" for p, sd in zip(uncertainty.parameters, uncertainty.log_sd))
-            + (f"; unpinned (kept at the prior): {', '.join(uncertainty.unpinned)}" if uncertainty.unpinned else "")
-            + f"; run-to-run noise of a mean step {uncertainty.noise_cv:.3g}"
-        )
+    notes = calibration_notes(calibration, uncertainty)
+    return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=notes)
+
+
+def calibration_notes(calibration: Calibration, uncertainty: Uncertainty | None) -> tuple[str, ...]:
+    """The header notes of a profile fitted from ``calibration``: where it came from, then the
+    calibration described (:meth:`~psgdlab.analysis.calibration_report.Calibration.describe`)."""
+    return (
+        f"Platform profile fitted by `psgdlab calibrate` from {len(calibration.runs)} run(s):",
+        *[f"  {r}" for r in calibration.runs],
+        *calibration.describe(uncertainty),
     )
-    return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=tuple(notes))
 
 
 def _tie_latency(
@@ -763,7 +678,7 @@ def _tie_latency(
     return sd.tolist(), out.tolist()
 
 
-def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
+def fit_uncertainty(calibration: Calibration) -> Uncertainty:
     """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit: the
     log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
     ``platform.collective`` and ``platform.nic``; a latency at its bound 0 has none) and of the CPU work of
@@ -782,11 +697,11 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     sds: list[float] = []
     blocks: list[tuple[int, int, float]] = []
     unpinned: list[str] = []
-    span = (calibration.get("nic") or {}).get("collective") or {}
+    span = (calibration.nic or {}).get("collective") or {}
     links = (
-        ("platform.pcie", calibration["link"]),
-        ("platform.collective", calibration.get("collective")),
-        ("platform.nic", calibration.get("nic")),
+        ("platform.pcie", calibration.link),
+        ("platform.collective", calibration.collective),
+        ("platform.nic", calibration.nic),
         ("platform.collective_between_hosts", span),
     )
     for table, fit in links:
@@ -803,8 +718,8 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
             # +-1 (one size: the latency is the duration less the prior's bytes term) would make the
             # matrix singular; 0.999 keeps it positive definite for a Cholesky factor
             blocks.append((first, first + 1, float(np.clip(fit["log_correlation"], -0.999, 0.999))))
-    between = calibration.get("host_cpu_between_hosts")
-    for cpu, suffix in ((calibration.get("host_cpu"), "s"), (between, "between_hosts_s")):
+    between = calibration.host_cpu_between_hosts
+    for cpu, suffix in ((calibration.host_cpu, "s"), (between, "between_hosts_s")):
         if not cpu or not cpu.get("work_log_sd"):
             continue
         first = len(params)
@@ -821,12 +736,11 @@ def fit_uncertainty(calibration: dict[str, Any]) -> Uncertainty:
     if span.get("latency_given") and "platform.nic.latency_s" in params:
         sds, corr = _tie_latency(params, sds, corr, span["bandwidth_latency_slope"])
         correlated = True
-    noise = calibration.get("noise", {})
     return Uncertainty(
         parameters=tuple(params),
         log_sd=tuple(sds),
         correlation=tuple(tuple(row) for row in corr) if correlated else (),
         unpinned=tuple(unpinned),
-        noise_cv=float(noise.get("step_cv_used", STEP_NOISE_CV)),
-        noise_processes_per_core=noise.get("processes_per_core"),
+        noise_cv=float(calibration.noise.step_cv_used),
+        noise_processes_per_core=calibration.noise.processes_per_core,
     )

@@ -18,7 +18,10 @@ compute law); :mod:`~psgdlab.core.workloads` (named workloads apart from any pla
 :mod:`~psgdlab.core.fitting` (fits of a few parameters with their uncertainty and
 cross-validated errors); :mod:`~psgdlab.core.intervals` (prediction intervals);
 :mod:`~psgdlab.core.flags` (the command-line flags every command shares);
-:mod:`~psgdlab.core.rundir` (the run directory's summary schema);
+:mod:`~psgdlab.core.rundir` (the run directory, and the one writer of its summary);
+:mod:`~psgdlab.core.results` (typed results: JSON round trip, schema version);
+:mod:`~psgdlab.core.rows` (a prediction's row and its parts); :mod:`~psgdlab.core.summaries`
+(the summaries of a sweep and a plan);
 :mod:`~psgdlab.core.replicas` (the protocol of the emulator's model replicas);
 :mod:`~psgdlab.core.kernels`; :mod:`~psgdlab.core.reference` (the oracle executor and the
 least-squares replicas);

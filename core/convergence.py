@@ -91,6 +91,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, require
+from psgdlab.core.rows import PredictionRow, TargetColumns, TargetLogSd
 
 __all__ = [
     "METRICS",
@@ -506,32 +507,41 @@ def _factors(profile: ConvergenceProfile, s: Setting, m: float) -> tuple[dict[st
     return factors, grad
 
 
-def paired_log_sd(a: Mapping[str, Any], b: Mapping[str, Any], covariance: np.ndarray) -> float:
+def paired_log_sd(a: PredictionRow, b: PredictionRow, covariance: np.ndarray) -> float:
     r"""The standard deviation of :math:`\log(t_a/t_b)`, the ratio of two rows' times to target
-    (:func:`target_columns`' rows): the convergence parameters both share cancel but for the
-    difference of their effects, :math:`(g_a - g_b)^\top\Sigma(g_a - g_b)`; each run's scatter
-    and each row's simulated-window and run-to-run noise add; the throughput's parameter parts
-    are taken as moving both rows the same way (:math:`(s_a - s_b)^2`).
-
-    >>> r = {"target_log_sd": {"gradient": [0.0, 1.0], "scatter": 0.1}, "interval": {"log_sd": {}}}
-    >>> round(paired_log_sd(r, r, np.eye(2)), 4)   # the scatter of two runs: 0.1 * sqrt(2)
-    0.1414
+    (rows that reach it, :func:`target_columns`): the convergence parameters both share cancel but
+    for the difference of their effects, :math:`(g_a - g_b)^\top\Sigma(g_a - g_b)`; each run's
+    scatter and each row's simulated-window and run-to-run noise add; the throughput's parameter
+    parts are taken as moving both rows the same way (:math:`(s_a - s_b)^2`). A row without
+    intervals has none of those parts; a row that does not reach the target is a
+    :class:`ConfigError` (it has no time to compare).
     """
-    ga = np.asarray(a["target_log_sd"]["gradient"], dtype=float)
-    gb = np.asarray(b["target_log_sd"]["gradient"], dtype=float)
-    d = ga - gb
-    var = float(d @ covariance @ d) + a["target_log_sd"]["scatter"] ** 2 + b["target_log_sd"]["scatter"] ** 2
-    la, lb = a.get("interval", {}).get("log_sd", {}), b.get("interval", {}).get("log_sd", {})
+    ta, tb = _log_sd_of(a), _log_sd_of(b)
+    d = np.asarray(ta.gradient, dtype=float) - np.asarray(tb.gradient, dtype=float)
+    var = float(d @ covariance @ d) + ta.scatter**2 + tb.scatter**2
+    la, lb = _interval_log_sd(a), _interval_log_sd(b)
     for part in ("step_time_simulation", "step_time_run_to_run"):
         var += la.get(part, 0.0) ** 2 + lb.get(part, 0.0) ** 2
     var += (la.get("step_time_parameters", 0.0) - lb.get("step_time_parameters", 0.0)) ** 2
     return math.sqrt(var)
 
 
+def _log_sd_of(row: PredictionRow) -> TargetLogSd:
+    got = row.to_target.target_log_sd if row.to_target is not None else None
+    if got is None:
+        raise ConfigError(f"row {row.algorithm} x{row.workers} does not reach a target: it has no time to compare")
+    return got
+
+
+def _interval_log_sd(row: PredictionRow) -> dict[str, float]:
+    return row.intervals.interval.log_sd.to_json() if row.intervals is not None else {}
+
+
 def target_columns(
     outcome: Outcome, target: Target, *, step_time_s: float, step_time_log_sd: float, workers: int
-) -> dict[str, Any]:
-    r"""The row keys of :data:`TARGET_KEYS` for a configuration whose mean step time is
+) -> TargetColumns:
+    r"""The time to ``target`` (:class:`~psgdlab.core.rows.TargetColumns`, the row keys of
+    :data:`TARGET_KEYS` and more) of a configuration whose mean step time is
     ``step_time_s`` (log-sd ``step_time_log_sd``, the throughput's interval) on ``workers``
     devices: time to target :math:`= S\,T`, GPU-hours :math:`= S\,T\,n/3600`, and their 90 %
     intervals :math:`v e^{\pm z s}` with :math:`s^2` the sum of the two log variances (the
@@ -543,17 +553,19 @@ def target_columns(
     >>> c["time_to_target_s"], round(c["time_to_target_s_high"] / c["time_to_target_s"], 3)  # e^(1.645 * 0.5)
     (50.0, 2.276)
     """
-    out: dict[str, Any] = dict.fromkeys(TARGET_KEYS)
-    out.update(target=str(target), reaches_target=bool(outcome.reaches), target_reason=outcome.reason)
     if not outcome.reaches:
-        out["target_short_reason"] = outcome.short
-        return out
+        return TargetColumns(
+            target=str(target), reaches_target=False, target_reason=outcome.reason, target_short_reason=outcome.short
+        )
     assert outcome.steps is not None and outcome.log_sd is not None
     s = math.sqrt(outcome.log_sd**2 + step_time_log_sd**2)
     t = outcome.steps * step_time_s
     gpu_h = t * workers / 3600.0
     spread = math.exp(_Z * s)
-    out.update(
+    return TargetColumns(
+        target=str(target),
+        reaches_target=True,
+        target_reason=outcome.reason,
         steps_to_target=outcome.steps,
         epochs_to_target=outcome.epochs,
         time_to_target_s=t,
@@ -562,13 +574,12 @@ def target_columns(
         gpu_hours_to_target=gpu_h,
         gpu_hours_to_target_low=gpu_h / spread,
         gpu_hours_to_target_high=gpu_h * spread,
-        target_log_sd={
-            "convergence": outcome.log_sd,
-            "throughput": step_time_log_sd,
-            "total": s,
-            "gradient": list(outcome.gradient),
-            "scatter": outcome.scatter_log_sd,
-        },
+        target_log_sd=TargetLogSd(
+            convergence=outcome.log_sd,
+            throughput=step_time_log_sd,
+            total=s,
+            gradient=tuple(outcome.gradient),
+            scatter=outcome.scatter_log_sd,
+        ),
         target_factors=dict(outcome.factors),
     )
-    return out

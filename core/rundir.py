@@ -8,7 +8,10 @@ Layout::
       trace.npz              the trace (psgdlab.core.trace schema)
       summary.json           a :class:`Summary`: which case (source, algorithm, its parameters,
                              workers, case name) and its figures (psgdlab.core.trace.summarize
-                             plus executor extras), flat in one JSON object
+                             plus executor extras), flat in one JSON object; or, for a run
+                             directory of several cases, a sweep's or a plan's summary
+                             (psgdlab.core.summaries); every shape starts with schema_version,
+                             kind and source, and is written by write_summary
       timeline.json          Chrome/Perfetto timeline
       *.png                  plots
 
@@ -31,9 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.summaries import HEADER_KEYS, PlanSummary, SweepSummary, header, kind_of
 from psgdlab.core.trace import atomic_write_json
 
-__all__ = ["RunDir", "Summary", "environment", "default_run_dir", "read_summary", "write_summary"]
+__all__ = [
+    "RunDir",
+    "Summary",
+    "RunSummary",
+    "environment",
+    "default_run_dir",
+    "read_summary",
+    "read_run_summary",
+    "write_summary",
+]
 
 SUMMARY_FILE = "summary.json"
 
@@ -141,8 +154,8 @@ class Summary:
     ...             workers=4, figures={"samples_per_s": 512.0})
     >>> Summary.from_json(s.to_json()) == s
     True
-    >>> s.to_json()["samples_per_s"]
-    512.0
+    >>> s.to_json()["samples_per_s"], s.to_json()["kind"]
+    (512.0, 'case')
     >>> two = Summary(source="runtime", algorithm="ssgd", algorithm_params={}, workers=4, hosts=2,
     ...               placement=(0, 0, 1, 1))
     >>> Summary.from_json(two.to_json()) == two, two.to_json()["placement"]
@@ -172,9 +185,10 @@ class Summary:
             raise ConfigError(f"summary algorithm {self.algorithm!r} must be a registry name (a non-empty string)")
         if not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"summary workers {self.workers!r} must be an integer >= 1")
-        clash = sorted(set(self.figures) & set(_CASE_KEYS))
+        reserved = (*HEADER_KEYS, *_CASE_KEYS)
+        clash = sorted(set(self.figures) & set(reserved))
         if clash:
-            raise ConfigError(f"summary figures {clash} clash with the case keys {list(_CASE_KEYS)}")
+            raise ConfigError(f"summary figures {clash} clash with the header and case keys {list(reserved)}")
 
     @property
     def label(self) -> str:
@@ -182,9 +196,10 @@ class Summary:
         return self.case or self.algorithm
 
     def to_json(self) -> dict[str, Any]:
-        """One flat JSON object: the case keys, then the figures."""
+        """One flat JSON object: the header (:func:`psgdlab.core.summaries.header`), the case
+        keys, then the figures."""
         head = {
-            "source": self.source,
+            **header("case", self.source),
             "algorithm": self.algorithm,
             "algorithm_params": dict(self.algorithm_params),
             "workers": self.workers,
@@ -200,10 +215,14 @@ class Summary:
     def from_json(cls, obj: Mapping[str, Any], *, where: Any = "summary") -> Summary:
         """The summary of a ``summary.json`` object (:class:`ConfigError` naming ``where`` if a
         case key is missing)."""
+        if kind_of(obj, where=where) != "case":
+            raise ConfigError(
+                f"{where}: summary.json is a {kind_of(obj, where=where)}'s, not one case's (its cases are in runs/)"
+            )
         missing = [k for k in ("source", "algorithm", "algorithm_params", "workers") if k not in obj]
         if missing:
             raise ConfigError(f"{where}: summary.json lacks {missing} (written by an older psgdlab?)")
-        figures = {k: v for k, v in obj.items() if k not in _CASE_KEYS}
+        figures = {k: v for k, v in obj.items() if k not in _CASE_KEYS and k not in HEADER_KEYS}
         return cls(
             source=str(obj["source"]),
             algorithm=obj["algorithm"],
@@ -216,14 +235,18 @@ class Summary:
         )
 
 
-def write_summary(run: RunDir | str | os.PathLike[str], summary: Summary) -> Path:
-    """Write ``summary`` as ``summary.json`` of ``run`` (atomically); the one writer of the file."""
+#: every shape of ``summary.json`` (:mod:`psgdlab.core.summaries`)
+RunSummary = Summary | SweepSummary | PlanSummary
+
+
+def write_summary(run: RunDir | str | os.PathLike[str], summary: RunSummary) -> Path:
+    """Write ``summary`` as ``summary.json`` of ``run`` (atomically); the one writer of the file,
+    whatever its shape."""
     run = run if isinstance(run, RunDir) else RunDir(run)
     return run.write_json(SUMMARY_FILE, summary.to_json())
 
 
-def read_summary(run: RunDir | str | os.PathLike[str]) -> Summary:
-    """The :class:`Summary` of ``run``'s ``summary.json``."""
+def _summary_json(run: RunDir | str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     path = run.path if isinstance(run, RunDir) else Path(run)
     p = path / SUMMARY_FILE
     if not p.is_file():
@@ -232,4 +255,24 @@ def read_summary(run: RunDir | str | os.PathLike[str]) -> Summary:
         obj = json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p} is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{p} must hold one JSON object, not {type(obj).__name__}")
+    return path, obj
+
+
+def read_summary(run: RunDir | str | os.PathLike[str]) -> Summary:
+    """The :class:`Summary` of ``run``'s ``summary.json`` (one case's; a :class:`ConfigError`
+    for another shape)."""
+    path, obj = _summary_json(run)
+    return Summary.from_json(obj, where=path)
+
+
+def read_run_summary(run: RunDir | str | os.PathLike[str]) -> RunSummary:
+    """The summary of ``run``, whatever its shape (:func:`psgdlab.core.summaries.kind_of`)."""
+    path, obj = _summary_json(run)
+    kind = kind_of(obj, where=path)
+    if kind == "sweep":
+        return SweepSummary.from_json(obj)
+    if kind == "plan":
+        return PlanSummary.from_json(obj)
     return Summary.from_json(obj, where=path)

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from psgdlab.analysis.calibration_report import Calibration, LatencyBetweenHosts, Residuals, RunResidual
+
 __all__ = [
     "RunRequest",
     "run_request",
@@ -106,12 +108,12 @@ def residual_cv(pairs: Sequence[tuple[float, float]]) -> float | None:
     return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else None
 
 
-def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any]:
+def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> Residuals:
     """Each of ``run_dirs`` that ``profile``'s platform can place (at most its hosts, at most its
-    devices per host) predicted as it ran and compared: ``{"runs": [{"run",
-    "predicted_step_time_s", "measured_step_time_s", "processes_per_core"}, ...], "residual_cv"}``
-    (:func:`residual_cv`; ``None`` when no run could be predicted; ``processes_per_core``: its
-    workers over the cores of the machine that recorded it, ``None`` where it did not say)."""
+    devices per host) predicted as it ran and compared
+    (:class:`~psgdlab.analysis.calibration_report.Residuals`: per run its predicted and measured
+    mean step and its workers over the cores of the machine that recorded it, ``None`` where it
+    did not say; and :func:`residual_cv`, ``None`` when no run could be predicted)."""
     from psgdlab.analysis.cores import cores_of
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import is_probe_dir
@@ -119,7 +121,7 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
 
     platform = profile.platform
     pairs: list[tuple[float, float]] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[RunResidual] = []
     configs: dict[tuple[int, int], Any] = {}
     for d in run_dirs:
         if is_probe_dir(d):
@@ -138,36 +140,32 @@ def run_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> dict[str, Any
         pairs.append(pair)
         cores = cores_of([run])
         rows.append(
-            {
-                "run": Path(d).name,
-                "predicted_step_time_s": pair[0],
-                "measured_step_time_s": pair[1],
-                "processes_per_core": req.n_workers / cores if cores else None,
-            }
+            RunResidual(
+                run=Path(d).name,
+                predicted_step_time_s=pair[0],
+                measured_step_time_s=pair[1],
+                processes_per_core=req.n_workers / cores if cores else None,
+            )
         )
-    return {"runs": rows, "residual_cv": residual_cv(pairs)}
+    return Residuals(runs=tuple(rows), residual_cv=residual_cv(pairs))
 
 
-def with_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> tuple[Any, dict[str, Any]]:
+def with_residuals(profile: Any, run_dirs: Sequence[str | Path]) -> tuple[Any, Residuals]:
     """``profile`` with its ``noise_cv`` at least its residual on ``run_dirs``
-    (:func:`run_residuals`), a note saying so where it was raised, and the residuals. A profile
-    without ``[uncertainty]`` is returned as it is (its parameters are taken as exact)."""
+    (:func:`run_residuals`), and the residuals (the profile's notes say so where it was raised:
+    :meth:`~psgdlab.analysis.calibration_report.Calibration.describe`). A profile without
+    ``[uncertainty]`` is returned as it is (its parameters are taken as exact)."""
     residuals = run_residuals(profile, run_dirs)
-    cv, u = residuals["residual_cv"], profile.uncertainty
+    cv, u = residuals.residual_cv, profile.uncertainty
     if cv is None or u is None:
         return profile, residuals
-    loads = [r["processes_per_core"] for r in residuals["runs"] if r["processes_per_core"]]
+    loads = [r.processes_per_core for r in residuals.runs if r.processes_per_core]
     load = max([*loads, *([u.noise_processes_per_core] if u.noise_processes_per_core else [])], default=None)
     if cv <= u.noise_cv:  # the noise covers the residuals: of every run predicted, at its load
         covered = dataclasses.replace(u, noise_processes_per_core=load)
         return dataclasses.replace(profile, uncertainty=covered), residuals
-    note = (
-        f"  noise_cv: the calibration runs' rms log residual {cv:.3g} over {len(residuals['runs'])} runs "
-        f"(run-to-run noise alone {u.noise_cv:.3g})"
-        + (f", at up to {load:g} worker processes per core" if load else "")
-    )
     raised = dataclasses.replace(u, noise_cv=round(cv, 6), noise_processes_per_core=load)
-    return dataclasses.replace(profile, uncertainty=raised, notes=(*profile.notes, note)), residuals
+    return dataclasses.replace(profile, uncertainty=raised), residuals
 
 
 def _step_time_s(trace: Any, batch: int) -> float:
@@ -196,8 +194,8 @@ def _as_run(profile: Any, req: RunRequest) -> Any:
 
 
 def pin_latency_between_hosts(
-    calibration: dict[str, Any], profile: Any, *, predict: Any = None
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    calibration: Calibration, profile: Any, *, predict: Any = None
+) -> tuple[Calibration, LatencyBetweenHosts | None]:
     r"""The latency per round of the allreduce between hosts, fitted through the simulator from
     the runs between hosts with more ranks than cores (``calibration["between_hosts_busy"]``,
     :func:`psgdlab.analysis.calibrate.calibrate_runs`), where the link fit left it unpinned at the
@@ -222,17 +220,17 @@ def pin_latency_between_hosts(
 
     Returns the calibration with ``nic.collective`` updated (its latency, bandwidth, spreads and
     their correlation; ``latency_given`` off, ``latency_source`` saying where it came from) and
-    ``latency_between_hosts``, the report (``runs``, the grid's ``log_latency_s`` and ``chi2``,
-    ``latency_s``, ``latency_log_sd``, ``reduced_chi2``, ``pinned``, ``log_errors`` of the runs
-    at the fit); ``(calibration, None)`` unchanged where there is nothing to fit.
+    ``latency_between_hosts``, the report
+    (:class:`~psgdlab.analysis.calibration_report.LatencyBetweenHosts`), and the report;
+    ``(calibration, None)`` unchanged where there is nothing to fit.
     ``predict(profile, run, request)`` -> mean step time (default: the simulator,
     :func:`psgdlab.sim.predict.predict_one`) is for tests.
     """
     from psgdlab.analysis.fits import PINNED_SHRINK
     from psgdlab.analysis.load import load_run
 
-    span = (calibration.get("nic") or {}).get("collective")
-    busy = calibration.get("between_hosts_busy") or []
+    span = (calibration.nic or {}).get("collective")
+    busy = calibration.between_hosts_busy
     if not busy or not span or not span.get("latency_given") or "latency_s" not in span.get("unpinned", ()):
         return calibration, None
     link0 = profile.platform.collective_between_hosts
@@ -249,7 +247,7 @@ def pin_latency_between_hosts(
     if not runs:
         return calibration, None
     measured = [math.log(_step_time_s(run.trace, req.batch)) for run, req in runs]
-    sigma = float(calibration["noise"]["step_cv_used"])
+    sigma = float(calibration.noise.step_cv_used)
     alpha0, beta0 = float(span["latency_s"]), float(span["bandwidth_bytes_per_s"])
     prior_sd, slope = float(span["latency_log_sd"]), float(span.get("bandwidth_latency_slope") or 0.0)
 
@@ -266,17 +264,17 @@ def pin_latency_between_hosts(
         return sum((e / sigma) ** 2 for e in errors)
 
     chi2 = [data_chi2(log_errors(alpha0 * math.exp(x))) + (x / prior_sd) ** 2 for x in LATENCY_GRID]
-    report: dict[str, Any] = {
-        "runs": [str(run.path) for run, _ in runs],
-        "log_latency_s": [math.log(alpha0) + x for x in LATENCY_GRID],
-        "chi2": chi2,
-        "pinned": False,
-        "latency_s": alpha0,
-        "latency_log_sd": prior_sd,
-    }
+    report = LatencyBetweenHosts(
+        runs=tuple(str(run.path) for run, _ in runs),
+        log_latency_s=tuple(math.log(alpha0) + x for x in LATENCY_GRID),
+        chi2=tuple(chi2),
+        pinned=False,
+        latency_s=alpha0,
+        latency_log_sd=prior_sd,
+    )
     k = min(range(len(chi2)), key=chi2.__getitem__)
     if k == len(chi2) - 1:  # the runs want more latency than the grid holds: nothing is changed
-        return {**calibration, "latency_between_hosts": report}, report
+        return dataclasses.replace(calibration, latency_between_hosts=report), report
     alpha, curvature = 0.0, 0.0  # the least value at the low end: at its bound 0, as a fitted latency at 0
     if k > 0:
         h = LATENCY_GRID[1] - LATENCY_GRID[0]
@@ -304,26 +302,29 @@ def pin_latency_between_hosts(
             f"(reduced chi-square {red:.3g}" + (", at its bound 0)" if alpha == 0 else ")")
         ),
     }
-    report.update(pinned=pinned, latency_s=alpha, latency_log_sd=sd, reduced_chi2=red, log_errors=errors)
-    nic = {**calibration["nic"], "collective": fitted}
-    return {**calibration, "nic": nic, "latency_between_hosts": report}, report
+    report = dataclasses.replace(
+        report, pinned=pinned, latency_s=alpha, latency_log_sd=sd, reduced_chi2=red, log_errors=tuple(errors)
+    )
+    nic = {**(calibration.nic or {}), "collective": fitted}
+    return dataclasses.replace(calibration, nic=nic, latency_between_hosts=report), report
 
 
 def fitted_profile(
-    calibration: dict[str, Any], run_dirs: Sequence[str | Path], **platform: Any
-) -> tuple[Any, dict[str, Any]]:
+    calibration: Calibration, run_dirs: Sequence[str | Path], **platform: Any
+) -> tuple[Any, Calibration]:
     """The profile of a :func:`psgdlab.analysis.calibrate.calibrate_runs` fit
     (:func:`~psgdlab.analysis.calibrate.platform_profile` with ``platform``'s keywords), its
     latency per round between hosts fitted through the simulator where the link fit left it
     unpinned (:func:`pin_latency_between_hosts`), and its noise at least its residual on
-    ``run_dirs`` (:func:`with_residuals`); and the calibration, with ``residuals`` (and
-    ``latency_between_hosts`` where that was fitted)."""
-    from psgdlab.analysis.calibrate import platform_profile
+    ``run_dirs`` (:func:`with_residuals`), its notes describing the calibration as it ends; and
+    the calibration, with ``residuals`` (and ``latency_between_hosts`` where that was fitted)."""
+    from psgdlab.analysis.calibrate import calibration_notes, platform_profile
 
     profile = platform_profile(calibration, **platform)
-    nic = calibration.get("nic")
+    nic = calibration.nic
     calibration, _ = pin_latency_between_hosts(calibration, profile)
-    if calibration.get("nic") is not nic:  # the ring's latency was fitted: its platform and spread follow
+    if calibration.nic is not nic:  # the ring's latency was fitted: its platform and spread follow
         profile = platform_profile(calibration, **platform)
     profile, residuals = with_residuals(profile, run_dirs)
-    return profile, {**calibration, "residuals": residuals}
+    calibration = dataclasses.replace(calibration, residuals=residuals)
+    return dataclasses.replace(profile, notes=calibration_notes(calibration, profile.uncertainty)), calibration

@@ -26,9 +26,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from psgdlab.core.profile import Profile, Uncertainty
 
 __all__ = [
     "Figure",
+    "FigureFit",
+    "FitResult",
+    "write_fitted",
     "METRICS",
     "GROUPINGS",
     "GTX1080_PARAMETERS",
@@ -228,44 +232,170 @@ def fitted_profile(base: Profile, report: FitReport) -> Profile:
     return dataclasses.replace(base.with_values(values), uncertainty=uncertainty, provenance=provenance).resolved()
 
 
-def report_lines(report: FitReport, figures: Sequence[Figure]) -> list[str]:
-    """The fit's report as comment lines (values, spreads, errors per figure, flat directions)."""
-    lines = [
-        "Fitted (value, posterior log-sd, prior value, prior log-sd):",
-        *(
-            f"  {k} = {report.values[k]:.4g} (sd {report.log_sd[k]:.3f}; prior {report.prior[k]:.4g}, "
-            f"sd {report.prior_log_sd[k]:.2g}){' UNPINNED' if k in report.unpinned else ''}"
-            for k in report.names
-        ),
-        f"Median |relative error|: in sample {100 * report.in_sample_error:.1f} %"
-        + (f", leave-one-out {100 * report.loo_error:.1f} %" if report.loo else "")
-        + (f", leave-one-group-out {100 * report.logo_error:.1f} %" if report.logo else ""),
-        f"Residual spread (log): {report.noise:.3f}",
-    ]
-    for grouping in report.logo:
-        errs = np.abs(report.logo_errors(grouping))
-        lines.append(
-            f"  leave one {grouping} out: median {100 * float(np.median(errs)):.1f} %, "
-            f"max {100 * float(errs.max()):.1f} %"
-        )
-    lines.append("Per figure: simulated vs given (in sample / leave-one-out):")
-    for i, f in enumerate(figures):
-        loo = f" / {100 * report.loo[i]:+.1f} %" if i in report.loo else ""
-        lines.append(
-            f"  {f.label()} {report.predictions[i]:.3f} vs {f.value:g} ({100 * report.in_sample[i]:+.1f} %{loo})"
-        )
-    for d in report.flat_directions:
-        lines.append(
-            "Flat direction (the figures cannot tell these apart): " + ", ".join(f"{k} {v:+.2f}" for k, v in d.items())
-        )
-    return lines
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FigureFit:
+    """One figure of a fit: its label (:meth:`Figure.label`), the value given, the simulator's
+    value on the fitted profile, and the relative error (simulated / given - 1) in sample and when
+    the figure was left out of the fit (``None``: leave-one-out was not run)."""
+
+    label: str
+    given: float
+    fitted: float
+    in_sample_error: float
+    loo_error: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "given": self.given,
+            "fitted": self.fitted,
+            "in_sample_error": self.in_sample_error,
+            "loo_error": self.loo_error,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> FigureFit:
+        return cls(**{k: obj[k] for k in ("label", "given", "fitted", "in_sample_error", "loo_error")})
 
 
-def write_fitted(
-    profile: Profile, report: FitReport, figures: Sequence[Figure], path: str | Path, *, head: Sequence[str] = ()
-) -> Path:
-    """Write the fitted profile with ``head`` and the fit's report as its header notes, atomically."""
-    notes = tuple(head) + tuple(report_lines(report, figures))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitResult:
+    """What ``psgdlab fit`` found (:func:`fit_profile`'s report on its figures), what ``fit
+    --json`` prints and :meth:`describe` renders for the fitted profile's notes and the terminal.
+
+    Parameters
+    ----------
+    values, log_sd : dict
+        Each fitted value (by dotted path, in the profile's unit) and the posterior spread of its
+        logarithm.
+    prior, prior_log_sd : dict
+        Its prior's value and log spread.
+    unpinned : tuple of str
+        The values the figures did not pin down (kept near their prior).
+    flat_directions : tuple of dict
+        Directions (log shifts by path) the figures cannot tell apart.
+    noise : float
+        The residual spread of the log figures the fit used.
+    in_sample_error, loo_error, logo_error : float or None
+        Median absolute relative error in sample, leave-one-out and leave-one-group-out
+        (``None``: not run).
+    logo_by_grouping : dict
+        Per grouping (``workers``, ``algorithm``, ``batch``, ``period``) with more than one group,
+        the ``median`` and ``max`` absolute error of its leave-one-group-out.
+    figures : tuple of FigureFit
+        Each figure, in the table's order.
+    out : str or None
+        The fitted profile written (``None``: not written).
+    """
+
+    values: dict[str, float]
+    log_sd: dict[str, float]
+    prior: dict[str, float]
+    prior_log_sd: dict[str, float]
+    unpinned: tuple[str, ...]
+    flat_directions: tuple[dict[str, float], ...]
+    noise: float
+    in_sample_error: float
+    loo_error: float | None
+    logo_error: float | None
+    logo_by_grouping: dict[str, dict[str, float]]
+    figures: tuple[FigureFit, ...]
+    out: str | None = None
+
+    @classmethod
+    def of(cls, report: FitReport, figures: Sequence[Figure], *, out: str | Path | None = None) -> FitResult:
+        """The result of ``report`` on ``figures``."""
+        grouped = {}
+        for grouping in report.logo:
+            errs = np.abs(report.logo_errors(grouping))
+            grouped[grouping] = {"median": float(np.median(errs)), "max": float(errs.max())}
+        return cls(
+            values={k: report.values[k] for k in report.names},
+            log_sd={k: report.log_sd[k] for k in report.names},
+            prior={k: report.prior[k] for k in report.names},
+            prior_log_sd={k: report.prior_log_sd[k] for k in report.names},
+            unpinned=tuple(report.unpinned),
+            flat_directions=tuple(report.flat_directions),
+            noise=report.noise,
+            in_sample_error=report.in_sample_error,
+            loo_error=report.loo_error if report.loo else None,
+            logo_error=report.logo_error if report.logo else None,
+            logo_by_grouping=grouped,
+            figures=tuple(
+                FigureFit(
+                    label=f.label(),
+                    given=f.value,
+                    fitted=float(report.predictions[i]),
+                    in_sample_error=report.in_sample[i],
+                    loo_error=report.loo.get(i),
+                )
+                for i, f in enumerate(figures)
+            ),
+            out=None if out is None else str(out),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out": self.out,
+            "values": self.values,
+            "log_sd": self.log_sd,
+            "unpinned": list(self.unpinned),
+            "flat_directions": list(self.flat_directions),
+            "in_sample_error": self.in_sample_error,
+            "loo_error": self.loo_error,
+            "logo_error": self.logo_error,
+            "figures": [f.to_json() for f in self.figures],
+            "prior": self.prior,
+            "prior_log_sd": self.prior_log_sd,
+            "noise": self.noise,
+            "logo_by_grouping": self.logo_by_grouping,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> FitResult:
+        plain = ("values", "log_sd", "prior", "prior_log_sd", "noise", "in_sample_error", "loo_error", "logo_error")
+        return cls(
+            **{k: obj[k] for k in plain},
+            unpinned=tuple(obj["unpinned"]),
+            flat_directions=tuple(obj["flat_directions"]),
+            logo_by_grouping=dict(obj["logo_by_grouping"]),
+            figures=tuple(FigureFit.from_json(f) for f in obj["figures"]),
+            out=obj.get("out"),
+        )
+
+    def describe(self) -> list[str]:
+        """The fit as lines of text (values, spreads, errors per figure, flat directions): the
+        fitted profile's header notes and what ``psgdlab fit`` prints."""
+        lines = [
+            "Fitted (value, posterior log-sd, prior value, prior log-sd):",
+            *(
+                f"  {k} = {v:.4g} (sd {self.log_sd[k]:.3f}; prior {self.prior[k]:.4g}, "
+                f"sd {self.prior_log_sd[k]:.2g}){' UNPINNED' if k in self.unpinned else ''}"
+                for k, v in self.values.items()
+            ),
+            f"Median |relative error|: in sample {100 * self.in_sample_error:.1f} %"
+            + (f", leave-one-out {100 * self.loo_error:.1f} %" if self.loo_error is not None else "")
+            + (f", leave-one-group-out {100 * self.logo_error:.1f} %" if self.logo_error is not None else ""),
+            f"Residual spread (log): {self.noise:.3f}",
+        ]
+        for grouping, e in self.logo_by_grouping.items():
+            lines.append(f"  leave one {grouping} out: median {100 * e['median']:.1f} %, max {100 * e['max']:.1f} %")
+        lines.append("Per figure: simulated vs given (in sample / leave-one-out):")
+        for f in self.figures:
+            loo = f" / {100 * f.loo_error:+.1f} %" if f.loo_error is not None else ""
+            lines.append(f"  {f.label} {f.fitted:.3f} vs {f.given:g} ({100 * f.in_sample_error:+.1f} %{loo})")
+        for d in self.flat_directions:
+            lines.append(
+                "Flat direction (the figures cannot tell these apart): "
+                + ", ".join(f"{k} {v:+.2f}" for k, v in d.items())
+            )
+        return lines
+
+
+def write_fitted(profile: Profile, result: FitResult, path: str | Path, *, head: Sequence[str] = ()) -> Path:
+    """Write the fitted profile with ``head`` and the fit's description (:meth:`FitResult.describe`)
+    as its header notes, atomically."""
+    notes = tuple(head) + tuple(result.describe())
     return dataclasses.replace(profile, notes=notes).write(path)
 
 
@@ -306,9 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a cali
     base = load_config(path=base_path)
     figures = read_figures(figures_path)
     profile, report = fit_profile(base, figures, GTX1080_PARAMETERS, progress=lambda s: print(s, flush=True))
-    path = write_fitted(profile, report, figures, args.out or shipped, head=GTX1080_HEAD)
+    result = FitResult.of(report, figures)
+    path = write_fitted(profile, result, args.out or shipped, head=GTX1080_HEAD)
     print(f"wrote {path}")
-    print("\n".join(report_lines(report, figures)))
+    print("\n".join(result.describe()))
     return 0
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from psgdlab.core.convergence import (
 )
 from psgdlab.core.errors import TestbedError, require
 from psgdlab.core.intervals import Z
+from psgdlab.core.rows import PlanRow
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.predict import build_algorithm, predict_one
 from psgdlab.sim.workload import SimConfig
@@ -164,18 +165,16 @@ def _valid(c: Candidate, config: SimConfig) -> bool:
     return True
 
 
-def _static_outcome(
-    c: Candidate, config: SimConfig, profile: ConvergenceProfile, target: Target
-) -> dict[str, Any] | None:
-    """The reason a candidate cannot reach the target whatever the simulation says (a limit on
-    batch, learners or period, or a target below the floor), else ``None``."""
+def _static_outcome(c: Candidate, config: SimConfig, profile: ConvergenceProfile, target: Target) -> PlanRow | None:
+    """The row of a candidate that cannot reach the target whatever the simulation says (a limit
+    on batch, learners or period, or a target below the floor): why; else ``None``."""
     alg = build_algorithm(
         c.algorithm, c.workers, config, period=c.period, variant=c.variant, gpus_per_node=c.gpus_per_node
     )
     outcome = predict_steps(profile, setting_of(alg, c.batch), target)
     if outcome.reaches or (outcome.short or "").startswith("staleness"):
         return None
-    return {"target_reason": outcome.reason, "target_short_reason": f"{alg.name}: {outcome.short}"}
+    return PlanRow(config=c.label, target_reason=outcome.reason, target_short_reason=f"{alg.name}: {outcome.short}")
 
 
 def evaluate(
@@ -186,15 +185,15 @@ def evaluate(
     *,
     steps: int = PLAN_STEPS,
     seed: int = 0,
-) -> list[tuple[int, dict[str, Any]]]:
-    """The rows of a chunk of indexed candidates: a row of ``predict`` (with ``config``, the
-    candidate's label) for each candidate that needs a simulation, ``{"config": label,
-    "reaches_target": False, "target_reason": ..., "simulated": False}`` for the rest."""
+) -> list[tuple[int, PlanRow]]:
+    """The rows of a chunk of indexed candidates (:class:`~psgdlab.core.rows.PlanRow`): a row of
+    ``predict`` with the candidate's label for each candidate that needs a simulation, only why it
+    cannot reach the target for the rest."""
     out = []
     for i, c in chunk:
-        reason = _static_outcome(c, config, profile, target)
-        if reason is not None:
-            out.append((i, {"config": c.label, "reaches_target": False, "simulated": False, **reason}))
+        static = _static_outcome(c, config, profile, target)
+        if static is not None:
+            out.append((i, static))
             continue
         pred = predict_one(
             c.algorithm,
@@ -209,10 +208,7 @@ def evaluate(
             convergence=profile,
             target=target,
         )
-        row = dict(pred.row)
-        row["config"] = c.label
-        row["simulated"] = True
-        out.append((i, row))
+        out.append((i, PlanRow(config=c.label, prediction=pred.row)))
     return out
 
 
@@ -225,17 +221,23 @@ def _with_batch(config: SimConfig, batch: int) -> SimConfig:
 @dataclass(frozen=True, slots=True)
 class Choice:
     """What :func:`choose` found: the Pareto front (by time), the recommended row, the rows tied
-    with it, and why it was recommended."""
+    with it, why it was recommended, and how many rows reach the target within the limits."""
 
-    pareto: list[dict[str, Any]]
-    recommended: dict[str, Any] | None
-    ties: list[dict[str, Any]]
+    pareto: list[PlanRow]
+    recommended: PlanRow | None
+    ties: list[PlanRow]
     why: str
     feasible: int
 
 
+def _figure(row: PlanRow, key: str) -> float:
+    """A row's time to target (s) or GPU-hours to it: ``key`` of its :class:`~psgdlab.core.rows.TargetColumns`."""
+    value = getattr(row.to_target, key)
+    return float(value)
+
+
 def choose(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[PlanRow],
     covariance: np.ndarray,
     *,
     objective: Objective = "time",
@@ -251,37 +253,41 @@ def choose(
     ok = [
         r
         for r in rows
-        if r.get("reaches_target")
-        and (deadline_s is None or r["time_to_target_s"] <= deadline_s)
-        and (budget_gpu_hours is None or r["gpu_hours_to_target"] <= budget_gpu_hours)
+        if r.reaches_target
+        and (deadline_s is None or _figure(r, "time_to_target_s") <= deadline_s)
+        and (budget_gpu_hours is None or _figure(r, "gpu_hours_to_target") <= budget_gpu_hours)
     ]
     if not ok:
         return Choice([], None, [], "no configuration reaches the target within the limits", 0)
-    t, g = "time_to_target_s", "gpu_hours_to_target"
-    order = sorted(range(len(ok)), key=lambda i: (ok[i][t], ok[i][g], i))
+    t = [_figure(r, "time_to_target_s") for r in ok]
+    g = [_figure(r, "gpu_hours_to_target") for r in ok]
+    order = sorted(range(len(ok)), key=lambda i: (t[i], g[i], i))
     pareto, best_g = [], float("inf")
     for i in order:
-        if ok[i][g] < best_g:
+        if g[i] < best_g:
             pareto.append(ok[i])
-            best_g = ok[i][g]
+            best_g = g[i]
     key, other = OBJECTIVES[objective], next(v for k, v in OBJECTIVES.items() if k != objective)
-    best = min(range(len(ok)), key=lambda i: (ok[i][key], i))
+    values = t if key == "time_to_target_s" else g
+    best = min(range(len(ok)), key=lambda i: (values[i], i))
     tied = [i for i in range(len(ok)) if i == best or _tie(ok[best], ok[i], key, covariance)]
-    pick = min(tied, key=lambda i: (ok[i][other], i))
+    pick = min(tied, key=lambda i: (_figure(ok[i], other), i))
     rec = ok[pick]
     ties = [ok[i] for i in tied if i != pick]
     what = "time to target" if objective == "time" else "GPU-hours to target"
     why = (
-        f"the best {what} is {ok[best]['config']}'s; {len(tied) - 1} other configuration(s) are tied with it "
+        f"the best {what} is {ok[best].config}'s; {len(tied) - 1} other configuration(s) are tied with it "
         f"(the 90 % interval of the ratio of their {what} holds 1: the model cannot rank them), and of those "
-        f"{rec['config']} needs the fewest {'GPU-hours' if objective == 'time' else 'hours'}"
+        f"{rec.config} needs the fewest {'GPU-hours' if objective == 'time' else 'hours'}"
         if len(tied) > 1
-        else f"{rec['config']} has the best {what}, and every other configuration is slower beyond the 90 % "
+        else f"{rec.config} has the best {what}, and every other configuration is slower beyond the 90 % "
         "interval of the ratio"
     )
     return Choice(pareto, rec, ties, why, len(ok))
 
 
-def _tie(a: dict[str, Any], b: dict[str, Any], key: str, covariance: np.ndarray) -> bool:
-    """Whether the 90 % interval of ``b[key] / a[key]`` holds 1."""
-    return abs(math.log(b[key] / a[key])) <= Z * paired_log_sd(a, b, covariance)
+def _tie(a: PlanRow, b: PlanRow, key: str, covariance: np.ndarray) -> bool:
+    """Whether the 90 % interval of ``b``'s ``key`` over ``a``'s holds 1."""
+    assert a.prediction is not None and b.prediction is not None  # rows that reach the target
+    ratio = _figure(b, key) / _figure(a, key)
+    return abs(math.log(ratio)) <= Z * paired_log_sd(a.prediction, b.prediction, covariance)

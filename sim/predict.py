@@ -64,6 +64,7 @@ from psgdlab.core.intervals import (
     row_intervals,
 )
 from psgdlab.core.profile import Profile
+from psgdlab.core.rows import Extrapolation, IntervalInfo, IntervalLogSd, PredictionRow, RowIntervals, TargetColumns
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import SimResult, simulate
@@ -97,9 +98,10 @@ MIN_SENSITIVITY_STEPS = 10
 
 @dataclass(slots=True)
 class Prediction:
-    """One configuration's row (JSON-able dict) and its simulation result."""
+    """One configuration's row, its simulation result and the trace's summary
+    (:func:`psgdlab.core.trace.summarize`)."""
 
-    row: dict[str, Any]
+    row: PredictionRow
     result: SimResult
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -327,45 +329,40 @@ def predict_one(
     steps_needed = math.ceil(workload.epochs * workload.samples_per_epoch / (n_workers * b))
     placement = result.placement
     shape = f"{placement.hosts_used}x{placement.per_host}" if placement is not None else "?"
-    row = {
-        "algorithm": name,
-        "ran_as": algorithm.name,
-        "workers": n_workers,
-        "node_shape": shape,
-        "gpus_per_node": placement.per_host if placement is not None else None,
-        "sockets": placement.sockets_text() if placement is not None else None,
-        "processes_per_core": placement.processes_per_core(config.platform.host_cpu) if placement is not None else None,
-        "step_time_s": step_time,
-        "step_time_median_s": summ["step_time_median_s"],
-        "step_time_p95_s": summ["step_time_p95_s"],
-        "samples_per_s": sps,
-        "speedup": sps / baseline_samples_per_s,
-        "epoch_time_s": workload.samples_per_epoch / sps,
-        "time_to_train_s": steps_needed * step_time,
-        "steps_to_train": steps_needed,
-        "comm_fraction": summ["comm_fraction"],
-        "idle_fraction": summ["idle_fraction"],
-        "compute_fraction": summ["compute_fraction"],
-        "overlap_comm_fraction": summ["overlap_comm_fraction"],
-        "staleness_mean": summ["staleness_mean"],
-        "staleness_max": summ["staleness_max"],
-        "staleness_hist": summ["staleness_hist"],
-        "staleness_unit": "updates (foreign model merges, or server updates, between reading the "
-        "weights and applying the gradient)",
-        "extrapolation": {
-            "extrapolated": True,
-            "window_steps_per_worker": window,
-            "warmup_steps": warmup,
-            "steady": bool(steady),
-            "half_window_throughput_difference": drift,
-            "method": "time_to_train_s = steps_to_train x steady mean step time of the window; "
-            "epoch_time_s = samples_per_epoch / window samples_per_s",
-        },
-        "params": algorithm.params(),
-        "stragglers": model.spec() if model is not None else "",
-        "batch_per_worker": b,
-        "sim_events": result.events,
-    }
+    row = PredictionRow(
+        algorithm=name,
+        ran_as=algorithm.name,
+        workers=n_workers,
+        node_shape=shape,
+        gpus_per_node=placement.per_host if placement is not None else None,
+        sockets=placement.sockets_text() if placement is not None else None,
+        processes_per_core=placement.processes_per_core(config.platform.host_cpu) if placement is not None else None,
+        step_time_s=step_time,
+        step_time_median_s=summ["step_time_median_s"],
+        step_time_p95_s=summ["step_time_p95_s"],
+        samples_per_s=sps,
+        speedup=sps / baseline_samples_per_s,
+        epoch_time_s=workload.samples_per_epoch / sps,
+        time_to_train_s=steps_needed * step_time,
+        steps_to_train=steps_needed,
+        comm_fraction=summ["comm_fraction"],
+        idle_fraction=summ["idle_fraction"],
+        compute_fraction=summ["compute_fraction"],
+        overlap_comm_fraction=summ["overlap_comm_fraction"],
+        staleness_mean=summ["staleness_mean"],
+        staleness_max=summ["staleness_max"],
+        staleness_hist=summ["staleness_hist"],
+        extrapolation=Extrapolation(
+            window_steps_per_worker=window,
+            warmup_steps=warmup,
+            steady=bool(steady),
+            half_window_throughput_difference=drift,
+        ),
+        params=algorithm.params(),
+        stragglers=model.spec() if model is not None else "",
+        batch_per_worker=b,
+        sim_events=result.events,
+    )
     if intervals:
         spread, sens_window = _spread(
             algorithm,
@@ -379,32 +376,14 @@ def predict_one(
             streams=streams,
             on_failure=policy,
         )
-        base = _reference(config, steps=steps, seed=seed)
-        if base.spread is None:
-            base.spread, _ = _spread(
-                base.algorithm, config, base.trace, window=base.window, warmup=max(1, base.window // 10), seed=seed
-            )
-        u = config.uncertainty
-        keys, log_sd = row_intervals(
-            {k: row[k] for k in INTERVAL_KEYS}, spread, base.spread, noise_cv=u.noise_cv if u is not None else 0.0
-        )
-        row.update(keys)
-        row["interval"] = {
-            **interval_description(u, len(spread.sensitivities)),
-            "log_sd": log_sd,
-            "sensitivity_window_steps": sens_window,
-            "simulation_batches": max(0, len(spread.batch_bounds) - 1),
-        }
-        row["has_unpinned_parameters"] = bool(u is not None and u.unpinned)
-        measured_at, load = (u.noise_processes_per_core if u is not None else None), row["processes_per_core"]
-        row["noise_extrapolated"] = bool(measured_at and load and load > measured_at * (1 + 1e-9))
+        row = replace(row, intervals=_row_intervals(row, spread, sens_window, config, steps=steps, seed=seed))
     if convergence is not None:
-        row.update(target_row(row, algorithm, convergence, target))
+        row = replace(row, to_target=target_row(row, algorithm, convergence, target))
     if failures is not None and failing:
-        row["failures"] = predict_failures(
+        report = predict_failures(
             algorithm,
             config,
-            row,
+            row.to_json(),
             failures,
             seed=seed,
             stragglers=model,
@@ -412,21 +391,58 @@ def predict_one(
             streams=streams,
             on_failure=policy,
         )
+        row = replace(row, failures=report)
     return Prediction(row=row, result=result, summary=summ)
 
 
 def target_row(
-    row: dict[str, Any], algorithm: Algorithm, convergence: ConvergenceProfile, target: Target | None
-) -> dict[str, Any]:
-    """The time-to-target keys of a simulated row (:func:`psgdlab.core.convergence.target_columns`):
+    row: PredictionRow, algorithm: Algorithm, convergence: ConvergenceProfile, target: Target | None
+) -> TargetColumns:
+    """The time to target of a simulated row (:func:`psgdlab.core.convergence.target_columns`):
     the convergence model at the row's algorithm, total batch and mean staleness, times the row's
     mean step time; the interval adds the step time's log-sd (0 for a row without intervals)."""
     goal = target if target is not None else convergence.own_target()
-    setting = setting_of(algorithm, int(row["batch_per_worker"]), staleness_mean=float(row["staleness_mean"]))
+    setting = setting_of(algorithm, int(row.batch_per_worker), staleness_mean=float(row.staleness_mean))
     outcome = predict_steps(convergence, setting, goal)
-    log_sd = float(row["interval"]["log_sd"]["step_time"]) if "interval" in row else 0.0
+    log_sd = float(row.intervals.interval.log_sd.step_time) if row.intervals is not None else 0.0
     return target_columns(
-        outcome, goal, step_time_s=float(row["step_time_s"]), step_time_log_sd=log_sd, workers=int(row["workers"])
+        outcome, goal, step_time_s=float(row.step_time_s), step_time_log_sd=log_sd, workers=int(row.workers)
+    )
+
+
+def _row_intervals(
+    row: PredictionRow, spread: Spread, sensitivity_window: int, config: SimConfig, *, steps: int | None, seed: int
+) -> RowIntervals:
+    """The 90 % intervals of ``row`` (:func:`psgdlab.core.intervals.row_intervals`) from its
+    configuration's ``spread`` and the single-worker baseline's."""
+    base = _reference(config, steps=steps, seed=seed)
+    if base.spread is None:
+        base.spread, _ = _spread(
+            base.algorithm, config, base.trace, window=base.window, warmup=max(1, base.window // 10), seed=seed
+        )
+    u = config.uncertainty
+    values = {k: getattr(row, k) for k in INTERVAL_KEYS}
+    keys, log_sd = row_intervals(values, spread, base.spread, noise_cv=u.noise_cv if u is not None else 0.0)
+    described = interval_description(u, len(spread.sensitivities))
+    info = IntervalInfo(
+        level=described["level"],
+        method=described["method"],
+        parameters=tuple(described["parameters"]),
+        parameters_exact=described["parameters_exact"],
+        directions=described["directions"],
+        unpinned=tuple(described["unpinned"]),
+        noise_cv=described["noise_cv"],
+        noise_processes_per_core=described["noise_processes_per_core"],
+        log_sd=IntervalLogSd.from_json(log_sd),
+        sensitivity_window_steps=sensitivity_window,
+        simulation_batches=max(0, len(spread.batch_bounds) - 1),
+    )
+    measured_at, load = (u.noise_processes_per_core if u is not None else None), row.processes_per_core
+    return RowIntervals(
+        **keys,
+        interval=info,
+        has_unpinned_parameters=bool(u is not None and u.unpinned),
+        noise_extrapolated=bool(measured_at and load and load > measured_at * (1 + 1e-9)),
     )
 
 

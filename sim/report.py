@@ -5,7 +5,7 @@ Layout written by :func:`write_prediction` (every file atomic)::
     OUT/
       config.resolved.json    platform, workload and request, fully resolved
       env.json                versions, git SHA, host (psgdlab.core.rundir.environment)
-      summary.json            {"rows": [...], ...} one row per (algorithm, workers)
+      summary.json            a SweepSummary (psgdlab.core.summaries): one row per (algorithm, workers)
       speedup.png             (drawn by the command from the rows:
       staleness.png            psgdlab.analysis.figures.write_prediction_figures)
       trace.npz, timeline.json  only when the request is a single configuration
@@ -20,13 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.rundir import SUMMARY_FILE, RunDir, Summary, environment, write_summary
+from psgdlab.core.rows import IntervalInfo, PredictionRow, TargetColumns
+from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
+from psgdlab.core.summaries import SweepSummary
 from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
 __all__ = [
     "write_prediction",
+    "sweep_summary",
     "format_table",
     "interval_lines",
     "noise_load_lines",
@@ -61,40 +64,18 @@ def write_prediction(
     run = RunDir(out)
     env = environment(
         source="simulator",
-        world_size=max(p.row["workers"] for p in predictions),
+        world_size=max(p.row.workers for p in predictions),
         extra={"platform": config.platform.name},
     )
     cfg = _config_dict(config, request)
     run.write_json("config.resolved.json", cfg)
     run.write_json("env.json", env)
-    rows = [p.row for p in predictions]
-    w = config.workload
-    summary = {
-        "source": "simulator",
-        "platform": config.platform.name,
-        "workload": w.name,
-        "payload_bytes": w.payload_bytes,
-        "batch_per_worker": rows[0]["batch_per_worker"] if rows else w.batch_per_worker,
-        "sample_unit": w.sample_unit,
-        "samples_per_epoch": w.samples_per_epoch,
-        "epochs": w.epochs,
-        "speedup_baseline": "single-worker SGD on the same platform, workload and per-worker batch",
-        "staleness_unit": "updates",
-        "extrapolated": True,
-        "extrapolation_note": "time_to_train_s and epoch_time_s are extrapolated from a simulated window "
-        "of each configuration (rows[i].extrapolation gives the window and "
-        "whether it was steady)",
-        "interval_note": "KEY_low and KEY_high: the 90 % interval of KEY (rows[i].interval says what it "
-        "holds: parameter uncertainty, simulated-window noise, run-to-run noise)",
-        **row_flags(rows),
-        "rows": rows,
-    }
-    run.write_json(SUMMARY_FILE, summary)
+    write_summary(run, sweep_summary(config, predictions))
     if per_run:
         for p in predictions:
-            sub = RunDir(run.path / "runs" / f"{p.row['algorithm']}-w{p.row['workers']}")
-            sub.write_json("config.resolved.json", {**cfg, "algorithm": p.row["params"], "workers": p.row["workers"]})
-            sub.write_json("env.json", {**env, "world_size": p.row["workers"]})
+            sub = RunDir(run.path / "runs" / f"{p.row.algorithm}-w{p.row.workers}")
+            sub.write_json("config.resolved.json", {**cfg, "algorithm": p.row.params, "workers": p.row.workers})
+            sub.write_json("env.json", {**env, "world_size": p.row.workers})
             write_trace(sub / "trace.npz", p.result.trace, p.result.meta)
             write_summary(sub, _case_summary(p))
             to_chrome_trace(p.result.trace, sub / "timeline.json", meta=p.result.meta, max_events=TIMELINE_EVENTS)
@@ -103,6 +84,24 @@ def write_prediction(
         write_trace(run / "trace.npz", p.result.trace, p.result.meta)
         to_chrome_trace(p.result.trace, run / "timeline.json", meta=p.result.meta, max_events=50_000)
     return run
+
+
+def sweep_summary(config: SimConfig, predictions: Sequence[Prediction]) -> SweepSummary:
+    """The :class:`~psgdlab.core.summaries.SweepSummary` of a sweep's predictions on ``config``."""
+    rows = tuple(p.row for p in predictions)
+    w, flags = config.workload, row_flags(rows)
+    return SweepSummary(
+        platform=config.platform.name,
+        workload=w.name,
+        payload_bytes=w.payload_bytes,
+        batch_per_worker=rows[0].batch_per_worker if rows else w.batch_per_worker,
+        sample_unit=w.sample_unit,
+        samples_per_epoch=w.samples_per_epoch,
+        epochs=w.epochs,
+        has_unpinned_parameters=flags["has_unpinned_parameters"],
+        noise_extrapolated=flags["noise_extrapolated"],
+        rows=rows,
+    )
 
 
 def _hms(seconds: float) -> str:
@@ -114,18 +113,19 @@ def _hms(seconds: float) -> str:
 
 
 def format_table(
-    config: SimConfig, rows: Sequence[dict[str, Any]], *, run_dir: str | None = None, wall_s: float | None = None
+    config: SimConfig, rows: Sequence[PredictionRow], *, run_dir: str | None = None, wall_s: float | None = None
 ) -> str:
     """A readable table of the rows (node shape = hosts used x workers per host)."""
     p, w = config.platform, config.workload
-    b = rows[0]["batch_per_worker"] if rows else w.batch_per_worker
+    b = rows[0].batch_per_worker if rows else w.batch_per_worker
     head = (
         f"{p.name}: {p.hosts} hosts x {p.devices_per_host} {p.device}; {w.name} "
         f"({w.payload_bytes / 1e6:.1f} MB); batch {b} {w.sample_unit} per worker; "
         f"{w.epochs:g} epochs of {w.samples_per_epoch:.3g}"
     )
-    has_interval = bool(rows) and all("speedup_low" in r for r in rows)
-    has_target = bool(rows) and all("reaches_target" in r for r in rows)
+    has_interval = bool(rows) and all(r.intervals is not None for r in rows)
+    has_target = bool(rows) and all(r.to_target is not None for r in rows)
+    goal = rows[0].to_target.target if has_target and rows[0].to_target is not None else ""
     cols = (
         "algorithm",
         "workers",
@@ -134,7 +134,7 @@ def format_table(
         "samples/s",
         "speedup [90 %]" if has_interval else "speedup",
         "epoch",
-        f"to {rows[0]['target']} [90 %]" if has_target else "train*",
+        f"to {goal} [90 %]" if has_target else "train*",
         "comm%",
         "idle%",
         "stale",
@@ -144,29 +144,29 @@ def format_table(
         widths[5] = 22
     if has_target:
         widths[7] = 25
-        head += f"; target {rows[0]['target']}"
+        head += f"; target {goal}"
     lines = [head, _cells(cols, widths)]
     for r in rows:
-        name = r["algorithm"] if r["ran_as"] == r["algorithm"] else f"{r['algorithm']}({r['ran_as']})"
-        speedup = f"{r['speedup']:.2f}"
-        if has_interval:
-            speedup += f" [{r['speedup_low']:.2f}, {r['speedup_high']:.2f}]"
+        name = r.algorithm if r.ran_as == r.algorithm else f"{r.algorithm}({r.ran_as})"
+        speedup = f"{r.speedup:.2f}"
+        if r.intervals is not None:
+            speedup += f" [{r.intervals.speedup_low:.2f}, {r.intervals.speedup_high:.2f}]"
         cells = (
             name,
-            str(r["workers"]),
-            r["node_shape"],
-            f"{r['step_time_s'] * 1e3:.1f}",
-            f"{r['samples_per_s']:.0f}",
+            str(r.workers),
+            r.node_shape,
+            f"{r.step_time_s * 1e3:.1f}",
+            f"{r.samples_per_s:.0f}",
             speedup,
-            _hms(r["epoch_time_s"]),
-            target_cell(r) if has_target else _hms(r["time_to_train_s"]),
-            f"{100 * r['comm_fraction']:.1f}",
-            f"{100 * r['idle_fraction']:.1f}",
-            f"{r['staleness_mean']:.2f}",
+            _hms(r.epoch_time_s),
+            target_cell(r.to_target) if has_target and r.to_target is not None else _hms(r.time_to_train_s),
+            f"{100 * r.comm_fraction:.1f}",
+            f"{100 * r.idle_fraction:.1f}",
+            f"{r.staleness_mean:.2f}",
         )
         lines.append(_cells(cells, widths))
-    win = sorted({r["extrapolation"]["window_steps_per_worker"] for r in rows})
-    unsteady = [f"{r['algorithm']}x{r['workers']}" for r in rows if not r["extrapolation"]["steady"]]
+    win = sorted({r.extrapolation.window_steps_per_worker for r in rows})
+    unsteady = [f"{r.algorithm}x{r.workers}" for r in rows if not r.extrapolation.steady]
     what = "train time" if not has_target else "time to target: steps to target (convergence model) x step time,"
     lines.append(
         "nodes = hosts used x workers per host; ALG(sgd) = one worker runs plain SGD; "
@@ -176,8 +176,8 @@ def format_table(
     )
     if has_target:
         lines.extend(target_lines(rows))
-    if has_interval:
-        lines.extend(interval_lines(rows[0]["interval"]))
+    if rows and rows[0].intervals is not None:
+        lines.extend(interval_lines(rows[0].intervals.interval))
         lines.extend(noise_load_lines(rows))
     lines.extend(failure_lines(rows))
     if run_dir is not None:
@@ -185,29 +185,36 @@ def format_table(
     return "\n".join(lines)
 
 
-def target_cell(r: dict[str, Any]) -> str:
+def target_cell(t: TargetColumns) -> str:
     """A row's time to target with its 90 % interval, or ``no: REASON`` (short) when it does not
     reach the target."""
-    if not r["reaches_target"]:
-        return f"no: {r.get('target_short_reason') or 'see below'}"
-    return f"{_hms(r['time_to_target_s'])} [{_hms(r['time_to_target_s_low'])}, {_hms(r['time_to_target_s_high'])}]"
+    if not t.reaches_target:
+        return f"no: {t.target_short_reason or 'see below'}"
+    low, high = _num(t.time_to_target_s_low), _num(t.time_to_target_s_high)
+    return f"{_hms(_num(t.time_to_target_s))} [{_hms(low)}, {_hms(high)}]"
 
 
-def target_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+def _num(x: float | None) -> float:
+    """A figure a row that reaches its target has (``nan`` where it is missing)."""
+    return float("nan") if x is None else float(x)
+
+
+def target_lines(rows: Sequence[PredictionRow]) -> list[str]:
     """The lines under a table with times to target: the reason of each row that does not reach
     it (once per reason), and the GPU-hours of each that does."""
     lines = []
     reasons: dict[str, list[str]] = {}
-    for r in rows:
-        if not r["reaches_target"]:
-            reasons.setdefault(str(r["target_reason"]), []).append(f"{r['algorithm']}x{r['workers']}")
+    targets = [(r, r.to_target) for r in rows if r.to_target is not None]
+    for r, t in targets:
+        if not t.reaches_target:
+            reasons.setdefault(str(t.target_reason), []).append(f"{r.algorithm}x{r.workers}")
     for reason, names in reasons.items():
-        lines.append(f"does not reach {rows[0]['target']}: {', '.join(names)}: {reason}")
+        lines.append(f"does not reach {targets[0][1].target}: {', '.join(names)}: {reason}")
     hours = [
-        f"{r['algorithm']}x{r['workers']} {r['gpu_hours_to_target']:.0f} "
-        f"[{r['gpu_hours_to_target_low']:.0f}, {r['gpu_hours_to_target_high']:.0f}]"
-        for r in rows
-        if r["reaches_target"]
+        f"{r.algorithm}x{r.workers} {_num(t.gpu_hours_to_target):.0f} "
+        f"[{_num(t.gpu_hours_to_target_low):.0f}, {_num(t.gpu_hours_to_target_high):.0f}]"
+        for r, t in targets
+        if t.reaches_target
     ]
     if hours:
         lines.append("GPU-hours to target [90 %]: " + "; ".join(hours))
@@ -218,58 +225,62 @@ def _cells(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
 
 
-def interval_lines(interval: dict[str, Any]) -> list[str]:
+def interval_lines(interval: IntervalInfo) -> list[str]:
     """The lines under the table that say what the ``[90 %]`` intervals hold (a row's
     ``interval``, :func:`psgdlab.core.intervals.interval_description`)."""
-    if interval["parameters_exact"]:
-        why = "log-sd 0" if interval["parameters"] else "no [uncertainty] table"
+    if interval.parameters_exact:
+        why = "log-sd 0" if interval.parameters else "no [uncertainty] table"
         params = f"no parameter uncertainty (the profile's values taken as exact: {why})"
     else:
         params = (
-            f"the uncertainty of {len(interval['parameters'])} parameter(s) ({interval['directions']} "
+            f"the uncertainty of {len(interval.parameters)} parameter(s) ({interval.directions} "
             "direction(s), delta method)"
         )
     lines = [
-        f"[{100 * interval['level']:g} %] intervals hold {params}, the simulated window's noise and "
-        f"run-to-run noise (cv {interval['noise_cv']:g})"
+        f"[{100 * interval.level:g} %] intervals hold {params}, the simulated window's noise and "
+        f"run-to-run noise (cv {interval.noise_cv:g})"
     ]
-    if interval["unpinned"]:
+    if interval.unpinned:
         lines.append(
             "unpinned parameters (the data did not pin them down: spec-sheet prior, its spread in the "
-            f"interval): {', '.join(interval['unpinned'])}"
+            f"interval): {', '.join(interval.unpinned)}"
         )
     return lines
 
 
-def row_flags(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
+def row_flags(rows: Sequence[PredictionRow]) -> dict[str, bool]:
     """Whether any row has unpinned parameters, or noise measured at fewer processes per core
     (the summary's and ``predict --json``'s ``has_unpinned_parameters``, ``noise_extrapolated``)."""
-    return {key: any(r.get(key, False) for r in rows) for key in ("has_unpinned_parameters", "noise_extrapolated")}
+    spans = [r.intervals for r in rows if r.intervals is not None]
+    return {
+        "has_unpinned_parameters": any(i.has_unpinned_parameters for i in spans),
+        "noise_extrapolated": any(i.noise_extrapolated for i in spans),
+    }
 
 
-def noise_load_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+def noise_load_lines(rows: Sequence[PredictionRow]) -> list[str]:
     """A line naming the rows whose run-to-run noise was measured on a less loaded machine
     (``noise_extrapolated``: more worker processes per core than any run behind the profile's
     noise); none when no row is."""
-    beyond = [r for r in rows if r.get("noise_extrapolated")]
+    beyond = [(r, r.intervals) for r in rows if r.intervals is not None and r.intervals.noise_extrapolated]
     if not beyond:
         return []
-    measured_at = beyond[0]["interval"]["noise_processes_per_core"]
-    names = ", ".join(f"{r['algorithm']}x{r['workers']} ({r['processes_per_core']:g})" for r in beyond)
+    measured_at = beyond[0][1].interval.noise_processes_per_core or 0.0
+    names = ", ".join(f"{r.algorithm}x{r.workers} ({r.processes_per_core or 0:g})" for r, _ in beyond)
     return [
         f"noise measured at up to {measured_at:g} worker processes per core; these rows run more, and "
         f"their intervals leave out what sharing a core adds: {names}"
     ]
 
 
-def failure_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+def failure_lines(rows: Sequence[PredictionRow]) -> list[str]:
     """What failures cost each row that has them (its ``failures``, :mod:`psgdlab.sim.failures`)."""
     lines = []
     for r in rows:
-        f = r.get("failures")
+        f = r.failures
         if not f:
             continue
-        head = f"{r['algorithm']} x{r['workers']}: on failure {f['policy']} (detection {f['detection_s']:g} s"
+        head = f"{r.algorithm} x{r.workers}: on failure {f['policy']} (detection {f['detection_s']:g} s"
         head += f", restart {f['restart_s']:g} s" if f["restart_s"] is not None else ""
         ckpt = f"checkpoint every {f['checkpoint_every']} steps" if f["checkpoint_every"] else "no checkpoints"
         lines.append(f"{head}, {ckpt}); train {_hms(f['time_to_train_without_failures_s'])} without failures")
@@ -317,17 +328,18 @@ def _before(f: dict[str, Any]) -> int:
     return len(f["survivors"]) + sum(len(c["removed"]) for c in f["membership_changes"] if "resumed_from_step" not in c)
 
 
-def _case_summary(p: Any) -> Summary:
+def _case_summary(p: Prediction) -> Summary:
     """One prediction as the :class:`~psgdlab.core.rundir.Summary` of its case directory: the
     trace's summary and the sweep's row as its figures; the row's name is the case's where it is
     not the algorithm's (a sweep's 1-worker point runs as sgd; a validation names its cases)."""
-    figures = {k: v for k, v in {**p.summary, **p.row}.items() if k not in ("algorithm", "workers", "params")}
-    name, ran = p.row["algorithm"], str(p.row["params"]["algorithm"])
+    row = p.row.to_json()
+    figures = {k: v for k, v in {**p.summary, **row}.items() if k not in ("algorithm", "workers", "params")}
+    name, ran = p.row.algorithm, str(p.row.params["algorithm"])
     return Summary(
         source="simulator",
         algorithm=ran,
-        algorithm_params=p.row["params"],
-        workers=p.row["workers"],
+        algorithm_params=p.row.params,
+        workers=p.row.workers,
         case=name if name != ran else None,
         figures=figures,
     )

@@ -5,6 +5,7 @@ puts a latency the runs do not need at its bound 0, and changes nothing it has n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 import psgdlab.analysis.load as load
 import psgdlab.calibration as calibration
+from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
 from psgdlab.calibration import RunRequest, pin_latency_between_hosts
 from psgdlab.core.profile import Link, Platform, Profile, Workload
 
@@ -22,7 +24,7 @@ SIZES = (1e6, 3e6, 1e6, 3e6)  # two runs of each size, 4 hosts of one rank: 6 ro
 ROUNDS, SENT = 6, 1.5  # a ring of 4 sends 2 (n - 1) / n of the payload
 
 
-def _calibration(slope: float = 0.0) -> dict:
+def _calibration(slope: float = 0.0) -> Calibration:
     span = {
         "latency_s": ALPHA0,
         "bandwidth_bytes_per_s": BETA0,
@@ -32,11 +34,13 @@ def _calibration(slope: float = 0.0) -> dict:
         "latency_given": True,
         "unpinned": ["latency_s"],
     }
-    return {
-        "nic": {"latency_s": ALPHA0, "collective": span},
-        "between_hosts_busy": [f"run{i}" for i in range(len(SIZES))],
-        "noise": {"step_cv_used": NOISE},
-    }
+    return Calibration(
+        compute={},
+        link={},
+        nic={"latency_s": ALPHA0, "collective": span},
+        between_hosts_busy=tuple(f"run{i}" for i in range(len(SIZES))),
+        noise=CalibrationNoise(step_cv_used=NOISE),
+    )
 
 
 def _profile() -> Profile:
@@ -120,7 +124,7 @@ def test_runs_that_need_no_latency_give_one_far_below_the_messages_or_none(runs)
     link = Link(latency_s=ALPHA0, bandwidth_bytes_per_s=fast)
     profile = Profile(platform=Platform(hosts=2, collective_between_hosts=link), workload=Workload())
     calib = _calibration()
-    calib["nic"]["collective"]["bandwidth_bytes_per_s"] = fast
+    calib.nic["collective"]["bandwidth_bytes_per_s"] = fast
     out, report = pin_latency_between_hosts(calib, profile, predict=_predict(_law(1e-4)))
     span = out["nic"]["collective"]
     assert span["latency_s"] == 0.0 and span["latency_log_sd"] is None and report["pinned"]
@@ -132,12 +136,12 @@ def test_nothing_to_fit_changes_nothing(runs):
     than the grid holds: the calibration comes back as it was."""
     step = _law(0.05)
     runs["measure"] = lambda size, i: step(_profile().platform, size)
-    idle = {**_calibration(), "between_hosts_busy": []}
+    idle = dataclasses.replace(_calibration(), between_hosts_busy=())
     assert pin_latency_between_hosts(idle, _profile(), predict=_predict(step)) == (idle, None)
     pinned = _calibration()
-    pinned["nic"]["collective"] = {**pinned["nic"]["collective"], "latency_given": False, "unpinned": []}
+    pinned.nic["collective"] = {**pinned.nic["collective"], "latency_given": False, "unpinned": []}
     assert pin_latency_between_hosts(pinned, _profile(), predict=_predict(step)) == (pinned, None)
     far = Platform(collective_between_hosts=Link(latency_s=ALPHA0 * 100, bandwidth_bytes_per_s=BETA0))
     runs["measure"] = lambda size, i: step(far, size)
     out, report = pin_latency_between_hosts(_calibration(), _profile(), predict=_predict(step))
-    assert out["nic"] == _calibration()["nic"] and not report["pinned"]
+    assert out.nic == _calibration().nic and not report.pinned

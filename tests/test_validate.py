@@ -7,6 +7,8 @@ import os
 import shutil
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
@@ -284,6 +286,12 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     assert u.noise_cv == pytest.approx(max(residuals["residual_cv"], run_to_run), rel=1e-4)
     # measured with 2 workers on this machine's cores: the load the noise was measured at
     assert u.noise_processes_per_core == pytest.approx(2 / os.cpu_count())
+    # validate.json is the report, read back whole; --json printed its answer
+    from psgdlab.validate.results import ValidationReport
+
+    saved = json.loads((out / "validate.json").read_text())
+    assert saved.pop("schema_version") == 1 and ValidationReport.from_json(saved).to_json() == saved
+    assert result == ValidationReport.from_json(saved).answer() and result["schema_version"] == 1
 
     # --measured: the same runs fitted, predicted and compared again without running anything
     again = tmp_path / "again"
@@ -394,3 +402,75 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
 
     busy = ValidateConfig(out="x", hosts=(2,), workers=(4, 8), nic_bandwidths=("200Mbit/s",))
     assert between_hosts_probes(busy, cores=2) == [("200Mbit/s", "probe-h2-200Mbit-s")]  # 8 processes on 2 cores
+
+
+@given(
+    cases=st.lists(
+        st.tuples(
+            st.sampled_from(["ssgd", "adpsgd", "hadpsgd"]),
+            st.integers(2, 8),
+            st.floats(0.01, 1.0),
+            st.none() | st.floats(-0.5, 0.5),
+            st.none() | st.booleans(),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    hosts=st.booleans(),
+    measured=st.booleans(),
+)
+def test_a_validation_report_is_read_back_from_its_json(cases, hosts, measured):
+    """The report and its cases, written as validate.json and read back; --json prints its answer."""
+    from psgdlab.analysis.calibration_report import Calibration
+    from psgdlab.validate.results import ANSWER_KEYS, RankingCounts, ValidationCase, ValidationReport
+
+    rows = tuple(
+        ValidationCase(
+            algorithm=a,
+            workers=n,
+            predicted_step_time_s=t,
+            measured_step_time_s=t * 1.01,
+            step_time_error=err,
+            staleness_mean_predicted=0.0,
+            staleness_mean_measured=0.0,
+            staleness_mean_rel_error=None,
+            predicted_samples_per_s=n / t,
+            measured_samples_per_s=n / t / 1.01,
+            interval_low=0.9 if inside is not None else None,
+            interval_high=1.1 if inside is not None else None,
+            in_interval=inside,
+            noise_extrapolated=False if inside is not None else None,
+            path={"worker_step_max_s": {"predicted": t, "measured": None}},
+            hosts=2 if hosts else 1,
+            nic_bandwidth="1Gbit/s" if hosts else None,
+        )
+        for a, n, t, err, inside in cases
+    )
+    cal = Calibration(compute={"mean_s": 0.05}, link={"latency_s": 1e-4}, runs=("runs/a",))
+    report = ValidationReport(
+        cases=rows,
+        interval_coverage=0.5,
+        interval_max_half_width=0.1,
+        median_abs_step_time_error=0.01,
+        max_abs_step_time_error=0.02,
+        max_abs_staleness_mean_error=None,
+        ranking=RankingCounts(ranked=1, tied=0, misordered=0),
+        ranking_identical=True,
+        ranking_detail={"none": {"2": {"ranked": 1, "swaps": []}}},
+        targets={"median_abs_step_time_error": 0.1},
+        targets_met={"median_abs_step_time_error": True},
+        platform=("p-1Gbit-s.toml",) if hosts else "platform.toml",
+        calibrate_workers=(2,),
+        calibration={"p-1Gbit-s.toml": cal} if hosts else cal,
+        config={"algorithms": ["ssgd"], "workers": [2]},
+        load_average={"start": [1.0, 1.0, 1.0]},
+        measured_in="runs/earlier" if measured else None,
+        hosts={"cases": ["2x1"], "advantage": []} if hosts else None,
+    )
+    saved = json.loads(json.dumps(report.to_json()))
+    assert ValidationReport.from_json(saved) == report
+    answer = report.answer()
+    assert set(answer) == {"schema_version", *ANSWER_KEYS} | ({"hosts"} if hosts else set()) | (
+        {"measured_in"} if measured else set()
+    )
+    assert [dict(c) for c in report["cases"]] == answer["cases"] == saved["cases"]

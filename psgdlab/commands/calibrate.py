@@ -159,8 +159,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from psgdlab.analysis.calibrate import calibrate_runs
     from psgdlab.calibration import fitted_profile
-    from psgdlab.core.cost import allreduce_rounds
     from psgdlab.core.errors import ConfigError, require
+    from psgdlab.core.results import document
 
     require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
@@ -213,91 +213,9 @@ def run(args: argparse.Namespace) -> int:
     )
     profile.write(args.out)
     if args.json:
-        print(json.dumps({**fit, "out": args.out}, indent=2, default=str))
+        print(json.dumps(document({**fit.to_json(), "out": args.out}), indent=2, default=str))
     else:
-        c, lk = fit["compute"], fit["link"]
-        print(f"compute: mean {c['mean_s']:.6g} s, cv {c['cv']:.3g}, p95 {c['p95_s']:.6g} s ({c['samples']} steps)")
-        print(
-            f"link: latency {lk['latency_s'] * 1e6:.1f} us, bandwidth {lk['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s "
-            f"({lk['samples']} exchanges, rms residual {lk['rms_residual_s'] * 1e3:.3g} ms)"
-        )
-        _print_scatter("pairwise averages inside a host", lk)
-        nic = fit.get("nic")
-        if nic:
-            print(
-                f"between hosts: latency {nic['latency_s'] * 1e6:.1f} us, bandwidth "
-                f"{nic['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s end to end ({nic['samples']} exchanges; NIC shaped to "
-                + (f"{nic['rate_bytes_per_s'] / 1e9:.3g} GB/s" if nic["rate_bytes_per_s"] else "no rate")
-                + f"; {nic['allreduce_algorithm']} allreduce across hosts)"
-            )
-            _print_scatter("pairwise averages between hosts", nic)
-            span = nic.get("collective")
-            if span:
-                print(
-                    f"allreduce between hosts (apart): latency {span['latency_s'] * 1e6:.1f} us per round, bandwidth "
-                    f"{span['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({span['samples']} allreduces"
-                    + (f"; its latency {span['latency_source']}" if span.get("latency_source") else "")
-                    + ")"
-                )
-        co = fit.get("collective")
-        schedule = fit["allreduce_algorithm"]
-        print(
-            f"allreduce schedule: {schedule} (latency rounds over 2, 4, 8 ranks: "
-            f"{', '.join(str(allreduce_rounds(n, schedule)) for n in (2, 4, 8))})"
-        )
-        print(
-            f"allreduce (apart): latency {co['latency_s'] * 1e6:.1f} us per round, bandwidth "
-            f"{co['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s ({co['samples']} allreduces, rms residual "
-            f"{co['rms_residual_s'] * 1e3:.3g} ms)"
-            if co
-            else "allreduce: the link (too few allreduce or pairwise payload sizes to fit it apart)"
-        )
-        _print_scatter("allreduces inside a host", co)
-        avg = fit.get("model_average")
-        if avg:
-            print(
-                f"model average (fold of the mean, beyond the allreduce): {avg['fixed_s'] * 1e3:.3g} ms + "
-                f"{avg['s_per_byte'] * 1e9:.3g} ns per byte ({avg['runs']} model-averaging runs)"
-            )
-        print(
-            f"step overhead (host work outside compute and exchanges, not slowed by a straggler): "
-            f"{c.get('step_overhead_fixed_s', 0.0) * 1e3:.3g} ms + "
-            f"{c.get('step_overhead_s_per_byte', 0.0) * 1e9:.3g} ns per byte"
-        )
-        mix = fit.get("mix_merge")
-        if mix:
-            print(
-                f"merge of an average by the training thread (active sides; beyond the step overhead): "
-                f"{mix['fixed_s'] * 1e3:.3g} ms + {mix['s_per_byte'] * 1e9:.3g} ns per byte "
-                f"({mix['runs']} runs with pairwise averages; passive sides' own excess "
-                f"{', '.join(f'{x * 1e3:.2g}' for x in mix.get('passive_excess_s', [])) or '-'} ms, not priced)"
-            )
-        if fit["server"]:
-            print(f"server: service overhead {fit['server']['service_overhead_s'] * 1e3:.3g} ms")
-        cpu = fit["host_cpu"]
-        print(
-            f"host cores: {cpu['cores_per_host']}, CPU work {cpu['work_per_message_s'] * 1e6:.1f} us per message, "
-            f"{cpu['work_per_byte_s'] * 1e9:.3g} ns per byte (log-sd "
-            + ", ".join("-" if sd is None else f"{sd:.2g}" for sd in cpu.get("work_log_sd") or (None, None))
-            + ")"
-            if cpu
-            else "host cores: not modelled (no run had more workers than "
-            + (f"the {fit['cores']} cores)" if fit["cores"] else "cores: no core count recorded, give --cores)")
-        )
-        unc = fit["link"].get("unpinned") or []
-        if unc:
-            print(f"unpinned (kept at the prior, marked in [uncertainty]): link {', '.join(unc)}")
-        from_probe = [f"{k} ({v})" for k, v in (fit.get("link_source") or {}).items() if "probe" in v]
-        if from_probe:
-            print(f"from the probe ({fit['probe']}): {', '.join(from_probe)}")
-        res = fit["residuals"]
-        u = profile.uncertainty
-        if res["residual_cv"] is not None and u is not None:
-            print(
-                f"the runs predicted on the fitted profile: rms log residual of the mean step {res['residual_cv']:.3g} "
-                f"over {len(res['runs'])} runs; noise_cv {u.noise_cv:.3g}"
-                + (" (raised to the residual)" if u.noise_cv == round(res["residual_cv"], 6) else " (run-to-run)")
-            )
+        print("\n".join(fit.describe(profile.uncertainty)))
         print(f"wrote {args.out}")
     return 0
 
@@ -329,24 +247,14 @@ def _run_probe(args: argparse.Namespace) -> str:
         bar.close()
 
 
-def _print_scatter(what: str, fit: dict | None) -> None:
-    """One line on how single exchanges (``what``) scatter around their law (``fit["scatter"]``)."""
-    q = (fit or {}).get("scatter") or ()
-    if q:
-        mid = len(q) // 2
-        print(
-            f"{what}, alone (runs of 2): {q[0]:.2g} / {q[mid]:.2g} / {q[-1]:.2g} times the law "
-            "(2 / 50 / 98 % quantiles; the simulator draws each one's factor from them)"
-        )
-
-
 def _print_probe(path: str, args: argparse.Namespace) -> int:
     """The probe's points and fitted laws (or ``--json``)."""
     from psgdlab.analysis.probe import fit_probe
+    from psgdlab.core.results import document
 
     fit = fit_probe(path, cores=args.cores)
     if args.json:
-        print(json.dumps(fit, indent=2, default=str))
+        print(json.dumps(document(fit), indent=2, default=str))
         return 0
     print(
         f"{'kind':<10} {'group':>5} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'cpu us':>8}"
@@ -383,6 +291,7 @@ def _print_probe(path: str, args: argparse.Namespace) -> int:
 def _run_nccl_tests(args: argparse.Namespace) -> int:
     """``--nccl-tests``: read the files, fit their laws, write them into the base profile."""
     from psgdlab.analysis.nccl_tests import LAWS, fit_nccl_tests, nccl_profile, read_nccl_tests
+    from psgdlab.core.results import document
     from psgdlab.sim.workload import load_config
 
     logs = [read_nccl_tests(path) for path in args.nccl_tests]
@@ -399,7 +308,7 @@ def _run_nccl_tests(args: argparse.Namespace) -> int:
     if args.json:
         laws = {key: fit[key] for key, _, _ in LAWS.values()}
         doc = {**laws, "allreduce_algorithm": p.allreduce, "runs": [], "base": base.source, "out": args.out}
-        print(json.dumps({**doc, "nccl_tests": fit["nccl_tests"]}, indent=2, default=str))
+        print(json.dumps(document({**doc, "nccl_tests": fit["nccl_tests"]}), indent=2, default=str))
         return 0
     for entry in fit["nccl_tests"]:
         sizes = entry["sizes_bytes"]

@@ -30,12 +30,13 @@ def run(args: argparse.Namespace) -> int:
 
     from psgdlab.analysis.compare import compare_dirs
     from psgdlab.analysis.report import markdown_report, write_report
+    from psgdlab.core.results import document
 
     result = compare_dirs(args.pred_dir, args.run_dir)
     out = Path(args.out) if args.out else Path(args.run_dir) / "compare"
     write_report(result, out, figures=not args.no_figures)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(document(result), indent=2))
     else:
         print(markdown_report(result))
         print(f"report: {out / 'report.md'}")

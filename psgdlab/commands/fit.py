@@ -4,6 +4,7 @@ to published or measured figures, with leave-one-out and leave-one-group-out err
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -46,7 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SIGMA",
         help="relative spread of the figures (published to two decimals, run-to-run noise)",
     )
-    add_flags(p, "--json")
+    add_flags(
+        p,
+        "--json",
+        helps={
+            "--json": "print the fit as one JSON object (schema_version, out, values, log_sd, prior, prior_log_sd, "
+            "unpinned, flat_directions, noise, the errors and per figure its label, given, fitted and errors)"
+        },
+    )
     p.set_defaults(func=run)
 
 
@@ -67,7 +75,8 @@ def _parameters(items: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.sim.fit import fit_profile, read_figures, report_lines, write_fitted
+    from psgdlab.core.results import document
+    from psgdlab.sim.fit import FitResult, fit_profile, read_figures, write_fitted
     from psgdlab.sim.workload import load_config
 
     base = load_config(path=args.platform) if args.platform else load_config(preset=args.preset)
@@ -81,33 +90,12 @@ def run(args: argparse.Namespace) -> int:
         profile, report = fit_profile(
             base, figures, parameters, loo=not args.no_loo, noise=args.noise, progress=lambda s: bar.update(1)
         )
-    path = write_fitted(profile, report, figures, args.out, head=(f"Fitted by `psgdlab fit {args.figures}`.",))
+    result = FitResult.of(report, figures)
+    path = write_fitted(profile, result, args.out, head=(f"Fitted by `psgdlab fit {args.figures}`.",))
+    result = dataclasses.replace(result, out=str(path))
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "out": str(path),
-                    "values": report.values,
-                    "log_sd": report.log_sd,
-                    "unpinned": list(report.unpinned),
-                    "flat_directions": list(report.flat_directions),
-                    "in_sample_error": report.in_sample_error,
-                    "loo_error": report.loo_error if report.loo else None,
-                    "logo_error": report.logo_error if report.logo else None,
-                    "figures": [
-                        {
-                            "label": f.label(),
-                            "given": f.value,
-                            "fitted": float(report.predictions[i]),
-                            "in_sample_error": report.in_sample[i],
-                            "loo_error": report.loo.get(i),
-                        }
-                        for i, f in enumerate(figures)
-                    ],
-                }
-            )
-        )
+        print(json.dumps(document(result.to_json())))
     else:
         print(f"wrote {path}")
-        print("\n".join(report_lines(report, figures)))
+        print("\n".join(result.describe()))
     return 0

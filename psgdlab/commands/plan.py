@@ -25,6 +25,8 @@ from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
+    from psgdlab.core.rows import PlanRow
+    from psgdlab.core.summaries import NotReaching, PlanAnswer
     from psgdlab.sim.plan import Candidate
     from psgdlab.sim.workload import SimConfig
 
@@ -72,10 +74,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    from dataclasses import replace
 
     from psgdlab.commands.predict import resolve_convergence
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import RunDir, default_run_dir, environment
+    from psgdlab.core.results import document
+    from psgdlab.core.rundir import RunDir, default_run_dir, environment, write_summary
+    from psgdlab.core.summaries import PlanAnswer, PlanBrief, PlanSummary
     from psgdlab.sim.plan import DEFAULT_BATCHES, DEFAULT_PERIODS, PLAN_STEPS, candidates, choose
     from psgdlab.sim.workload import load_config, with_workload
 
@@ -111,66 +116,63 @@ def run(args: argparse.Namespace) -> int:
         budget_gpu_hours=args.budget_gpu_hours,
     )
     wall = time.perf_counter() - t0
-    reasons: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if not r["reaches_target"]:
-            short = str(r.get("target_short_reason") or r["target_reason"])
-            key = f"{r['ran_as']}: {short}" if r.get("simulated") else short
-            reasons.setdefault(key, {"count": 0, "example": r["target_reason"]})["count"] += 1
-    out = {
-        "candidates": len(cands),
-        "pareto": choice.pareto,
-        "recommended": choice.recommended,
-        "ties": choice.ties,
-        "why": choice.why,
-        "target": str(target),
-        "objective": args.objective,
-        "simulated": sum(1 for r in rows if r.get("simulated")),
-        "reaching": sum(1 for r in rows if r["reaches_target"]),
-        "within_limits": choice.feasible,
-        "not_reaching": reasons,
-        "parallelism": how,
-        "steps": steps,
-        "platform": config.platform.name,
-        "workload": config.workload.name,
-        "wall_s": wall,
-    }
+    answer = PlanAnswer(
+        candidates=len(cands),
+        pareto=tuple(choice.pareto),
+        recommended=choice.recommended,
+        ties=tuple(choice.ties),
+        why=choice.why,
+        target=str(target),
+        objective=args.objective,
+        simulated=sum(1 for r in rows if r.simulated),
+        reaching=sum(1 for r in rows if r.reaches_target),
+        within_limits=choice.feasible,
+        not_reaching=not_reaching(rows),
+        parallelism=how,
+        steps=steps,
+        platform=config.platform.name,
+        workload=config.workload.name,
+        wall_s=wall,
+    )
     rd = RunDir(args.out or default_run_dir("plan"))
     rd.write_json("config.resolved.json", {"request": {k: v for k, v in vars(args).items() if k != "func"}})
     rd.write_json("env.json", environment(source="simulator"))
-    rd.write_json("summary.json", {**out, "rows": [_brief(r) for r in rows]})
+    write_summary(rd, PlanSummary(answer=answer, rows=tuple(PlanBrief.of(r) for r in rows)))
     if not args.no_figures:
         from psgdlab.analysis.figures import plan_figure, save_figure
 
         title = f"{config.platform.name}: {config.workload.name} to {target}"
         save_figure(
-            plan_figure([r for r in rows if r["reaches_target"]], choice.pareto, choice.recommended, title=title),
+            plan_figure([r for r in rows if r.reaches_target], choice.pareto, choice.recommended, title=title),
             rd / "plan.png",
         )
-    out["run_dir"] = str(rd.path)
+    answer = replace(answer, run_dir=str(rd.path))
     if args.json:
-        print(json.dumps(out, default=float))
+        print(json.dumps(document(answer.to_json()), default=float))
     else:
-        print(format_plan(out))
+        print(format_plan(answer))
     return 0
 
 
-def _brief(r: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "config",
-        "reaches_target",
-        "target_reason",
-        "time_to_target_s",
-        "time_to_target_s_low",
-        "time_to_target_s_high",
-        "gpu_hours_to_target",
-        "gpu_hours_to_target_low",
-        "gpu_hours_to_target_high",
-        "step_time_s",
-        "staleness_mean",
-        "simulated",
-    )
-    return {k: r.get(k) for k in keys}
+def not_reaching(rows: Sequence[PlanRow]) -> dict[str, NotReaching]:
+    """The rows that do not reach the target by short reason (prefixed with the algorithm where
+    the row was simulated): how many, and the long reason of the first."""
+    from psgdlab.core.summaries import NotReaching
+
+    counts: dict[str, int] = {}
+    examples: dict[str, str | None] = {}
+    for r in rows:
+        if r.reaches_target:
+            continue
+        if r.prediction is not None:
+            t = r.to_target
+            key = f"{r.prediction.ran_as}: {t.target_short_reason or t.target_reason}"
+            reason = t.target_reason
+        else:
+            key, reason = str(r.target_short_reason or r.target_reason), r.target_reason
+        counts[key] = counts.get(key, 0) + 1
+        examples.setdefault(key, reason)
+    return {k: NotReaching(count=n, example=examples[k]) for k, n in counts.items()}
 
 
 def search(
@@ -183,7 +185,7 @@ def search(
     seed: int,
     jobs: int | None,
     progress: Callable[[int], None] | None = None,
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[PlanRow], str]:
     """The rows of every candidate, in candidate order, and how they were computed. Chunks of
     :data:`CHUNK` candidates of like cost (most workers first) go to the pool; under
     ``python -m mpi4py.futures`` the pool is the MPI ranks."""
@@ -192,7 +194,7 @@ def search(
 
     order = sorted(range(len(cands)), key=lambda i: (-cands[i].workers, i))
     chunks = [[(i, cands[i]) for i in order[k : k + CHUNK]] for k in range(0, len(order), CHUNK)]
-    done: dict[int, dict[str, Any]] = {}
+    done: dict[int, PlanRow] = {}
     pool, how = _pool(sweep_jobs(jobs))
     if pool is None:
         for ch in chunks:
@@ -224,40 +226,42 @@ def _pool(jobs: int) -> tuple[Any, str]:
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")), f"{jobs} processes"
 
 
-def _hms(seconds: float) -> str:
+def _hms(seconds: float | None) -> str:
     from psgdlab.sim.report import _hms as hms
 
-    return hms(seconds)
+    return hms(float("nan") if seconds is None else seconds)
 
 
-def format_plan(out: dict[str, Any]) -> str:
+def format_plan(answer: PlanAnswer) -> str:
     """The plan as text: what was searched, why candidates fall out, the Pareto front with
     intervals, the recommendation and its ties."""
+    a = answer
     lines = [
-        f"plan: {out['platform']}: {out['workload']} to {out['target']}; {out['candidates']} candidates "
-        f"({out['simulated']} simulated over {out['steps']} steps per worker; {out['reaching']} reach the target, "
-        f"{out['within_limits']} within the limits); {out['parallelism']}; {out['wall_s']:.1f} s"
+        f"plan: {a.platform}: {a.workload} to {a.target}; {a.candidates} candidates "
+        f"({a.simulated} simulated over {a.steps} steps per worker; {a.reaching} reach the target, "
+        f"{a.within_limits} within the limits); {a.parallelism}; {a.wall_s:.1f} s"
     ]
-    for short, v in sorted(out["not_reaching"].items(), key=lambda kv: (-kv[1]["count"], kv[0])):
-        lines.append(f"  {v['count']:5d} do not reach it ({short}), e.g. {v['example']}")
+    for short, v in sorted(a.not_reaching.items(), key=lambda kv: (-kv[1].count, kv[0])):
+        lines.append(f"  {v.count:5d} do not reach it ({short}), e.g. {v.example}")
     lines.append("Pareto front (time to target against GPU-hours; [90 %] intervals):")
     lines.append(f"  {'configuration':<36} {'time to target':>26} {'GPU-hours':>22}")
-    for r in out["pareto"]:
-        t = f"{_hms(r['time_to_target_s'])} [{_hms(r['time_to_target_s_low'])}, {_hms(r['time_to_target_s_high'])}]"
-        g = f"{r['gpu_hours_to_target']:.0f} [{r['gpu_hours_to_target_low']:.0f}, {r['gpu_hours_to_target_high']:.0f}]"
-        mark = " *" if out["recommended"] is not None and r["config"] == out["recommended"]["config"] else ""
-        lines.append(f"  {r['config']:<36} {t:>26} {g:>22}{mark}")
-    rec = out["recommended"]
+    rec = a.recommended
+    for r in a.pareto:
+        t = r.to_target
+        time_text = f"{_hms(t.time_to_target_s)} [{_hms(t.time_to_target_s_low)}, {_hms(t.time_to_target_s_high)}]"
+        g = f"{t.gpu_hours_to_target:.0f} [{t.gpu_hours_to_target_low:.0f}, {t.gpu_hours_to_target_high:.0f}]"
+        mark = " *" if rec is not None and r.config == rec.config else ""
+        lines.append(f"  {r.config:<36} {time_text:>26} {g:>22}{mark}")
     if rec is None:
-        lines.append(out["why"])
+        lines.append(a.why)
     else:
         lines.append(
-            f"recommended (*): {rec['config']}: {_hms(rec['time_to_target_s'])}, "
-            f"{rec['gpu_hours_to_target']:.0f} GPU-hours; {out['why']}"
+            f"recommended (*): {rec.config}: {_hms(rec.to_target.time_to_target_s)}, "
+            f"{rec.to_target.gpu_hours_to_target:.0f} GPU-hours; {a.why}"
         )
-        if out["ties"]:
-            names = ", ".join(r["config"] for r in out["ties"][:8])
-            more = f" and {len(out['ties']) - 8} more" if len(out["ties"]) > 8 else ""
-            lines.append(f"tied with it ({len(out['ties'])}): {names}{more}")
-    lines.append(f"run directory: {out['run_dir']}")
+        if a.ties:
+            names = ", ".join(r.config for r in a.ties[:8])
+            more = f" and {len(a.ties) - 8} more" if len(a.ties) > 8 else ""
+            lines.append(f"tied with it ({len(a.ties)}): {names}{more}")
+    lines.append(f"run directory: {a.run_dir}")
     return "\n".join(lines)

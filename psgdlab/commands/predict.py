@@ -98,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
             "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
-            "--json": "with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
+            "--json": "one object (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
+            "noise_extrapolated) with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
     fail = p.add_argument_group(
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.rundir import default_run_dir
     from psgdlab.sim.predict import predict_sweep, sweep_jobs
-    from psgdlab.sim.report import format_table, row_flags, write_prediction
+    from psgdlab.sim.report import format_table, sweep_summary, write_prediction
     from psgdlab.sim.workload import load_config
 
     t_start = time.perf_counter()
@@ -235,19 +236,8 @@ def run(args: argparse.Namespace) -> int:
         write_prediction_figures(run_dir.path, rows, title=title)
     wall = time.perf_counter() - t_start
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "run_dir": str(run_dir.path),
-                    "platform": config.platform.name,
-                    "workload": config.workload.name,
-                    "wall_s": wall,
-                    **row_flags(rows),
-                    "rows": rows,
-                },
-                default=float,
-            )
-        )
+        answer = sweep_summary(config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
+        print(json.dumps(answer, default=float))
     else:
         print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
     return 0

@@ -87,8 +87,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from psgdlab.analysis.calibration_report import Calibration
 from psgdlab.calibration import fitted_profile
 from psgdlab.core.placement import equal_blocks
+from psgdlab.core.results import document
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.validate.machine import load_average, wait_for_quiet
 from psgdlab.validate.plan import (
@@ -106,6 +108,7 @@ from psgdlab.validate.plan import (
     targets_for,
 )
 from psgdlab.validate.report import case_row, format_table
+from psgdlab.validate.results import RankingCounts, ValidationCase, ValidationReport
 from psgdlab.validate.run import (
     case_policy,
     earlier_repeats,
@@ -128,6 +131,8 @@ from psgdlab.validate.stats import (
 
 __all__ = [
     "ValidateConfig",
+    "ValidationCase",
+    "ValidationReport",
     "validate",
     "calibration_plan",
     "case_name",
@@ -139,8 +144,8 @@ __all__ = [
 ]
 
 
-def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the whole loop (module docstring) and return the comparison with the case table.
+def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> ValidationReport:
+    """Run the whole loop (module docstring) and return its report (what ``validate.json`` holds).
 
     With ``vc.measured`` (an earlier validate's directory) no run is made: its runs are fitted,
     predicted and compared again into ``vc.out``, which is removed again if that fails (an earlier
@@ -156,7 +161,7 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
         raise
 
 
-def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dict[str, Any]:
+def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> ValidationReport:
     from psgdlab.analysis.calibrate import calibrate_runs
     from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
@@ -248,7 +253,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         [(rate, h) for rate in (vc.nic_bandwidths or (None,)) for h in vc.hosts] if vc.hosts else [(None, 1)]
     )
     configs: dict[str | None, Any] = {}
-    calibrations: dict[str, Any] = {}
+    calibrations: dict[str, Calibration] = {}
     for rate in dict.fromkeys(r for r, _ in settings):
         fitted = calib_dirs + between.get(rate, [])
         calibration = calibrate_runs(fitted, cores=cores)
@@ -270,8 +275,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
         configs[rate] = load_config(path=platform_path)
         calibrations[str(platform_path.name)] = calibration
     # 2. one measured run and one prediction per case
-    table: list[dict[str, Any]] = []
-    ranking_detail: dict[str, Any] = {}
+    table: list[ValidationCase] = []
+    ranking_detail: dict[str, dict[str, Any]] = {}
     for rate, hosts in settings:
         config = configs[rate]
         counts_n = [n for h, n in host_cases(vc) if h == hosts] if vc.hosts else list(vc.workers)
@@ -307,7 +312,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
                     # first (seed offset 0, rank order) is the case's prediction, written and compared
                     first, *more = relabelled_seeds(n, vc.prediction_seeds)
                     p = predict_one(algorithm, n, config, seed=vc.seed + first[0], streams=first[1], **case)
-                    p.row["algorithm"] = name
+                    p.row = dataclasses.replace(p.row, algorithm=name)
                     preds.append(p)
                     predicted[(name, n)] = [
                         predicted_samples_per_s(q.result.trace, vc.batch)
@@ -358,54 +363,49 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> dic
             mark_intervals(result["cases"], [p.row for p in preds])
             write_report(result, out / (("compare" if not straggler else "compare-straggler") + tag), figures=True)
             for c in result["cases"]:
-                table.append({**case_row(c), "straggler": straggler, "hosts": hosts, "nic_bandwidth": rate})
-            ranking_detail[label] = result["ranking"]
-    cases = table
+                table.append(case_row(c, straggler=straggler, hosts=hosts, nic_bandwidth=rate))
+            ranking_detail[label] = {str(n): r for n, r in result["ranking"].items()}
+    cases = tuple(table)
     counts = ranking_counts(r for per_n in ranking_detail.values() for r in per_n.values())
     import numpy as np
 
-    errs = np.array([abs(c["step_time_error"]) for c in cases if c["step_time_error"] is not None])
-    st_errs = [c["staleness_mean_rel_error"] for c in cases if c["staleness_mean_rel_error"] is not None]
+    errs = np.array([abs(c.step_time_error) for c in cases if c.step_time_error is not None])
+    st_errs = [c.staleness_mean_rel_error for c in cases if c.staleness_mean_rel_error is not None]
     coverage, widest = interval_coverage(cases)
     only = next(iter(calibrations.values()))
     calibrate_workers = sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)})
     targets = targets_for(vc, calibrate_workers)
-    summary: dict[str, Any] = {
-        "cases": cases,
-        "interval_coverage": coverage,
-        "interval_max_half_width": widest,
-        "median_abs_step_time_error": float(np.median(errs)) if errs.size else None,
-        "max_abs_step_time_error": float(errs.max()) if errs.size else None,
-        "max_abs_staleness_mean_error": float(max(abs(x) for x in st_errs)) if st_errs else None,
-        "ranking": counts,
-        "ranking_identical": counts["misordered"] == 0,
-        "ranking_detail": ranking_detail,
-        "targets": targets,
-        "platform": str(out / "platform.toml") if not vc.hosts else [str(out / k) for k in calibrations],
-        "calibrate_workers": calibrate_workers,
-        "calibration": only if not vc.hosts else calibrations,
-        "config": dataclasses.asdict(vc),
-        "load_average": {**load, "end": load_average()},
-    }
-    if vc.measured:  # the load is the earlier validate's, when its runs were made
-        summary["measured_in"] = str(source)
-        summary["load_average"] = earlier.get("load_average", {})
-    if vc.hosts:
-        summary["hosts"] = {
-            "cases": [f"{h}x{n // h}" for h, n in host_cases(vc)],
-            "advantage": hadpsgd_advantage(cases),
-        }
-    summary["targets_met"] = {
-        "median_abs_step_time_error": summary["median_abs_step_time_error"] is not None
-        and summary["median_abs_step_time_error"] <= targets["median_abs_step_time_error"],
-        "max_abs_step_time_error": summary["max_abs_step_time_error"] is not None
-        and summary["max_abs_step_time_error"] <= targets["max_abs_step_time_error"],
-        "staleness_mean": all(staleness_ok(c) for c in cases),
-        "ranking_identical": counts["misordered"] == 0,
-        "interval_coverage": summary["interval_coverage"] is not None
-        and summary["interval_coverage"] >= targets["interval_coverage"],
-        "interval_max_half_width": summary["interval_max_half_width"] is not None
-        and summary["interval_max_half_width"] <= targets["interval_half_width"],
-    }
-    atomic_write_json(out / "validate.json", summary)
-    return summary
+    median = float(np.median(errs)) if errs.size else None
+    largest = float(errs.max()) if errs.size else None
+    report = ValidationReport(
+        cases=cases,
+        interval_coverage=coverage,
+        interval_max_half_width=widest,
+        median_abs_step_time_error=median,
+        max_abs_step_time_error=largest,
+        max_abs_staleness_mean_error=float(max(abs(x) for x in st_errs)) if st_errs else None,
+        ranking=RankingCounts.from_json(counts),
+        ranking_identical=counts["misordered"] == 0,
+        ranking_detail=ranking_detail,
+        targets=targets,
+        targets_met={
+            "median_abs_step_time_error": median is not None and median <= targets["median_abs_step_time_error"],
+            "max_abs_step_time_error": largest is not None and largest <= targets["max_abs_step_time_error"],
+            "staleness_mean": all(staleness_ok(c) for c in cases),
+            "ranking_identical": counts["misordered"] == 0,
+            "interval_coverage": coverage is not None and coverage >= targets["interval_coverage"],
+            "interval_max_half_width": widest is not None and widest <= targets["interval_half_width"],
+        },
+        platform=str(out / "platform.toml") if not vc.hosts else tuple(str(out / k) for k in calibrations),
+        calibrate_workers=tuple(calibrate_workers),
+        calibration=only if not vc.hosts else calibrations,
+        config=dataclasses.asdict(vc),
+        # with --measured the load is the earlier validate's, when its runs were made
+        load_average=earlier.get("load_average", {}) if vc.measured else {**load, "end": load_average()},
+        measured_in=str(source) if vc.measured else None,
+        hosts={"cases": [f"{h}x{n // h}" for h, n in host_cases(vc)], "advantage": hadpsgd_advantage(cases)}
+        if vc.hosts
+        else None,
+    )
+    atomic_write_json(out / "validate.json", document(report.to_json()))
+    return report

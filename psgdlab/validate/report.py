@@ -2,44 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from psgdlab.analysis.calibration_report import MAX_REL_RESIDUAL, Calibration
 from psgdlab.analysis.compare import RANK_SE
 from psgdlab.validate.plan import case_name
+from psgdlab.validate.results import ValidationCase
 
 __all__ = ["MAX_REL_RESIDUAL", "case_row", "format_table"]
 
-#: a link fit whose points miss it by more than this (relative) is flagged in the table
-MAX_REL_RESIDUAL = 0.5
 
-
-def case_row(c: dict[str, Any]) -> dict[str, Any]:
-    """One case of ``validate.json``'s table from a case of the comparison."""
+def case_row(
+    c: Mapping[str, Any], *, straggler: str = "", hosts: int = 1, nic_bandwidth: str | None = None
+) -> ValidationCase:
+    """One case of ``validate.json``'s table from a case of the comparison
+    (:func:`psgdlab.analysis.compare.compare_cases`), run with ``straggler`` on ``hosts`` hosts
+    joined at ``nic_bandwidth``."""
     sm = c["staleness_mean"]
-    return {
-        "algorithm": c["algorithm"],
-        "workers": c["workers"],
-        "predicted_step_time_s": c["predicted_step_time_s"],
-        "measured_step_time_s": c["measured_step_time_s"],
-        "step_time_error": c["step_time_error"],
-        "staleness_mean_predicted": c["staleness_mean_predicted"],
-        "staleness_mean_measured": c["staleness_mean_measured"],
-        "staleness_mean_rel_error": sm["rel_error"] if sm["measured"] else None,
-        "predicted_samples_per_s": c["samples_per_s"]["predicted"],
-        "measured_samples_per_s": c["samples_per_s"]["measured"],
+    band = c.get("step_time_interval")
+    return ValidationCase(
+        algorithm=c["algorithm"],
+        workers=c["workers"],
+        predicted_step_time_s=c["predicted_step_time_s"],
+        measured_step_time_s=c["measured_step_time_s"],
+        step_time_error=c["step_time_error"],
+        staleness_mean_predicted=c["staleness_mean_predicted"],
+        staleness_mean_measured=c["staleness_mean_measured"],
+        staleness_mean_rel_error=sm["rel_error"] if sm["measured"] else None,
+        predicted_samples_per_s=c["samples_per_s"]["predicted"],
+        measured_samples_per_s=c["samples_per_s"]["measured"],
         # the prediction's 90 % step-time interval, relative to the prediction, and whether the
         # measured step time fell inside (None: the prediction had no interval)
-        "interval_low": c["step_time_interval"][0] / c["predicted_step_time_s"] if "step_time_interval" in c else None,
-        "interval_high": c["step_time_interval"][1] / c["predicted_step_time_s"] if "step_time_interval" in c else None,
-        "in_interval": c.get("in_interval"),
+        interval_low=band[0] / c["predicted_step_time_s"] if band is not None else None,
+        interval_high=band[1] / c["predicted_step_time_s"] if band is not None else None,
+        in_interval=c.get("in_interval"),
         # the interval's run-to-run noise was measured at fewer worker processes per core
-        "noise_extrapolated": c.get("noise_extrapolated"),
+        noise_extrapolated=c.get("noise_extrapolated"),
         # where the step went on each side (psgdlab.core.trace.step_path; compare/report.md's table)
-        "path": {k: {side: v[side] for side in ("predicted", "measured")} for k, v in (c.get("path") or {}).items()},
-    }
+        path={k: {side: v[side] for side in ("predicted", "measured")} for k, v in (c.get("path") or {}).items()},
+        straggler=straggler,
+        hosts=hosts,
+        nic_bandwidth=nic_bandwidth,
+    )
 
 
-def _interval_line(summary: dict[str, Any]) -> str:
+def _interval_line(summary: Mapping[str, Any]) -> str:
     """The coverage of the 90 % intervals and their widest half-width, against issue 16's targets."""
     cov, width = summary.get("interval_coverage"), summary.get("interval_max_half_width")
     if cov is None or width is None:
@@ -59,8 +67,10 @@ def _interval_line(summary: dict[str, Any]) -> str:
     )
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """The case table and the target lines as plain text."""
+def format_table(summary: Mapping[str, Any]) -> str:
+    """The case table and the target lines as plain text, of a
+    :class:`~psgdlab.validate.results.ValidationReport` or its JSON (``validate.json``, or what
+    ``validate --json`` printed: without the calibration, whose lines are then left out)."""
     head = (
         f"{'case':<28} {'pred step s':>11} {'meas step s':>11} {'error':>8} {'stale pred':>10} "
         f"{'stale meas':>10} {'pred samples/s':>14} {'meas samples/s':>14} {'error':>8}"
@@ -116,25 +126,11 @@ def format_table(summary: dict[str, Any]) -> str:
             f"straggler {a['straggler'] or 'none'}): predicted {a['predicted'] * 100:+.1f}%, measured "
             f"{a['measured'] * 100:+.1f}% (same sign: {a['same_sign']}, within 10 % of each other: {a['within_10pct']})"
         )
-    calibration = summary.get("calibration", {})
+    calibration = summary.get("calibration") or {}
     if "link" not in calibration and calibration:  # one calibration per NIC rate
         calibration = next(iter(calibration.values()))
-    schedule = calibration.get("allreduce_algorithm") or "ring"
-    nic = calibration.get("nic")
-    for what, link in (
-        ("link", calibration.get("link")),
-        (f"between hosts (NIC shaped to {(nic or {}).get('rate_bytes_per_s') or 0:.4g} B/s)", nic),
-        (f"allreduce ({schedule} schedule; latency per round)", calibration.get("collective")),
-    ):
-        if not link:
-            continue
-        flag = link["max_rel_residual"] > MAX_REL_RESIDUAL
-        lines.append(
-            f"calibration: {what} {link['latency_s'] * 1e3:.3g} ms + S / "
-            f"{link['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, rms residual "
-            f"{link['rms_residual_s'] * 1e3:.3g} ms, max relative residual {link['max_rel_residual']:.2f}"
-            + (" -- the calibration runs disagree (a disturbed machine?): re-run with --min-idle-cores" if flag else "")
-        )
+    if calibration:
+        lines += [f"calibration: {line.strip()}" for line in Calibration.from_json(calibration).describe()[1:]]
     load = summary.get("load_average", {})
     if load:
         idle = [v["idle_cores"] for v in load.values() if isinstance(v, dict) and v.get("idle_cores") is not None]

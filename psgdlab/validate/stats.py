@@ -130,7 +130,7 @@ def spread(runs: Sequence[tuple[float, float | None]]) -> dict[str, Any]:
     return {"samples_per_s": [round(float(x), 4) for x, _ in runs], "mean": mean, "se": se}
 
 
-def staleness_ok(c: dict[str, Any]) -> bool:
+def staleness_ok(c: Mapping[str, Any]) -> bool:
     """Whether a case's predicted mean staleness is within :data:`TARGETS` of the measured one
     (within 0.05 updates of a measured 0, a synchronous algorithm)."""
     p, m = c["staleness_mean_predicted"], c["staleness_mean_measured"]
@@ -141,7 +141,7 @@ def staleness_ok(c: dict[str, Any]) -> bool:
     return abs(p - m) / m <= TARGETS["staleness_mean_rel_error"]
 
 
-def mark_intervals(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+def mark_intervals(cases: list[dict[str, Any]], rows: Sequence[Mapping[str, Any]]) -> None:
     """Mark which measured step times fall inside their prediction's 90 % interval (issue 16).
 
     ``rows`` are the predictions' rows (:func:`psgdlab.sim.predict.predict_one`, with
@@ -178,7 +178,7 @@ def mark_intervals(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> N
         c["noise_extrapolated"] = beyond
 
 
-def interval_coverage(table: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+def interval_coverage(table: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
     """(fraction of ``validate.json``'s cases inside their interval, the widest relative
     half-width); ``(None, None)`` when no case has an interval.
 
@@ -193,7 +193,7 @@ def interval_coverage(table: list[dict[str, Any]]) -> tuple[float | None, float 
     return inside, max((c["interval_high"] - c["interval_low"]) / 2 for c in marked)
 
 
-def hadpsgd_advantage(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def hadpsgd_advantage(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The advantage of H-ADPSGD in samples/s over AD-PSGD (fixed ring) and SSGD, predicted and
     measured, per group of cases (NIC rate, hosts, straggler, workers) of ``validate.json``'s
     table: ``(hadpsgd - other) / other`` on each side, whether the two agree in sign, and whether
@@ -206,7 +206,7 @@ def hadpsgd_advantage(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ...  for a in hadpsgd_advantage(rows)]
     [('ssgd', 0.5, 0.487, True, True)]
     """
-    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
     for c in cases:
         key = (c.get("nic_bandwidth"), c.get("hosts", 1), c["straggler"], c["workers"])
         groups.setdefault(key, {})[c["algorithm"]] = c

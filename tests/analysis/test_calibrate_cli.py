@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from psgdlab.analysis.calibrate import calibrate_runs, platform_profile
+from psgdlab.analysis.calibrate import Calibration, calibrate_runs, platform_profile
 from psgdlab.cli import main
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.cost import allreduce_messages, allreduce_rounds
@@ -380,8 +382,7 @@ def test_too_few_steps_is_refused(tmp_path):
 def test_no_runs_and_no_payload_are_refused(runs, tmp_path):
     with pytest.raises(ConfigError, match="at least one run directory"):
         calibrate_runs([])
-    fit = calibrate_runs(runs)
-    fit["payload_bytes"] = []
+    fit = dataclasses.replace(calibrate_runs(runs), payload_bytes=())
     with pytest.raises(ConfigError, match="give n_params"):
         platform_profile(fit).to_toml()
 
@@ -416,24 +417,26 @@ def test_step_overhead_grows_with_the_model_and_is_taken_at_the_workload_size():
         "step_overhead_s_per_byte": b,
         "step_overhead_s": a + b * 4e6,
     }
-    fit = {
-        "compute": comp,
-        "link": {
-            "latency_s": 0.0,
-            "bandwidth_bytes_per_s": 1e9,
-            "samples": 9,
-            "points": 2,
-            "rms_residual_s": 0.0,
-            "max_rel_residual": 0.0,
-            "allreduce_samples": 0,
-            "pairwise_samples": 9,
-            "payload_sizes_bytes": [1, 2],
-        },
-        "server": None,
-        "runs": [],
-        "max_workers": 2,
-        "payload_bytes": [4_000_000],
-    }
+    fit = Calibration.from_json(
+        {
+            "compute": comp,
+            "link": {
+                "latency_s": 0.0,
+                "bandwidth_bytes_per_s": 1e9,
+                "samples": 9,
+                "points": 2,
+                "rms_residual_s": 0.0,
+                "max_rel_residual": 0.0,
+                "allreduce_samples": 0,
+                "pairwise_samples": 9,
+                "payload_sizes_bytes": [1, 2],
+            },
+            "server": None,
+            "runs": [],
+            "max_workers": 2,
+            "payload_bytes": [4_000_000],
+        }
+    )
     cfg = load_config(data=__import__("tomllib").loads(platform_profile(fit, n_params=250_000, itemsize=8).to_toml()))
     # the overhead is host work of the platform beside the compute law (a straggler does not scale it)
     assert cfg.workload.compute_time.mean_s == pytest.approx(MEAN, rel=1e-5)

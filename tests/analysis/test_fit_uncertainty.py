@@ -173,20 +173,22 @@ def test_the_cpu_work_spread_widens_the_intervals_of_oversubscribed_cases_only()
     import dataclasses
 
     from psgdlab.analysis.calibrate import fit_uncertainty
+    from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
     from psgdlab.core.profile import HostCPU, Platform, Profile, Workload
     from psgdlab.sim.predict import predict_one
 
-    calibration = {
-        "link": {"latency_s": 2e-4, "bandwidth_bytes_per_s": 1e9, "latency_log_sd": 0.05, "bandwidth_log_sd": 0.05},
-        "host_cpu": {
+    calibration = Calibration(
+        compute={},
+        link={"latency_s": 2e-4, "bandwidth_bytes_per_s": 1e9, "latency_log_sd": 0.05, "bandwidth_log_sd": 0.05},
+        host_cpu={
             "cores_per_host": CORES,
             "work_per_message_s": W_MSG,
             "work_per_byte_s": W_BYTE,
             "work_log_sd": [0.3, 0.3],
             "work_log_correlation": -0.5,
         },
-        "noise": {"step_cv_used": 0.005},
-    }
+        noise=CalibrationNoise(step_cv_used=0.005),
+    )
     unc = fit_uncertainty(calibration)
     assert unc.parameters[-2:] == ("platform.host_cpu.work_per_message_s", "platform.host_cpu.work_per_byte_s")
     platform = Platform(
@@ -196,7 +198,9 @@ def test_the_cpu_work_spread_widens_the_intervals_of_oversubscribed_cases_only()
     )
     workload = Workload(n_params=250_000, itemsize=8, compute="0.05")
     with_cpu = Profile(platform=platform, workload=workload, uncertainty=unc)
-    links_only = dataclasses.replace(with_cpu, uncertainty=fit_uncertainty({**calibration, "host_cpu": None}))
+    links_only = dataclasses.replace(
+        with_cpu, uncertainty=fit_uncertainty(dataclasses.replace(calibration, host_cpu=None))
+    )
 
     def half_width(profile, n):
         row = predict_one("ssgd", n, profile.resolved(), steps=40, seed=0).row
@@ -213,12 +217,15 @@ def test_the_link_between_hosts_spread_widens_the_intervals_of_cases_across_host
     import dataclasses
 
     from psgdlab.analysis.calibrate import fit_uncertainty
+    from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
     from psgdlab.core.profile import Link, Platform, Profile, Workload
     from psgdlab.sim.predict import predict_one
 
     link = {"latency_s": 2e-4, "bandwidth_bytes_per_s": 1e9, "latency_log_sd": 0.05, "bandwidth_log_sd": 0.05}
     nic = {"latency_s": 1e-3, "bandwidth_bytes_per_s": 6e7, "latency_log_sd": 0.2, "bandwidth_log_sd": 0.2}
-    calibration = {"link": link, "nic": {**nic, "log_correlation": -0.6}, "noise": {"step_cv_used": 0.005}}
+    calibration = Calibration(
+        compute={}, link=link, nic={**nic, "log_correlation": -0.6}, noise=CalibrationNoise(step_cv_used=0.005)
+    )
     unc = fit_uncertainty(calibration)
     assert unc.parameters[-2:] == ("platform.nic.latency_s", "platform.nic.bandwidth_bytes_per_s")
     platform = Platform(
@@ -232,7 +239,7 @@ def test_the_link_between_hosts_spread_widens_the_intervals_of_cases_across_host
     with_nic = Profile(
         platform=platform, workload=Workload(n_params=250_000, itemsize=8, compute="0.05"), uncertainty=unc
     )
-    one_host = dataclasses.replace(with_nic, uncertainty=fit_uncertainty({**calibration, "nic": None}))
+    one_host = dataclasses.replace(with_nic, uncertainty=fit_uncertainty(dataclasses.replace(calibration, nic=None)))
 
     def half_width(profile, n):
         row = predict_one("ssgd", n, profile.resolved(), steps=40, seed=0).row

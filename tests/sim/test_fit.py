@@ -7,6 +7,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import Link, Platform, Profile, Workload
@@ -128,5 +130,55 @@ def test_fit_command_writes_a_profile_with_its_uncertainty(tmp_path, capsys):
     fitted = load_config(path=out)
     assert fitted.uncertainty.parameters == ("platform.pcie.efficiency",)
     assert fitted.platform.pcie.efficiency == pytest.approx(report["values"]["platform.pcie.efficiency"], rel=1e-5)
+    # one description of the fit: the profile's notes are the head and what the printed JSON describes
+    from psgdlab.core.profile import Profile
+    from psgdlab.sim.fit import FitResult
+
+    assert report["schema_version"] == 1
+    result = FitResult.from_json(report)
+    assert Profile.read(out).notes == (f"Fitted by `psgdlab fit {figures}`.", *result.describe())
     assert main([*args[:-4], "--fit", "platform.pcie.efficiency:wide", "--out", str(out)]) == 2
     assert "must look like PATH or PATH:SD" in capsys.readouterr().err
+
+
+_values = st.dictionaries(st.sampled_from(["platform.pcie.efficiency", "workload.compute_jitter_s"]),
+                          st.floats(1e-3, 10.0), min_size=1)  # fmt: skip
+
+
+@given(
+    values=_values,
+    noise=st.floats(0.0, 1.0),
+    loo=st.booleans(),
+    logo=st.dictionaries(st.sampled_from(["workers", "batch"]), st.tuples(st.floats(0, 1), st.floats(0, 1))),
+    figures=st.lists(st.tuples(st.floats(0.01, 100.0), st.floats(-0.5, 0.5)), min_size=1, max_size=4),
+)
+def test_a_fit_result_is_read_back_from_its_json_and_describes_what_it_holds(values, noise, loo, logo, figures):
+    import json
+
+    from psgdlab.sim.fit import FigureFit, FitResult
+
+    result = FitResult(
+        values=values,
+        log_sd=dict.fromkeys(values, 0.1),
+        prior=dict.fromkeys(values, 1.0),
+        prior_log_sd=dict.fromkeys(values, 0.7),
+        unpinned=tuple(sorted(values))[:1],
+        flat_directions=(dict.fromkeys(values, 0.5),),
+        noise=noise,
+        in_sample_error=0.01,
+        loo_error=0.02 if loo else None,
+        logo_error=0.03 if logo else None,
+        logo_by_grouping={g: {"median": min(m), "max": max(m)} for g, m in logo.items()},
+        figures=tuple(
+            FigureFit(
+                label=f"ssgd x{i + 2}", given=v, fitted=v * (1 + e), in_sample_error=e, loo_error=e if loo else None
+            )
+            for i, (v, e) in enumerate(figures)
+        ),
+        out="fitted.toml",
+    )
+    assert FitResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    text = "\n".join(result.describe())
+    assert all(f"  {k} = " in text for k in values) and (", leave-one-out " in text) == loo
+    assert all(f"leave one {g} out" in text for g in logo)
+    assert sum(line.startswith("  ssgd x") for line in result.describe()) == len(figures)
