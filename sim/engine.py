@@ -199,6 +199,7 @@ class _Simulation:
         "gossip",
         "merges",
         "pairs",
+        "period",
         "server",
         "steps",
         "sums",
@@ -238,11 +239,13 @@ class _Simulation:
         self.sums = [sums_node_slices(algorithm, policy, r) for r in range(n)]
         self.merges = Merges(n)
         wires = Flows(env, network.nics)  # transfers between hosts on the NICs
+        # the schedule repeats every period steps: what it shows, it shows in the first period
+        self.period = algorithm.schedule_period
         self.pairs = PairwiseAverages(
             ctx,
             self.merges,
             wires,
-            shares_process=both_sides(algorithm, min(steps, 64)),
+            shares_process=both_sides(algorithm, min(steps, 64, self.period or steps)),
             sums=self.sums,
             scatter=scatter,
             deaths=self.deaths,
@@ -255,7 +258,7 @@ class _Simulation:
         """The node rendezvous of a worker that answers sharded pairwise requests in this run
         (H-ADPSGD's passive nodes): every step, after the gradient allreduce, its node agrees on
         the passive merges every member has received, as the runtime does; ``None`` otherwise."""
-        for s in range(self.steps):
+        for s in range(min(self.steps, self.period or self.steps)):
             pairs = [ex for ex in self.alg.exchanges(s, r) if type(ex) is PairwiseAverage]
             if not pairs and s == 0:
                 return None  # the registry's pairwise algorithms exchange every step: none here
@@ -288,6 +291,10 @@ class _Simulation:
         plat = ctx.net.platform
         merge_s = host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, ctx.S)  # folding an average back
         overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, ctx.S)  # update, snapshot, loop
+        merging = merge_s > 0.0
+        # the plans of the first period's steps, when the schedule repeats (the deaths' does not)
+        period = self.period if deaths is None else None
+        plans: list[_Plan | None] | None = [None] * period if period else None
         for s in range(self.steps):
             t0 = env.now
             if deaths is not None:
@@ -295,31 +302,21 @@ class _Simulation:
                     return
                 deaths.started[r] = s + 1
             reads.append(merges.count(r, t0))
-            exs: Sequence[Any] = sched(s, r)  # dispatched on exact type below (faster than isinstance)
+            if plans is not None:
+                plan = plans[s % period]  # type: ignore[operator]
+                if plan is None:
+                    plan = plans[s % period] = _plan(sched(s, r), merging)  # type: ignore[operator]
+            else:
+                plan = _plan(sched(s, r), merging)
+            actives, late, grad, post, folds = plan
             mix_end = t0
             pending: list[Pending] | None = None
-            late: list[Any] = []
-            grad: list[Any] = []
-            post: list[Any] = []
-            for ex in exs:
-                T = type(ex)
-                if T is PairwiseAverage:
-                    if ex.blocking:
-                        late.append(ex)
-                    elif ex.active:
-                        got = pair(r, ex, t0, s, _OVERLAP)
-                        if type(got) is Pending:
-                            pending = [got] if pending is None else [*pending, got]
-                        elif got > mix_end:  # type: ignore[operator]
-                            mix_end = got  # type: ignore[assignment]
-                elif T is AllReduce:
-                    (grad if ex.payload == "grad" else post).append(ex)
-                elif T is Gossip:
-                    late.append(ex)
-                elif T is ServerExchange or T is Barrier:
-                    post.append(ex)
-                else:
-                    raise SimulationError(f"exchange kind {T.__name__} is not simulated")
+            for ex in actives:
+                got = pair(r, ex, t0, s, _OVERLAP)
+                if type(got) is Pending:
+                    pending = [got] if pending is None else [*pending, got]
+                elif got > mix_end:  # type: ignore[operator]
+                    mix_end = got  # type: ignore[assignment]
             mix_ends.append((mix_end, pending))
             yield timeout(comp[s])
             t_c = env.now
@@ -361,7 +358,7 @@ class _Simulation:
                 deaths.applied[r].append(now)
             read = reads.popleft() if len(reads) > delay else reads[0]
             stale = merges.count(r, now) - read
-            if merge_s > 0.0 and trainer_merges(exs):
+            if folds:
                 # host work of the training thread (no record: step overhead, as in the runtime);
                 # a passive side merges in its responder, off the step
                 yield timeout(ctx.net.process_work_s(r, merge_s, env.now))
@@ -379,6 +376,37 @@ class _Simulation:
                 rows.append((r, s, _COMPUTE, _K_NONE, t0, t_c, -1, 0, stale, _NAN))
             if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
                 yield timeout(ctx.net.process_work_s(r, overhead_s, env.now))
+
+
+#: what a worker does with one step's exchanges, by when it does it: the active non-blocking
+#: averages it starts with the step, the blocking exchanges after the compute, the gradient
+#: allreduces, the exchanges after the update, and whether its training thread folds an average
+_Plan = tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], bool]
+
+
+def _plan(exs: Sequence[Any], merging: bool) -> _Plan:
+    """The plan of a step with exchanges ``exs`` (dispatched on exact type: faster than
+    isinstance); ``merging``: whether folding an average back is host work at all."""
+    actives: list[Any] = []
+    late: list[Any] = []
+    grad: list[Any] = []
+    post: list[Any] = []
+    for ex in exs:
+        T = type(ex)
+        if T is PairwiseAverage:
+            if ex.blocking:
+                late.append(ex)
+            elif ex.active:
+                actives.append(ex)
+        elif T is AllReduce:
+            (grad if ex.payload == "grad" else post).append(ex)
+        elif T is Gossip:
+            late.append(ex)
+        elif T is ServerExchange or T is Barrier:
+            post.append(ex)
+        else:
+            raise SimulationError(f"exchange kind {T.__name__} is not simulated")
+    return tuple(actives), tuple(late), tuple(grad), tuple(post), merging and trainer_merges(exs)
 
 
 def simulate(

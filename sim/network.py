@@ -173,7 +173,9 @@ class Network:
         "_n_hosts",
         "_nic_bw",
         "_nic_scatter",
+        "_paths",
         "_pcie_bw",
+        "_pcie_lat",
         "_per_socket",
         "_process_ends",
         "_socket",
@@ -190,7 +192,7 @@ class Network:
         self.platform = platform
         self.placement = placement
         self._n_hosts = platform.hosts
-        self._flows: dict[int, list[list[float]]] = {}  # per link: [start, end, 1.0]
+        self._flows: dict[int, list[tuple[float, float]]] = {}  # per link: (start, end)
         self._pcie_bw = platform.pcie.effective_bandwidth_bytes_per_s
         self._nic_bw = platform.nic.effective_bandwidth_bytes_per_s
         self._host = placement.host
@@ -209,26 +211,55 @@ class Network:
         self._span_bw = span.effective_bandwidth_bytes_per_s
         self._span_lat = span.latency_s + ends_lat
         self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
+        self._pcie_lat = platform.pcie.latency_s
         sl = platform.socket_link
         self._socket_bw = sl.effective_bandwidth_bytes_per_s if sl is not None else None
         self._staging = platform.staging
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...], float]] = {}
         self._cpu = platform.host_cpu
         self._cpu_flows: dict[int, list[list[float]]] = {}  # per machine: [start, end, processes]
         self.nics = FairLinks(self._nic_bw)  # transfers between hosts in flight on the NICs (_nic_links)
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
-        """Transfers on ``link`` at ``t``: those registered, and on a NIC those in flight there."""
-        n = int(_running(self._flows.get(link), t, keep=8))
+        """Transfers on ``link`` at ``t``: those registered, and on a NIC those in flight there.
+        Once a link has registered more than 8, the finished ones are dropped first."""
+        n = 0
+        flows = self._flows.get(link)
+        if flows:
+            if len(flows) > 8:
+                flows[:] = [f for f in flows if f[1] > t]
+            for start, end in flows:
+                if start <= t < end:
+                    n += 1
         if 0 <= link < self._n_hosts:  # a NIC: the busier of its two directions
             out, into = _nic_links(link)
             n += max(self.nics.active(out), self.nics.active(into))
         return n
 
     def _register(self, links: tuple[int, ...], start: float, end: float) -> None:
+        flows = self._flows
         for link in links:
-            self._flows.setdefault(link, []).append([start, end, 1.0])
+            held = flows.get(link)
+            if held is None:
+                flows[link] = [(start, end)]
+            else:
+                held.append((start, end))
+
+    def _copies_s(self, a: int, b: int, nbytes: float, t: float) -> float:
+        """Copies of ``nbytes`` between device and host memory by ``a`` and ``b`` at ``t``, in
+        parallel, over their sockets' PCIe at its share then (registered)."""
+        H = self._n_hosts
+        la, lb = H + self._socket[a], H + self._socket[b]
+        bw = self._pcie_bw / (self._active(la, t) + 1)
+        if lb != la:
+            other = self._pcie_bw / (self._active(lb, t) + 1)
+            if other < bw:
+                bw = other
+        dur = transfer_s(nbytes, bw, self._pcie_lat)
+        self._register((la,) if lb == la else (la, lb), t, t + dur)
+        return dur
 
     def _share(self, links: tuple[int, ...], caps: tuple[float, ...], t: float) -> float:
         bw = float("inf")
@@ -283,6 +314,12 @@ class Network:
     # ----- point to point ---------------------------------------------------------------------
     def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
         """Links, their bandwidths and the latency between ``a`` and ``b`` of one host."""
+        path = self._paths.get((a, b))
+        if path is None:
+            path = self._paths[(a, b)] = self._find_path(a, b)
+        return path
+
+    def _find_path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
         sa, sb = self._socket[a], self._socket[b]
         H = self._n_hosts
         if self._intra_bw is not None:
@@ -377,7 +414,7 @@ class Network:
         if self._staging == "direct":
             dur = self.transfer_s(a, b, nbytes, start)
         else:
-            d2h = self.pair_before_wire(a, b, nbytes, start)
+            d2h = self._copies_s(a, b, nbytes, start)
             t = start + d2h
             net = 0.0
             sa, sb = self._socket[a], self._socket[b]
@@ -397,10 +434,7 @@ class Network:
         ``start`` over the sockets' PCIe (both sides copy in parallel; registered); 0 otherwise."""
         if self._staging == "direct":
             return 0.0
-        copy_links = self._copy_links(a, b)
-        d2h = transfer_s(nbytes, self._share(copy_links, (self._pcie_bw,) * len(copy_links), start), self._pcie_lat())
-        self._register(copy_links, start, start + d2h)
-        return d2h
+        return self._copies_s(a, b, nbytes, start)
 
     def pair_after_wire(self, a: int, b: int, nbytes: float, t: float) -> float:
         """With ``staging = "host"``: the CPU average and the host-to-device copies that end a
@@ -409,18 +443,7 @@ class Network:
         if self._staging == "direct":
             return 0.0
         cpu = host_average_s(nbytes, self._mem_bw)
-        copy_links = self._copy_links(a, b)
-        caps = (self._pcie_bw,) * len(copy_links)
-        h2d = transfer_s(nbytes, self._share(copy_links, caps, t + cpu), self._pcie_lat())
-        self._register(copy_links, t + cpu, t + cpu + h2d)
-        return cpu + h2d
-
-    def _copy_links(self, a: int, b: int) -> tuple[int, ...]:
-        H, sa, sb = self._n_hosts, self._socket[a], self._socket[b]
-        return (H + sa, H + sb) if sa != sb else (H + sa,)
-
-    def _pcie_lat(self) -> float:
-        return self.platform.pcie.latency_s
+        return cpu + self._copies_s(a, b, nbytes, t + cpu)
 
     def _intra_share_bw(self, members: list[int] | tuple[int, ...]) -> float:
         """Per-device bandwidth inside a host: NVLink, or the socket's PCIe split among the

@@ -175,7 +175,8 @@ class PairwiseAverages:
         on its lanes, and record it (``phase``: ``overlap`` from its start, ``comm`` from ``t``).
         Returns its end, or a :class:`Pending` when that is not known yet."""
         peer = ex.peer
-        mine, theirs = self.lane[r], self.passive[peer]
+        lane, passive = self.lane, self.passive
+        mine, theirs = lane[r], passive[peer]
         if (
             type(mine) is not float
             or type(theirs) is not float
@@ -183,12 +184,33 @@ class PairwiseAverages:
             or self._host[r] != self._host[peer]
         ):
             h = Pending()
-            self.lane[r] = self.passive[peer] = h
+            lane[r] = passive[peer] = h
             self.ctx.env.process(self._later(r, ex, t, s, phase, mine, theirs, h))
             return h
         start = max(t, mine, theirs)
-        deaths = self.deaths
-        if deaths is not None and start >= deaths.detect[peer]:  # a peer known dead: nothing to average with
+        if self.deaths is not None:
+            return self._start_with_deaths(r, ex, t, s, phase, start)
+        ctx = self.ctx
+        nbytes = self._bytes.get(ex.n_shards) or self._nbytes(ex)
+        gather = 1 if self.sums[r] or not ex.gather_group else gathers(r, ex)
+        dur = ctx.net.pair_average_s(r, peer, nbytes, start, gather, ctx.S)
+        if self.scatter is not None:
+            dur *= self.scatter.draw(ctx.net.pair_scatter(r, peer), r)
+        end = start + dur
+        self.merges.add(r, end)
+        self.merges.add(peer, end)
+        rows = ctx.rows
+        if rows is not None:
+            rows.append((r, s, phase, _K_PAIR, t if phase == _COMM else start, end, peer, nbytes, -1, _NAN))
+        lane[r] = passive[peer] = end
+        return end
+
+    def _start_with_deaths(self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int, start: float) -> float:
+        """:meth:`start` of an average inside a host, its lanes free from ``start``, in a run
+        where workers die: with a peer known dead nothing is averaged (and the lanes stay)."""
+        peer = ex.peer
+        assert self.deaths is not None
+        if start >= self.deaths.detect[peer]:  # a peer known dead: nothing to average with
             return self._settle(r, ex, s, phase, t, start, start)[0]
         ctx = self.ctx
         dur = ctx.net.pair_average_s(r, peer, self._nbytes(ex), start, gather=self._gather(r, ex), model_bytes=ctx.S)
