@@ -274,25 +274,31 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
         for link in path:
             users.setdefault(link, []).append(i)
     room = dict.fromkeys(users, capacity)
+    count = {link: len(members) for link, members in users.items()}  # free transfers per link
+    full = 1e-12 * capacity
     level = 0.0
     while free:
         step = min(caps[i] for i in free) - level
-        for link, members in users.items():
-            share = room[link] / len(members)
+        for link, k in count.items():
+            share = room[link] / k
             if share < step:
                 step = share
         level += max(step, 0.0)
         done = [i for i in free if caps[i] - level <= 1e-12 * caps[i]]
-        for link, members in users.items():
-            room[link] -= step * len(members)
-            if room[link] <= 1e-12 * capacity:
-                done.extend(members)
+        for link, k in count.items():
+            left = room[link] = room[link] - step * k
+            if left <= full:
+                done.extend(i for i in users[link] if i in free)
         for i in done:
             if i in free:
                 del free[i]
                 rates[i] = level
-        if done:
-            users = {link: kept for link, members in users.items() if (kept := [i for i in members if i in free])}
+                for link in paths[i]:
+                    k = count[link] - 1
+                    if k:
+                        count[link] = k
+                    else:
+                        del count[link]  # no free transfer left on it
     return rates
 
 

@@ -89,15 +89,24 @@ class FairLinks:
     """Transfers in flight on shared links at their max-min fair rates
     (:func:`~psgdlab.core.cost.max_min_rates`), advanced lazily: the rates are recomputed
     whenever a transfer joins or leaves, so a transfer's end moves when others join it, and a
-    link never carries more than its capacity. Times only go forward (:meth:`advance`)."""
+    link never carries more than its capacity. Times only go forward (:meth:`advance`).
 
-    __slots__ = ("_capacity", "_count", "_flows", "_now")
+    While no link carries more than two transfers and none is capped below the links' capacity
+    :math:`c` (the processes' shares always; the NICs of a fixed ring), the max-min rates have a
+    closed form that the progressive filling reaches bit for bit: :math:`c/2` for a transfer that
+    shares one of its links, :math:`c` for the others (the filling's levels :math:`c/2` and
+    :math:`c/2 + c/2` are exact)."""
+
+    __slots__ = ("_capacity", "_count", "_crowded", "_flows", "_half", "_now", "_odd")
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
+        self._half = capacity / 2
         self._flows: dict[int, list[Any]] = {}  # id: [links, bytes left, cap, rate]
         self._now = 0.0
         self._count: dict[int, int] = {}  # transfers per link
+        self._crowded = 0  # links that carry more than two transfers
+        self._odd = 0  # transfers the closed form does not cover: capped below the capacity, on no link
 
     def active(self, link: int) -> int:
         """Transfers in flight on ``link``."""
@@ -107,10 +116,15 @@ class FairLinks:
         """Start transfer ``key`` of ``nbytes`` over ``links`` at most ``cap`` bytes/s at ``t``;
         returns the transfers that ended up to ``t`` (:meth:`advance`)."""
         ended = self.advance(t)
-        alone = all(self._count.get(link, 0) == 0 for link in links)
-        self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        count = self._count
+        alone = all(count.get(link, 0) == 0 for link in links)
         for link in links:
-            self._count[link] = self._count.get(link, 0) + 1
+            k = count[link] = count.get(link, 0) + 1
+            if k == 3:
+                self._crowded += 1
+        self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        if not (self._capacity <= cap < math.inf and links):
+            self._odd += 1
         if not alone:  # on idle links it takes the lesser of its cap and theirs, and slows no one
             self._rates()
         return ended
@@ -119,8 +133,10 @@ class FairLinks:
         """Move every transfer on to ``t``; returns ``(key, end)`` of those that ended, in order."""
         ended: list[tuple[int, float]] = []
         flows = self._flows
+        count = self._count
         while flows:
-            first = min(f[1] / f[3] for f in flows.values())
+            left = [f[1] / f[3] for f in flows.values()]  # each one's time to go at its rate
+            first = min(left)
             if self._now + first > t:
                 dt = t - self._now
                 if dt > 0.0:
@@ -128,14 +144,21 @@ class FairLinks:
                         f[1] -= f[3] * dt
                 break
             self._now += first
-            done = [key for key, f in flows.items() if f[1] / f[3] <= first * (1.0 + 1e-9) + 1e-15]
+            near = first * (1.0 + 1e-9) + 1e-15
+            done = [key for key, x in zip(flows, left) if x <= near]
             for f in flows.values():
                 f[1] -= f[3] * first
             shared = False
             for key in done:
-                for link in flows.pop(key)[0]:
-                    self._count[link] -= 1
-                    shared = shared or self._count[link] > 0
+                f = flows.pop(key)
+                if not (self._capacity <= f[2] < math.inf and f[0]):
+                    self._odd -= 1
+                for link in f[0]:
+                    k = count[link] - 1
+                    count[link] = k
+                    if k == 2:
+                        self._crowded -= 1
+                    shared = shared or k > 0
                 ended.append((key, self._now))
             if shared:  # a transfer that had its links to itself frees nothing another can use
                 self._rates()
@@ -146,12 +169,22 @@ class FairLinks:
         """When the first transfer in flight ends if none joins (``inf`` when none is)."""
         if not self._flows:
             return math.inf
-        return self._now + min(f[1] / f[3] for f in self._flows.values())
+        return self._now + min([f[1] / f[3] for f in self._flows.values()])
 
     def _rates(self) -> None:
-        flows = list(self._flows.values())
-        rates = max_min_rates([f[0] for f in flows], self._capacity, [f[2] for f in flows])
-        for f, rate in zip(flows, rates):
+        flows = self._flows.values()
+        if not self._crowded and not self._odd:  # the closed form (class docstring)
+            count, half, whole = self._count, self._half, self._capacity
+            for f in flows:
+                f[3] = whole
+                for link in f[0]:
+                    if count[link] == 2:
+                        f[3] = half
+                        break
+            return
+        held = list(flows)
+        rates = max_min_rates([f[0] for f in held], self._capacity, [f[2] for f in held])
+        for f, rate in zip(held, rates):
             f[3] = rate
 
 
@@ -164,6 +197,7 @@ class Network:
         "_cpu",
         "_cpu_flows",
         "_flows",
+        "_gathers",
         "_host",
         "_inter_lat",
         "_intra_bw",
@@ -217,6 +251,7 @@ class Network:
         self._staging = platform.staging
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self._paths: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...], float]] = {}
+        self._gathers: dict[tuple[int, int, float], float] = {}  # an allgather's law by (host, shards, bytes)
         self._cpu = platform.host_cpu
         self._cpu_flows: dict[int, list[list[float]]] = {}  # per machine: [start, end, processes]
         self.nics = FairLinks(self._nic_bw)  # transfers between hosts in flight on the NICs (_nic_links)
@@ -462,9 +497,14 @@ class Network:
         allreduce's (the messages and bytes of the gather half), is stretched as an allreduce's is
         (:meth:`_cpu_wait`, ``rank``'s process)."""
         host = self._host[rank]
-        members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
         algorithm = self.platform.allreduce
-        dur = allgather_s(m, model_bytes, self._intra_share_bw(members), self._intra_lat, algorithm)
+        key = (host, m, model_bytes)
+        dur = self._gathers.get(key)
+        if dur is None:  # the same for every gather of m shards on one host: no shared link
+            members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
+            dur = self._gathers[key] = allgather_s(
+                m, model_bytes, self._intra_share_bw(members), self._intra_lat, algorithm
+            )
         if self._cpu is None:
             return dur
         work = self._cpu.work_s(allreduce_messages(m, algorithm) // 2, allreduce_bytes(m, model_bytes) / 2)

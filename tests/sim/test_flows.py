@@ -1,0 +1,107 @@
+"""Shared links (sim.network.FairLinks): the bookkeeping is free to change, the arithmetic is not."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from psgdlab.core.cost import max_min_rates
+from psgdlab.sim.network import FairLinks
+
+
+class _Reference:
+    """FairLinks as first written: every rate from the progressive filling over all transfers
+    (no closed form), every end from one pass per quantity."""
+
+    def __init__(self, capacity: float) -> None:
+        self._capacity = capacity
+        self._flows: dict[int, list[Any]] = {}
+        self._now = 0.0
+        self._count: dict[int, int] = {}
+
+    def add(self, key: int, links: tuple[int, ...], nbytes: float, cap: float, t: float) -> list[tuple[int, float]]:
+        ended = self.advance(t)
+        alone = all(self._count.get(link, 0) == 0 for link in links)
+        self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        for link in links:
+            self._count[link] = self._count.get(link, 0) + 1
+        if not alone:
+            self._rates()
+        return ended
+
+    def advance(self, t: float) -> list[tuple[int, float]]:
+        ended: list[tuple[int, float]] = []
+        flows = self._flows
+        while flows:
+            first = min(f[1] / f[3] for f in flows.values())
+            if self._now + first > t:
+                dt = t - self._now
+                if dt > 0.0:
+                    for f in flows.values():
+                        f[1] -= f[3] * dt
+                break
+            self._now += first
+            done = [key for key, f in flows.items() if f[1] / f[3] <= first * (1.0 + 1e-9) + 1e-15]
+            for f in flows.values():
+                f[1] -= f[3] * first
+            shared = False
+            for key in done:
+                for link in flows.pop(key)[0]:
+                    self._count[link] -= 1
+                    shared = shared or self._count[link] > 0
+                ended.append((key, self._now))
+            if shared:
+                self._rates()
+        self._now = max(self._now, t)
+        return ended
+
+    def next_end(self) -> float:
+        if not self._flows:
+            return math.inf
+        return self._now + min(f[1] / f[3] for f in self._flows.values())
+
+    def _rates(self) -> None:
+        flows = list(self._flows.values())
+        rates = max_min_rates([f[0] for f in flows], self._capacity, [f[2] for f in flows])
+        for f, rate in zip(flows, rates):
+            f[3] = rate
+
+
+#: a transfer: its links (distinct), its bytes, its cap as a multiple of the capacity, and the
+#: time from the previous event at which it joins
+_transfers = st.tuples(
+    st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True),
+    st.floats(1e3, 1e9),
+    st.sampled_from([1.0, 1.0, 1.0, 3.0, 0.3, 0.71]),
+    st.floats(0.0, 2.0),
+)
+
+
+@given(
+    transfers=st.lists(_transfers, min_size=1, max_size=40),
+    capacity=st.sampled_from([1.0, 1.125e10, 6.25e8]),
+    pairs=st.booleans(),
+)
+def test_fair_links_end_every_transfer_where_the_progressive_filling_does(transfers, capacity, pairs):
+    """The same joins give the same ends, bit for bit, whether the rates come from the closed
+    form (no link with more than two transfers, none capped below the capacity: ``pairs`` keeps
+    the draws there, the processes' and a fixed ring's case) or from the filling."""
+    new, ref = FairLinks(capacity), _Reference(capacity)
+    t = 0.0
+    for key, (links, nbytes, cap, gap) in enumerate(transfers):
+        if pairs:
+            links = [links[0] % 4, 4 + links[0] % 4] if key % 2 else [links[0] % 4]
+            cap = max(cap, 1.0)
+        t += gap * 1e9 / capacity
+        got = new.add(key, tuple(links), nbytes, cap * capacity, t)
+        assert got == ref.add(key, tuple(links), nbytes, cap * capacity, t)
+        assert new.next_end() == ref.next_end()
+        assert all(new.active(link) == ref._count.get(link, 0) for link in range(8))
+    end = new.next_end()
+    while end < math.inf:
+        assert new.advance(end) == ref.advance(end)
+        end = new.next_end()
+        assert end == ref.next_end()
