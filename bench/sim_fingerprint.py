@@ -243,10 +243,12 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def run_simulations() -> tuple[dict[str, Any], dict[str, int]]:
+def run_simulations(traces: dict[str, np.ndarray] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     out, events = {}, {}
     for name, kw in simulate_cases().items():
         res = simulate(**kw)
+        if traces is not None:
+            traces[name] = res.trace
         out[name] = {
             "trace_sha256": hashlib.sha256(res.trace.tobytes()).hexdigest(),
             "trace_rows": len(res.trace),
@@ -273,16 +275,65 @@ def run_predictions() -> tuple[dict[str, Any], dict[str, list[int]]]:
     return out, events
 
 
+def _key(name: str) -> str:
+    return name.replace("/", "__")
+
+
+def _numbers(x: Any, path: str = "") -> dict[str, Any]:
+    """Every leaf of a JSON value by its path."""
+    if isinstance(x, dict):
+        return {k: v for key, item in x.items() for k, v in _numbers(item, f"{path}.{key}").items()}
+    if isinstance(x, list):
+        return {k: v for i, item in enumerate(x) for k, v in _numbers(item, f"{path}[{i}]").items()}
+    return {path: x}
+
+
+def _how_far(want: Any, got: Any) -> str:
+    """How far two JSON values are apart: the largest relative difference of their numbers, and
+    the leaves that differ otherwise."""
+    a, b = _numbers(want), _numbers(got)
+    worst, where, other = 0.0, "", []
+    for path in sorted(set(a) | set(b)):
+        x, y = a.get(path), b.get(path)
+        if x == y:
+            continue
+        if isinstance(x, int | float) and isinstance(y, int | float) and not isinstance(x, bool):
+            rel = abs(x - y) / max(abs(x), abs(y), 1e-300)
+            if rel > worst:
+                worst, where = rel, path
+        else:
+            other.append(path)
+    text = f"largest relative difference {worst:.3g} at {where or '-'}"
+    return text + (f"; {len(other)} other leaves differ, first {other[0]}" if other else "")
+
+
+def _trace_gap(want: np.ndarray, got: np.ndarray) -> str:
+    if want.shape != got.shape:
+        return f"{len(want)} rows before, {len(got)} now"
+    same = [f for f in want.dtype.names if np.array_equal(want[f], got[f], equal_nan=want[f].dtype.kind == "f")]
+    gaps = {
+        f: float(np.nanmax(np.abs(want[f] - got[f]) / np.maximum(np.abs(want[f]), 1e-300)))
+        for f in ("start_s", "end_s")
+        if f not in same
+    }
+    changed = [f for f in want.dtype.names if f not in same and f not in gaps]
+    return f"times' largest relative difference {max(gaps.values(), default=0.0):.3g}" + (
+        f", other columns differ: {changed}" if changed else ""
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=("record", "compare"))
     ap.add_argument("dir", type=Path)
     args = ap.parse_args()
-    sims, sim_events = run_simulations()
+    traces: dict[str, np.ndarray] = {}
+    sims, sim_events = run_simulations(traces)
     preds, pred_events = run_predictions()
     got = {"simulate": sims, "predict": preds}
     if args.mode == "record":
         args.dir.mkdir(parents=True, exist_ok=True)
+        np.savez(args.dir / "traces.npz", **{_key(name): trace for name, trace in traces.items()})
         (args.dir / "results.json").write_text(json.dumps(got, indent=1, sort_keys=True))
         (args.dir / "events.json").write_text(json.dumps({"simulate": sim_events, "predict": pred_events}, indent=1))
         print(f"recorded {len(sims)} simulations and {len(preds)} predictions in {args.dir}")
@@ -299,8 +350,13 @@ def main() -> int:
     print("case                                          events before  after")
     for name, n in sim_events.items():
         print(f"{name:46}{old_events['simulate'].get(name, -1):13d}  {n:5d}")
+    old_traces = np.load(args.dir / "traces.npz")
     for line in differ:
-        print(f"DIFFERS: {line}", file=sys.stderr)
+        part, name = line.split("/", 1)
+        how = _how_far(want[part].get(name), got[part].get(name))
+        if part == "simulate" and _key(name) in old_traces:
+            how = f"{how}; trace: {_trace_gap(old_traces[_key(name)], traces[name])}"
+        print(f"DIFFERS: {line}: {how}", file=sys.stderr)
     total = len(sims) + len(preds)
     print(f"{total - len(differ)} of {total} cases bit-identical")
     return 1 if differ else 0
