@@ -63,6 +63,7 @@ step overhead, the merge of an average). The allgather after a sharded exchange 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from psgdlab.core.cost import (
@@ -91,22 +92,28 @@ class FairLinks:
     whenever a transfer joins or leaves, so a transfer's end moves when others join it, and a
     link never carries more than its capacity. Times only go forward (:meth:`advance`).
 
-    While no link carries more than two transfers and none is capped below the links' capacity
-    :math:`c` (the processes' shares always; the NICs of a fixed ring), the max-min rates have a
-    closed form that the progressive filling reaches bit for bit: :math:`c/2` for a transfer that
-    shares one of its links, :math:`c` for the others (the filling's levels :math:`c/2` and
-    :math:`c/2 + c/2` are exact)."""
+    Max-min rates are decided within a *group*: the transfers linked to one another through
+    links they share (transfers of two groups never meet on a link). A join or a departure
+    recomputes the rates of the group it touches, the others keep theirs: the cost of an event
+    follows its group, not every transfer in flight (H-ADPSGD's node pairs, a few transfers
+    each). While no link carries more than two transfers and none is capped below the links'
+    capacity :math:`c` (the processes' shares always; the NICs of a fixed ring), the rates have
+    a closed form that the progressive filling reaches bit for bit: :math:`c/2` for a transfer
+    that shares one of its links, :math:`c` for the others (the filling's levels :math:`c/2`
+    and :math:`c/2 + c/2` are exact)."""
 
-    __slots__ = ("_capacity", "_count", "_crowded", "_flows", "_half", "_now", "_odd")
+    __slots__ = ("_capacity", "_count", "_crowded", "_exact", "_flows", "_half", "_now", "_odd", "_on")
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
         self._half = capacity / 2
         self._flows: dict[int, list[Any]] = {}  # id: [links, bytes left, cap, rate]
+        self._on: dict[int, dict[int, None]] = {}  # link: the transfers on it
         self._now = 0.0
         self._count: dict[int, int] = {}  # transfers per link
         self._crowded = 0  # links that carry more than two transfers
         self._odd = 0  # transfers the closed form does not cover: capped below the capacity, on no link
+        self._exact = True  # whether every rate in force is the closed form's
 
     def active(self, link: int) -> int:
         """Transfers in flight on ``link``."""
@@ -116,24 +123,29 @@ class FairLinks:
         """Start transfer ``key`` of ``nbytes`` over ``links`` at most ``cap`` bytes/s at ``t``;
         returns the transfers that ended up to ``t`` (:meth:`advance`)."""
         ended = self.advance(t)
-        count = self._count
+        count, on = self._count, self._on
         alone = all(count.get(link, 0) == 0 for link in links)
         for link in links:
             k = count[link] = count.get(link, 0) + 1
             if k == 3:
                 self._crowded += 1
+            held = on.get(link)
+            if held is None:
+                on[link] = {key: None}
+            else:
+                held[key] = None
         self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
         if not (self._capacity <= cap < math.inf and links):
             self._odd += 1
         if not alone:  # on idle links it takes the lesser of its cap and theirs, and slows no one
-            self._rates()
+            self._rates(links)
         return ended
 
     def advance(self, t: float) -> list[tuple[int, float]]:
         """Move every transfer on to ``t``; returns ``(key, end)`` of those that ended, in order."""
         ended: list[tuple[int, float]] = []
         flows = self._flows
-        count = self._count
+        count, on = self._count, self._on
         while flows:
             left = [f[1] / f[3] for f in flows.values()]  # each one's time to go at its rate
             first = min(left)
@@ -148,7 +160,7 @@ class FairLinks:
             done = [key for key, x in zip(flows, left) if x <= near]
             for f in flows.values():
                 f[1] -= f[3] * first
-            shared = False
+            freed: list[int] = []  # links that still carry a transfer
             for key in done:
                 f = flows.pop(key)
                 if not (self._capacity <= f[2] < math.inf and f[0]):
@@ -156,12 +168,14 @@ class FairLinks:
                 for link in f[0]:
                     k = count[link] - 1
                     count[link] = k
+                    del on[link][key]
                     if k == 2:
                         self._crowded -= 1
-                    shared = shared or k > 0
+                    if k > 0:
+                        freed.append(link)
                 ended.append((key, self._now))
-            if shared:  # a transfer that had its links to itself frees nothing another can use
-                self._rates()
+            if freed:  # a transfer that had its links to itself frees nothing another can use
+                self._rates(freed)
         self._now = max(self._now, t)
         return ended
 
@@ -171,18 +185,35 @@ class FairLinks:
             return math.inf
         return self._now + min([f[1] / f[3] for f in self._flows.values()])
 
-    def _rates(self) -> None:
-        flows = self._flows.values()
-        if not self._crowded and not self._odd:  # the closed form (class docstring)
+    def _rates(self, links: Iterable[int]) -> None:
+        """Recompute the rates that a join or a departure on ``links`` changes (class
+        docstring): in the closed form those of the transfers on them (a rate follows its own
+        links), otherwise those of their group."""
+        flows, on = self._flows, self._on
+        if not self._crowded and not self._odd:
             count, half, whole = self._count, self._half, self._capacity
-            for f in flows:
+            held = [flows[key] for link in links for key in on[link]] if self._exact else flows.values()
+            for f in held:
                 f[3] = whole
                 for link in f[0]:
                     if count[link] == 2:
                         f[3] = half
                         break
+            self._exact = True
             return
-        held = list(flows)
+        self._exact = False
+        todo = [link for link in links if on[link]]
+        seen = set(todo)
+        group: set[int] = set()
+        while todo:
+            for key in on[todo.pop()]:
+                if key not in group:
+                    group.add(key)
+                    for other in flows[key][0]:
+                        if other not in seen:
+                            seen.add(other)
+                            todo.append(other)
+        held = [flows[key] for key in group]
         rates = max_min_rates([f[0] for f in held], self._capacity, [f[2] for f in held])
         for f, rate in zip(held, rates):
             f[3] = rate

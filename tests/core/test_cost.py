@@ -272,3 +272,20 @@ def test_max_min_rates_are_those_of_the_progressive_filling_bit_for_bit(paths, c
     end), so the bookkeeping may change but not the arithmetic."""
     caps = caps[: len(paths)]
     assert max_min_rates(paths, capacity, caps) == _progressive_filling(paths, capacity, caps)
+
+
+@given(
+    first=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=1, max_size=10),
+    second=st.lists(st.lists(st.integers(6, 11), min_size=1, max_size=3), min_size=1, max_size=10),
+    caps=st.lists(st.floats(0.1, 20.0), min_size=20, max_size=20),
+    capacity=st.floats(1.0, 10.0),
+)
+def test_max_min_rates_of_transfers_that_share_no_link_are_those_of_each_group(first, second, caps, capacity):
+    """Two groups that share no link do not meet: filling them together gives each group's own
+    rates up to rounding (the levels the other group adds change the last bits, no more); so a
+    simulator may fill only the group that a join or a departure touches."""
+    paths = first + second
+    caps = caps[: len(paths)]
+    together = max_min_rates(paths, capacity, caps)
+    apart = max_min_rates(first, capacity, caps[: len(first)]) + max_min_rates(second, capacity, caps[len(first) :])
+    assert together == pytest.approx(apart, rel=1e-12, abs=0)

@@ -13,8 +13,9 @@ from psgdlab.sim.network import FairLinks
 
 
 class _Reference:
-    """FairLinks as first written: every rate from the progressive filling over all transfers
-    (no closed form), every end from one pass per quantity."""
+    """FairLinks as simply as it can be written: after any join or departure that shares a link,
+    every group's rates from the progressive filling over that group (no closed form, no
+    bookkeeping of counts or of who is where), every end from one pass per quantity."""
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
@@ -64,10 +65,23 @@ class _Reference:
         return self._now + min(f[1] / f[3] for f in self._flows.values())
 
     def _rates(self) -> None:
-        flows = list(self._flows.values())
-        rates = max_min_rates([f[0] for f in flows], self._capacity, [f[2] for f in flows])
-        for f, rate in zip(flows, rates):
-            f[3] = rate
+        for group in _groups(list(self._flows.values())):
+            rates = max_min_rates([f[0] for f in group], self._capacity, [f[2] for f in group])
+            for f, rate in zip(group, rates):
+                f[3] = rate
+
+
+def _groups(flows: list[list[Any]]) -> list[list[list[Any]]]:
+    """The transfers linked through links they share, transitively."""
+    groups: list[tuple[set[int], list[list[Any]]]] = []
+    for f in flows:
+        links, members = set(f[0]), [f]
+        for g in [g for g in groups if g[0] & links]:
+            groups.remove(g)
+            links |= g[0]
+            members += g[1]
+        groups.append((links, members))
+    return [members for _links, members in groups]
 
 
 #: a transfer: its links (distinct), its bytes, its cap as a multiple of the capacity, and the
@@ -86,9 +100,11 @@ _transfers = st.tuples(
     pairs=st.booleans(),
 )
 def test_fair_links_end_every_transfer_where_the_progressive_filling_does(transfers, capacity, pairs):
-    """The same joins give the same ends, bit for bit, whether the rates come from the closed
-    form (no link with more than two transfers, none capped below the capacity: ``pairs`` keeps
-    the draws there, the processes' and a fixed ring's case) or from the filling."""
+    """The same joins give the same ends, bit for bit, as the plain rule: rates from the
+    filling over each group, whether they come from the closed form (no link with more than
+    two transfers, none capped below the capacity: ``pairs`` keeps the draws there, the
+    processes' and a fixed ring's case), from the filling over the one group a join or a
+    departure touches, or are kept."""
     new, ref = FairLinks(capacity), _Reference(capacity)
     t = 0.0
     for key, (links, nbytes, cap, gap) in enumerate(transfers):
