@@ -202,18 +202,34 @@ class FairLinks:
             self._exact = True
             return
         self._exact = False
-        todo = [link for link in links if on[link]]
-        seen = set(todo)
-        group: set[int] = set()
-        while todo:
-            for key in on[todo.pop()]:
-                if key not in group:
-                    group.add(key)
-                    for other in flows[key][0]:
-                        if other not in seen:
-                            seen.add(other)
-                            todo.append(other)
-        held = [flows[key] for key in group]
+        seen: set[int] = set()
+        for seed in links:
+            if seed in seen or not on[seed]:
+                continue
+            seen.add(seed)
+            todo = [seed]
+            group: dict[int, None] = {}  # one group: the transfers linked to the seed's
+            while todo:
+                for key in on[todo.pop()]:
+                    if key not in group:
+                        group[key] = None
+                        for other in flows[key][0]:
+                            if other not in seen:
+                                seen.add(other)
+                                todo.append(other)
+            self._fill([flows[key] for key in group])
+
+    def _fill(self, held: list[list[Any]]) -> None:
+        """The max-min rates of one group."""
+        path = held[0][0]
+        links = set(path)
+        if all(f[0] == path or (set(f[0]) == links and len(f[0]) == len(links)) for f in held) and all(
+            self._capacity <= f[2] < math.inf for f in held
+        ):  # one path shared by k transfers none of which is capped below it: c/k, the filling's one level
+            share = self._capacity / len(held)
+            for f in held:
+                f[3] = share
+            return
         rates = max_min_rates([f[0] for f in held], self._capacity, [f[2] for f in held])
         for f, rate in zip(held, rates):
             f[3] = rate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 from hypothesis import given
@@ -97,19 +98,23 @@ _transfers = st.tuples(
 @given(
     transfers=st.lists(_transfers, min_size=1, max_size=40),
     capacity=st.sampled_from([1.0, 1.125e10, 6.25e8]),
-    pairs=st.booleans(),
+    shape=st.sampled_from(["any", "pairs", "paths"]),
 )
-def test_fair_links_end_every_transfer_where_the_progressive_filling_does(transfers, capacity, pairs):
+def test_fair_links_end_every_transfer_where_the_progressive_filling_does(transfers, capacity, shape):
     """The same joins give the same ends, bit for bit, as the plain rule: rates from the
     filling over each group, whether they come from the closed form (no link with more than
-    two transfers, none capped below the capacity: ``pairs`` keeps the draws there, the
-    processes' and a fixed ring's case), from the filling over the one group a join or a
+    two transfers, none capped below the capacity: ``pairs`` keeps the draws near there, the
+    processes' and a fixed ring's case), from one path's share (``paths``: transfers between
+    two hosts' NICs, H-ADPSGD's node pairs), from the filling over the one group a join or a
     departure touches, or are kept."""
     new, ref = FairLinks(capacity), _Reference(capacity)
     t = 0.0
     for key, (links, nbytes, cap, gap) in enumerate(transfers):
-        if pairs:
+        if shape == "pairs":
             links = [links[0] % 4, 4 + links[0] % 4] if key % 2 else [links[0] % 4]
+            cap = max(cap, 1.0)
+        elif shape == "paths":
+            links = [(0, 1, 2, 3), (2, 3, 0, 1), (4, 5, 6, 7), (2, 3, 4, 5)][links[0] % 4]
             cap = max(cap, 1.0)
         t += gap * 1e9 / capacity
         got = new.add(key, tuple(links), nbytes, cap * capacity, t)
@@ -121,3 +126,26 @@ def test_fair_links_end_every_transfer_where_the_progressive_filling_does(transf
         assert new.advance(end) == ref.advance(end)
         end = new.next_end()
         assert end == ref.next_end()
+
+
+def test_fair_links_match_the_plain_rule_over_long_seeded_runs():
+    """Long runs where groups form, bridge and split (a departing transfer that linked two
+    groups leaves two to fill apart), with caps below and above the capacity: ends bit for bit."""
+    rng = random.Random(7)
+    paths = [(0, 1, 2, 3), (2, 3, 0, 1), (4, 5, 6, 7), (2, 3, 4, 5), (8, 9), (9, 10), (0,), (11, 12, 13, 14)]
+    for _ in range(200):
+        capacity = rng.choice([1.0, 1.125e10, 6.25e8])
+        new, ref = FairLinks(capacity), _Reference(capacity)
+        t = 0.0
+        for key in range(rng.randint(1, 60)):
+            links = rng.choice(paths) if rng.random() < 0.6 else tuple(rng.sample(range(16), rng.randint(1, 4)))
+            cap = rng.choice([1.0, 1.0, 2.0, 0.5, 0.9]) * capacity
+            t += rng.expovariate(1.0) * 1e9 / capacity * rng.choice([0.0, 0.3, 1.0])
+            nbytes = rng.uniform(1e3, 2e9)
+            assert new.add(key, links, nbytes, cap, t) == ref.add(key, links, nbytes, cap, t)
+            assert new.next_end() == ref.next_end()
+        end = new.next_end()
+        while end < math.inf:
+            assert new.advance(end) == ref.advance(end)
+            end = new.next_end()
+            assert end == ref.next_end()
