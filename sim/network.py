@@ -223,8 +223,10 @@ class FairLinks:
         """The max-min rates of one group."""
         path = held[0][0]
         links = set(path)
-        if all(f[0] == path or (set(f[0]) == links and len(f[0]) == len(links)) for f in held) and all(
-            self._capacity <= f[2] < math.inf for f in held
+        if (
+            len(links) == len(path)
+            and all(f[0] == path or (set(f[0]) == links and len(f[0]) == len(links)) for f in held)
+            and all(self._capacity <= f[2] < math.inf for f in held)
         ):  # one path shared by k transfers none of which is capped below it: c/k, the filling's one level
             share = self._capacity / len(held)
             for f in held:
