@@ -267,8 +267,9 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
     >>> max_min_rates([(0, 1), (1, 2), (2, 3)], 6.0, [9.0, 9.0, 9.0])  # links 1 and 2 each carry two
     [3.0, 3.0, 3.0]
     """
-    rates = [0.0] * len(paths)
-    free = dict.fromkeys(range(len(paths)))  # insertion-ordered set: a deterministic order
+    n = len(paths)
+    rates = [0.0] * n
+    free = dict.fromkeys(range(n))  # insertion-ordered set: a deterministic order
     users: dict[int, list[int]] = {}
     for i, path in enumerate(paths):
         for link in path:
@@ -276,15 +277,24 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
     room = dict.fromkeys(users, capacity)
     count = {link: len(members) for link, members in users.items()}  # free transfers per link
     full = 1e-12 * capacity
+    by_cap = sorted(range(n), key=caps.__getitem__)  # the free transfer with the least cap is at lo
+    lo = 0
     level = 0.0
     while free:
-        step = min(caps[i] for i in free) - level
+        while by_cap[lo] not in free:
+            lo += 1
+        step = caps[by_cap[lo]] - level
         for link, k in count.items():
             share = room[link] / k
             if share < step:
                 step = share
         level += max(step, 0.0)
-        done = [i for i in free if caps[i] - level <= 1e-12 * caps[i]]
+        done = []
+        for i in by_cap[lo:]:  # those at their cap: a cap within 1e-9 of the level, at most
+            if caps[i] > level * (1.0 + 1e-9):
+                break
+            if i in free and caps[i] - level <= 1e-12 * caps[i]:
+                done.append(i)
         for link, k in count.items():
             left = room[link] = room[link] - step * k
             if left <= full:
