@@ -102,7 +102,7 @@ class FairLinks:
     that shares one of its links, :math:`c` for the others (the filling's levels :math:`c/2`
     and :math:`c/2 + c/2` are exact)."""
 
-    __slots__ = ("_capacity", "_count", "_crowded", "_exact", "_flows", "_half", "_now", "_odd", "_on")
+    __slots__ = ("_capacity", "_count", "_crowded", "_exact", "_first", "_flows", "_half", "_now", "_odd", "_on")
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
@@ -114,6 +114,7 @@ class FairLinks:
         self._crowded = 0  # links that carry more than two transfers
         self._odd = 0  # transfers the closed form does not cover: capped below the capacity, on no link
         self._exact = True  # whether every rate in force is the closed form's
+        self._first: float | None = math.inf  # the least time to go of those in flight at _now, if known
 
     def active(self, link: int) -> int:
         """Transfers in flight on ``link``."""
@@ -134,11 +135,13 @@ class FairLinks:
                 on[link] = {key: None}
             else:
                 held[key] = None
-        self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        f = self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
         if not (self._capacity <= cap < math.inf and links):
             self._odd += 1
         if not alone:  # on idle links it takes the lesser of its cap and theirs, and slows no one
             self._rates(links)
+        elif self._first is not None:
+            self._first = min(self._first, f[1] / f[3])
         return ended
 
     def advance(self, t: float) -> list[tuple[int, float]]:
@@ -146,14 +149,22 @@ class FairLinks:
         ended: list[tuple[int, float]] = []
         flows = self._flows
         count, on = self._count, self._on
+        first = self._first
+        if first is not None and self._now + first <= t:
+            first = None  # some end by t: which, the times to go say
         while flows:
-            left = [f[1] / f[3] for f in flows.values()]  # each one's time to go at its rate
-            first = min(left)
+            if first is None:
+                left = [f[1] / f[3] for f in flows.values()]  # each one's time to go at its rate
+                first = min(left)
             if self._now + first > t:
                 dt = t - self._now
                 if dt > 0.0:
+                    first = math.inf
                     for f in flows.values():
-                        f[1] -= f[3] * dt
+                        x = f[1] = f[1] - f[3] * dt
+                        x /= f[3]
+                        if x < first:
+                            first = x
                 break
             self._now += first
             near = first * (1.0 + 1e-9) + 1e-15
@@ -176,6 +187,8 @@ class FairLinks:
                 ended.append((key, self._now))
             if freed:  # a transfer that had its links to itself frees nothing another can use
                 self._rates(freed)
+            first = None
+        self._first = first if flows else math.inf
         self._now = max(self._now, t)
         return ended
 
@@ -183,12 +196,15 @@ class FairLinks:
         """When the first transfer in flight ends if none joins (``inf`` when none is)."""
         if not self._flows:
             return math.inf
-        return self._now + min([f[1] / f[3] for f in self._flows.values()])
+        if self._first is None:
+            self._first = min([f[1] / f[3] for f in self._flows.values()])
+        return self._now + self._first
 
     def _rates(self, links: Iterable[int]) -> None:
         """Recompute the rates that a join or a departure on ``links`` changes (class
         docstring): in the closed form those of the transfers on them (a rate follows its own
         links), otherwise those of their group."""
+        self._first = None
         flows, on = self._flows, self._on
         if not self._crowded and not self._odd:
             count, half, whole = self._count, self._half, self._capacity
