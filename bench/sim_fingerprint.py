@@ -7,7 +7,8 @@ writes (``record DIR``) or checks against (``compare DIR``) what it got:
 
 - the presets (``interspeech2019-v100``, ``librispeech-gtx1080``) with every registry algorithm,
   both AD-PSGD rings and its delay-by-one, H-ADPSGD's two schedules, stragglers, relabelled
-  streams, ``until="all"``;
+  streams, ``until="all"``, and the V100 preset widened as ``bench_sim.py`` does at 256 and 1024
+  workers;
 - two platforms that use every feature of the model: link ``scatter`` quantiles (NIC, PCIe or
   NVLink, the collective), ``host_cpu`` (between hosts too, emulated hosts sharing a machine),
   shared NICs (the fair-share flows), a socket link, ``staging="host"``, process endpoints, the
@@ -161,6 +162,11 @@ def simulate_cases() -> dict[str, dict[str, Any]]:
     for name in ("adpsgd", "adpsgd-random", "hadpsgd", "ssgd"):
         alg = dict(_algorithms(64, 8))[name]
         cases[f"v100-64/{name}"] = dict(algorithm=alg, **v100_64)
+    wide = dataclasses.replace(v100.platform, hosts=128)  # bench_sim's platform: 1024 workers fit
+    for name, n, steps in (("adpsgd-random", 256, 30), ("hadpsgd", 256, 30), ("adpsgd", 1024, 10)):
+        cases[f"v100-{n}/{name}"] = dict(
+            algorithm=dict(_algorithms(n, 8))[name], platform=wide, workload=v100.workload, steps=steps, seed=0
+        )
     cases["v100/ssgd-streams-all"] = dict(
         algorithm=make_algorithm("ssgd", n_workers=8),
         platform=v100.platform,
