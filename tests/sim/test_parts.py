@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import ADPSGD, make_algorithm
 from psgdlab.core.failure import Failure
-from psgdlab.sim import deaths, kernel, network
-from psgdlab.sim.engine import FailureSpec, simulate
+from psgdlab.sim import network
+from psgdlab.sim.engine import FailureSpec, deaths, kernel, simulate
 from psgdlab.sim.platform import HostCPU, Link, Platform
 from psgdlab.sim.workload import Workload, load_config, preset_names
 

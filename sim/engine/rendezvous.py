@@ -4,7 +4,7 @@
   to arrive prices it (:meth:`Network.allreduce_s <psgdlab.sim.network.Network.allreduce_s>`,
   from the members' arrival times; inside a host times a draw from ``platform.collective``'s
   ``scatter``; a model allreduce then folds the mean into each member) and one timer releases
-  the whole group (:func:`~psgdlab.sim.kernel.release_after`).
+  the whole group (:func:`~psgdlab.sim.engine.kernel.release_after`).
 - :class:`GossipRounds`: after its compute a worker waits for its neighbours to reach the same
   step, then exchanges with all of them (inside a host at the links' snapshot share, between
   hosts on the NICs at their fair share), and merges.
@@ -25,8 +25,8 @@ import simpy
 from psgdlab.core.exchange import AllReduce, Barrier, ExchangeKind, Gossip, wire_bytes
 from psgdlab.core.failure import STEP_CHECK_ELEMENTS, node_sum_elements
 from psgdlab.core.trace import PHASES, SERVER_PEER
-from psgdlab.sim.deaths import Deaths
-from psgdlab.sim.kernel import Context, Flows, Merges, Scatter, release_after
+from psgdlab.sim.engine.deaths import Deaths
+from psgdlab.sim.engine.kernel import Context, Flows, Merges, Scatter, release_after
 
 __all__ = ["Collectives", "GossipRounds", "ServerQueue", "ALLREDUCE", "BARRIER"]
 

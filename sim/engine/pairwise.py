@@ -7,7 +7,7 @@ in one average and passive in another (the fixed ring, H-ADPSGD), a process has 
 both (:func:`both_sides`). An average begins when both its lanes are free, takes its link's law
 (:meth:`Network.pair_average_s <psgdlab.sim.network.Network.pair_average_s>`) times a draw from
 the link's ``scatter`` (none: the law), and merges into both models at its end (:class:`Merges
-<psgdlab.sim.kernel.Merges>`).
+<psgdlab.sim.engine.kernel.Merges>`).
 
 A lane is free from a time, or when the :class:`Pending` average holding it ends. With service
 times known when a request is made, the lanes are analytical FIFO queues: an average inside a
@@ -30,8 +30,8 @@ import simpy
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.exchange import ExchangeKind, PairwiseAverage, wire_bytes
 from psgdlab.core.trace import PHASES
-from psgdlab.sim.deaths import Deaths
-from psgdlab.sim.kernel import Context, Flows, Merges, Scatter
+from psgdlab.sim.engine.deaths import Deaths
+from psgdlab.sim.engine.kernel import Context, Flows, Merges, Scatter
 from psgdlab.sim.network import FairLinks
 
 __all__ = ["Pending", "PairwiseAverages", "both_sides", "gathers"]
@@ -275,7 +275,7 @@ class PairwiseAverages:
         """Close ``r``'s average ``ex`` of step ``s``, asked for at ``t``, begun at ``start``, its
         transfer over at ``end`` (``start`` itself when the peer was known dead: nothing was
         sent): merge it into both sides unless the peer died first (:meth:`Deaths.pair_outcome
-        <psgdlab.sim.deaths.Deaths.pair_outcome>`), and record it. Returns its end and whether
+        <psgdlab.sim.engine.deaths.Deaths.pair_outcome>`), and record it. Returns its end and whether
         it merged."""
         peer = ex.peer
         merged = True

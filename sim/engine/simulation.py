@@ -1,4 +1,4 @@
-r"""The discrete-event simulator: run any registry algorithm's schedule on a platform model.
+r"""The simulation: the worker loop that runs any registry algorithm's schedule on a platform model.
 
 :func:`simulate` runs ``steps`` local steps of every worker of an
 :class:`~psgdlab.core.algorithms.Algorithm` on a :class:`~psgdlab.sim.platform.Platform` with a
@@ -50,27 +50,9 @@ merges (pairwise averages on either side, gossip merges) whose completion falls 
 start of the step whose weights the gradient reads (``gradient_delay`` steps back) and the
 gradient's application; for server exchanges it is the server's staleness.
 
-Workers that die (a :class:`FailureSpec`) are priced by :mod:`psgdlab.sim.deaths`: what a dead
+Workers that die (a :class:`FailureSpec`) are priced by :mod:`psgdlab.sim.engine.deaths`: what a dead
 worker does, when the survivors know, the rebuilt schedule, and the steps each loses
 (``SimResult.extras["failures"]``).
-
-One simulation is a worker loop (:class:`_Simulation`, one simpy process a worker) over parts
-that each hold their own state, and exist, or draw, only where the platform or the run uses them:
-
-=====================================  ===========================================================
-:mod:`psgdlab.sim.pairwise`            the processes' lanes and the averages queued on them
-                                       (analytical FIFO inside a host, a process between hosts
-                                       or where a process carries two averages at once)
-:mod:`psgdlab.sim.rendezvous`          collectives, gossip rounds, the server queue
-:mod:`psgdlab.sim.kernel`              the environment, the trace rows, the merges (staleness),
-                                       the flows over shared links, the scatter draws (a
-                                       :class:`~psgdlab.sim.kernel.Scatter` only where a link
-                                       has a scatter)
-:mod:`psgdlab.sim.deaths`              the deaths (a :class:`~psgdlab.sim.deaths.Deaths` only
-                                       in a run with failures; without, nothing is booked)
-:mod:`psgdlab.sim.network`             the links' laws, snapshot shares and fair shares, host
-                                       cores where the profile has them
-=====================================  ===========================================================
 
 Examples
 --------
@@ -108,12 +90,12 @@ from psgdlab.core.exchange import (
 from psgdlab.core.failure import sums_node_slices
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.trace import PHASES, TraceBuilder
-from psgdlab.sim.deaths import Deaths, FailureSpec
-from psgdlab.sim.kernel import Context, CountingEnvironment, Flows, Merges, Scatter
+from psgdlab.sim.engine.deaths import Deaths, FailureSpec
+from psgdlab.sim.engine.kernel import Context, CountingEnvironment, Flows, Merges, Scatter
+from psgdlab.sim.engine.pairwise import PairwiseAverages, Pending, both_sides
+from psgdlab.sim.engine.rendezvous import ALLREDUCE, BARRIER, Collectives, GossipRounds, ServerQueue
 from psgdlab.sim.network import Network
-from psgdlab.sim.pairwise import PairwiseAverages, Pending, both_sides
 from psgdlab.sim.platform import Placement, Platform
-from psgdlab.sim.rendezvous import ALLREDUCE, BARRIER, Collectives, GossipRounds, ServerQueue
 from psgdlab.sim.workload import Workload, loader_pauses
 
 __all__ = ["SimResult", "FailureSpec", "simulate", "compute_times"]
@@ -454,7 +436,7 @@ def simulate(
         ``streams``) gives two configurations that are one system with the workers renamed the
         same figure.
     failures : FailureSpec, optional
-        Workers that die (:mod:`psgdlab.sim.deaths`); ``until`` then counts the survivors
+        Workers that die (:mod:`psgdlab.sim.engine.deaths`); ``until`` then counts the survivors
         only, and ``extras["failures"]`` says what happened.
     on_failure : {"continue", "stop", "restart"}, optional
         The run's failure policy, for the protocol it runs (module docstring: under continue a
