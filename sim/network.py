@@ -94,13 +94,16 @@ class FairLinks:
 
     Max-min rates are decided within a *group*: the transfers linked to one another through
     links they share (transfers of two groups never meet on a link). A join or a departure
-    recomputes the rates of the group it touches, the others keep theirs: the cost of an event
-    follows its group, not every transfer in flight (H-ADPSGD's node pairs, a few transfers
-    each). While no link carries more than two transfers and none is capped below the links'
-    capacity :math:`c` (the processes' shares always; the NICs of a fixed ring), the rates have
-    a closed form that the progressive filling reaches bit for bit: :math:`c/2` for a transfer
-    that shares one of its links, :math:`c` for the others (the filling's levels :math:`c/2`
-    and :math:`c/2 + c/2` are exact)."""
+    recomputes the rates of the group it touches, by the filling over that group alone, and
+    the others keep theirs: the cost of an event follows its group, not every transfer in
+    flight (H-ADPSGD's node pairs are groups of a few). A rate is the same law as the filling
+    over every transfer, which can differ from it in the last bit (the other groups' levels
+    no longer enter its arithmetic). Two forms skip the filling where it would reach them bit
+    for bit: while no link carries more than two transfers and none is capped below the links'
+    capacity :math:`c` (the processes' shares always; the NICs of a fixed ring), :math:`c/2` for
+    a transfer that shares one of its links and :math:`c` for the others (the filling's levels
+    :math:`c/2` and :math:`c/2 + c/2` are exact); and :math:`c/k` for a group of :math:`k`
+    transfers on one path, none capped below it (the filling's one level)."""
 
     __slots__ = ("_capacity", "_count", "_crowded", "_exact", "_first", "_flows", "_half", "_now", "_odd", "_on")
 
