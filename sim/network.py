@@ -221,9 +221,16 @@ class FairLinks:
             self._exact = True
             return
         self._exact = False
+        count = self._count
         seen: set[int] = set()
         for seed in links:
             if seed in seen or not on[seed]:
+                continue
+            keys = on[seed]
+            path = flows[next(iter(keys))][0]
+            if all(count[link] == len(keys) for link in path) and all(flows[key][0] == path for key in keys):
+                seen.update(path)  # every transfer on the seed takes one path, and no other does: the group
+                self._fill([flows[key] for key in keys])
                 continue
             seen.add(seed)
             todo = [seed]

@@ -100,14 +100,14 @@ class Flows:
     and returns an event that succeeds, with the time, when it has gone through; the next
     departure is one timer, voided whenever a flow joins or leaves."""
 
-    __slots__ = ("clock", "env", "events", "key", "links")
+    __slots__ = ("env", "events", "key", "links", "timer")
 
     def __init__(self, env: simpy.Environment, links: FairLinks) -> None:
         self.env = env
         self.links = links
         self.events: dict[int, simpy.Event] = {}
         self.key = 0
-        self.clock = 0  # the timer in force (an arrival or departure voids the earlier one)
+        self.timer: simpy.Event | None = None  # the timer in force (a join or a departure voids the earlier one)
 
     def join(self, links: tuple[int, ...], amount: float, cap: float) -> simpy.Event:
         """A flow of ``amount`` over ``links`` at most ``cap`` a second, from now."""
@@ -120,16 +120,16 @@ class Flows:
         events = self.events
         for key, end in ended:
             events.pop(key).succeed(end)
-        self.clock += 1
         t = self.links.next_end()
         if t < math.inf:
-            clock = self.clock
             env = self.env
-            timer = env.timeout(max(0.0, t - env.now))
-            timer.callbacks.append(lambda _ev: self._timer(clock))
+            timer = self.timer = env.timeout(max(0.0, t - env.now))
+            timer.callbacks.append(self._timer)
+        else:
+            self.timer = None
 
-    def _timer(self, clock: int) -> None:
-        if clock == self.clock:
+    def _timer(self, timer: simpy.Event) -> None:
+        if timer is self.timer:
             self._ended(self.links.advance(self.env.now))
 
 
