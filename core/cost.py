@@ -280,32 +280,48 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
     >>> max_min_rates([(0, 1), (1, 2), (2, 3)], 6.0, [9.0, 9.0, 9.0])  # links 1 and 2 each carry two
     [3.0, 3.0, 3.0]
     """
-    rates = [0.0] * len(paths)
-    free = dict.fromkeys(range(len(paths)))  # insertion-ordered set: a deterministic order
+    n = len(paths)
+    rates = [0.0] * n
+    free = dict.fromkeys(range(n))  # insertion-ordered set: a deterministic order
     users: dict[int, list[int]] = {}
     for i, path in enumerate(paths):
         for link in path:
             users.setdefault(link, []).append(i)
     room = dict.fromkeys(users, capacity)
+    count = {link: len(members) for link, members in users.items()}  # free transfers per link
+    full = 1e-12 * capacity
+    by_cap = sorted(range(n), key=caps.__getitem__)  # the free transfer with the least cap is at lo
+    lo = 0
     level = 0.0
     while free:
-        step = min(caps[i] for i in free) - level
-        for link, members in users.items():
-            share = room[link] / len(members)
+        while by_cap[lo] not in free:
+            lo += 1
+        step = caps[by_cap[lo]] - level
+        for link, k in count.items():
+            share = room[link] / k
             if share < step:
                 step = share
         level += max(step, 0.0)
-        done = [i for i in free if caps[i] - level <= 1e-12 * caps[i]]
-        for link, members in users.items():
-            room[link] -= step * len(members)
-            if room[link] <= 1e-12 * capacity:
-                done.extend(members)
+        done = []
+        for i in by_cap[lo:]:  # those at their cap: a cap within 1e-9 of the level, at most
+            if caps[i] > level * (1.0 + 1e-9):
+                break
+            if i in free and caps[i] - level <= 1e-12 * caps[i]:
+                done.append(i)
+        for link, k in count.items():
+            left = room[link] = room[link] - step * k
+            if left <= full:
+                done.extend(i for i in users[link] if i in free)
         for i in done:
             if i in free:
                 del free[i]
                 rates[i] = level
-        if done:
-            users = {link: kept for link, members in users.items() if (kept := [i for i in members if i in free])}
+                for link in paths[i]:
+                    k = count[link] - 1
+                    if k:
+                        count[link] = k
+                    else:
+                        del count[link]  # no free transfer left on it
     return rates
 
 

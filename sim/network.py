@@ -63,6 +63,7 @@ step overhead, the merge of an average). The allgather after a sharded exchange 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from psgdlab.core.cost import (
@@ -89,15 +90,34 @@ class FairLinks:
     """Transfers in flight on shared links at their max-min fair rates
     (:func:`~psgdlab.core.cost.max_min_rates`), advanced lazily: the rates are recomputed
     whenever a transfer joins or leaves, so a transfer's end moves when others join it, and a
-    link never carries more than its capacity. Times only go forward (:meth:`advance`)."""
+    link never carries more than its capacity. Times only go forward (:meth:`advance`).
 
-    __slots__ = ("_capacity", "_count", "_flows", "_now")
+    Max-min rates are decided within a *group*: the transfers linked to one another through
+    links they share (transfers of two groups never meet on a link). A join or a departure
+    recomputes the rates of the group it touches, by the filling over that group alone, and
+    the others keep theirs: the cost of an event follows its group, not every transfer in
+    flight (H-ADPSGD's node pairs are groups of a few). A rate is the same law as the filling
+    over every transfer, which can differ from it in the last bit (the other groups' levels
+    no longer enter its arithmetic). Two forms skip the filling where it would reach them bit
+    for bit: while no link carries more than two transfers and none is capped below the links'
+    capacity :math:`c` (the processes' shares always; the NICs of a fixed ring), :math:`c/2` for
+    a transfer that shares one of its links and :math:`c` for the others (the filling's levels
+    :math:`c/2` and :math:`c/2 + c/2` are exact); and :math:`c/k` for a group of :math:`k`
+    transfers on one path, none capped below it (the filling's one level)."""
+
+    __slots__ = ("_capacity", "_count", "_crowded", "_exact", "_first", "_flows", "_half", "_now", "_odd", "_on")
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
+        self._half = capacity / 2
         self._flows: dict[int, list[Any]] = {}  # id: [links, bytes left, cap, rate]
+        self._on: dict[int, dict[int, None]] = {}  # link: the transfers on it
         self._now = 0.0
         self._count: dict[int, int] = {}  # transfers per link
+        self._crowded = 0  # links that carry more than two transfers
+        self._odd = 0  # transfers the closed form does not cover: capped below the capacity, on no link
+        self._exact = True  # whether every rate in force is the closed form's
+        self._first: float | None = math.inf  # the least time to go of those in flight at _now, if known
 
     def active(self, link: int) -> int:
         """Transfers in flight on ``link``."""
@@ -107,38 +127,71 @@ class FairLinks:
         """Start transfer ``key`` of ``nbytes`` over ``links`` at most ``cap`` bytes/s at ``t``;
         returns the transfers that ended up to ``t`` (:meth:`advance`)."""
         ended = self.advance(t)
-        alone = all(self._count.get(link, 0) == 0 for link in links)
-        self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        count, on = self._count, self._on
+        alone = all(count.get(link, 0) == 0 for link in links)
         for link in links:
-            self._count[link] = self._count.get(link, 0) + 1
+            k = count[link] = count.get(link, 0) + 1
+            if k == 3:
+                self._crowded += 1
+            held = on.get(link)
+            if held is None:
+                on[link] = {key: None}
+            else:
+                held[key] = None
+        f = self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+        if not (self._capacity <= cap < math.inf and links):
+            self._odd += 1
         if not alone:  # on idle links it takes the lesser of its cap and theirs, and slows no one
-            self._rates()
+            self._rates(links)
+        elif self._first is not None:
+            self._first = min(self._first, f[1] / f[3])
         return ended
 
     def advance(self, t: float) -> list[tuple[int, float]]:
         """Move every transfer on to ``t``; returns ``(key, end)`` of those that ended, in order."""
         ended: list[tuple[int, float]] = []
         flows = self._flows
+        count, on = self._count, self._on
+        first = self._first
+        if first is not None and self._now + first <= t:
+            first = None  # some end by t: which, the times to go say
         while flows:
-            first = min(f[1] / f[3] for f in flows.values())
+            if first is None:
+                left = [f[1] / f[3] for f in flows.values()]  # each one's time to go at its rate
+                first = min(left)
             if self._now + first > t:
                 dt = t - self._now
                 if dt > 0.0:
+                    first = math.inf
                     for f in flows.values():
-                        f[1] -= f[3] * dt
+                        x = f[1] = f[1] - f[3] * dt
+                        x /= f[3]
+                        if x < first:
+                            first = x
                 break
             self._now += first
-            done = [key for key, f in flows.items() if f[1] / f[3] <= first * (1.0 + 1e-9) + 1e-15]
+            near = first * (1.0 + 1e-9) + 1e-15
+            done = [key for key, x in zip(flows, left) if x <= near]
             for f in flows.values():
                 f[1] -= f[3] * first
-            shared = False
+            freed: list[int] = []  # links that still carry a transfer
             for key in done:
-                for link in flows.pop(key)[0]:
-                    self._count[link] -= 1
-                    shared = shared or self._count[link] > 0
+                f = flows.pop(key)
+                if not (self._capacity <= f[2] < math.inf and f[0]):
+                    self._odd -= 1
+                for link in f[0]:
+                    k = count[link] - 1
+                    count[link] = k
+                    del on[link][key]
+                    if k == 2:
+                        self._crowded -= 1
+                    if k > 0:
+                        freed.append(link)
                 ended.append((key, self._now))
-            if shared:  # a transfer that had its links to itself frees nothing another can use
-                self._rates()
+            if freed:  # a transfer that had its links to itself frees nothing another can use
+                self._rates(freed)
+            first = None
+        self._first = first if flows else math.inf
         self._now = max(self._now, t)
         return ended
 
@@ -146,12 +199,67 @@ class FairLinks:
         """When the first transfer in flight ends if none joins (``inf`` when none is)."""
         if not self._flows:
             return math.inf
-        return self._now + min(f[1] / f[3] for f in self._flows.values())
+        if self._first is None:
+            self._first = min([f[1] / f[3] for f in self._flows.values()])
+        return self._now + self._first
 
-    def _rates(self) -> None:
-        flows = list(self._flows.values())
-        rates = max_min_rates([f[0] for f in flows], self._capacity, [f[2] for f in flows])
-        for f, rate in zip(flows, rates):
+    def _rates(self, links: Iterable[int]) -> None:
+        """Recompute the rates that a join or a departure on ``links`` changes (class
+        docstring): in the closed form those of the transfers on them (a rate follows its own
+        links), otherwise those of their group."""
+        self._first = None
+        flows, on = self._flows, self._on
+        if not self._crowded and not self._odd:
+            count, half, whole = self._count, self._half, self._capacity
+            held = [flows[key] for link in links for key in on[link]] if self._exact else flows.values()
+            for f in held:
+                f[3] = whole
+                for link in f[0]:
+                    if count[link] == 2:
+                        f[3] = half
+                        break
+            self._exact = True
+            return
+        self._exact = False
+        count = self._count
+        seen: set[int] = set()
+        for seed in links:
+            if seed in seen or not on[seed]:
+                continue
+            keys = on[seed]
+            path = flows[next(iter(keys))][0]
+            if all(count[link] == len(keys) for link in path) and all(flows[key][0] == path for key in keys):
+                seen.update(path)  # every transfer on the seed takes one path, and no other does: the group
+                self._fill([flows[key] for key in keys])
+                continue
+            seen.add(seed)
+            todo = [seed]
+            group: dict[int, None] = {}  # one group: the transfers linked to the seed's
+            while todo:
+                for key in on[todo.pop()]:
+                    if key not in group:
+                        group[key] = None
+                        for other in flows[key][0]:
+                            if other not in seen:
+                                seen.add(other)
+                                todo.append(other)
+            self._fill([flows[key] for key in group])
+
+    def _fill(self, held: list[list[Any]]) -> None:
+        """The max-min rates of one group."""
+        path = held[0][0]
+        links = set(path)
+        if (
+            len(links) == len(path)
+            and all(f[0] == path or (set(f[0]) == links and len(f[0]) == len(links)) for f in held)
+            and all(self._capacity <= f[2] < math.inf for f in held)
+        ):  # one path shared by k transfers none of which is capped below it: c/k, the filling's one level
+            share = self._capacity / len(held)
+            for f in held:
+                f[3] = share
+            return
+        rates = max_min_rates([f[0] for f in held], self._capacity, [f[2] for f in held])
+        for f, rate in zip(held, rates):
             f[3] = rate
 
 
@@ -164,6 +272,7 @@ class Network:
         "_cpu",
         "_cpu_flows",
         "_flows",
+        "_gathers",
         "_host",
         "_inter_lat",
         "_intra_bw",
@@ -173,7 +282,9 @@ class Network:
         "_n_hosts",
         "_nic_bw",
         "_nic_scatter",
+        "_paths",
         "_pcie_bw",
+        "_pcie_lat",
         "_per_socket",
         "_process_ends",
         "_socket",
@@ -190,7 +301,7 @@ class Network:
         self.platform = platform
         self.placement = placement
         self._n_hosts = platform.hosts
-        self._flows: dict[int, list[list[float]]] = {}  # per link: [start, end, 1.0]
+        self._flows: dict[int, list[tuple[float, float]]] = {}  # per link: (start, end)
         self._pcie_bw = platform.pcie.effective_bandwidth_bytes_per_s
         self._nic_bw = platform.nic.effective_bandwidth_bytes_per_s
         self._host = placement.host
@@ -209,26 +320,56 @@ class Network:
         self._span_bw = span.effective_bandwidth_bytes_per_s
         self._span_lat = span.latency_s + ends_lat
         self._mem_bw = platform.host_memory_bandwidth_bytes_per_s
+        self._pcie_lat = platform.pcie.latency_s
         sl = platform.socket_link
         self._socket_bw = sl.effective_bandwidth_bytes_per_s if sl is not None else None
         self._staging = platform.staging
         self._cache: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...], float]] = {}
+        self._gathers: dict[tuple[int, int, float], float] = {}  # an allgather's law by (host, shards, bytes)
         self._cpu = platform.host_cpu
         self._cpu_flows: dict[int, list[list[float]]] = {}  # per machine: [start, end, processes]
         self.nics = FairLinks(self._nic_bw)  # transfers between hosts in flight on the NICs (_nic_links)
 
     # ----- link occupancy ---------------------------------------------------------------------
     def _active(self, link: int, t: float) -> int:
-        """Transfers on ``link`` at ``t``: those registered, and on a NIC those in flight there."""
-        n = int(_running(self._flows.get(link), t, keep=8))
+        """Transfers on ``link`` at ``t``: those registered, and on a NIC those in flight there.
+        Once a link has registered more than 8, the finished ones are dropped first."""
+        n = 0
+        flows = self._flows.get(link)
+        if flows:
+            if len(flows) > 8:
+                flows[:] = [f for f in flows if f[1] > t]
+            for start, end in flows:
+                if start <= t < end:
+                    n += 1
         if 0 <= link < self._n_hosts:  # a NIC: the busier of its two directions
             out, into = _nic_links(link)
             n += max(self.nics.active(out), self.nics.active(into))
         return n
 
     def _register(self, links: tuple[int, ...], start: float, end: float) -> None:
+        flows = self._flows
         for link in links:
-            self._flows.setdefault(link, []).append([start, end, 1.0])
+            held = flows.get(link)
+            if held is None:
+                flows[link] = [(start, end)]
+            else:
+                held.append((start, end))
+
+    def _copies_s(self, a: int, b: int, nbytes: float, t: float) -> float:
+        """Copies of ``nbytes`` between device and host memory by ``a`` and ``b`` at ``t``, in
+        parallel, over their sockets' PCIe at its share then (registered)."""
+        H = self._n_hosts
+        la, lb = H + self._socket[a], H + self._socket[b]
+        bw = self._pcie_bw / (self._active(la, t) + 1)
+        if lb != la:
+            other = self._pcie_bw / (self._active(lb, t) + 1)
+            if other < bw:
+                bw = other
+        dur = transfer_s(nbytes, bw, self._pcie_lat)
+        self._register((la,) if lb == la else (la, lb), t, t + dur)
+        return dur
 
     def _share(self, links: tuple[int, ...], caps: tuple[float, ...], t: float) -> float:
         bw = float("inf")
@@ -283,6 +424,12 @@ class Network:
     # ----- point to point ---------------------------------------------------------------------
     def _path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
         """Links, their bandwidths and the latency between ``a`` and ``b`` of one host."""
+        path = self._paths.get((a, b))
+        if path is None:
+            path = self._paths[(a, b)] = self._find_path(a, b)
+        return path
+
+    def _find_path(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
         sa, sb = self._socket[a], self._socket[b]
         H = self._n_hosts
         if self._intra_bw is not None:
@@ -377,7 +524,7 @@ class Network:
         if self._staging == "direct":
             dur = self.transfer_s(a, b, nbytes, start)
         else:
-            d2h = self.pair_before_wire(a, b, nbytes, start)
+            d2h = self._copies_s(a, b, nbytes, start)
             t = start + d2h
             net = 0.0
             sa, sb = self._socket[a], self._socket[b]
@@ -397,10 +544,7 @@ class Network:
         ``start`` over the sockets' PCIe (both sides copy in parallel; registered); 0 otherwise."""
         if self._staging == "direct":
             return 0.0
-        copy_links = self._copy_links(a, b)
-        d2h = transfer_s(nbytes, self._share(copy_links, (self._pcie_bw,) * len(copy_links), start), self._pcie_lat())
-        self._register(copy_links, start, start + d2h)
-        return d2h
+        return self._copies_s(a, b, nbytes, start)
 
     def pair_after_wire(self, a: int, b: int, nbytes: float, t: float) -> float:
         """With ``staging = "host"``: the CPU average and the host-to-device copies that end a
@@ -409,18 +553,7 @@ class Network:
         if self._staging == "direct":
             return 0.0
         cpu = host_average_s(nbytes, self._mem_bw)
-        copy_links = self._copy_links(a, b)
-        caps = (self._pcie_bw,) * len(copy_links)
-        h2d = transfer_s(nbytes, self._share(copy_links, caps, t + cpu), self._pcie_lat())
-        self._register(copy_links, t + cpu, t + cpu + h2d)
-        return cpu + h2d
-
-    def _copy_links(self, a: int, b: int) -> tuple[int, ...]:
-        H, sa, sb = self._n_hosts, self._socket[a], self._socket[b]
-        return (H + sa, H + sb) if sa != sb else (H + sa,)
-
-    def _pcie_lat(self) -> float:
-        return self.platform.pcie.latency_s
+        return cpu + self._copies_s(a, b, nbytes, t + cpu)
 
     def _intra_share_bw(self, members: list[int] | tuple[int, ...]) -> float:
         """Per-device bandwidth inside a host: NVLink, or the socket's PCIe split among the
@@ -439,9 +572,14 @@ class Network:
         allreduce's (the messages and bytes of the gather half), is stretched as an allreduce's is
         (:meth:`_cpu_wait`, ``rank``'s process)."""
         host = self._host[rank]
-        members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
         algorithm = self.platform.allreduce
-        dur = allgather_s(m, model_bytes, self._intra_share_bw(members), self._intra_lat, algorithm)
+        key = (host, m, model_bytes)
+        dur = self._gathers.get(key)
+        if dur is None:  # the same for every gather of m shards on one host: no shared link
+            members = [r for r in range(len(self._host)) if self._host[r] == host][:m]
+            dur = self._gathers[key] = allgather_s(
+                m, model_bytes, self._intra_share_bw(members), self._intra_lat, algorithm
+            )
         if self._cpu is None:
             return dur
         work = self._cpu.work_s(allreduce_messages(m, algorithm) // 2, allreduce_bytes(m, model_bytes) / 2)

@@ -12,7 +12,7 @@ from psgdlab.core.errors import ConfigError
 if TYPE_CHECKING:
     from psgdlab.core.topology import Topology
 
-__all__ = ["partner", "mixing_column"]
+__all__ = ["partner", "mixing_column", "matching_period"]
 
 
 @lru_cache(maxsize=256)
@@ -28,6 +28,11 @@ def _matching(kind: str, n: int, seed: int, round_: int) -> tuple[int, ...]:
     if perm is None:
         raise ConfigError(f"topology {kind!r} has no matching schedule (a static kind)")
     return tuple(int(p) for p in perm)
+
+
+def matching_period(kind: str, n: int, seed: int) -> int | None:
+    """Rounds after which the matching schedule ``kind`` on ``n`` members repeats (``None``: never)."""
+    return _topology(kind, n, seed).period
 
 
 def partner(kind: str, n: int, seed: int, round_: int, rank: int) -> int:

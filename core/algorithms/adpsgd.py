@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from psgdlab.core.algorithms._matching import partner
+from psgdlab.core.algorithms._matching import matching_period, partner
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import Exchange, PairwiseAverage
@@ -123,6 +123,10 @@ class ADPSGD(Algorithm):
         from psgdlab.core.topology import build_topology
 
         return build_topology(self.ring_kind, self.n_workers, seed=self.seed)
+
+    @property
+    def schedule_period(self) -> int | None:
+        return matching_period(self.ring_kind, self.n_workers, self.seed)
 
     @property
     def gradient_delay(self) -> int:

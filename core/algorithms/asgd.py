@@ -76,6 +76,10 @@ class ASGD(Algorithm):
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         return self._server_exchange("delta") if is_sync_step(step, self.period) else ()
 
+    @property
+    def schedule_period(self) -> int:
+        return self.period
+
     def server_message(self, state: WorkerState) -> Any:
         return state.params - state.extras["pulled"]
 

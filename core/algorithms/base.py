@@ -130,6 +130,14 @@ class Algorithm:
         return ()
 
     @property
+    def schedule_period(self) -> int | None:
+        """Steps after which :meth:`exchanges` repeats: ``exchanges(step + P, rank) ==
+        exchanges(step, rank)`` for every step and rank, so an executor may keep the first ``P``
+        steps' exchanges instead of asking again; ``None``: it does not repeat (random
+        matchings) or is not known to (the default)."""
+        return None
+
+    @property
     def gradient_delay(self) -> int:
         """Steps between reading the weights and applying their gradient beyond the overlap of
         one step (``D`` of the delay-by-one variant; 0 for every other algorithm)."""

@@ -57,6 +57,10 @@ class BSP(Algorithm):
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         return self._allreduce_all("model") if is_sync_step(step, self.period) else ()
 
+    @property
+    def schedule_period(self) -> int:
+        return self.period
+
     def combine(self, state: WorkerState, exchange: Exchange, received: Any) -> WorkerState:
         if isinstance(exchange, AllReduce):
             return state.replace(params=received, momentum=None)

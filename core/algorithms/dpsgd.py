@@ -78,6 +78,10 @@ class DPSGD(Algorithm):
 
         return build_topology(self.topology, self.n_workers, seed=self.seed)
 
+    @property
+    def schedule_period(self) -> int:
+        return 1  # a static topology: every step mixes with the same neighbours
+
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         if self.n_workers == 1:
             return ()

@@ -105,6 +105,10 @@ class EASGD(Algorithm):
             return self._server_exchange("elastic")
         return (AllReduce(group=self.all_ranks, payload="model"),)
 
+    @property
+    def schedule_period(self) -> int:
+        return self.period
+
     def combine(self, state: WorkerState, exchange: Exchange, received: Any) -> WorkerState:
         a = float(self.alpha or 0.0)
         if isinstance(exchange, AllReduce):

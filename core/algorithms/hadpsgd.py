@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from psgdlab.core.algorithms._matching import matching_period
 from psgdlab.core.algorithms.adpsgd import check_even, matching_exchange
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TopologyError, require
@@ -98,6 +99,12 @@ class HADPSGD(Algorithm):
         return build_topology(
             "hierarchical", self.n_workers, gpus_per_node=self.gpus_per_node, seed=self.seed, inner=inner
         )
+
+    @property
+    def schedule_period(self) -> int | None:
+        if self.n_nodes == 1:
+            return 1
+        return matching_period("random-ring" if self.variant == "random" else "fixed-ring", self.n_nodes, self.seed)
 
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         m = self.gpus_per_node

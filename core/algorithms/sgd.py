@@ -35,6 +35,10 @@ class SGD(Algorithm):
 
     name: ClassVar[str] = "sgd"
 
+    @property
+    def schedule_period(self) -> int:
+        return 1
+
     def __post_init__(self) -> None:
         Algorithm.__post_init__(self)
         require(

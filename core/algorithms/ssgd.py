@@ -43,3 +43,7 @@ class SSGD(Algorithm):
 
     def exchanges(self, step: int, rank: int) -> tuple[Exchange, ...]:
         return self._allreduce_all("grad")
+
+    @property
+    def schedule_period(self) -> int:
+        return 1

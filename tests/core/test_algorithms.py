@@ -405,3 +405,39 @@ def test_inconsistent_schedule_is_detected():
 
 def test_algorithm_parameters_are_listed():
     assert "period" in algorithm_parameters("bmuf") and "variant" in algorithm_parameters("adpsgd")
+
+
+@st.composite
+def _any_algorithm(draw):
+    """Every registry algorithm with valid parameters: periods, variants, rings, nodes."""
+    name = draw(st.sampled_from(sorted(ALGORITHMS)))
+    seed = draw(st.integers(0, 3))
+    if name == "sgd":
+        return make_algorithm("sgd")
+    if name in ("adpsgd", "hadpsgd"):
+        m = draw(st.integers(1, 4)) if name == "hadpsgd" else 1
+        nodes = draw(st.sampled_from([1, 2, 4, 6, 8])) if name == "hadpsgd" else draw(st.sampled_from([2, 4, 6, 8]))
+        variants = ("fixed", "random") if name == "hadpsgd" else ("fixed", "random", "delay")
+        params = {"gpus_per_node": m} if name == "hadpsgd" else {}
+        return make_algorithm(name, n_workers=nodes * m, seed=seed, variant=draw(st.sampled_from(variants)), **params)
+    n = draw(st.integers(3, 9))  # a ring needs 3
+    if name == "dpsgd":
+        return make_algorithm(name, n_workers=n, seed=seed, topology=draw(st.sampled_from(["ring", "complete"])))
+    params = {"period": draw(st.integers(2 if name == "bmuf" else 1, 6))} if name != "ssgd" else {}  # bmuf at 1 warns
+    if name == "easgd":
+        params["variant"] = draw(st.sampled_from(["async", "sync"]))
+    return make_algorithm(name, n_workers=n, seed=seed, **params)
+
+
+@given(_any_algorithm())
+def test_a_schedule_repeats_after_its_period(algorithm):
+    """``schedule_period`` P is a promise an executor may cache on: the exchanges of step s + P
+    are those of step s, for every rank; only random matchings have none."""
+    P = algorithm.schedule_period
+    if P is None:
+        assert getattr(algorithm, "variant", None) == "random"
+        return
+    assert isinstance(P, int) and P >= 1
+    for s in range(2 * P + 3):
+        for r in range(algorithm.n_workers):
+            assert algorithm.exchanges(s + P, r) == algorithm.exchanges(s, r)

@@ -228,3 +228,64 @@ def test_a_late_member_of_a_ring_across_two_hosts_leaves_the_edges_between_them_
     ahead = [9.0] * 8
     ahead[3] = 0.0
     assert ring_allreduce_after_arrivals(ahead, edges, 1.0)[0] == pytest.approx(14.0)
+
+
+def _progressive_filling(paths, capacity, caps):
+    """max_min_rates as first written (every link's free members listed again after each
+    level): the arithmetic the faster bookkeeping must keep bit for bit."""
+    rates = [0.0] * len(paths)
+    free = dict.fromkeys(range(len(paths)))
+    users: dict[int, list[int]] = {}
+    for i, path in enumerate(paths):
+        for link in path:
+            users.setdefault(link, []).append(i)
+    room = dict.fromkeys(users, capacity)
+    level = 0.0
+    while free:
+        step = min(caps[i] for i in free) - level
+        for link, members in users.items():
+            share = room[link] / len(members)
+            if share < step:
+                step = share
+        level += max(step, 0.0)
+        done = [i for i in free if caps[i] - level <= 1e-12 * caps[i]]
+        for link, members in users.items():
+            room[link] -= step * len(members)
+            if room[link] <= 1e-12 * capacity:
+                done.extend(members)
+        for i in done:
+            if i in free:
+                del free[i]
+                rates[i] = level
+        if done:
+            users = {link: kept for link, members in users.items() if (kept := [i for i in members if i in free])}
+    return rates
+
+
+@given(
+    paths=st.lists(st.lists(st.integers(0, 11), min_size=1, max_size=4), min_size=1, max_size=24),
+    caps=st.lists(st.sampled_from([1.0, 2.5, 3.0, 7.0, 1e9]) | st.floats(0.1, 20.0), min_size=24, max_size=24),
+    capacity=st.sampled_from([1.0, 6.0, 1.125e10]) | st.floats(1.0, 10.0),
+)
+def test_max_min_rates_are_those_of_the_progressive_filling_bit_for_bit(paths, caps, capacity):
+    """The simulator's predictions depend on every bit of these rates (they set when transfers
+    end), so the bookkeeping may change but not the arithmetic."""
+    caps = caps[: len(paths)]
+    assert max_min_rates(paths, capacity, caps) == _progressive_filling(paths, capacity, caps)
+
+
+@given(
+    first=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=1, max_size=10),
+    second=st.lists(st.lists(st.integers(6, 11), min_size=1, max_size=3), min_size=1, max_size=10),
+    caps=st.lists(st.floats(0.1, 20.0), min_size=20, max_size=20),
+    capacity=st.floats(1.0, 10.0),
+)
+def test_max_min_rates_of_transfers_that_share_no_link_are_those_of_each_group(first, second, caps, capacity):
+    """Two groups that share no link do not meet: filling them together gives each group's own
+    rates up to rounding (the levels the other group adds change the last bits, no more); so a
+    simulator may fill only the group that a join or a departure touches."""
+    paths = first + second
+    caps = caps[: len(paths)]
+    together = max_min_rates(paths, capacity, caps)
+    apart = max_min_rates(first, capacity, caps[: len(first)]) + max_min_rates(second, capacity, caps[len(first) :])
+    assert together == pytest.approx(apart, rel=1e-12, abs=0)
