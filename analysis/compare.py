@@ -65,8 +65,9 @@ METRICS = ("step_time_s", "samples_per_s", "comm_fraction", "idle_fraction", "st
 
 
 def total_variation(p: Mapping[str, int], q: Mapping[str, int]) -> float:
-    """Total variation distance between two histograms given as ``{value: count}``."""
-    keys = set(p) | set(q)
+    """Total variation distance between two histograms given as ``{value: count}`` (summed in the
+    keys' sorted order, so the same histograms give the same float whatever the hash seed)."""
+    keys = sorted(set(p) | set(q))
     sp, sq = sum(p.values()), sum(q.values())
     if sp == 0 or sq == 0:
         return 0.0 if sp == sq else 1.0
