@@ -64,6 +64,7 @@ from psgdlab.runtime.failures.survive.survivors import (
 from psgdlab.runtime.launcher.elastic import Progress, restart_count
 from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.runtime.loop.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.loop.exchange.transform import TRANSFORM_ENV, transform_named
 from psgdlab.runtime.loop.scan import collect_groups
 from psgdlab.runtime.loop.server import run_server
 from psgdlab.runtime.loop.workloads import LeastSquaresWorkload, ModuleWorkload
@@ -284,6 +285,7 @@ def _train(
         seed=config.seed,
         evaluate_every=(spe or 0) if config.evaluate else 0,
         progress=progress,
+        transform=transform_named(os.environ.get(TRANSFORM_ENV, "identity") or "identity"),
     )
     survivors = None
     if config.failure_policy == "continue":  # every rank is a worker (continue has no server)

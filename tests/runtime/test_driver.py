@@ -253,12 +253,18 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
     np.testing.assert_allclose(trajectory(config)[-1], reference_for(config)[-1], rtol=0, atol=TRAJECTORY_ATOL)
 
 
-def test_every_exchange_kind_of_core_has_one_runtime_handler():
-    """The driver dispatches through one table keyed by the exchange record's class."""
+def test_every_exchange_kind_of_core_has_one_runtime_handler_in_both_protocols():
+    """The driver dispatches through one table keyed by the exchange record's class, to a method
+    both exchange protocols have."""
     from psgdlab.core.exchange import EXCHANGE_KINDS
     from psgdlab.runtime.loop.driver import EXCHANGE_HANDLERS
+    from psgdlab.runtime.loop.exchange.normal import NormalProtocol
+    from psgdlab.runtime.loop.exchange.surviving import SurvivingProtocol
 
     assert set(EXCHANGE_HANDLERS) == set(EXCHANGE_KINDS)
+    for protocol in (NormalProtocol, SurvivingProtocol):
+        assert all(callable(getattr(protocol, name)) for name in EXCHANGE_HANDLERS.values())
+        assert not protocol.__abstractmethods__
 
 
 def test_an_exchange_without_a_handler_is_refused_by_name():
@@ -269,7 +275,8 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.reference import LeastSquaresProblem
-    from psgdlab.runtime.loop.driver import DriverOptions, _Step, _Worker
+    from psgdlab.runtime.loop.driver import DriverOptions, _Worker
+    from psgdlab.runtime.loop.exchange.protocol import Step
     from psgdlab.runtime.loop.workloads import LeastSquaresWorkload
 
     class Teleport:
@@ -288,7 +295,7 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
         state=None,
         merges=0,
     )
-    step = _Step(step=0, snapshot=workload.initial_params())
-    worker._run_phase("mix", (Teleport(),), step)  # another phase: not looked up
+    step = Step(step=0, snapshot=workload.initial_params())
+    worker._phase("mix", (Teleport(),), step)  # another phase: not looked up
     with pytest.raises(ConfigError, match=r"exchange Teleport has no handler in the runtime"):
-        worker._run_phase("post", (Teleport(),), step)
+        worker._phase("post", (Teleport(),), step)
