@@ -33,7 +33,8 @@ update). It follows the shared step semantics. One step of worker ``r`` at local
 6. run ``"post"`` exchanges on the training thread: model allreduce then ``algorithm.combine``;
    the parameter-server exchange (staleness is then the server's version difference returned by
    ``server_apply``); barriers;
-7. ask the protocol whether the ranks stop here (SIGTERM: checkpointed at the step they stop at).
+7. ask the protocol whether the ranks stop here (SIGINT or SIGTERM: a stop they agree on,
+   checkpointed at the step they stop at, so ``--resume`` continues from a complete set).
 
 Where things live: the parameter server of ASGD / asynchronous EASGD is an extra process, rank
 ``n_workers`` (the last rank; :mod:`psgdlab.runtime.loop.server`, which also holds the worker's side
@@ -122,8 +123,8 @@ JITTER_ENV = "PSGDLAB_TEST_JITTER"
 #: (docs/measurements.md: overlap on CPUs)
 OVERLAP_ENV = "PSGDLAB_OVERLAP"
 
-#: the signals that stop a run (each rank checkpoints where it stops)
-STOP_SIGNALS = (signal.SIGTERM,)
+#: the signals that stop a run at a step its ranks agree on (each rank checkpoints there)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -536,9 +537,9 @@ def run_worker(
     waits go to ``flight`` (:mod:`psgdlab.runtime.failures.flight`) where given; under ``--on-failure
     continue`` it goes on over the members of ``survivors`` (:mod:`psgdlab.runtime.failures.survive.survivors`).
 
-    A :data:`STOP_SIGNALS` signal asks the rank to stop where the protocol says
-    (:meth:`~psgdlab.runtime.loop.exchange.protocol.ExchangeProtocol.agree_stop`) and checkpoint
-    there; the result says so (:attr:`RankResult.preempted`)."""
+    A :data:`STOP_SIGNALS` signal asks the rank to stop: the ranks agree on the step they stop
+    at (:meth:`~psgdlab.runtime.loop.exchange.protocol.ExchangeProtocol.agree_stop`), checkpoint
+    there and end as a finished run does; the result says so (:attr:`RankResult.preempted`)."""
     rank = channels["main"].rank
     state, merges = (None, 0)
     if resume_payload is not None:
@@ -558,7 +559,7 @@ def run_worker(
 
     def _on_stop(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        log.warning("rank %d: %s, checkpointing at the end of step %d", rank, name, worker.step + 1)
+        log.warning("rank %d: %s, stopping at a step the ranks agree on (from step %d)", rank, name, worker.step + 1)
         worker.stop_requested = True
 
     previous = {sig: signal.signal(sig, _on_stop) for sig in STOP_SIGNALS} if in_main_thread() else {}

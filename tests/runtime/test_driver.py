@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from psgdlab.core.errors import TransportError
+from psgdlab.core.errors import RunInterrupted, TransportError
 from psgdlab.core.exchange import ExchangeKind
 from psgdlab.core.trace import PHASES, read_trace
 from psgdlab.tests.runtime._runtime_helpers import (
@@ -224,9 +224,11 @@ def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():
 
 
 def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp_path):
-    """SIGTERM to ``psgdlab train`` reaches every rank; the synchronous ranks agree to stop at their
-    next check (every STOP_CHECK_EVERY steps) and checkpoint there; ``--resume`` finishes the run
-    exactly on the oracle's trajectory. Periodic checkpoints every 7 steps tell the two apart."""
+    """SIGTERM to ``psgdlab train`` (a scheduler's preemption) reaches every rank; the synchronous
+    ranks agree to stop at their next check (every STOP_CHECK_EVERY steps) and checkpoint there;
+    the error names the signal; ``--resume`` finishes the run exactly on the oracle's trajectory.
+    Periodic checkpoints every 7 steps tell the two apart. (SIGINT, and asynchronous runs:
+    test_interrupt.py.)"""
     import os
     import signal
     import threading
@@ -244,8 +246,9 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher forwards it to every rank
 
     threading.Thread(target=terminate_once_training, daemon=True).start()
-    with pytest.raises(TransportError, match=r"stopped by signal SIGTERM.*--resume"):
+    with pytest.raises(RunInterrupted, match=r"^run interrupted by SIGTERM at step \d+, .*--resume") as caught:
         _launch(config)
+    assert caught.value.exit_status == 128 + signal.SIGTERM  # what psgdlab train exits with
     stopped = latest_complete_step(tmp_path / "term", 2)
     assert stopped is not None and stopped % STOP_CHECK_EVERY == 0 and stopped % 7 != 0, stopped
     summary = _launch(config.replace(resume=True))

@@ -12,7 +12,9 @@ The step loop (:mod:`psgdlab.runtime.loop.driver`) decides *when* each exchange 
   gossip run go on without the dead (it owns what
   :class:`~psgdlab.runtime.failures.survive.survivors.Survivors` and its mailbox give it);
 - :mod:`~psgdlab.runtime.loop.exchange.transform`: what every payload goes through on its way to
-  the wire (the identity by default; a cast to float16).
+  the wire (the identity by default; a cast to float16);
+- :mod:`~psgdlab.runtime.loop.exchange.stopping`: a stop the ranks agree on without a collective
+  (SIGINT, SIGTERM of an asynchronous or surviving run).
 
 Part of the loop: it uses the transport interface and the survivors' protocol, never a launcher.
 """

@@ -91,7 +91,7 @@ EXCHANGE_HANDLERS: dict[type, str] = {
 
 
 class Preempted(TestbedError, RuntimeError):
-    """A stop (SIGTERM) the ranks could not agree on: this rank left at its own step."""
+    """A stop (SIGINT, SIGTERM) the ranks could not agree on: this rank left at its own step."""
 
 
 @dataclass(slots=True)

@@ -20,7 +20,8 @@ rebuilt over the survivors, and the groups the survivors form alone. Exchange by
 
 Payload exchanges run on a thread the rank leaves once the peer is given up
 (:meth:`SurvivingProtocol._unless_lost`): gloo cannot interrupt a transfer to a stopped process.
-A SIGTERM stops each rank at its next step (there is no collective to agree over).
+A stop (SIGINT, SIGTERM) is agreed through the mailbox (``("stop", step)``,
+:mod:`~psgdlab.runtime.loop.exchange.stopping`); a member's ``done`` stands for its announcement.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -39,16 +40,8 @@ from psgdlab.core.exchange import AllReduce, Gossip, PairwiseAverage
 from psgdlab.core.failure import STEP_CHECK_ELEMENTS, sums_node_slices
 from psgdlab.core.membership import without_peers
 from psgdlab.runtime.failures.survive.survivors import Survivors
-from psgdlab.runtime.loop.exchange.protocol import (
-    ALLREDUCE,
-    GOSSIP,
-    PAIR,
-    ExchangeProtocol,
-    Mixed,
-    Preempted,
-    Step,
-    in_full,
-)
+from psgdlab.runtime.loop.exchange.protocol import ALLREDUCE, GOSSIP, PAIR, ExchangeProtocol, Mixed, Step, in_full
+from psgdlab.runtime.loop.exchange.stopping import StopAgreement
 from psgdlab.runtime.loop.scan import shard_bounds
 from psgdlab.runtime.transports.transport import Tags
 
@@ -92,6 +85,21 @@ class SurvivingProtocol(ExchangeProtocol):
         #: in a node of several members, this rank sums its slice deltas with the node's gradient
         #: instead of allgathering them over groups made at start-up
         self.node_shares = sums_node_slices(algorithm, "continue", self.rank, self.start_step)
+        self._agreement = StopAgreement(
+            rank=self.rank,
+            start_step=self.start_step,
+            announce=lambda step: self.mailbox.broadcast(range(algorithm.n_workers), ("stop", step)),
+            members=self._living,
+            finished=self._finished,
+            flight=self.flight,
+        )
+        self.mailbox.listen_stops(self._agreement.heard)
+
+    def _living(self) -> set[int]:
+        return set(self.survivors.epoch().alive) - self.mailbox.lost
+
+    def _finished(self) -> Mapping[int, int]:
+        return {p: self.mailbox.steps.get(p, 0) for p in set(self.mailbox.done)}
 
     # --- what the loop asks ---
     def exchanges(self, step: int) -> tuple:
@@ -99,11 +107,11 @@ class SurvivingProtocol(ExchangeProtocol):
         return self.survivors.exchanges(step)
 
     def agree_stop(self, step: int, requested: bool) -> bool:
-        return requested
+        return self._agreement.after(step, requested)
 
     def finish(self, stopped_at: int | None) -> None:
-        if stopped_at is not None:  # partners may be waiting for this rank: leave at once
-            raise Preempted(f"stopped by SIGTERM at step {stopped_at}")
+        if stopped_at is None:
+            self._agreement.end(self.steps - 1)  # its done, below, stands for its announcement
         self.survivors.finish_steps()
         self._wait_responder()
 
