@@ -3,7 +3,8 @@
 Every error a user can trigger with bad input derives from :class:`TestbedError` and from the
 builtin it resembles, so callers who only know ``ValueError`` still catch it. The CLI maps
 ``ValueError``-like errors (bad input) to exit status 2 and ``RuntimeError``-like ones (a run
-that failed) to exit status 1.
+that failed) to exit status 1; a run a signal stopped (:class:`RunInterrupted`) exits with the
+shell's status for the signal, ``128 + signal`` (130 for SIGINT).
 
 Message format (one line): what was checked, the name and value, the rule broken, then a hint,
 for example ``"workers (7) must be even for matching-based schemes; use ring or torus for odd
@@ -19,6 +20,7 @@ __all__ = [
     "TopologyError",
     "SimulationError",
     "TransportError",
+    "RunInterrupted",
     "TestbedWarning",
     "require",
 ]
@@ -48,6 +50,23 @@ class SimulationError(TestbedError, RuntimeError):
 
 class TransportError(TestbedError, RuntimeError):
     """A real distributed run failed (a rank died, a peer timed out, a backend is missing)."""
+
+
+class RunInterrupted(TestbedError, RuntimeError):
+    """A run stopped by a signal (SIGINT: Ctrl-C; SIGTERM) at a step its ranks agreed on.
+
+    >>> RunInterrupted("run interrupted", signal_number=2).exit_status
+    130
+    """
+
+    def __init__(self, message: str, *, signal_number: int) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status of a process a signal ended: ``128 + signal``."""
+        return 128 + self.signal_number
 
 
 class TestbedWarning(UserWarning):

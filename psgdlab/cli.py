@@ -63,10 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    from psgdlab.core.errors import TestbedError
+    from psgdlab.core.errors import RunInterrupted, TestbedError
 
     try:
         return int(args.func(args) or 0)
+    except RunInterrupted as exc:  # a stop the ranks agreed on: the shell's status for the signal
+        print(f"psgdlab: {_one_line(exc)}", file=sys.stderr)
+        return exc.exit_status
     except (TestbedError, ValueError, FileNotFoundError) as exc:
         # ValueError-like errors are bad input (exit 2); RuntimeError-like are failed runs (exit 1)
         status = 2 if isinstance(exc, (ValueError, FileNotFoundError)) else 1

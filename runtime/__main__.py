@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
             )
+    except KeyboardInterrupt:  # SIGINT before the loop's own handler (set-up) or after it (the end)
+        print(f"psgdlab: rank {env.rank}: interrupted outside the training loop", file=sys.stderr)
+        return 130
     except (TestbedError, ValueError, OSError, RuntimeError) as exc:  # OSError: a full disk, say
         status = 2 if isinstance(exc, (ValueError, FileNotFoundError)) else 1
         message = " ".join(str(exc).split())

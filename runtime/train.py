@@ -64,6 +64,8 @@ from psgdlab.runtime.failures.survive.survivors import (
 from psgdlab.runtime.launcher.elastic import Progress, restart_count
 from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.runtime.loop.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.loop.exchange.stopping import FileBoard
+from psgdlab.runtime.loop.exchange.transform import TRANSFORM_ENV, transform_named
 from psgdlab.runtime.loop.scan import collect_groups
 from psgdlab.runtime.loop.server import run_server
 from psgdlab.runtime.loop.workloads import LeastSquaresWorkload, ModuleWorkload
@@ -247,6 +249,8 @@ def _train(
             start_step, resume_payload = _agree_on_checkpoint(main, out, workers=config.workers, run_id=run_id)  # type: ignore[arg-type]
             if config.resume and start_step == 0 and resume_payload is None:
                 raise ConfigError(f"run directory {out} has no readable complete checkpoint to resume from")
+        if rank == 0 and out is not None:  # every rank waits at the broadcast below
+            FileBoard.clear(out)  # the stop announcements of an earlier run in the directory
         # the run's start and, for a new run, its id (52 random bits: exact in a float64)
         stamp = torch.tensor([time.time(), float(secrets.randbits(52))], dtype=torch.float64, device=main.device)
         main.broadcast(stamp, 0, everyone)
@@ -284,6 +288,7 @@ def _train(
         seed=config.seed,
         evaluate_every=(spe or 0) if config.evaluate else 0,
         progress=progress,
+        transform=transform_named(os.environ.get(TRANSFORM_ENV, "identity") or "identity"),
     )
     survivors = None
     if config.failure_policy == "continue":  # every rank is a worker (continue has no server)
@@ -345,6 +350,8 @@ def _train(
     with flight.wait("gather", what="model snapshots", step=steps, peers=everyone):
         snapshots = _mean_snapshots(main, snapshots, rank=rank, workers=config.workers)
         main.barrier()
+    if rank == 0 and out is not None:  # every rank is past its last step
+        FileBoard.clear(out)
     if config.backend != "mpi":
         import torch.distributed as dist
 

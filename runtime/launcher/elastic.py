@@ -5,8 +5,9 @@ Three processes' worth of code, each small:
 
 - the **launcher** (:func:`launch_elastic`, called by :func:`psgdlab.runtime.launcher.launch.launch`)
   starts one agent process (``python -m psgdlab.runtime.launcher.elastic``) in its own session, forwards
-  SIGINT/SIGTERM to it (the agent stops every rank with SIGTERM: they checkpoint at their next
-  step boundary, as without restarts), enforces the time limit, kills what is left if the agent
+  SIGINT/SIGTERM to it (the agent stops every rank with SIGTERM: they stop at a step they agree
+  on and checkpoint there, as without restarts; the run then raises
+  :class:`~psgdlab.core.errors.RunInterrupted`), enforces the time limit, kills what is left if the agent
   itself dies, removes the shared-memory segments of every rank it ever started, and adds
   ``restarts`` to ``summary.json``;
 - the **agent** (:func:`agent_main`): torchrun's :class:`~torch.distributed.elastic.agent.server.
@@ -55,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.errors import ConfigError, RunInterrupted, TransportError
 from psgdlab.core.rundir import SUMMARY_FILE
-from psgdlab.runtime.launcher.ranks import describe_exit
+from psgdlab.runtime.launcher.ranks import describe_exit, describe_interruption
 
 __all__ = [
     "launch_elastic",
@@ -379,9 +380,8 @@ def launch_elastic(
     if timed_out:
         raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
     if forwarded["sig"] is not None:
-        raise TransportError(
-            f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
-            f"{ckpt.checkpoint_root(out)} (continue with --resume {out})"
+        raise RunInterrupted(
+            describe_interruption(forwarded["sig"], out, config.workers, ran=True), signal_number=forwarded["sig"]
         )
     if agent.returncode != 0:
         message = _failure_message(ranks_dir, config.max_restarts, agent.returncode, len(records))

@@ -17,8 +17,11 @@ that exits with an error, disappears without its ``done`` file, or stays stopped
 the deadline (``--timeout``) stops the run (:mod:`psgdlab.runtime.failures.stop`: the survivors write
 their flight records, the others are terminated, :class:`TransportError` names the failed rank
 and the step, ``OUT/failure.json`` records it). SIGTERM/SIGINT to the launcher is forwarded to
-every rank, which checkpoints at its next step boundary; ranks still running
-:data:`STOP_GRACE_S` later are killed.
+every rank (as SIGTERM), and the ranks stop at a step they agree on and checkpoint there
+(:mod:`psgdlab.runtime.loop.exchange.stopping`); ranks still running :data:`STOP_GRACE_S` later
+are killed. The run then raises :class:`~psgdlab.core.errors.RunInterrupted`, which names the
+signal and the step ``--resume`` continues from (``psgdlab train`` exits with 130 for SIGINT,
+143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.core.errors import ConfigError, RunInterrupted, TransportError, require
 from psgdlab.core.placement import equal_blocks
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.core.trace import atomic_write_json
@@ -55,6 +58,7 @@ from psgdlab.runtime.launcher.ranks import (
     RANKS_DIR,
     STOP_GRACE_S,
     describe_exit,
+    describe_interruption,
     free_port,
     oom_kills,
     rank_environment,
@@ -264,14 +268,10 @@ def launch(
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
-    if forwarded["sig"] is not None and not procs:
-        raise TransportError(
-            f"run stopped by signal {signal.Signals(forwarded['sig']).name} during set-up; no rank ran"
-        )
     if forwarded["sig"] is not None:
-        raise TransportError(
-            f"run stopped by signal {signal.Signals(forwarded['sig']).name}; checkpoints are in "
-            f"{out / 'checkpoints'} (continue with --resume {out})"
+        raise RunInterrupted(
+            describe_interruption(forwarded["sig"], out, config.workers, ran=bool(procs)),
+            signal_number=forwarded["sig"],
         )
     summary_path = out / SUMMARY_FILE
     if not summary_path.is_file():

@@ -4,6 +4,7 @@ periods of stopping them, and how their exits are said."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.placement import local_ranks
+from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.transports.env import STORE_FD_ENV
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "RANKS_DIR",
     "STOP_GRACE_S",
     "describe_exit",
+    "describe_interruption",
     "oom_kills",
     "free_port",
     "rank_environment",
@@ -162,6 +165,25 @@ def describe_exit(code: int, oom_kills_before: int | None = None) -> str:
                 )
         return text
     return f"exited with status {code}"
+
+
+def describe_interruption(sig: int, out: Path, workers: int, *, ran: bool) -> str:
+    """What a run that signal ``sig`` stopped says: by whom, and the step ``--resume`` continues
+    from in ``out`` (the newest step every one of ``workers`` checkpointed: the step the ranks
+    agreed to stop at); ``ran``: whether any rank had started."""
+    by = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else signal.Signals(sig).name
+    if not ran:
+        return f"run interrupted by {by} during set-up; no rank ran"
+    from psgdlab.runtime.loop.checkpoint import latest_complete_step  # imports torch
+
+    step = latest_complete_step(out, workers)
+    if step is None:
+        return f"run interrupted by {by} before its first complete checkpoint; there is nothing to resume"
+    summary = out / SUMMARY_FILE
+    planned = json.loads(summary.read_text()).get("steps_per_worker") if summary.is_file() else None
+    if step == planned:
+        return f"run interrupted by {by} after its last step {step}: it finished ({summary})"
+    return f"run interrupted by {by} at step {step}, which every rank checkpointed; continue with --resume {out}"
 
 
 def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:

@@ -1,7 +1,10 @@
 """The training loop of one rank: the driver and the parameter server over a transport, the
 workloads they train, and per-rank checkpoints.
 
-- :mod:`~psgdlab.runtime.loop.driver`: the step loop (any algorithm of the core registry);
+- :mod:`~psgdlab.runtime.loop.driver`: the step loop (any algorithm of the core registry): when
+  each exchange runs;
+- :mod:`~psgdlab.runtime.loop.exchange`: how -- the exchange protocols (normal, surviving), the
+  message transform every payload goes through, the stop the ranks agree on;
 - :mod:`~psgdlab.runtime.loop.server`: the parameter server of ASGD and asynchronous EASGD;
 - :mod:`~psgdlab.runtime.loop.scan`: what a rank reads from the schedule before it starts;
 - :mod:`~psgdlab.runtime.loop.workloads`, :mod:`~psgdlab.runtime.loop.flat`,

@@ -16,7 +16,9 @@ rank can wait for a collective another rank will not start.
 
 The result is the elementwise sum of the flat gradients over the group, the same numbers an
 allreduce of the whole buffer after the backward pass gives (each element is reduced once, by
-one collective over the same ranks).
+one collective over the same ranks). Each bucket goes through the run's message transform
+(:mod:`psgdlab.runtime.loop.exchange.transform`): its message is summed, then decoded into the
+bucket (with the identity the bucket itself is summed in place).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from psgdlab.core.errors import require
+from psgdlab.runtime.loop.exchange.transform import Identity, MessageTransform, Wire
 from psgdlab.runtime.transports.transport import Transport
 
 __all__ = ["OverlappedAllreduce", "FIRST_BUCKET_BYTES", "BUCKET_BYTES"]
@@ -53,6 +56,8 @@ class OverlappedAllreduce:
         The flat gradient buffer.
     first_bucket_bytes, bucket_bytes : int
         Bucket caps (a parameter larger than the cap gets a bucket of its own).
+    transform : MessageTransform, optional
+        What each bucket goes through on the wire (default: the identity); it must be additive.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class OverlappedAllreduce:
         *,
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
         bucket_bytes: int = BUCKET_BYTES,
+        transform: MessageTransform | None = None,
     ) -> None:
         require(
             first_bucket_bytes >= 1 and bucket_bytes >= 1,
@@ -72,6 +78,8 @@ class OverlappedAllreduce:
             "must be >= 1",
         )
         self.transport = transport
+        self.transform = transform if transform is not None else Identity()
+        Wire(self.transform).require_additive("the overlapped gradient allreduce")
         self.group = tuple(group)
         self.flat_grad = flat_grad
         base, item = flat_grad.data_ptr(), flat_grad.element_size()
@@ -95,6 +103,7 @@ class OverlappedAllreduce:
         self._sizes = [len(b) for b in buckets]
         self._bucket_of = {id(s[2]): i for i, b in enumerate(buckets) for s in b}
         self._handles: list[Any] = []
+        self._messages: list[torch.Tensor] = []
         self._pending: list[int] = []
         self._armed = False
         self.first_start_s: float | None = None
@@ -108,6 +117,7 @@ class OverlappedAllreduce:
         """Get ready for one backward pass (the gradient buffer must have been zeroed)."""
         self._pending = list(self._sizes)
         self._handles = []
+        self._messages = []
         self.first_start_s = None
         self._armed = True
 
@@ -122,7 +132,9 @@ class OverlappedAllreduce:
     def _start(self, b: int) -> None:
         if self.first_start_s is None:
             self.first_start_s = time.time()
-        self._handles.append(self.transport.allreduce_sum_async(self._views[b], self.group))
+        message = self.transform.encode(self._views[b])
+        self._messages.append(message)
+        self._handles.append(self.transport.allreduce_sum_async(message, self.group))
 
     def finish(self) -> torch.Tensor:
         """Start the buckets not started yet (in order), wait for all; returns the summed buffer."""
@@ -133,6 +145,9 @@ class OverlappedAllreduce:
             self._start(len(self._handles))
         for h in self._handles:
             h.wait()
+        for view, message in zip(self._views, self._messages):
+            if message is not view:  # the identity summed the bucket itself
+                view.copy_(self.transform.decode(message, view))
         return self.flat_grad
 
     def remove(self) -> None:

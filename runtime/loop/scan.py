@@ -7,7 +7,14 @@ from __future__ import annotations
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.exchange import AllReduce, Barrier, PairwiseAverage, ServerExchange
 
-__all__ = ["collect_groups", "overlap_group", "count_passive", "count_server_requests", "shard_bounds"]
+__all__ = [
+    "collect_groups",
+    "overlap_group",
+    "count_passive",
+    "first_passive",
+    "count_server_requests",
+    "shard_bounds",
+]
 
 
 def collect_groups(algorithm: Algorithm, steps: int, scan: int = 512) -> list[tuple[int, ...]]:
@@ -46,6 +53,16 @@ def count_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> tu
                 n += 1
                 example = example or ex
     return n, example
+
+
+def first_passive(algorithm: Algorithm, rank: int, start: int, steps: int) -> PairwiseAverage | None:
+    """The first passive pairwise entry of ``rank`` in ``[start, steps)`` (None: it answers no
+    request), found without scanning further."""
+    for s in range(start, steps):
+        for ex in algorithm.exchanges(s, rank):
+            if isinstance(ex, PairwiseAverage) and not ex.active:
+                return ex
+    return None
 
 
 def count_server_requests(algorithm: Algorithm, start: int, steps: int) -> int:

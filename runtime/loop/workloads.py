@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from psgdlab.core.reference import LeastSquaresProblem
+from psgdlab.runtime.loop.exchange.transform import MessageTransform
 from psgdlab.runtime.loop.overlap import OverlappedAllreduce
 from psgdlab.runtime.transports.transport import Transport
 
@@ -130,8 +131,11 @@ class ModuleWorkload:
     def initial_params(self) -> torch.Tensor:
         return self._init.clone()
 
-    def overlap_allreduce(self, transport: Transport, group: Sequence[int]) -> OverlappedAllreduce:
-        """Sum the gradient over ``group`` during every later backward pass (DDP's buckets).
+    def overlap_allreduce(
+        self, transport: Transport, group: Sequence[int], *, transform: MessageTransform | None = None
+    ) -> OverlappedAllreduce:
+        """Sum the gradient over ``group`` during every later backward pass (DDP's buckets), each
+        bucket through ``transform`` (default: the identity).
 
         From then on :meth:`gradient` returns the flat gradient buffer itself while buckets may
         still be in flight: the caller reads it only after ``finish()`` of the returned
@@ -139,7 +143,7 @@ class ModuleWorkload:
         """
         if self._reducer is not None:
             self._reducer.remove()
-        self._reducer = OverlappedAllreduce(transport, group, self._params, self.flat_grad)
+        self._reducer = OverlappedAllreduce(transport, group, self._params, self.flat_grad, transform=transform)
         return self._reducer
 
     def end_overlap(self) -> None:

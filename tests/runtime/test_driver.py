@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from psgdlab.core.errors import TransportError
+from psgdlab.core.errors import RunInterrupted, TransportError
 from psgdlab.core.exchange import ExchangeKind
 from psgdlab.core.trace import PHASES, read_trace
 from psgdlab.tests.runtime._runtime_helpers import (
@@ -224,9 +224,11 @@ def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():
 
 
 def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp_path):
-    """SIGTERM to ``psgdlab train`` reaches every rank; the synchronous ranks agree to stop at their
-    next check (every STOP_CHECK_EVERY steps) and checkpoint there; ``--resume`` finishes the run
-    exactly on the oracle's trajectory. Periodic checkpoints every 7 steps tell the two apart."""
+    """SIGTERM to ``psgdlab train`` (a scheduler's preemption) reaches every rank; the synchronous
+    ranks agree to stop at their next check (every STOP_CHECK_EVERY steps) and checkpoint there;
+    the error names the signal; ``--resume`` finishes the run exactly on the oracle's trajectory.
+    Periodic checkpoints every 7 steps tell the two apart. (SIGINT, and asynchronous runs:
+    test_interrupt.py.)"""
     import os
     import signal
     import threading
@@ -244,8 +246,9 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher forwards it to every rank
 
     threading.Thread(target=terminate_once_training, daemon=True).start()
-    with pytest.raises(TransportError, match=r"stopped by signal SIGTERM.*--resume"):
+    with pytest.raises(RunInterrupted, match=r"^run interrupted by SIGTERM at step \d+, .*--resume") as caught:
         _launch(config)
+    assert caught.value.exit_status == 128 + signal.SIGTERM  # what psgdlab train exits with
     stopped = latest_complete_step(tmp_path / "term", 2)
     assert stopped is not None and stopped % STOP_CHECK_EVERY == 0 and stopped % 7 != 0, stopped
     summary = _launch(config.replace(resume=True))
@@ -253,12 +256,18 @@ def test_sigterm_checkpoints_and_resume_finishes_on_the_reference_trajectory(tmp
     np.testing.assert_allclose(trajectory(config)[-1], reference_for(config)[-1], rtol=0, atol=TRAJECTORY_ATOL)
 
 
-def test_every_exchange_kind_of_core_has_one_runtime_handler():
-    """The driver dispatches through one table keyed by the exchange record's class."""
+def test_every_exchange_kind_of_core_has_one_runtime_handler_in_both_protocols():
+    """The driver dispatches through one table keyed by the exchange record's class, to a method
+    both exchange protocols have."""
     from psgdlab.core.exchange import EXCHANGE_KINDS
     from psgdlab.runtime.loop.driver import EXCHANGE_HANDLERS
+    from psgdlab.runtime.loop.exchange.normal import NormalProtocol
+    from psgdlab.runtime.loop.exchange.surviving import SurvivingProtocol
 
     assert set(EXCHANGE_HANDLERS) == set(EXCHANGE_KINDS)
+    for protocol in (NormalProtocol, SurvivingProtocol):
+        assert all(callable(getattr(protocol, name)) for name in EXCHANGE_HANDLERS.values())
+        assert not protocol.__abstractmethods__
 
 
 def test_an_exchange_without_a_handler_is_refused_by_name():
@@ -269,7 +278,8 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.reference import LeastSquaresProblem
-    from psgdlab.runtime.loop.driver import DriverOptions, _Step, _Worker
+    from psgdlab.runtime.loop.driver import DriverOptions, _Worker
+    from psgdlab.runtime.loop.exchange.protocol import Step
     from psgdlab.runtime.loop.workloads import LeastSquaresWorkload
 
     class Teleport:
@@ -288,7 +298,7 @@ def test_an_exchange_without_a_handler_is_refused_by_name():
         state=None,
         merges=0,
     )
-    step = _Step(step=0, snapshot=workload.initial_params())
-    worker._run_phase("mix", (Teleport(),), step)  # another phase: not looked up
+    step = Step(step=0, snapshot=workload.initial_params())
+    worker._phase("mix", (Teleport(),), step)  # another phase: not looked up
     with pytest.raises(ConfigError, match=r"exchange Teleport has no handler in the runtime"):
-        worker._run_phase("post", (Teleport(),), step)
+        worker._phase("post", (Teleport(),), step)

@@ -255,4 +255,4 @@ def test_the_driver_warns_and_trains_on_when_a_checkpoint_cannot_be_written(tmp_
         merges=0,
     )
     with pytest.warns(TestbedWarning, match=r"checkpoint of step 2 could not be written .* training goes on"):
-        worker._save(2, worker.state, worker.merges)
+        worker._save(2, *worker.replica.read())

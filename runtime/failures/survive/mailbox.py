@@ -3,7 +3,8 @@
 The backends cannot carry them. gloo gives up on a receive from *any* source by closing every
 pair it waited on, so a responder cannot wait for a request with a timeout and go on, nor tell a
 dead requester from a slow one; MPI aborts the job. So under ``continue`` the small messages of
-the pairwise protocol -- a request, its reply, a rank's *done* -- and a heartbeat go through
+the pairwise protocol -- a request, its reply, a rank's *done* --, a rank's announcement of a
+stop (``("stop", step)``: :mod:`psgdlab.runtime.loop.exchange.stopping`) and a heartbeat go through
 :mod:`multiprocessing.connection` (the standard library's authenticated, framed TCP connections),
 and only the payloads through the transport.
 
@@ -15,8 +16,8 @@ are alive (:func:`Mailbox.open`), then each connects to every other (one outgoin
 peer for what it sends, one incoming for what it receives). One *dispatcher* thread reads every
 incoming connection (:func:`multiprocessing.connection.wait`, which a timeout does not disturb)
 and files each message: requests in one queue for the responder, replies in one queue per peer
-for the active side, *done* in a set. A heartbeat thread sends a beat to every peer several times
-per deadline.
+for the active side, *done* in a set, a stop to the listener of stops (:meth:`Mailbox.listen_stops`).
+A heartbeat thread sends a beat to every peer several times per deadline.
 
 A peer is *lost*, and ``on_lost(peer, reason, silent_s)`` called (once per peer, on a thread of
 its own, so that writing the membership -- a file and its fsync, slow on a busy disk -- never
@@ -95,6 +96,10 @@ class Mailbox:
         self.requests: queue.SimpleQueue[tuple[int, tuple] | None] = queue.SimpleQueue()
         self.replies: dict[int, queue.SimpleQueue[tuple]] = {p: queue.SimpleQueue() for p in range(n)}
         self.done: set[int] = set()
+        #: each peer's announced stop step (``("stop", step)``), in the order they came
+        self.stops: dict[int, int] = {}
+        self._on_stop: Callable[[int, int], None] | None = None
+        self._stops_lock = threading.Lock()
         self.lost: set[int] = set()
         self.heard: dict[int, float] = {}
         #: the last local step each peer said it was at (every message carries its sender's step)
@@ -190,6 +195,15 @@ class Mailbox:
             if peer != self.rank:
                 self.send(peer, message)
 
+    def listen_stops(self, on_stop: Callable[[int, int], None]) -> None:
+        """Call ``on_stop(peer, step)`` for every stop a peer announces (on the dispatcher thread),
+        those that came before first."""
+        with self._stops_lock:
+            self._on_stop = on_stop
+            earlier = list(self.stops.items())
+        for peer, step in earlier:
+            on_stop(peer, step)
+
     def finish(self) -> None:
         """The run's end is announced (its summary is written): connections that end from now
         on are ranks leaving, not dying."""
@@ -265,6 +279,12 @@ class Mailbox:
         elif kind == "done":
             self.done.add(peer)
             self.requests.put(None)
+        elif kind == "stop":
+            with self._stops_lock:
+                self.stops[peer] = int(message[1])
+                on_stop = self._on_stop
+            if on_stop is not None:
+                on_stop(peer, int(message[1]))
 
     def _beat(self) -> None:
         period = self.deadline_s / BEATS_PER_DEADLINE
