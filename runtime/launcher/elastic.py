@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.files import append_text, atomic_write_bytes, atomic_write_text
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.launcher.ranks import describe_exit
 
@@ -97,8 +98,8 @@ class Progress:
 
     def __init__(self, ranks_dir: str | Path, *, rank: int, attempt: int, start_step: int) -> None:
         path = Path(ranks_dir) / f"progress.a{attempt}.rank{rank}"
-        path.write_bytes(np.array([start_step, start_step, 0.0], dtype=np.float64).tobytes())
-        with open(path, "r+b") as fh:
+        atomic_write_bytes(path, np.array([start_step, start_step, 0.0], dtype=np.float64).tobytes())
+        with open(path, "r+b") as fh:  # the file just renamed into this run's own directory
             self._map = mmap.mmap(fh.fileno(), 24)
         self._values = np.frombuffer(self._map, dtype=np.float64)
         self._first = True
@@ -170,8 +171,8 @@ def _make_agent_class() -> type:
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
             pids = super()._start_workers(worker_group)
-            with open(self.ranks_dir / PIDS_FILE, "a") as fh:  # with start times: pids are reused
-                fh.write("".join(f"{pid} {start_time(pid) or 0}\n" for pid in pids.values()))
+            # with start times: pids are reused
+            append_text(self.ranks_dir / PIDS_FILE, "".join(f"{pid} {start_time(pid) or 0}\n" for pid in pids.values()))
             return pids
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -202,8 +203,7 @@ def _make_agent_class() -> type:
                 "restarted": restarted,
                 "others": sorted(int(r) for r in result.failures if r != rank),
             }
-            with open(self.ranks_dir / RESTARTS_FILE, "a") as fh:
-                fh.write(json.dumps(line) + "\n")
+            append_text(self.ranks_dir / RESTARTS_FILE, json.dumps(line) + "\n")
             if restarted:
                 n = spec.max_restarts - self._remaining_restarts + 1
                 print(
@@ -235,7 +235,7 @@ def agent_main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     ranks_dir = Path(os.environ["PSGDLAB_RANKS_DIR"])
-    (ranks_dir / AGENT_START_FILE).write_text(repr(time.time()))
+    atomic_write_text(ranks_dir / AGENT_START_FILE, repr(time.time()))
     rdzv = rdzv_registry.get_rendezvous_handler(
         RendezvousParameters(
             backend="c10d",

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError, TransportError, require
+from psgdlab.core.files import atomic_write_json, atomic_write_text
 from psgdlab.core.rundir import SUMMARY_FILE
-from psgdlab.core.trace import atomic_write_json
 from psgdlab.models.recipes import LSQ_MODEL
 from psgdlab.runtime.config import TrainConfig, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import FLIGHT_DIR, flight_path
@@ -305,7 +305,7 @@ def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, workers: int) -> list[
     launcher hook."""
     per_host = workers // hosts.hosts
     host_file = ranks_dir / "hosts.txt"
-    host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
+    atomic_write_text(host_file, "".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
     hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")
     return ["-iface", BRIDGE, "-f", str(host_file), "-launcher", "ssh", "-launcher-exec", str(hook)]
 

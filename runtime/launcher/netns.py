@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.trace import atomic_write_text
+from psgdlab.core.files import atomic_write_text
 from psgdlab.runtime.config import MAX_HOSTS
 from psgdlab.runtime.transports.env import HOST_ENV
 from psgdlab.runtime.transports.shm.shm_sys import remove_segments, start_time
@@ -434,7 +434,7 @@ shift
 export {HOST_ENV}="$ns"
 exec ip netns exec "$ns" sh -c "$*"
 """
-        path.write_text(script)
+        atomic_write_text(path, script)
         path.chmod(0o755)
         return path
 
