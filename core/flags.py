@@ -96,6 +96,11 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--force": dict(
+        action="store_true",
+        help="replace the run the output directory holds (everything in it is removed first); without it a "
+        "directory holding another run is refused",
+    ),
     "--target": dict(
         metavar="wer=PCT|loss=VALUE",
         help="the held-out metric to reach: each row adds its time to target (default: the workload's "

@@ -1,6 +1,8 @@
 """Writing predictions: run directories and the stdout table.
 
-Layout written by :func:`write_prediction` (every file atomic)::
+Layout written by :func:`write_prediction` (every file atomic; each ``runs/ALG-wN`` committed,
+``summary.json`` written after the rest, the directory committed by the caller:
+:func:`psgdlab.core.rundir.commit_run`)::
 
     OUT/
       config.resolved.json    platform, workload and request, fully resolved
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.rundir import SUMMARY_FILE, RunDir, Summary, environment, write_summary
+from psgdlab.core.rundir import SUMMARY_FILE, RunDir, Summary, commit_run, environment, write_summary
 from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
@@ -89,19 +91,20 @@ def write_prediction(
         **row_flags(rows),
         "rows": rows,
     }
-    run.write_json(SUMMARY_FILE, summary)
     if per_run:
         for p in predictions:
             sub = RunDir(run.path / "runs" / f"{p.row['algorithm']}-w{p.row['workers']}")
             sub.write_json("config.resolved.json", {**cfg, "algorithm": p.row["params"], "workers": p.row["workers"]})
             sub.write_json("env.json", {**env, "world_size": p.row["workers"]})
             write_trace(sub / "trace.npz", p.result.trace, p.result.meta)
-            write_summary(sub, _case_summary(p))
             to_chrome_trace(p.result.trace, sub / "timeline.json", meta=p.result.meta, max_events=TIMELINE_EVENTS)
+            write_summary(sub, _case_summary(p))
+            commit_run(sub.path, command="predict")
     if len(predictions) == 1:
         p = predictions[0]
         write_trace(run / "trace.npz", p.result.trace, p.result.meta)
         to_chrome_trace(p.result.trace, run / "timeline.json", meta=p.result.meta, max_events=50_000)
+    run.write_json(SUMMARY_FILE, summary)  # after the rest; the caller commits the whole directory
     return run
 
 

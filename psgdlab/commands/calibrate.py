@@ -69,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", metavar="PLATFORM.toml", help="the TOML file to write (atomically); needs a RUN_DIR")
     p.add_argument("--probe", action="store_true", help="probe the transport first (about 10-20 s with the defaults)")
+    add_flags(p, "--force", helps={"--force": "here of --probe-out"})
     p.add_argument(
         "--probe-out",
         metavar="DIR",
@@ -305,7 +306,7 @@ def _run_probe(args: argparse.Namespace) -> str:
     """Run the probe of ``args`` (a progress bar on stderr); its run directory."""
     from tqdm import tqdm
 
-    from psgdlab.core.rundir import default_run_dir
+    from psgdlab.core.rundir import default_run_dir, open_run_dir
     from psgdlab.runtime.launcher.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
 
     cfg = ProbeConfig(
@@ -323,7 +324,8 @@ def _run_probe(args: argparse.Namespace) -> str:
         bar.update(max(done - bar.n, 0))
 
     try:
-        return str(probe(cfg, progress=progress))
+        with open_run_dir(cfg.out, command="calibrate --probe", force=args.force, what="--probe-out"):
+            return str(probe(cfg, progress=progress))  # rank 0 commits it
     finally:
         bar.close()
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
+    from psgdlab.core.rundir import RunDir, RunLock
     from psgdlab.sim.failures import FailureRequest
     from psgdlab.sim.workload import SimConfig
 
@@ -89,6 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--straggler",
         "--seed",
         "--out",
+        "--force",
         "--json",
         "--jobs",
         "--target",
@@ -132,14 +134,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import default_run_dir
-    from psgdlab.sim.predict import predict_sweep, sweep_jobs
-    from psgdlab.sim.report import format_table, row_flags, write_prediction
+    from psgdlab.core.rundir import default_run_dir, open_run_dir
+    from psgdlab.sim.report import format_table, row_flags
     from psgdlab.sim.workload import load_config
 
     t_start = time.perf_counter()
@@ -166,6 +164,49 @@ def run(args: argparse.Namespace) -> int:
         )
     failures = _failure_request(args)
     convergence, target = resolve_convergence(config, args.convergence, args.target)
+    with open_run_dir(args.out or default_run_dir("predict"), command="predict", force=args.force) as held:
+        run_dir, rows = _predict_into(held, args, config, algorithms, workers, failures, convergence, target)
+        held.commit()
+    wall = time.perf_counter() - t_start
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(run_dir.path),
+                    "platform": config.platform.name,
+                    "workload": config.workload.name,
+                    "wall_s": wall,
+                    **row_flags(rows),
+                    "rows": rows,
+                },
+                default=float,
+            )
+        )
+    else:
+        print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
+    return 0
+
+
+def _predict_into(
+    held: RunLock,
+    args: argparse.Namespace,
+    config: SimConfig,
+    algorithms: tuple[str, ...],
+    workers: tuple[int, ...],
+    failures: FailureRequest | None,
+    convergence: ConvergenceProfile | None,
+    target: Target | None,
+) -> tuple[RunDir, list[dict[str, Any]]]:
+    """Simulate every (algorithm, workers) of the request and write the run directory ``held``
+    holds (:func:`psgdlab.sim.report.write_prediction` and the figures; not committed); the run
+    directory and the rows."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from psgdlab.analysis.figures import write_prediction_figures
+    from psgdlab.sim.predict import predict_sweep, sweep_jobs
+    from psgdlab.sim.report import write_prediction
+
     request = {
         "algorithms": list(algorithms),
         "workers": list(workers),
@@ -185,7 +226,6 @@ def run(args: argparse.Namespace) -> int:
         "target": str(target or convergence.own_target()) if convergence is not None else None,
         "convergence": args.convergence,
     }
-
     bar = None
     n_configs = len(algorithms) * len(workers)
     if n_configs > 1:
@@ -221,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    out = args.out or default_run_dir("predict")
+    out = held.path
     rows = [p.row for p in predictions]
     title = f"{config.platform.name}: {config.workload.name}"
     if sweep_jobs(args.jobs) > 1:  # the figures are drawn beside the writing
@@ -232,24 +272,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         run_dir = write_prediction(out, config, predictions, request)
         write_prediction_figures(run_dir.path, rows, title=title)
-    wall = time.perf_counter() - t_start
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "run_dir": str(run_dir.path),
-                    "platform": config.platform.name,
-                    "workload": config.workload.name,
-                    "wall_s": wall,
-                    **row_flags(rows),
-                    "rows": rows,
-                },
-                default=float,
-            )
-        )
-    else:
-        print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
-    return 0
+    return run_dir, rows
 
 
 def resolve_convergence(

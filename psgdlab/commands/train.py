@@ -42,11 +42,16 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.runtime.launcher.launch import launch
 
     config = TrainConfig.from_args(args)
-    summary = launch(config)
-    _draw_loss(config, summary)
+    # held for the run's life: the launcher writes launch.json, its ranks everything else; rank 0
+    # commits the run, and the commit is written again once loss.png is drawn
+    with open_run_dir(config.out, command="train", force=args.force, resume=config.resume) as held:
+        summary = launch(config)
+        _draw_loss(config, summary)
+        held.commit()
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0

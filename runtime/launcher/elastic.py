@@ -284,7 +284,7 @@ def launch_elastic(
     """Run ``config`` (``on_failure == "restart"``) under the agent; rank 0's summary with
     ``restarts`` added. A fresh run (not ``resume``) first removes the checkpoints an earlier run
     left in its directory: a restart must never resume from them."""
-    from psgdlab.core.rundir import read_summary, write_summary
+    from psgdlab.core.rundir import commit_run, read_summary, write_summary
     from psgdlab.core.trace import atomic_write_json
     from psgdlab.runtime.config import world_size_of
     from psgdlab.runtime.launcher.ranks import (
@@ -395,6 +395,7 @@ def launch_elastic(
     summary = read_summary(out)
     summary.figures["restarts"] = records
     write_summary(out, summary)
+    commit_run(out, command="train")  # again, over the summary with its restarts
     return json.loads(summary_path.read_text())
 
 

@@ -19,6 +19,7 @@ recorded and marked. Rank 0 gathers the records and writes the run directory::
     OUT/probe.json     the probe's configuration
     OUT/probe.npz      one row per (kind, group, size, repetition, rank): wall_s, cpu_s, warm-up flag
     OUT/env.json       versions, host, cpu_count, world size, the transport's allreduce schedule
+    OUT/complete.json  the commit marker, last (psgdlab.core.rundir.commit_run)
 
 :mod:`psgdlab.analysis.probe` fits the link laws from it. Every wait has a deadline
 (``timeout_s``): a rank that dies or hangs stops the probe with an error naming it.
@@ -165,7 +166,7 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     if out.exists() and not out.is_dir():
         raise ConfigError(f"probe output {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("probe.npz", "progress"):
+    for name in ("probe.npz", "progress", "complete.json"):
         (out / name).unlink(missing_ok=True)
     config_path = atomic_write_json(out / "probe.json", asdict(cfg))
     cmd = [sys.executable, "-m", "psgdlab.runtime.launcher.probe", "--config", str(config_path)]
@@ -264,7 +265,7 @@ def run_rank(cfg: ProbeConfig) -> None:
     """The probe on this process (module docstring); rank 0 writes the run directory."""
     import torch
 
-    from psgdlab.core.rundir import environment
+    from psgdlab.core.rundir import commit_run, environment
     from psgdlab.runtime.transports.channels import open_channels
     from psgdlab.runtime.transports.env import launch_env
 
@@ -326,6 +327,7 @@ def run_rank(cfg: ProbeConfig) -> None:
             },
         ),
     )
+    commit_run(out, command="calibrate --probe")
 
 
 def _rate(text: str | None) -> float | None:
