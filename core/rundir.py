@@ -530,9 +530,10 @@ def open_run_dir(
         if force:
             _clear(lock)
         elif not resume and holds_run(path):
+            found = f" (found: {'; '.join(lock.found)})" if lock.found else ""
             raise ConfigError(
                 f"{what} {path} holds another run ({describe_run(path)}): --force replaces it (everything in it "
-                "is removed first); another --out keeps it"
+                f"is removed first); another --out keeps it{found}"
             )
         _remove_orphans(lock)
         (path / COMPLETE_FILE).unlink(missing_ok=True)

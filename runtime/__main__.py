@@ -28,6 +28,9 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from psgdlab.runtime.launcher.lifeline import die_with_launcher
+
+    die_with_launcher()  # first: a rank never outlives the psgdlab launcher that started it
     from psgdlab.runtime.config import TrainConfig
 
     parser = argparse.ArgumentParser(prog="python -m psgdlab.runtime", description=__doc__.split("\n\n")[0])

@@ -211,7 +211,7 @@ def launch(
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=None if hosts is None else set_parent_death_signal,
+                preexec_fn=set_parent_death_signal,  # mpiexec dies with the launcher; its ranks watch it
             )
             forwarded["setting_up"] = False
         else:

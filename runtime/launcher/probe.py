@@ -160,6 +160,7 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     or a probe past ``cfg.timeout_s`` stops every rank and raises :class:`TransportError`.
     """
     from psgdlab.runtime.launcher.launch import mpiexec_path
+    from psgdlab.runtime.launcher.lifeline import launcher_environment, set_parent_death_signal
     from psgdlab.runtime.launcher.ranks import RANK_ENV, start_ranks
 
     out = Path(cfg.out)
@@ -170,13 +171,17 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
         (out / name).unlink(missing_ok=True)
     config_path = atomic_write_json(out / "probe.json", asdict(cfg))
     cmd = [sys.executable, "-m", "psgdlab.runtime.launcher.probe", "--config", str(config_path)]
-    env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1", **launcher_environment()}
     procs: list[subprocess.Popen[bytes]] = []
     hosts = None
     try:
         if cfg.backend == "mpi":
             mpi = [str(mpiexec_path()), "-n", str(cfg.world), *cmd]
-            procs.append(subprocess.Popen(mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=set_parent_death_signal
+                )
+            )
         else:
             placement, port = [0] * cfg.world, 0
             if cfg.hosts > 1:
@@ -346,6 +351,9 @@ def _close(backend: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Per-rank entry: ``python -m psgdlab.runtime.launcher.probe --config OUT/probe.json``."""
+    from psgdlab.runtime.launcher.lifeline import die_with_launcher
+
+    die_with_launcher()
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
     parser = argparse.ArgumentParser(prog="python -m psgdlab.runtime.launcher.probe")
     parser.add_argument(

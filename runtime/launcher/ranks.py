@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from psgdlab.runtime.launcher.lifeline import launcher_environment, set_parent_death_signal
 from psgdlab.runtime.transports.env import STORE_FD_ENV
 
 __all__ = [
@@ -92,15 +93,12 @@ def start_ranks(
     here, which this function closes once rank 0 holds it. On emulated hosts
     (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host) each rank
     starts in its host's namespace with its host's environment, finds the store at
-    ``master_port`` (fresh namespaces, where nothing else listens), dies with its launcher
-    (parent-death signal), and is recorded for the clean-up after a killed launcher."""
+    ``master_port`` (fresh namespaces, where nothing else listens), and is recorded for the
+    clean-up after a killed launcher. Every rank dies with its launcher: its own parent-death
+    signal and check at its start (:mod:`psgdlab.runtime.launcher.lifeline`), and on emulated
+    hosts one set before ``ip netns exec`` runs."""
     store = rendezvous_socket() if hosts is None else None
     rendezvous = store_environment(store) if store else {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
-    death_signal = None
-    if hosts is not None:
-        from psgdlab.runtime.launcher.netns import set_parent_death_signal
-
-        death_signal = set_parent_death_signal
     procs: list[subprocess.Popen] = []
     try:
         for r in range(world):
@@ -115,7 +113,8 @@ def start_ranks(
                 env=env_r,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                preexec_fn=death_signal,
+                # the rank sets its own at its start (launcher.lifeline); ip netns exec, before it, too
+                preexec_fn=set_parent_death_signal if hosts is not None else None,
                 pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
             )
             procs.append(proc)
@@ -164,11 +163,13 @@ def describe_exit(code: int, oom_kills_before: int | None = None) -> str:
 
 def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
     """The environment every rank starts with: this process's, ``extra_env``, :data:`RANK_ENV`
-    where neither sets it, unbuffered output, and ``PSGDLAB_RANKS_DIR``."""
+    where neither sets it, unbuffered output, ``PSGDLAB_RANKS_DIR``, and this process named as
+    the launcher the ranks die with (:mod:`psgdlab.runtime.launcher.lifeline`)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     for key, value in RANK_ENV.items():
         env.setdefault(key, value)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    env.update(launcher_environment())  # the ranks die with this process (launcher.lifeline)
     return env
