@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from psgdlab.sim.workload import SimConfig
 
 DEFAULT_PRESET = "interspeech2019-v100"
+#: a prediction estimated to simulate longer than this (wall seconds) runs only with --yes
+CONFIRM_AFTER_S = 600.0
+#: requests of fewer worker-steps than this (every configuration's, together) are not estimated:
+#: at the simulator's 40-250 us per worker-step they take a few minutes at most
+ESTIMATE_FROM_WORKER_STEPS = 1_000_000
+#: steps per worker of the timed simulation an estimate comes from
+ESTIMATE_PROBE_STEPS = 50
+#: memory of one trace record while a simulation builds its trace (a Python tuple of ten values,
+#: then the array and its sorted copy): 450 B measured with tracemalloc (AD-PSGD, 64 workers)
+BYTES_PER_RECORD = 450
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,6 +112,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--json": "with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help=f"run a prediction estimated to simulate longer than {CONFIRM_AFTER_S / 60:.0f} minutes (a large "
+        "--steps; the estimate comes from a short timed simulation)",
+    )
     fail = p.add_argument_group(
         "failures",
         "price worker deaths: detection (the platform's failure_detection_s), the schedule rebuilt over "
@@ -164,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         )
     failures = _failure_request(args)
     convergence, target = resolve_convergence(config, args.convergence, args.target)
+    _require_affordable(args, config, tuple(algorithms), tuple(workers))
     with open_run_dir(args.out or default_run_dir("predict"), command="predict", force=args.force) as held:
         run_dir, rows = _predict_into(held, args, config, algorithms, workers, failures, convergence, target)
         held.commit()
@@ -273,6 +290,66 @@ def _predict_into(
         run_dir = write_prediction(out, config, predictions, request)
         write_prediction_figures(run_dir.path, rows, title=title)
     return run_dir, rows
+
+
+def _require_affordable(
+    args: argparse.Namespace, config: SimConfig, algorithms: tuple[str, ...], workers: tuple[int, ...]
+) -> None:
+    """Refuse, before anything is written, a ``--steps`` so large that the prediction would run
+    for longer than :data:`CONFIRM_AFTER_S` without ``--yes``, or hold traces larger than this
+    machine's available memory at all. The estimate: a timed simulation of
+    :data:`ESTIMATE_PROBE_STEPS` steps of each algorithm at the largest worker count (its time
+    per worker-step and its trace records per worker-step, times every configuration's
+    worker-steps); requests under :data:`ESTIMATE_FROM_WORKER_STEPS` are not estimated."""
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.core.machine import available_memory_bytes
+    from psgdlab.sim.predict import predict_one, sweep_jobs
+
+    if args.steps is None or args.steps * (sum(workers) * len(algorithms) + 1) < ESTIMATE_FROM_WORKER_STEPS:
+        return
+    n = max(workers)
+    seconds, records, fastest = 0.0, 0.0, float("inf")
+    for name in algorithms:
+        t0 = time.perf_counter()
+        probe = predict_one(
+            name,
+            n,
+            config,
+            steps=ESTIMATE_PROBE_STEPS,
+            period=args.period,
+            variant=args.variant,
+            gpus_per_node=args.gpus_per_node,
+            workers_per_host=args.workers_per_host,
+            intervals=False,
+            baseline_samples_per_s=1.0,
+        )
+        per_worker_step = (time.perf_counter() - t0) / (n * ESTIMATE_PROBE_STEPS)
+        seconds += per_worker_step * args.steps * sum(workers)
+        records = max(records, len(probe.result.trace) / (n * ESTIMATE_PROBE_STEPS))
+        fastest = min(fastest, per_worker_step)
+    seconds += fastest * args.steps  # the 1-worker baseline every speedup divides by
+    need = records * n * args.steps * BYTES_PER_RECORD * min(sweep_jobs(args.jobs), len(algorithms) * len(workers))
+    available = available_memory_bytes()
+    if available is not None and need > available:
+        raise ConfigError(
+            f"steps ({args.steps}): the traces of {n} workers x {args.steps} steps would need about "
+            f"{need / 1e9:.3g} GB ({records:.2g} records per worker-step, from a timed simulation of "
+            f"{ESTIMATE_PROBE_STEPS} steps), more than the {available / 1e9:.3g} GB available: use fewer --steps"
+        )
+    if seconds > CONFIRM_AFTER_S and not args.yes:
+        raise ConfigError(
+            f"steps ({args.steps}): this prediction would simulate for about {_duration(seconds)} here (from a timed "
+            f"simulation of {ESTIMATE_PROBE_STEPS} steps of {n} workers), past the {CONFIRM_AFTER_S / 60:.0f} minutes "
+            "it runs without asking: add --yes to run it, or use fewer --steps"
+        )
+
+
+def _duration(seconds: float) -> str:
+    """``3.2 days``, ``5.1 h``, ``12 min``."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.2g} {unit}"
+    return f"{seconds:.2g} s"
 
 
 def resolve_convergence(

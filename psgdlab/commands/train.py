@@ -43,9 +43,10 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from psgdlab.core.rundir import open_run_dir
-    from psgdlab.runtime.launcher.launch import launch
+    from psgdlab.runtime.launcher.launch import check_limits, launch
 
     config = TrainConfig.from_args(args)
+    check_limits(config)  # before the run directory is taken: too many ranks, too little memory
     # held for the run's life: the launcher writes launch.json, its ranks everything else; rank 0
     # commits the run, and the commit is written again once loss.png is drawn
     with open_run_dir(config.out, command="train", force=args.force, resume=config.resume) as held:

@@ -84,10 +84,13 @@ def start_ranks(
     master_port: int = 0,
     stderr: Any = None,
     on_start: Callable[[int, subprocess.Popen], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[subprocess.Popen]:
     """Start ``cmd`` once per rank of ``world`` on this machine, each with ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK`` and the rendezvous in its environment (``env`` and those); ``on_start(rank,
     process)`` is called as each starts (a launcher's signal handler sees the ranks started so far).
+    ``stop()`` is asked before each start: once it says True (SIGINT reached the launcher) no
+    further rank starts and the ranks started so far are returned, for the caller to stop.
 
     On one host (``hosts`` None) rank 0 serves the store on a :func:`rendezvous_socket` bound
     here, which this function closes once rank 0 holds it. On emulated hosts
@@ -102,6 +105,8 @@ def start_ranks(
     procs: list[subprocess.Popen] = []
     try:
         for r in range(world):
+            if stop is not None and stop():
+                break
             env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), **rendezvous)
             prefix: list[str] = []
             if hosts is not None:
