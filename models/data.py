@@ -183,13 +183,11 @@ def write_corpus(
         attrs["credit"] = credit
     with np.errstate(over="ignore"):  # a value beyond float16 becomes inf, refused below
         features = np.concatenate(feats).astype(dtype)
-    require(
-        bool(np.all(np.isfinite(features))),
-        "features",
-        f"values beyond {dtype}'s range",
-        f"must be finite when stored as {dtype}",
-        hint="store them as float32" if dtype == "float16" else "",
-    )
+    if not np.all(np.isfinite(features)):  # the utterances' own values were checked finite above
+        raise ConfigError(
+            f"features stored as {dtype} ({int(np.sum(~np.isfinite(features)))} values beyond its range, up to "
+            f"{max(float(np.max(np.abs(f))) for f in feats):.3g}) must be finite: store them as float32"
+        )
     strings = h5py.string_dtype("utf-8")
     # the file is built in memory and written through the one safe writer: HDF5 writing to a
     # full disk itself left its temporary file and crashed the process at exit (SIGSEGV)

@@ -10,7 +10,8 @@ rank's trace to rank 0 and writes the run directory there::
     OUT/final_params.npz      (models up to 2 M parameters)
     OUT/checkpoints/...       (psgdlab.runtime.loop.checkpoint)
     OUT/summary.json          (after the rest)
-    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run)
+    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run); not
+                              for a run stopped early (SIGTERM), which --resume continues
 
 Any ``torch.nn.Module`` trains through ``workload_factory``::
 
@@ -733,7 +734,8 @@ def _write_run_dir(
     if len(finals) == len(workers):
         _save_npz(run / "final_params.npz", params=np.stack(finals))
     write_summary(run, case)
-    commit_run(out, command="train")
+    if not any(r.preempted for r in workers):  # a run stopped early (SIGTERM) is not complete: --resume it
+        commit_run(out, command="train")
     return case.to_json()
 
 

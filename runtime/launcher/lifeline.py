@@ -19,8 +19,11 @@ processes it starts in :data:`LAUNCHER_ENV` (its process id and start time,
    launcher (:func:`set_parent_death_signal` as its ``preexec_fn``). The rank sets none towards
    such a parent: it would fire when the parent's thread that started it ended.
 
-A rank started by hand, or by a launcher psgdlab did not write (torchrun, srun), has no
-:data:`LAUNCHER_ENV` and is left alone.
+A rank under a psgdlab launcher also ignores SIGINT: a Ctrl-C in a terminal reaches every process
+of the foreground group, and the launcher stops its ranks itself (SIGTERM, a checkpoint at the
+next step boundary) where each rank's own KeyboardInterrupt printed a traceback. A rank started
+by hand, or by a launcher psgdlab did not write (torchrun, srun), has no :data:`LAUNCHER_ENV` and
+is left alone.
 """
 
 from __future__ import annotations
@@ -71,11 +74,15 @@ def die_with_launcher(environ: Mapping[str, str] | None = None) -> None:
     """Tie this process's life to the launcher :data:`LAUNCHER_ENV` names (module docstring):
     the parent-death signal, a check that the launcher still runs (else this process exits at
     once with status 1 and one line on stderr), and a thread that kills this process when the
-    launcher ends. Without :data:`LAUNCHER_ENV` nothing happens."""
+    launcher ends. SIGINT is ignored: the launcher stops its ranks itself (it forwards SIGTERM).
+    Without :data:`LAUNCHER_ENV` nothing happens."""
     launcher = _launcher(os.environ if environ is None else environ)
     if launcher is None:
         return
     pid, start = launcher
+    # a Ctrl-C reaches the whole foreground process group; the launcher turns it into a stop of
+    # every rank (SIGTERM), where the rank's own KeyboardInterrupt printed a traceback per rank
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getppid() == pid:
         set_parent_death_signal()
         alive = os.getppid() == pid  # not reparented: the launcher did not die before the signal was set

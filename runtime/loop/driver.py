@@ -92,6 +92,7 @@ from psgdlab.runtime.failures.survive.survivors import Survivors
 from psgdlab.runtime.loop import checkpoint as ckpt
 from psgdlab.runtime.loop.scan import count_passive, overlap_group, shard_bounds
 from psgdlab.runtime.loop.server import server_exchange
+from psgdlab.runtime.loop.workloads import require_finite_loss
 from psgdlab.runtime.transports.env import in_main_thread
 from psgdlab.runtime.transports.transport import Tags, Transport
 
@@ -561,6 +562,7 @@ class _Worker:
     def _compute(self, weights: torch.Tensor, step: int) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
         grad, loss = self.workload.gradient(weights, self.rank, step)
+        require_finite_loss(loss, rank=self.rank, step=step)  # a NaN loss stops the run (issue 45)
         real = time.perf_counter() - t0
         stragglers = self.opt.stragglers
         if self.opt.compute_time is not None:

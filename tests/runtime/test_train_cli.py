@@ -305,3 +305,22 @@ def test_sigint_while_the_ranks_start_stops_the_starting_and_the_ranks_started(t
     ):
         launch.launch(lsq_config(tmp_path, "ssgd", 6), quiet=True)
     assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+def test_a_loss_that_becomes_non_finite_stops_the_run_saying_at_which_step_and_rank(capfd, tmp_path):
+    """A diverged run trained on to an inf loss and exited 0 (issue 45): it stops at the first
+    non-finite loss, exit 1, the launcher's line naming the rank, its error and the step; nothing
+    is committed."""
+    import re
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", "least-squares", "--lr", "1000", "--steps", "400", "--workers", "2", "--out", str(out)]
+    assert main(argv) == 1
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in lines)
+    assert re.match(
+        r"psgdlab: error: run failed: rank (\d) exited with status 1 \(rank \1: the loss became non-finite \(inf\) "
+        r"at step (\d+): the run diverged",
+        lines[-1],
+    ), lines[-1]
+    assert not (out / "complete.json").exists()
