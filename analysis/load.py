@@ -5,7 +5,8 @@ several, one per sub-directory of ``runs/`` (a sweep over algorithms and worker 
 ``psgdlab predict`` and ``psgdlab validate`` write them). A case is identified by its
 ``(label, workers)`` key, read from its :class:`~psgdlab.core.rundir.Summary` (the label is the
 case's name where it has one, else the algorithm's). A directory that its writer did not commit
-is refused (:func:`psgdlab.core.rundir.require_complete`).
+is refused (:func:`psgdlab.core.rundir.require_complete`); a collection of runs (``runs/*`` and
+no summary of its own, as ``validate`` gathers its measured runs) by each of its runs.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def load_cases(path: str | Path, *, with_trace: bool = True) -> dict[tuple[str, 
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"run directory {path} does not exist")
-    require_complete(path)
     subdirs = sorted(p for p in (path / "runs").glob("*") if (p / SUMMARY_FILE).is_file())
+    if not subdirs or (path / SUMMARY_FILE).is_file():  # a run of its own (a sweep's too), not a collection
+        require_complete(path)
     runs = [load_run(p, with_trace=with_trace) for p in subdirs] or [load_run(path, with_trace=with_trace)]
     out: dict[tuple[str, int], Run] = {}
     for run in runs:

@@ -17,7 +17,7 @@ complete, so a reader sees the old file or the new one, never half of one. The t
   rename: a reader never sees the file with a mode other than its final one.
 
 A write that fails (a full disk: ``ENOSPC``) removes its temporary file and raises the
-:class:`OSError`; the target keeps its old contents. Libraries that write through a file
+:class:`OSError`, naming the target; the target keeps its old contents. Libraries that write through a file
 object (numpy's ``savez``, matplotlib's ``savefig``, ``torch.save``) write into memory and hand
 the bytes to :func:`atomic_write_bytes`; HDF5 builds its image in memory as well
 (:func:`psgdlab.models.data.write_corpus`): a write error inside the HDF5 library crashed the
@@ -205,6 +205,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview, *
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if exc.filename is None:  # a write's error names no file: name the one being written
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
+        raise
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

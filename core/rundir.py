@@ -19,7 +19,8 @@ Every file is written through the one safe writer (:mod:`psgdlab.core.files`: an
 temporary file, renamed). The rules of a run directory:
 
 - **Complete only when committed.** The writer writes :data:`COMPLETE_FILE` last, listing the
-  files it commits (each path and its size); every reader of run directories
+  files it commits (each path and its size; a sweep's marker commits its cases ``runs/NAME``
+  too); every reader of run directories
   (:func:`read_summary`, :func:`require_complete`: ``compare``, ``calibrate``,
   ``validate --measured``, ``--convergence``) refuses a directory without it in one line. A run
   that failed, was killed or met a full disk leaves no marker, so nothing reads it as a result.
@@ -305,13 +306,16 @@ def read_summary(run: RunDir | str | os.PathLike[str]) -> Summary:
 def commit_run(path: str | os.PathLike[str], *, command: str) -> Path:
     """Write ``path``'s commit marker :data:`COMPLETE_FILE`: the files it holds (relative path
     and size; the lock, the ranks' run-time folder and temporary files left out) and the command
-    that wrote them. Call it after every other file is written; a second call (a figure drawn
+    that wrote them. The marker commits the run's cases too (``runs/NAME``, as ``predict``
+    writes them; :func:`require_complete`): one file, so a case read alone is complete exactly
+    when its sweep is. Call it after every other file is written; a second call (a figure drawn
     after the runtime's commit) writes it again over the same and the new files."""
     root = Path(path)
     files = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if rel.parts[0] in (COMPLETE_FILE, LOCK_FILE, ".ranks") or temporary_writer(p) is not None:
+        # a run writes no hidden file of its own: its lock, the ranks' folder, temporary files
+        if rel.parts[0] == COMPLETE_FILE or any(part.startswith(".") for part in rel.parts):
             continue
         with contextlib.suppress(OSError):
             st = p.lstat()
@@ -331,11 +335,22 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / COMPLETE_FILE).is_file()
 
 
+def _committed_case(path: Path) -> bool:
+    """Whether ``path`` is a case ``SWEEP/runs/NAME`` that its sweep's marker commits."""
+    if path.parent.name != "runs" or not is_complete(path.parent.parent):
+        return False
+    try:
+        files = json.loads((path.parent.parent / COMPLETE_FILE).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return f"runs/{path.name}/{SUMMARY_FILE}" in files
+
+
 def require_complete(path: str | os.PathLike[str]) -> None:
     """Refuse, in one line, a run directory without its commit marker: the run that wrote it did
     not finish (it failed, was stopped or killed, met a full disk, or still runs)."""
     path = Path(path)
-    if is_complete(path):
+    if is_complete(path) or _committed_case(path):
         return
     if not holds_run(path):
         raise ConfigError(
@@ -364,6 +379,8 @@ def require_own_directory(path: str | os.PathLike[str], *, what: str = "--out") 
         own = os.lstat(path)
     except FileNotFoundError:
         own = None
+    except NotADirectoryError:
+        raise ConfigError(f"{what} {path} cannot be made: a folder on its path is a file, not a directory") from None
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be examined ({exc.strerror})") from None
     if own is not None:
@@ -606,16 +623,16 @@ def _clear(lock: RunLock) -> None:
 def _remove_orphans(lock: RunLock) -> None:
     """Remove the temporary files of writers that no longer run (a killed command or rank),
     noting how many."""
-    left = [p for p in lock.path.rglob(TEMPORARY_GLOB) if (pid := temporary_writer(p)) and not _runs(pid)]
-    for p in left:
+    running: dict[int, bool] = {}
+    left: list[tuple[Path, int]] = []
+    for p in lock.path.rglob(TEMPORARY_GLOB):
+        pid = temporary_writer(p)
+        if pid is not None and not running.setdefault(pid, process_start_time(pid) is not None):
+            left.append((p, pid))
+    for p, _ in left:
         with contextlib.suppress(OSError):
             p.unlink()
     if left:
-        pids = sorted({temporary_writer(p) for p in left})
-        lock.found.append(
-            f"removed {len(left)} temporary files left by writers no longer running (pid {', '.join(map(str, pids))})"
-        )
-
-
-def _runs(pid: int) -> bool:
-    return process_start_time(pid) is not None
+        pids = sorted({pid for _, pid in left})
+        named = ", ".join(map(str, pids[:5])) + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
+        lock.found.append(f"removed {len(left)} temporary files left by writers no longer running (pid {named})")

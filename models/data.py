@@ -55,6 +55,7 @@ __all__ = [
     "write_corpus",
     "load_corpus",
     "inspect_corpus",
+    "require_finite_corpus",
     "append_deltas",
     "synthetic_corpus",
     "shard_utterances",
@@ -344,6 +345,27 @@ def inspect_corpus(path: str | os.PathLike[str]) -> dict[str, Any]:
         "source": str(attrs.get("source", "")),
         "credit": str(attrs.get("credit", "")),
     }
+
+
+def require_finite_corpus(path: str | os.PathLike[str], *, rows_per_read: int = 1 << 18) -> None:
+    """Refuse (one-line :class:`ConfigError`, naming the utterance) a corpus file whose features
+    hold a NaN or an infinity, reading them ``rows_per_read`` frames at a time (a launcher's check
+    before its ranks start: memory stays small whatever the corpus's size)."""
+    path = Path(path)
+    with _open(path) as f:
+        attrs = _validate_layout(f, path)
+        features = f["features"]
+        for start in range(0, features.shape[0], rows_per_read):
+            block = features[start : start + rows_per_read]
+            bad = ~np.isfinite(block)
+            if bad.any():
+                row = start + int(np.argmax(bad.any(axis=1)))
+                utt = int(np.searchsorted(attrs["offsets"], row, side="right")) - 1
+                name = f["utt_ids"].asstr()[utt]
+                raise ConfigError(
+                    f"corpus file {path}: features of utterance {name!r} hold non-finite values (NaN or inf): "
+                    "a corpus must hold finite features"
+                )
 
 
 def load_corpus(

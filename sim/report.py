@@ -1,7 +1,7 @@
 """Writing predictions: run directories and the stdout table.
 
-Layout written by :func:`write_prediction` (every file atomic; each ``runs/ALG-wN`` committed,
-``summary.json`` written after the rest, the directory committed by the caller:
+Layout written by :func:`write_prediction` (every file atomic; ``summary.json`` written after the
+rest; the caller commits the directory and its ``runs/ALG-wN`` once it has drawn the figures:
 :func:`psgdlab.core.rundir.commit_run`)::
 
     OUT/
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.rundir import SUMMARY_FILE, RunDir, Summary, commit_run, environment, write_summary
+from psgdlab.core.rundir import SUMMARY_FILE, RunDir, Summary, environment, write_summary
 from psgdlab.core.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
@@ -99,7 +99,6 @@ def write_prediction(
             write_trace(sub / "trace.npz", p.result.trace, p.result.meta)
             to_chrome_trace(p.result.trace, sub / "timeline.json", meta=p.result.meta, max_events=TIMELINE_EVENTS)
             write_summary(sub, _case_summary(p))
-            commit_run(sub.path, command="predict")
     if len(predictions) == 1:
         p = predictions[0]
         write_trace(run / "trace.npz", p.result.trace, p.result.meta)

@@ -318,7 +318,9 @@ def _run_probe(args: argparse.Namespace) -> str:
         hosts=args.hosts,
         nic_bandwidth=args.nic_bandwidth,
     )
-    bar = tqdm(total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False)
+    bar = tqdm(
+        total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False, disable=not sys.stderr.isatty()
+    )
 
     def progress(done: int, total: int) -> None:
         bar.update(max(done - bar.n, 0))

@@ -248,7 +248,15 @@ def _predict_into(
     if n_configs > 1:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_configs, desc="predict", unit="config", file=sys.stderr, delay=0.5, leave=False)
+        bar = tqdm(
+            total=n_configs,
+            desc="predict",
+            unit="config",
+            file=sys.stderr,
+            delay=0.5,
+            leave=False,
+            disable=not sys.stderr.isatty(),  # a log file would hold the bar, and an error line glued to it
+        )
 
     def progress(label: str) -> None:
         if bar is not None:

@@ -98,8 +98,9 @@ MAX_LOCAL_RANKS = 512
 def check_limits(config: TrainConfig, local_ranks: int | None = None) -> None:
     """Refuse, before anything starts, a run this machine cannot hold: more than
     :data:`MAX_LOCAL_RANKS` ranks, ranks whose memory together passes ``MemAvailable``
-    (:func:`require_memory`), or an NCCL run of more ranks than GPUs (:func:`require_local_gpus`).
-    One line each, naming the value and the reason."""
+    (:func:`require_memory`), or an NCCL run of more ranks than GPUs (:func:`require_local_gpus`);
+    and a corpus file that is not one or holds a non-finite feature. One line each, naming the
+    value and the reason."""
     ranks = world_size_of(config) if local_ranks is None else local_ranks
     require(
         ranks <= MAX_LOCAL_RANKS,
@@ -109,6 +110,12 @@ def check_limits(config: TrainConfig, local_ranks: int | None = None) -> None:
         f"(a Python interpreter with torch, about {RANK_BASE_BYTES // 2**20} MB) and the ranks connect pairwise",
         hint="run more workers across machines under torchrun, mpiexec or srun (python -m psgdlab.runtime)",
     )
+    if config.model != LSQ_MODEL and config.data != "synthetic":
+        from psgdlab.models.data import inspect_corpus, require_finite_corpus
+
+        require_finite_corpus(config.data)  # once here, not in every rank: a NaN feature trains to a NaN loss
+        unknown = sorted(set(config.held_out_speakers) - set(inspect_corpus(config.data)["speakers"]))
+        require(not unknown, "held-out-speakers", ",".join(unknown), f"are not speakers of {config.data}")
     require_memory(config, ranks)
     require_local_gpus(config, ranks)
 
