@@ -27,8 +27,8 @@ temporary file, renamed). The rules of a run directory:
 - **One writer.** :func:`open_run_dir` takes an exclusive ``fcntl.flock`` on :data:`LOCK_FILE`
   for the command's life (the ``psgdlab train`` launcher holds it for its ranks); a second
   command into the same directory stops at once, naming the holder's process id. The lock dies
-  with its holder, so a killed command leaves a *stale* lock record, which the next command
-  reports and replaces.
+  with its holder (a forked child, a pool worker, closes its copy), so a killed command leaves a
+  *stale* lock record, which the next command reports and replaces.
 - **Never over another run.** A directory that holds a run (:func:`holds_run`) is refused unless
   the command is given ``--force`` (which removes everything in it first) or continues that run
   (``train --resume``).
@@ -474,6 +474,24 @@ def _read_lock_record(lock: Path) -> tuple[int, int, str] | None:
     return int(parts[0]), int(parts[1]), parts[2].strip() if len(parts) > 2 else "?"
 
 
+#: the lock files this process holds, closed in every child it forks (:func:`_forget_in_child`)
+_HELD_FDS: set[int] = set()
+
+
+def _forget_in_child() -> None:
+    """In a forked child (a pool worker of ``predict``), close the copies of this process's lock
+    files: a child must not hold its parent's run directory after the parent dies (its copy of
+    the lock kept a killed command's directory locked while the pool's workers lingered);
+    closing a copy does not release the parent's lock."""
+    for fd in _HELD_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 @dataclass(eq=False)
 class RunLock:
     """A run directory held by this process (:func:`open_run_dir`): the lock, what was found
@@ -506,6 +524,7 @@ class RunLock:
             return
         with contextlib.suppress(OSError):
             os.unlink(self.path / LOCK_FILE)
+        _HELD_FDS.discard(self.fd)
         os.close(self.fd)
         self.fd = -1
         if self.made is not None:  # made by this command, which wrote nothing: leave nothing behind
@@ -527,10 +546,10 @@ def open_run_dir(
     path: str | os.PathLike[str], *, command: str, force: bool = False, resume: bool = False, what: str = "--out"
 ) -> RunLock:
     """Take the run directory ``path`` for ``command`` (module docstring): check its owner, make
-    it, lock it, refuse it when it holds another run (``force``: remove everything in it;
-    ``resume``: the run continues), remove what killed writers left, and say on stderr in one
-    line what was found and cleaned. The commit marker of an earlier commit is removed: the
-    directory is incomplete again until this command commits.
+    it, lock it, refuse it when it holds another run (``force``: remove everything in it, which
+    only a directory that holds a run is; ``resume``: the run continues), remove what killed
+    writers left, and say on stderr in one line what was found and cleaned. The commit marker of
+    an earlier commit is removed: the directory is incomplete again until this command commits.
 
     Raises
     ------
@@ -608,16 +627,19 @@ def _lock(lock: RunLock) -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{me} {process_start_time(me) or 0} {lock.command}\n".encode(), 0)
         lock.fd = fd
+        _HELD_FDS.add(fd)
         return
     raise ConfigError(f"run directory {lock.path}: its lock file kept changing; try again")
 
 
 def _clear(lock: RunLock) -> None:
-    """``--force``: remove everything in the directory but the lock, noting what."""
-    what = describe_run(lock.path) if holds_run(lock.path) else "files that are not a run"
+    """``--force``: remove everything in a directory that holds a run, but the lock, noting
+    what; a directory that holds no run keeps its files (``--out ~ --force`` empties nothing)."""
+    if not holds_run(lock.path):
+        return
+    what = describe_run(lock.path)
     removed = lock.empty()
-    if removed:
-        lock.found.append(f"--force: removed the {removed} entries of {what}")
+    lock.found.append(f"--force: removed the {removed} entries of {what}")
 
 
 def _remove_orphans(lock: RunLock) -> None:

@@ -248,3 +248,16 @@ def test_the_emulators_corpus_cache_must_be_the_users_alone(tmp_path, monkeypatc
     cache.chmod(0o700)
     path = _corpus_path(cfg)
     assert path.parent == cache and path.is_file()
+
+
+def test_force_empties_only_a_directory_that_holds_a_run(tmp_path):
+    """``--force`` replaces a run; a directory of the user's own files (``--out ~ --force``) keeps
+    them, and the run is written beside them."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    argv = ["predict", "--algorithm", "ssgd", "--workers", "2", "--steps", "4", "--out", str(out), "--force"]
+    assert main(argv) == 0
+    assert (out / "notes.txt").read_text() == "mine\n" and (out / "complete.json").is_file()
+    assert main(argv) == 0  # now it holds a run: replaced, the note with it
+    assert not (out / "notes.txt").exists() and (out / "complete.json").is_file()

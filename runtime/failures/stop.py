@@ -214,9 +214,9 @@ def stop_run(
     waits = _waits(records, removed)
     step, how = _step_of(waits, records, removed)
     message = first.text
-    said = records.get(first.rank, {})
-    if said.get("reason") == "error" and said.get("error"):  # the rank's own one-line error
-        message += f" ({said['error']})"
+    own = records.get(first.rank, {})
+    if own.get("reason") == "error" and own.get("error"):  # the rank's own one-line error
+        message += f" ({own['error']})"
     if step is not None:
         message += {
             "collective": f" at step {step}",

@@ -486,7 +486,7 @@ def _watch(
                     world=world,
                     policy="stop" if policy == "continue" else policy,
                 )
-                raise TransportError(f"run failed: {message}")
+                raise TransportError(f"run failed: {message}{_full_disk_note(out)}")
             if all(p.poll() is not None for p in procs.values()):
                 return
             stopped_at = (forwarded or {}).get("at")
@@ -499,6 +499,23 @@ def _watch(
             watch.wait_exits(pids, 0.1)  # the exit times to the millisecond: who died first
     finally:
         watch.close()
+
+
+#: a run directory's file system with less free than this is full, for a failed run's message
+FULL_BELOW_BYTES = 1 << 20
+
+
+def _full_disk_note(out: Path) -> str:
+    """``; the file system of OUT is full (...)`` when it is: a rank that failed to write (a
+    checkpoint, its flight record) could not say why in a file there."""
+    try:
+        st = os.statvfs(out)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= FULL_BELOW_BYTES:
+        return ""
+    return f"; the file system of {out} is full ({free} bytes free: No space left on device)"
 
 
 def _killed(code: int) -> bool:
