@@ -543,7 +543,13 @@ class RunLock:
 
 
 def open_run_dir(
-    path: str | os.PathLike[str], *, command: str, force: bool = False, resume: bool = False, what: str = "--out"
+    path: str | os.PathLike[str] | None,
+    *,
+    command: str,
+    force: bool = False,
+    resume: bool = False,
+    what: str = "--out",
+    kind: str | None = None,
 ) -> RunLock:
     """Take the run directory ``path`` for ``command`` (module docstring): check its owner, make
     it, lock it, refuse it when it holds another run (``force``: remove everything in it, which
@@ -551,15 +557,22 @@ def open_run_dir(
     writers left, and say on stderr in one line what was found and cleaned. The commit marker of
     an earlier commit is removed: the directory is incomplete again until this command commits.
 
+    ``path`` None: a fresh ``runs/KIND-TIMESTAMP[-N]`` (``kind`` default ``command``), made
+    here with an exclusive ``mkdir`` so two commands that start in the same second never share
+    it (:func:`default_run_dir` only names one).
+
     Raises
     ------
     ConfigError
         Owned by another user, not a directory, locked by a running process (named), or holding
         another run without ``force``.
     """
-    path = Path(path)
-    require_own_directory(path, what=what)
-    made = _make(path)
+    if path is None:
+        path, made = _reserve(kind or command, what=what)
+    else:
+        path = Path(path)
+        require_own_directory(path, what=what)
+        made = _make(path)
     lock = RunLock(path=path, command=command, made=made)
     try:
         _lock(lock)
@@ -579,6 +592,22 @@ def open_run_dir(
     if lock.found:
         print(f"psgdlab: {path}: {'; '.join(lock.found)}", file=sys.stderr, flush=True)
     return lock
+
+
+def _reserve(kind: str, *, what: str) -> tuple[Path, Path]:
+    """Make a fresh ``runs/KIND-TIMESTAMP[-N]`` exclusively; it and the topmost folder made."""
+    base = default_run_dir(kind)
+    require_own_directory(base, what=what)
+    had_runs = base.parent.exists()
+    for i in range(1, 1000):
+        path = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        base.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+        except FileExistsError:  # another command took this name a moment ago
+            continue
+        return path, (path if had_runs else path.parent)
+    raise ConfigError(f"no free run directory name beside {base} (1000 taken): give --out")
 
 
 def _make(path: Path) -> Path | None:

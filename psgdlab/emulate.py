@@ -317,10 +317,12 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
 
 def resolve_inputs(cfg: EmulateConfig) -> tuple[Any, Any, Any]:
     """The algorithm, the straggler model and the platform ``cfg`` names, each checked (a bad
-    flag, a flag the algorithm does not take, a platform file that does not load: a one-line
+    flag, a flag the algorithm does not take, a platform file that does not load, a corpus file
+    that is missing, not a corpus or holds a non-finite feature: a one-line
     :class:`~psgdlab.core.errors.ConfigError`) before anything runs or is written."""
     from psgdlab.core.algorithms import algorithm_from_flags
     from psgdlab.core.stragglers import StragglerModel
+    from psgdlab.models.recipes import LSQ_MODEL
     from psgdlab.sim.workload import load_config
 
     algorithm = algorithm_from_flags(
@@ -337,6 +339,10 @@ def resolve_inputs(cfg: EmulateConfig) -> tuple[Any, Any, Any]:
         if cfg.platform_file
         else load_config(preset=cfg.preset or "interspeech2019-v100")
     )
+    if cfg.data != SYNTHETIC and cfg.model != LSQ_MODEL:  # a corpus file: there, a corpus, finite
+        from psgdlab.models.data import require_finite_corpus
+
+        require_finite_corpus(_corpus_path(cfg))
     return algorithm, stragglers, sim_cfg
 
 

@@ -304,13 +304,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_probe(args: argparse.Namespace) -> str:
     """Run the probe of ``args`` (a progress bar on stderr); its run directory."""
+    import dataclasses
+
     from tqdm import tqdm
 
-    from psgdlab.core.rundir import default_run_dir, open_run_dir
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.runtime.launcher.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
 
-    cfg = ProbeConfig(
-        out=str(args.probe_out or default_run_dir("probe")),
+    cfg = ProbeConfig(  # checked before the run directory is taken
+        out=str(args.probe_out or "runs/probe"),
         backend=args.backend,
         sizes_bytes=args.sizes or DEFAULT_SIZES_BYTES,
         groups=args.groups,
@@ -318,6 +320,8 @@ def _run_probe(args: argparse.Namespace) -> str:
         hosts=args.hosts,
         nic_bandwidth=args.nic_bandwidth,
     )
+    held = open_run_dir(args.probe_out, command="calibrate --probe", kind="probe", force=args.force, what="--probe-out")
+    cfg = dataclasses.replace(cfg, out=str(held.path))
     bar = tqdm(
         total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False, disable=not sys.stderr.isatty()
     )
@@ -326,10 +330,10 @@ def _run_probe(args: argparse.Namespace) -> str:
         bar.update(max(done - bar.n, 0))
 
     try:
-        with open_run_dir(cfg.out, command="calibrate --probe", force=args.force, what="--probe-out"):
-            return str(probe(cfg, progress=progress))  # rank 0 commits it
+        return str(probe(cfg, progress=progress))  # rank 0 commits it
     finally:
         bar.close()
+        held.release()
 
 
 def _print_scatter(what: str, fit: dict | None) -> None:

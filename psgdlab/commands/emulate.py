@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.core.rundir import default_run_dir, open_run_dir
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.emulate import EmulateConfig, emulate, resolve_inputs, write_run
     from psgdlab.models.recipes import recipe_of
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     resolve_inputs(cfg)  # bad input is said before the run directory is taken
-    with open_run_dir(args.out or default_run_dir("emulate"), command="emulate", force=args.force) as held:
+    with open_run_dir(args.out, command="emulate", force=args.force) as held:
         result, resolved = emulate(cfg)
         summary = write_run(held.path, result, resolved)
     if args.json:

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     from psgdlab.commands.predict import resolve_convergence
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import default_run_dir, open_run_dir
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.sim.plan import DEFAULT_BATCHES, DEFAULT_PERIODS, PLAN_STEPS, candidates
     from psgdlab.sim.workload import load_config, with_workload
 
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         algorithms=args.algorithm,
     )
     steps = args.steps if args.steps is not None else PLAN_STEPS
-    held = open_run_dir(args.out or default_run_dir("plan"), command="plan", force=args.force)
+    held = open_run_dir(args.out, command="plan", force=args.force)
     try:
         out = _plan_into(held, args, config, profile, target, cands, steps, t0)
     finally:

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import default_run_dir, open_run_dir
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.sim.report import format_table, row_flags
     from psgdlab.sim.workload import load_config
 
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     failures = _failure_request(args)
     convergence, target = resolve_convergence(config, args.convergence, args.target)
     _require_affordable(args, config, tuple(algorithms), tuple(workers))
-    with open_run_dir(args.out or default_run_dir("predict"), command="predict", force=args.force) as held:
+    with open_run_dir(args.out, command="predict", force=args.force) as held:
         run_dir, rows = _predict_into(held, args, config, algorithms, workers, failures, convergence, target)
         held.commit()
     wall = time.perf_counter() - t_start

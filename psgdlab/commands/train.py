@@ -47,9 +47,11 @@ def run(args: argparse.Namespace) -> int:
 
     config = TrainConfig.from_args(args)
     check_limits(config)  # before the run directory is taken: too many ranks, too little memory
+    fresh = args.out is None and not args.resume  # a new runs/train-TIMESTAMP, made exclusively
     # held for the run's life: the launcher writes launch.json, its ranks everything else; rank 0
     # commits the run, and the commit is written again once loss.png is drawn
-    with open_run_dir(config.out, command="train", force=args.force, resume=config.resume) as held:
+    with open_run_dir(None if fresh else config.out, command="train", force=args.force, resume=config.resume) as held:
+        config = config.replace(out=str(held.path))
         summary = launch(config)
         _draw_loss(config, summary)
         held.commit()
