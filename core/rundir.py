@@ -595,10 +595,11 @@ def open_run_dir(
 
 
 def _reserve(kind: str, *, what: str) -> tuple[Path, Path]:
-    """Make a fresh ``runs/KIND-TIMESTAMP[-N]`` exclusively; it and the topmost folder made."""
+    """Make a fresh ``runs/KIND-TIMESTAMP[-N]`` exclusively; it, and the folder to remove up to
+    (its ``runs``: an empty one goes with it, whoever made it, so that two commands that made
+    and removed their directories side by side leave no empty ``runs`` behind)."""
     base = default_run_dir(kind)
     require_own_directory(base, what=what)
-    had_runs = base.parent.exists()
     for i in range(1, 1000):
         path = base if i == 1 else base.with_name(f"{base.name}-{i}")
         base.parent.mkdir(parents=True, exist_ok=True)
@@ -606,7 +607,7 @@ def _reserve(kind: str, *, what: str) -> tuple[Path, Path]:
             path.mkdir()
         except FileExistsError:  # another command took this name a moment ago
             continue
-        return path, (path if had_runs else path.parent)
+        return path, path.parent
     raise ConfigError(f"no free run directory name beside {base} (1000 taken): give --out")
 
 
