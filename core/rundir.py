@@ -567,13 +567,14 @@ def open_run_dir(
         Owned by another user, not a directory, locked by a running process (named), or holding
         another run without ``force``.
     """
+    made: Path | None
     if path is None:
         path, made = _reserve(kind or command, what=what)
     else:
         path = Path(path)
         require_own_directory(path, what=what)
         made = _make(path)
-    lock = RunLock(path=path, command=command, made=made)
+    lock = RunLock(path=Path(path), command=command, made=made)
     try:
         _lock(lock)
         if force:

@@ -21,6 +21,8 @@ from psgdlab.cli import main
 from psgdlab.tests import probes
 
 ROOT = os.geteuid() == 0
+#: links are planted for this process's id and this many after it
+PLANTED_PIDS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +77,10 @@ def test_predict_into_a_train_run_is_refused_and_changes_none_of_its_files(fixtu
 
 def test_links_planted_for_the_next_thousands_of_pids_beside_every_output_change_nothing(tmp_path):
     """The temporary names were ``.NAME.tmpPID``: a link planted there for the writer's pid made
-    its write land in the file the link points at. Links for this process and the next 2000 pids
-    beside every file a prediction writes (the run's sub-directory made in advance), and links at
-    the sub-directory's final names: nothing they point at changes, every output is a file of its
-    own."""
+    its write land in the file the link points at. Links for this process and the next 1000 pids
+    (``bench/bench_probe.py``: 2000) beside every file a prediction writes (the run's
+    sub-directory made in advance), and links at the sub-directory's final names: nothing they
+    point at changes, every output is a file of its own."""
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     out = tmp_path / "run"
@@ -98,13 +100,13 @@ def test_links_planted_for_the_next_thousands_of_pids_beside_every_output_change
     planted = 0
     for folder in (out, sub):
         for name in names:
-            for pid in range(me, me + 2001):
+            for pid in range(me, me + PLANTED_PIDS + 1):
                 (folder / f".{name}.tmp{pid}").symlink_to(victim)
                 planted += 1
     for name in ("summary.json", "trace.npz", "env.json"):  # the final names of the sub-run too
         (sub / name).symlink_to(victim)
     assert main(["predict", "--algorithm", "ssgd", "--workers", "2", "--steps", "4", "--out", str(out)]) == 0
-    assert victim.read_text() == "precious\n" and planted == 2 * 8 * 2001
+    assert victim.read_text() == "precious\n" and planted == 2 * 8 * (PLANTED_PIDS + 1)
     for folder in (out, sub):
         for name in ("summary.json", "trace.npz", "env.json"):
             assert (folder / name).is_file() and not (folder / name).is_symlink()
