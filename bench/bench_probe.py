@@ -28,8 +28,9 @@ launcher-sigkill            SIGKILL of ``psgdlab train`` (one host; emulated hos
 predict-out-train-run       ``predict --out`` a train run: refused in one line, none of its files changed
 two-runs-one-out            a second ``predict`` into a directory a first one writes: refused at
                             once naming the first's pid; the first finishes and commits
-killed-predict              a ``predict`` killed mid-run: ``compare`` refuses the directory
-                            (incomplete), the next ``predict --force`` says what it found and cleaned
+killed-predict              a ``predict`` killed mid-run: its pool workers gone within 5 s, ``compare``
+                            refuses the directory (incomplete), the next ``predict --force`` says what
+                            it found and cleaned
 full-disk-predict           (root) a 64 KiB tmpfs: one line, exit 1, nothing committed, no temporary file
 full-disk-hdf5              (root) an HDF5 corpus on it: one line, no SIGSEGV, nothing left
 full-disk-train             (root) a training run's checkpoints on it: one line, exit 1, nothing committed
@@ -313,14 +314,36 @@ def scenario_killed_predict(tmp: Path) -> dict[str, Any]:
     while not (out / ".lock").is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)
+    workers = _children(proc.pid)
     proc.kill()
     proc.wait()
+    workers_gone = _gone_after(workers, time.monotonic(), DEATH_WITHIN_S)
     compared = _psgdlab("compare", str(out), str(out))
     refused = _one_error_line(compared, 2, "incomplete|not a psgdlab run directory")
     again = _psgdlab(*argv[:-1], str(out), "--steps", "4", "--force")
     said = any(line.startswith(f"psgdlab: {out}:") and "stale lock" in line for line in _lines(again.stderr))
     ok = refused is None and again.returncode == 0 and said and (out / "complete.json").is_file()
-    return {"ok": ok, "compare": refused, "next_run_said_what_it_cleaned": said}
+    ok = ok and workers_gone is not None
+    return {
+        "ok": ok,
+        "compare": refused,
+        "next_run_said_what_it_cleaned": said,
+        "pool_workers": len(workers),
+        "pool_workers_gone_after_s": workers_gone,
+    }
+
+
+def _children(pid: int) -> list[tuple[int, int | None]]:
+    """The processes whose parent is ``pid`` (pid, start time), from ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append((int(stat.parent.name), process_start_time(int(stat.parent.name))))
+    return found
 
 
 def _tmpfs(tmp: Path, size: str = "64k") -> Path | None:

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,44 @@ def test_force_empties_only_a_directory_that_holds_a_run(tmp_path):
     assert (out / "notes.txt").read_text() == "mine\n" and (out / "complete.json").is_file()
     assert main(argv) == 0  # now it holds a run: replaced, the note with it
     assert not (out / "notes.txt").exists() and (out / "complete.json").is_file()
+
+
+def _children(pid: int) -> list[tuple[int, int | None]]:
+    """The processes whose parent is ``pid`` (pid, start time), from ``/proc``."""
+    from psgdlab.core.files import process_start_time
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            child = int(stat.parent.name)
+            found.append((child, process_start_time(child)))
+    return found
+
+
+def test_a_killed_prediction_leaves_no_process_of_its_own(tmp_path):
+    """predict simulates in a pool of forked workers; killed with SIGKILL, it left them waiting
+    for work forever (each holds the work queue open for the others). They die with it."""
+    from psgdlab.core.files import process_start_time
+
+    argv = ["predict", "--algorithm", "ssgd,adpsgd,hadpsgd", "--workers", "2,4,8,16", "--steps", "4000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "psgdlab", *argv, "--jobs", "2", "--out", str(tmp_path / "run")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(children := _children(proc.pid)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "no pool started"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = time.monotonic()
+    while any(process_start_time(pid) == start for pid, start in children):
+        assert time.monotonic() - killed < 5.0, f"pool workers {children} outlived their command"
+        time.sleep(0.02)

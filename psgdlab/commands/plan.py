@@ -236,7 +236,12 @@ def _pool(jobs: int) -> tuple[Any, str]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")), f"{jobs} processes"
+    from psgdlab.core.machine import set_parent_death_signal
+
+    pool = ProcessPoolExecutor(  # the workers die with this process, even killed with SIGKILL
+        max_workers=jobs, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
+    )
+    return pool, f"{jobs} processes"
 
 
 def _hms(seconds: float) -> str:

@@ -221,6 +221,7 @@ def _predict_into(
     from concurrent.futures import ProcessPoolExecutor
 
     from psgdlab.analysis.figures import write_prediction_figures
+    from psgdlab.core.machine import set_parent_death_signal
     from psgdlab.sim.predict import predict_sweep, sweep_jobs
     from psgdlab.sim.report import write_prediction
 
@@ -290,7 +291,9 @@ def _predict_into(
     rows = [p.row for p in predictions]
     title = f"{config.platform.name}: {config.workload.name}"
     if sweep_jobs(args.jobs) > 1:  # the figures are drawn beside the writing
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
+        ) as pool:
             figures = pool.submit(write_prediction_figures, out, rows, title=title)
             run_dir = write_prediction(out, config, predictions, request)
             figures.result()

@@ -28,7 +28,6 @@ is left alone.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -37,29 +36,18 @@ import threading
 from collections.abc import Mapping
 
 from psgdlab.core.files import process_start_time
+from psgdlab.core.machine import set_parent_death_signal  # here for the launchers that import it
 
 __all__ = ["LAUNCHER_ENV", "launcher_environment", "die_with_launcher", "set_parent_death_signal"]
 
 #: ``PID:START`` of the launcher whose death ends the rank (START: clock ticks since boot)
 LAUNCHER_ENV = "PSGDLAB_LAUNCHER"
-_PR_SET_PDEATHSIG = 1
 
 
 def launcher_environment() -> dict[str, str]:
     """The environment entry that names this process as the launcher of the ranks it starts."""
     pid = os.getpid()
     return {LAUNCHER_ENV: f"{pid}:{process_start_time(pid) or 0}"}
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Have the kernel send ``sig`` to this process when the thread that started it ends
-    (``prctl(PR_SET_PDEATHSIG)``; a ``preexec_fn`` of a launcher's children, or a rank's own
-    first call). Does nothing where ``prctl`` is missing (not Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _launcher(environ: Mapping[str, str]) -> tuple[int, int] | None:
