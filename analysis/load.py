@@ -4,7 +4,9 @@ A run directory holds one case (``summary.json``, ``config.resolved.json``, ``tr
 several, one per sub-directory of ``runs/`` (a sweep over algorithms and worker counts, as
 ``psgdlab predict`` and ``psgdlab validate`` write them). A case is identified by its
 ``(label, workers)`` key, read from its :class:`~psgdlab.core.rundir.Summary` (the label is the
-case's name where it has one, else the algorithm's).
+case's name where it has one, else the algorithm's). A directory that its writer did not commit
+is refused (:func:`psgdlab.core.rundir.require_complete`); a collection of runs (``runs/*`` and
+no summary of its own, as ``validate`` gathers its measured runs) by each of its runs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.rundir import SUMMARY_FILE, Summary, read_summary
+from psgdlab.core.rundir import SUMMARY_FILE, Summary, read_summary, require_complete
 from psgdlab.core.trace import read_trace
 
 __all__ = ["Run", "load_run", "load_cases"]
@@ -74,6 +76,8 @@ def load_cases(path: str | Path, *, with_trace: bool = True) -> dict[tuple[str, 
     if not path.is_dir():
         raise ConfigError(f"run directory {path} does not exist")
     subdirs = sorted(p for p in (path / "runs").glob("*") if (p / SUMMARY_FILE).is_file())
+    if not subdirs or (path / SUMMARY_FILE).is_file():  # a run of its own (a sweep's too), not a collection
+        require_complete(path)
     runs = [load_run(p, with_trace=with_trace) for p in subdirs] or [load_run(path, with_trace=with_trace)]
     out: dict[tuple[str, int], Run] = {}
     for run in runs:

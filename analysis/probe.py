@@ -41,6 +41,7 @@ from psgdlab.analysis.samples import quantile_se
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_bytes, allreduce_messages
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, Prior
+from psgdlab.core.rundir import require_complete
 
 __all__ = ["is_probe_dir", "read_probe", "fit_probe", "nic_prior"]
 
@@ -57,6 +58,7 @@ def read_probe(path: Any) -> tuple[np.ndarray, dict[str, Any]]:
     p = Path(path)
     if not is_probe_dir(p):
         raise ConfigError(f"{p} is not a probe directory (no probe.npz)")
+    require_complete(p)
     with np.load(p / "probe.npz") as data:
         records = data["records"]
     env = json.loads((p / "env.json").read_text()) if (p / "env.json").is_file() else {}

@@ -24,7 +24,7 @@ A run *hangs* when the launcher has not ended by itself ``--hang-after`` seconds
 (the bench then kills it; default 90 s, beyond the set-up's own deadline of 60 s, within which a
 fault during the rendezvous ends the run). A failed or hung run's record (the soak's too) keeps the
 last lines of its standard error (``stderr_tail``), which goes to a file while it runs. *Partial
-files* are temporary files (``.NAME.tmpPID``, ``core.trace.temporary_path``, or the older
+files* are temporary files (``.NAME.RANDOM.tmpPID``, ``core.files.temporary_path``, or the older
 ``.NAME.PID.tmp``) left anywhere in the run directory (the soak's runs too). *Detection* is the
 time from a kill, a stop or a link set down to the run's end under ``stop`` (the launcher's
 decision, the survivors' flight records and the clean-up included: an upper bound). Under
@@ -71,7 +71,7 @@ SYNCHRONOUS = ("ssgd", "bsp", "bmuf")
 CONTINUING = ("adpsgd", "dpsgd", "hadpsgd")
 #: ... and with a host cut off (dpsgd continues on one host only)
 CONTINUING_ACROSS_HOSTS = ("adpsgd", "hadpsgd")
-#: how the bench names a temporary file of :func:`psgdlab.core.trace.atomic_write_bytes` and the data writer
+#: how the bench names a temporary file of :func:`psgdlab.core.files.atomic_write_bytes` (every writer's)
 PARTIAL = re.compile(r"^\..+\.(tmp\d+|\d+\.tmp)$")
 WORKERS = 4
 #: the soak's algorithms, in turn (the first three with --on-failure stop, the last three with

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -35,6 +36,10 @@ from psgdlab.core.errors import ConfigError
 
 __all__ = [
     "load_toml",
+    "parse_toml",
+    "read_config_text",
+    "check_values",
+    "MAX_TOML_DEPTH",
     "load_dataclass",
     "check_keys",
     "apply_overrides",
@@ -96,16 +101,79 @@ def check_keys(data: Mapping[str, Any], known: typing.Iterable[str], *, where: s
             raise ConfigError(f"{where}: unknown key {key!r}{closest(key, known)}")
 
 
+#: the deepest nesting of tables and arrays a config file may have (psgdlab's own go 4 deep)
+MAX_TOML_DEPTH = 32
+#: integers in config files fit in 64 bits (counts and sizes reach numpy as int64)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML file; a missing or malformed file is a one-line :class:`ConfigError`."""
+    """Read a TOML file: :func:`parse_toml` of :func:`read_config_text`."""
+    return parse_toml(read_config_text(path), source=str(path))
+
+
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """The text of the config file ``path``; a missing file, a directory or a file that is not
+    UTF-8 is a one-line :class:`ConfigError`."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory, not a TOML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_toml(text: str, *, source: str) -> dict[str, Any]:
+    """The values of the TOML document ``text`` (from ``source``); malformed TOML is a one-line
+    :class:`ConfigError`.
+
+    Beyond TOML's own rules, every number must be finite (no ``inf`` or ``nan``), every integer
+    must fit in 64 bits and tables and arrays nest at most :data:`MAX_TOML_DEPTH` deep
+    (:func:`check_values`): a value that would overflow later, or a document nested so deep that
+    reading it exhausts the stack, is refused here, naming the key that holds it.
+
+    >>> parse_toml("a = [[[[1]]]]", source="x.toml")["a"]
+    [[[[1]]]]
+    >>> parse_toml("a = " + "[" * 5000 + "]" * 5000, source="x.toml")
+    Traceback (most recent call last):
+    ...
+    psgdlab.core.errors.ConfigError: config file x.toml nests arrays or tables too deeply to read
+    """
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {source} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {source} nests arrays or tables too deeply to read") from None
+    check_values(data, where=f"config file {source}")
+    return data
+
+
+def check_values(data: Mapping[str, Any], *, where: str) -> None:
+    """Refuse a non-finite number, an integer beyond 64 bits, or nesting deeper than
+    :data:`MAX_TOML_DEPTH` in ``data`` (parsed TOML), naming the key (walked without recursion).
+
+    >>> check_values({"platform": {"nic": {"latency_s": float("inf")}}}, where="f.toml")
+    Traceback (most recent call last):
+    ...
+    psgdlab.core.errors.ConfigError: f.toml: platform.nic.latency_s (inf) must be a finite number
+    """
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    while stack:
+        key, value, depth = stack.pop()
+        if depth > MAX_TOML_DEPTH:
+            raise ConfigError(f"{where}: {key or 'the file'} nests deeper than {MAX_TOML_DEPTH} tables or arrays")
+        if isinstance(value, Mapping):
+            stack.extend((f"{key}.{k}" if key else str(k), v, depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{key}[{i}]", v, depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} ({value!r}) must be a finite number")
+        elif isinstance(value, int) and not isinstance(value, bool) and not _INT64[0] <= value <= _INT64[1]:
+            raise ConfigError(f"{where}: {key} ({value}) must fit in a 64-bit integer (at most {_INT64[1]})")
 
 
 def load_dataclass(cls: type[T], data: Mapping[str, Any], *, where: str) -> T:

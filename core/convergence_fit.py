@@ -47,6 +47,7 @@ import numpy as np
 from psgdlab.core.convergence import ConvergenceProfile, Estimate, Family, Limit, Limits, Setting, setting_of
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.fitting import FitReport, fit_parameters
+from psgdlab.core.rundir import require_complete
 
 __all__ = [
     "REFERENCE_KEYS",
@@ -304,6 +305,7 @@ def _summary(path: Path) -> dict[str, Any]:
     p = path / "summary.json"
     if not p.is_file():
         raise ConfigError(f"{path} has no summary.json (is it a run directory?)")
+    require_complete(path)
     try:
         return dict(json.loads(p.read_text()))
     except json.JSONDecodeError as exc:

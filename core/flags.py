@@ -31,22 +31,38 @@ __all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list
 
 
 def int_list(text: str) -> tuple[int, ...]:
-    """``"1,2,4"`` -> ``(1, 2, 4)`` (argparse type)."""
+    """``"1,2,4"`` -> ``(1, 2, 4)`` (argparse type); an empty item (``"2,,"``) is refused.
+
+    >>> int_list("1, 2,4")
+    (1, 2, 4)
+    >>> int_list("2,,")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: '2,,' has an empty item: give comma-separated integers, like 2,4,8
+    """
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"{text!r} needs at least one integer")
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item: give comma-separated integers, like 2,4,8")
     try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in items)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"{text!r} needs at least one integer")
-    return out
 
 
 def name_list(text: str) -> tuple[str, ...]:
-    """``"ssgd,adpsgd"`` -> ``("ssgd", "adpsgd")`` (argparse type)."""
-    out = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not out:
+    """``"ssgd,adpsgd"`` -> ``("ssgd", "adpsgd")`` (argparse type); an empty item is refused.
+
+    >>> name_list("ssgd, adpsgd")
+    ('ssgd', 'adpsgd')
+    """
+    items = tuple(x.strip() for x in text.split(","))
+    if not any(items):
         raise argparse.ArgumentTypeError(f"{text!r} needs at least one name")
-    return out
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item: give comma-separated names, like ssgd,adpsgd")
+    return items
 
 
 def _taking(parameter: str) -> str:
@@ -95,6 +111,11 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
     "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--force": dict(
+        action="store_true",
+        help="replace the run the output directory holds (everything in it is removed first); without it a "
+        "directory holding another run is refused",
+    ),
     "--target": dict(
         metavar="wer=PCT|loss=VALUE",
         help="the held-out metric to reach: each row adds its time to target (default: the workload's "

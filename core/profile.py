@@ -59,14 +59,13 @@ import dataclasses
 import itertools
 import math
 import os
-import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from psgdlab.core.algorithms import PlatformFacts
-from psgdlab.core.config import check_keys, closest, load_dataclass
+from psgdlab.core.config import check_keys, closest, load_dataclass, parse_toml, read_config_text
 from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work_s
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.timing import ComputeTime
@@ -842,10 +841,7 @@ class Profile:
     def from_toml(cls, text: str, *, source: str = "<string>") -> Profile:
         """Read a TOML document (module docstring): the values with :mod:`tomllib`, the head
         comments as ``notes`` and the end-of-line comments as ``provenance``."""
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {source} is not valid TOML: {exc}") from None
+        data = parse_toml(text, source=source)
         notes, comments = _read_comments(text)
         profile = cls.from_dict(data, source=source, notes=notes)
         paths = set(profile.paths())
@@ -854,10 +850,7 @@ class Profile:
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Profile:
         """:meth:`from_toml` of a file; a missing file is a one-line :class:`ConfigError`."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        return cls.from_toml(path.read_text(encoding="utf-8"), source=str(path))
+        return cls.from_toml(read_config_text(path), source=str(path))
 
     # ----- writing ----------------------------------------------------------------------------
     def tables(self, names: Sequence[str] = TABLES) -> Iterator[tuple[str, list[tuple[str, Any]]]]:

@@ -101,6 +101,7 @@ __all__ = [
     "hierarchical",
     "build_topology",
     "from_networkx",
+    "MAX_MATRIX_WORKERS",
 ]
 
 KINDS: tuple[str, ...] = (
@@ -266,6 +267,7 @@ class Topology:
         For ``hierarchical`` this is :math:`T_{round} \otimes J_m/m` with ranks node-major.
         """
         _check_round(round)
+        _require_dense(self.n_workers)
         if self.kind in STATIC_KINDS:
             return _static_matrix(self.kind, self.n_workers).copy()
         perm = self.matching(round)
@@ -282,6 +284,30 @@ class Topology:
             raise ConfigError(f"rank ({rank!r}) must be an integer in [0, {self.n_workers - 1}]")
         column = self.matrix(round)[:, rank]
         return tuple(int(j) for j in np.flatnonzero(column > 0) if j != rank)
+
+
+#: the most workers whose mixing matrix is built: it is a dense ``n x n`` float64 array (512 MiB
+#: at this size, with integer and weight copies of it alive while it is built)
+MAX_MATRIX_WORKERS = 8192
+
+
+def _require_dense(n: int) -> None:
+    """Refuse, before any allocation, a dense ``n x n`` matrix of more than :data:`MAX_MATRIX_WORKERS`."""
+    if n > MAX_MATRIX_WORKERS:
+        raise ConfigError(
+            f"workers ({n}) must be at most {MAX_MATRIX_WORKERS} for a mixing matrix: it is a dense n x n "
+            f"float64 array, {_bytes(8 * n * n)} for {n} workers"
+        )
+
+
+def _bytes(n: int) -> str:
+    """``728 TiB``: ``n`` bytes in binary units, three figures."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            break
+        value /= 1024
+    return f"{value:.3g} {unit}"
 
 
 def _check_round(round: Any) -> None:

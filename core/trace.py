@@ -26,7 +26,8 @@ loss       float32 minibatch loss on compute records where known, NaN otherwise;
 
 Metadata (a JSON-able dict) travels with it: ``schema_version``, ``source`` (reference,
 simulator, emulator, runtime), ``run_id``, ``n_workers``, ``samples_per_step`` (per worker) and
-anything else the executor adds. Files are NPZ (numpy only), written atomically.
+anything else the executor adds. Files are NPZ (numpy only), written through the one safe
+writer (:mod:`psgdlab.core.files`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import io
 import json
 import math
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,16 @@ import numpy as np
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import kind_name
+
+# the safe writer of every output file, here for the callers that import it with the trace
+from psgdlab.core.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    json_default,
+    temporary_path,
+    temporary_writer,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -150,68 +163,6 @@ class TraceBuilder:
         return np.sort(out, order=("start_s", "rank", "step"), kind="stable")
 
 
-# ----- atomic file writing ----------------------------------------------------------------------
-def temporary_path(path: str | os.PathLike[str], tag: str = "") -> Path:
-    """The name this process writes ``path`` under before it is complete: ``.NAME[.TAG].tmpPID``
-    beside it (``tag`` tells apart writers on hosts whose process ids may repeat). Every temporary
-    file of a run has this form, so what a killed process left is found by its id
-    (:func:`psgdlab.runtime.failures.stop.remove_partial_files`).
-
-    >>> temporary_path("/run/epoch00000002.json", tag="3").name.startswith(".epoch00000002.json.3.tmp")
-    True
-    """
-    path = Path(path)
-    return path.with_name(f".{path.name}{'.' + tag if tag else ''}.tmp{os.getpid()}")
-
-
-def temporary_writer(path: str | os.PathLike[str]) -> int | None:
-    """The process id :func:`temporary_path` put in ``path``'s name, or ``None`` for another name.
-
-    >>> temporary_writer(".epoch00000002.json.3.tmp4532"), temporary_writer("epoch00000002.json")
-    (4532, None)
-    """
-    name = Path(path).name
-    last = name.rsplit(".", 1)[-1]
-    return int(last[3:]) if name.startswith(".") and last.startswith("tmp") and last[3:].isdigit() else None
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, fsync it and rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
 # ----- reading and writing traces ---------------------------------------------------------------
 def write_trace(path: str | os.PathLike[str], trace: np.ndarray, meta: Mapping[str, Any]) -> Path:
     """Save ``trace`` and ``meta`` as NPZ (atomically)."""
@@ -219,12 +170,16 @@ def write_trace(path: str | os.PathLike[str], trace: np.ndarray, meta: Mapping[s
         raise ConfigError(f"trace dtype ({trace.dtype}) must be TRACE_DTYPE")
     meta = {"schema_version": SCHEMA_VERSION, **dict(meta)}
     buf = io.BytesIO()
-    np.savez_compressed(buf, trace=trace, meta=np.array(json.dumps(meta, default=_json_default)))
+    np.savez_compressed(buf, trace=trace, meta=np.array(json.dumps(meta, default=json_default)))
     return atomic_write_bytes(path, buf.getvalue())
 
 
 def read_trace(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
-    """Load a trace written by :func:`write_trace`; checks the schema version."""
+    """Load a trace written by :func:`write_trace`; checks the schema version and the columns.
+
+    A file that is not a readable NPZ archive of a trace (truncated, corrupt, another archive,
+    metadata that is not a JSON object) is a one-line :class:`ConfigError`.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"trace file {path} does not exist")
@@ -232,8 +187,14 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]
         with np.load(path, allow_pickle=False) as npz:
             trace = npz["trace"]
             meta = json.loads(str(npz["meta"]))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"trace file {path} is not a psgdlab trace ({exc})") from None
+    # a corrupt archive raises any of these from zipfile, zlib or numpy's header parser
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error, RecursionError) as exc:
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"trace file {path} is not a psgdlab trace ({detail})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"trace file {path} is not a psgdlab trace (its metadata is not a JSON object)")
+    if trace.dtype != TRACE_DTYPE or trace.ndim != 1:
+        raise ConfigError(f"trace file {path} is not a psgdlab trace (columns {trace.dtype}, {trace.ndim}-D)")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise ConfigError(
             f"trace file {path} has schema_version {meta.get('schema_version')!r}; this psgdlab reads {SCHEMA_VERSION}"
@@ -288,7 +249,7 @@ def to_chrome_trace(
             }
         )
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(meta or {})}
-    return atomic_write_text(path, json.dumps(doc, default=_json_default))
+    return atomic_write_text(path, json.dumps(doc, default=json_default))
 
 
 # ----- summary (one definition for every executor) ------------------------------------------------

@@ -20,10 +20,12 @@ name                kind          content
 ``credit``          attribute     optional: attribution the data's licence asks for
 ==================  ============  ==========================================================
 
-Every utterance has at least one frame. :func:`write_corpus` writes a temporary file in the
-target's folder and renames it, so a failed import never leaves a partial file.
-:func:`load_corpus` validates the layout, loads everything into memory as float32, appends
-Δ/ΔΔ when asked and normalises. :func:`shard_utterances` deals the utterances to the workers.
+Every utterance has at least one frame, and every feature is finite. :func:`write_corpus`
+builds the file in memory and writes it through :func:`psgdlab.core.files.atomic_write_bytes`
+(an exclusive temporary file in the target's folder, renamed), so a failed import, a full disk
+included, never leaves a partial file. :func:`load_corpus` validates the layout, loads
+everything into memory as float32 (a non-finite feature is refused, naming its utterance),
+appends Δ/ΔΔ when asked and normalises. :func:`shard_utterances` deals the utterances to the workers.
 
 This module needs h5py and numpy only; the torch batches drawn from a corpus
 (:class:`~psgdlab.models.batches.WindowSampler`, :func:`~psgdlab.models.batches.eval_windows`)
@@ -44,7 +46,7 @@ import h5py
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.trace import temporary_path
+from psgdlab.core.files import atomic_write_bytes
 
 __all__ = [
     "FORMAT_VERSION",
@@ -53,6 +55,7 @@ __all__ = [
     "write_corpus",
     "load_corpus",
     "inspect_corpus",
+    "require_finite_corpus",
     "append_deltas",
     "synthetic_corpus",
     "shard_utterances",
@@ -179,20 +182,28 @@ def write_corpus(
         attrs["source"] = source
     if credit is not None:
         attrs["credit"] = credit
+    with np.errstate(over="ignore"):  # a value beyond float16 becomes inf, refused below
+        features = np.concatenate(feats).astype(dtype)
+    if not np.all(np.isfinite(features)):  # the utterances' own values were checked finite above
+        raise ConfigError(
+            f"features stored as {dtype} ({int(np.sum(~np.isfinite(features)))} values beyond its range, up to "
+            f"{max(float(np.max(np.abs(f))) for f in feats):.3g}) must be finite: store them as float32"
+        )
     strings = h5py.string_dtype("utf-8")
-    tmp = temporary_path(path)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("features", data=np.concatenate(feats).astype(dtype), chunks=True)
-            f.create_dataset("offsets", data=offsets)
-            f.create_dataset("labels", data=np.concatenate(labels).astype(np.int32))
-            f.create_dataset("utt_ids", data=list(utt_ids), dtype=strings)
-            f.create_dataset("speakers", data=list(speakers), dtype=strings)
-            f.create_dataset("transcripts", data=transcripts, dtype=strings)
-            f.attrs.update(attrs)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # the file is built in memory and written through the one safe writer: HDF5 writing to a
+    # full disk itself left its temporary file and crashed the process at exit (SIGSEGV)
+    with h5py.File(f"psgdlab-image-of-{path.name}", "w", driver="core", backing_store=False) as f:
+        f.create_dataset("features", data=features, chunks=True)
+        del features
+        f.create_dataset("offsets", data=offsets)
+        f.create_dataset("labels", data=np.concatenate(labels).astype(np.int32))
+        f.create_dataset("utt_ids", data=list(utt_ids), dtype=strings)
+        f.create_dataset("speakers", data=list(speakers), dtype=strings)
+        f.create_dataset("transcripts", data=transcripts, dtype=strings)
+        f.attrs.update(attrs)
+        f.flush()
+        image = f.id.get_file_image()
+    atomic_write_bytes(path, image)
     return path
 
 
@@ -336,6 +347,27 @@ def inspect_corpus(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
+def require_finite_corpus(path: str | os.PathLike[str], *, rows_per_read: int = 1 << 18) -> None:
+    """Refuse (one-line :class:`ConfigError`, naming the utterance) a corpus file whose features
+    hold a NaN or an infinity, reading them ``rows_per_read`` frames at a time (a launcher's check
+    before its ranks start: memory stays small whatever the corpus's size)."""
+    path = Path(path)
+    with _open(path) as f:
+        attrs = _validate_layout(f, path)
+        features = f["features"]
+        for start in range(0, features.shape[0], rows_per_read):
+            block = features[start : start + rows_per_read]
+            bad = ~np.isfinite(block)
+            if bad.any():
+                row = start + int(np.argmax(bad.any(axis=1)))
+                utt = int(np.searchsorted(attrs["offsets"], row, side="right")) - 1
+                name = f["utt_ids"].asstr()[utt]
+                raise ConfigError(
+                    f"corpus file {path}: features of utterance {name!r} hold non-finite values (NaN or inf): "
+                    "a corpus must hold finite features"
+                )
+
+
 def load_corpus(
     path: str | os.PathLike[str],
     *,
@@ -395,6 +427,7 @@ def load_corpus(
     lengths = np.diff(offsets)[keep]
     new_offsets = np.zeros(len(keep) + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_offsets[1:])
+    _require_finite(features, new_offsets, [utt_ids[u] for u in keep], path)
     if attrs["add_deltas"] if add_deltas is None else add_deltas:
         features = append_deltas(features, new_offsets)
     features = _normalize(features, new_offsets, normalize)
@@ -409,6 +442,21 @@ def load_corpus(
         feature_kind=str(attrs["feature_kind"]),
         frame_shift_s=float(attrs["frame_shift_s"]),
         path=str(path),
+    )
+
+
+def _require_finite(features: np.ndarray, offsets: np.ndarray, utt_ids: Sequence[str], path: Path) -> None:
+    """Refuse features that are NaN or infinite (a NaN feature trains to a NaN loss), naming the
+    first utterance that holds one (``offsets``: the utterances of ``features``, ``utt_ids``
+    their names)."""
+    bad = ~np.isfinite(features)
+    if not bad.any():
+        return
+    row = int(np.argmax(bad.any(axis=1)))
+    utt = utt_ids[int(np.searchsorted(offsets, row, side="right")) - 1]
+    raise ConfigError(
+        f"corpus file {path}: features of utterance {utt!r} hold non-finite values (NaN or inf; "
+        f"{int(bad.sum())} in the frames loaded): a corpus must hold finite features"
     )
 
 

@@ -1,17 +1,30 @@
 """The ``psgdlab`` command: one entry point, one thin subcommand module per job.
 
-Exit status: 0 success, 2 bad input (usage, config, topology or matrix error), 1 a run that failed.
-Errors are printed as one line on stderr (``psgdlab: error: ...``); logs go to stderr.
+Exit status: 0 success, 2 bad input (usage, config, topology or matrix error), 1 a run that failed,
+130 interrupted (SIGINT). Errors are printed as one line on stderr (``psgdlab: error: ...``;
+a usage error: ``psgdlab COMMAND: error: ...``); logs go to stderr.
+
+The last line of defence (:func:`main`) turns what a user's input or the machine can raise
+beyond psgdlab's own errors into one line as well, the traceback behind ``-v``: an
+:class:`OSError` (permission, is-a-directory, exists, not-a-directory, a full disk; exit 2 for a
+path the user gave, 1 for the machine's failure), :class:`RecursionError` (a deeply nested
+file), :class:`OverflowError` (a value too large), :class:`MemoryError`, and a corrupt archive
+(``zipfile``, ``zlib``). Anything else is a bug of psgdlab and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import logging
 import os
 import sys
+import traceback
+import zipfile
+import zlib
+from typing import NoReturn
 
 __all__ = ["main", "build_parser"]
 
@@ -33,8 +46,16 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line (exit 2), with a pointer to ``--help``
+    in place of the usage text; subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="psgdlab",
         description=(
             "Parallel SGD testbed for speech acoustic models: predict step time, speedup and "
@@ -45,7 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     from psgdlab import __version__
 
     parser.add_argument("--version", action="version", version=f"psgdlab {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output on stderr (-vv for debug)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more log output on stderr (-vv for debug), and the traceback above an error",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
         full = f"psgdlab.commands.{module_name}"
@@ -73,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TestbedError, ValueError, FileNotFoundError) as exc:
         # ValueError-like errors are bad input (exit 2); RuntimeError-like are failed runs (exit 1)
         status = 2 if isinstance(exc, (ValueError, FileNotFoundError)) else 1
-        print(f"psgdlab: error: {_one_line(exc)}", file=sys.stderr)
-        return status
+        return _fail(exc, status, args.verbose)
     except KeyboardInterrupt:
         print("psgdlab: interrupted", file=sys.stderr)
         return 130
@@ -83,6 +109,36 @@ def main(argv: list[str] | None = None) -> int:
         # /dev/null so the interpreter's final flush does not raise again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        return _fail(exc, 1 if exc.errno in _MACHINE_ERRNOS else 2, args.verbose, _os_error(exc))
+    except RecursionError as exc:
+        return _fail(exc, 2, args.verbose, "input nested too deeply to read (Python's recursion limit)")
+    except OverflowError as exc:
+        return _fail(exc, 2, args.verbose, f"a value is too large ({_one_line(exc)})")
+    except MemoryError as exc:
+        return _fail(exc, 2, args.verbose, f"not enough memory for this input ({_one_line(exc)}); use smaller sizes")
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        return _fail(exc, 2, args.verbose, f"a corrupt or truncated archive ({_one_line(exc)})")
+
+
+#: errno values of the machine's failure (exit 1), not of a path the user gave (exit 2)
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
+def _fail(exc: BaseException, status: int, verbose: int, text: str | None = None) -> int:
+    """Print ``psgdlab: error: TEXT`` (one line; the traceback above it with ``-v``); returns ``status``."""
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"psgdlab: error: {text if text is not None else _one_line(exc)}", file=sys.stderr)
+    return status
+
+
+def _os_error(exc: OSError) -> str:
+    """``PATH: No space left on device`` (both paths of a rename), else the error's own words."""
+    reason = exc.strerror or _one_line(exc)
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    where = " -> ".join(names)
+    return " ".join(f"{where}: {reason}".split()) if where else _one_line(exc)
 
 
 def _one_line(exc: BaseException) -> str:

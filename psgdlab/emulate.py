@@ -15,9 +15,10 @@ problem (:class:`psgdlab.core.reference.LeastSquaresReplicas`, ``--model least-s
     OUT/trace.npz             the emulator's trace (staleness and minibatch loss on compute records)
     OUT/curves.npz            eval_* (held-out loss, accuracy, consensus distance against simulated
                               time and epochs), round_*, staleness, batch_loss
-    OUT/summary.json          a psgdlab.core.rundir.Summary
     OUT/timeline.json         Chrome/Perfetto timeline
     OUT/loss.png, consensus.png  (psgdlab.analysis.figures)
+    OUT/summary.json          a psgdlab.core.rundir.Summary (after the rest)
+    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run)
 """
 
 from __future__ import annotations
@@ -39,10 +40,20 @@ from psgdlab.models.recipes import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from psgdlab.core.algorithms import Algorithm
+    from psgdlab.core.stragglers import StragglerModel
     from psgdlab.sim.emulate import EmulationResult
     from psgdlab.sim.workload import SimConfig
 
-__all__ = ["EmulateConfig", "emulate", "platform_of", "build_algorithm", "write_run", "build_replicas", "SYNTHETIC"]
+__all__ = [
+    "EmulateConfig",
+    "emulate",
+    "platform_of",
+    "build_algorithm",
+    "resolve_inputs",
+    "write_run",
+    "build_replicas",
+    "SYNTHETIC",
+]
 
 #: the ``data`` value that asks for the synthetic corpus (as ``psgdlab train --data synthetic``)
 SYNTHETIC = "synthetic"
@@ -178,14 +189,18 @@ def _corpus_path(cfg: EmulateConfig) -> Path:
         if not path.exists():
             raise FileNotFoundError(f"data file {path} does not exist")
         return path
-    workdir = Path(cfg.workdir or os.path.join(tempfile.gettempdir(), "psgdlab-emulate-data"))  # reused cache
-    workdir.mkdir(parents=True, exist_ok=True)
+    # a cache reused between runs; in the shared temporary folder, one of this user's own that
+    # nobody else can write to (another user could plant a corpus or a link in a shared one)
+    from psgdlab.core.rundir import require_own_directory, require_private_directory
+
+    workdir = Path(cfg.workdir or os.path.join(tempfile.gettempdir(), f"psgdlab-emulate-data-{os.geteuid()}"))
+    require_own_directory(workdir, what="the emulator's corpus cache")
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if cfg.workdir is None:
+        require_private_directory(workdir, what="the emulator's corpus cache")
     path = workdir / f"synthetic-seed{cfg.seed}-utt{cfg.synthetic_utterances}.h5"
     if not path.exists():  # the corpus of `psgdlab train --data synthetic` (runtime.train), same arguments
-        tmp = synthetic_corpus(
-            workdir / f".{path.name}.{os.getpid()}.tmp.h5", n_utterances=cfg.synthetic_utterances, seed=cfg.seed
-        )
-        os.replace(tmp, path)
+        synthetic_corpus(path, n_utterances=cfg.synthetic_utterances, seed=cfg.seed)  # written atomically
     return path
 
 
@@ -274,14 +289,11 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     import torch
 
     from psgdlab.core.schedules import Newbob, lr_schedule
-    from psgdlab.core.stragglers import StragglerModel
     from psgdlab.sim.emulate import replay
     from psgdlab.sim.engine import simulate
 
     torch.set_num_threads(1)
-    sim_cfg = platform_of(cfg)
-    algorithm = build_algorithm(cfg, sim_cfg)
-    stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
+    algorithm, stragglers, sim_cfg = resolve_inputs(cfg)
     workload = sim_cfg.workload.with_batch(cfg.batch)
     extra: dict[str, Any] = {}
     if replicas is None:
@@ -341,13 +353,33 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     return result, resolved
 
 
+def resolve_inputs(cfg: EmulateConfig) -> tuple[Algorithm, StragglerModel, SimConfig]:
+    """The algorithm (:func:`build_algorithm`), the straggler model and the platform
+    (:func:`platform_of`) ``cfg`` names, each checked (a bad flag, a flag the algorithm does not
+    take, a platform file that does not load, a corpus file that is missing, not a corpus or
+    holds a non-finite feature: a one-line :class:`~psgdlab.core.errors.ConfigError`) before
+    anything runs or is written."""
+    from psgdlab.core.stragglers import StragglerModel
+    from psgdlab.models.recipes import LSQ_MODEL
+
+    sim_cfg = platform_of(cfg)
+    algorithm = build_algorithm(cfg, sim_cfg)
+    stragglers = StragglerModel.parse(cfg.straggler, seed=cfg.seed, n_workers=cfg.workers)
+    if cfg.data != SYNTHETIC and cfg.model != LSQ_MODEL:  # a corpus file: there, a corpus, finite
+        from psgdlab.models.data import require_finite_corpus
+
+        require_finite_corpus(_corpus_path(cfg))
+    return algorithm, stragglers, sim_cfg
+
+
 def write_run(
     out: str | os.PathLike[str] | None, result: EmulationResult, resolved: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Write the run directory of an emulation (see the module docstring) and return its summary
-    (``summary.json``'s object, with ``run_dir``)."""
+    """Write the run directory of an emulation (see the module docstring; ``summary.json`` after
+    the rest, then the commit marker) and return its summary (``summary.json``'s object, with
+    ``run_dir``)."""
     from psgdlab.analysis.figures import consensus_figure, emulation_loss_figure, save_figure
-    from psgdlab.core.rundir import RunDir, Summary, default_run_dir, environment, write_summary
+    from psgdlab.core.rundir import RunDir, Summary, commit_run, default_run_dir, environment, write_summary
     from psgdlab.core.trace import atomic_write_bytes, summarize, to_chrome_trace, write_trace
 
     rd = RunDir(out if out is not None else default_run_dir("emulate"))
@@ -366,6 +398,9 @@ def write_run(
     atomic_write_bytes(rd / "curves.npz", buf.getvalue())
     to_chrome_trace(result.trace, rd / "timeline.json", meta={"source": "emulator"})
     params = dict(resolved.get("algorithm_params") or result.meta["algorithm"])
+    title = f"{params['algorithm']} x {workers}"
+    save_figure(emulation_loss_figure(result.evals, title=title), rd / "loss.png")
+    save_figure(consensus_figure(result.rounds, title=title), rd / "consensus.png")
     figures = {
         **result.summary(),
         "timing": summarize(result.trace, samples_per_step=int(result.meta.get("samples_per_step", 1))),
@@ -375,7 +410,5 @@ def write_run(
         source="emulator", algorithm=str(params["algorithm"]), algorithm_params=params, workers=workers, figures=figures
     )
     write_summary(rd, summary)
-    title = f"{summary.algorithm} x {workers}"
-    save_figure(emulation_loss_figure(result.evals, title=title), rd / "loss.png")
-    save_figure(consensus_figure(result.rounds, title=title), rd / "consensus.png")
+    commit_run(rd.path, command="emulate")
     return summary.to_json()

@@ -28,6 +28,9 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from psgdlab.runtime.launcher.lifeline import die_with_launcher
+
+    die_with_launcher()  # first: a rank never outlives the psgdlab launcher that started it
     from psgdlab.runtime.config import TrainConfig
 
     parser = argparse.ArgumentParser(prog="python -m psgdlab.runtime", description=__doc__.split("\n\n")[0])
@@ -39,12 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     from psgdlab.runtime.transports.env import launch_env
 
     env = launch_env()
+    held = None
     try:
         if ranks_dir:
             from psgdlab.core.trace import atomic_write_text
 
             atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
         config = TrainConfig.load(args.config) if args.config else TrainConfig.from_args(args)
+        if not ranks_dir and env.rank == 0 and config.out:
+            # started by torchrun, mpiexec or srun: no psgdlab launcher holds the run directory, rank 0
+            # does (the other ranks write nothing before the rendezvous, where they wait for it)
+            from psgdlab.core.rundir import open_run_dir
+
+            held = open_run_dir(config.out, command="train", force=args.force, resume=config.resume)
         from psgdlab.runtime.train import train
 
         summary = train(config, env=env)
@@ -73,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return status
+    finally:
+        if held is not None:
+            held.release()
     if ranks_dir:
         from psgdlab.core.trace import atomic_write_text
 

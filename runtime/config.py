@@ -344,7 +344,16 @@ class TrainConfig:
             metavar="SPEC",
             help="emulated compute per step: SECONDS or a distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)",
         )
-        add_flags(parser, "--straggler", "--seed", "--out", "--lsq-dim", "--lsq-samples", defaults={"--straggler": ""})
+        add_flags(
+            parser,
+            "--straggler",
+            "--seed",
+            "--out",
+            "--force",
+            "--lsq-dim",
+            "--lsq-samples",
+            defaults={"--straggler": ""},
+        )
         parser.add_argument(
             "--resume", metavar="DIR", help="continue the run in DIR from its newest complete checkpoint"
         )

@@ -5,10 +5,13 @@ it opens the transport from the launcher's environment, builds the workload (or 
 caller's), runs the worker loop (or the parameter server on rank ``n_workers``), gathers every
 rank's trace to rank 0 and writes the run directory there::
 
-    OUT/config.resolved.json  env.json  trace.npz  summary.json  timeline.json
+    OUT/config.resolved.json  env.json  trace.npz  timeline.json
     OUT/trajectory.npz        (with record_params: models after every step, for oracle checks)
     OUT/final_params.npz      (models up to 2 M parameters)
     OUT/checkpoints/...       (psgdlab.runtime.loop.checkpoint)
+    OUT/summary.json          (after the rest)
+    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run); not
+                              for a run stopped early (SIGTERM), which --resume continues
 
 Any ``torch.nn.Module`` trains through ``workload_factory``::
 
@@ -36,7 +39,7 @@ import numpy as np
 import torch
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
+from psgdlab.core.rundir import RunDir, Summary, commit_run, environment, write_summary
 from psgdlab.core.schedules import lr_schedule
 from psgdlab.core.stragglers import StragglerModel
 from psgdlab.core.timing import ComputeTime
@@ -738,6 +741,8 @@ def _write_run_dir(
     if len(finals) == len(workers):
         _save_npz(run / "final_params.npz", params=np.stack(finals))
     write_summary(run, case)
+    if not any(r.preempted for r in workers):  # a run stopped early (SIGTERM) is not complete: --resume it
+        commit_run(out, command="train")
     return case.to_json()
 
 

@@ -63,6 +63,7 @@ from psgdlab.core.intervals import (
     log_step_time,
     row_intervals,
 )
+from psgdlab.core.machine import set_parent_death_signal
 from psgdlab.core.profile import Profile
 from psgdlab.core.rows import Extrapolation, IntervalInfo, IntervalLogSd, PredictionRow, RowIntervals, TargetColumns
 from psgdlab.core.stragglers import StragglerModel
@@ -550,7 +551,10 @@ def predict_sweep(
     # spend a second importing before it simulated anything)
     # the most workers first (the longest simulations), so that no long one is left for the end
     order = sorted(range(len(cases)), key=lambda i: -cases[i][1])
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+    # the workers die with this process (a killed predict left them waiting for work forever)
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
+    ) as pool:
         futures = {}
         for i in order:
             name, n = cases[i]

@@ -1,6 +1,8 @@
 """Writing predictions: run directories and the stdout table.
 
-Layout written by :func:`write_prediction` (every file atomic)::
+Layout written by :func:`write_prediction` (every file atomic; ``summary.json`` written after the
+rest; the caller commits the directory and its ``runs/ALG-wN`` once it has drawn the figures:
+:func:`psgdlab.core.rundir.commit_run`)::
 
     OUT/
       config.resolved.json    platform, workload and request, fully resolved
@@ -70,19 +72,19 @@ def write_prediction(
     cfg = _config_dict(config, request)
     run.write_json("config.resolved.json", cfg)
     run.write_json("env.json", env)
-    write_summary(run, sweep_summary(config, predictions))
     if per_run:
         for p in predictions:
             sub = RunDir(run.path / "runs" / f"{p.row.algorithm}-w{p.row.workers}")
             sub.write_json("config.resolved.json", {**cfg, "algorithm": p.row.params, "workers": p.row.workers})
             sub.write_json("env.json", {**env, "world_size": p.row.workers})
             write_trace(sub / "trace.npz", p.result.trace, p.result.meta)
-            write_summary(sub, _case_summary(p))
             to_chrome_trace(p.result.trace, sub / "timeline.json", meta=p.result.meta, max_events=TIMELINE_EVENTS)
+            write_summary(sub, _case_summary(p))
     if len(predictions) == 1:
         p = predictions[0]
         write_trace(run / "trace.npz", p.result.trace, p.result.meta)
         to_chrome_trace(p.result.trace, run / "timeline.json", meta=p.result.meta, max_events=50_000)
+    write_summary(run, sweep_summary(config, predictions))  # after the rest; the caller commits the whole directory
     return run
 
 

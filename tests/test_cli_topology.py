@@ -85,10 +85,13 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, match):
 
 @pytest.mark.parametrize("argv", [["ring", "--workers", "x"], ["ring"], ["ring", "--workers", "4", "--inner", "tree"]])
 def test_argparse_errors_exit_2(capsys, argv):
+    """A usage error is one line naming the command, with a pointer to its help."""
     with pytest.raises(SystemExit) as info:
         main(["topology", *argv])
     assert info.value.code == 2
-    assert "usage: psgdlab topology" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("psgdlab topology: error: ") and err.rstrip().endswith("(see psgdlab topology --help)")
 
 
 def test_plot_writes_a_png_atomically(tmp_path, capsys):

@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", metavar="PLATFORM.toml", help="the TOML file to write (atomically); needs a RUN_DIR")
     p.add_argument("--probe", action="store_true", help="probe the transport first (about 10-20 s with the defaults)")
+    add_flags(p, "--force", helps={"--force": "here of --probe-out"})
     p.add_argument(
         "--probe-out",
         metavar="DIR",
@@ -222,13 +223,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_probe(args: argparse.Namespace) -> str:
     """Run the probe of ``args`` (a progress bar on stderr); its run directory."""
+    import dataclasses
+
     from tqdm import tqdm
 
-    from psgdlab.core.rundir import default_run_dir
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.runtime.launcher.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
 
-    cfg = ProbeConfig(
-        out=str(args.probe_out or default_run_dir("probe")),
+    cfg = ProbeConfig(  # checked before the run directory is taken
+        out=str(args.probe_out or "runs/probe"),
         backend=args.backend,
         sizes_bytes=args.sizes or DEFAULT_SIZES_BYTES,
         groups=args.groups,
@@ -236,15 +239,20 @@ def _run_probe(args: argparse.Namespace) -> str:
         hosts=args.hosts,
         nic_bandwidth=args.nic_bandwidth,
     )
-    bar = tqdm(total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False)
+    held = open_run_dir(args.probe_out, command="calibrate --probe", kind="probe", force=args.force, what="--probe-out")
+    cfg = dataclasses.replace(cfg, out=str(held.path))
+    bar = tqdm(
+        total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False, disable=not sys.stderr.isatty()
+    )
 
     def progress(done: int, total: int) -> None:
         bar.update(max(done - bar.n, 0))
 
     try:
-        return str(probe(cfg, progress=progress))
+        return str(probe(cfg, progress=progress))  # rank 0 commits it
     finally:
         bar.close()
+        held.release()
 
 
 def _print_probe(path: str, args: argparse.Namespace) -> int:

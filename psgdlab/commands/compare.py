@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("pred_dir", metavar="PRED_DIR", help="run directory written by the simulator")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by the runtime")
     p.add_argument("--out", metavar="DIR", help="where to write the report (default RUN_DIR/compare)")
+    p.add_argument(
+        "--force", action="store_true", help="replace the report --out holds (without it an earlier report is kept)"
+    )
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.set_defaults(func=run)
@@ -31,10 +34,13 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.analysis.compare import compare_dirs
     from psgdlab.analysis.report import markdown_report, write_report
     from psgdlab.core.results import document
+    from psgdlab.core.rundir import open_run_dir
 
     result = compare_dirs(args.pred_dir, args.run_dir)
     out = Path(args.out) if args.out else Path(args.run_dir) / "compare"
-    write_report(result, out, figures=not args.no_figures)
+    with open_run_dir(out, command="compare", force=args.force) as held:
+        write_report(result, out, figures=not args.no_figures)
+        held.commit()
     if args.json:
         print(json.dumps(document(result), indent=2))
     else:

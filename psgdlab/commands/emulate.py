@@ -4,7 +4,9 @@ The simulator times every worker's steps on the platform model; the emulator rep
 with real replicas of a small model, so staleness (stragglers included) comes from the platform.
 Writes a run directory: ``config.resolved.json``, ``env.json``, ``trace.npz`` (the emulator's
 trace), ``curves.npz`` (loss, accuracy, consensus distance against simulated time and epochs),
-``summary.json``, ``timeline.json`` and the plots ``loss.png`` and ``consensus.png``.
+``timeline.json``, the plots ``loss.png`` and ``consensus.png``, ``summary.json`` and, last, the
+commit marker ``complete.json``. A directory that holds another run is refused (``--force``
+replaces it).
 """
 
 from __future__ import annotations
@@ -64,12 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe},
     )
     add_flags(p, "--lr-final", "--lsq-dim", "--lsq-samples")
-    add_flags(p, "--straggler", "--seed", "--out", "--json", defaults={"--straggler": ""})
+    add_flags(p, "--straggler", "--seed", "--out", "--force", "--json", defaults={"--straggler": ""})
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.emulate import EmulateConfig, emulate, write_run
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.emulate import EmulateConfig, emulate, resolve_inputs, write_run
     from psgdlab.models.recipes import recipe_of
 
     steps = args.steps if (args.steps is not None or args.epochs is not None) else 100
@@ -97,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         straggler=args.straggler,
         seed=args.seed,
     )
-    result, resolved = emulate(cfg)
-    summary = write_run(args.out, result, resolved)
+    resolve_inputs(cfg)  # bad input is said before the run directory is taken
+    with open_run_dir(args.out, command="emulate", force=args.force) as held:
+        result, resolved = emulate(cfg)
+        summary = write_run(held.path, result, resolved)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:

@@ -86,7 +86,15 @@ def run(args: argparse.Namespace) -> int:
 
     n_groups = sum(len({str(getattr(f, g)) for f in figures}) for g in ("workers", "algorithm", "batch", "period"))
     total = (0 if args.no_loo else len(figures)) + n_groups
-    with tqdm(total=total, desc="cross-validation", unit="refit", file=sys.stderr, delay=1.0, leave=False) as bar:
+    with tqdm(
+        total=total,
+        desc="cross-validation",
+        unit="refit",
+        file=sys.stderr,
+        delay=1.0,
+        leave=False,
+        disable=not sys.stderr.isatty(),  # a log file would hold the bar, and the error glued to it
+    ) as bar:
         profile, report = fit_profile(
             base, figures, parameters, loo=not args.no_loo, noise=args.noise, progress=lambda s: bar.update(1)
         )

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from psgdlab.core.convergence import OBJECTIVES
-from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, int_list
+from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, int_list, name_list
 from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     add_flags(src, "--preset", "--platform", helps={"--preset": f"default {DEFAULT_PRESET}"})
     p.add_argument("--workload", metavar="NAME|FILE.toml", default=None, help="as predict's --workload")
-    add_flags(p, "--target", "--convergence", "--seed", "--out", "--json", "--jobs")
+    add_flags(p, "--target", "--convergence", "--seed", "--out", "--force", "--json", "--jobs")
     p.add_argument("--max-gpus", type=int, default=None, metavar="G", help="at most G GPUs (default: the platform's)")
     p.add_argument("--deadline", type=float, default=None, metavar="HOURS", help="time to target at most HOURS")
     p.add_argument("--budget-gpu-hours", type=float, default=None, metavar="H", help="GPU-hours to target at most H")
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--algorithm",
-        type=lambda s: tuple(x for x in s.split(",") if x),
+        type=name_list,
         default=None,
         metavar="A,B",
         help="search only these algorithms (default: those the convergence profile covers)",
@@ -74,14 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from dataclasses import replace
 
     from psgdlab.commands.predict import resolve_convergence
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.results import document
-    from psgdlab.core.rundir import RunDir, default_run_dir, environment, write_summary
-    from psgdlab.core.summaries import PlanAnswer, PlanBrief, PlanSummary
-    from psgdlab.sim.plan import DEFAULT_BATCHES, DEFAULT_PERIODS, PLAN_STEPS, candidates, choose
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.sim.plan import DEFAULT_BATCHES, DEFAULT_PERIODS, PLAN_STEPS, candidates
     from psgdlab.sim.workload import load_config, with_workload
 
     t0 = time.perf_counter()
@@ -107,6 +105,25 @@ def run(args: argparse.Namespace) -> int:
         algorithms=args.algorithm,
     )
     steps = args.steps if args.steps is not None else PLAN_STEPS
+    with open_run_dir(args.out, command="plan", force=args.force) as held:
+        answer = _plan_into(held, args, config, profile, target, cands, steps, t0)
+    if args.json:
+        print(json.dumps(document(answer.to_json()), default=float))
+    else:
+        print(format_plan(answer))
+    return 0
+
+
+def _plan_into(
+    held: Any, args: argparse.Namespace, config: Any, profile: Any, target: Any, cands: Any, steps: int, t0: float
+) -> PlanAnswer:
+    """Search ``cands``, choose, and write and commit the run directory ``held`` holds; the plan."""
+    from dataclasses import replace
+
+    from psgdlab.core.rundir import RunDir, environment, write_summary
+    from psgdlab.core.summaries import PlanAnswer, PlanBrief, PlanSummary
+    from psgdlab.sim.plan import choose
+
     rows, how = search(cands, config, profile, target, steps=steps, seed=args.seed, jobs=args.jobs)
     choice = choose(
         rows,
@@ -134,10 +151,9 @@ def run(args: argparse.Namespace) -> int:
         workload=config.workload.name,
         wall_s=wall,
     )
-    rd = RunDir(args.out or default_run_dir("plan"))
+    rd = RunDir(held.path)
     rd.write_json("config.resolved.json", {"request": {k: v for k, v in vars(args).items() if k != "func"}})
     rd.write_json("env.json", environment(source="simulator"))
-    write_summary(rd, PlanSummary(answer=answer, rows=tuple(PlanBrief.of(r) for r in rows)))
     if not args.no_figures:
         from psgdlab.analysis.figures import plan_figure, save_figure
 
@@ -146,12 +162,9 @@ def run(args: argparse.Namespace) -> int:
             plan_figure([r for r in rows if r.reaches_target], choice.pareto, choice.recommended, title=title),
             rd / "plan.png",
         )
-    answer = replace(answer, run_dir=str(rd.path))
-    if args.json:
-        print(json.dumps(document(answer.to_json()), default=float))
-    else:
-        print(format_plan(answer))
-    return 0
+    write_summary(rd, PlanSummary(answer=answer, rows=tuple(PlanBrief.of(r) for r in rows)))
+    held.commit()
+    return replace(answer, run_dir=str(rd.path))
 
 
 def not_reaching(rows: Sequence[PlanRow]) -> dict[str, NotReaching]:
@@ -223,7 +236,12 @@ def _pool(jobs: int) -> tuple[Any, str]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")), f"{jobs} processes"
+    from psgdlab.core.machine import set_parent_death_signal
+
+    pool = ProcessPoolExecutor(  # the workers die with this process, even killed with SIGKILL
+        max_workers=jobs, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
+    )
+    return pool, f"{jobs} processes"
 
 
 def _hms(seconds: float | None) -> str:

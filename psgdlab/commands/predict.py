@@ -19,8 +19,21 @@ from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
+    from psgdlab.core.rundir import RunDir, RunLock
     from psgdlab.sim.failures import FailureRequest
+    from psgdlab.sim.predict import Prediction
     from psgdlab.sim.workload import SimConfig
+
+#: a prediction estimated to simulate longer than this (wall seconds) runs only with --yes
+CONFIRM_AFTER_S = 600.0
+#: requests of fewer worker-steps than this (every configuration's, together) are not estimated:
+#: at the simulator's 40-250 us per worker-step they take a few minutes at most
+ESTIMATE_FROM_WORKER_STEPS = 1_000_000
+#: steps per worker of the timed simulation an estimate comes from
+ESTIMATE_PROBE_STEPS = 50
+#: memory of one trace record while a simulation builds its trace (a Python tuple of ten values,
+#: then the array and its sorted copy): 450 B measured with tracemalloc (AD-PSGD, 64 workers)
+BYTES_PER_RECORD = 450
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,6 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--straggler",
         "--seed",
         "--out",
+        "--force",
         "--json",
         "--jobs",
         "--target",
@@ -101,6 +115,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--json": "one object (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
             "noise_extrapolated) with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
+    )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help=f"run a prediction estimated to simulate longer than {CONFIRM_AFTER_S / 60:.0f} minutes (a large "
+        "--steps; the estimate comes from a short timed simulation)",
     )
     fail = p.add_argument_group(
         "failures",
@@ -134,14 +154,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import default_run_dir
-    from psgdlab.sim.predict import predict_sweep, sweep_jobs
-    from psgdlab.sim.report import format_table, sweep_summary, write_prediction
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.sim.report import format_table, sweep_summary
     from psgdlab.sim.workload import load_config
 
     t_start = time.perf_counter()
@@ -168,6 +184,41 @@ def run(args: argparse.Namespace) -> int:
         )
     failures = _failure_request(args)
     convergence, target = resolve_convergence(config, args.convergence, args.target)
+    _require_affordable(args, config, tuple(algorithms), tuple(workers))
+    with open_run_dir(args.out, command="predict", force=args.force) as held:
+        run_dir, predictions = _predict_into(held, args, config, algorithms, workers, failures, convergence, target)
+        held.commit()
+    wall = time.perf_counter() - t_start
+    if args.json:
+        answer = sweep_summary(config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
+        print(json.dumps(answer, default=float))
+    else:
+        rows = [p.row for p in predictions]
+        print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
+    return 0
+
+
+def _predict_into(
+    held: RunLock,
+    args: argparse.Namespace,
+    config: SimConfig,
+    algorithms: tuple[str, ...],
+    workers: tuple[int, ...],
+    failures: FailureRequest | None,
+    convergence: ConvergenceProfile | None,
+    target: Target | None,
+) -> tuple[RunDir, list[Prediction]]:
+    """Simulate every (algorithm, workers) of the request and write the run directory ``held``
+    holds (:func:`psgdlab.sim.report.write_prediction` and the figures; not committed); the run
+    directory and the predictions."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from psgdlab.analysis.figures import write_prediction_figures
+    from psgdlab.core.machine import set_parent_death_signal
+    from psgdlab.sim.predict import predict_sweep, sweep_jobs
+    from psgdlab.sim.report import write_prediction
+
     request = {
         "algorithms": list(algorithms),
         "workers": list(workers),
@@ -187,13 +238,20 @@ def run(args: argparse.Namespace) -> int:
         "target": str(target or convergence.own_target()) if convergence is not None else None,
         "convergence": args.convergence,
     }
-
     bar = None
     n_configs = len(algorithms) * len(workers)
     if n_configs > 1:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_configs, desc="predict", unit="config", file=sys.stderr, delay=0.5, leave=False)
+        bar = tqdm(
+            total=n_configs,
+            desc="predict",
+            unit="config",
+            file=sys.stderr,
+            delay=0.5,
+            leave=False,
+            disable=not sys.stderr.isatty(),  # a log file would hold the bar, and an error line glued to it
+        )
 
     def progress(label: str) -> None:
         if bar is not None:
@@ -223,24 +281,80 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    out = args.out or default_run_dir("predict")
+    out = held.path
     rows = [p.row for p in predictions]
     title = f"{config.platform.name}: {config.workload.name}"
     if sweep_jobs(args.jobs) > 1:  # the figures are drawn beside the writing
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
+        ) as pool:
             figures = pool.submit(write_prediction_figures, out, rows, title=title)
             run_dir = write_prediction(out, config, predictions, request)
             figures.result()
     else:
         run_dir = write_prediction(out, config, predictions, request)
         write_prediction_figures(run_dir.path, rows, title=title)
-    wall = time.perf_counter() - t_start
-    if args.json:
-        answer = sweep_summary(config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
-        print(json.dumps(answer, default=float))
-    else:
-        print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
-    return 0
+    return run_dir, predictions
+
+
+def _require_affordable(
+    args: argparse.Namespace, config: SimConfig, algorithms: tuple[str, ...], workers: tuple[int, ...]
+) -> None:
+    """Refuse, before anything is written, a ``--steps`` so large that the prediction would run
+    for longer than :data:`CONFIRM_AFTER_S` without ``--yes``, or hold traces larger than this
+    machine's available memory at all. The estimate: a timed simulation of
+    :data:`ESTIMATE_PROBE_STEPS` steps of each algorithm at the largest worker count (its time
+    per worker-step and its trace records per worker-step, times every configuration's
+    worker-steps); requests under :data:`ESTIMATE_FROM_WORKER_STEPS` are not estimated."""
+    from psgdlab.core.errors import ConfigError
+    from psgdlab.core.machine import available_memory_bytes
+    from psgdlab.sim.predict import predict_one, sweep_jobs
+
+    if args.steps is None or args.steps * (sum(workers) * len(algorithms) + 1) < ESTIMATE_FROM_WORKER_STEPS:
+        return
+    n = max(workers)
+    seconds, records, fastest = 0.0, 0.0, float("inf")
+    for name in algorithms:
+        t0 = time.perf_counter()
+        probe = predict_one(
+            name,
+            n,
+            config,
+            steps=ESTIMATE_PROBE_STEPS,
+            period=args.period,
+            variant=args.variant,
+            gpus_per_node=args.gpus_per_node,
+            workers_per_host=args.workers_per_host,
+            intervals=False,
+            baseline_samples_per_s=1.0,
+        )
+        per_worker_step = (time.perf_counter() - t0) / (n * ESTIMATE_PROBE_STEPS)
+        seconds += per_worker_step * args.steps * sum(workers)
+        records = max(records, len(probe.result.trace) / (n * ESTIMATE_PROBE_STEPS))
+        fastest = min(fastest, per_worker_step)
+    seconds += fastest * args.steps  # the 1-worker baseline every speedup divides by
+    need = records * n * args.steps * BYTES_PER_RECORD * min(sweep_jobs(args.jobs), len(algorithms) * len(workers))
+    available = available_memory_bytes()
+    if available is not None and need > available:
+        raise ConfigError(
+            f"steps ({args.steps}): the traces of {n} workers x {args.steps} steps would need about "
+            f"{need / 1e9:.3g} GB ({records:.2g} records per worker-step, from a timed simulation of "
+            f"{ESTIMATE_PROBE_STEPS} steps), more than the {available / 1e9:.3g} GB available: use fewer --steps"
+        )
+    if seconds > CONFIRM_AFTER_S and not args.yes:
+        raise ConfigError(
+            f"steps ({args.steps}): this prediction would simulate for about {_duration(seconds)} here (from a timed "
+            f"simulation of {ESTIMATE_PROBE_STEPS} steps of {n} workers), past the {CONFIRM_AFTER_S / 60:.0f} minutes "
+            "it runs without asking: add --yes to run it, or use fewer --steps"
+        )
+
+
+def _duration(seconds: float) -> str:
+    """``3.2 days``, ``5.1 h``, ``12 min``."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.2g} {unit}"
+    return f"{seconds:.2g} s"
 
 
 def resolve_convergence(

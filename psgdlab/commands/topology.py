@@ -77,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         if args.plot.suffix.lower() != ".png":
             raise ConfigError(f"plot ({str(args.plot)!r}) must be a .png file")
+        if args.plot.is_dir():  # said before the curves are computed, not after
+            raise ConfigError(f"plot ({str(args.plot)!r}) is a directory; give a file name")
+        folder = next((p for p in args.plot.absolute().parents if p.exists()), None)
+        if folder is not None and not folder.is_dir():
+            raise ConfigError(f"plot ({str(args.plot)!r}) cannot be written: {folder} is a file, not a directory")
         if args.plot_max_workers < 4:
             raise ConfigError(f"plot-max-workers ({args.plot_max_workers}) must be >= 4")
     topology = build_topology(

@@ -43,11 +43,19 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from psgdlab.runtime.launcher.launch import launch
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.runtime.launcher.launch import check_limits, launch
 
     config = TrainConfig.from_args(args)
-    summary = launch(config)
-    _draw_loss(config, summary)
+    check_limits(config)  # before the run directory is taken: too many ranks, too little memory
+    fresh = args.out is None and not args.resume  # a new runs/train-TIMESTAMP, made exclusively
+    # held for the run's life: the launcher writes launch.json, its ranks everything else; rank 0
+    # commits the run, and the commit is written again once loss.png is drawn
+    with open_run_dir(None if fresh else config.out, command="train", force=args.force, resume=config.resume) as held:
+        config = config.replace(out=str(held.path))
+        summary = launch(config)
+        _draw_loss(config, summary)
+        held.commit()
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0

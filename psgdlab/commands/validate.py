@@ -155,7 +155,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--algorithms, --workers, --hosts, --nic-bandwidth, --straggler, --calibrate-workers and --full "
         "are refused with it",
     )
-    add_flags(p, "--out", "--json", required={"--out"}, helps={"--out": "required here"})
+    add_flags(p, "--out", "--force", "--json", required={"--out"}, helps={"--out": "required here"})
     p.set_defaults(func=run)
 
 
@@ -235,10 +235,19 @@ def _earlier(args: argparse.Namespace) -> Any:
 
 def _report(vc: Any, args: argparse.Namespace) -> int:
     """Run :func:`~psgdlab.validate.validate` and print its table, or its JSON with ``--json``."""
+    from psgdlab.core.rundir import open_run_dir
     from psgdlab.validate import format_table, validate
 
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    report = validate(vc, progress=progress)
+    fresh = vc.measured is not None and not Path(vc.out).exists()
+    with open_run_dir(vc.out, command="validate", force=args.force) as held:
+        try:
+            report = validate(vc, progress=progress)
+        except BaseException:
+            if fresh:  # made by a validate --measured that failed (an earlier validate of another grid)
+                held.empty()
+            raise
+        held.commit()
     if args.json:
         print(json.dumps(report.answer(), indent=2))
     else:

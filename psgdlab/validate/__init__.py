@@ -169,6 +169,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
     from psgdlab.analysis.probe import is_probe_dir
     from psgdlab.analysis.report import write_report
     from psgdlab.analysis.samples import workers_of
+    from psgdlab.core.rundir import commit_run
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
     from psgdlab.sim.workload import load_config
@@ -340,6 +341,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
             write_prediction_figures(
                 pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
             )
+            commit_run(pred_root, command="validate")
             result = compare_dirs(pred_root, meas_root)
             result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
             if vc.measured:  # the earlier validate's repeats, of the pairs its prediction misordered

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.rundir import require_complete
 from psgdlab.validate.machine import wait_for_quiet
 from psgdlab.validate.plan import ALGORITHM_CASES, ValidateConfig, case_name
 
@@ -218,6 +219,7 @@ def earlier_validate(source: Path, out: Path) -> dict[str, Any]:
         raise ConfigError(f"measured ({source}) has no validate.json: it is not the directory of a psgdlab validate")
     if out.resolve() == source.resolve():
         raise ConfigError(f"out ({out}) must differ from measured ({source}): the earlier comparison is kept")
+    require_complete(source)
     earlier: dict[str, Any] = json.loads(path.read_text())
     return earlier
 

@@ -25,7 +25,7 @@ first failure :func:`stop_run`:
    ``detection_s``: from then to the launcher's decision (about 0 for a dead rank, the deadline
    for a stopped one), both within the 0.1 s poll. ``survivors``: every other rank;
 
-5. removes the temporary files (``.NAME.tmpPID``) that killed ranks left in the run directory,
+5. removes the temporary files (``.NAME.RANDOM.tmpPID``) that killed ranks left in the run directory,
    so that a failed run holds only complete files.
 
 The run's ``summary.json`` (written only when the run finishes) has the same two keys:
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.trace import atomic_write_json, temporary_writer
+from psgdlab.core.files import TEMPORARY_GLOB, atomic_write_json, atomic_write_text, temporary_writer
 from psgdlab.runtime.failures.flight import ABORT_FILE, FLIGHT_DIR, describe_wait, flight_path
 
 __all__ = ["RankWatch", "RankFailure", "stop_run", "process_state", "remove_partial_files", "FAILURE_FILE"]
@@ -185,7 +185,7 @@ def stop_run(
     stops the ranks left."""
     detected = time.time()
     try:
-        (ranks_dir / ABORT_FILE).write_text(watch.culprits()[0].text + "\n")
+        atomic_write_text(ranks_dir / ABORT_FILE, watch.culprits()[0].text + "\n")
     except OSError:
         pass
     current = pids()
@@ -214,6 +214,9 @@ def stop_run(
     waits = _waits(records, removed)
     step, how = _step_of(waits, records, removed)
     message = first.text
+    own = records.get(first.rank, {})
+    if own.get("reason") == "error" and own.get("error"):  # the rank's own one-line error
+        message += f" ({own['error']})"
     if step is not None:
         message += {
             "collective": f" at step {step}",
@@ -349,13 +352,13 @@ def _say_waits(waits: list[dict[str, Any]]) -> list[str]:
 
 
 def remove_partial_files(out: Path, pids: Iterable[int]) -> list[Path]:
-    """Remove the temporary files (:func:`~psgdlab.core.trace.temporary_path`) that the processes
+    """Remove the temporary files (:func:`~psgdlab.core.files.temporary_path`) that the processes
     ``pids`` left under ``out`` when killed while writing; returns them."""
     wanted = set(pids)
     removed: list[Path] = []
     if not wanted or not out.is_dir():
         return removed
-    for path in out.rglob(".*.tmp*"):
+    for path in out.rglob(TEMPORARY_GLOB):
         if temporary_writer(path) in wanted:
             path.unlink(missing_ok=True)
             removed.append(path)

@@ -2,6 +2,8 @@
 
 - :mod:`~psgdlab.runtime.launcher.launch`: start every rank, watch them, fail fast;
 - :mod:`~psgdlab.runtime.launcher.ranks`: what every launcher gives the ranks it starts;
+- :mod:`~psgdlab.runtime.launcher.lifeline`: ranks die with their launcher (a parent-death
+  signal, a watch on the launcher's pidfd);
 - :mod:`~psgdlab.runtime.launcher.elastic`: ``--on-failure restart``, the ranks under torchrun's
   elastic agent (a launcher that restarts them);
 - :mod:`~psgdlab.runtime.launcher.netns`: emulated hosts (network namespaces, shaped links);

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, RunInterrupted, TransportError
+from psgdlab.core.files import append_text, atomic_write_bytes, atomic_write_text
 from psgdlab.core.rundir import SUMMARY_FILE
 from psgdlab.runtime.launcher.ranks import describe_exit, describe_interruption
 
@@ -98,8 +99,8 @@ class Progress:
 
     def __init__(self, ranks_dir: str | Path, *, rank: int, attempt: int, start_step: int) -> None:
         path = Path(ranks_dir) / f"progress.a{attempt}.rank{rank}"
-        path.write_bytes(np.array([start_step, start_step, 0.0], dtype=np.float64).tobytes())
-        with open(path, "r+b") as fh:
+        atomic_write_bytes(path, np.array([start_step, start_step, 0.0], dtype=np.float64).tobytes())
+        with open(path, "r+b") as fh:  # the file just renamed into this run's own directory
             self._map = mmap.mmap(fh.fileno(), 24)
         self._values = np.frombuffer(self._map, dtype=np.float64)
         self._first = True
@@ -171,8 +172,8 @@ def _make_agent_class() -> type:
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
             pids = super()._start_workers(worker_group)
-            with open(self.ranks_dir / PIDS_FILE, "a") as fh:  # with start times: pids are reused
-                fh.write("".join(f"{pid} {start_time(pid) or 0}\n" for pid in pids.values()))
+            # with start times: pids are reused
+            append_text(self.ranks_dir / PIDS_FILE, "".join(f"{pid} {start_time(pid) or 0}\n" for pid in pids.values()))
             return pids
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -203,8 +204,7 @@ def _make_agent_class() -> type:
                 "restarted": restarted,
                 "others": sorted(int(r) for r in result.failures if r != rank),
             }
-            with open(self.ranks_dir / RESTARTS_FILE, "a") as fh:
-                fh.write(json.dumps(line) + "\n")
+            append_text(self.ranks_dir / RESTARTS_FILE, json.dumps(line) + "\n")
             if restarted:
                 n = spec.max_restarts - self._remaining_restarts + 1
                 print(
@@ -236,7 +236,7 @@ def agent_main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     ranks_dir = Path(os.environ["PSGDLAB_RANKS_DIR"])
-    (ranks_dir / AGENT_START_FILE).write_text(repr(time.time()))
+    atomic_write_text(ranks_dir / AGENT_START_FILE, repr(time.time()))
     rdzv = rdzv_registry.get_rendezvous_handler(
         RendezvousParameters(
             backend="c10d",
@@ -285,7 +285,7 @@ def launch_elastic(
     """Run ``config`` (``on_failure == "restart"``) under the agent; rank 0's summary with
     ``restarts`` added. A fresh run (not ``resume``) first removes the checkpoints an earlier run
     left in its directory: a restart must never resume from them."""
-    from psgdlab.core.rundir import read_summary, write_summary
+    from psgdlab.core.rundir import commit_run, read_summary, write_summary
     from psgdlab.core.trace import atomic_write_json
     from psgdlab.runtime.config import world_size_of
     from psgdlab.runtime.launcher.ranks import (
@@ -381,7 +381,8 @@ def launch_elastic(
         raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
     if forwarded["sig"] is not None:
         raise RunInterrupted(
-            describe_interruption(forwarded["sig"], out, config.workers, ran=True), signal_number=forwarded["sig"]
+            describe_interruption(forwarded["sig"], out, config.workers, started=world, world=world),
+            signal_number=forwarded["sig"],
         )
     if agent.returncode != 0:
         message = _failure_message(ranks_dir, config.max_restarts, agent.returncode, len(records))
@@ -395,6 +396,7 @@ def launch_elastic(
     summary = read_summary(out)
     summary.figures["restarts"] = records
     write_summary(out, summary)
+    commit_run(out, command="train")  # again, over the summary with its restarts
     return json.loads(summary_path.read_text())
 
 

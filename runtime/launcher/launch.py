@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError, RunInterrupted, TransportError, require
+from psgdlab.core.files import atomic_write_json, atomic_write_text
+from psgdlab.core.machine import available_memory_bytes
 from psgdlab.core.placement import equal_blocks
 from psgdlab.core.rundir import SUMMARY_FILE
-from psgdlab.core.trace import atomic_write_json
 from psgdlab.models.recipes import LSQ_MODEL
 from psgdlab.runtime.config import TrainConfig, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import FLIGHT_DIR, flight_path
@@ -72,7 +73,10 @@ __all__ = [
     "launch",
     "rank_hosts",
     "require_local_gpus",
-    "require_lsq_memory",
+    "require_memory",
+    "check_limits",
+    "rank_memory_bytes",
+    "MAX_LOCAL_RANKS",
     "available_memory_bytes",
     "free_port",
     "mpiexec_path",
@@ -84,34 +88,101 @@ __all__ = [
 ]
 
 
-def available_memory_bytes() -> int | None:
-    """The memory this machine can give new processes (``MemAvailable`` of ``/proc/meminfo``),
-    ``None`` where the kernel does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+#: a rank's own memory before its model and data: a Python interpreter with torch and psgdlab's
+#: runtime imported (152 MB of anonymous memory measured, torch 2.13 CPU; the libraries' pages are
+#: shared between the ranks)
+RANK_BASE_BYTES = 160 * 2**20
+#: copies of the model a rank holds: weights, gradient, optimiser momentum, an exchange's send
+#: and receive buffers
+MODEL_COPIES = 5
+#: the most ranks ``psgdlab train`` starts on one machine: each is a process of its own (above),
+#: and the ranks connect pairwise (gloo's full mesh: n(n-1) sockets over the machine). More
+#: workers run across machines under torchrun, mpiexec or srun.
+MAX_LOCAL_RANKS = 512
 
 
-def require_lsq_memory(config: TrainConfig, local_ranks: int) -> None:
-    """Refuse, before anything starts, a least-squares run whose data cannot fit this machine:
-    every rank builds the whole problem (all workers' rows: ``workers x --lsq-samples`` rows of
-    ``--lsq-dim`` float64 columns), so ``local_ranks`` ranks need that many times it."""
-    if config.model != LSQ_MODEL:
-        return
-    per_rank = lsq_problem(config).data_bytes
+def check_limits(config: TrainConfig, local_ranks: int | None = None) -> None:
+    """Refuse, before anything starts, a run this machine cannot hold: more than
+    :data:`MAX_LOCAL_RANKS` ranks, ranks whose memory together passes ``MemAvailable``
+    (:func:`require_memory`), or an NCCL run of more ranks than GPUs (:func:`require_local_gpus`);
+    and a corpus file that is not one or holds a non-finite feature. One line each, naming the
+    value and the reason."""
+    ranks = world_size_of(config) if local_ranks is None else local_ranks
+    require(
+        ranks <= MAX_LOCAL_RANKS,
+        "workers",
+        config.workers,
+        f"must be at most {MAX_LOCAL_RANKS} ranks on one machine ({ranks} asked): every rank is a process of its own "
+        f"(a Python interpreter with torch, about {RANK_BASE_BYTES // 2**20} MB) and the ranks connect pairwise",
+        hint="run more workers across machines under torchrun, mpiexec or srun (python -m psgdlab.runtime)",
+    )
+    if config.model != LSQ_MODEL and config.data != "synthetic":
+        from psgdlab.models.data import inspect_corpus, require_finite_corpus
+
+        require_finite_corpus(config.data)  # once here, not in every rank: a NaN feature trains to a NaN loss
+        unknown = sorted(set(config.held_out_speakers) - set(inspect_corpus(config.data)["speakers"]))
+        require(not unknown, "held-out-speakers", ",".join(unknown), f"are not speakers of {config.data}")
+    require_memory(config, ranks)
+    require_local_gpus(config, ranks)
+
+
+def rank_memory_bytes(config: TrainConfig) -> tuple[int, str]:
+    """The memory one rank of ``config`` needs, estimated, and what it is made of (for a
+    message): :data:`RANK_BASE_BYTES`, the model (its parameter count from a build on torch's
+    meta device, which allocates nothing, times :data:`MODEL_COPIES` float32 copies) and the
+    training data every rank loads (a least-squares problem's rows, a corpus file's features)."""
+    if config.model == LSQ_MODEL:
+        data = lsq_problem(config).data_bytes
+        return RANK_BASE_BYTES + data, f"{RANK_BASE_BYTES / 1e6:.0f} MB of interpreter and {data / 1e9:.3g} GB of data"
+    import torch
+
+    from psgdlab.models.networks import build_model, count_parameters
+
+    if config.data == "synthetic":
+        input_dim, n_classes, data = SYNTHETIC_INPUT_DIM, SYNTHETIC_CLASSES, 0
+    else:
+        from psgdlab.models.data import inspect_corpus
+
+        info = inspect_corpus(config.data)
+        input_dim, n_classes = int(info["input_dim"]), int(info["n_classes"])
+        data = 2 * int(info["n_frames"]) * input_dim * 4  # float32 features, and their normalised copy
+    with torch.device("meta"):
+        n = count_parameters(build_model(config.model, input_dim=input_dim, n_classes=n_classes, window=config.window))
+    model = MODEL_COPIES * 4 * n
+    total = RANK_BASE_BYTES + model + data
+    return total, (
+        f"{RANK_BASE_BYTES / 1e6:.0f} MB of interpreter, {model / 1e6:.3g} MB for {n} parameters x {MODEL_COPIES} "
+        f"copies, {data / 1e6:.3g} MB of data"
+    )
+
+
+#: the synthetic corpus's sizes (psgdlab.models.data.synthetic_corpus's defaults, which train uses)
+SYNTHETIC_INPUT_DIM, SYNTHETIC_CLASSES = 40, 10
+
+
+def require_memory(config: TrainConfig, local_ranks: int) -> None:
+    """Refuse, before anything starts, ranks whose memory together (:func:`rank_memory_bytes`)
+    passes what this machine can give (``MemAvailable``). A least-squares run says how its data
+    is made: every rank builds the whole problem (all workers' rows: ``workers x --lsq-samples``
+    rows of ``--lsq-dim`` float64 columns)."""
     available = available_memory_bytes()
-    if available is None or per_rank * local_ranks <= available:
+    if available is None:
         return
+    per_rank, parts = rank_memory_bytes(config)
+    if per_rank * local_ranks <= available:
+        return
+    if config.model == LSQ_MODEL and lsq_problem(config).data_bytes * local_ranks > available:
+        data = lsq_problem(config).data_bytes
+        raise ConfigError(
+            f"least-squares data of {data / 1e9:.3g} GB per rank (every rank builds all {config.workers} workers' "
+            f"rows: workers x --lsq-samples {config.lsq_samples_per_worker} x (--lsq-dim {config.lsq_dim} + 1) x 8 B) "
+            f"times {local_ranks} ranks on this machine is {data * local_ranks / 1e9:.3g} GB, more than the "
+            f"{available / 1e9:.3g} GB available: lower --lsq-samples or --lsq-dim"
+        )
     raise ConfigError(
-        f"least-squares data of {per_rank / 1e9:.3g} GB per rank (every rank builds all {config.workers} workers' "
-        f"rows: workers x --lsq-samples {config.lsq_samples_per_worker} x (--lsq-dim {config.lsq_dim} + 1) x 8 B) "
-        f"times {local_ranks} ranks on this machine is {per_rank * local_ranks / 1e9:.3g} GB, more than the "
-        f"{available / 1e9:.3g} GB available: lower --lsq-samples or --lsq-dim"
+        f"workers ({config.workers}): {local_ranks} ranks of about {per_rank / 1e6:.0f} MB each ({parts}) need "
+        f"{per_rank * local_ranks / 1e9:.3g} GB, more than the {available / 1e9:.3g} GB this machine has available "
+        "(MemAvailable): use fewer workers or a smaller model"
     )
 
 
@@ -157,11 +228,11 @@ def launch(
     """Run ``config`` on local processes and return rank 0's summary (``OUT/summary.json``).
 
     ``config.failure_policy == "restart"``: under torchrun's elastic agent instead
-    (:func:`psgdlab.runtime.launcher.elastic.launch_elastic`). A least-squares run whose data would not
-    fit this machine's memory is refused first (:func:`require_lsq_memory`), and so is an NCCL
-    run of more ranks than this machine has GPUs (:func:`require_local_gpus`)."""
-    require_lsq_memory(config, world_size_of(config))
-    require_local_gpus(config, world_size_of(config))
+    (:func:`psgdlab.runtime.launcher.elastic.launch_elastic`). A run this machine cannot hold is
+    refused first (:func:`check_limits`: too many ranks, too little memory, too few GPUs). SIGINT
+    or SIGTERM while the ranks are starting stops the starting (no further rank starts) and the
+    ranks started so far."""
+    check_limits(config)
     if config.failure_policy == "restart":
         from psgdlab.runtime.launcher.elastic import launch_elastic
 
@@ -190,8 +261,10 @@ def launch(
         first = forwarded["sig"] is None
         forwarded["sig"] = signum
         forwarded["at"] = forwarded["at"] or time.monotonic()
-        if forwarded["setting_up"] and first:  # unwind; the finally below removes what was made
+        if forwarded["setting_up"] and first and not procs:  # unwind; the finally below removes what was made
             raise _Stopped(signum)
+        if forwarded["setting_up"]:  # ranks are starting: start_ranks stops before the next one
+            return
         for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -219,14 +292,13 @@ def launch(
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=None if hosts is None else set_parent_death_signal,
+                preexec_fn=set_parent_death_signal,  # mpiexec dies with the launcher; its ranks watch it
             )
             forwarded["setting_up"] = False
         else:
 
             def _started(r: int, proc: subprocess.Popen) -> None:
                 procs[r] = proc
-                forwarded["setting_up"] = False
 
             start_ranks(
                 cmd,
@@ -237,7 +309,11 @@ def launch(
                 master_port=MASTER_PORT,
                 stderr=stderr,
                 on_start=_started,
+                stop=lambda: forwarded["sig"] is not None,
             )
+            if forwarded["sig"] is not None and len(procs) < world:
+                raise _Stopped(forwarded["sig"])  # the finally below stops the ranks started so far
+            forwarded["setting_up"] = False
         if forwarded["sig"] is not None:  # arrived while the ranks were starting
             _forward(forwarded["sig"], None)
         _watch(
@@ -269,8 +345,9 @@ def launch(
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
     if forwarded["sig"] is not None:
+        started_ranks = len(procs) if config.backend != "mpi" else world * bool(procs)  # mpiexec starts its own
         raise RunInterrupted(
-            describe_interruption(forwarded["sig"], out, config.workers, ran=bool(procs)),
+            describe_interruption(forwarded["sig"], out, config.workers, started=started_ranks, world=world),
             signal_number=forwarded["sig"],
         )
     summary_path = out / SUMMARY_FILE
@@ -315,7 +392,7 @@ def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, per_host: int) -> list
     mpiexec places the ranks beyond the slots, a parameter server, from the first host again: on
     host 0), the namespace launcher hook."""
     host_file = ranks_dir / "hosts.txt"
-    host_file.write_text("".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
+    atomic_write_text(host_file, "".join(f"{hosts.address(h)}:{per_host}\n" for h in range(hosts.hosts)))
     hook = hosts.write_hydra_launcher(ranks_dir / "hydra_launcher.sh")
     return ["-iface", BRIDGE, "-f", str(host_file), "-launcher", "ssh", "-launcher-exec", str(hook)]
 
@@ -415,7 +492,7 @@ def _watch(
                     world=world,
                     policy="stop" if policy == "continue" else policy,
                 )
-                raise TransportError(f"run failed: {message}")
+                raise TransportError(f"run failed: {message}{_full_disk_note(out)}")
             if all(p.poll() is not None for p in procs.values()):
                 return
             stopped_at = (forwarded or {}).get("at")
@@ -428,6 +505,23 @@ def _watch(
             watch.wait_exits(pids, 0.1)  # the exit times to the millisecond: who died first
     finally:
         watch.close()
+
+
+#: a run directory's file system with less free than this is full, for a failed run's message
+FULL_BELOW_BYTES = 1 << 20
+
+
+def _full_disk_note(out: Path) -> str:
+    """``; the file system of OUT is full (...)`` when it is: a rank that failed to write (a
+    checkpoint, its flight record) could not say why in a file there."""
+    try:
+        st = os.statvfs(out)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= FULL_BELOW_BYTES:
+        return ""
+    return f"; the file system of {out} is full ({free} bytes free: No space left on device)"
 
 
 def _killed(code: int) -> bool:

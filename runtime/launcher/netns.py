@@ -58,7 +58,6 @@ It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN, to create and mount namespaces),
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import re
@@ -72,8 +71,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.trace import atomic_write_text
+from psgdlab.core.files import atomic_write_text
 from psgdlab.runtime.config import MAX_HOSTS
+from psgdlab.runtime.launcher.lifeline import set_parent_death_signal  # here for the launchers that import it
 from psgdlab.runtime.transports.env import HOST_ENV
 from psgdlab.runtime.transports.shm.shm_sys import remove_segments, start_time
 
@@ -249,13 +249,6 @@ def fresh_hosts(hosts: int, rate_bytes_per_s: float | None) -> EmulatedHosts:
     return EmulatedHosts(hosts, rate_bytes_per_s)
 
 
-def set_parent_death_signal() -> None:
-    """Have the kernel kill this process when the thread that started it dies (``preexec_fn``
-    of the ranks: a launcher killed by SIGKILL takes its ranks with it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class EmulatedHosts:
     """``hosts`` network namespaces joined by a bridge, each link shaped to ``rate_bytes_per_s``
@@ -414,7 +407,7 @@ shift
 export {HOST_ENV}="$ns"
 exec ip netns exec "$ns" sh -c "$*"
 """
-        path.write_text(script)
+        atomic_write_text(path, script)
         path.chmod(0o755)
         return path
 

@@ -19,6 +19,7 @@ recorded and marked. Rank 0 gathers the records and writes the run directory::
     OUT/probe.json     the probe's configuration
     OUT/probe.npz      one row per (kind, group, size, repetition, rank): wall_s, cpu_s, warm-up flag
     OUT/env.json       versions, host, cpu_count, world size, the transport's allreduce schedule
+    OUT/complete.json  the commit marker, last (psgdlab.core.rundir.commit_run)
 
 :mod:`psgdlab.analysis.probe` fits the link laws from it. Every wait has a deadline
 (``timeout_s``): a rank that dies or hangs stops the probe with an error naming it.
@@ -156,23 +157,28 @@ def probe(cfg: ProbeConfig, *, progress: Callable[[int, int], None] | None = Non
     or a probe past ``cfg.timeout_s`` stops every rank and raises :class:`TransportError`.
     """
     from psgdlab.runtime.launcher.launch import mpiexec_path
+    from psgdlab.runtime.launcher.lifeline import launcher_environment, set_parent_death_signal
     from psgdlab.runtime.launcher.ranks import RANK_ENV, start_ranks
 
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"probe output {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("probe.npz", "progress"):
+    for name in ("probe.npz", "progress", "complete.json"):
         (out / name).unlink(missing_ok=True)
     config_path = atomic_write_json(out / "probe.json", asdict(cfg))
     cmd = [sys.executable, "-m", "psgdlab.runtime.launcher.probe", "--config", str(config_path)]
-    env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **RANK_ENV, "PYTHONUNBUFFERED": "1", **launcher_environment()}
     procs: list[subprocess.Popen[bytes]] = []
     hosts = None
     try:
         if cfg.backend == "mpi":
             mpi = [str(mpiexec_path()), "-n", str(cfg.world), *cmd]
-            procs.append(subprocess.Popen(mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    mpi, env=env, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=set_parent_death_signal
+                )
+            )
         else:
             placement, port = [0] * cfg.world, 0
             if cfg.hosts > 1:
@@ -261,7 +267,7 @@ def run_rank(cfg: ProbeConfig) -> None:
     """The probe on this process (module docstring); rank 0 writes the run directory."""
     import torch
 
-    from psgdlab.core.rundir import environment
+    from psgdlab.core.rundir import commit_run, environment
     from psgdlab.runtime.transports.channels import open_channels
     from psgdlab.runtime.transports.env import launch_env
 
@@ -323,6 +329,7 @@ def run_rank(cfg: ProbeConfig) -> None:
             },
         ),
     )
+    commit_run(out, command="calibrate --probe")
 
 
 def _rate(text: str | None) -> float | None:
@@ -341,6 +348,9 @@ def _close(backend: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Per-rank entry: ``python -m psgdlab.runtime.launcher.probe --config OUT/probe.json``."""
+    from psgdlab.runtime.launcher.lifeline import die_with_launcher
+
+    die_with_launcher()
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0")
     parser = argparse.ArgumentParser(prog="python -m psgdlab.runtime.launcher.probe")
     parser.add_argument(

@@ -15,6 +15,7 @@ from typing import Any
 
 from psgdlab.core.placement import local_ranks
 from psgdlab.core.rundir import SUMMARY_FILE
+from psgdlab.runtime.launcher.lifeline import launcher_environment, set_parent_death_signal
 from psgdlab.runtime.transports.env import STORE_FD_ENV
 
 __all__ = [
@@ -87,29 +88,31 @@ def start_ranks(
     master_port: int = 0,
     stderr: Any = None,
     on_start: Callable[[int, subprocess.Popen], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[subprocess.Popen]:
     """Start ``cmd`` once per rank of ``world`` on this machine, each with ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK`` and the rendezvous in its environment (``env`` and those); ``on_start(rank,
     process)`` is called as each starts (a launcher's signal handler sees the ranks started so far).
+    ``stop()`` is asked before each start: once it says True (SIGINT reached the launcher) no
+    further rank starts and the ranks started so far are returned, for the caller to stop.
 
     On one host (``hosts`` None) rank 0 serves the store on a :func:`rendezvous_socket` bound
     here, which this function closes once rank 0 holds it. On emulated hosts
     (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host, its
     ``LOCAL_RANK`` its place among its host's ranks, :func:`psgdlab.core.placement.local_ranks`) each rank
     starts in its host's namespace with its host's environment, finds the store at
-    ``master_port`` (fresh namespaces, where nothing else listens), dies with its launcher
-    (parent-death signal), and is recorded for the clean-up after a killed launcher."""
+    ``master_port`` (fresh namespaces, where nothing else listens), and is recorded for the
+    clean-up after a killed launcher. Every rank dies with its launcher: its own parent-death
+    signal and check at its start (:mod:`psgdlab.runtime.launcher.lifeline`), and on emulated
+    hosts one set before ``ip netns exec`` runs."""
     store = rendezvous_socket() if hosts is None else None
     rendezvous = store_environment(store) if store else {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
-    death_signal = None
-    if hosts is not None:
-        from psgdlab.runtime.launcher.netns import set_parent_death_signal
-
-        death_signal = set_parent_death_signal
     local = local_ranks(placement if hosts is not None else (0,) * world)  # a rank's device on its host
     procs: list[subprocess.Popen] = []
     try:
         for r in range(world):
+            if stop is not None and stop():
+                break
             env_r = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(local[r]), **rendezvous)
             prefix: list[str] = []
             if hosts is not None:
@@ -120,7 +123,8 @@ def start_ranks(
                 env=env_r,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                preexec_fn=death_signal,
+                # the rank sets its own at its start (launcher.lifeline); ip netns exec, before it, too
+                preexec_fn=set_parent_death_signal if hosts is not None else None,
                 pass_fds=(store.fileno(),) if store is not None and r == 0 else (),
             )
             procs.append(proc)
@@ -167,13 +171,19 @@ def describe_exit(code: int, oom_kills_before: int | None = None) -> str:
     return f"exited with status {code}"
 
 
-def describe_interruption(sig: int, out: Path, workers: int, *, ran: bool) -> str:
+def describe_interruption(sig: int, out: Path, workers: int, *, started: int, world: int) -> str:
     """What a run that signal ``sig`` stopped says: by whom, and the step ``--resume`` continues
     from in ``out`` (the newest step every one of ``workers`` checkpointed: the step the ranks
-    agreed to stop at); ``ran``: whether any rank had started."""
+    agreed to stop at); ``started`` of the run's ``world`` ranks had started (fewer: the signal
+    came while they started, and none trained)."""
     by = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else signal.Signals(sig).name
-    if not ran:
+    if started == 0:
         return f"run interrupted by {by} during set-up; no rank ran"
+    if started < world:
+        return (
+            f"run interrupted by {by} while its ranks were starting: {started} of {world} had started, "
+            "and were stopped; no rank trained"
+        )
     from psgdlab.runtime.loop.checkpoint import latest_complete_step  # imports torch
 
     step = latest_complete_step(out, workers)
@@ -188,11 +198,13 @@ def describe_interruption(sig: int, out: Path, workers: int, *, ran: bool) -> st
 
 def rank_environment(ranks_dir: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
     """The environment every rank starts with: this process's, ``extra_env``, :data:`RANK_ENV`
-    where neither sets it, unbuffered output, and ``PSGDLAB_RANKS_DIR``."""
+    where neither sets it, unbuffered output, ``PSGDLAB_RANKS_DIR``, and this process named as
+    the launcher the ranks die with (:mod:`psgdlab.runtime.launcher.lifeline`)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     for key, value in RANK_ENV.items():
         env.setdefault(key, value)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PSGDLAB_RANKS_DIR"] = str(ranks_dir)
+    env.update(launcher_environment())  # the ranks die with this process (launcher.lifeline)
     return env

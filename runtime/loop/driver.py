@@ -90,6 +90,7 @@ from psgdlab.runtime.loop.exchange.protocol import (
 from psgdlab.runtime.loop.exchange.surviving import SurvivingProtocol
 from psgdlab.runtime.loop.exchange.transform import Identity, MessageTransform, Wire
 from psgdlab.runtime.loop.scan import overlap_group
+from psgdlab.runtime.loop.workloads import require_finite_loss
 from psgdlab.runtime.transports.env import in_main_thread
 from psgdlab.runtime.transports.transport import Transport
 
@@ -395,6 +396,7 @@ class _Worker:
     def _compute(self, weights: torch.Tensor, step: int) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
         grad, loss = self.workload.gradient(weights, self.rank, step)
+        require_finite_loss(loss, rank=self.rank, step=step)  # a NaN loss stops the run (issue 45)
         real = time.perf_counter() - t0
         stragglers = self.opt.stragglers
         if self.opt.compute_time is not None:

@@ -16,18 +16,20 @@ gradient and loss at given weights for ``(rank, step)``. Two implementations:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from psgdlab.core.errors import TransportError
 from psgdlab.core.reference import LeastSquaresProblem
 from psgdlab.runtime.loop.exchange.transform import MessageTransform
 from psgdlab.runtime.loop.overlap import OverlappedAllreduce
 from psgdlab.runtime.transports.transport import Transport
 
-__all__ = ["Workload", "LeastSquaresWorkload", "ModuleWorkload"]
+__all__ = ["Workload", "LeastSquaresWorkload", "ModuleWorkload", "require_finite_loss"]
 
 
 class Workload(Protocol):
@@ -45,6 +47,22 @@ class Workload(Protocol):
 
     def evaluate(self, weights: torch.Tensor) -> dict[str, float]:
         """Held-out or full-data figures at ``weights`` (may be empty)."""
+
+
+def require_finite_loss(loss: float, *, rank: int, step: int) -> None:
+    """Stop a rank whose minibatch loss is NaN or infinite, saying when: a run that diverged (a
+    learning rate too large) or met a non-finite value trained on to a NaN loss and exited 0.
+
+    >>> require_finite_loss(float("inf"), rank=1, step=12)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    psgdlab.core.errors.TransportError: rank 1: the loss became non-finite (inf) at step 12: the run diverged ...
+    """
+    if not math.isfinite(loss):
+        raise TransportError(
+            f"rank {rank}: the loss became non-finite ({loss}) at step {step}: the run diverged (is the learning rate "
+            "too large?) or a value it computed is not finite; it is stopped"
+        )
 
 
 class LeastSquaresWorkload:

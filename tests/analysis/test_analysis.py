@@ -16,7 +16,7 @@ from psgdlab.analysis.report import write_report
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.rundir import RunDir, Summary, write_summary
+from psgdlab.core.rundir import RunDir, Summary, commit_run, write_summary
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 
 
@@ -57,6 +57,7 @@ def write_case(
         ),
     )
     rd.write_json("config.resolved.json", {"algorithm": {"algorithm": algorithm, "n_workers": workers}})
+    commit_run(path, command="test")
     return path
 
 
@@ -66,6 +67,8 @@ def dirs(tmp_path):
     for alg, st, stale in (("ssgd", 0.10, 0), ("adpsgd", 0.08, 1)):
         write_case(pred / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st, comm_s=0.02, staleness=stale)
         write_case(meas / "runs" / f"{alg}-w4", algorithm=alg, workers=4, step_s=st * 1.1, comm_s=0.02, staleness=stale)
+    commit_run(pred, command="test")
+    commit_run(meas, command="test")
     return pred, meas
 
 
@@ -85,6 +88,8 @@ def test_ranking_difference_is_detected(tmp_path):
     write_case(pred / "runs" / "b", algorithm="adpsgd", workers=2, step_s=0.2)
     write_case(meas / "runs" / "a", algorithm="ssgd", workers=2, step_s=0.2)
     write_case(meas / "runs" / "b", algorithm="adpsgd", workers=2, step_s=0.1)
+    commit_run(pred, command="test")
+    commit_run(meas, command="test")
     assert compare_dirs(pred, meas)["ranking_identical"] is False
 
 
@@ -254,6 +259,7 @@ def test_compare_says_where_the_step_goes(tmp_path):
         write_case(
             root / "runs" / "ssgd-w4", algorithm="ssgd", workers=4, step_s=0.1, comm_s=comm_s, samples_per_step=32
         )
+        commit_run(root, command="test")
     result = compare_dirs(pred, meas)
     path = result["cases"][0]["path"]
     assert path["after_compute_s"]["predicted"] == pytest.approx(0.01)

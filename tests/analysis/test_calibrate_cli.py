@@ -13,7 +13,7 @@ from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.cost import allreduce_messages, allreduce_rounds
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind, trainer_merges
-from psgdlab.core.rundir import RunDir, Summary, write_summary
+from psgdlab.core.rundir import RunDir, Summary, commit_run, write_summary
 from psgdlab.core.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
 
@@ -147,6 +147,7 @@ def write_run(
     rd.write_json("env.json", {"cpu_count": CORES})
     if resolved:
         rd.write_json("config.resolved.json", {"algorithm": resolved, "world_size": workers})
+    commit_run(path, command="test")
     return path
 
 
@@ -631,6 +632,7 @@ def write_probe(path, *, hosts, w_msg, w_byte, rate=6.25e7, latency=1e-3, seed=0
     env = {"hosts": hosts, "world_size": 2, "cpu_count": CORES, "allreduce_algorithm": "ring"}
     env["nic_bandwidth_bytes_per_s"] = rate if hosts > 1 else None
     RunDir(path).write_json("env.json", env)
+    commit_run(path, command="test")
     return path
 
 

@@ -26,6 +26,7 @@ from psgdlab.core.convergence import (
 from psgdlab.core.convergence_fit import from_emulated_runs, from_published, from_reference_run
 from psgdlab.core.convergence_published import BILSTM_TABLE, convergence_profile
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.rundir import commit_run
 
 positive = st.floats(min_value=1e-2, max_value=1e4, allow_nan=False, allow_infinity=False)
 
@@ -208,6 +209,7 @@ def test_a_reference_run_gives_the_curve_and_its_noise_scale(tmp_path, rng):
             }
         )
     )
+    commit_run(tmp_path, command="test")
     p = from_reference_run(tmp_path, target=0.45)
     np.testing.assert_allclose(p.floor.value, 0.3, rtol=0.05)
     np.testing.assert_allclose(p.curve.value, 0.5, rtol=0.1)
@@ -218,6 +220,7 @@ def test_a_reference_run_gives_the_curve_and_its_noise_scale(tmp_path, rng):
 
 def test_a_reference_run_without_the_keys_says_which(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"source": "runtime", "workers": 1, "noise_scale": 3.0}))
+    commit_run(tmp_path, command="test")
     with pytest.raises(ConfigError, match="lacks heldout_curve, samples_per_epoch, batch_per_worker"):
         from_reference_run(tmp_path)
 
@@ -240,6 +243,7 @@ def _emulated(path, *, algorithm, workers, batch, epochs, loss, staleness=0.0):
         json.dumps({"batch": batch, "steps_per_epoch": 12800 / (workers * batch)})
     )
     np.savez(path / "curves.npz", eval_epoch=epochs, eval_loss=loss)
+    commit_run(path, command="test")
     return path
 
 

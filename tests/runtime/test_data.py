@@ -200,6 +200,28 @@ def test_load_labels_out_of_range(tmp_path):
         load_corpus(path)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_load_refuses_non_finite_features_naming_the_utterance(tmp_path, bad):
+    """A corpus written by another tool with a NaN trained to a NaN loss and exit 0 (issue 45)."""
+    path, args = _small(tmp_path)
+    write_corpus(path, **args)
+    with h5py.File(path, "a") as f:
+        f["features"][9, 2] = bad  # utterance c holds frames 8..15
+    with pytest.raises(ConfigError, match=r"features of utterance 'c' hold non-finite values \(NaN or inf; 1 in"):
+        load_corpus(path)
+    with pytest.raises(ConfigError, match="utterance 'c'"):
+        load_corpus(path, speakers=["s2"])
+    assert load_corpus(path, speakers=["s1"]).utt_ids == ("a", "b")  # the utterances loaded are finite
+
+
+def test_write_refuses_features_beyond_float16(tmp_path):
+    path, args = _small(tmp_path)
+    args["features_per_utt"][1][0, 0] = 1e6
+    with pytest.raises(ConfigError, match=r"features stored as float16 \(1 values beyond its range, up to 1e\+06\)"):
+        write_corpus(path, **args, dtype="float16")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_deltas_match_hand_computed_values():
     # one utterance, one dimension, c = [0, 1, 4, 9, 16]; N = 2, denominator 2 * (1 + 4) = 10
     c = np.array([[0.0], [1.0], [4.0], [9.0], [16.0]], dtype=np.float32)

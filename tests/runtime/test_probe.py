@@ -39,7 +39,8 @@ def test_probe_on_two_ranks_writes_its_samples_and_fits_the_links(tmp_path, caps
     for law in (fit["link"], fit["collective"]):
         assert law["latency_s"] >= 0 and law["bandwidth_bytes_per_s"] > 0
     assert fit_probe(out)["host_cpu"]["work_per_message_s"] >= 0
-    assert sorted(p.name for p in out.iterdir()) == ["env.json", "probe.json", "probe.npz"]  # no progress file left
+    # no progress file or lock left; committed
+    assert sorted(p.name for p in out.iterdir()) == ["complete.json", "env.json", "probe.json", "probe.npz"]
 
 
 def test_probe_flags_are_checked_before_anything_runs(tmp_path, capsys):

@@ -248,3 +248,83 @@ def test_the_rendezvous_port_stays_bound_from_its_choice_to_rank_0s_store():
         assert env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), STORE_FD_ENV: str(sock.fileno())}
         with socket.create_connection(("127.0.0.1", port), timeout=5):  # it listens: early clients queue
             pass
+
+
+def test_more_ranks_than_one_machine_runs_are_refused_before_anything_starts(capsys, tmp_path):
+    """``--workers 10000000`` started one process per rank until the machine gave out (issue 45)."""
+    out = tmp_path / "run"
+    _fails(
+        capsys,
+        ["--model", "least-squares", "--workers", "10000000", "--out", str(out)],
+        r"workers \(10000000\) must be at most 512 ranks on one machine .* every rank is a process of its own",
+    )
+    assert not out.exists()
+
+
+def test_ranks_beyond_the_machines_memory_are_refused_with_what_a_rank_holds(capsys, tmp_path, monkeypatch):
+    """The memory of a rank of a torch model: the interpreter, the model (its parameters counted on
+    torch's meta device, nothing allocated) times its copies, the data."""
+    from psgdlab.runtime.config import TrainConfig
+    from psgdlab.runtime.launcher import launch
+
+    per_rank, _ = launch.rank_memory_bytes(TrainConfig(model="blstm-small", workers=2, steps=10))
+    monkeypatch.setattr(launch, "available_memory_bytes", lambda: int(per_rank * 3.5))
+    out = tmp_path / "run"
+    _fails(
+        capsys,
+        ["--model", "blstm-small", "--workers", "4", "--out", str(out)],
+        r"workers \(4\): 4 ranks of about \d+ MB each \(\d+ MB of interpreter, [\d.]+ MB for \d+ parameters x 5 "
+        r"copies, 0 MB of data\) need [\d.]+ GB, more than the [\d.]+ GB this machine has available",
+    )
+    assert not out.exists()
+
+
+def test_sigint_while_the_ranks_start_stops_the_starting_and_the_ranks_started(tmp_path, monkeypatch):
+    """SIGINT did not stop the spawn loop: the launcher forwarded it to the ranks started so far
+    and went on starting the others. Here the second start brings a SIGINT: no third rank starts,
+    the two started are stopped, and the error says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from psgdlab.core.errors import TransportError
+    from psgdlab.runtime.launcher import launch, ranks
+    from psgdlab.tests.runtime._runtime_helpers import lsq_config
+
+    real = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def popen(cmd, **kwargs):  # a rank that only sleeps; the second start is interrupted
+        kwargs.pop("pass_fds", None)
+        proc = real([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs)
+        started.append(proc)
+        if len(started) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return proc
+
+    monkeypatch.setattr(ranks.subprocess, "Popen", popen)
+    with pytest.raises(
+        TransportError, match=r"SIGINT while its ranks were starting: 2 of 6 had started, and were stopped"
+    ):
+        launch.launch(lsq_config(tmp_path, "ssgd", 6), quiet=True)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+def test_a_loss_that_becomes_non_finite_stops_the_run_saying_at_which_step_and_rank(capfd, tmp_path):
+    """A diverged run trained on to an inf loss and exited 0 (issue 45): it stops at the first
+    non-finite loss, exit 1, the launcher's line naming the rank, its error and the step; nothing
+    is committed."""
+    import re
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", "least-squares", "--lr", "1000", "--steps", "400", "--workers", "2", "--out", str(out)]
+    assert main(argv) == 1
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in lines)
+    assert re.match(
+        r"psgdlab: error: run failed: rank (\d) exited with status 1 \(rank \1: the loss became non-finite \(inf\) "
+        r"at step (\d+): the run diverged",
+        lines[-1],
+    ), lines[-1]
+    assert not (out / "complete.json").exists()

@@ -291,3 +291,30 @@ def test_workload_flag_errors(tmp_path, capsys):
     assert main(["predict", "--platform", str(bare), "--workload", "dnn-13.5m", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert "device_flops_per_s" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_prediction_too_long_to_simulate_asks_for_yes_and_one_too_large_to_hold_is_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """``predict --steps 1e9`` started with no estimate (issue 45): a timed short simulation
+    estimates the wall time (past the limit: --yes) and the traces' memory (past what the
+    machine has: refused whatever the flags). The limits are lowered here so a small request
+    meets them; nothing is written before the answer."""
+    from psgdlab.commands import predict
+    from psgdlab.core import machine
+
+    monkeypatch.setattr(predict, "ESTIMATE_FROM_WORKER_STEPS", 10)
+    monkeypatch.setattr(predict, "CONFIRM_AFTER_S", 0.0)
+    out = tmp_path / "run"
+    argv = ["predict", "--algorithm", "ssgd", "--workers", "2", "--steps", "20", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and not out.exists()
+    assert "steps (20): this prediction would simulate for about" in err
+    assert "past the 0 minutes it runs without asking: add --yes to run it, or use fewer --steps" in err
+    assert main([*argv, "--yes", "--json"]) == 0
+    assert (out / "complete.json").is_file()
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1000)
+    assert main([*argv, "--yes", "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "more than the 1e-06 GB available: use fewer --steps" in err

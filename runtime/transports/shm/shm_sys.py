@@ -25,6 +25,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from psgdlab.core.files import process_start_time
+
 __all__ = [
     "SUPPORTED",
     "SHM_DIR",
@@ -111,13 +113,9 @@ def cma_read(pid: int, local_address: int, remote_address: int, nbytes: int) -> 
 
 
 def start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (None: no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == b"Z" else int(fields[19])  # a zombie has exited
+    """The start time of process ``pid`` in clock ticks since boot (None: no such process;
+    :func:`psgdlab.core.files.process_start_time`)."""
+    return process_start_time(pid)
 
 
 def is_alive(pid: int, started: int) -> bool:
