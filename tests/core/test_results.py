@@ -23,7 +23,7 @@ from psgdlab.core.rows import (
     TargetColumns,
     TargetLogSd,
 )
-from psgdlab.core.rundir import Summary, read_run_summary, read_summary, write_summary
+from psgdlab.core.rundir import Summary, commit_run, read_run_summary, read_summary, write_summary
 from psgdlab.core.summaries import NotReaching, PlanAnswer, PlanBrief, PlanSummary, SweepSummary, kind_of
 
 # ----- strategies of every part of a row ---------------------------------------------------------
@@ -257,7 +257,8 @@ def test_schema_version_is_read_back_or_refused_in_one_line():
 
 def test_every_summary_shape_goes_through_one_writer_and_one_reader(tmp_path):
     """A case, a sweep and a plan written by write_summary come back from read_run_summary as they
-    were; read_summary reads a case and names the shape of anything else."""
+    were once committed (and not before); read_summary reads a case and names the shape of
+    anything else."""
     case = Summary(source="simulator", algorithm="ssgd", algorithm_params={"momentum": 0.0}, workers=2)
     sweep = SweepSummary(
         platform="p",
@@ -294,6 +295,9 @@ def test_every_summary_shape_goes_through_one_writer_and_one_reader(tmp_path):
         write_summary(tmp_path / name, summary)
         obj = json.loads((tmp_path / name / "summary.json").read_text())
         assert (obj["schema_version"], obj["kind"]) == (SCHEMA_VERSION, name)
+        with pytest.raises(ConfigError, match=r"is incomplete: it has no complete.json"):
+            read_run_summary(tmp_path / name)
+        commit_run(tmp_path / name, command="test")
         assert read_run_summary(tmp_path / name) == summary
     assert read_summary(tmp_path / "case") == case
     with pytest.raises(ConfigError, match=r"summary.json is a sweep's, not one case's"):
@@ -301,14 +305,15 @@ def test_every_summary_shape_goes_through_one_writer_and_one_reader(tmp_path):
 
 
 def test_a_summary_written_before_the_header_is_read_as_it_was(tmp_path):
-    """Summaries without schema_version and kind (written before them) keep being read: their
-    shape told from their keys."""
+    """Summaries without schema_version and kind (written before them) keep being read in a
+    committed directory: their shape told from their keys."""
     old_case = {"source": "runtime", "algorithm": "ssgd", "algorithm_params": {}, "workers": 2, "case": None}
     old_sweep = {"source": "simulator", "platform": "p", "workload": "w", "rows": []}
     old_plan = {"candidates": 0, "rows": []}
     assert kind_of(old_case, where="a") == "case" and kind_of(old_sweep, where="b") == "sweep"
     assert kind_of(old_plan, where="c") == "plan"
     (tmp_path / "summary.json").write_text(json.dumps({**old_case, "samples_per_s": 3.0}))
+    commit_run(tmp_path, command="test")
     case = read_summary(tmp_path)
     assert case.figures == {"samples_per_s": 3.0} and case.to_json()["kind"] == "case"
 
