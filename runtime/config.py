@@ -51,6 +51,20 @@ __all__ = [
 MAX_HOSTS = 200
 
 
+#: the flags ``--resume`` takes beside it (the run's length and deadline; where it is and whether
+#: to replace it are --resume's own)
+RESUME_MAY_CHANGE = frozenset({"steps", "epochs", "timeout", "resume", "out", "force"})
+#: flags whose TrainConfig field has another name
+_RESUME_FIELDS = {"lsq_samples": "lsq_samples_per_worker", "timeout": "timeout_s"}
+
+
+def _same(given: Any, saved: Any) -> bool:
+    """Whether a flag's value is the saved run's (lists and tuples alike)."""
+    if isinstance(given, tuple | list) and isinstance(saved, tuple | list):
+        return list(given) == list(saved)
+    return bool(given == saved)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
     """Everything a run needs (see ``psgdlab train --help`` for each flag).
@@ -393,6 +407,33 @@ class TrainConfig:
                 helps={"--hosts": f"with {either(backends_that(lambda b: b.crosses_emulated_hosts))}"},
             )
 
+    def require_resumable_with(self, args: argparse.Namespace, *, launcher: bool) -> None:
+        """Refuse, in one line, a flag of ``args`` given beside ``--resume`` that would change this
+        saved run (``--workers 4`` on a 2-worker run: the checkpoints are of the run as it was
+        configured, which ``--resume`` continues); :data:`RESUME_MAY_CHANGE` may change, and a flag
+        given with the run's own value is accepted."""
+        parser = argparse.ArgumentParser(add_help=False)
+        type(self).add_arguments(parser, launcher=launcher)
+        defaults = vars(parser.parse_args([]))
+        saved = self.to_json()
+        for dest, default in defaults.items():
+            value = getattr(args, dest, default)
+            if dest in RESUME_MAY_CHANGE or value == default:
+                continue
+            field = _RESUME_FIELDS.get(dest, dest)
+            ours = saved.get(field, None)
+            if dest == "held_out_speakers":
+                value = [s for s in str(value).split(",") if s]
+            if field in saved and _same(value, ours):
+                continue
+            flag = "--" + dest.replace("_", "-")
+            had = f" (the run has {ours!r})" if field in saved else ""
+            raise ConfigError(
+                f"{flag} ({value}) cannot change the run that --resume {args.resume} continues{had}: only "
+                f"{', '.join('--' + d for d in sorted(RESUME_MAY_CHANGE - {'resume', 'out', 'force'}))} may; "
+                "start a new run with --out for another configuration"
+            )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         """The configuration the flags of :meth:`add_arguments` describe, with the model's recipe
@@ -406,6 +447,7 @@ class TrainConfig:
             if not path.is_file():
                 raise ConfigError(f"resume directory {args.resume} has no config.resolved.json")
             saved = cls.from_json(json.loads(path.read_text())["train"])
+            saved.require_resumable_with(args, launcher=hasattr(args, "hosts"))
             changes: dict[str, Any] = {"resume": True, "out": str(args.resume)}
             if args.steps is not None:
                 changes.update(steps=args.steps, epochs=None)

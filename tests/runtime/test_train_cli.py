@@ -144,6 +144,25 @@ def test_resume_without_a_run_directory(capsys, tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
+def test_resume_refuses_a_flag_that_would_change_the_run(capsys, tmp_path):
+    """--resume continues the run as it was configured: another --workers (or --algorithm, or any
+    flag but the run's length and deadline) is refused in one line naming it and the run's value;
+    the run's own value, --steps and --timeout are taken."""
+    import argparse
+
+    from psgdlab.runtime.config import TrainConfig
+
+    saved = TrainConfig(algorithm="ssgd", workers=2, model="least-squares", steps=4, out=str(tmp_path))
+    (tmp_path / "config.resolved.json").write_text(json.dumps({"train": saved.to_json()}))
+    _fails(capsys, ["--resume", str(tmp_path), "--workers", "4"], r"--workers \(4\) cannot change the run .*has 2\)")
+    _fails(capsys, ["--resume", str(tmp_path), "--algorithm", "adpsgd"], r"--algorithm \(adpsgd\) cannot change")
+    parser = argparse.ArgumentParser()
+    TrainConfig.add_arguments(parser, launcher=True)
+    args = parser.parse_args(["--resume", str(tmp_path), "--workers", "2", "--steps", "9", "--timeout", "30"])
+    resumed = TrainConfig.from_args(args)
+    assert (resumed.workers, resumed.steps, resumed.resume) == (2, 9, True)
+
+
 def test_train_prints_the_summary_as_json(capsys, tmp_path):
     out = tmp_path / "run"
     status = main(
