@@ -709,7 +709,7 @@ def _write_run_dir(
             "server_rank": config.workers if algorithm.has_server else None,
         },
     )
-    launch = next((r.extra["launch"] for r in results if "launch" in r.extra), {})
+    launch: dict[str, Any] = next((r.extra["launch"] for r in results if "launch" in r.extra), {})
     run.write_json(
         "env.json",
         environment(

@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from psgdlab.commands import require_torch
+
+    require_torch("emulate")  # the replicas are torch models
     from psgdlab.emulate import EmulateConfig, emulate, write_run
     from psgdlab.models.recipes import recipe_of
 

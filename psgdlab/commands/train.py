@@ -43,7 +43,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from psgdlab.commands import require_torch
     from psgdlab.runtime.launcher.launch import launch
+
+    require_torch("train")  # the ranks import it; said once, here
 
     config = TrainConfig.from_args(args)
     summary = launch(config)
