@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.core.rundir import default_run_dir
     from psgdlab.sim.predict import predict_sweep, sweep_jobs
     from psgdlab.sim.report import format_table, sweep_summary, write_prediction
-    from psgdlab.sim.workload import load_config
+    from psgdlab.sim.workload import load_config, with_room_for
 
     t_start = time.perf_counter()
     if args.platform is not None:
@@ -155,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         config = with_workload(config, args.workload)
     algorithms = args.algorithm or config.defaults.algorithms
     workers = args.workers or config.defaults.workers
+    # a calibrated machine's processes: more workers than it has run there as more processes
+    config, room = with_room_for(config, max(max(workers), args.workers_per_host or 1))
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
         raise ConfigError(
             f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
@@ -240,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(answer, default=float))
     else:
         print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
+    if room is not None:  # under the table; beside --json's object, on stderr
+        print(room, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
