@@ -205,6 +205,7 @@ def test_an_sbatch_job_of_2_tasks_trains_ssgd_under_srun(cluster, tmp_path):
     assert f"job {job['JobId']} on {cluster.node}, 2 tasks" in output.read_text()
 
 
+@pytest.mark.slow
 def test_the_calibration_job_writes_a_profile_predict_takes(cluster, tmp_path):
     job = cluster.sbatch(
         EXAMPLES / "calibrate.sbatch",
