@@ -155,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
         config = with_workload(config, args.workload)
     algorithms = args.algorithm or config.defaults.algorithms
     workers = args.workers or config.defaults.workers
-    # a calibrated machine's processes: more workers than it has run there as more processes
-    config, room = with_room_for(config, max(max(workers), args.workers_per_host or 1))
+    # a calibrated machine's processes: more workers than it has run there as more processes (each
+    # case gets its own room in predict_sweep; the largest says so, and bounds the flags below)
+    calibrated = config
+    config, room = with_room_for(config, max(max(workers), args.workers_per_host or args.gpus_per_node or 1))
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
         raise ConfigError(
             f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
@@ -204,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         predictions = predict_sweep(
-            config,
+            calibrated,
             tuple(algorithms),
             tuple(workers),
             batch=args.batch,

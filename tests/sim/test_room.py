@@ -16,7 +16,8 @@ from psgdlab.analysis.cores import devices_of
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.profile import PROCESS_DEVICE, HostCPU, Platform, Profile, Workload
-from psgdlab.sim.predict import predict_one
+from psgdlab.sim.platform import Placement
+from psgdlab.sim.predict import predict_one, predict_sweep
 from psgdlab.sim.workload import load_config, with_room_for
 
 
@@ -69,6 +70,28 @@ def test_predict_runs_more_workers_than_the_calibrated_machine_has_and_says_so(t
     rows = json.loads(out.out)["rows"]
     assert [r["workers"] for r in rows] == [2, 4] and rows[1]["node_shape"] == "1x4"
     assert "calibrated: 1 host of 2 worker processes (as calibrated) runs 4 workers as 4 processes a host" in out.err
+
+
+@given(hosts=st.integers(1, 4), devices=st.integers(1, 8), workers=st.integers(1, 64))
+def test_the_placement_on_a_stretched_platform_is_the_calibrated_one_where_the_workers_fit(hosts, devices, workers):
+    profile = calibrated(hosts, devices)
+    placed = Placement.pack(with_room_for(profile, workers)[0].platform, workers)
+    fits = workers <= hosts * devices
+    # as calibrated where they fit; else in blocks of ceil(workers / hosts), srun's block distribution
+    per_host = min(devices, workers) if fits else -(-workers // hosts)
+    assert placed.per_host == per_host and placed.host == tuple(r // per_host for r in range(workers))
+    assert max(placed.per_socket) == 1  # every process behind its own link, as calibrated
+    if fits:
+        assert placed == Placement.pack(profile.platform, workers)
+
+
+def test_a_sweep_places_each_case_by_itself_not_by_its_largest():
+    profile = calibrated(hosts=2, devices=2)
+    alone = predict_sweep(profile, ("ssgd",), (4,), steps=10, jobs=1, intervals=False)
+    swept = predict_sweep(profile, ("ssgd",), (4, 8), steps=10, jobs=1, intervals=False)
+    # 4 workers cross the two calibrated hosts (2x2) however many the sweep's largest case needs
+    assert [r.row.node_shape for r in swept] == ["2x2", "2x4"] and alone[0].row.node_shape == "2x2"
+    assert swept[0].row.samples_per_s == alone[0].row.samples_per_s
 
 
 @pytest.mark.parametrize(
