@@ -42,7 +42,17 @@ from psgdlab.core.cost import (
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
 from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, STEP_NOISE_CV, Prior
-from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
+from psgdlab.core.profile import (
+    PROCESS_DEVICE,
+    Defaults,
+    HostCPU,
+    Link,
+    Platform,
+    Profile,
+    ServerSpec,
+    Uncertainty,
+    Workload,
+)
 from psgdlab.core.trace import PHASES
 
 __all__ = [
@@ -590,7 +600,7 @@ def platform_profile(
         hosts=between.get("hosts", 1),
         devices_per_host=devices,
         sockets_per_host=devices,
-        device="cpu-process",
+        device=PROCESS_DEVICE,
         pcie=fitted_link,
         nic=between.get("nic", fitted_link),
         endpoints="process",

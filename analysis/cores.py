@@ -40,7 +40,7 @@ from psgdlab.analysis.fits import nonnegative_log_spread
 from psgdlab.core.cost import allreduce_s, cpu_stretch_terms
 from psgdlab.core.errors import ConfigError
 
-__all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of", "span_excess"]
+__all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of", "devices_of", "span_excess"]
 
 
 def cores_of(runs: list[Any]) -> int | None:
@@ -50,6 +50,26 @@ def cores_of(runs: list[Any]) -> int | None:
     if len(counts) > 1:
         raise ConfigError(
             f"the runs come from machines with different core counts {sorted(counts)}; calibrate one machine at a time"
+        )
+    return counts.pop() if counts else None
+
+
+def devices_of(envs: list[dict[str, Any]]) -> int | None:
+    """The worker slots of the machine that recorded ``envs`` (the runs' ``env.json``): its GPUs
+    (``gpus``) where the runs ran on NCCL, one worker to a GPU, else its CPU cores
+    (``cpu_count``); ``None`` where they recorded neither. Machines that differ are refused, as in
+    :func:`cores_of`.
+
+    >>> devices_of([{"backend": "gloo", "cpu_count": 2, "gpus": 0}])
+    2
+    >>> devices_of([{"backend": "nccl", "cpu_count": 64, "gpus": 8}])
+    8
+    """
+    counts = {int(e["gpus"] if e.get("backend") == "nccl" else e.get("cpu_count") or 0) for e in envs}
+    counts.discard(0)
+    if len(counts) > 1:
+        raise ConfigError(
+            f"the runs come from machines with different devices {sorted(counts)}; calibrate one machine at a time"
         )
     return counts.pop() if counts else None
 

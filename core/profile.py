@@ -80,10 +80,15 @@ __all__ = [
     "Uncertainty",
     "Profile",
     "TABLES",
+    "PROCESS_DEVICE",
 ]
 
 #: the top-level tables of a profile document
 TABLES = ("platform", "workload", "defaults", "uncertainty")
+#: the ``device`` of a platform whose devices are worker processes on CPUs (what ``psgdlab
+#: calibrate`` writes for the runs of one machine): a host runs as many of them as it is given,
+#: sharing its cores, as ``psgdlab train`` runs them (:func:`psgdlab.sim.workload.with_room_for`)
+PROCESS_DEVICE = "cpu-process"
 
 
 def _finite(x: float) -> bool:
@@ -239,7 +244,8 @@ class Platform:
         order, as ``CUDA_VISIBLE_DEVICES=0,1,2,3`` takes a two-socket server's first socket). It
         decides which workers share a socket's PCIe link.
     device : str
-        Accelerator name (documentation only).
+        Accelerator name (documentation only), or :data:`PROCESS_DEVICE`: the devices are worker
+        processes on CPUs, and a host holds more of them where a prediction asks.
     pcie : Link
         Per socket, per direction; shared by the devices behind the socket.
     nic : Link

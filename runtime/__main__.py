@@ -2,8 +2,8 @@
 
 Ranks come from the launcher's environment (torchrun: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``;
 mpiexec: ``PMI_RANK``/``PMI_SIZE`` or ``OMPI_COMM_WORLD_*``; srun: ``SLURM_PROCID``/
-``SLURM_NTASKS``). The world size must be ``--workers`` (plus one for the parameter server of
-asgd and asynchronous easgd, which runs on the last rank)::
+``SLURM_NTASKS``/``SLURM_LOCALID``). The world size must be ``--workers`` (plus one for the
+parameter server of asgd and asynchronous easgd, which runs on the last rank)::
 
     torchrun --nproc-per-node 4 -m psgdlab.runtime --algorithm adpsgd --workers 4 --backend gloo \\
         --steps 500 --out runs/a
@@ -12,8 +12,10 @@ asgd and asynchronous easgd, which runs on the last rank)::
     srun -N 2 --ntasks-per-node 8 --gpus-per-node 8 python -m psgdlab.runtime --algorithm hadpsgd --workers 16 \\
         --gpus-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
 
-(with srun also export ``MASTER_ADDR`` = the first node's host name and ``MASTER_PORT`` for
-gloo/nccl). ``psgdlab train`` starts the local processes itself.
+Under srun the rendezvous of gloo and NCCL (``MASTER_ADDR``/``MASTER_PORT``, where not exported)
+is the step's first node and a port derived from the job
+(:func:`psgdlab.runtime.transports.env.slurm_rendezvous`); ``examples/slurm/`` has sbatch
+scripts. ``psgdlab train`` starts the local processes itself.
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ class TrainConfig:
     nic_bandwidth: str | None = None
     on_failure: str = ""
     max_restarts: int = 3
+    mpiexec: str | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.workers, int) and self.workers >= 1, "workers", self.workers, "must be an integer >= 1")
@@ -153,6 +154,10 @@ class TrainConfig:
             ComputeTime.parse(self.compute_time)
         StragglerModel.parse(self.straggler, seed=self.seed, n_workers=self.workers)
         self._check_hosts()
+        if self.mpiexec is not None:
+            require(
+                self.backend == "mpi", "mpiexec", self.mpiexec, f"applies only with --backend mpi, not {self.backend}"
+            )
         build_algorithm(self)  # odd workers for matching schemes, unknown algorithm or parameter
         self._check_on_failure()
         if BACKENDS[self.backend].needs_cuda:
@@ -406,6 +411,13 @@ class TrainConfig:
                 defaults={"--hosts": 1, "--max-restarts": 3},
                 helps={"--hosts": f"with {either(backends_that(lambda b: b.crosses_emulated_hosts))}"},
             )
+            parser.add_argument(
+                "--mpiexec",
+                metavar="PATH",
+                default=None,
+                help="the mpiexec that starts the ranks of --backend mpi (default: that of the MPI mpi4py loads: "
+                "the mpich wheel's where psgdlab[mpich] installed it, else the one on PATH, e.g. a cluster's)",
+            )
 
     def require_resumable_with(self, args: argparse.Namespace, *, launcher: bool) -> None:
         """Refuse, in one line, a flag of ``args`` given beside ``--resume`` that would change this
@@ -495,6 +507,7 @@ class TrainConfig:
             nic_bandwidth=getattr(args, "nic_bandwidth", None),
             on_failure=args.on_failure or "",
             max_restarts=getattr(args, "max_restarts", 3),
+            mpiexec=getattr(args, "mpiexec", None),
         )
 
 

@@ -174,6 +174,9 @@ def train(
         default: the model and data named by ``config``. Pass ``steps`` (not ``epochs``) then.
     env : LaunchEnv, optional
         Default: from the launcher's environment variables.
+    master : (host, port), optional
+        The rendezvous of torch.distributed where ``MASTER_ADDR``/``MASTER_PORT`` do not say it;
+        default: ``env.master`` (under ``srun``, derived from the Slurm job).
 
     Notes
     -----
@@ -191,7 +194,7 @@ def train(
     flight = FlightRecorder(env.rank, out=config.out or None, deadline_s=config.timeout_s)
     watchdog = Watchdog(flight, ranks_dir=os.environ.get("PSGDLAB_RANKS_DIR")).start()
     try:
-        return _train(config, flight, workload_factory=workload_factory, env=env, master=master)
+        return _train(config, flight, workload_factory=workload_factory, env=env, master=master or env.master)
     except BaseException as exc:
         flight.dump("error", " ".join(str(exc).split()) or type(exc).__name__)
         raise
@@ -212,9 +215,10 @@ def _train(
     world = world_size_of(config)
     if env.world_size != world:
         server = " (workers + 1 parameter server)" if algorithm.has_server else ""
+        batch = "; this is a Slurm job's batch script, not a task of srun: start the ranks with srun"
         raise ConfigError(
             f"world size ({env.world_size}) from the launcher must be {world}{server} for "
-            f"--workers {config.workers} with {config.algorithm}"
+            f"--workers {config.workers} with {config.algorithm}" + (batch if env.launcher == "slurm-batch" else "")
         )
     rank = env.rank
     # NCCL: the workload lives on this rank's GPU, where the transport moves the payloads
@@ -331,6 +335,7 @@ def _train(
             raise
         raise TransportError(f"rank {rank}: {exc}") from exc
     result.extra["host"] = host_identity()
+    result.extra["launch"] = _launch_record(config, env)
     plane = getattr(main, "plane", None)
     result.extra["shm_peers"] = sorted(plane.local - {rank}) if plane is not None else []
     if survivors is not None:
@@ -714,9 +719,12 @@ def _write_run_dir(
             "server_rank": config.workers if algorithm.has_server else None,
         },
     )
+    launch: dict[str, Any] = next((r.extra["launch"] for r in results if "launch" in r.extra), {})
     run.write_json(
         "env.json",
-        environment(source="runtime", world_size=world, extra={"backend": config.backend, "torch_threads": 1}),
+        environment(
+            source="runtime", world_size=world, extra={"backend": config.backend, "torch_threads": 1, **launch}
+        ),
     )
     meta = {
         "source": "runtime",
@@ -744,6 +752,17 @@ def _write_run_dir(
     if not any(r.preempted for r in workers):  # a run stopped early (SIGTERM) is not complete: --resume it
         commit_run(out, command="train")
     return case.to_json()
+
+
+def _launch_record(config: TrainConfig, env: LaunchEnv) -> dict[str, Any]:
+    """What ``env.json`` says of the launch: the ``launcher`` that started the ranks (``slurm``,
+    ``torchrun``, ``mpi``, ...), the ``rendezvous`` of torch.distributed (``host:port``; ``None`` on
+    MPI) and the ``gpus`` of this rank's machine (what ``psgdlab calibrate`` takes for its devices
+    after runs on NCCL)."""
+    rendezvous = None
+    if config.backend != "mpi":
+        rendezvous = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+    return {"launcher": env.launcher, "rendezvous": rendezvous, "gpus": torch.cuda.device_count()}
 
 
 def _placement(hosts: list[str]) -> tuple[int, tuple[int, ...]]:

@@ -71,7 +71,7 @@ from psgdlab.core.trace import PHASES, summarize
 from psgdlab.sim.engine import SimResult, simulate
 from psgdlab.sim.failures import FailureRequest, predict_failures
 from psgdlab.sim.platform import Placement
-from psgdlab.sim.workload import SimConfig
+from psgdlab.sim.workload import SimConfig, with_room_for
 
 __all__ = [
     "Prediction",
@@ -505,7 +505,11 @@ def predict_sweep(
     The configurations are independent and each is seeded by itself, so ``jobs`` processes
     simulate them side by side (forked after the baseline is cached, so they share it) with the
     same rows as one (default: the cores this process may run on, at most one per configuration),
-    the configurations of most workers first. ``progress`` is called in the order they finish."""
+    the configurations of most workers first. ``progress`` is called in the order they finish.
+
+    On a platform of worker processes (a calibrated machine) each configuration gets the room it
+    needs (:func:`~psgdlab.sim.workload.with_room_for`) by itself: one that fits the machine as
+    calibrated is placed as calibrated whatever else the sweep holds."""
     require(len(algorithms) >= 1, "algorithms", algorithms, "must name at least one algorithm")
     for w in workers:
         require(isinstance(w, int) and w >= 1, "workers", w, "must be integers >= 1")
@@ -521,13 +525,18 @@ def predict_sweep(
                 f"--{key} ({kwargs[key]!r}) applies to none of {', '.join(algorithms)}; "
                 f"it is a parameter of {', '.join(takers)}"
             )
+
+    def roomy(n: int, flags: dict[str, Any]) -> SimConfig:
+        per_host = flags.get("workers_per_host") or flags.get("gpus_per_node") or 1
+        return with_room_for(config, max(n, per_host))[0]
+
     for name in algorithms:  # a bad configuration fails before the sweep has simulated anything
         flags = sweep_flags(name, kwargs)
         for n in workers:
             _prepare(
                 name,
                 n,
-                config,
+                roomy(n, flags),
                 period=flags.get("period"),
                 variant=flags.get("variant"),
                 gpus_per_node=flags.get("gpus_per_node"),
@@ -543,7 +552,8 @@ def predict_sweep(
     if jobs <= 1:
         out = []
         for name, n in cases:
-            out.append(predict_one(name, n, config, baseline_samples_per_s=base, **sweep_flags(name, kwargs)))
+            flags = sweep_flags(name, kwargs)
+            out.append(predict_one(name, n, roomy(n, flags), baseline_samples_per_s=base, **flags))
             if progress is not None:
                 progress(f"{name} x {n}")
         return out
@@ -559,7 +569,7 @@ def predict_sweep(
         for i in order:
             name, n = cases[i]
             flags = sweep_flags(name, kwargs)
-            futures[pool.submit(predict_one, name, n, config, baseline_samples_per_s=base, **flags)] = i
+            futures[pool.submit(predict_one, name, n, roomy(n, flags), baseline_samples_per_s=base, **flags)] = i
         done: dict[int, Prediction] = {}
         for future in as_completed(futures):
             i = futures[future]

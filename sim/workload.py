@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Defaults, Profile, Workload
+from psgdlab.core.profile import PROCESS_DEVICE, Defaults, Profile, Workload
 
 __all__ = [
     "Workload",
@@ -34,6 +34,7 @@ __all__ = [
     "SimConfig",
     "load_config",
     "with_workload",
+    "with_room_for",
     "preset_names",
     "DEFAULT_PRESET",
     "preset_path",
@@ -192,6 +193,51 @@ def with_workload(config: SimConfig, name_or_path: str) -> SimConfig:
             f"another model is unknown"
         )
     return out.resolved()
+
+
+def with_room_for(config: SimConfig, n_workers: int) -> tuple[SimConfig, str | None]:
+    """``config`` whose hosts hold ``n_workers``, and one line that says what that changed
+    (``None``: nothing).
+
+    A platform of worker processes (:data:`~psgdlab.core.profile.PROCESS_DEVICE`: ``psgdlab
+    calibrate``'s, the machine that ran its runs, by default as many processes as it has cores)
+    holds more workers than that the way ``psgdlab train`` runs them there: more processes on each
+    host, sharing its cores, each behind its own link as the calibration measured one. The cores'
+    contention is priced where the profile says what communication costs the CPU
+    (``[platform.host_cpu]``), and the line says when it is not. Any other platform's devices are
+    hardware (a GPU holds one worker): it comes back unchanged, and more workers than its devices
+    are refused where they are placed.
+
+    >>> from psgdlab.core.profile import Platform
+    >>> cfg = Profile(platform=Platform(name="calibrated", devices_per_host=2, sockets_per_host=2,
+    ...                                 device=PROCESS_DEVICE), workload=Workload())
+    >>> roomy, said = with_room_for(cfg, 8)
+    >>> roomy.platform.devices_per_host
+    8
+    >>> print(said.split(";")[0])  # doctest: +ELLIPSIS
+    calibrated: 1 host of 2 worker processes (as calibrated) runs 8 workers as 8 processes a host, as psgdlab ...
+    """
+    import dataclasses
+
+    p = config.platform
+    per_host = -(-n_workers // p.hosts)
+    if p.device != PROCESS_DEVICE or per_host <= p.devices_per_host:
+        return config, None
+    platform = dataclasses.replace(p, devices_per_host=per_host, sockets_per_host=per_host)
+    hosts = f"{p.hosts} host{'s' if p.hosts != 1 else ''}"
+    said = (
+        f"{p.name}: {hosts} of {p.devices_per_host} worker processes (as calibrated) runs {n_workers} workers as "
+        f"{per_host} processes a host, as psgdlab train runs them there"
+    )
+    cpu = p.host_cpu
+    if cpu is not None:
+        said += f"; their cores' sharing ({cpu.cores_per_host} a host) priced by [platform.host_cpu]"
+    else:
+        said += (
+            "; the cores they share are not priced (no calibration run had more workers than cores: calibrate "
+            "such runs too, or add --probe)"
+        )
+    return dataclasses.replace(config, platform=platform), said
 
 
 def _kept_uncertainty(config: SimConfig) -> Any:

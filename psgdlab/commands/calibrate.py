@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -122,8 +123,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--devices",
         type=int,
         default=None,
-        help="devices (worker processes) of this machine's one host (default: the runs' largest worker count); "
-        "with --nccl-tests, of each host of the platform written (default: the base's)",
+        help="devices (worker processes) of this machine's one host (default: what the machine that ran the runs "
+        "has: its cores, or its GPUs after runs on NCCL, and at least the runs' largest worker count; predict runs "
+        "more workers there as more processes, and says so); with --nccl-tests, of each host of the platform "
+        "written (default: the base's)",
     )
     p.add_argument(
         "--cores",
@@ -208,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         fit,
         run_dirs,
         name=args.name or "calibrated",
-        devices=args.devices,
+        devices=args.devices
+        if args.devices is not None or fit.nic is not None
+        else _measured_devices(fit, run_dirs, args),
         n_params=args.n_params,
         hosts=args.platform_hosts,
     )
@@ -219,6 +224,22 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(fit.describe(profile.uncertainty)))
         print(f"wrote {args.out}")
     return 0
+
+
+def _measured_devices(fit: Any, run_dirs: list[str], args: argparse.Namespace) -> int:
+    """The devices of the one host a calibration of one machine writes: what that machine has (its
+    cores, ``--cores`` where given, or its GPUs after runs on NCCL), and at least the runs' largest
+    worker count."""
+    from pathlib import Path
+
+    from psgdlab.analysis.cores import devices_of
+
+    envs = []
+    for path in run_dirs:
+        env_file = Path(path, "env.json")
+        env = json.loads(env_file.read_text()) if env_file.is_file() else {}
+        envs.append({**env, "cpu_count": args.cores} if args.cores is not None else env)
+    return max(devices_of(envs) or 0, fit.max_workers)
 
 
 def _run_probe(args: argparse.Namespace) -> str:

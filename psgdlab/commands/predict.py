@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.core.errors import ConfigError
     from psgdlab.core.rundir import open_run_dir
     from psgdlab.sim.report import format_table, sweep_summary
-    from psgdlab.sim.workload import load_config
+    from psgdlab.sim.workload import load_config, with_room_for
 
     t_start = time.perf_counter()
     if args.platform is not None:
@@ -171,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
         config = with_workload(config, args.workload)
     algorithms = args.algorithm or config.defaults.algorithms
     workers = args.workers or config.defaults.workers
+    # a calibrated machine's processes: more workers than it has run there as more processes (each
+    # case gets its own room in predict_sweep; the largest says so, and bounds the flags below)
+    calibrated = config
+    config, room = with_room_for(config, max(max(workers), args.workers_per_host or args.gpus_per_node or 1))
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
         raise ConfigError(
             f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
@@ -186,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
     convergence, target = resolve_convergence(config, args.convergence, args.target)
     _require_affordable(args, config, tuple(algorithms), tuple(workers))
     with open_run_dir(args.out, command="predict", force=args.force) as held:
-        run_dir, predictions = _predict_into(held, args, config, algorithms, workers, failures, convergence, target)
+        run_dir, predictions = _predict_into(
+            held, args, config, algorithms, workers, failures, convergence, target, calibrated=calibrated
+        )
         held.commit()
     wall = time.perf_counter() - t_start
     if args.json:
@@ -195,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         rows = [p.row for p in predictions]
         print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
+    if room is not None:  # under the table; beside --json's object, on stderr
+        print(room, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -207,10 +215,13 @@ def _predict_into(
     failures: FailureRequest | None,
     convergence: ConvergenceProfile | None,
     target: Target | None,
+    *,
+    calibrated: SimConfig,
 ) -> tuple[RunDir, list[Prediction]]:
-    """Simulate every (algorithm, workers) of the request and write the run directory ``held``
-    holds (:func:`psgdlab.sim.report.write_prediction` and the figures; not committed); the run
-    directory and the predictions."""
+    """Simulate every (algorithm, workers) of the request on ``calibrated`` (each case given its
+    own room: :func:`psgdlab.sim.predict.predict_sweep`) and write the run directory ``held``
+    holds on ``config`` (:func:`psgdlab.sim.report.write_prediction` and the figures; not
+    committed); the run directory and the predictions."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -260,7 +271,7 @@ def _predict_into(
 
     try:
         predictions = predict_sweep(
-            config,
+            calibrated,
             tuple(algorithms),
             tuple(workers),
             batch=args.batch,

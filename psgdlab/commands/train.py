@@ -43,8 +43,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from psgdlab.commands import require_torch
     from psgdlab.core.rundir import open_run_dir
     from psgdlab.runtime.launcher.launch import check_limits, launch
+
+    require_torch("train")  # the ranks import it; said once, here
 
     config = TrainConfig.from_args(args)
     check_limits(config)  # before the run directory is taken: too many ranks, too little memory

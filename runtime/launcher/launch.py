@@ -2,7 +2,8 @@
 
 - gloo / nccl: ``world_size`` processes ``python -m psgdlab.runtime --config OUT/launch.json``
   with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a free ``MASTER_PORT`` on 127.0.0.1;
-- mpi: one ``mpiexec -n world_size`` (the one beside ``sys.executable``) running the same;
+- mpi: one ``mpiexec -n world_size`` (:func:`mpiexec_path`: ``--mpiexec``, else that of the MPI
+  mpi4py loads) running the same;
 - ``hosts > 1`` (gloo or mpi): emulated hosts (:mod:`psgdlab.runtime.launcher.netns`): the launcher removes the
   leftovers of runs whose launcher was killed (one line on stderr), makes one network namespace
   per host, starts each rank inside its host's namespace (``ip netns exec``; ranks in contiguous
@@ -206,20 +207,52 @@ def require_local_gpus(config: TrainConfig, local_ranks: int) -> None:
     )
 
 
-def mpiexec_path() -> Path:
-    """``mpiexec`` beside the running interpreter (the mpich wheel's), else on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.is_file():
-        return here
+def mpiexec_path(chosen: str | None = None) -> Path:
+    """The ``mpiexec`` that starts the ranks of ``--backend mpi``: ``chosen`` (``--mpiexec PATH``)
+    where given; else that of the MPI mpi4py loads: the ``mpich`` wheel's where it is installed in
+    this environment (``pip install 'psgdlab[mpich]'``: mpi4py loads the wheel's library, which it
+    finds in the environment first), otherwise the environment's own on ``PATH`` (a cluster's MPI,
+    whose library mpi4py then finds: a Slurm-integrated MPI is never shadowed by a wheel the
+    install did not ask for).
+
+    Raises
+    ------
+    ConfigError
+        ``chosen`` that is not an executable file, or no ``mpiexec`` at all.
+    """
     import shutil
 
+    if chosen is not None:
+        given = shutil.which(chosen)
+        if given is None:
+            raise ConfigError(f"mpiexec ({chosen!r}) is not an executable file")
+        return Path(given)
+    wheel = _wheel_mpiexec()
+    if wheel is not None:
+        return wheel
     found = shutil.which("mpiexec")
     if found is None:
         raise ConfigError(
-            "backend ('mpi') needs mpiexec, which is neither beside the Python interpreter nor on "
-            "PATH; install the mpich wheel (pip install mpich)"
+            "backend ('mpi') needs mpiexec, and there is none: load your cluster's MPI (its mpiexec on PATH, "
+            "its library where mpi4py finds it), or install MPICH from pip: pip install 'psgdlab[mpich]'"
         )
     return Path(found)
+
+
+def _wheel_mpiexec() -> Path | None:
+    """The ``mpiexec`` the ``mpich`` wheel installed in this environment, ``None`` without it."""
+    from importlib import metadata
+
+    try:
+        wheel = metadata.distribution("mpich")
+    except metadata.PackageNotFoundError:
+        return None
+    for f in wheel.files or []:
+        if f.name == "mpiexec" and f.parent.name == "bin":
+            path = Path(str(wheel.locate_file(f))).resolve()
+            if path.is_file():
+                return path
+    return None
 
 
 def launch(
@@ -280,11 +313,11 @@ def launch(
             hosts.up()
             hosts.wait_until_reachable()
         if config.backend == "mpi":
-            mpi_cmd = [str(mpiexec_path()), "-n", str(world), *cmd]
+            mpi_cmd = [str(mpiexec_path(config.mpiexec)), "-n", str(world), *cmd]
             mpi_env = env
             if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
                 hydra = _hydra_options(hosts, ranks_dir, blocks.per_host)
-                mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path()), *hydra, "-n", str(world), *cmd]
+                mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path(config.mpiexec)), *hydra, "-n", str(world), *cmd]
                 mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
             procs[-1] = subprocess.Popen(
                 mpi_cmd,

@@ -133,7 +133,12 @@ def _open_mpi(*, env: LaunchEnv, groups: Sequence[tuple[int, ...]]) -> dict[str,
         )
     base = MPI.COMM_WORLD
     if base.Get_size() != env.world_size:
-        raise TransportError(f"MPI world size ({base.Get_size()}) differs from the launcher's ({env.world_size})")
+        library = MPI.Get_library_version().strip().splitlines()[0]
+        raise TransportError(
+            f"MPI world size ({base.Get_size()}) differs from the launcher's ({env.world_size}): mpi4py loaded "
+            f"{library!r}; start the ranks with that MPI's mpiexec (psgdlab train --mpiexec PATH), or under srun "
+            "with --mpi=pmi2 or pmix as that MPI was built"
+        )
     p2p = base.Dup()
     unique = sorted({tuple(g) for g in groups if 1 < len(g) < base.Get_size()})
     channels: dict[str, Transport] = {}

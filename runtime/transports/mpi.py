@@ -14,19 +14,32 @@ from typing import Any
 import numpy as np
 import torch
 
-from psgdlab.core.errors import TransportError
+from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.runtime.transports.transport import Transport
 
 __all__ = ["MPITransport", "mpi_module"]
 
 
 def mpi_module() -> Any:
-    """``mpi4py.MPI``, imported on first use with thread level ``MULTIPLE`` requested."""
-    import mpi4py
+    """``mpi4py.MPI``, imported on first use with thread level ``MULTIPLE`` requested.
 
-    mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
+    Raises
+    ------
+    ConfigError
+        mpi4py is missing, or finds no MPI library (neither the ``mpich`` wheel's in this
+        environment nor a system MPI's where the dynamic loader looks).
+    """
+    try:
+        import mpi4py
 
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as exc:  # mpi4py's wheel raises RuntimeError without a libmpi
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"backend ('mpi') needs mpi4py and an MPI library ({first}): load your cluster's MPI (its library "
+            "where the dynamic loader finds it), or install MPICH from pip: pip install 'psgdlab[mpich]'"
+        ) from None
     return MPI
 
 

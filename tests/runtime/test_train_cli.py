@@ -301,13 +301,14 @@ def test_ranks_beyond_the_machines_memory_are_refused_with_what_a_rank_holds(cap
 def test_sigint_while_the_ranks_start_stops_the_starting_and_the_ranks_started(tmp_path, monkeypatch):
     """SIGINT did not stop the spawn loop: the launcher forwarded it to the ranks started so far
     and went on starting the others. Here the second start brings a SIGINT: no third rank starts,
-    the two started are stopped, and the error says so."""
+    the two started are stopped, and the interruption says so (exit status 130, as Ctrl-C of a
+    running run)."""
     import os
     import signal
     import subprocess
     import sys
 
-    from psgdlab.core.errors import TransportError
+    from psgdlab.core.errors import RunInterrupted
     from psgdlab.runtime.launcher import launch, ranks
     from psgdlab.tests.runtime._runtime_helpers import lsq_config
 
@@ -324,9 +325,10 @@ def test_sigint_while_the_ranks_start_stops_the_starting_and_the_ranks_started(t
 
     monkeypatch.setattr(ranks.subprocess, "Popen", popen)
     with pytest.raises(
-        TransportError, match=r"SIGINT while its ranks were starting: 2 of 6 had started, and were stopped"
-    ):
+        RunInterrupted, match=r"Ctrl-C \(SIGINT\) while its ranks were starting: 2 of 6 had started, and were stopped"
+    ) as stopped:
         launch.launch(lsq_config(tmp_path, "ssgd", 6), quiet=True)
+    assert stopped.value.exit_status == 130
     assert len(started) == 2 and all(p.poll() is not None for p in started)
 
 

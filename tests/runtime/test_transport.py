@@ -150,7 +150,7 @@ def test_transport_operations_on_mpi():
             {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
             (1, 2, 0, "mpi"),
         ),
-        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5"}, (5, 16, 5, "slurm")),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_STEP_ID": "0"}, (5, 16, 5, "slurm")),
         ({}, (0, 1, 0, "single")),
     ],
 )
