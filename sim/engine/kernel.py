@@ -9,7 +9,8 @@
   the shares of processes that carry two averages at once);
 - :class:`Scatter`: each worker's draws of the ``scatter`` factors of its exchanges, made only
   where the platform gives a link one;
-- :func:`release_after`: one timer that resumes a group of waiting processes.
+- :func:`release_after`: one timer that resumes a group of waiting processes;
+- :class:`Soon`: calls made where a simpy process started now would first run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import simpy
 
 from psgdlab.sim.network import FairLinks, Network
 
-__all__ = ["CountingEnvironment", "Context", "Merges", "Flows", "Scatter", "release_after"]
+__all__ = ["CountingEnvironment", "Context", "Merges", "Flows", "Scatter", "Soon", "release_after"]
 
 _schedule = simpy.Environment.schedule
 
@@ -164,3 +165,39 @@ def release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) ->
     timeout.callbacks.extend(waiting.callbacks)
     waiting.callbacks.clear()
     return timeout
+
+
+class _Urgent(simpy.Event):
+    """An event that has happened and is processed ahead of every event of this instant not
+    already urgent: simpy's urgent priority, which a process's start event (``Initialize``)
+    has. Triggered on creation, as simpy's own ``Timeout`` and ``Initialize`` are."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.events.URGENT)
+
+
+class Soon:
+    """Calls made where a simpy process started now would first run: once the callbacks of the
+    event being processed are done, ahead of every other event of this instant. One event
+    carries every call asked for before it runs, in the order asked (the processes' start
+    events would have run back to back there, nothing else being urgent)."""
+
+    __slots__ = ("calls", "env")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.calls: list[Any] = []
+
+    def call(self, fn: Any) -> None:
+        """Call ``fn(None)`` soon (class docstring)."""
+        if not self.calls:
+            _Urgent(self.env).callbacks.append(self._run)
+        self.calls.append(fn)
+
+    def _run(self, _: simpy.Event) -> None:
+        calls, self.calls = self.calls, []
+        for fn in calls:
+            fn(None)
