@@ -98,29 +98,41 @@ class Merges:
 
 class Flows:
     """Simpy events over a :class:`~psgdlab.sim.network.FairLinks`: :meth:`join` starts a flow
-    and returns an event that succeeds, with the time, when it has gone through; the next
-    departure is one timer, voided whenever a flow joins or leaves."""
+    and returns an event that succeeds, with the time, when it has gone through (or calls back
+    then, :meth:`join_then`); the next departure is one timer, voided whenever a flow joins or
+    leaves."""
 
     __slots__ = ("env", "events", "key", "links", "timer")
 
     def __init__(self, env: simpy.Environment, links: FairLinks) -> None:
         self.env = env
         self.links = links
-        self.events: dict[int, simpy.Event] = {}
+        self.events: dict[int, Any] = {}  # a flow's event, or what to call when it is through
         self.key = 0
         self.timer: simpy.Event | None = None  # the timer in force (a join or a departure voids the earlier one)
 
     def join(self, links: tuple[int, ...], amount: float, cap: float) -> simpy.Event:
         """A flow of ``amount`` over ``links`` at most ``cap`` a second, from now."""
-        key = self.key = self.key + 1
-        ev = self.events[key] = simpy.Event(self.env)
-        self._ended(self.links.add(key, links, amount, cap, self.env.now))
+        ev = simpy.Event(self.env)
+        self.join_then(links, amount, cap, ev)
         return ev
+
+    def join_then(self, links: tuple[int, ...], amount: float, cap: float, then: Any) -> None:
+        """:meth:`join`, calling ``then()`` when the flow is through, with the flows that leave
+        then (``then`` a simpy event: it succeeds with the time, as :meth:`join`'s)."""
+        key = self.key = self.key + 1
+        self.events[key] = then
+        self._ended(self.links.add(key, links, amount, cap, self.env.now))
 
     def _ended(self, ended: list[tuple[int, float]]) -> None:
         events = self.events
+        calls = []
         for key, end in ended:
-            events.pop(key).succeed(end)
+            then = events.pop(key)
+            if type(then) is simpy.Event:
+                then.succeed(end)
+            else:
+                calls.append(then)
         t = self.links.next_end()
         if t < math.inf:
             env = self.env
@@ -128,6 +140,8 @@ class Flows:
             timer.callbacks.append(self._timer)
         else:
             self.timer = None
+        for then in calls:
+            then()
 
     def _timer(self, timer: simpy.Event) -> None:
         if timer is self.timer:

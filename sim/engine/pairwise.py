@@ -360,9 +360,9 @@ class _Chain:
         ctx = self.avgs.ctx
         links, cap, after = ctx.net.wire(self.r, self.ex.peer, self.nbytes, ctx.env.now)
         self.wired = (self.wired[0], cap, after)
-        self.avgs.wires.join(links, self.nbytes, cap).callbacks.append(self.unwired)
+        self.avgs.wires.join_then(links, self.nbytes, cap, self.unwired)
 
-    def unwired(self, _: Any) -> None:
+    def unwired(self) -> None:
         """The bytes are through: what follows them."""
         avgs = self.avgs
         ctx = avgs.ctx
@@ -382,10 +382,12 @@ class _Chain:
         """``dur`` of work of both processes: at their fair shares where they are shared."""
         avgs = self.avgs
         cpu = avgs._cpu
-        ev = cpu.join((self.r, self.ex.peer), dur, 1.0) if cpu is not None else avgs.ctx.env.timeout(dur)
-        ev.callbacks.append(self.settle)
+        if cpu is not None:
+            cpu.join_then((self.r, self.ex.peer), dur, 1.0, self.settle)
+        else:
+            avgs.ctx.env.timeout(dur).callbacks.append(self.settle)
 
-    def settle(self, _: Any) -> None:
+    def settle(self, _: Any = None) -> None:
         """Close the average (:meth:`PairwiseAverages._settle`); a request to a peer that died
         first hangs until its deadline."""
         avgs = self.avgs
