@@ -545,6 +545,8 @@ class Network:
         out_a, into_a = _nic_links(ha)
         out_b, into_b = _nic_links(hb)
         links = (out_a, into_b, out_b, into_a) if both_ways else (out_a, into_b)
+        if self._cpu is None and not legs:
+            return links, cap, lat
         wire = nbytes / min(cap, self._nic_bw / (max(self.nics.active(x) for x in links) + 1))
         after = lat
         if self._cpu is not None:

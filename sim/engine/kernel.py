@@ -100,9 +100,9 @@ class Flows:
     """Simpy events over a :class:`~psgdlab.sim.network.FairLinks`: :meth:`join` starts a flow
     and returns an event that succeeds, with the time, when it has gone through (or calls back
     then, :meth:`join_then`); the next departure is one timer, voided whenever a flow joins or
-    leaves."""
+    leaves and moves it (a timer that would go off when the one in force does is not set)."""
 
-    __slots__ = ("env", "events", "key", "links", "timer")
+    __slots__ = ("at", "env", "events", "key", "links", "timer")
 
     def __init__(self, env: simpy.Environment, links: FairLinks) -> None:
         self.env = env
@@ -110,6 +110,7 @@ class Flows:
         self.events: dict[int, Any] = {}  # a flow's event, or what to call when it is through
         self.key = 0
         self.timer: simpy.Event | None = None  # the timer in force (a join or a departure voids the earlier one)
+        self.at = math.inf  # when it goes off
 
     def join(self, links: tuple[int, ...], amount: float, cap: float) -> simpy.Event:
         """A flow of ``amount`` over ``links`` at most ``cap`` a second, from now."""
@@ -136,8 +137,12 @@ class Flows:
         t = self.links.next_end()
         if t < math.inf:
             env = self.env
-            timer = self.timer = env.timeout(max(0.0, t - env.now))
-            timer.callbacks.append(self._timer)
+            delay = max(0.0, t - env.now)
+            at = env.now + delay  # when a timer set now goes off (simpy's own sum)
+            if self.timer is None or at != self.at:  # the timer in force, if any, goes off then already
+                timer = self.timer = env.timeout(delay)
+                timer.callbacks.append(self._timer)
+                self.at = at
         else:
             self.timer = None
         for then in calls:
@@ -145,6 +150,7 @@ class Flows:
 
     def _timer(self, timer: simpy.Event) -> None:
         if timer is self.timer:
+            self.timer = None  # gone off
             self._ended(self.links.advance(self.env.now))
 
 
