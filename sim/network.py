@@ -148,7 +148,7 @@ class FairLinks:
         returns the transfers that ended up to ``t`` (:meth:`advance`)."""
         ended = self.advance(t)
         count, on = self._count, self._on
-        alone = all(count.get(link, 0) == 0 for link in links)
+        alone = not any(map(count.get, links))
         for link in links:
             k = count[link] = count.get(link, 0) + 1
             if k > 1:
@@ -189,8 +189,10 @@ class FairLinks:
                 break
             self._now += first
             near = first * (1.0 + 1e-9) + 1e-15
-            done = [key for key, x in go.items() if x <= near]
+            done = []
             for key, f in flows.items():
+                if go[key] <= near:
+                    done.append(key)
                 x = f[1] = f[1] - f[3] * first
                 go[key] = x / f[3]
             freed: list[int] = []  # links that still carry a transfer
@@ -262,10 +264,14 @@ class FairLinks:
             keys = on[seed]
             k = len(keys)
             path = flows[next(iter(keys))][0]
-            if paths[path] == k and all(count[link] == k for link in path):
-                seen.update(path)  # every transfer on the seed takes one path, and no other does: the group
-                self._fill(list(keys), path)
-                continue
+            if paths[path] == k:
+                for link in path:
+                    if count[link] != k:
+                        break
+                else:  # every transfer on the seed takes one path, and no other does: the group
+                    seen.update(path)
+                    self._fill(list(keys), path)
+                    continue
             seen.add(seed)
             todo = [seed]
             group: dict[int, None] = {}  # one group: the transfers linked to the seed's
@@ -286,12 +292,11 @@ class FairLinks:
         if path is None:
             path = held[0][0]
             links = set(path)
-            if not (
-                len(links) == len(path)
-                and all(f[0] == path or (set(f[0]) == links and len(f[0]) == len(links)) for f in held)
-            ):
-                path = None
-        if path is not None and len(set(path)) == len(path) and all(capacity <= f[2] < math.inf for f in held):
+            for f in held:
+                if f[0] != path and (len(f[0]) != len(links) or set(f[0]) != links):
+                    path = None
+                    break
+        if path is not None and len(set(path)) == len(path) and self._uncapped(held):
             # one path shared by k transfers none of which is capped below it: c/k, the filling's one level
             share = capacity / len(held)
             for key, f in zip(keys, held):
@@ -302,6 +307,14 @@ class FairLinks:
         for key, f, rate in zip(keys, held, rates):
             f[3] = rate
             go[key] = f[1] / rate
+
+    def _uncapped(self, held: list[list[Any]]) -> bool:
+        """Whether no transfer of ``held`` is capped below the links' capacity (nor unbounded)."""
+        capacity = self._capacity
+        for f in held:
+            if not capacity <= f[2] < math.inf:
+                return False
+        return True
 
 
 class Network:
