@@ -15,8 +15,9 @@ host costs no simpy event. An average between hosts has no service time known in
 bytes share the NICs with transfers that join later (:class:`~psgdlab.sim.network.FairLinks`)
 -- nor has one on a schedule whose processes are active and passive at once -- its work shares
 its processes with averages that join later (a second :class:`~psgdlab.sim.network.FairLinks`,
-one link a process, capacity 1) -- so it, and any average queued behind it, is a process of its
-own whose end the worker waits on (:class:`Pending`).
+one link a process, capacity 1) -- so it, and any average queued behind it, runs as a chain of
+callbacks of the events that end its steps (:class:`_Chain`), where a simpy process of it would
+run, and the worker waits on its end (:class:`Pending`).
 """
 
 from __future__ import annotations
