@@ -119,8 +119,11 @@ class Flows:
         return ev
 
     def join_then(self, links: tuple[int, ...], amount: float, cap: float, then: Any) -> None:
-        """:meth:`join`, calling ``then()`` when the flow is through, with the flows that leave
-        then (``then`` a simpy event: it succeeds with the time, as :meth:`join`'s)."""
+        """:meth:`join`, calling ``then()`` when the flow is through (``then`` a simpy event: it
+        succeeds with the time, as :meth:`join`'s). The flows that leave together are called in
+        the order they ended, once the next timer is set: where their events would have resumed
+        them, except that they run before, not after, what else was already due at that very
+        instant (nothing in the simulator's cases: a flow's end is its own float)."""
         key = self.key = self.key + 1
         self.events[key] = then
         self._ended(self.links.add(key, links, amount, cap, self.env.now))

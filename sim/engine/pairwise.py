@@ -277,10 +277,11 @@ class _Chain:
     is work of both processes at their fair shares.
 
     Each step is a callback of the event that ends the step before, where a simpy process of
-    the average would resume, and the first runs where the process's start would
-    (:class:`~psgdlab.sim.engine.kernel.Soon`): the same steps at the same places among
-    simultaneous events, without a process (its generator, its start event for each average,
-    its end event)."""
+    the average would resume (its bytes' end is called from the NICs' timer,
+    :meth:`~psgdlab.sim.engine.kernel.Flows.join_then`), and the first runs where the
+    process's start would (:class:`~psgdlab.sim.engine.kernel.Soon`): the same steps at the
+    same places among simultaneous events, without a process (its generator, its start event
+    for each average, its end event)."""
 
     __slots__ = (
         "avgs",
