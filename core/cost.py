@@ -275,6 +275,9 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
     those transfers keep their rate while the others go on rising; so no link carries more
     than its capacity, and no transfer can go faster without slowing one that is no faster.
 
+    Links that carry the same transfers (a NIC's two directions under transfers that go both
+    ways) fill alike, step for step: one of them stands for all.
+
     >>> max_min_rates([(0, 1), (0, 2), (1,)], 6.0, [9.0, 9.0, 1.0])  # link 0 splits; 1 keeps its cap
     [3.0, 3.0, 1.0]
     >>> max_min_rates([(0, 1), (1, 2), (2, 3)], 6.0, [9.0, 9.0, 9.0])  # links 1 and 2 each carry two
@@ -282,23 +285,39 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
     """
     n = len(paths)
     rates = [0.0] * n
-    free = dict.fromkeys(range(n))  # insertion-ordered set: a deterministic order
     users: dict[int, list[int]] = {}
     for i, path in enumerate(paths):
         for link in path:
-            users.setdefault(link, []).append(i)
-    room = dict.fromkeys(users, capacity)
-    count = {link: len(members) for link, members in users.items()}  # free transfers per link
+            held = users.get(link)
+            if held is None:
+                users[link] = [i]
+            else:
+                held.append(i)
+    alike: dict[tuple[int, ...], int] = {}  # a link's users -> the link that stands for all that carry them
+    members: list[list[int]] = []  # per standing link: its users
+    stands: dict[int, int] = {}  # a standing link -> its index
+    for link, held in users.items():
+        key = tuple(held)
+        if key not in alike:
+            alike[key] = link
+            stands[link] = len(members)
+            members.append(held)
+    on = [[stands[link] for link in path if link in stands] for path in paths]  # standing links per transfer
+    room = [capacity] * len(members)
+    count = [len(held) for held in members]  # free transfers per standing link
+    alive = list(range(len(members)))  # standing links that carry a free transfer
+    free = [True] * n
+    left = n
     full = 1e-12 * capacity
     by_cap = sorted(range(n), key=caps.__getitem__)  # the free transfer with the least cap is at lo
     lo = 0
     level = 0.0
-    while free:
-        while by_cap[lo] not in free:
+    while left:
+        while not free[by_cap[lo]]:
             lo += 1
         step = caps[by_cap[lo]] - level
-        for link, k in count.items():
-            share = room[link] / k
+        for j in alive:
+            share = room[j] / count[j]
             if share < step:
                 step = share
         level += max(step, 0.0)
@@ -306,22 +325,24 @@ def max_min_rates(paths: Sequence[Sequence[int]], capacity: float, caps: Sequenc
         for i in by_cap[lo:]:  # those at their cap: a cap within 1e-9 of the level, at most
             if caps[i] > level * (1.0 + 1e-9):
                 break
-            if i in free and caps[i] - level <= 1e-12 * caps[i]:
+            if free[i] and caps[i] - level <= 1e-12 * caps[i]:
                 done.append(i)
-        for link, k in count.items():
-            left = room[link] = room[link] - step * k
-            if left <= full:
-                done.extend(i for i in users[link] if i in free)
+        for j in alive:
+            x = room[j] = room[j] - step * count[j]
+            if x <= full:
+                done.extend(members[j])
+        emptied = False
         for i in done:
-            if i in free:
-                del free[i]
+            if free[i]:
+                free[i] = False
+                left -= 1
                 rates[i] = level
-                for link in paths[i]:
-                    k = count[link] - 1
-                    if k:
-                        count[link] = k
-                    else:
-                        del count[link]  # no free transfer left on it
+                for j in on[i]:
+                    k = count[j] = count[j] - 1
+                    if not k:
+                        emptied = True  # no free transfer left on it
+        if emptied:
+            alive = [j for j in alive if count[j]]
     return rates
 
 

@@ -103,21 +103,41 @@ class FairLinks:
     capacity :math:`c` (the processes' shares always; the NICs of a fixed ring), :math:`c/2` for
     a transfer that shares one of its links and :math:`c` for the others (the filling's levels
     :math:`c/2` and :math:`c/2 + c/2` are exact); and :math:`c/k` for a group of :math:`k`
-    transfers on one path, none capped below it (the filling's one level)."""
+    transfers on one path, none capped below it (the filling's one level; the transfers on a
+    path are counted, so such a group is known from its path's links alone).
 
-    __slots__ = ("_capacity", "_count", "_crowded", "_exact", "_first", "_flows", "_half", "_now", "_odd", "_on")
+    Each transfer's time to go at its rate (bytes left / rate) is kept as of the last event, so
+    that an event passes once over the transfers in flight (moving their bytes on), and the
+    next end is the least of the times to go."""
+
+    __slots__ = (
+        "_capacity",
+        "_count",
+        "_crowded",
+        "_exact",
+        "_first",
+        "_flows",
+        "_go",
+        "_half",
+        "_now",
+        "_odd",
+        "_on",
+        "_paths",
+    )
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
         self._half = capacity / 2
         self._flows: dict[int, list[Any]] = {}  # id: [links, bytes left, cap, rate]
+        self._go: dict[int, float] = {}  # id: its time to go at its rate as of _now, bytes left / rate
         self._on: dict[int, dict[int, None]] = {}  # link: the transfers on it
+        self._paths: dict[tuple[int, ...], int] = {}  # the transfers that take each path (their links)
         self._now = 0.0
         self._count: dict[int, int] = {}  # transfers per link
         self._crowded = 0  # links that carry more than two transfers
         self._odd = 0  # transfers the closed form does not cover: capped below the capacity, on no link
         self._exact = True  # whether every rate in force is the closed form's
-        self._first: float | None = math.inf  # the least time to go of those in flight at _now, if known
+        self._first: float | None = math.inf  # the least time to go of those in flight, if known
 
     def active(self, link: int) -> int:
         """Transfers in flight on ``link``."""
@@ -128,65 +148,56 @@ class FairLinks:
         returns the transfers that ended up to ``t`` (:meth:`advance`)."""
         ended = self.advance(t)
         count, on = self._count, self._on
-        alone = all(count.get(link, 0) == 0 for link in links)
+        alone = not any(map(count.get, links))
         for link in links:
             k = count[link] = count.get(link, 0) + 1
-            if k == 3:
-                self._crowded += 1
-            held = on.get(link)
-            if held is None:
-                on[link] = {key: None}
+            if k > 1:
+                if k == 3:
+                    self._crowded += 1
+                on[link][key] = None
             else:
-                held[key] = None
-        f = self._flows[key] = [links, float(nbytes), cap, min(cap, self._capacity)]
+                on[link] = {key: None}
+        self._paths[links] = self._paths.get(links, 0) + 1
+        rate = min(cap, self._capacity)
+        f = self._flows[key] = [links, float(nbytes), cap, rate]
+        go = self._go[key] = f[1] / rate
         if not (self._capacity <= cap < math.inf and links):
             self._odd += 1
         if not alone:  # on idle links it takes the lesser of its cap and theirs, and slows no one
             self._rates(links)
-        elif self._first is not None:
-            self._first = min(self._first, f[1] / f[3])
+        elif self._first is not None and go < self._first:
+            self._first = go
         return ended
 
     def advance(self, t: float) -> list[tuple[int, float]]:
         """Move every transfer on to ``t``; returns ``(key, end)`` of those that ended, in order."""
         ended: list[tuple[int, float]] = []
-        flows = self._flows
-        count, on = self._count, self._on
+        flows, go = self._flows, self._go
         first = self._first
-        if first is not None and self._now + first <= t:
-            first = None  # some end by t: which, the times to go say
         while flows:
             if first is None:
-                left = [f[1] / f[3] for f in flows.values()]  # each one's time to go at its rate
-                first = min(left)
+                first = min(go.values())
             if self._now + first > t:
                 dt = t - self._now
                 if dt > 0.0:
                     first = math.inf
-                    for f in flows.values():
+                    for key, f in flows.items():
                         x = f[1] = f[1] - f[3] * dt
-                        x /= f[3]
+                        x = go[key] = x / f[3]
                         if x < first:
                             first = x
                 break
             self._now += first
             near = first * (1.0 + 1e-9) + 1e-15
-            done = [key for key, x in zip(flows, left) if x <= near]
-            for f in flows.values():
-                f[1] -= f[3] * first
+            done = []
+            for key, f in flows.items():
+                if go[key] <= near:
+                    done.append(key)
+                x = f[1] = f[1] - f[3] * first
+                go[key] = x / f[3]
             freed: list[int] = []  # links that still carry a transfer
             for key in done:
-                f = flows.pop(key)
-                if not (self._capacity <= f[2] < math.inf and f[0]):
-                    self._odd -= 1
-                for link in f[0]:
-                    k = count[link] - 1
-                    count[link] = k
-                    del on[link][key]
-                    if k == 2:
-                        self._crowded -= 1
-                    if k > 0:
-                        freed.append(link)
+                self._leave(key, freed)
                 ended.append((key, self._now))
             if freed:  # a transfer that had its links to itself frees nothing another can use
                 self._rates(freed)
@@ -195,12 +206,33 @@ class FairLinks:
         self._now = max(self._now, t)
         return ended
 
+    def _leave(self, key: int, freed: list[int]) -> None:
+        """Take transfer ``key`` off its links; ``freed`` gains those that still carry one."""
+        count, on = self._count, self._on
+        links, _left, cap, _rate = self._flows.pop(key)
+        del self._go[key]
+        k = self._paths[links] - 1
+        if k:
+            self._paths[links] = k
+        else:
+            del self._paths[links]
+        if not (self._capacity <= cap < math.inf and links):
+            self._odd -= 1
+        for link in links:
+            k = count[link] - 1
+            count[link] = k
+            del on[link][key]
+            if k == 2:
+                self._crowded -= 1
+            if k > 0:
+                freed.append(link)
+
     def next_end(self) -> float:
         """When the first transfer in flight ends if none joins (``inf`` when none is)."""
         if not self._flows:
             return math.inf
         if self._first is None:
-            self._first = min([f[1] / f[3] for f in self._flows.values()])
+            self._first = min(self._go.values())
         return self._now + self._first
 
     def _rates(self, links: Iterable[int]) -> None:
@@ -208,30 +240,38 @@ class FairLinks:
         docstring): in the closed form those of the transfers on them (a rate follows its own
         links), otherwise those of their group."""
         self._first = None
-        flows, on = self._flows, self._on
+        flows, on, go = self._flows, self._on, self._go
         if not self._crowded and not self._odd:
             count, half, whole = self._count, self._half, self._capacity
-            held = [flows[key] for link in links for key in on[link]] if self._exact else flows.values()
-            for f in held:
-                f[3] = whole
+            held = [key for link in links for key in on[link]] if self._exact else flows
+            for key in held:
+                f = flows[key]
+                rate = whole
                 for link in f[0]:
                     if count[link] == 2:
-                        f[3] = half
+                        rate = half
                         break
+                f[3] = rate
+                go[key] = f[1] / rate
             self._exact = True
             return
         self._exact = False
-        count = self._count
+        count, paths = self._count, self._paths
         seen: set[int] = set()
         for seed in links:
             if seed in seen or not on[seed]:
                 continue
             keys = on[seed]
+            k = len(keys)
             path = flows[next(iter(keys))][0]
-            if all(count[link] == len(keys) for link in path) and all(flows[key][0] == path for key in keys):
-                seen.update(path)  # every transfer on the seed takes one path, and no other does: the group
-                self._fill([flows[key] for key in keys])
-                continue
+            if paths[path] == k:
+                for link in path:
+                    if count[link] != k:
+                        break
+                else:  # every transfer on the seed takes one path, and no other does: the group
+                    seen.update(path)
+                    self._fill(list(keys), path)
+                    continue
             seen.add(seed)
             todo = [seed]
             group: dict[int, None] = {}  # one group: the transfers linked to the seed's
@@ -243,24 +283,38 @@ class FairLinks:
                             if other not in seen:
                                 seen.add(other)
                                 todo.append(other)
-            self._fill([flows[key] for key in group])
+            self._fill(list(group), None)
 
-    def _fill(self, held: list[list[Any]]) -> None:
-        """The max-min rates of one group."""
-        path = held[0][0]
-        links = set(path)
-        if (
-            len(links) == len(path)
-            and all(f[0] == path or (set(f[0]) == links and len(f[0]) == len(links)) for f in held)
-            and all(self._capacity <= f[2] < math.inf for f in held)
-        ):  # one path shared by k transfers none of which is capped below it: c/k, the filling's one level
-            share = self._capacity / len(held)
+    def _fill(self, keys: list[int], path: tuple[int, ...] | None) -> None:
+        """The max-min rates of the group ``keys`` (``path``: the one they all take, if known)."""
+        flows, go, capacity = self._flows, self._go, self._capacity
+        held = [flows[key] for key in keys]
+        if path is None:
+            path = held[0][0]
+            links = set(path)
             for f in held:
+                if f[0] != path and (len(f[0]) != len(links) or set(f[0]) != links):
+                    path = None
+                    break
+        if path is not None and len(set(path)) == len(path) and self._uncapped(held):
+            # one path shared by k transfers none of which is capped below it: c/k, the filling's one level
+            share = capacity / len(held)
+            for key, f in zip(keys, held):
                 f[3] = share
+                go[key] = f[1] / share
             return
-        rates = max_min_rates([f[0] for f in held], self._capacity, [f[2] for f in held])
-        for f, rate in zip(held, rates):
+        rates = max_min_rates([f[0] for f in held], capacity, [f[2] for f in held])
+        for key, f, rate in zip(keys, held, rates):
             f[3] = rate
+            go[key] = f[1] / rate
+
+    def _uncapped(self, held: list[list[Any]]) -> bool:
+        """Whether no transfer of ``held`` is capped below the links' capacity (nor unbounded)."""
+        capacity = self._capacity
+        for f in held:
+            if not capacity <= f[2] < math.inf:
+                return False
+        return True
 
 
 class Network:
@@ -504,6 +558,8 @@ class Network:
         out_a, into_a = _nic_links(ha)
         out_b, into_b = _nic_links(hb)
         links = (out_a, into_b, out_b, into_a) if both_ways else (out_a, into_b)
+        if self._cpu is None and not legs:
+            return links, cap, lat
         wire = nbytes / min(cap, self._nic_bw / (max(self.nics.active(x) for x in links) + 1))
         after = lat
         if self._cpu is not None:

@@ -13,8 +13,8 @@ module         holds
 simulation     :func:`simulate`, the worker loop (one simpy process a worker) that asks the parts
                for each exchange of each step, :func:`compute_times`
 pairwise       the processes' lanes and the pairwise averages queued on them: analytical FIFO
-               queues inside a host, a process of its own between hosts or where a process
-               carries two averages at once
+               queues inside a host, a chain of event callbacks between hosts or where a
+               process carries two averages at once
 rendezvous     collectives, gossip rounds, the parameter server's queue
 kernel         the environment, the trace rows, the merges (staleness), the flows over shared
                links, the scatter draws (made only where a link has a scatter)

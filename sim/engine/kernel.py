@@ -9,7 +9,8 @@
   the shares of processes that carry two averages at once);
 - :class:`Scatter`: each worker's draws of the ``scatter`` factors of its exchanges, made only
   where the platform gives a link one;
-- :func:`release_after`: one timer that resumes a group of waiting processes.
+- :func:`release_after`: one timer that resumes a group of waiting processes;
+- :class:`Soon`: calls made where a simpy process started now would first run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import simpy
 
 from psgdlab.sim.network import FairLinks, Network
 
-__all__ = ["CountingEnvironment", "Context", "Merges", "Flows", "Scatter", "release_after"]
+__all__ = ["CountingEnvironment", "Context", "Merges", "Flows", "Scatter", "Soon", "release_after"]
 
 _schedule = simpy.Environment.schedule
 
@@ -97,39 +98,62 @@ class Merges:
 
 class Flows:
     """Simpy events over a :class:`~psgdlab.sim.network.FairLinks`: :meth:`join` starts a flow
-    and returns an event that succeeds, with the time, when it has gone through; the next
-    departure is one timer, voided whenever a flow joins or leaves."""
+    and returns an event that succeeds, with the time, when it has gone through (or calls back
+    then, :meth:`join_then`); the next departure is one timer, voided whenever a flow joins or
+    leaves and moves it (a timer that would go off when the one in force does is not set)."""
 
-    __slots__ = ("env", "events", "key", "links", "timer")
+    __slots__ = ("at", "env", "events", "key", "links", "timer")
 
     def __init__(self, env: simpy.Environment, links: FairLinks) -> None:
         self.env = env
         self.links = links
-        self.events: dict[int, simpy.Event] = {}
+        self.events: dict[int, Any] = {}  # a flow's event, or what to call when it is through
         self.key = 0
         self.timer: simpy.Event | None = None  # the timer in force (a join or a departure voids the earlier one)
+        self.at = math.inf  # when it goes off
 
     def join(self, links: tuple[int, ...], amount: float, cap: float) -> simpy.Event:
         """A flow of ``amount`` over ``links`` at most ``cap`` a second, from now."""
-        key = self.key = self.key + 1
-        ev = self.events[key] = simpy.Event(self.env)
-        self._ended(self.links.add(key, links, amount, cap, self.env.now))
+        ev = simpy.Event(self.env)
+        self.join_then(links, amount, cap, ev)
         return ev
+
+    def join_then(self, links: tuple[int, ...], amount: float, cap: float, then: Any) -> None:
+        """:meth:`join`, calling ``then()`` when the flow is through (``then`` a simpy event: it
+        succeeds with the time, as :meth:`join`'s). The flows that leave together are called in
+        the order they ended, once the next timer is set: where their events would have resumed
+        them, except that they run before, not after, what else was already due at that very
+        instant (nothing in the simulator's cases: a flow's end is its own float)."""
+        key = self.key = self.key + 1
+        self.events[key] = then
+        self._ended(self.links.add(key, links, amount, cap, self.env.now))
 
     def _ended(self, ended: list[tuple[int, float]]) -> None:
         events = self.events
+        calls = []
         for key, end in ended:
-            events.pop(key).succeed(end)
+            then = events.pop(key)
+            if type(then) is simpy.Event:
+                then.succeed(end)
+            else:
+                calls.append(then)
         t = self.links.next_end()
         if t < math.inf:
             env = self.env
-            timer = self.timer = env.timeout(max(0.0, t - env.now))
-            timer.callbacks.append(self._timer)
+            delay = max(0.0, t - env.now)
+            at = env.now + delay  # when a timer set now goes off (simpy's own sum)
+            if self.timer is None or at != self.at:  # the timer in force, if any, goes off then already
+                timer = self.timer = env.timeout(delay)
+                timer.callbacks.append(self._timer)
+                self.at = at
         else:
             self.timer = None
+        for then in calls:
+            then()
 
     def _timer(self, timer: simpy.Event) -> None:
         if timer is self.timer:
+            self.timer = None  # gone off
             self._ended(self.links.advance(self.env.now))
 
 
@@ -164,3 +188,39 @@ def release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) ->
     timeout.callbacks.extend(waiting.callbacks)
     waiting.callbacks.clear()
     return timeout
+
+
+class _Urgent(simpy.Event):
+    """An event that has happened and is processed ahead of every event of this instant not
+    already urgent: simpy's urgent priority, which a process's start event (``Initialize``)
+    has. Triggered on creation, as simpy's own ``Timeout`` and ``Initialize`` are."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.events.URGENT)
+
+
+class Soon:
+    """Calls made where a simpy process started now would first run: once the callbacks of the
+    event being processed are done, ahead of every other event of this instant. One event
+    carries every call asked for before it runs, in the order asked (the processes' start
+    events would have run back to back there, nothing else being urgent)."""
+
+    __slots__ = ("calls", "env")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.calls: list[Any] = []
+
+    def call(self, fn: Any) -> None:
+        """Call ``fn(None)`` soon (class docstring)."""
+        if not self.calls:
+            _Urgent(self.env).callbacks.append(self._run)
+        self.calls.append(fn)
+
+    def _run(self, _: simpy.Event) -> None:
+        calls, self.calls = self.calls, []
+        for fn in calls:
+            fn(None)

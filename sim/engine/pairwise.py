@@ -15,14 +15,14 @@ host costs no simpy event. An average between hosts has no service time known in
 bytes share the NICs with transfers that join later (:class:`~psgdlab.sim.network.FairLinks`)
 -- nor has one on a schedule whose processes are active and passive at once -- its work shares
 its processes with averages that join later (a second :class:`~psgdlab.sim.network.FairLinks`,
-one link a process, capacity 1) -- so it, and any average queued behind it, is a process of its
-own whose end the worker waits on (:class:`Pending`).
+one link a process, capacity 1) -- so it, and any average queued behind it, runs as a chain of
+callbacks of the events that end its steps (:class:`_Chain`), where a simpy process of it would
+run, and the worker waits on its end (:class:`Pending`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Generator
 from typing import Any
 
 import simpy
@@ -31,7 +31,7 @@ from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.exchange import ExchangeKind, PairwiseAverage, wire_bytes
 from psgdlab.core.trace import PHASES
 from psgdlab.sim.engine.deaths import Deaths
-from psgdlab.sim.engine.kernel import Context, Flows, Merges, Scatter
+from psgdlab.sim.engine.kernel import Context, Flows, Merges, Scatter, Soon
 from psgdlab.sim.network import FairLinks
 
 __all__ = ["Pending", "PairwiseAverages", "both_sides", "gathers"]
@@ -133,6 +133,7 @@ class PairwiseAverages:
         "_bytes",
         "_cpu",
         "_host",
+        "_soon",
         "ctx",
         "deaths",
         "lane",
@@ -169,6 +170,7 @@ class PairwiseAverages:
         self.passive: list[Any] = [0.0] * n if shares_process else self.lane
         self._cpu = Flows(ctx.env, FairLinks(1.0)) if shares_process else None  # the processes' shares
         self._bytes: dict[int, int] = {}  # wire bytes of an average by its number of shards
+        self._soon = Soon(ctx.env)
 
     def start(self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int) -> float | Pending:
         """Start ``r``'s active average ``ex`` of step ``s`` at ``t``, queued behind the averages
@@ -185,7 +187,7 @@ class PairwiseAverages:
         ):
             h = Pending()
             lane[r] = passive[peer] = h
-            self.ctx.env.process(self._later(r, ex, t, s, phase, mine, theirs, h))
+            self._later(r, ex, t, s, phase, mine, theirs, h)
             return h
         start = max(t, mine, theirs)
         if self.deaths is not None:
@@ -224,50 +226,10 @@ class PairwiseAverages:
 
     def _later(
         self, r: int, ex: PairwiseAverage, t: float, s: int, phase: int, mine: Any, theirs: Any, h: Pending
-    ) -> Generator[simpy.Event, Any, None]:
-        """The process of an average whose end is not known when it is asked for: it waits for
-        the averages ahead of it on its lanes, then (between hosts) for its device-to-host
-        copies, its bytes' time on the NICs at their fair share, the path's latency, its CPU
-        work's stretch, the host average and copies back, its scatter (past its bytes' time),
-        and the allgather after it. Where processes are shared what follows the bytes -- inside
-        a host, the whole average -- is work of both processes at their fair shares."""
-        ctx = self.ctx
-        env, net, peer = ctx.env, ctx.net, ex.peer
-        for x in (mine, theirs):
-            if type(x) is Pending and x.end is None:
-                yield x.wait(env)
-        start = max(t, _end(mine), _end(theirs))
-        if start > env.now:
-            yield env.timeout(start - env.now)
-        deaths = self.deaths
-        if deaths is None or start < deaths.detect[peer]:
-            nbytes, gather = self._nbytes(ex), self._gather(r, ex)
-            if self._host[r] != self._host[peer]:
-                before = net.pair_before_wire(r, peer, nbytes, start)
-                if before > 0.0:
-                    yield env.timeout(before)
-                links, cap, after = net.wire(r, peer, nbytes, env.now)
-                yield self.wires.join(links, nbytes, cap)
-                after += net.pair_after_wire(r, peer, nbytes, env.now + after)
-                if self.scatter is not None:
-                    factor = self.scatter.draw(net.pair_scatter(r, peer), r)
-                    if factor != 1.0:  # the law is the whole average; the bytes' time stays
-                        after = max(0.0, after + (factor - 1.0) * (before + nbytes / cap + after))
-                if gather > 1:
-                    after += net.allgather_s(r, gather, ctx.S, env.now + after)
-                yield self._cpu.join((r, peer), after, 1.0) if self._cpu is not None else env.timeout(after)
-            else:
-                dur = net.pair_average_s(r, peer, nbytes, start, gather=gather, model_bytes=ctx.S)
-                if self.scatter is not None:
-                    dur *= self.scatter.draw(net.pair_scatter(r, peer), r)
-                yield self._cpu.join((r, peer), dur, 1.0) if self._cpu is not None else env.timeout(dur)
-        end = self._settle(r, ex, s, phase, t, start, env.now)[0]
-        if end > env.now:  # the peer died first: the request hangs until the deadline
-            yield env.timeout(end - env.now)
-        for lane, x in ((self.lane, r), (self.passive, peer)):
-            if lane[x] is h:  # nothing queued behind it: the lane is free from its end
-                lane[x] = end
-        h.finish(end)
+    ) -> None:
+        """Run an average whose end is not known when it is asked for (:class:`_Chain`), from
+        where a simpy process of it started now would first run."""
+        self._soon.call(_Chain(self, r, ex, t, s, phase, mine, theirs, h).lanes)
 
     def _settle(
         self, r: int, ex: PairwiseAverage, s: int, phase: int, t: float, start: float, end: float
@@ -304,3 +266,144 @@ class PairwiseAverages:
             ctx = self.ctx
             nbytes = self._bytes[ex.n_shards] = wire_bytes(ex, ctx.n_params, ctx.itemsize)[0]
         return nbytes
+
+
+class _Chain:
+    """An average whose end is not known when it is asked for, step by step: it waits for the
+    averages ahead of it on its lanes, then (between hosts) for its device-to-host copies, its
+    bytes' time on the NICs at their fair share, the path's latency, its CPU work's stretch, the
+    host average and copies back, its scatter (past its bytes' time), and the allgather after
+    it. Where processes are shared what follows the bytes -- inside a host, the whole average --
+    is work of both processes at their fair shares.
+
+    Each step is a callback of the event that ends the step before, where a simpy process of
+    the average would resume (its bytes' end is called from the NICs' timer,
+    :meth:`~psgdlab.sim.engine.kernel.Flows.join_then`), and the first runs where the
+    process's start would (:class:`~psgdlab.sim.engine.kernel.Soon`): the same steps at the
+    same places among simultaneous events, without a process (its generator, its start event
+    for each average, its end event)."""
+
+    __slots__ = (
+        "avgs",
+        "end",
+        "ex",
+        "gather",
+        "h",
+        "mine",
+        "nbytes",
+        "phase",
+        "r",
+        "s",
+        "start",
+        "t",
+        "theirs",
+        "wired",
+    )
+
+    def __init__(
+        self,
+        avgs: PairwiseAverages,
+        r: int,
+        ex: PairwiseAverage,
+        t: float,
+        s: int,
+        phase: int,
+        mine: Any,
+        theirs: Any,
+        h: Pending,
+    ) -> None:
+        self.avgs = avgs
+        self.r, self.ex, self.t, self.s, self.phase = r, ex, t, s, phase
+        self.mine, self.theirs, self.h = mine, theirs, h
+        self.start = self.end = 0.0
+        self.nbytes = self.gather = 0
+        self.wired: tuple[float, float, float] = (0.0, 0.0, 0.0)  # before, cap, after
+
+    def lanes(self, _: Any) -> None:
+        """Wait for the averages ahead on both lanes, then until the later of their ends."""
+        env = self.avgs.ctx.env
+        for x in (self.mine, self.theirs):
+            if type(x) is Pending and x.end is None:
+                x.wait(env).callbacks.append(self.lanes)
+                return
+        start = self.start = max(self.t, _end(self.mine), _end(self.theirs))
+        if start > env.now:
+            env.timeout(start - env.now).callbacks.append(self.begin)
+        else:
+            self.begin(None)
+
+    def begin(self, _: Any) -> None:
+        """The average from its start: nothing with a peer known dead; between hosts the copies
+        before its bytes; inside a host the whole of it."""
+        avgs = self.avgs
+        ctx = avgs.ctx
+        env, net, r, ex = ctx.env, ctx.net, self.r, self.ex
+        peer = ex.peer
+        deaths = avgs.deaths
+        if deaths is not None and self.start >= deaths.detect[peer]:
+            self.settle(None)
+            return
+        nbytes, gather = self.nbytes, self.gather = avgs._nbytes(ex), avgs._gather(r, ex)
+        if avgs._host[r] != avgs._host[peer]:
+            before = net.pair_before_wire(r, peer, nbytes, self.start)
+            self.wired = (before, 0.0, 0.0)
+            if before > 0.0:
+                env.timeout(before).callbacks.append(self.wire)
+            else:
+                self.wire(None)
+            return
+        dur = net.pair_average_s(r, peer, nbytes, self.start, gather=gather, model_bytes=ctx.S)
+        if avgs.scatter is not None:
+            dur *= avgs.scatter.draw(net.pair_scatter(r, peer), r)
+        self._work(dur)
+
+    def wire(self, _: Any) -> None:
+        """The bytes go on the NICs."""
+        ctx = self.avgs.ctx
+        links, cap, after = ctx.net.wire(self.r, self.ex.peer, self.nbytes, ctx.env.now)
+        self.wired = (self.wired[0], cap, after)
+        self.avgs.wires.join_then(links, self.nbytes, cap, self.unwired)
+
+    def unwired(self) -> None:
+        """The bytes are through: what follows them."""
+        avgs = self.avgs
+        ctx = avgs.ctx
+        net, r, peer, nbytes = ctx.net, self.r, self.ex.peer, self.nbytes
+        before, cap, after = self.wired
+        now = ctx.env.now
+        after += net.pair_after_wire(r, peer, nbytes, now + after)
+        if avgs.scatter is not None:
+            factor = avgs.scatter.draw(net.pair_scatter(r, peer), r)
+            if factor != 1.0:  # the law is the whole average; the bytes' time stays
+                after = max(0.0, after + (factor - 1.0) * (before + nbytes / cap + after))
+        if self.gather > 1:
+            after += net.allgather_s(r, self.gather, ctx.S, now + after)
+        self._work(after)
+
+    def _work(self, dur: float) -> None:
+        """``dur`` of work of both processes: at their fair shares where they are shared."""
+        avgs = self.avgs
+        cpu = avgs._cpu
+        if cpu is not None:
+            cpu.join_then((self.r, self.ex.peer), dur, 1.0, self.settle)
+        else:
+            avgs.ctx.env.timeout(dur).callbacks.append(self.settle)
+
+    def settle(self, _: Any = None) -> None:
+        """Close the average (:meth:`PairwiseAverages._settle`); a request to a peer that died
+        first hangs until its deadline."""
+        avgs = self.avgs
+        env = avgs.ctx.env
+        end = self.end = avgs._settle(self.r, self.ex, self.s, self.phase, self.t, self.start, env.now)[0]
+        if end > env.now:
+            env.timeout(end - env.now).callbacks.append(self.free)
+        else:
+            self.free(None)
+
+    def free(self, _: Any) -> None:
+        """Free the lanes that nothing is queued on behind it, and wake who waits."""
+        avgs, end, h = self.avgs, self.end, self.h
+        for lane, x in ((avgs.lane, self.r), (avgs.passive, self.ex.peer)):
+            if lane[x] is h:  # nothing queued behind it: the lane is free from its end
+                lane[x] = end
+        h.finish(end)

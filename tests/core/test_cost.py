@@ -275,6 +275,24 @@ def test_max_min_rates_are_those_of_the_progressive_filling_bit_for_bit(paths, c
 
 
 @given(
+    pairs=st.lists(
+        st.tuples(st.integers(0, 7), st.integers(0, 7), st.booleans()).filter(lambda p: p[0] != p[1]),
+        min_size=1,
+        max_size=30,
+    ),
+    caps=st.lists(st.sampled_from([1.0, 1.0, 1.0, 2.5, 0.4]), min_size=30, max_size=30),
+    capacity=st.sampled_from([1.0, 6.0, 1.125e10]),
+)
+def test_max_min_rates_of_transfers_between_hosts_are_those_of_the_progressive_filling(pairs, caps, capacity):
+    """Transfers between hosts as the NICs carry them (each NIC two links, one a direction; an
+    average both ways, a gossip's send one way): the links that carry the same transfers fill
+    as one, bit for bit."""
+    paths = [(2 * a, 2 * b + 1, 2 * b, 2 * a + 1) if both else (2 * a, 2 * b + 1) for a, b, both in pairs]
+    caps = [c * capacity for c in caps[: len(paths)]]
+    assert max_min_rates(paths, capacity, caps) == _progressive_filling(paths, capacity, caps)
+
+
+@given(
     first=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=1, max_size=10),
     second=st.lists(st.lists(st.integers(6, 11), min_size=1, max_size=3), min_size=1, max_size=10),
     caps=st.lists(st.floats(0.1, 20.0), min_size=20, max_size=20),

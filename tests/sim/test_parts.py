@@ -93,22 +93,22 @@ def test_scatter_and_host_cores_are_used_where_the_platform_has_them():
 @pytest.mark.parametrize("name, kw, flows", [("adpsgd", {}, 0), ("hadpsgd", {"gpus_per_node": 4}, 0)])
 def test_averages_inside_a_host_on_one_side_each_make_no_flows(name, kw, flows):
     """Inside one host, where no process is active and passive at once, every average has a
-    service time known when it is asked for: no flow on shared links, no process of its own."""
-    with counted((network.FairLinks, "add"), (kernel.Flows, "join")) as calls:
+    service time known when it is asked for: no flow on shared links, no chain of its own."""
+    with counted((network.FairLinks, "add"), (kernel.Flows, "join_then")) as calls:
         simulate(make_algorithm(name, n_workers=8, **kw), one_host(), WORK, steps=10, gpus_per_node=8)
-    assert calls["add"] == calls["join"] == flows
+    assert calls["add"] == calls["join_then"] == flows
 
 
 def test_flows_are_made_where_bytes_cross_hosts_or_a_process_carries_two_averages():
     """The converse: between hosts an average's bytes join the NICs' flows; on the random ring
     inside one host an average's work joins the processes' shares."""
     two_hosts = dataclasses.replace(one_host(), hosts=2, devices_per_host=4)
-    with counted((kernel.Flows, "join")) as calls:
+    with counted((kernel.Flows, "join_then")) as calls:
         simulate(make_algorithm("adpsgd", n_workers=8), two_hosts, WORK, steps=10)
-    assert calls["join"] > 0
-    with counted((kernel.Flows, "join")) as calls:
+    assert calls["join_then"] > 0
+    with counted((kernel.Flows, "join_then")) as calls:
         simulate(make_algorithm("adpsgd", n_workers=8, variant="random"), one_host(), WORK, steps=10)
-    assert calls["join"] == 10 * 4  # every average of every step
+    assert calls["join_then"] == 10 * 4  # every average of every step
 
 
 def test_a_run_without_failures_books_none():
