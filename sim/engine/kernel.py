@@ -193,7 +193,10 @@ def release_after(env: simpy.Environment, waiting: simpy.Event, delay: float) ->
 class _Urgent(simpy.Event):
     """An event that has happened and is processed ahead of every event of this instant not
     already urgent: simpy's urgent priority, which a process's start event (``Initialize``)
-    has. Triggered on creation, as simpy's own ``Timeout`` and ``Initialize`` are."""
+    has. Triggered on creation, as simpy's own ``Timeout`` and ``Initialize`` are: by setting
+    the event's ``_ok`` and ``_value`` as they do, which simpy has no public call for (its
+    ``succeed`` schedules at normal priority); pyproject.toml holds simpy below 4.2 for it, and
+    tests/sim/test_kernel.py checks the order it keeps."""
 
     def __init__(self, env: simpy.Environment) -> None:
         super().__init__(env)
