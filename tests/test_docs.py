@@ -1,0 +1,113 @@
+"""The documentation site builds with ``mkdocs build --strict``, its generated pages say what the
+code says, and every Python example of the docs and the README runs."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+#: pages of docs/ that are not part of the site (mkdocs.yml's exclude_docs)
+NOT_ON_SITE = ("journal.md", "fsdd/")
+
+pytestmark = pytest.mark.skipif(
+    not (ROOT / "mkdocs.yml").is_file(), reason="an installed copy without the repository's docs"
+)
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _site_pages() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if not any(str(p.relative_to(DOCS)).startswith(x) for x in NOT_ON_SITE))
+
+
+def test_site_builds_strict(tmp_path):
+    """A broken link, a page outside the navigation or a docstring griffe cannot read fails it."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    cli = (site / "reference" / "cli" / "index.html").read_text()
+    assert "psgdlab predict" in cli and "--workers" in cli
+    api = (site / "reference" / "api" / "index.html").read_text()
+    assert "build_topology" in api and "spectral_gap" in api
+    assert (site / "sources" / "index.html").is_file()
+    assert not (site / "journal" / "index.html").exists()
+
+
+def test_cli_reference_is_every_commands_help(monkeypatch):
+    """The generated page holds each command's --help exactly as `psgdlab COMMAND --help` prints it."""
+    from psgdlab import cli
+
+    hooks = _hooks()
+    page = hooks.cli_reference()
+    monkeypatch.setenv("COLUMNS", str(hooks.HELP_COLUMNS))
+    for name in cli.COMMANDS:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            cli.build_parser().parse_args([name, "--help"])
+        assert out.getvalue().rstrip() in page, name
+    assert "## `psgdlab preset show`" in page  # a subcommand's own help
+
+
+def test_sources_page_lists_every_tag():
+    with (ROOT / "sim" / "presets" / "sources.toml").open("rb") as stream:
+        sources = tomllib.load(stream)
+    page = _hooks().sources_page()
+    for tag, source in sources.items():
+        assert f"| `{tag}` |" in page
+        assert source["citation"].replace("|", "\\|") in page
+
+
+def test_import_layout_maps_every_subpackage(tmp_path):
+    layout = _hooks().import_layout(ROOT, tmp_path / "layout")
+    assert (layout / "psgdlab" / "core" / "topology.py").resolve() == ROOT / "core" / "topology.py"
+    assert (layout / "psgdlab" / "cli.py").resolve() == ROOT / "psgdlab" / "cli.py"
+    assert (layout / "psgdlab" / "runtime").resolve() == ROOT / "runtime"
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    blocks = []
+    for page in [*_site_pages(), ROOT / "README.md"]:
+        text = page.read_text()
+        for i, match in enumerate(re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)):
+            blocks.append((f"{page.relative_to(ROOT)}[{i}]", match.group(1)))
+    return blocks
+
+
+#: the run directory results.md's example reads, made by a short predict before it runs
+PREDICT_RUN = "runs/predict-20260101-120000"
+
+
+@pytest.mark.parametrize(("where", "code"), _python_blocks(), ids=[w for w, _ in _python_blocks()])
+def test_python_examples_run(where, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if PREDICT_RUN in code:
+        from psgdlab.cli import main
+
+        assert main(["predict", "--algorithm", "ssgd", "--workers", "1,2", "--steps", "20", "--out", PREDICT_RUN]) == 0
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, where, "exec"), {"__name__": "__docs_example__"})
