@@ -111,3 +111,57 @@ def test_python_examples_run(where, code, tmp_path, monkeypatch):
         assert main(["predict", "--algorithm", "ssgd", "--workers", "1,2", "--steps", "20", "--out", PREDICT_RUN]) == 0
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(code, where, "exec"), {"__name__": "__docs_example__"})
+
+
+# ----- the README ---------------------------------------------------------------------------------
+
+README = ROOT / "README.md"
+
+
+def _readme_commands() -> list[str]:
+    """Every command line of the README's bash blocks (continuations joined, comments dropped)."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def test_readme_is_one_screenful_with_its_picture_and_the_ci_command():
+    text = README.read_text()
+    assert len(text.splitlines()) < 200
+    ci_pytest_line = next(line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line)
+    assert ci_pytest_line in text  # .ci/run runs the Quick start's command verbatim
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+
+
+#: README commands run here for real (cheap); every other psgdlab command is parsed with the CLI's
+#: own parser (each takes seconds to minutes, or root: predict and plan simulate a sweep, train
+#: starts ranks, validate trains and needs root for --hosts), and the rest are other programs
+#: (pip, torchrun, ruff, mypy through .ci/typecheck.py, mkdocs) that the CI runs or that need a
+#: launcher
+RUN_FOR_REAL = ("psgdlab topology",)
+
+
+@pytest.mark.parametrize("command", _readme_commands())
+def test_readme_command(command, tmp_path, monkeypatch):
+    import shlex
+
+    from psgdlab.cli import build_parser, main
+
+    argv = shlex.split(command)
+    if argv[0] == "sudo":
+        argv = argv[1:]
+    if not argv[0].endswith("psgdlab"):
+        pytest.skip(f"not a psgdlab command: {argv[0]}")
+    monkeypatch.chdir(tmp_path)
+    if command.startswith(RUN_FOR_REAL):
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(argv[1:]) == 0
+    else:
+        args = build_parser().parse_args(argv[1:])
+        assert args.func is not None

@@ -1,4 +1,4 @@
-"""The hand calibration of README and docs/validation.md, as a user runs it: two short 2-worker
+"""The hand calibration of docs/validation.md ("Calibrate"), as a user runs it: two short 2-worker
 ssgd runs of their model at two sizes, then calibrate, then predict --platform."""
 
 from __future__ import annotations
