@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import re
 import shutil
 import tempfile
 import tomllib
@@ -164,6 +165,25 @@ def on_startup(command: str, dirty: bool) -> None:
     """mkdocs hook: make the import layout mkdocstrings reads the API from, before any plugin
     reads its configuration (mkdocstrings resolves its ``paths`` then)."""
     import_layout()
+
+
+#: a Sphinx role of the docstrings as Markdown renders it: the role's name as text before the code
+_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj|math):<code>~?")
+
+
+def plain_roles(html: str) -> str:
+    """The docstrings' Sphinx roles (``:class:`X```, ``:math:`x```) as plain code: numpydoc
+    docstrings write them for Sphinx, and Markdown leaves the role's name in front of the code.
+
+    >>> plain_roles('see :class:<code>~a.B</code> and :math:<code>x^2</code>')
+    'see <code>a.B</code> and <code>x^2</code>'
+    """
+    return _ROLE.sub("<code>", html)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """mkdocs hook: the API pages' Sphinx roles as plain code."""
+    return plain_roles(html)
 
 
 #: generated pages: path under docs/ -> the function that writes it

@@ -82,6 +82,12 @@ def test_sources_page_lists_every_tag():
         assert source["citation"].replace("|", "\\|") in page
 
 
+def test_sphinx_roles_render_as_plain_code():
+    plain_roles = _hooks().plain_roles
+    assert plain_roles("a :class:<code>~x.Y</code>, :math:<code>n^2</code>") == "a <code>x.Y</code>, <code>n^2</code>"
+    assert plain_roles("time:<code>3</code> and <code>:func:</code>") == "time:<code>3</code> and <code>:func:</code>"
+
+
 def test_import_layout_maps_every_subpackage(tmp_path):
     layout = _hooks().import_layout(ROOT, tmp_path / "layout")
     assert (layout / "psgdlab" / "core" / "topology.py").resolve() == ROOT / "core" / "topology.py"
