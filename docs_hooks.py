@@ -30,8 +30,9 @@ SOURCES_TOML = ROOT / "sim" / "presets" / "sources.toml"
 #: where :func:`import_layout` puts the package as Python imports it (git-ignored; mkdocs.yml's
 #: mkdocstrings ``paths`` names it)
 LAYOUT = ROOT / ".cache" / "api-layout"
-#: the width the help texts are wrapped at on the page (argparse reads $COLUMNS)
-HELP_COLUMNS = 100
+#: the width the help texts are wrapped at on the page (argparse reads $COLUMNS): what the
+#: theme's code blocks show without scrolling at a common window width
+HELP_COLUMNS = 80
 
 
 class _Recorder(argparse.ArgumentParser):
