@@ -29,6 +29,8 @@ def algorithm_specs(
         Bounds on ``n_workers`` (``2 <= min_workers <= max_workers``); matching-based schemes get
         the even counts in range, H-ADPSGD an even number of nodes times ``gpus_per_node``.
 
+    Notes
+    -----
     Shrinks towards the first name, the fewest workers, default hyperparameters and seed 0.
     Validated eagerly: unknown names or empty ranges raise ``InvalidArgument`` at once.
     """

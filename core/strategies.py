@@ -92,6 +92,8 @@ def worker_counts(*, min_workers: int = 2, max_workers: int = 64, even: bool = F
     even : bool, default False
         Only even counts (matching-based schemes); the range must contain one.
 
+    Notes
+    -----
     Shrinks towards the smallest allowed count.
     """
     _check_range("min_workers", min_workers, "max_workers", max_workers, low=1)
@@ -142,6 +144,8 @@ def topologies(
     min_workers, max_workers : int
         Inclusive bounds, ``1 <= min_workers <= max_workers <= 4096``.
 
+    Notes
+    -----
     Shrinks towards the first kind (in the order given, default ``ring`` first), the fewest workers,
     the fewest GPUs per node, ``inner="fixed-ring"`` and seed 0.
     """
@@ -192,6 +196,8 @@ def mixing_matrices(
     topology : Topology or strategy of Topology, optional
         Default :func:`topologies` with its defaults.
 
+    Notes
+    -----
     Shrinks towards round 0 of the simplest topology (see :func:`topologies`).
     """
     if topology is None:
@@ -238,6 +244,8 @@ def doubly_stochastic_matrices(
     max_terms : int, default 8
         Most permutations combined, ``>= 1``.
 
+    Notes
+    -----
     Shrinks towards the identity matrix (one term, the identity permutation).
     """
     _check_int("max_terms", max_terms, low=1)
@@ -251,6 +259,8 @@ def symmetric_doubly_stochastic_matrices(
 
     Exactly symmetric (bit for bit). Parameters are as in :func:`doubly_stochastic_matrices`.
 
+    Notes
+    -----
     Shrinks towards the identity matrix.
     """
     _check_int("max_terms", max_terms, low=1)
@@ -281,6 +291,8 @@ def staleness_schedules(
     causal : bool, default True
         Cap step ``k``'s staleness at ``k``.
 
+    Notes
+    -----
     Shrinks towards all zeros (fresh gradients).
     """
     _check_int("max_staleness", max_staleness, low=0)

@@ -24,7 +24,7 @@ WER after epochs 1-5, majority vote in brackets): 31.5 (32.9), 20.7 (25.1), 20.2
 15.3 (15.1), 17.3 % (16.6 %); frame accuracy 0.41 -> 0.56 -> 0.54; after epoch 5 george 22.8 %,
 theo 11.8 %. The target (WER <= 15 % within 5 epochs) is not reached by this Adam loop at a
 constant rate. The psgdlab runtime's momentum SGD with the ``exp`` schedule (lr 0.2 -> 0.02,
-momentum 0.9, batch 32) reaches 13.2 % (README, "Training on FSDD and word error rate").
+momentum 0.9, batch 32) reaches 13.2 % (docs/training.md, "Training on FSDD and word error rate").
 
 Earlier measurements with the majority vote only (previous revision; per-epoch WER):
 ``--lr 1e-3`` 16.3 % after 5 epochs; ``--dropout 0.3`` 18.5 %; ``--speed 0.9,1.0,1.1``

@@ -1,5 +1,7 @@
 """Every algorithm of ALGORITHMS.md §A, defined once, in one registry.
 
+Examples
+--------
 >>> sorted(ALGORITHMS)
 ['adpsgd', 'asgd', 'bmuf', 'bsp', 'dpsgd', 'easgd', 'hadpsgd', 'sgd', 'ssgd']
 >>> make_algorithm("bmuf", n_workers=4, period=20).block_momentum

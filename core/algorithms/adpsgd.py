@@ -82,13 +82,14 @@ def matching_exchange(kind: str, n: int, seed: int, round_: int, member: int) ->
 class ADPSGD(Algorithm):
     """Asynchronous decentralised parallel SGD on a ring.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     variant : {"fixed", "random", "delay"}
         Ring pattern (see the module docstring); default ``"fixed"``.
     delay : int or None
         Extra gradient delay ``D`` (only for ``variant="delay"``; default 1 there, 0 otherwise).
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "adpsgd"

@@ -46,13 +46,14 @@ __all__ = ["ASGD"]
 class ASGD(Algorithm):
     """Parameter-server ASGD.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     period : int
         Local steps between push/pull (:math:`\\tau`), ``>= 1``; default 1 (classic ASGD).
     server_lr : float
         :math:`\\alpha_s > 0` applied to pushed deltas; default 1.
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "asgd"

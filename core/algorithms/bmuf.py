@@ -56,6 +56,8 @@ __all__ = ["BMUF"]
 class BMUF(Algorithm):
     """Blockwise model-update filtering.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     period : int
@@ -66,7 +68,6 @@ class BMUF(Algorithm):
         :math:`\\eta > 0`; default 1.
     variant : {"classical", "nesterov"}
         Where the next block starts (CBM default, as Li et al. ran).
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "bmuf"

@@ -39,11 +39,12 @@ __all__ = ["BSP"]
 class BSP(Algorithm):
     """Periodic model averaging.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     period : int
         Local steps between averagings (:math:`\\tau`), ``>= 1``. Default 5 (ALGORITHMS.md §A.4).
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "bsp"

@@ -47,11 +47,12 @@ __all__ = ["DPSGD"]
 class DPSGD(Algorithm):
     """Synchronous gossip SGD.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     topology : {"ring", "torus", "complete", "exponential"}
         Static topology whose mixing matrix ``W`` is used (:mod:`psgdlab.core.topology`).
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "dpsgd"

@@ -53,6 +53,8 @@ __all__ = ["EASGD"]
 class EASGD(Algorithm):
     """Elastic averaging SGD.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     period : int
@@ -61,7 +63,6 @@ class EASGD(Algorithm):
         Elastic coefficient :math:`\\alpha = \\eta\\lambda \\in [0, 1)`; ``None`` gives ``0.9/n``.
     variant : {"async", "sync"}
         Server-based asynchronous exchanges (default) or the synchronous allreduce form.
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "easgd"

@@ -51,6 +51,8 @@ __all__ = ["HADPSGD"]
 class HADPSGD(Algorithm):
     """Hierarchical ADPSGD.
 
+    The parameters common to every algorithm are those of :class:`Algorithm`.
+
     Parameters
     ----------
     gpus_per_node : int
@@ -58,7 +60,6 @@ class HADPSGD(Algorithm):
         number of nodes even (or 1).
     variant : {"fixed", "random"}
         Ring pattern between super-learners.
-    Other parameters are as in :class:`Algorithm`.
     """
 
     name: ClassVar[str] = "hadpsgd"
