@@ -155,6 +155,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--algorithms, --workers, --hosts, --nic-bandwidth, --straggler, --calibrate-workers and --full "
         "are refused with it",
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when any target is missed, naming each on stderr (one line each), 0 when all are met: "
+        "a gate for CI. With hosts, H-ADPSGD's predicted advantage holds when it is within 10%% of the "
+        "measured advantage's size or within two combined standard errors of the measured means",
+    )
     add_flags(p, "--out", "--force", "--json", required={"--out"}, helps={"--out": "required here"})
     p.set_defaults(func=run)
 
@@ -253,4 +260,11 @@ def _report(vc: Any, args: argparse.Namespace) -> int:
     else:
         print(format_table(report))
         print(f"reports: {args.out}/compare*/report.md, {args.out}/validate.json")
+    if args.check:
+        from psgdlab.validate.check import missed_targets
+
+        missed = missed_targets(report)
+        for line in missed:
+            print(f"psgdlab validate: target missed: {line}", file=sys.stderr)
+        return 1 if missed else 0
     return 0

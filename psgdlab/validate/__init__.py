@@ -377,6 +377,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
     only = next(iter(calibrations.values()))
     calibrate_workers = sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)})
     targets = targets_for(vc, calibrate_workers)
+    advantage = hadpsgd_advantage(cases) if vc.hosts else []
     median = float(np.median(errs)) if errs.size else None
     largest = float(errs.max()) if errs.size else None
     report = ValidationReport(
@@ -397,6 +398,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
             "ranking_identical": counts["misordered"] == 0,
             "interval_coverage": coverage is not None and coverage >= targets["interval_coverage"],
             "interval_max_half_width": widest is not None and widest <= targets["interval_half_width"],
+            # with hosts: every predicted advantage of H-ADPSGD holds (validate.stats.advantage_holds)
+            **({"hadpsgd_advantage": all(a["holds"] for a in advantage)} if vc.hosts else {}),
         },
         platform=str(out / "platform.toml") if not vc.hosts else tuple(str(out / k) for k in calibrations),
         calibrate_workers=tuple(calibrate_workers),
@@ -405,9 +408,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
         # with --measured the load is the earlier validate's, when its runs were made
         load_average=earlier.get("load_average", {}) if vc.measured else {**load, "end": load_average()},
         measured_in=str(source) if vc.measured else None,
-        hosts={"cases": [f"{h}x{n // h}" for h, n in host_cases(vc)], "advantage": hadpsgd_advantage(cases)}
-        if vc.hosts
-        else None,
+        hosts={"cases": [f"{h}x{n // h}" for h, n in host_cases(vc)], "advantage": advantage} if vc.hosts else None,
     )
     atomic_write_json(out / "validate.json", document(report.to_json()))
     return report
