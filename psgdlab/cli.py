@@ -26,7 +26,7 @@ import zipfile
 import zlib
 from typing import NoReturn
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "command_parser"]
 
 # subcommand name -> module under psgdlab.commands (registered in this order in --help)
 COMMANDS: dict[str, str] = {
@@ -80,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # a subcommand not built yet
         importlib.import_module(full).register(sub)
     return parser
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand (``psgdlab NAME``'s flags), built as :func:`build_parser`
+    builds it, without importing the other commands (:func:`psgdlab.api.flags_namespace`)."""
+    if name not in COMMANDS:
+        raise KeyError(f"no command {name!r} (known: {', '.join(COMMANDS)})")
+    sub = _Parser(prog="psgdlab").add_subparsers(dest="command")
+    importlib.import_module(f"psgdlab.commands.{COMMANDS[name]}").register(sub)
+    return sub.choices[name]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
@@ -116,6 +117,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "noise_extrapolated) with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
+    p.add_argument("--no-figures", action="store_true", help="do not draw the figures into the run directory")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is one on stderr only when it is a terminal)",
+    )
     p.add_argument(
         "--yes",
         action="store_true",
@@ -152,15 +159,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import json
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a ``predict`` namespace asks for, resolved: the platform and workload, the algorithms
+    and worker counts, the failures and the convergence model with its target."""
 
+    config: SimConfig
+    algorithms: tuple[str, ...]
+    workers: tuple[int, ...]
+    failures: FailureRequest | None
+    convergence: ConvergenceProfile | None
+    target: Target | None
+
+
+def resolve(args: argparse.Namespace) -> Request:
+    """The request of ``predict``'s flags (``args``: the command's namespace, or the one
+    :func:`psgdlab.predict` builds from its keywords); bad values are one-line ConfigErrors,
+    raised before anything is simulated or written."""
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import open_run_dir
-    from psgdlab.sim.report import format_table, sweep_summary
     from psgdlab.sim.workload import load_config
 
-    t_start = time.perf_counter()
     if args.platform is not None:
         config = load_config(path=args.platform)
     else:
@@ -169,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
         from psgdlab.sim.workload import with_workload
 
         config = with_workload(config, args.workload)
-    algorithms = args.algorithm or config.defaults.algorithms
-    workers = args.workers or config.defaults.workers
+    algorithms = tuple(args.algorithm or config.defaults.algorithms)
+    workers = tuple(args.workers or config.defaults.workers)
     if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
         raise ConfigError(
             f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
@@ -184,63 +202,41 @@ def run(args: argparse.Namespace) -> int:
         )
     failures = _failure_request(args)
     convergence, target = resolve_convergence(config, args.convergence, args.target)
-    _require_affordable(args, config, tuple(algorithms), tuple(workers))
+    _require_affordable(args, config, algorithms, workers)
+    return Request(config, algorithms, workers, failures, convergence, target)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.sim.report import format_table, sweep_summary
+
+    t_start = time.perf_counter()
+    req = resolve(args)
     with open_run_dir(args.out, command="predict", force=args.force) as held:
-        run_dir, predictions = _predict_into(held, args, config, algorithms, workers, failures, convergence, target)
+        predictions = simulate(args, req)
+        run_dir = write_into(held, args, req, predictions)
         held.commit()
     wall = time.perf_counter() - t_start
     if args.json:
-        answer = sweep_summary(config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
+        answer = sweep_summary(req.config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
         print(json.dumps(answer, default=float))
     else:
         rows = [p.row for p in predictions]
-        print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
+        print(format_table(req.config, rows, run_dir=str(run_dir.path), wall_s=wall))
     return 0
 
 
-def _predict_into(
-    held: RunLock,
-    args: argparse.Namespace,
-    config: SimConfig,
-    algorithms: tuple[str, ...],
-    workers: tuple[int, ...],
-    failures: FailureRequest | None,
-    convergence: ConvergenceProfile | None,
-    target: Target | None,
-) -> tuple[RunDir, list[Prediction]]:
-    """Simulate every (algorithm, workers) of the request and write the run directory ``held``
-    holds (:func:`psgdlab.sim.report.write_prediction` and the figures; not committed); the run
-    directory and the predictions."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def simulate(args: argparse.Namespace, req: Request) -> list[Prediction]:
+    """Simulate every (algorithm, workers) of ``req`` (:func:`psgdlab.sim.predict.predict_sweep`,
+    ``args.jobs`` processes), with a progress bar on stderr when it is a terminal and
+    ``args.no_progress`` is not set."""
+    from psgdlab.sim.predict import predict_sweep
 
-    from psgdlab.analysis.figures import write_prediction_figures
-    from psgdlab.core.machine import set_parent_death_signal
-    from psgdlab.sim.predict import predict_sweep, sweep_jobs
-    from psgdlab.sim.report import write_prediction
-
-    request = {
-        "algorithms": list(algorithms),
-        "workers": list(workers),
-        "gpus_per_node": args.gpus_per_node,
-        "workers_per_host": args.workers_per_host,
-        "batch": args.batch,
-        "period": args.period,
-        "variant": args.variant,
-        "steps": args.steps,
-        "straggler": args.straggler,
-        "seed": args.seed,
-        "fail": list(args.fail or []),
-        "failure_rate": args.failure_rate,
-        "on_failure": args.on_failure,
-        "checkpoint_every": args.checkpoint_every,
-        "failure_draws": args.failure_draws,
-        "target": str(target or convergence.own_target()) if convergence is not None else None,
-        "convergence": args.convergence,
-    }
     bar = None
-    n_configs = len(algorithms) * len(workers)
-    if n_configs > 1:
+    n_configs = len(req.algorithms) * len(req.workers)
+    if n_configs > 1 and not args.no_progress:
         from tqdm import tqdm
 
         bar = tqdm(
@@ -259,10 +255,10 @@ def _predict_into(
             bar.set_postfix_str(f"done {label}")
 
     try:
-        predictions = predict_sweep(
-            config,
-            tuple(algorithms),
-            tuple(workers),
+        return predict_sweep(
+            req.config,
+            req.algorithms,
+            req.workers,
             batch=args.batch,
             progress=progress,
             steps=args.steps,
@@ -272,29 +268,64 @@ def _predict_into(
             stragglers=args.straggler,
             seed=args.seed,
             workers_per_host=args.workers_per_host,
-            failures=failures,
+            failures=req.failures,
             on_failure=args.on_failure,
             jobs=args.jobs,
-            convergence=convergence,
-            target=target,
+            convergence=req.convergence,
+            target=req.target,
         )
     finally:
         if bar is not None:
             bar.close()
+
+
+def write_into(held: RunLock, args: argparse.Namespace, req: Request, predictions: list[Prediction]) -> RunDir:
+    """Write the run directory ``held`` holds (:func:`psgdlab.sim.report.write_prediction`, and
+    the figures unless ``args.no_figures``; not committed); the run directory."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from psgdlab.analysis.figures import write_prediction_figures
+    from psgdlab.core.machine import set_parent_death_signal
+    from psgdlab.sim.predict import sweep_jobs
+    from psgdlab.sim.report import write_prediction
+
+    convergence, target = req.convergence, req.target
+    request = {
+        "algorithms": list(req.algorithms),
+        "workers": list(req.workers),
+        "gpus_per_node": args.gpus_per_node,
+        "workers_per_host": args.workers_per_host,
+        "batch": args.batch,
+        "period": args.period,
+        "variant": args.variant,
+        "steps": args.steps,
+        "straggler": args.straggler,
+        "seed": args.seed,
+        "fail": list(args.fail or []),
+        "failure_rate": args.failure_rate,
+        "on_failure": args.on_failure,
+        "checkpoint_every": args.checkpoint_every,
+        "failure_draws": args.failure_draws,
+        "target": str(target or convergence.own_target()) if convergence is not None else None,
+        "convergence": args.convergence,
+    }
     out = held.path
     rows = [p.row for p in predictions]
-    title = f"{config.platform.name}: {config.workload.name}"
+    title = f"{req.config.platform.name}: {req.config.workload.name}"
+    if args.no_figures:
+        return write_prediction(out, req.config, predictions, request)
     if sweep_jobs(args.jobs) > 1:  # the figures are drawn beside the writing
         with ProcessPoolExecutor(
             max_workers=1, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
         ) as pool:
             figures = pool.submit(write_prediction_figures, out, rows, title=title)
-            run_dir = write_prediction(out, config, predictions, request)
+            run_dir = write_prediction(out, req.config, predictions, request)
             figures.result()
     else:
-        run_dir = write_prediction(out, config, predictions, request)
+        run_dir = write_prediction(out, req.config, predictions, request)
         write_prediction_figures(run_dir.path, rows, title=title)
-    return run_dir, predictions
+    return run_dir
 
 
 def _require_affordable(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from psgdlab.core.topology import INNER_KINDS, KINDS
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "describe"]
 
 MIXING_TOL = 1e-6
 
@@ -68,11 +68,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.spectral import mixing_time, topology_spectrum
-    from psgdlab.core.topology import build_topology
 
     if args.plot is not None:
         if args.plot.suffix.lower() != ".png":
@@ -84,8 +80,27 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"plot ({str(args.plot)!r}) cannot be written: {folder} is a file, not a directory")
         if args.plot_max_workers < 4:
             raise ConfigError(f"plot-max-workers ({args.plot_max_workers}) must be >= 4")
+    topology, spectrum = describe(args.kind, args)
+    if args.plot is not None:
+        _write_plot(args.plot, topology, args.plot_max_workers)
+        spectrum["plot"] = str(args.plot)
+    if args.json:
+        print(json.dumps(spectrum))
+    else:
+        print(_table(spectrum))
+    return 0
+
+
+def describe(kind: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The topology ``kind`` of the flags ``args`` (``workers``, ``gpus_per_node``, ``inner``,
+    ``seed``) and its spectral numbers (``topology --json``'s object, without ``plot``)."""
+    import warnings
+
+    from psgdlab.core.spectral import mixing_time, topology_spectrum
+    from psgdlab.core.topology import build_topology
+
     topology = build_topology(
-        args.kind, args.workers, gpus_per_node=args.gpus_per_node, seed=args.seed, inner=args.inner or "fixed-ring"
+        kind, args.workers, gpus_per_node=args.gpus_per_node, seed=args.seed, inner=args.inner or "fixed-ring"
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a zero gap is reported in the table itself
@@ -95,14 +110,7 @@ def run(args: argparse.Namespace) -> int:
     spectrum["seed"] = topology.seed
     spectrum["mixing_time"] = None if math.isinf(steps) else int(steps)
     spectrum["mixing_tol"] = MIXING_TOL
-    if args.plot is not None:
-        _write_plot(args.plot, topology, args.plot_max_workers)
-        spectrum["plot"] = str(args.plot)
-    if args.json:
-        print(json.dumps(spectrum))
-    else:
-        print(_table(spectrum))
-    return 0
+    return topology, spectrum
 
 
 def _table(s: dict[str, Any]) -> str:
