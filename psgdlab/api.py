@@ -1,7 +1,7 @@
 """psgdlab's Python API: the commands' pipelines called from Python (a notebook, a script).
 
 Each function takes the keyword names of its command's flags (``--gpus-per-node`` is
-``gpus_per_node``) with the same values: a comma list as a string (``"8,64"``) or a Python list
+``workers_per_node``) with the same values: a comma list as a string (``"8,64"``) or a Python list
 (``[8, 64]``), a flag without a value (``--force``) as a bool. The keywords are checked by the
 command's own parser actions (:func:`flags_namespace`: one mapping, no second parser), so a bad
 value is the same one-line :class:`~psgdlab.core.errors.ConfigError` the command exits 2 with.
@@ -81,7 +81,8 @@ def flags_namespace(
     from psgdlab.core.errors import ConfigError
 
     parser = command_parser(command)
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "json")}
+    # the flags as --help lists them (an old spelling, hidden, shares its new flag's dest)
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "json") and a.help != argparse.SUPPRESS}
     ns = parser.parse_args([*_required_placeholders(parser, flags)])
     for key, value in (defaults or {}).items():
         if key in actions:
@@ -142,7 +143,7 @@ def predict(
     preset: str | None = None,
     platform: str | Path | None = None,
     workload: str | Path | None = None,
-    gpus_per_node: int | None = None,
+    workers_per_node: int | None = None,
     workers_per_host: int | None = None,
     batch: int | None = None,
     period: int | None = None,
@@ -178,7 +179,7 @@ def predict(
         A shipped preset's name, or a platform TOML file (one of them; default: the default preset).
     workload : str
         Another workload on the same platform: a name or a TOML file.
-    gpus_per_node, workers_per_host, batch, period, variant, steps, straggler, seed : optional
+    workers_per_node, workers_per_host, batch, period, variant, steps, straggler, seed : optional
         As the flags of the same names.
     target, convergence : str, optional
         The held-out metric to reach (``"wer=20"``) and the convergence model's run directories.
@@ -335,7 +336,7 @@ class TopologyInfo(Mapping[str, Any]):
 
 
 def topology(
-    kind: str, *, workers: int, gpus_per_node: int | None = None, inner: str | None = None, seed: int | None = None
+    kind: str, *, workers: int, workers_per_node: int | None = None, inner: str | None = None, seed: int | None = None
 ) -> TopologyInfo:
     """Build a topology and its spectral numbers: ``psgdlab topology KIND --workers N``.
 
@@ -348,7 +349,7 @@ def topology(
     """
     from psgdlab.commands.topology import describe
 
-    given = {"kind": kind, "workers": workers, "gpus_per_node": gpus_per_node, "inner": inner, "seed": seed}
+    given = {"kind": kind, "workers": workers, "workers_per_node": workers_per_node, "inner": inner, "seed": seed}
     args = flags_namespace("topology", given)
     built, numbers = describe(args.kind, args)
     return TopologyInfo(built, _mixing_matrix(built, numbers["matrix"]), numbers)

@@ -66,20 +66,36 @@ def build_parser() -> argparse.ArgumentParser:
     from psgdlab import __version__
 
     parser.add_argument("--version", action="version", version=f"psgdlab {__version__}")
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="more log output on stderr (-vv for debug), and the traceback above an error",
-    )
+    _add_verbosity(parser, default=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
         full = f"psgdlab.commands.{module_name}"
         if importlib.util.find_spec(full) is None:
             continue  # a subcommand not built yet
         importlib.import_module(full).register(sub)
+    for command in sub.choices.values():
+        _add_verbosity(command)
     return parser
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, default: int | str = argparse.SUPPRESS) -> None:
+    """``-v/--verbose`` and ``-q/--quiet`` on ``parser`` and its subcommands' parsers, so that they
+    are taken before or after the subcommand (``psgdlab topology ring --workers 8 -v``). Below the
+    top a flag not given leaves the top's count (``argparse.SUPPRESS``)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default,
+        help="more log output on stderr (-vv for debug), and the traceback above an error",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=default, help="less log output on stderr (-qq: errors only)"
+    )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for nested in action.choices.values():
+                _add_verbosity(nested)
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
@@ -89,13 +105,23 @@ def command_parser(name: str) -> argparse.ArgumentParser:
         raise KeyError(f"no command {name!r} (known: {', '.join(COMMANDS)})")
     sub = _Parser(prog="psgdlab").add_subparsers(dest="command")
     importlib.import_module(f"psgdlab.commands.{COMMANDS[name]}").register(sub)
+    _add_verbosity(sub.choices[name])
     return sub.choices[name]
+
+
+def log_level(verbose: int, quiet: int) -> int:
+    """The log level of ``-v`` and ``-q`` counts: WARNING, one step per flag, DEBUG to CRITICAL.
+
+    >>> [logging.getLevelName(log_level(v, q)) for v, q in ((0, 0), (2, 0), (5, 0), (0, 1), (0, 4), (1, 1))]
+    ['WARNING', 'DEBUG', 'DEBUG', 'ERROR', 'CRITICAL', 'WARNING']
+    """
+    return min(max(logging.WARNING - 10 * verbose + 10 * quiet, logging.DEBUG), logging.CRITICAL)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    level = log_level(args.verbose, args.quiet)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "func", None) is None:
         parser.print_help()

@@ -10,7 +10,7 @@ asgd and asynchronous easgd, which runs on the last rank)::
     mpiexec -n 4 python -m psgdlab.runtime --algorithm bmuf --workers 4 --backend mpi --period 5 \\
         --steps 500 --out runs/b
     srun -N 2 --ntasks-per-node 8 --gpus-per-node 8 python -m psgdlab.runtime --algorithm hadpsgd --workers 16 \\
-        --gpus-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
+        --workers-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
 
 (with srun also export ``MASTER_ADDR`` = the first node's host name and ``MASTER_PORT`` for
 gloo/nccl). ``psgdlab train`` starts the local processes itself.

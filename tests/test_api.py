@@ -3,6 +3,7 @@ nothing written or forked unless asked; examples/api_tour.py runs."""
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import subprocess
@@ -20,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _dests(command: str) -> set[str]:
-    return {a.dest for a in command_parser(command)._actions if a.dest not in ("help", "json")}
+    hidden = {"help", "json", "verbose", "quiet"}
+    return {a.dest for a in command_parser(command)._actions if a.dest not in hidden and a.help != argparse.SUPPRESS}
 
 
 @pytest.mark.parametrize("command", ["predict", "plan", "topology"])

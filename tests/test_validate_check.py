@@ -108,8 +108,8 @@ def test_missed_targets_name_each_one_line():
 def test_validate_check_exit_status(met, status, tmp_path, monkeypatch, capsys):
     import psgdlab.validate
 
-    monkeypatch.setattr(psgdlab.validate, "validate", lambda vc, progress=None: _report(met))
-    argv = ["validate", "--algorithms", "ssgd,adpsgd", "--workers", "2", "--out", str(tmp_path / "v"), "--json"]
+    monkeypatch.setattr(psgdlab.validate, "validate", lambda vc, progress=None, figures=True: _report(met))
+    argv = ["validate", "--algorithm", "ssgd,adpsgd", "--workers", "2", "--out", str(tmp_path / "v"), "--json"]
     assert main([*argv, "--check"]) == status
     err = capsys.readouterr().err.splitlines()
     missed = [line for line in err if "target missed" in line]

@@ -12,9 +12,9 @@ replaces it).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from psgdlab.commands import plain_text, print_json
 from psgdlab.core.flags import add_flags
 from psgdlab.emulate import SYNTHETIC
 from psgdlab.models.recipes import DEFAULT_MODEL, MODEL_RECIPES
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "emulate",
         help="predict convergence: real replicas replayed at simulated event times",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     where = p.add_mutually_exclusive_group()
@@ -44,14 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--variant",
         "--period",
         "--workers",
-        "--gpus-per-node",
+        "--workers-per-node",
         "--model",
         "--data",
         required={"--algorithm", "--workers"},
         defaults={"--model": DEFAULT_MODEL, "--data": SYNTHETIC},
         helps={
             "--workers": "virtual workers",
-            "--gpus-per-node": "default: the platform's devices per host, capped by the number of workers",
+            "--workers-per-node": "default: the platform's devices per host, capped by the number of workers",
             "--model": ", ".join(MODEL_RECIPES),
         },
     )
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         variant=args.variant,
         period=args.period,
         workers=args.workers,
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=args.workers_per_node,
         preset=args.preset,
         platform_file=args.platform_file,
         model=args.model,
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         result, resolved = emulate(cfg)
         summary = write_run(held.path, result, resolved)
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary)
     else:
         print(
             f"emulated {cfg.workers} x {cfg.algorithm} for {summary['simulated_time_s']:.3g} s simulated "

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from psgdlab.commands import print_json
 from psgdlab.core.convergence import OBJECTIVES
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, int_list, name_list
 from psgdlab.sim.workload import DEFAULT_PRESET
@@ -68,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=int_list, default=None, metavar="B,B", help="per-GPU batches (default 32..256)")
     p.add_argument("--periods", type=int_list, default=None, metavar="P,P", help="periods (default 5,20,80)")
     p.add_argument("--steps", type=int, default=None, metavar="S", help="simulated steps per worker (default 40)")
-    p.add_argument("--no-figures", action="store_true", help="do not draw plan.png")
+    add_flags(p, "--no-figures", helps={"--no-figures": "no plan.png"})
     p.set_defaults(func=run)
 
 
@@ -107,7 +108,6 @@ def prepare(args: argparse.Namespace) -> tuple[SimConfig, ConvergenceProfile, Ta
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from psgdlab.core.results import document
     from psgdlab.core.rundir import open_run_dir
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     with open_run_dir(args.out, command="plan", force=args.force) as held:
         answer = plan_into(held, args, config, profile, target, cands, steps, t0)
     if args.json:
-        print(json.dumps(document(answer.to_json()), default=float))
+        print_json(document(answer.to_json()))
     else:
         print(format_plan(answer))
     return 0

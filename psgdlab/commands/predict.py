@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from psgdlab.commands import print_json, show_progress
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 from psgdlab.core.profile import Defaults
 from psgdlab.core.workloads import BY_MODEL, WORKLOADS
@@ -83,8 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_flags(
         p,
-        "--gpus-per-node",
-        helps={"--gpus-per-node": "default: the platform's devices per host, capped by the number of workers"},
+        "--workers-per-node",
+        helps={"--workers-per-node": "default: the platform's devices per host, capped by the number of workers"},
     )
     p.add_argument(
         "--workers-per-host",
@@ -92,8 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="place K workers on each host whatever the super-learner size (e.g. H-ADPSGD nodes of "
-        "--gpus-per-node 2 as groups of one machine's processes on a calibrated this-machine "
-        "platform); default: --gpus-per-node",
+        "--workers-per-node 2 as groups of one machine's processes on a calibrated this-machine "
+        "platform); default: --workers-per-node",
     )
     add_flags(
         p,
@@ -113,16 +114,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
             "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
-            "--json": "one object (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
-            "noise_extrapolated) with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
+            "--json": "the object has (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
+            "noise_extrapolated) with a list rows; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
-    p.add_argument("--no-figures", action="store_true", help="do not draw the figures into the run directory")
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bar (there is one on stderr only when it is a terminal)",
-    )
+    add_flags(p, "--no-figures", "--no-progress")
     p.add_argument(
         "--yes",
         action="store_true",
@@ -189,9 +185,9 @@ def resolve(args: argparse.Namespace) -> Request:
         config = with_workload(config, args.workload)
     algorithms = tuple(args.algorithm or config.defaults.algorithms)
     workers = tuple(args.workers or config.defaults.workers)
-    if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
+    if args.workers_per_node is not None and not (1 <= args.workers_per_node <= config.platform.devices_per_host):
         raise ConfigError(
-            f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
+            f"workers-per-node ({args.workers_per_node}) must be in [1, {config.platform.devices_per_host}]: "
             f"{config.platform.name} has {config.platform.devices_per_host} devices per host"
         )
     if args.workers_per_host is not None and not (1 <= args.workers_per_host <= config.platform.devices_per_host):
@@ -207,7 +203,6 @@ def resolve(args: argparse.Namespace) -> Request:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from psgdlab.core.rundir import open_run_dir
     from psgdlab.sim.report import format_table, sweep_summary
@@ -221,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t_start
     if args.json:
         answer = sweep_summary(req.config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
-        print(json.dumps(answer, default=float))
+        print_json(answer)
     else:
         rows = [p.row for p in predictions]
         print(format_table(req.config, rows, run_dir=str(run_dir.path), wall_s=wall))
@@ -230,13 +225,13 @@ def run(args: argparse.Namespace) -> int:
 
 def simulate(args: argparse.Namespace, req: Request) -> list[Prediction]:
     """Simulate every (algorithm, workers) of ``req`` (:func:`psgdlab.sim.predict.predict_sweep`,
-    ``args.jobs`` processes), with a progress bar on stderr when it is a terminal and
-    ``args.no_progress`` is not set."""
+    ``args.jobs`` processes), with a progress bar by the commands' rule
+    (:func:`psgdlab.commands.show_progress`)."""
     from psgdlab.sim.predict import predict_sweep
 
     bar = None
     n_configs = len(req.algorithms) * len(req.workers)
-    if n_configs > 1 and not args.no_progress:
+    if n_configs > 1 and show_progress(args):
         from tqdm import tqdm
 
         bar = tqdm(
@@ -246,7 +241,6 @@ def simulate(args: argparse.Namespace, req: Request) -> list[Prediction]:
             file=sys.stderr,
             delay=0.5,
             leave=False,
-            disable=not sys.stderr.isatty(),  # a log file would hold the bar, and an error line glued to it
         )
 
     def progress(label: str) -> None:
@@ -264,7 +258,7 @@ def simulate(args: argparse.Namespace, req: Request) -> list[Prediction]:
             steps=args.steps,
             period=args.period,
             variant=args.variant,
-            gpus_per_node=args.gpus_per_node,
+            gpus_per_node=args.workers_per_node,
             stragglers=args.straggler,
             seed=args.seed,
             workers_per_host=args.workers_per_host,
@@ -294,7 +288,7 @@ def write_into(held: RunLock, args: argparse.Namespace, req: Request, prediction
     request = {
         "algorithms": list(req.algorithms),
         "workers": list(req.workers),
-        "gpus_per_node": args.gpus_per_node,
+        "gpus_per_node": args.workers_per_node,
         "workers_per_host": args.workers_per_host,
         "batch": args.batch,
         "period": args.period,
@@ -354,7 +348,7 @@ def _require_affordable(
             steps=ESTIMATE_PROBE_STEPS,
             period=args.period,
             variant=args.variant,
-            gpus_per_node=args.gpus_per_node,
+            gpus_per_node=args.workers_per_node,
             workers_per_host=args.workers_per_host,
             intervals=False,
             baseline_samples_per_s=1.0,

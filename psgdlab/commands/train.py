@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from psgdlab.commands import plain_text, print_json
 from psgdlab.core.flags import add_flags
 from psgdlab.runtime.config import TrainConfig
 from psgdlab.runtime.transports.backends import BACKENDS
@@ -33,7 +34,9 @@ def _draw_loss(config: Any, summary: dict[str, Any]) -> None:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "train", help=f"real distributed training ({', '.join(BACKENDS)})", description=__doc__.split("\n\n")[0]
+        "train",
+        help=f"real distributed training ({', '.join(BACKENDS)})",
+        description=plain_text(__doc__ or "").split("\n\n")[0],
     )
     TrainConfig.add_arguments(parser, launcher=True)
     add_flags(parser, "--json")
@@ -41,7 +44,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from psgdlab.core.rundir import open_run_dir
     from psgdlab.runtime.launcher.launch import check_limits, launch
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         _draw_loss(config, summary)
         held.commit()
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary)
         return 0
     keys = (
         "workers",

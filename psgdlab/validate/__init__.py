@@ -144,8 +144,11 @@ __all__ = [
 ]
 
 
-def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> ValidationReport:
-    """Run the whole loop (module docstring) and return its report (what ``validate.json`` holds).
+def validate(
+    vc: ValidateConfig, *, progress: Callable[[str], None] | None = None, figures: bool = True
+) -> ValidationReport:
+    """Run the whole loop (module docstring) and return its report (what ``validate.json`` holds);
+    ``figures=False`` draws no figure into the predictions and comparisons (``--no-figures``).
 
     With ``vc.measured`` (an earlier validate's directory) no run is made: its runs are fitted,
     predicted and compared again into ``vc.out``, which is removed again if that fails (an earlier
@@ -154,14 +157,14 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     out = Path(vc.out)
     made = vc.measured is not None and not out.exists()
     try:
-        return _validate(vc, progress)
+        return _validate(vc, progress, figures)
     except BaseException:
         if made:
             shutil.rmtree(out, ignore_errors=True)
         raise
 
 
-def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> ValidationReport:
+def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None, figures: bool = True) -> ValidationReport:
     from psgdlab.analysis.calibrate import calibrate_runs
     from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
@@ -338,9 +341,10 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
                 preds,
                 {"validate": dataclasses.asdict(vc), "straggler": straggler, "hosts": hosts, "nic_bandwidth": rate},
             )
-            write_prediction_figures(
-                pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
-            )
+            if figures:
+                write_prediction_figures(
+                    pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
+                )
             commit_run(pred_root, command="validate")
             result = compare_dirs(pred_root, meas_root)
             result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
@@ -363,7 +367,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
             result["ranking_counts"] = ranking_counts(result["ranking"].values())
             result["ranking_identical"] = result["ranking_counts"]["misordered"] == 0
             mark_intervals(result["cases"], [p.row for p in preds])
-            write_report(result, out / (("compare" if not straggler else "compare-straggler") + tag), figures=True)
+            write_report(result, out / (("compare" if not straggler else "compare-straggler") + tag), figures=figures)
             for c in result["cases"]:
                 table.append(case_row(c, straggler=straggler, hosts=hosts, nic_bandwidth=rate))
             ranking_detail[label] = {str(n): r for n, r in result["ranking"].items()}

@@ -134,7 +134,7 @@ def test_least_squares_emulation_writes_the_run_directory(tmp_path, capsys):
         tmp_path,
         "--algorithm",
         "hadpsgd",
-        "--gpus-per-node",
+        "--workers-per-node",
         "2",
         "--workers",
         "4",

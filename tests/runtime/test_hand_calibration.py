@@ -22,7 +22,7 @@ def test_the_documented_recipe_runs_end_to_end(tmp_path, capsys):
         runs.append(str(out))
     capsys.readouterr()
     platform = tmp_path / "this-machine.toml"
-    assert main(["calibrate", *runs, "--devices", "8", "--out", str(platform)]) == 0
+    assert main(["calibrate", *runs, "--workers-per-node", "8", "--out", str(platform)]) == 0
     profile = Profile.read(platform)
     unc = profile.uncertainty
     assert unc is not None and "platform.pcie.bandwidth_bytes_per_s" in unc.parameters
