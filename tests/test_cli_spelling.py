@@ -145,3 +145,26 @@ def test_json_is_one_document_on_one_line(argv, capsys):
 def test_every_json_flag_says_one_line():
     helps = {name: a.help for name, p in PARSERS.items() for a in p._actions if "--json" in a.option_strings}
     assert helps and all("one line" in (h or "") for h in helps.values()), helps
+
+
+def test_the_ranks_progress_bar_follows_the_rule(monkeypatch):
+    from psgdlab.runtime.train import _progress_bar
+
+    monkeypatch.setenv("PSGDLAB_PROGRESS", "1")
+    assert _progress_bar(10, 0) is not None
+    monkeypatch.setenv("PSGDLAB_PROGRESS", "0")
+    assert _progress_bar(10, 0) is None
+
+
+def test_train_without_figures_or_progress(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("PSGDLAB_PROGRESS", "1")  # a bar even off a terminal, unless --no-progress
+    out = tmp_path / "t"
+    argv = ["train", "--model", "least-squares", "--steps", "5", "--workers", "2", "--out", str(out)]
+    assert main([*argv, "--no-figures", "--no-progress", "--json"]) == 0
+    captured = capfd.readouterr()
+    assert "step/s" not in captured.err and "it/s" not in captured.err
+    assert json.loads(captured.out)["workers"] == 2
+    assert not (out / "loss.png").exists() and (out / "summary.json").is_file()
+    import os
+
+    assert os.environ["PSGDLAB_PROGRESS"] == "1"  # put back after the run

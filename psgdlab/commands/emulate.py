@@ -66,7 +66,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe},
     )
     add_flags(p, "--lr-final", "--lsq-dim", "--lsq-samples")
-    add_flags(p, "--straggler", "--seed", "--out", "--force", "--json", defaults={"--straggler": ""})
+    add_flags(
+        p,
+        "--straggler",
+        "--seed",
+        "--out",
+        "--force",
+        "--json",
+        "--no-figures",
+        defaults={"--straggler": ""},
+        helps={"--no-figures": "no loss.png, consensus.png"},
+    )
     p.set_defaults(func=run)
 
 
@@ -103,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     resolve_inputs(cfg)  # bad input is said before the run directory is taken
     with open_run_dir(args.out, command="emulate", force=args.force) as held:
         result, resolved = emulate(cfg)
-        summary = write_run(held.path, result, resolved)
+        summary = write_run(held.path, result, resolved, figures=not args.no_figures)
     if args.json:
         print_json(summary)
     else:
