@@ -1,6 +1,6 @@
 """psgdlab's Python API: the commands' pipelines called from Python (a notebook, a script).
 
-Each function takes the keyword names of its command's flags (``--gpus-per-node`` is
+Each function takes the keyword names of its command's flags (``--workers-per-node`` is
 ``workers_per_node``) with the same values: a comma list as a string (``"8,64"``) or a Python list
 (``[8, 64]``), a flag without a value (``--force``) as a bool. The keywords are checked by the
 command's own parser actions (:func:`flags_namespace`: one mapping, no second parser), so a bad
