@@ -156,3 +156,18 @@ def test_advantage_holds_is_the_union_of_its_two_rules(p, m, b, sa, sb):
     # more uncertainty in the measurement never turns a holding prediction into a missed one
     if expected:
         assert advantage_holds(p, m, b, (sa or 0.0) + 1.0, sb)
+
+
+def test_validate_takes_the_shared_seed_and_the_new_spellings(tmp_path, monkeypatch):
+    import psgdlab.validate
+
+    seen = []
+    monkeypatch.setattr(
+        psgdlab.validate, "validate", lambda vc, progress=None, figures=True: seen.append((vc, figures)) or _report()
+    )
+    argv = ["validate", "--algorithm", "ssgd,adpsgd", "--variant", "random", "--lsq-dim", "3000", "--json"]
+    assert main([*argv, "--seed", "5", "--no-figures", "--out", str(tmp_path / "a")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    (vc, figures), (default, drawn) = seen
+    assert (vc.seed, vc.algorithms, vc.dim, figures) == (5, ("ssgd", "adpsgd-random"), 3000, False)
+    assert (default.seed, drawn) == (0, True)

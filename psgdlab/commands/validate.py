@@ -78,8 +78,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p,
         "--straggler",
         "--steps",
-        defaults={"--steps": 80},
+        "--seed",
+        defaults={"--steps": 80, "--seed": None},
         helps={
+            "--seed": "here the runs' seed and the first of the predictions' seeds K, K+1, ... (default 0; with "
+            "--measured the earlier validate's, and a seed given re-predicts with it)",
             "--straggler": "also validate every case with this straggler; --full uses '1:2'",
             "--steps": "of each case (about 4 s: one stall of another process weighs less)",
         },
@@ -231,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_workers=args.calibrate_workers,
         hosts=tuple(args.hosts or ()),
         nic_bandwidths=tuple(args.nic_bandwidth or ()),
+        seed=args.seed if args.seed is not None else 0,
     )
     return _report(vc, args)
 
@@ -258,8 +262,9 @@ def _earlier(args: argparse.Namespace) -> Any:
     # a validate made before the server ran on emulated hosts left it out there (hosts.skipped)
     skipped = earlier.get("hosts", {}).get("skipped", [])
     config["algorithms"] = [a for a in config["algorithms"] if a not in skipped]
+    seed = {} if args.seed is None else {"seed": args.seed}
     return ValidateConfig.from_json(
-        config, out=args.out, measured=args.measured, prediction_seeds=args.prediction_seeds
+        config, out=args.out, measured=args.measured, prediction_seeds=args.prediction_seeds, **seed
     )
 
 
