@@ -13,7 +13,6 @@ cannot go stale. ``mkdocs.yml`` names this file under ``hooks``. :func:`cli_refe
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import os
@@ -25,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from psgdlab.cli import CommandParser
+
 ROOT = Path(__file__).resolve().parent
 SOURCES_TOML = ROOT / "sim" / "presets" / "sources.toml"
 #: where :func:`import_layout` puts the package as Python imports it (git-ignored; mkdocs.yml's
@@ -35,8 +36,9 @@ LAYOUT = ROOT / ".cache" / "api-layout"
 HELP_COLUMNS = 80
 
 
-class _Recorder(argparse.ArgumentParser):
-    """An argument parser that remembers the subcommand parsers made on it, in order."""
+class _Recorder(CommandParser):
+    """A command's argument parser (``-v/-q`` and all, :class:`psgdlab.cli.CommandParser`) that
+    remembers the subcommand parsers made on it, in order."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -82,8 +82,31 @@ batch_per_worker = 32
 def fixture(d: Path) -> None:
     """The measured inputs: a tiny validate (its calibration runs and cases), a train run, a probe."""
     d.mkdir(parents=True, exist_ok=True)
-    tiny = ["--steps", "15", "--dim", "2000", "--calibration-runs", "1", "--prediction-seeds", "1", "--remeasure", "0"]
-    _psgdlab("validate", "--algorithms", "ssgd,adpsgd", "--workers", "2", *tiny, "--out", str(d / "v"), cwd=d)
+    tiny = [
+        "--steps",
+        "15",
+        "--lsq-dim",
+        "2000",
+        "--calibration-runs",
+        "1",
+        "--prediction-seeds",
+        "1",
+        "--remeasure",
+        "0",
+    ]
+    _psgdlab(
+        "validate",
+        "--algorithm",
+        "ssgd,adpsgd",
+        "--variant",
+        "fixed",
+        "--workers",
+        "2",
+        *tiny,
+        "--out",
+        str(d / "v"),
+        cwd=d,
+    )
     _psgdlab("calibrate", "--probe", "--probe-out", str(d / "probe"), "--repeats", "3", "--sizes", "8k,64k", cwd=d)
     (d / "figures.csv").write_text(FIGURES_CSV)
     (d / "base.toml").write_text(BASE_TOML)

@@ -455,8 +455,8 @@ def nccl_profile(
         if log.ranks_per_node > platform.devices_per_host or log.nodes > platform.hosts:
             raise ConfigError(
                 f"{log.path} ran {log.ranks_per_node} ranks per node on {log.nodes} nodes, more than the base "
-                f"platform's {platform.devices_per_host} devices per host on {platform.hosts} hosts: give --devices "
-                "or --platform-hosts"
+                f"platform's {platform.devices_per_host} devices per host on {platform.hosts} hosts: give "
+                "--workers-per-node or --platform-hosts"
             )
     provenance = dict(base.provenance)
     for key, value in resize.items():

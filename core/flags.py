@@ -20,14 +20,15 @@ Examples
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection, Mapping
+import sys
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
 from psgdlab.core.failure import ON_FAILURE
 from psgdlab.core.schedules import LR_SCHEDULES
 
-__all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]
+__all__ = ["FLAGS", "OLD_SPELLINGS", "DefaultsHelpFormatter", "add_flags", "add_old_spelling", "int_list", "name_list"]
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -78,7 +79,9 @@ def _variants() -> str:
 FLAGS: dict[str, dict[str, Any]] = {
     "--algorithm": dict(metavar="NAME", help=f"algorithm from the core registry: {', '.join(ALGORITHMS)}"),
     "--workers": dict(type=int, metavar="N", help="number of workers (one per GPU or process)"),
-    "--gpus-per-node": dict(type=int, metavar="M", help="workers on each host (node); H-ADPSGD's super-learner size"),
+    "--workers-per-node": dict(
+        type=int, metavar="M", help="workers (GPUs or CPU ranks) on each node (host); H-ADPSGD's super-learner size"
+    ),
     "--period": dict(type=int, metavar="T", help=f"sync period in local steps ({_taking('period')})"),
     "--variant": dict(metavar="V", help=f"algorithm variant ({_variants()})"),
     "--momentum": dict(type=float, metavar="MU", help=f"local momentum ({_taking('momentum')})"),
@@ -110,7 +113,11 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--preset": dict(metavar="NAME", help="shipped platform+workload preset"),
     "--platform": dict(metavar="FILE.toml", help="platform+workload TOML file (a preset's format)"),
     "--out": dict(metavar="DIR", help="run directory (default runs/COMMAND-TIMESTAMP)"),
-    "--json": dict(action="store_true", help="print one JSON object instead of a table"),
+    "--json": dict(action="store_true", help="print one JSON object on one line instead of a table"),
+    "--no-progress": dict(
+        action="store_true", help="no progress on stderr (a bar is drawn only when stderr is a terminal)"
+    ),
+    "--no-figures": dict(action="store_true", help="draw no figures into the output directory"),
     "--force": dict(
         action="store_true",
         help="replace the run the output directory holds (everything in it is removed first); without it a "
@@ -166,10 +173,76 @@ FLAGS: dict[str, dict[str, Any]] = {
 }
 _LIST_TYPES = {int: int_list, None: name_list}
 
+#: the old spellings of shared flags, still accepted with a warning (:func:`add_old_spelling`)
+OLD_SPELLINGS: dict[str, tuple[str, ...]] = {"--workers-per-node": ("--gpus-per-node",)}
+
+
+class _OldSpelling(argparse.Action):
+    """An old spelling of a flag: one warning line on stderr, then the new flag's action (or
+    ``translate``'s values)."""
+
+    def __init__(
+        self,
+        option_strings: list[str],
+        dest: str,
+        *,
+        new: argparse.Action,
+        translate: Callable[[Any], Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new, self.translate = new, translate
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        new = self.new.option_strings[-1]
+        print(f"{parser.prog}: warning: {option} is deprecated, use {new} (the old spelling will go)", file=sys.stderr)
+        if self.translate is None:
+            self.new(parser, namespace, values, new)
+        else:
+            for key, value in self.translate(values).items():
+                setattr(namespace, key, value)
+
+
+def add_old_spelling(
+    parser: _Parser,
+    old: str,
+    new: argparse.Action,
+    *,
+    type: Callable[[str], Any] | None = None,
+    translate: Callable[[Any], Mapping[str, Any]] | None = None,
+) -> None:
+    """Accept ``old``, an earlier spelling of the flag ``new`` (the action ``add_argument``
+    returned), with one warning line on stderr; hidden from ``--help``. The value is parsed as
+    ``new``'s, unless ``type`` and ``translate`` say how to read the old one (another vocabulary:
+    ``translate`` maps the parsed value to the namespace's attributes).
+
+    >>> parser = argparse.ArgumentParser(prog="p")
+    >>> add_old_spelling(parser, "--dim", parser.add_argument("--lsq-dim", type=int))
+    >>> parser.parse_args(["--dim", "8"]).lsq_dim  # and on stderr: p: warning: --dim is deprecated, ...
+    8
+    """
+    parser.add_argument(
+        old,
+        action=_OldSpelling,
+        new=new,
+        translate=translate,
+        dest=new.dest,
+        nargs=new.nargs if translate is None else None,
+        const=new.const,
+        type=type if translate is not None else new.type,
+        choices=new.choices if translate is None else None,
+        metavar=new.metavar,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's formatter that appends ``(default: X)`` to a flag's help, except where there is
-    no default to show (``None``, ``False``, or a help that states it already).
+    no default to show (``None``, ``False``, or a help that states it already); a tuple or list
+    default is written as the comma list the flag takes (``2,4``).
 
     >>> parser = argparse.ArgumentParser(prog="p", formatter_class=DefaultsHelpFormatter)
     >>> _ = parser.add_argument("--steps", type=int, default=80, help="steps")
@@ -180,8 +253,11 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False) or "default" in text:
+        if action.default in (None, False) or "default" in text or action.default is argparse.SUPPRESS:
             return text
+        if isinstance(action.default, (tuple, list)):
+            shown = ",".join(map(str, action.default)).replace("%", "%%")
+            return f"{text} (default: {shown})"
         return super()._get_help_string(action)
 
 
@@ -237,4 +313,6 @@ def add_flags(
             spec["dest"] = dests[name]
         if name in required:
             spec["required"] = True
-        parser.add_argument(name, **spec)
+        action = parser.add_argument(name, **spec)
+        for old in OLD_SPELLINGS.get(name, ()):
+            add_old_spelling(parser, old, action)

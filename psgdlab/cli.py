@@ -24,9 +24,9 @@ import sys
 import traceback
 import zipfile
 import zlib
-from typing import NoReturn
+from typing import Any, NoReturn
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "command_parser"]
 
 # subcommand name -> module under psgdlab.commands (registered in this order in --help)
 COMMANDS: dict[str, str] = {
@@ -54,6 +54,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
+class CommandParser(_Parser):
+    """The parser of a command and of its subcommands (argparse makes a subparser of its
+    parent's class): ``-v/-q`` taken after the subcommand too
+    (``psgdlab topology ring --workers 8 -v``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _add_verbosity(self)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="psgdlab",
@@ -66,14 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     from psgdlab import __version__
 
     parser.add_argument("--version", action="version", version=f"psgdlab {__version__}")
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="more log output on stderr (-vv for debug), and the traceback above an error",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_verbosity(parser, default=0)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for module_name in COMMANDS.values():
         full = f"psgdlab.commands.{module_name}"
         if importlib.util.find_spec(full) is None:
@@ -82,10 +86,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_verbosity(parser: argparse.ArgumentParser, default: int | str = argparse.SUPPRESS) -> None:
+    """``-v/--verbose`` and ``-q/--quiet`` on ``parser``. Below the top (every
+    :class:`CommandParser`) a flag not given leaves the top's count (``argparse.SUPPRESS``)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default,
+        help="more log output on stderr (-vv for debug), and the traceback above an error",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=default, help="less log output on stderr (-qq: errors only)"
+    )
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand (``psgdlab NAME``'s flags), built as :func:`build_parser`
+    builds it, without importing the other commands (:func:`psgdlab.api.flags_namespace`)."""
+    if name not in COMMANDS:
+        raise KeyError(f"no command {name!r} (known: {', '.join(COMMANDS)})")
+    sub = _Parser(prog="psgdlab").add_subparsers(dest="command", parser_class=CommandParser)
+    importlib.import_module(f"psgdlab.commands.{COMMANDS[name]}").register(sub)
+    return sub.choices[name]
+
+
+def log_level(verbose: int, quiet: int) -> int:
+    """The log level of ``-v`` and ``-q`` counts: WARNING, one step per flag, DEBUG to CRITICAL.
+
+    >>> [logging.getLevelName(log_level(v, q)) for v, q in ((0, 0), (2, 0), (5, 0), (0, 1), (0, 4), (1, 1))]
+    ['WARNING', 'DEBUG', 'DEBUG', 'ERROR', 'CRITICAL', 'WARNING']
+    """
+    return min(max(logging.WARNING - 10 * verbose + 10 * quiet, logging.DEBUG), logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    level = log_level(args.verbose, args.quiet)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "func", None) is None:
         parser.print_help()

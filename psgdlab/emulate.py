@@ -373,11 +373,11 @@ def resolve_inputs(cfg: EmulateConfig) -> tuple[Algorithm, StragglerModel, SimCo
 
 
 def write_run(
-    out: str | os.PathLike[str] | None, result: EmulationResult, resolved: Mapping[str, Any]
+    out: str | os.PathLike[str] | None, result: EmulationResult, resolved: Mapping[str, Any], *, figures: bool = True
 ) -> dict[str, Any]:
     """Write the run directory of an emulation (see the module docstring; ``summary.json`` after
-    the rest, then the commit marker) and return its summary (``summary.json``'s object, with
-    ``run_dir``)."""
+    the rest, then the commit marker; the plots unless ``figures`` is false) and return its
+    summary (``summary.json``'s object, with ``run_dir``)."""
     from psgdlab.analysis.figures import consensus_figure, emulation_loss_figure, save_figure
     from psgdlab.core.rundir import RunDir, Summary, commit_run, default_run_dir, environment, write_summary
     from psgdlab.core.trace import atomic_write_bytes, summarize, to_chrome_trace, write_trace
@@ -399,15 +399,16 @@ def write_run(
     to_chrome_trace(result.trace, rd / "timeline.json", meta={"source": "emulator"})
     params = dict(resolved.get("algorithm_params") or result.meta["algorithm"])
     title = f"{params['algorithm']} x {workers}"
-    save_figure(emulation_loss_figure(result.evals, title=title), rd / "loss.png")
-    save_figure(consensus_figure(result.rounds, title=title), rd / "consensus.png")
-    figures = {
+    if figures:
+        save_figure(emulation_loss_figure(result.evals, title=title), rd / "loss.png")
+        save_figure(consensus_figure(result.rounds, title=title), rd / "consensus.png")
+    numbers = {
         **result.summary(),
         "timing": summarize(result.trace, samples_per_step=int(result.meta.get("samples_per_step", 1))),
         "run_dir": str(rd.path),
     }
     summary = Summary(
-        source="emulator", algorithm=str(params["algorithm"]), algorithm_params=params, workers=workers, figures=figures
+        source="emulator", algorithm=str(params["algorithm"]), algorithm_params=params, workers=workers, figures=numbers
     )
     write_summary(rd, summary)
     commit_run(rd.path, command="emulate")

@@ -10,7 +10,7 @@ parameter server of asgd and asynchronous easgd, which runs on the last rank)::
     mpiexec -n 4 python -m psgdlab.runtime --algorithm bmuf --workers 4 --backend mpi --period 5 \\
         --steps 500 --out runs/b
     srun -N 2 --ntasks-per-node 8 --gpus-per-node 8 python -m psgdlab.runtime --algorithm hadpsgd --workers 16 \\
-        --gpus-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
+        --workers-per-node 8 --backend nccl --model blstm --data swb.h5 --epochs 16 --out runs/c
 
 Under srun the rendezvous of gloo and NCCL (``MASTER_ADDR``/``MASTER_PORT``, where not exported)
 is the step's first node and a port derived from the job

@@ -320,9 +320,9 @@ class TrainConfig:
             parser,
             "--algorithm",
             "--workers",
-            "--gpus-per-node",
+            "--workers-per-node",
             defaults={"--algorithm": "ssgd", "--workers": 2},
-            helps={"--gpus-per-node": "default: with --hosts H, workers / H (the ranks of a host); else 1"},
+            helps={"--workers-per-node": "default: with --hosts H, workers / H (the ranks of a host); else 1"},
         )
         parser.add_argument(
             "--backend",
@@ -479,7 +479,7 @@ class TrainConfig:
         return cls(
             algorithm=args.algorithm,
             workers=args.workers,
-            gpus_per_node=args.gpus_per_node,
+            gpus_per_node=args.workers_per_node,
             backend=args.backend,
             model=args.model,
             data=args.data,
@@ -535,7 +535,7 @@ def build_algorithm(config: TrainConfig) -> Algorithm:
     """The core algorithm the configuration describes (:func:`~psgdlab.core.algorithms.algorithm_from_flags`
     with :func:`platform_facts`, as every command builds it: ``--period``, ``--variant`` and
     ``--momentum`` go to the algorithms that take them and are an error elsewhere;
-    ``--gpus-per-node`` to those whose schedule uses it)."""
+    ``--workers-per-node`` to those whose schedule uses it)."""
     return algorithm_from_flags(
         config.algorithm,
         config.workers,

@@ -142,7 +142,10 @@ def steps_per_epoch(config: TrainConfig) -> int:
 
 
 def _progress_bar(total: int, initial: int) -> Callable[[int, float, float], None] | None:
-    if not (sys.stderr.isatty() or os.environ.get("PSGDLAB_PROGRESS") == "1"):
+    # the commands' rule: a bar on a terminal; PSGDLAB_PROGRESS=0 (train --no-progress) or 1 decides
+    if os.environ.get("PSGDLAB_PROGRESS") == "0" or not (
+        sys.stderr.isatty() or os.environ.get("PSGDLAB_PROGRESS") == "1"
+    ):
         return None
     from tqdm import tqdm
 

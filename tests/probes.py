@@ -116,7 +116,7 @@ INPUTS: tuple[Probe, ...] = (
     _p("topology-unknown-kind", "topology rnig --workers 8", match="did you mean 'ring'"),
     _p("topology-odd-fixed-ring", "topology fixed-ring --workers 7", match="even"),
     _p("topology-hypercube-6", "topology hypercube --workers 6", match="power of two"),
-    _p("topology-indivisible", "topology hierarchical --workers 8 --gpus-per-node 3", match="divisible"),
+    _p("topology-indivisible", "topology hierarchical --workers 8 --workers-per-node 3", match="divisible"),
     _p("topology-workers-text", "topology ring --workers x", match="invalid int value"),
     _p("topology-workers-float", "topology ring --workers 1e3", match="invalid int value"),
     _p("topology-no-workers", "topology ring", match="--workers"),
@@ -130,7 +130,7 @@ INPUTS: tuple[Probe, ...] = (
     _p(
         "topology-plot-under-file", "topology ring --workers 8 --plot {afile}/g.png", match="is a file, not a directory"
     ),
-    _p("topology-zero-gpus", "topology hierarchical --workers 8 --gpus-per-node 0", match=r"gpus_per_node \(0\)"),
+    _p("topology-zero-gpus", "topology hierarchical --workers 8 --workers-per-node 0", match=r"gpus_per_node \(0\)"),
     # ----- predict: flags ---------------------------------------------------------------------
     _p("predict-workers-trailing-commas", _PRED + " --workers 2,,", match="empty item"),
     _p("predict-workers-comma", "predict --workers ,", match="at least one integer"),
@@ -153,8 +153,8 @@ INPUTS: tuple[Probe, ...] = (
     _p("predict-period-not-taken", _PRED + " --period 3", match="applies to none of ssgd"),
     _p("predict-variant-unknown", "predict --algorithm adpsgd --workers 2 --steps 4 --variant nope", match="nope"),
     _p("predict-variant-not-taken", _PRED + " --variant random", match="variant"),
-    _p("predict-gpus-per-node-zero", _PRED + " --gpus-per-node 0", match=r"gpus-per-node \(0\)"),
-    _p("predict-gpus-per-node-99", _PRED + " --gpus-per-node 99", match=r"gpus-per-node \(99\)"),
+    _p("predict-gpus-per-node-zero", _PRED + " --workers-per-node 0", match=r"workers-per-node \(0\)"),
+    _p("predict-gpus-per-node-99", _PRED + " --workers-per-node 99", match=r"workers-per-node \(99\)"),
     _p("predict-workers-per-host-zero", _PRED + " --workers-per-host 0", match=r"workers-per-host \(0\)"),
     _p("predict-straggler-rank", _PRED + " --straggler 9:2", match="straggler"),
     _p("predict-straggler-factor-zero", _PRED + " --straggler 0:0", match="straggler|factor"),
@@ -268,7 +268,7 @@ INPUTS: tuple[Probe, ...] = (
     _p("train-straggler-rank", _TRAIN + " --straggler 9:2", match="straggler"),
     _p("train-lsq-dim-zero", _TRAIN + " --lsq-dim 0", match="dim"),
     _p("train-lsq-samples-zero", _TRAIN + " --lsq-samples 0", match="samples"),
-    _p("train-gpus-per-node-zero", _TRAIN + " --gpus-per-node 0", match="gpus"),
+    _p("train-gpus-per-node-zero", _TRAIN + " --workers-per-node 0", match="gpus"),
     _p("train-period-not-taken", _TRAIN + " --period 3", match="does not apply"),
     _p("train-resume-missing", "train --resume {tmp}/nowhere", match="nowhere"),
     _p("train-resume-not-a-run", "train --resume {adir}", match="config.resolved.json"),

@@ -72,7 +72,7 @@ HELPS = [
     ("emulate", "--model", tuple(MODEL_RECIPES)),
     ("predict", "--workload", (*WORKLOADS, *BY_MODEL)),
     ("topology", "kind", KINDS),
-    ("validate", "--algorithms", tuple(ALGORITHM_CASES)),
+    ("validate", "--algorithm", tuple(dict.fromkeys(a for a, _ in ALGORITHM_CASES.values()))),
 ]
 
 

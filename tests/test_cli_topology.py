@@ -31,7 +31,7 @@ def test_fixed_ring_16_gap_is_sin2_pi_over_16(capsys):
 
 def test_hierarchical_json(capsys):
     s = run_json(
-        capsys, "hierarchical", "--workers", "64", "--gpus-per-node", "8", "--inner", "random-ring", "--seed", "3"
+        capsys, "hierarchical", "--workers", "64", "--workers-per-node", "8", "--inner", "random-ring", "--seed", "3"
     )
     assert (s["workers"], s["nodes"], s["gpus_per_node"], s["inner"], s["seed"]) == (64, 8, 8, "random-ring", 3)
     assert s["spectral_gap"] == pytest.approx(8 / 14, abs=1e-12)
@@ -67,7 +67,7 @@ def test_human_table(capsys):
         ),
         (["rnig", "--workers", "8"], r"topology kind \('rnig'\) is not known \(known: .*\); did you mean 'ring'\?"),
         (["hypercube", "--workers", "12"], r"must be a power of two"),
-        (["hierarchical", "--workers", "12", "--gpus-per-node", "5"], r"must be divisible by gpus_per_node \(5\)"),
+        (["hierarchical", "--workers", "12", "--workers-per-node", "5"], r"must be divisible by gpus_per_node \(5\)"),
         (["ring", "--workers", "8", "--inner", "random-ring"], r"inner \('random-ring'\) only applies to kind"),
         (["ring", "--workers", "8", "--plot", "out.jpg"], r"plot \('out.jpg'\) must be a .png file"),
         (

@@ -55,7 +55,7 @@ def test_validate_config_checks(tmp_path):
     assert main(["validate", "--remeasure", "-1", "--out", str(tmp_path)]) == 2
     with pytest.raises(ConfigError, match=r"prediction_seeds \(0\) must be an integer >= 1"):
         ValidateConfig(out=str(tmp_path), prediction_seeds=0)
-    assert main(["validate", "--algorithms", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["validate", "--algorithm", "nope", "--out", str(tmp_path)]) == 2
 
 
 def _case(algorithm, predicted, measured, workers=4):
@@ -225,13 +225,13 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
         main(
             [
                 "validate",
-                "--algorithms",
+                "--algorithm",
                 "ssgd",
                 "--workers",
                 "2",
                 "--steps",
                 "15",
-                "--dim",
+                "--lsq-dim",
                 "2000",
                 "--calibration-runs",
                 "1",
@@ -352,8 +352,8 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     """2 emulated hosts of 2 workers at one shaped rate: calibration between hosts, a platform
     of 2 hosts whose NIC is the fitted link, cases measured across the hosts."""
     out = tmp_path / "v"
-    args = ["validate", "--hosts", "2", "--workers", "4", "--nic-bandwidth", "200Mbit/s", "--algorithms"]
-    args += ["ssgd,hadpsgd", "--steps", "12", "--dim", "2000", "--calibration-runs", "1", "--prediction-seeds", "1"]
+    args = ["validate", "--hosts", "2", "--workers", "4", "--nic-bandwidth", "200Mbit/s", "--algorithm"]
+    args += ["ssgd,hadpsgd", "--steps", "12", "--lsq-dim", "2000", "--calibration-runs", "1", "--prediction-seeds", "1"]
     args += ["--compute-time", "0.02"]  # the calibration runs are most of its time
     assert main([*args, "--remeasure", "0", "--cores", "4", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

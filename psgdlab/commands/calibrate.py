@@ -5,14 +5,15 @@ cluster's links from nccl-tests output, on a base profile."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
+from psgdlab.commands import print_json, show_progress
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
+    from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, add_old_spelling
     from psgdlab.runtime.transports.backends import cpu_backends
 
     p = sub.add_parser(
@@ -113,21 +114,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="H",
         help="hosts of the platform written, when a probe or runs between hosts fitted the link between "
-        "them (default: as many as they used); --devices is then the devices of each host; with --nccl-tests "
+        "them (default: as many as they used); --workers-per-node is then the devices of each host; with --nccl-tests "
         "(default: the base's)",
     )
     p.add_argument(
         "--name", default=None, help="platform name in the file (default: calibrated; with --nccl-tests the base's)"
     )
-    p.add_argument(
-        "--devices",
+    per_node = p.add_argument(
+        "--workers-per-node",
         type=int,
         default=None,
-        help="devices (worker processes) of this machine's one host (default: what the machine that ran the runs "
-        "has: its cores, or its GPUs after runs on NCCL, and at least the runs' largest worker count; predict runs "
-        "more workers there as more processes, and says so); with --nccl-tests, of each host of the platform "
-        "written (default: the base's)",
+        metavar="M",
+        help="workers (devices or worker processes) of this machine's one host (default: what the machine that "
+        "ran the runs has: its cores, or its GPUs after runs on NCCL, and at least the runs' largest worker count; "
+        "predict runs more workers there as more processes, and says so); with --nccl-tests, of each host of the "
+        "platform written (default: the base's)",
     )
+    add_old_spelling(p, "--devices", per_node)
     p.add_argument(
         "--cores",
         type=int,
@@ -138,8 +141,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--n-params", type=int, default=None, help="workload parameters (default: the runs' largest payload / itemsize)"
     )
+    add_flags(p, "--no-progress", helps={"--no-progress": "of the probe"})
     p.add_argument("--warmup-steps", type=int, default=2, help="steps per worker left out of the compute fit")
-    p.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    p.add_argument("--json", action="store_true", help="print the fit as one JSON object on one line")
     p.set_defaults(func=run)
 
 
@@ -166,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.core.errors import ConfigError, require
     from psgdlab.core.results import document
 
-    require(args.devices is None or args.devices >= 1, "devices", args.devices, "must be >= 1")
+    require(
+        args.workers_per_node is None or args.workers_per_node >= 1,
+        "workers-per-node",
+        args.workers_per_node,
+        "must be >= 1",
+    )
     require(args.n_params is None or args.n_params >= 1, "n-params", args.n_params, "must be >= 1")
     require(args.cores is None or args.cores >= 1, "cores", args.cores, "must be >= 1")
     require(
@@ -211,15 +220,15 @@ def run(args: argparse.Namespace) -> int:
         fit,
         run_dirs,
         name=args.name or "calibrated",
-        devices=args.devices
-        if args.devices is not None or fit.nic is not None
+        devices=args.workers_per_node
+        if args.workers_per_node is not None or fit.nic is not None
         else _measured_devices(fit, run_dirs, args),
         n_params=args.n_params,
         hosts=args.platform_hosts,
     )
     profile.write(args.out)
     if args.json:
-        print(json.dumps(document({**fit.to_json(), "out": args.out}), indent=2, default=str))
+        print_json(document({**fit.to_json(), "out": args.out}))
     else:
         print("\n".join(fit.describe(profile.uncertainty)))
         print(f"wrote {args.out}")
@@ -230,6 +239,7 @@ def _measured_devices(fit: Any, run_dirs: list[str], args: argparse.Namespace) -
     """The devices of the one host a calibration of one machine writes: what that machine has (its
     cores, ``--cores`` where given, or its GPUs after runs on NCCL), and at least the runs' largest
     worker count."""
+    import json
     from pathlib import Path
 
     from psgdlab.analysis.cores import devices_of
@@ -263,7 +273,7 @@ def _run_probe(args: argparse.Namespace) -> str:
     held = open_run_dir(args.probe_out, command="calibrate --probe", kind="probe", force=args.force, what="--probe-out")
     cfg = dataclasses.replace(cfg, out=str(held.path))
     bar = tqdm(
-        total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False, disable=not sys.stderr.isatty()
+        total=cfg.operations(), file=sys.stderr, unit="op", desc="probe", leave=False, disable=not show_progress(args)
     )
 
     def progress(done: int, total: int) -> None:
@@ -283,7 +293,7 @@ def _print_probe(path: str, args: argparse.Namespace) -> int:
 
     fit = fit_probe(path, cores=args.cores)
     if args.json:
-        print(json.dumps(document(fit), indent=2, default=str))
+        print_json(document(fit))
         return 0
     print(
         f"{'kind':<10} {'group':>5} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'cpu us':>8}"
@@ -331,13 +341,13 @@ def _run_nccl_tests(args: argparse.Namespace) -> int:
     )
     p = base.platform
     fit = fit_nccl_tests(logs, algorithm=p.allreduce, algorithm_between_hosts=p.allreduce_between_hosts)
-    profile = nccl_profile(base, fit, logs, name=args.name, hosts=args.platform_hosts, devices=args.devices)
+    profile = nccl_profile(base, fit, logs, name=args.name, hosts=args.platform_hosts, devices=args.workers_per_node)
     if args.out is not None:
         profile.write(args.out)
     if args.json:
         laws = {key: fit[key] for key, _, _ in LAWS.values()}
         doc = {**laws, "allreduce_algorithm": p.allreduce, "runs": [], "base": base.source, "out": args.out}
-        print(json.dumps(document({**doc, "nccl_tests": fit["nccl_tests"]}), indent=2, default=str))
+        print_json(document({**doc, "nccl_tests": fit["nccl_tests"]}))
         return 0
     for entry in fit["nccl_tests"]:
         sizes = entry["sizes_bytes"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from psgdlab.commands import print_json
+from psgdlab.core.flags import add_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--force", action="store_true", help="replace the report --out holds (without it an earlier report is kept)"
     )
-    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    add_flags(p, "--no-figures", "--json")
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         write_report(result, out, figures=not args.no_figures)
         held.commit()
     if args.json:
-        print(json.dumps(document(result), indent=2))
+        print_json(document(result))
     else:
         print(markdown_report(result))
         print(f"report: {out / 'report.md'}")

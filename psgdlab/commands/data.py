@@ -15,14 +15,17 @@ Bad input exits with status 2 and one line on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from psgdlab.commands import print_json, show_progress
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
+    from psgdlab.core.flags import add_flags
+
     parser = subparsers.add_parser(
         "data",
         help="build and inspect HDF5 speech corpora (FSDD, Kaldi, synthetic)",
@@ -33,7 +36,7 @@ def register(subparsers: Any) -> None:
     fsdd = sub.add_parser("fsdd", help="import Free Spoken Digit Dataset recordings (8 kHz WAV)")
     fsdd.add_argument("directory", help="FSDD folder (holding recordings/) or the recordings folder")
     _add_output(fsdd)
-    fsdd.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_flags(fsdd, "--no-progress")
     fsdd.add_argument(
         "--speed",
         default="1.0",
@@ -48,7 +51,7 @@ def register(subparsers: Any) -> None:
         "--add-deltas", action="store_true", help="mark the corpus so loaders append delta and delta-delta features"
     )
     _add_output(kaldi)
-    kaldi.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_flags(kaldi, "--no-progress")
 
     synth = sub.add_parser("synthetic", help="write a learnable synthetic corpus")
     _add_output(synth)
@@ -61,13 +64,13 @@ def register(subparsers: Any) -> None:
 
     info = sub.add_parser("info", help="summarise a corpus file (counts, speakers, classes, dims)")
     info.add_argument("path", help="HDF5 corpus file")
-    info.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    info.add_argument("--json", action="store_true", help="print one JSON object on one line on stdout")
     parser.set_defaults(func=run)
 
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output HDF5 file (written atomically)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on one line")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         from psgdlab.models.speech import import_fsdd
 
         path = import_fsdd(
-            args.directory, args.out, progress=not args.no_progress, speed_factors=_floats(args.speed, "--speed")
+            args.directory, args.out, progress=show_progress(args), speed_factors=_floats(args.speed, "--speed")
         )
     elif kind == "kaldi":
         from psgdlab.models.speech import import_kaldi
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             alignments=args.alignments,
             n_classes=args.classes,
             add_deltas=args.add_deltas,
-            progress=not args.no_progress,
+            progress=show_progress(args),
         )
     else:
         from psgdlab.models.data import synthetic_corpus
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         )
     summary = inspect_corpus(path)
     if args.json:
-        json.dump(summary, sys.stdout, indent=2)
+        print_json(summary)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(_format(summary))

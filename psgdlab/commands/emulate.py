@@ -12,9 +12,9 @@ replaces it).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from psgdlab.commands import plain_text, print_json
 from psgdlab.core.flags import add_flags
 from psgdlab.emulate import SYNTHETIC
 from psgdlab.models.recipes import DEFAULT_MODEL, MODEL_RECIPES
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "emulate",
         help="predict convergence: real replicas replayed at simulated event times",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     where = p.add_mutually_exclusive_group()
@@ -44,14 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--variant",
         "--period",
         "--workers",
-        "--gpus-per-node",
+        "--workers-per-node",
         "--model",
         "--data",
         required={"--algorithm", "--workers"},
         defaults={"--model": DEFAULT_MODEL, "--data": SYNTHETIC},
         helps={
             "--workers": "virtual workers",
-            "--gpus-per-node": "default: the platform's devices per host, capped by the number of workers",
+            "--workers-per-node": "default: the platform's devices per host, capped by the number of workers",
             "--model": ", ".join(MODEL_RECIPES),
         },
     )
@@ -66,7 +66,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         helps={"--batch": f"{recipe}'s total batch / workers", "--lr": recipe, "--lr-schedule": recipe},
     )
     add_flags(p, "--lr-final", "--lsq-dim", "--lsq-samples")
-    add_flags(p, "--straggler", "--seed", "--out", "--force", "--json", defaults={"--straggler": ""})
+    add_flags(
+        p,
+        "--straggler",
+        "--seed",
+        "--out",
+        "--force",
+        "--json",
+        "--no-figures",
+        defaults={"--straggler": ""},
+        helps={"--no-figures": "no loss.png, consensus.png"},
+    )
     p.set_defaults(func=run)
 
 
@@ -87,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         variant=args.variant,
         period=args.period,
         workers=args.workers,
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=args.workers_per_node,
         preset=args.preset,
         platform_file=args.platform_file,
         model=args.model,
@@ -106,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
     resolve_inputs(cfg)  # bad input is said before the run directory is taken
     with open_run_dir(args.out, command="emulate", force=args.force) as held:
         result, resolved = emulate(cfg)
-        summary = write_run(held.path, result, resolved)
+        summary = write_run(held.path, result, resolved, figures=not args.no_figures)
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary)
     else:
         print(
             f"emulated {cfg.workers} x {cfg.algorithm} for {summary['simulated_time_s']:.3g} s simulated "

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 
+from psgdlab.commands import print_json, show_progress
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 
 
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with the spread of its prior's logarithm (default 0.7: a factor of two at one sd); repeat the flag",
     )
     p.add_argument("--out", required=True, metavar="FITTED.toml", help="the fitted profile to write (atomically)")
+    add_flags(p, "--no-progress")
     p.add_argument("--no-loo", action="store_true", help="skip leave-one-out (leave-one-group-out still runs)")
     p.add_argument(
         "--noise",
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         delay=1.0,
         leave=False,
-        disable=not sys.stderr.isatty(),  # a log file would hold the bar, and the error glued to it
+        disable=not show_progress(args),
     ) as bar:
         profile, report = fit_profile(
             base, figures, parameters, loo=not args.no_loo, noise=args.noise, progress=lambda s: bar.update(1)
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     path = write_fitted(profile, result, args.out, head=(f"Fitted by `psgdlab fit {args.figures}`.",))
     result = dataclasses.replace(result, out=str(path))
     if args.json:
-        print(json.dumps(document(result.to_json())))
+        print_json(document(result.to_json()))
     else:
         print(f"wrote {path}")
         print("\n".join(result.describe()))

@@ -7,7 +7,7 @@ per-rank entry by hand on an emulated cluster, e.g. torchrun on two emulated nod
 
     psgdlab hosts --hosts 2 --nic-bandwidth 1Gbit/s -- python -m torch.distributed.run \\
         --nnodes {hosts} --node-rank {host} --nproc-per-node 2 --master-addr {master} \\
-        --master-port 29500 -m psgdlab.runtime --algorithm hadpsgd --workers 4 --gpus-per-node 2 \\
+        --master-port 29500 -m psgdlab.runtime --algorithm hadpsgd --workers 4 --workers-per-node 2 \\
         --model least-squares --steps 50 --out runs/two-nodes
 
 Needs root. Exit status: 0 when every host's command succeeded, 1 when one failed (named), 2 for
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from psgdlab.commands import plain_text
 from psgdlab.core.config import parse_rate
 from psgdlab.core.flags import add_flags
 
@@ -29,8 +30,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "hosts",
         help="run a command on each of H emulated hosts (torchrun, mpiexec proxies, the per-rank entry)",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
+        description=plain_text(__doc__ or "").split("\n\n")[0],
+        epilog=plain_text(__doc__ or "").split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_flags(parser, "--hosts", "--nic-bandwidth", defaults={"--hosts": 2})

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from psgdlab.commands import print_json
 from psgdlab.core.convergence import OBJECTIVES
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, int_list, name_list
 from psgdlab.sim.workload import DEFAULT_PRESET
@@ -68,21 +69,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=int_list, default=None, metavar="B,B", help="per-GPU batches (default 32..256)")
     p.add_argument("--periods", type=int_list, default=None, metavar="P,P", help="periods (default 5,20,80)")
     p.add_argument("--steps", type=int, default=None, metavar="S", help="simulated steps per worker (default 40)")
-    p.add_argument("--no-figures", action="store_true", help="do not draw plan.png")
+    add_flags(p, "--no-figures", helps={"--no-figures": "no plan.png"})
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import json
-
+def prepare(args: argparse.Namespace) -> tuple[SimConfig, ConvergenceProfile, Target, list[Candidate], int]:
+    """The search ``plan``'s flags ask for (``args``: the command's namespace, or the one
+    :func:`psgdlab.plan` builds from its keywords): the platform, the convergence model, the
+    target, the candidates and the simulated steps; bad values are one-line ConfigErrors."""
     from psgdlab.commands.predict import resolve_convergence
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.results import document
-    from psgdlab.core.rundir import open_run_dir
     from psgdlab.sim.plan import DEFAULT_BATCHES, DEFAULT_PERIODS, PLAN_STEPS, candidates
     from psgdlab.sim.workload import load_config, with_workload
 
-    t0 = time.perf_counter()
     config = load_config(path=args.platform) if args.platform else load_config(preset=args.preset or DEFAULT_PRESET)
     if args.workload is not None:
         config = with_workload(config, args.workload)
@@ -105,19 +104,30 @@ def run(args: argparse.Namespace) -> int:
         algorithms=args.algorithm,
     )
     steps = args.steps if args.steps is not None else PLAN_STEPS
+    return config, profile, target, list(cands), steps
+
+
+def run(args: argparse.Namespace) -> int:
+
+    from psgdlab.core.results import document
+    from psgdlab.core.rundir import open_run_dir
+
+    t0 = time.perf_counter()
+    config, profile, target, cands, steps = prepare(args)
     with open_run_dir(args.out, command="plan", force=args.force) as held:
-        answer = _plan_into(held, args, config, profile, target, cands, steps, t0)
+        answer = plan_into(held, args, config, profile, target, cands, steps, t0)
     if args.json:
-        print(json.dumps(document(answer.to_json()), default=float))
+        print_json(document(answer.to_json()))
     else:
         print(format_plan(answer))
     return 0
 
 
-def _plan_into(
+def plan_into(
     held: Any, args: argparse.Namespace, config: Any, profile: Any, target: Any, cands: Any, steps: int, t0: float
 ) -> PlanAnswer:
-    """Search ``cands``, choose, and write and commit the run directory ``held`` holds; the plan."""
+    """Search ``cands`` and choose; write and commit the run directory ``held`` holds (``None``:
+    write nothing, the answer's ``run_dir`` is ``None``); the plan."""
     from dataclasses import replace
 
     from psgdlab.core.rundir import RunDir, environment, write_summary
@@ -151,6 +161,8 @@ def _plan_into(
         workload=config.workload.name,
         wall_s=wall,
     )
+    if held is None:
+        return answer
     rd = RunDir(held.path)
     rd.write_json("config.resolved.json", {"request": {k: v for k, v in vars(args).items() if k != "func"}})
     rd.write_json("env.json", environment(source="simulator"))

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from psgdlab.commands import print_json, show_progress
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
 from psgdlab.core.profile import Defaults
 from psgdlab.core.workloads import BY_MODEL, WORKLOADS
@@ -82,8 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_flags(
         p,
-        "--gpus-per-node",
-        helps={"--gpus-per-node": "default: the platform's devices per host, capped by the number of workers"},
+        "--workers-per-node",
+        helps={"--workers-per-node": "default: the platform's devices per host, capped by the number of workers"},
     )
     p.add_argument(
         "--workers-per-host",
@@ -91,8 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="place K workers on each host whatever the super-learner size (e.g. H-ADPSGD nodes of "
-        "--gpus-per-node 2 as groups of one machine's processes on a calibrated this-machine "
-        "platform); default: --gpus-per-node",
+        "--workers-per-node 2 as groups of one machine's processes on a calibrated this-machine "
+        "platform); default: --workers-per-node",
     )
     add_flags(
         p,
@@ -112,10 +114,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--batch": "default: the workload's; compute time scales with it",
             "--period": "default: the file's [defaults] period",
             "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
-            "--json": "one object (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
-            "noise_extrapolated) with a list `rows`; each row's KEY_low and KEY_high are its 90 %% interval",
+            "--json": "the object has (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
+            "noise_extrapolated) with a list rows; each row's KEY_low and KEY_high are its 90 %% interval",
         },
     )
+    add_flags(p, "--no-figures", "--no-progress")
     p.add_argument(
         "--yes",
         action="store_true",
@@ -152,15 +155,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import json
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a ``predict`` namespace asks for, resolved: the platform and workload (``config``, given
+    room for the largest case; ``calibrated``, as the file or preset says it, on which each case is
+    simulated with its own room: :func:`psgdlab.sim.workload.with_room_for`), the algorithms and
+    worker counts, the failures and the convergence model with its target; ``room``, the line
+    that says a calibrated machine runs more workers than it has as more processes, or None."""
 
+    config: SimConfig
+    algorithms: tuple[str, ...]
+    workers: tuple[int, ...]
+    failures: FailureRequest | None
+    convergence: ConvergenceProfile | None
+    target: Target | None
+    calibrated: SimConfig
+    room: str | None
+
+
+def resolve(args: argparse.Namespace) -> Request:
+    """The request of ``predict``'s flags (``args``: the command's namespace, or the one
+    :func:`psgdlab.predict` builds from its keywords); bad values are one-line ConfigErrors,
+    raised before anything is simulated or written."""
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.rundir import open_run_dir
-    from psgdlab.sim.report import format_table, sweep_summary
     from psgdlab.sim.workload import load_config, with_room_for
 
-    t_start = time.perf_counter()
     if args.platform is not None:
         config = load_config(path=args.platform)
     else:
@@ -169,15 +188,15 @@ def run(args: argparse.Namespace) -> int:
         from psgdlab.sim.workload import with_workload
 
         config = with_workload(config, args.workload)
-    algorithms = args.algorithm or config.defaults.algorithms
-    workers = args.workers or config.defaults.workers
+    algorithms = tuple(args.algorithm or config.defaults.algorithms)
+    workers = tuple(args.workers or config.defaults.workers)
     # a calibrated machine's processes: more workers than it has run there as more processes (each
     # case gets its own room in predict_sweep; the largest says so, and bounds the flags below)
     calibrated = config
-    config, room = with_room_for(config, max(max(workers), args.workers_per_host or args.gpus_per_node or 1))
-    if args.gpus_per_node is not None and not (1 <= args.gpus_per_node <= config.platform.devices_per_host):
+    config, room = with_room_for(config, max(max(workers), args.workers_per_host or args.workers_per_node or 1))
+    if args.workers_per_node is not None and not (1 <= args.workers_per_node <= config.platform.devices_per_host):
         raise ConfigError(
-            f"gpus-per-node ({args.gpus_per_node}) must be in [1, {config.platform.devices_per_host}]: "
+            f"workers-per-node ({args.workers_per_node}) must be in [1, {config.platform.devices_per_host}]: "
             f"{config.platform.name} has {config.platform.devices_per_host} devices per host"
         )
     if args.workers_per_host is not None and not (1 <= args.workers_per_host <= config.platform.devices_per_host):
@@ -188,52 +207,99 @@ def run(args: argparse.Namespace) -> int:
         )
     failures = _failure_request(args)
     convergence, target = resolve_convergence(config, args.convergence, args.target)
-    _require_affordable(args, config, tuple(algorithms), tuple(workers))
+    _require_affordable(args, config, algorithms, workers)
+    return Request(config, algorithms, workers, failures, convergence, target, calibrated, room)
+
+
+def run(args: argparse.Namespace) -> int:
+
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.sim.report import format_table, sweep_summary
+
+    t_start = time.perf_counter()
+    req = resolve(args)
     with open_run_dir(args.out, command="predict", force=args.force) as held:
-        run_dir, predictions = _predict_into(
-            held, args, config, algorithms, workers, failures, convergence, target, calibrated=calibrated
-        )
+        predictions = simulate(args, req)
+        run_dir = write_into(held, args, req, predictions)
         held.commit()
     wall = time.perf_counter() - t_start
     if args.json:
-        answer = sweep_summary(config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
-        print(json.dumps(answer, default=float))
+        answer = sweep_summary(req.config, predictions).answer(run_dir=str(run_dir.path), wall_s=wall)
+        print_json(answer)
     else:
         rows = [p.row for p in predictions]
-        print(format_table(config, rows, run_dir=str(run_dir.path), wall_s=wall))
-    if room is not None:  # under the table; beside --json's object, on stderr
-        print(room, file=sys.stderr if args.json else sys.stdout)
+        print(format_table(req.config, rows, run_dir=str(run_dir.path), wall_s=wall))
+    if req.room is not None:  # under the table; beside --json's object, on stderr
+        print(req.room, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
-def _predict_into(
-    held: RunLock,
-    args: argparse.Namespace,
-    config: SimConfig,
-    algorithms: tuple[str, ...],
-    workers: tuple[int, ...],
-    failures: FailureRequest | None,
-    convergence: ConvergenceProfile | None,
-    target: Target | None,
-    *,
-    calibrated: SimConfig,
-) -> tuple[RunDir, list[Prediction]]:
-    """Simulate every (algorithm, workers) of the request on ``calibrated`` (each case given its
-    own room: :func:`psgdlab.sim.predict.predict_sweep`) and write the run directory ``held``
-    holds on ``config`` (:func:`psgdlab.sim.report.write_prediction` and the figures; not
-    committed); the run directory and the predictions."""
+def simulate(args: argparse.Namespace, req: Request) -> list[Prediction]:
+    """Simulate every (algorithm, workers) of ``req`` (:func:`psgdlab.sim.predict.predict_sweep`,
+    ``args.jobs`` processes), with a progress bar by the commands' rule
+    (:func:`psgdlab.commands.show_progress`)."""
+    from psgdlab.sim.predict import predict_sweep
+
+    bar = None
+    n_configs = len(req.algorithms) * len(req.workers)
+    if n_configs > 1 and show_progress(args):
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=n_configs,
+            desc="predict",
+            unit="config",
+            file=sys.stderr,
+            delay=0.5,
+            leave=False,
+        )
+
+    def progress(label: str) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"done {label}")
+
+    try:
+        return predict_sweep(
+            req.calibrated,
+            req.algorithms,
+            req.workers,
+            batch=args.batch,
+            progress=progress,
+            steps=args.steps,
+            period=args.period,
+            variant=args.variant,
+            gpus_per_node=args.workers_per_node,
+            stragglers=args.straggler,
+            seed=args.seed,
+            workers_per_host=args.workers_per_host,
+            failures=req.failures,
+            on_failure=args.on_failure,
+            jobs=args.jobs,
+            convergence=req.convergence,
+            target=req.target,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def write_into(held: RunLock, args: argparse.Namespace, req: Request, predictions: list[Prediction]) -> RunDir:
+    """Write the run directory ``held`` holds (:func:`psgdlab.sim.report.write_prediction`, and
+    the figures unless ``args.no_figures``; not committed); the run directory."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from psgdlab.analysis.figures import write_prediction_figures
     from psgdlab.core.machine import set_parent_death_signal
-    from psgdlab.sim.predict import predict_sweep, sweep_jobs
+    from psgdlab.sim.predict import sweep_jobs
     from psgdlab.sim.report import write_prediction
 
+    convergence, target = req.convergence, req.target
     request = {
-        "algorithms": list(algorithms),
-        "workers": list(workers),
-        "gpus_per_node": args.gpus_per_node,
+        "algorithms": list(req.algorithms),
+        "workers": list(req.workers),
+        "gpus_per_node": args.workers_per_node,
         "workers_per_host": args.workers_per_host,
         "batch": args.batch,
         "period": args.period,
@@ -249,63 +315,22 @@ def _predict_into(
         "target": str(target or convergence.own_target()) if convergence is not None else None,
         "convergence": args.convergence,
     }
-    bar = None
-    n_configs = len(algorithms) * len(workers)
-    if n_configs > 1:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=n_configs,
-            desc="predict",
-            unit="config",
-            file=sys.stderr,
-            delay=0.5,
-            leave=False,
-            disable=not sys.stderr.isatty(),  # a log file would hold the bar, and an error line glued to it
-        )
-
-    def progress(label: str) -> None:
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"done {label}")
-
-    try:
-        predictions = predict_sweep(
-            calibrated,
-            tuple(algorithms),
-            tuple(workers),
-            batch=args.batch,
-            progress=progress,
-            steps=args.steps,
-            period=args.period,
-            variant=args.variant,
-            gpus_per_node=args.gpus_per_node,
-            stragglers=args.straggler,
-            seed=args.seed,
-            workers_per_host=args.workers_per_host,
-            failures=failures,
-            on_failure=args.on_failure,
-            jobs=args.jobs,
-            convergence=convergence,
-            target=target,
-        )
-    finally:
-        if bar is not None:
-            bar.close()
     out = held.path
     rows = [p.row for p in predictions]
-    title = f"{config.platform.name}: {config.workload.name}"
+    title = f"{req.config.platform.name}: {req.config.workload.name}"
+    if args.no_figures:
+        return write_prediction(out, req.config, predictions, request)
     if sweep_jobs(args.jobs) > 1:  # the figures are drawn beside the writing
         with ProcessPoolExecutor(
             max_workers=1, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal
         ) as pool:
             figures = pool.submit(write_prediction_figures, out, rows, title=title)
-            run_dir = write_prediction(out, config, predictions, request)
+            run_dir = write_prediction(out, req.config, predictions, request)
             figures.result()
     else:
-        run_dir = write_prediction(out, config, predictions, request)
+        run_dir = write_prediction(out, req.config, predictions, request)
         write_prediction_figures(run_dir.path, rows, title=title)
-    return run_dir, predictions
+    return run_dir
 
 
 def _require_affordable(
@@ -334,7 +359,7 @@ def _require_affordable(
             steps=ESTIMATE_PROBE_STEPS,
             period=args.period,
             variant=args.variant,
-            gpus_per_node=args.gpus_per_node,
+            gpus_per_node=args.workers_per_node,
             workers_per_host=args.workers_per_host,
             intervals=False,
             baseline_samples_per_s=1.0,

@@ -11,9 +11,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from psgdlab.commands import print_json
 
 __all__ = ["register", "run"]
 
@@ -31,12 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="one line per preset")
-    listing.add_argument("--json", action="store_true", help="a JSON list, one object per preset")
+    listing.add_argument("--json", action="store_true", help="a JSON list on one line, one object per preset")
     listing.set_defaults(func=run)
     show = sub.add_parser("show", help="a preset's TOML on stdout")
     show.add_argument("name", metavar="NAME", help="a preset of psgdlab preset list")
     show.add_argument(
-        "--json", action="store_true", help="the values, their comments and the sources they cite as one JSON object"
+        "--json",
+        action="store_true",
+        help="the values, their comments and the sources they cite as one JSON object on one line",
     )
     show.set_defaults(func=run)
 
@@ -48,13 +51,13 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "show":
         path = preset_path(args.name)  # an unknown name: one line with the closest names
         if args.json:
-            print(json.dumps(_document(args.name, Profile.read(path), str(path)), indent=2))
+            print_json(_document(args.name, Profile.read(path), str(path)))
         else:
             sys.stdout.write(path.read_text(encoding="utf-8"))
         return 0
     rows = [_row(name, Profile.read(preset_path(name))) for name in preset_names()]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return 0
     for r in rows:
         nic = f"{r['nic_gbit_per_s']:g} Gb/s" if r["hosts"] > 1 else "-"

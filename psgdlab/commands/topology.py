@@ -3,22 +3,23 @@
 Examples::
 
     psgdlab topology fixed-ring --workers 16
-    psgdlab topology hierarchical --workers 64 --gpus-per-node 8 --inner random-ring --json
+    psgdlab topology hierarchical --workers 64 --workers-per-node 8 --inner random-ring --json
     psgdlab topology random-ring --workers 32 --plot gaps.png
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
+from psgdlab.commands import print_json
+from psgdlab.core.flags import add_old_spelling
 from psgdlab.core.topology import INNER_KINDS, KINDS
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "describe"]
 
 MIXING_TOL = 1e-6
 
@@ -35,13 +36,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
     parser.add_argument("--workers", type=int, required=True, metavar="N", help="number of workers (all GPUs)")
-    parser.add_argument(
-        "--gpus-per-node",
+    per_node = parser.add_argument(
+        "--workers-per-node",
         type=int,
         default=1,
         metavar="M",
         help="workers per node (hierarchical: size of a super-learner); default 1",
     )
+    add_old_spelling(parser, "--gpus-per-node", per_node)
     parser.add_argument(
         "--inner",
         choices=INNER_KINDS,
@@ -49,7 +51,7 @@ def register(subparsers: Any) -> None:
         help=f"schedule of the super-learners (hierarchical only); default {INNER_KINDS[0]}",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="K", help="seed of random-ring schedules")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on one line instead of a table")
     parser.add_argument(
         "--plot",
         type=Path,
@@ -68,11 +70,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.spectral import mixing_time, topology_spectrum
-    from psgdlab.core.topology import build_topology
 
     if args.plot is not None:
         if args.plot.suffix.lower() != ".png":
@@ -84,8 +82,27 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"plot ({str(args.plot)!r}) cannot be written: {folder} is a file, not a directory")
         if args.plot_max_workers < 4:
             raise ConfigError(f"plot-max-workers ({args.plot_max_workers}) must be >= 4")
+    topology, spectrum = describe(args.kind, args)
+    if args.plot is not None:
+        _write_plot(args.plot, topology, args.plot_max_workers)
+        spectrum["plot"] = str(args.plot)
+    if args.json:
+        print_json(spectrum)
+    else:
+        print(_table(spectrum))
+    return 0
+
+
+def describe(kind: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The topology ``kind`` of the flags ``args`` (``workers``, ``workers_per_node``, ``inner``,
+    ``seed``) and its spectral numbers (``topology --json``'s object, without ``plot``)."""
+    import warnings
+
+    from psgdlab.core.spectral import mixing_time, topology_spectrum
+    from psgdlab.core.topology import build_topology
+
     topology = build_topology(
-        args.kind, args.workers, gpus_per_node=args.gpus_per_node, seed=args.seed, inner=args.inner or "fixed-ring"
+        kind, args.workers, gpus_per_node=args.workers_per_node, seed=args.seed, inner=args.inner or "fixed-ring"
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a zero gap is reported in the table itself
@@ -95,14 +112,7 @@ def run(args: argparse.Namespace) -> int:
     spectrum["seed"] = topology.seed
     spectrum["mixing_time"] = None if math.isinf(steps) else int(steps)
     spectrum["mixing_tol"] = MIXING_TOL
-    if args.plot is not None:
-        _write_plot(args.plot, topology, args.plot_max_workers)
-        spectrum["plot"] = str(args.plot)
-    if args.json:
-        print(json.dumps(spectrum))
-    else:
-        print(_table(spectrum))
-    return 0
+    return topology, spectrum
 
 
 def _table(s: dict[str, Any]) -> str:

@@ -10,8 +10,12 @@ and srun use the per-rank entry ``python -m psgdlab.runtime`` with the same flag
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
+from psgdlab.commands import plain_text, print_json
 from psgdlab.core.flags import add_flags
 from psgdlab.runtime.config import TrainConfig
 from psgdlab.runtime.transports.backends import BACKENDS
@@ -33,15 +37,40 @@ def _draw_loss(config: Any, summary: dict[str, Any]) -> None:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "train", help=f"real distributed training ({', '.join(BACKENDS)})", description=__doc__.split("\n\n")[0]
+        "train",
+        help=f"real distributed training ({', '.join(BACKENDS)})",
+        description=plain_text(__doc__ or "").split("\n\n")[0],
     )
     TrainConfig.add_arguments(parser, launcher=True)
-    add_flags(parser, "--json")
+    add_flags(
+        parser,
+        "--json",
+        "--no-figures",
+        "--no-progress",
+        helps={"--no-figures": "no loss.png", "--no-progress": "the bar of rank 0"},
+    )
     parser.set_defaults(func=run)
 
 
+@contextlib.contextmanager
+def _progress_env(args: argparse.Namespace) -> Iterator[None]:
+    """The ranks' progress rule (psgdlab.runtime.train): with --no-progress, PSGDLAB_PROGRESS=0 in
+    the environment they inherit, while the run lasts."""
+    if not args.no_progress:
+        yield
+        return
+    old = os.environ.get("PSGDLAB_PROGRESS")
+    os.environ["PSGDLAB_PROGRESS"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PSGDLAB_PROGRESS", None)
+        else:
+            os.environ["PSGDLAB_PROGRESS"] = old
+
+
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from psgdlab.commands import require_torch
     from psgdlab.core.rundir import open_run_dir
@@ -54,13 +83,17 @@ def run(args: argparse.Namespace) -> int:
     fresh = args.out is None and not args.resume  # a new runs/train-TIMESTAMP, made exclusively
     # held for the run's life: the launcher writes launch.json, its ranks everything else; rank 0
     # commits the run, and the commit is written again once loss.png is drawn
-    with open_run_dir(None if fresh else config.out, command="train", force=args.force, resume=config.resume) as held:
+    with (
+        open_run_dir(None if fresh else config.out, command="train", force=args.force, resume=config.resume) as held,
+        _progress_env(args),
+    ):
         config = config.replace(out=str(held.path))
         summary = launch(config)
-        _draw_loss(config, summary)
+        if not args.no_figures:
+            _draw_loss(config, summary)
         held.commit()
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary)
         return 0
     keys = (
         "workers",

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from psgdlab.commands import print_json
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, name_list
+from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, add_old_spelling, name_list
 from psgdlab.runtime.transports.backends import cpu_backends
-from psgdlab.validate.plan import ALGORITHM_CASES
+from psgdlab.validate.plan import ALGORITHM_CASES, cases_of, cases_to_flags
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,13 +34,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument(
-        "--algorithms",
+    algorithm = p.add_argument(
+        "--algorithm",
         type=name_list,
         default=None,
-        metavar="CASE[,...]",
-        help=f"cases among {','.join(ALGORITHM_CASES)} (default: all)",
+        metavar="NAME[,...]",
+        help=f"algorithms among {','.join(dict.fromkeys(a for a, _ in ALGORITHM_CASES.values()))} (default: all)",
     )
+    p.add_argument(
+        "--variant",
+        type=name_list,
+        default=None,
+        metavar="V[,...]",
+        help="the variants of the algorithms that have them, each a case: adpsgd fixed|random (default: all)",
+    )
+    add_old_spelling(p, "--algorithms", algorithm, type=name_list, translate=cases_to_flags)
     add_flags(
         p,
         "--workers",
@@ -70,19 +78,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p,
         "--straggler",
         "--steps",
-        defaults={"--steps": 80},
+        "--seed",
+        defaults={"--steps": 80, "--seed": None},
         helps={
+            "--seed": "here the runs' seed and the first of the predictions' seeds K, K+1, ... (default 0; with "
+            "--measured the earlier validate's, and a seed given re-predicts with it)",
             "--straggler": "also validate every case with this straggler; --full uses '1:2'",
             "--steps": "of each case (about 4 s: one stall of another process weighs less)",
         },
     )
-    p.add_argument(
-        "--dim",
+    lsq_dim = p.add_argument(
+        "--lsq-dim",
         type=int,
+        metavar="D",
         default=250_000,
         help="least-squares parameters (float64) of the cases (the calibration runs use half and 1.5 "
         "times as many; below 100000, 50000 and 500000)",
     )
+    add_old_spelling(p, "--dim", lsq_dim)
     p.add_argument(
         "--cores",
         type=int,
@@ -152,10 +165,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "in DIR, fit, predict and compare them again with the current model into --out (a change to the "
         "model checked against measurements already made, in seconds; no root needed for emulated hosts). "
         "The cases, their sizes, steps and transport and the calibration plan are DIR's (validate.json): "
-        "--algorithms, --workers, --hosts, --nic-bandwidth, --straggler, --calibrate-workers and --full "
+        "--algorithm, --variant, --workers, --hosts, --nic-bandwidth, --straggler, --calibrate-workers and --full "
         "are refused with it",
     )
-    add_flags(p, "--out", "--force", "--json", required={"--out"}, helps={"--out": "required here"})
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when any target is missed, naming each on stderr (one line each), 0 when all are met: "
+        "a gate for CI. With hosts, H-ADPSGD's predicted advantage holds when it is within 10%% of the "
+        "measured advantage's size or within two combined standard errors of the measured means",
+    )
+    add_flags(
+        p,
+        "--out",
+        "--force",
+        "--json",
+        "--no-figures",
+        "--no-progress",
+        required={"--out"},
+        helps={
+            "--out": "required here",
+            "--no-progress": "the lines that say which run or prediction comes next (none with --json either)",
+        },
+    )
     p.set_defaults(func=run)
 
 
@@ -168,7 +200,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.validate import ALGORITHM_CASES, ValidateConfig
+    from psgdlab.validate import ValidateConfig
 
     if args.measured:
         return _report(_earlier(args), args)
@@ -186,13 +218,13 @@ def run(args: argparse.Namespace) -> int:
         StragglerModel.parse(straggler, seed=0, n_workers=min(workers))
     vc = ValidateConfig(
         out=args.out,
-        algorithms=args.algorithms or tuple(ALGORITHM_CASES),
+        algorithms=cases_of(args.algorithm, args.variant),
         workers=workers,
         backend=args.backend,
         compute_time=None if args.real_compute else args.compute_time,
         stragglers=("",) + ((straggler,) if straggler else ()),
         steps=args.steps,
-        dim=args.dim,
+        dim=args.lsq_dim,
         cores=args.cores,
         min_idle_cores=args.min_idle_cores,
         max_idle_wait_s=args.max_idle_wait,
@@ -202,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_workers=args.calibrate_workers,
         hosts=tuple(args.hosts or ()),
         nic_bandwidths=tuple(args.nic_bandwidth or ()),
+        seed=args.seed if args.seed is not None else 0,
     )
     return _report(vc, args)
 
@@ -212,7 +245,8 @@ def _earlier(args: argparse.Namespace) -> Any:
     from psgdlab.validate.run import earlier_validate
 
     grid = {
-        "--algorithms": args.algorithms,
+        "--algorithm": args.algorithm,
+        "--variant": args.variant,
         "--workers": args.workers,
         "--hosts": args.hosts,
         "--nic-bandwidth": args.nic_bandwidth,
@@ -228,8 +262,9 @@ def _earlier(args: argparse.Namespace) -> Any:
     # a validate made before the server ran on emulated hosts left it out there (hosts.skipped)
     skipped = earlier.get("hosts", {}).get("skipped", [])
     config["algorithms"] = [a for a in config["algorithms"] if a not in skipped]
+    seed = {} if args.seed is None else {"seed": args.seed}
     return ValidateConfig.from_json(
-        config, out=args.out, measured=args.measured, prediction_seeds=args.prediction_seeds
+        config, out=args.out, measured=args.measured, prediction_seeds=args.prediction_seeds, **seed
     )
 
 
@@ -238,19 +273,26 @@ def _report(vc: Any, args: argparse.Namespace) -> int:
     from psgdlab.core.rundir import open_run_dir
     from psgdlab.validate import format_table, validate
 
-    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    progress = None if args.json or args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
     fresh = vc.measured is not None and not Path(vc.out).exists()
     with open_run_dir(vc.out, command="validate", force=args.force) as held:
         try:
-            report = validate(vc, progress=progress)
+            report = validate(vc, progress=progress, figures=not args.no_figures)
         except BaseException:
             if fresh:  # made by a validate --measured that failed (an earlier validate of another grid)
                 held.empty()
             raise
         held.commit()
     if args.json:
-        print(json.dumps(report.answer(), indent=2))
+        print_json(report.answer())
     else:
         print(format_table(report))
         print(f"reports: {args.out}/compare*/report.md, {args.out}/validate.json")
+    if args.check:
+        from psgdlab.validate.check import missed_targets
+
+        missed = missed_targets(report)
+        for line in missed:
+            print(f"psgdlab validate: target missed: {line}", file=sys.stderr)
+        return 1 if missed else 0
     return 0

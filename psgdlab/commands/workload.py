@@ -10,9 +10,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from psgdlab.commands import print_json
 
 __all__ = ["register", "run"]
 
@@ -30,11 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="one line per workload")
-    listing.add_argument("--json", action="store_true", help="a JSON list, one object per workload")
+    listing.add_argument("--json", action="store_true", help="a JSON list on one line, one object per workload")
     listing.set_defaults(func=run)
     show = sub.add_parser("show", help="a workload's TOML on stdout")
     show.add_argument("name", metavar="NAME", help="a workload of psgdlab workload list, or its runtime model")
-    show.add_argument("--json", action="store_true", help="the values and their comments as one JSON object")
+    show.add_argument(
+        "--json", action="store_true", help="the values and their comments as one JSON object on one line"
+    )
     show.set_defaults(func=run)
 
 
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "show":
         w = workload(args.name)  # an unknown name: one line with the closest names
         if args.json:
-            print(json.dumps({**dataclasses.asdict(w), "provenance": WORKLOADS[w.name].provenance}, indent=2))
+            print_json({**dataclasses.asdict(w), "provenance": WORKLOADS[w.name].provenance})
         else:
             sys.stdout.write(workload_toml(args.name))
         return 0
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for name, entry in sorted(WORKLOADS.items())
     ]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return 0
     for r in rows:
         model = f"--model {r['model']}" if r["model"] else ""

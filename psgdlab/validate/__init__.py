@@ -144,8 +144,11 @@ __all__ = [
 ]
 
 
-def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = None) -> ValidationReport:
-    """Run the whole loop (module docstring) and return its report (what ``validate.json`` holds).
+def validate(
+    vc: ValidateConfig, *, progress: Callable[[str], None] | None = None, figures: bool = True
+) -> ValidationReport:
+    """Run the whole loop (module docstring) and return its report (what ``validate.json`` holds);
+    ``figures=False`` draws no figure into the predictions and comparisons (``--no-figures``).
 
     With ``vc.measured`` (an earlier validate's directory) no run is made: its runs are fitted,
     predicted and compared again into ``vc.out``, which is removed again if that fails (an earlier
@@ -154,14 +157,14 @@ def validate(vc: ValidateConfig, *, progress: Callable[[str], None] | None = Non
     out = Path(vc.out)
     made = vc.measured is not None and not out.exists()
     try:
-        return _validate(vc, progress)
+        return _validate(vc, progress, figures)
     except BaseException:
         if made:
             shutil.rmtree(out, ignore_errors=True)
         raise
 
 
-def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> ValidationReport:
+def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None, figures: bool = True) -> ValidationReport:
     from psgdlab.analysis.calibrate import calibrate_runs
     from psgdlab.analysis.compare import compare_dirs, ranking_counts
     from psgdlab.analysis.figures import write_prediction_figures
@@ -338,9 +341,10 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
                 preds,
                 {"validate": dataclasses.asdict(vc), "straggler": straggler, "hosts": hosts, "nic_bandwidth": rate},
             )
-            write_prediction_figures(
-                pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
-            )
+            if figures:
+                write_prediction_figures(
+                    pred_root, [p.row for p in preds], title=f"{config.platform.name}: {config.workload.name}"
+                )
             commit_run(pred_root, command="validate")
             result = compare_dirs(pred_root, meas_root)
             result["ranking"] = pooled_ranking(result["cases"], {}, predicted)
@@ -363,7 +367,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
             result["ranking_counts"] = ranking_counts(result["ranking"].values())
             result["ranking_identical"] = result["ranking_counts"]["misordered"] == 0
             mark_intervals(result["cases"], [p.row for p in preds])
-            write_report(result, out / (("compare" if not straggler else "compare-straggler") + tag), figures=True)
+            write_report(result, out / (("compare" if not straggler else "compare-straggler") + tag), figures=figures)
             for c in result["cases"]:
                 table.append(case_row(c, straggler=straggler, hosts=hosts, nic_bandwidth=rate))
             ranking_detail[label] = {str(n): r for n, r in result["ranking"].items()}
@@ -377,6 +381,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
     only = next(iter(calibrations.values()))
     calibrate_workers = sorted({workers_of(load_run(d)) for d in calib_dirs if not is_probe_dir(d)})
     targets = targets_for(vc, calibrate_workers)
+    advantage = hadpsgd_advantage(cases) if vc.hosts else []
     median = float(np.median(errs)) if errs.size else None
     largest = float(errs.max()) if errs.size else None
     report = ValidationReport(
@@ -397,6 +402,8 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
             "ranking_identical": counts["misordered"] == 0,
             "interval_coverage": coverage is not None and coverage >= targets["interval_coverage"],
             "interval_max_half_width": widest is not None and widest <= targets["interval_half_width"],
+            # with hosts: every predicted advantage of H-ADPSGD holds (validate.stats.advantage_holds)
+            **({"hadpsgd_advantage": all(a["holds"] for a in advantage)} if vc.hosts else {}),
         },
         platform=str(out / "platform.toml") if not vc.hosts else tuple(str(out / k) for k in calibrations),
         calibrate_workers=tuple(calibrate_workers),
@@ -405,9 +412,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None) -> Val
         # with --measured the load is the earlier validate's, when its runs were made
         load_average=earlier.get("load_average", {}) if vc.measured else {**load, "end": load_average()},
         measured_in=str(source) if vc.measured else None,
-        hosts={"cases": [f"{h}x{n // h}" for h, n in host_cases(vc)], "advantage": hadpsgd_advantage(cases)}
-        if vc.hosts
-        else None,
+        hosts={"cases": [f"{h}x{n // h}" for h, n in host_cases(vc)], "advantage": advantage} if vc.hosts else None,
     )
     atomic_write_json(out / "validate.json", document(report.to_json()))
     return report

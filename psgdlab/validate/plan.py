@@ -9,12 +9,14 @@ from typing import Any
 
 from psgdlab.core.algorithms import algorithm_from_flags
 from psgdlab.core.config import parse_rate
-from psgdlab.core.errors import require
+from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.exchange import folds_model
 from psgdlab.runtime.transports.backends import cpu_backends
 
 __all__ = [
     "ALGORITHM_CASES",
+    "cases_of",
+    "cases_to_flags",
     "TARGETS",
     "targets_for",
     "MIN_BRACKETED_DIM",
@@ -39,6 +41,47 @@ ALGORITHM_CASES = {
     "adpsgd-random": ("adpsgd", "random"),
     "hadpsgd": ("hadpsgd", None),
 }
+
+
+def cases_of(algorithms: Sequence[str] | None, variants: Sequence[str] | None) -> tuple[str, ...]:
+    """The cases (:data:`ALGORITHM_CASES`, in its order) of ``validate --algorithm A[,...]
+    --variant V[,...]``: each algorithm once, or once per variant of ``variants`` it has
+    (``None``: every algorithm, every variant). A name that is no case's algorithm, or a variant
+    that none of them has, is a one-line ConfigError.
+
+    >>> cases_of(["ssgd", "adpsgd"], ["random"])
+    ('ssgd', 'adpsgd-random')
+    >>> cases_of(["adpsgd"], None)
+    ('adpsgd', 'adpsgd-random')
+    >>> len(cases_of(None, None)) == len(ALGORITHM_CASES)
+    True
+    """
+    known = dict.fromkeys(a for a, _ in ALGORITHM_CASES.values())
+    for name in algorithms or ():
+        if name not in known:
+            raise ConfigError(f"algorithm ({name!r}) is not validated (validated: {', '.join(known)})")
+    wanted = set(algorithms) if algorithms else set(known)
+    cases = [c for c, (a, v) in ALGORITHM_CASES.items() if a in wanted and (v is None or not variants or v in variants)]
+    have = {v for c, (a, v) in ALGORITHM_CASES.items() if a in wanted and v is not None}
+    for v in variants or ():
+        if v not in have:
+            of = ", ".join(sorted(wanted))
+            raise ConfigError(f"variant ({v!r}) is no variant of {of} (variants: {', '.join(sorted(have)) or 'none'})")
+    return tuple(cases)
+
+
+def cases_to_flags(cases: Sequence[str]) -> dict[str, Any]:
+    """``--algorithm`` and ``--variant`` (namespace attributes) of an old ``--algorithms CASE[,...]``.
+
+    >>> cases_to_flags(["ssgd", "adpsgd-random"])
+    {'algorithm': ('ssgd', 'adpsgd'), 'variant': ('random',)}
+    """
+    for c in cases:
+        if c not in ALGORITHM_CASES:
+            raise ConfigError(f"algorithms ({c!r}) is no case (cases: {', '.join(ALGORITHM_CASES)})")
+    algorithms = tuple(dict.fromkeys(ALGORITHM_CASES[c][0] for c in cases))
+    variants = tuple(dict.fromkeys(v for c in cases if (v := ALGORITHM_CASES[c][1]) is not None))
+    return {"algorithm": algorithms, "variant": variants or None}
 
 
 #: a validate calibrated on the worker counts of its cases, on one host (issue 6)

@@ -32,6 +32,7 @@ def case_row(
         staleness_mean_rel_error=sm["rel_error"] if sm["measured"] else None,
         predicted_samples_per_s=c["samples_per_s"]["predicted"],
         measured_samples_per_s=c["samples_per_s"]["measured"],
+        measured_samples_per_s_se=c["samples_per_s"].get("measured_se"),
         # the prediction's 90 % step-time interval, relative to the prediction, and whether the
         # measured step time fell inside (None: the prediction had no interval)
         interval_low=band[0] / c["predicted_step_time_s"] if band is not None else None,
@@ -124,7 +125,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
         lines.append(
             f"hadpsgd over {a['over']} ({a['hosts']} hosts, {a['workers']} workers, nic {a['nic_bandwidth']}, "
             f"straggler {a['straggler'] or 'none'}): predicted {a['predicted'] * 100:+.1f}%, measured "
-            f"{a['measured'] * 100:+.1f}% (same sign: {a['same_sign']}, within 10 % of each other: {a['within_10pct']})"
+            f"{a['measured'] * 100:+.1f}% (same sign: {a['same_sign']}, within 10 % of each other: {a['within_10pct']}"
+            + (f", holds: {a['holds']})" if "holds" in a else ")")
         )
     calibration = summary.get("calibration") or {}
     if "link" not in calibration and calibration:  # one calibration per NIC rate

@@ -61,6 +61,10 @@ class ValidationCase(Record):
         Its relative error (``None`` where nothing was measured).
     predicted_samples_per_s, measured_samples_per_s : float or None
         Throughput of all workers.
+    measured_samples_per_s_se : float or None
+        The standard error of the measured throughput (batch means within the run,
+        :func:`psgdlab.analysis.compare.samples_per_s_se`; ``None``: not known, as in a
+        ``validate.json`` written before it was recorded).
     interval_low, interval_high : float or None
         The prediction's 90 % step-time interval relative to the prediction (``None``: none).
     in_interval : bool or None
@@ -96,6 +100,7 @@ class ValidationCase(Record):
     straggler: str = ""
     hosts: int = 1
     nic_bandwidth: str | None = None
+    measured_samples_per_s_se: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -11,6 +11,7 @@ from psgdlab.validate.plan import TARGETS
 
 __all__ = [
     "hadpsgd_advantage",
+    "advantage_holds",
     "relabelled_seeds",
     "pooled_ranking",
     "pooled_mean",
@@ -193,18 +194,50 @@ def interval_coverage(table: Sequence[Mapping[str, Any]]) -> tuple[float | None,
     return inside, max((c["interval_high"] - c["interval_low"]) / 2 for c in marked)
 
 
+def advantage_holds(
+    predicted: float, measured: float, other_measured: float, se: float | None, other_se: float | None
+) -> bool:
+    r"""Whether a predicted advantage ``predicted`` (``(a - b) / b`` in samples/s) holds against the
+    measured one ``measured``: within 10 % of the measured advantage's size,
+    :math:`|p - m| \le 0.1\,|m|`, or within :data:`~psgdlab.analysis.compare.RANK_SE` combined
+    standard errors of the measured means, the ranking rule's statistics
+    (:func:`psgdlab.analysis.compare.ranking`): the predicted advantage applied to the measured
+    ``b`` (``other_measured``) lands within :math:`2\sqrt{s_a^2 + s_b^2}` of the measured ``a``,
+    :math:`|p - m|\,m_b \le 2\sqrt{s_a^2 + s_b^2}` (``se``, ``other_se``: the measured means'
+    standard errors; ``None`` counts as exact, 0, as in the ranking).
+
+    >>> advantage_holds(0.50, 0.48, 40.0, None, None)  # within 10 % of 0.48
+    True
+    >>> advantage_holds(0.10, 0.02, 40.0, None, None)  # 5 times the measured advantage, measured exactly
+    False
+    >>> advantage_holds(0.10, 0.02, 40.0, 1.5, 1.5)  # 3.2 samples/s off, inside 2 x 2.12
+    True
+    """
+    import math
+
+    from psgdlab.analysis.compare import RANK_SE
+
+    off = abs(predicted - measured)
+    if off <= 0.1 * abs(measured):
+        return True
+    combined = math.sqrt((se or 0.0) ** 2 + (other_se or 0.0) ** 2)
+    return off * abs(other_measured) <= RANK_SE * combined
+
+
 def hadpsgd_advantage(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The advantage of H-ADPSGD in samples/s over AD-PSGD (fixed ring) and SSGD, predicted and
     measured, per group of cases (NIC rate, hosts, straggler, workers) of ``validate.json``'s
-    table: ``(hadpsgd - other) / other`` on each side, whether the two agree in sign, and whether
-    they are within 10 % of each other (``|p - m| <= 0.1 max(|p|, |m|)``).
+    table: ``(hadpsgd - other) / other`` on each side, whether the two agree in sign, whether
+    they are within 10 % of each other (``|p - m| <= 0.1 max(|p|, |m|)``), and whether the
+    prediction ``holds`` (:func:`advantage_holds`, on the cases' ``measured_samples_per_s_se``;
+    the target ``validate --check`` reads).
 
     >>> rows = [{"algorithm": a, "workers": 4, "hosts": 2, "nic_bandwidth": "1Gbit/s", "straggler": "",
     ...          "predicted_samples_per_s": p, "measured_samples_per_s": m}
     ...         for a, p, m in (("hadpsgd", 60.0, 58.0), ("ssgd", 40.0, 39.0))]
-    >>> [(a["over"], round(a["predicted"], 3), round(a["measured"], 3), a["same_sign"], a["within_10pct"])
+    >>> [(a["over"], round(a["predicted"], 3), round(a["measured"], 3), a["same_sign"], a["within_10pct"], a["holds"])
     ...  for a in hadpsgd_advantage(rows)]
-    [('ssgd', 0.5, 0.487, True, True)]
+    [('ssgd', 0.5, 0.487, True, True, True)]
     """
     groups: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
     for c in cases:
@@ -232,6 +265,13 @@ def hadpsgd_advantage(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
                     "measured": m,
                     "same_sign": p * m > 0,
                     "within_10pct": abs(p - m) <= 0.1 * max(abs(p), abs(m)),
+                    "holds": advantage_holds(
+                        p,
+                        m,
+                        o["measured_samples_per_s"],
+                        h.get("measured_samples_per_s_se"),
+                        o.get("measured_samples_per_s_se"),
+                    ),
                 }
             )
     return out

@@ -318,14 +318,14 @@ def test_calibrate_refusals_are_one_line_exit_2(tmp_path, cluster_logs, capsys, 
 
 
 def test_the_platform_written_holds_the_logs(cluster_logs):
-    """--platform-hosts and --devices resize the base (a PCIe link per device stays one); a log
+    """--platform-hosts and --workers-per-node resize the base (a PCIe link per device stays one); a log
     with more ranks on a node than the platform's devices is refused in one line."""
     logs = [read_nccl_tests(p) for p in cluster_logs.values()]
     base = load_config(preset="h100-sxm-ndr")
     fit = fit_nccl_tests(logs)
     p = nccl_profile(base, fit, logs, hosts=32, name="mine").platform
     assert (p.name, p.hosts, p.devices_per_host, p.sockets_per_host) == ("mine", 32, 8, 8)
-    with pytest.raises(ConfigError, match=r"ar1.log ran 8 ranks per node on 1 nodes.*give --devices"):
+    with pytest.raises(ConfigError, match=r"ar1.log ran 8 ranks per node on 1 nodes.*give --workers-per-node"):
         nccl_profile(base, fit, logs, devices=4)
 
 

@@ -134,7 +134,7 @@ def test_least_squares_emulation_writes_the_run_directory(tmp_path, capsys):
         tmp_path,
         "--algorithm",
         "hadpsgd",
-        "--gpus-per-node",
+        "--workers-per-node",
         "2",
         "--workers",
         "4",
@@ -169,3 +169,22 @@ def test_ibm_schedule_takes_its_warmup_from_core():
     nb.update(1.0)
     nb.update(0.999)  # < 1 % better: halving starts
     assert nb(123) == pytest.approx(0.1)
+
+
+def test_no_figures_leaves_out_the_plots_only(tmp_path, capsys):
+    status, captured = _run(
+        capsys,
+        tmp_path,
+        "--algorithm",
+        "ssgd",
+        "--workers",
+        "2",
+        "--steps",
+        "5",
+        "--model",
+        "least-squares",
+        "--no-figures",
+    )
+    assert status == 0, captured.err
+    assert not list((tmp_path / "run").glob("*.png"))
+    assert (tmp_path / "run" / "summary.json").is_file() and (tmp_path / "run" / "curves.npz").is_file()

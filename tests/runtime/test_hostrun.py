@@ -112,7 +112,7 @@ def test_torchrun_on_two_emulated_nodes_trains_across_the_link(tmp_path, capsys)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "{hosts}", "--node-rank", "{host}"]
     torchrun += ["--nproc-per-node", "2", "--master-addr", "{master}", "--master-port", "29500"]
     torchrun += ["--log-dir", str(tmp_path / "agent-{host}")]  # torchrun's default is a new /tmp/torchelastic_*
-    entry = ["-m", "psgdlab.runtime", "--algorithm", "hadpsgd", "--workers", "4", "--gpus-per-node", "2"]
+    entry = ["-m", "psgdlab.runtime", "--algorithm", "hadpsgd", "--workers", "4", "--workers-per-node", "2"]
     entry += ["--model", "least-squares", "--steps", "10", "--out", str(out)]
     status, _, err = _run(capsys, ["--hosts", "2", "--nic-bandwidth", "1Gbit/s", "--", *torchrun, *entry])
     assert status == 0, err

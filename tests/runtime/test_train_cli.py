@@ -24,7 +24,7 @@ def test_odd_workers_for_a_matching_scheme(capsys, tmp_path):
 def test_workers_not_divisible_by_gpus_per_node(capsys, tmp_path):
     _fails(
         capsys,
-        ["--algorithm", "hadpsgd", "--workers", "4", "--gpus-per-node", "3", "--out", str(tmp_path)],
+        ["--algorithm", "hadpsgd", "--workers", "4", "--workers-per-node", "3", "--out", str(tmp_path)],
         r"workers \(4\) must be divisible by gpus_per_node \(3\)",
     )
 

@@ -98,7 +98,7 @@ def test_straggler_costs_ssgd_more_than_adpsgd(tmp_path, capsys):
     [
         (["--algorithm", "adpsdg"], "did you mean 'adpsgd'"),
         (["--algorithm", "adpsgd", "--workers", "7"], "must be even"),
-        (["--gpus-per-node", "16"], "devices per host"),
+        (["--workers-per-node", "16"], "devices per host"),
         (["--workers-per-host", "0"], "workers-per-host (0) must be in [1, 8]"),
         (["--workers", "128", "--algorithm", "ssgd"], "hosts"),
         (["--preset", "interspeech"], "did you mean 'interspeech2019-v100'"),
@@ -194,7 +194,7 @@ def test_hadpsgd_nodes_as_groups_of_one_host(tmp_path, capsys):
         "hadpsgd",
         "--workers",
         "8",
-        "--gpus-per-node",
+        "--workers-per-node",
         "2",
         "--steps",
         "20",

@@ -330,7 +330,18 @@ def test_predict_prices_the_protocol_of_the_policy_without_a_failure(tmp_path, c
     """``--on-failure continue`` alone prices a run that loses nobody under the survivors'
     protocol: H-ADPSGD's nodes sum their slices with the gradient (twice the model's bytes in
     the node's allreduce); stop, the default without a failure, allgathers them."""
-    argv = ["predict", "--algorithm", "hadpsgd", "--workers", "16", "--gpus-per-node", "8", "--steps", "20", "--json"]
+    argv = [
+        "predict",
+        "--algorithm",
+        "hadpsgd",
+        "--workers",
+        "16",
+        "--workers-per-node",
+        "8",
+        "--steps",
+        "20",
+        "--json",
+    ]
     rows = {}
     for policy in ("stop", "continue"):
         assert main([*argv, "--on-failure", policy, "--out", str(tmp_path / policy)]) == 0
