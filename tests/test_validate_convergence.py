@@ -17,8 +17,11 @@ KEYS = ("median_abs_time_to_target_error", "max_abs_time_to_target_error", "cove
 
 
 def test_the_default_grid_and_the_full_one():
-    default = cases(ConvergenceConfig(out="x", data="fsdd.h5"))
-    full = cases(ConvergenceConfig(out="x", data="fsdd.h5", full=True, stragglers=("", "1:2")))
+    assert {c.workload for c in cases(ConvergenceConfig(out="x"))} == {"lsq"}  # fsdd only when named
+    default = cases(ConvergenceConfig(out="x", data="fsdd.h5", workloads=("fsdd", "lsq")))
+    full = cases(
+        ConvergenceConfig(out="x", data="fsdd.h5", workloads=("fsdd", "lsq"), full=True, stragglers=("", "1:2"))
+    )
     fsdd = [c for c in default if c.workload == "fsdd"]
     assert {(c.workers, c.batch) for c in fsdd} == {(8, 4)} and len(fsdd) == 5
     assert {(c.workers, c.batch) for c in default if c.workload == "lsq"} == {(2, 4), (8, 4)}
