@@ -163,7 +163,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=name_list,
         default=None,
         metavar="W[,...]",
-        help="fsdd, lsq (default: lsq; fsdd takes tens of minutes and --data)",
+        help="fsdd, lsq (default: lsq, with --full both; fsdd takes tens of minutes and --data)",
     )
     conv.add_argument("--data", default=None, metavar="FSDD.h5", help="the FSDD corpus (psgdlab data fsdd DIR --out F)")
     conv.add_argument(
@@ -264,7 +264,7 @@ def _convergence(args: argparse.Namespace) -> int:
     straggler = args.straggler if args.straggler is not None else ("1:2" if args.full else None)
     cc = ConvergenceConfig(
         out=args.out,
-        workloads=tuple(args.workloads or ("lsq",)),
+        workloads=tuple(args.workloads or (("fsdd", "lsq") if args.full else ("lsq",))),
         algorithms=tuple(args.algorithms or CONVERGENCE_CASES),
         workers=tuple(args.workers) if args.workers else None,
         batches=args.batches,
