@@ -89,3 +89,14 @@ def test_a_tiny_validation_end_to_end(tmp_path):
         assert all(c["measured"]["reached"]), c
     assert (tmp_path / "v" / "emulated" / "lsq-adpsgd-w2-b4" / "curves.npz").is_file()
     assert report["plan"]["lsq"]["none"]["recommended"] in names
+
+
+def test_a_case_the_simulator_cannot_emulate_keeps_the_priors():
+    from psgdlab.validate.convergence import _brief, _factor
+
+    failed = {"epochs_to_target": None, "emulation_error": "placement", "baseline": 2.0, "steps": 10}
+    assert _factor(failed, 0.1) is None  # not "predicted not to reach": nothing was emulated
+    assert _brief(failed)["emulation_error"] == "placement"
+    missed = {"epochs_to_target": None, "baseline": 2.0, "steps": 10}
+    assert not _factor(missed, 0.1).reaches
+    assert _factor({"epochs_to_target": 3.0, "baseline": 2.0, "steps": 10}, 0.1).value == 1.5

@@ -30,8 +30,10 @@ are), and the epochs it takes to reach the target over those of ssgd emulated at
 workers and batch is its factor :math:`F = E(c)/E(\text{ssgd})`, which replaces the model's three
 (log-sd :math:`\sqrt2` times one run's scatter at the target, the two crossings'); a case whose
 emulated run does not reach the target within its budget, where ssgd's does, is predicted not to
-reach it. The model's form is also fitted to those factors (:func:`fit_scales`, reported, not
-used): it cannot go below 1, and an algorithm that changes the step (BMUF's block momentum) can.
+reach it; a case the simulator cannot emulate on the platform (H-ADPSGD's nodes of 2 on the
+calibrated platform's one host of 8 devices) keeps the priors, its error in the report. The
+model's form is also fitted to those factors (:func:`fit_scales`, reported, not used): it cannot
+go below 1, and an algorithm that changes the step (BMUF's block momentum) can.
 With ``scales="prior"`` nothing is emulated and the priors stand.
 
 **The measured runs**: each case with each seed, for 1.6 times its predicted steps and the steps of
@@ -56,7 +58,7 @@ import numpy as np
 from psgdlab.core.convergence import ConvergenceProfile, Family, Outcome, Setting, Target, setting_of
 from psgdlab.core.convergence_fit import DEFAULT_SCALES, from_reference_run
 from psgdlab.core.curves import monotone_fit, time_to_target
-from psgdlab.core.errors import ConfigError
+from psgdlab.core.errors import ConfigError, SimulationError
 from psgdlab.core.results import document
 from psgdlab.core.trace import atomic_write_json
 from psgdlab.validate.convergence_plan import Case, ConvergenceConfig, WorkloadSpec, cases
@@ -266,9 +268,9 @@ class Factor:
 
 def _factor(e: dict[str, Any], log_sd: float) -> Factor | None:
     """The factor of an emulated case and its ssgd baseline (``None``: the baseline did not reach
-    the target, so the case's emulation says nothing and the priors stand)."""
+    the target, or the case could not be emulated on the platform, so the priors stand)."""
     base, mine = e.get("baseline"), e.get("epochs_to_target")
-    if base is None:
+    if base is None or "emulation_error" in e:
         return None
     if mine is None:
         return Factor(
@@ -392,10 +394,15 @@ def _emulate(
         p = predicted.get(c) or predicted[next(g for g in grid if dataclasses.replace(g, algorithm_case="ssgd") == c)]
         steps = _budget(p)
         say(f"emulate {c.name} ({steps} steps)")
-        got = emulate_case(
-            cc, spec, c, platform_file=out / "platforms" / f"{spec.name}-b{c.batch}.toml", steps=steps,
-            samples_per_epoch=samples_per_epoch, data=data, out=out / "emulated" / c.name,
-        )  # fmt: skip
+        try:
+            got = emulate_case(
+                cc, spec, c, platform_file=out / "platforms" / f"{spec.name}-b{c.batch}.toml", steps=steps,
+                samples_per_epoch=samples_per_epoch, data=data, out=out / "emulated" / c.name,
+            )  # fmt: skip
+        except (ConfigError, SimulationError) as exc:  # e.g. H-ADPSGD's nodes of 2 on the platform's one host
+            say(f"  not emulated: {exc}")
+            found[c] = {"epochs_to_target": None, "emulation_error": str(exc)}
+            continue
         crossing = time_to_target({"time_s": got["curve"]["epoch"], "loss": got["curve"]["loss"]}, target)
         found[c] = {**got, "epochs_to_target": crossing.time_s if crossing.reached else None}
     for c, e in found.items():
@@ -451,7 +458,8 @@ def fit_scales(emulated: dict[Case, dict[str, Any]], setting: Callable[[Case, fl
 def _brief(e: dict[str, Any] | None) -> dict[str, Any] | None:
     if e is None:
         return None
-    return {"epochs_to_target": e.get("epochs_to_target"), "staleness_mean": e.get("staleness_mean")}
+    out = {"epochs_to_target": e.get("epochs_to_target"), "staleness_mean": e.get("staleness_mean")}
+    return {**out, "emulation_error": e["emulation_error"]} if "emulation_error" in e else out
 
 
 def plan_check(results: Sequence[ConfigurationResult], rows: dict[Case, Any], covariance: np.ndarray) -> dict[str, Any]:
