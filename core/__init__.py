@@ -17,6 +17,11 @@ from flags and what the platform says);
 compute law); :mod:`~psgdlab.core.workloads` (named workloads apart from any platform);
 :mod:`~psgdlab.core.fitting` (fits of a few parameters with their uncertainty and
 cross-validated errors); :mod:`~psgdlab.core.intervals` (prediction intervals);
+:mod:`~psgdlab.core.convergence`, :mod:`~psgdlab.core.convergence_fit` and
+:mod:`~psgdlab.core.convergence_published` (statistical efficiency: the steps to a target, where
+its parameters come from, the shipped profiles); :mod:`~psgdlab.core.noise_scale` (the gradient
+noise scale from gradient norms at two batch sizes); :mod:`~psgdlab.core.curves` (the time to a
+target read off a held-out curve);
 :mod:`~psgdlab.core.flags` (the command-line flags every command shares);
 :mod:`~psgdlab.core.rundir` (the run directory, and the one writer of its summary);
 :mod:`~psgdlab.core.results` (typed results: JSON round trip, schema version);

@@ -16,8 +16,13 @@ leave-one-group-out errors of the metric (a group: one run, one table cell).
 ``summary.json`` must hold the keys of :data:`REFERENCE_KEYS` (the runtime writes them; this is the
 one place they are defined): the gradient noise scale measured during training is
 :math:`B_\text{noise}` (its log-sd the prior's spread), and the tail of the held-out curve fits
-:math:`m_\infty` and :math:`K`. A single run says nothing about where training stops
-converging: the profile it gives has no limits.
+:math:`m_\infty` and :math:`K`. Where the run reached the profile's target, the curve is
+**anchored** there (:func:`anchor_curve`): :math:`K` is set so that the model passes through the
+epochs at which the run's held-out curve (its decreasing fit, :func:`psgdlab.core.curves.time_to_target`)
+reached the target, the fitted floor and noise scale kept; the law :math:`K/(m - m_\infty)` then
+only carries the run to other targets, and a curve that follows another law near the target (the
+exponential descent of least squares) does not bias the prediction at it. A single run says
+nothing about where training stops converging: the profile it gives has no limits.
 
 **(b) Emulated runs** (``psgdlab emulate`` run directories, :func:`from_emulated_runs`): their
 held-out loss against epochs (``curves.npz``: ``eval_epoch``, ``eval_loss``) at several
@@ -35,6 +40,7 @@ warm-up and the first descent follow other laws than the tail the target lies on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -45,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.convergence import ConvergenceProfile, Estimate, Family, Limit, Limits, Setting, setting_of
+from psgdlab.core.curves import time_to_target
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.fitting import FitReport, fit_parameters
 from psgdlab.core.rundir import require_complete
@@ -61,6 +68,9 @@ __all__ = [
     "from_emulated_runs",
     "from_published",
     "load_convergence",
+    "limits_from_runs",
+    "anchor_curve",
+    "local_scatter",
 ]
 
 #: the keys of a reference run's ``summary.json`` that route (a) reads, and their units
@@ -356,17 +366,108 @@ def from_reference_run(
         for a, b in zip(epochs, values, strict=True)
     ]
     fit = fit_curve(obs, metric_sd=_curve_sd(values), noise_scale=bn, source=f"the held-out curve of {path}")
+    goal = float(target if target is not None else values.min())
+    crossing = time_to_target({"time_s": curve["epoch"], metric: curve[metric]}, goal, metric=metric)
+    if crossing.reached and crossing.time_s is not None and crossing.time_s > 0 and goal > fit.floor.value:
+        all_e = np.asarray(curve["epoch"], dtype=float)
+        all_v = np.asarray(curve[metric], dtype=float)
+        fit = anchor_curve(
+            fit, target=goal, epochs=crossing.time_s, total_batch=B, factor=obs[0].factor,
+            metric_sd=local_scatter(all_e, all_v, at=crossing.time_s),
+            source=f"{path}'s crossing of {metric}={goal:.4g}",
+        )  # fmt: skip
     return _profile(
         fit,
         workload=workload or str(s.get("workload", "model")),
         metric=metric,
-        target=float(target if target is not None else values.min()),
+        target=goal,
         target_source=f"the best {metric} of {path}" if target is None else "given",
         samples_per_epoch=float(s["samples_per_epoch"]),
         families=(Family(name="any", algorithms=tuple(ALGORITHMS)),),
         scales=scales,
         extra={"route": "reference run", "runs": [str(path)]},
     )
+
+
+def anchor_curve(
+    fit: CurveFit,
+    *,
+    target: float,
+    epochs: float,
+    total_batch: float,
+    factor: float,
+    metric_sd: float,
+    source: str,
+) -> CurveFit:
+    r"""``fit`` with :math:`K` set so that the model gives ``epochs`` at ``target`` and
+    ``total_batch`` (module docstring, route (a)):
+    :math:`K = E\,(m - m_\infty) / ((1 + B/B_	ext{noise})\,P)`, and ``metric_sd`` the curve's
+    own scatter (not the law's misfit elsewhere).
+
+    Its uncertainty is the delta method's: :math:`\log K` moves with the fitted floor and noise
+    scale (their log covariance kept) and with the crossing itself, whose log-sd is one run's
+    scatter at the target, ``metric_sd`` over :math:`m - m_\infty`. At ``target`` and
+    ``total_batch`` the floor's and the noise scale's parts cancel in the predicted epochs, which
+    then carry the crossing's uncertainty and the new run's scatter only.
+    """
+    f, bn = fit.floor, fit.noise_scale
+    excess = target - f.value
+    require(excess > 0, "target", target, f"must lie above the fitted floor {f.value:.4g}")
+    b = total_batch / bn.value
+    K = epochs * excess / ((1.0 + b) * factor)
+    a = -f.value / excess  # d log K / d log floor
+    c = b / (1.0 + b)  # d log K / d log noise_scale
+    rho = float(np.asarray(fit.correlation)[0, 2]) if fit.correlation else 0.0
+    s_e = metric_sd / excess
+    sf, sb = f.log_sd, bn.log_sd
+    var_k = (a * sf) ** 2 + (c * sb) ** 2 + 2 * a * c * rho * sf * sb + s_e**2
+    cov_fk = a * sf**2 + c * rho * sf * sb
+    cov_bk = a * rho * sf * sb + c * sb**2
+    sk = math.sqrt(var_k)
+
+    def corr(cov: float, s1: float) -> float:
+        return float(np.clip(cov / (s1 * sk), -1.0, 1.0)) if s1 > 0 and sk > 0 else 0.0
+
+    r_fk, r_bk = corr(cov_fk, sf), corr(cov_bk, sb)
+    correlation = ((1.0, r_fk, rho), (r_fk, 1.0, r_bk), (rho, r_bk, 1.0))
+    return dataclasses.replace(
+        fit,
+        curve=Estimate(value=K, log_sd=sk, source=f"anchored at {source} ({epochs:.4g} epochs)"),
+        correlation=_clean_correlation(correlation),
+        metric_sd=metric_sd,
+    )
+
+
+def local_scatter(epochs: np.ndarray, values: np.ndarray, *, at: float) -> float:
+    r"""How much a curve's points scatter about a smooth curve near epoch ``at``, in the metric's
+    units: the scatter of their logarithm (a curve that falls by orders of magnitude, as least
+    squares' does, is smooth in it) from the fourth differences of the positive points within a
+    factor 2 of ``at`` in epoch order (white noise of sd :math:`\sigma` gives differences of
+    variance :math:`70\sigma^2`, a smooth curve's fourth derivative next to nothing), times
+    their median; with fewer than 6 points there, from the second differences of every positive
+    point's logarithm (variance :math:`6\sigma^2`). At least 0.1 % of that median.
+
+    >>> e = np.linspace(0.5, 2.0, 16)
+    >>> local_scatter(e, 1 / e, at=1.0) < 0.002                           # smooth: next to nothing
+    True
+    >>> noisy = (1 / e) * np.exp(np.random.default_rng(0).normal(0, 0.05, 16))
+    >>> 0.03 < local_scatter(e, noisy, at=1.0) < 0.08                     # 5 % of about 1
+    True
+    """
+    ok = np.isfinite(epochs) & np.isfinite(values) & (values > 0)
+    near = ok & (epochs >= 0.5 * at) & (epochs <= 2.0 * at)
+    order = np.argsort(epochs[near], kind="stable")
+    v = values[near][order]
+    if v.size >= 6:
+        sd_log = float(np.sqrt(np.mean(np.diff(np.log(v), n=4) ** 2) / 70.0))
+        scale = float(np.median(v))
+    else:
+        every = values[ok][np.argsort(epochs[ok], kind="stable")]
+        if every.size < 3:
+            return 1e-3 * float(np.median(np.abs(values[np.isfinite(values)])))
+        sd_log = float(np.sqrt(np.mean(np.diff(np.log(every), n=2) ** 2) / 6.0))
+        scale = float(np.interp(at, np.sort(epochs[ok]), every))
+    return max(sd_log * scale, 1e-3 * scale)
 
 
 def _curve_sd(values: np.ndarray) -> float:
@@ -455,11 +556,22 @@ def _families_from_runs(runs: Sequence[tuple[Setting, bool, str]]) -> tuple[Fami
     out = []
     for name in dict.fromkeys(s.algorithm for s, _, _ in runs):
         mine = [(s, ok, where) for s, ok, where in runs if s.algorithm == name]
-        out.append(Family(name=name, algorithms=(name,), limits=_limits(mine, "emulated")))
+        out.append(Family(name=name, algorithms=(name,), limits=limits_from_runs(mine, "emulated")))
     return tuple(out)
 
 
-def _limits(runs: Sequence[tuple[Setting, bool, str]], what: str) -> Limits:
+def limits_from_runs(runs: Sequence[tuple[Setting, bool, str]], what: str) -> Limits:
+    """The limits runs of one algorithm show, ``(setting, converged, where)`` each: the largest
+    total batch (learners) that converged below the smallest that did not; ``None`` where no
+    run failed or none converged below a failure. ``what`` names the runs in the source.
+
+    >>> ok = Setting(algorithm="adpsgd", total_batch=64, learners=4)
+    >>> bad = Setting(algorithm="adpsgd", total_batch=256, learners=8)
+    >>> lim = limits_from_runs([(ok, True, "a"), (bad, False, "b")], "emulated")
+    >>> lim.max_batch.value, lim.max_learners.value
+    (64.0, 4.0)
+    """
+
     def cap(key: str) -> Limit | None:
         bad = [getattr(s, key) for s, ok, _ in runs if not ok]
         good = [getattr(s, key) for s, ok, _ in runs if ok]

@@ -117,11 +117,17 @@ class LeastSquaresProblem:
         return self.n_samples * (self.dim + 1) * 8
 
     def data(self) -> tuple[np.ndarray, np.ndarray]:
+        A, b, _ = self.data_and_truth()
+        return A, b
+
+    def data_and_truth(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        r"""``(A, b, x_true)``: the rows (standard normal), the labels ``A x_true + noise`` and the
+        point they were made from, whose loss on a fresh row is the noise's, :math:`\sigma^2/2`."""
         rng = np.random.default_rng([self.seed, 0xDA7A])
         A = rng.standard_normal((self.n_samples, self.dim))
         x_true = rng.standard_normal(self.dim)
         b = A @ x_true + self.noise * rng.standard_normal(self.n_samples)
-        return A, b
+        return A, b, x_true
 
     def initial_point(self) -> np.ndarray:
         return np.zeros(self.dim)

@@ -88,6 +88,9 @@ class EmulateConfig:
         base rate of a 256-sample batch, peak ``lr * workers * batch / 256`` after
         ``warmup_epochs`` (10 in the paper; shorter for small experiments); ``exp`` decays to
         ``lr_final``; ``newbob`` follows the held-out loss of every epoch).
+    momentum : float or None
+        The algorithm's momentum where it takes one (``None``: its default), as ``psgdlab train
+        --momentum``.
     straggler : str
         A :class:`psgdlab.core.stragglers.StragglerModel` spec.
     seed : int
@@ -121,6 +124,7 @@ class EmulateConfig:
     lr: float = 0.1
     lr_schedule: str = "const"
     lr_final: float | None = None
+    momentum: float | None = None
     straggler: str = ""
     seed: int = 0
     window: int = 21
@@ -276,6 +280,7 @@ def build_algorithm(cfg: EmulateConfig, sim_cfg: SimConfig) -> Algorithm:
         variant=cfg.variant,
         period=cfg.period,
         gpus_per_node=cfg.gpus_per_node,
+        momentum=cfg.momentum,
     )
 
 

@@ -28,6 +28,7 @@ from psgdlab.core.config import check_keys, listing, parse_rate
 from psgdlab.core.errors import ConfigError, require
 from psgdlab.core.failure import check_on_failure, default_on_failure, gossip_algorithms
 from psgdlab.core.flags import add_flags
+from psgdlab.core.noise_scale import HALVES_EVERY
 from psgdlab.core.placement import equal_blocks
 from psgdlab.core.reference import LeastSquaresProblem, require_lsq_shape
 from psgdlab.core.rundir import default_run_dir
@@ -103,6 +104,8 @@ class TrainConfig:
     lsq_samples_per_worker: int = 256
     synthetic_utterances: int = 64
     evaluate: bool = True
+    evaluate_every_s: float = 0.0
+    noise_scale_every: int = HALVES_EVERY
     hosts: int = 1
     nic_bandwidth: str | None = None
     on_failure: str = ""
@@ -148,6 +151,22 @@ class TrainConfig:
             )
             require(0 < self.lr_final <= self.lr, "lr-final", self.lr_final, f"must be in (0, lr = {self.lr}]")
         require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
+        require(
+            isinstance(self.evaluate_every_s, (int, float))
+            and math.isfinite(self.evaluate_every_s)
+            and self.evaluate_every_s >= 0,
+            "evaluate-every-s",
+            self.evaluate_every_s,
+            "must be a finite number of seconds >= 0 (0: score each epoch)",
+        )
+        require(
+            isinstance(self.noise_scale_every, int)
+            and not isinstance(self.noise_scale_every, bool)
+            and self.noise_scale_every >= 0,
+            "noise-scale-every",
+            self.noise_scale_every,
+            "must be an integer >= 0 (0: no noise-scale estimate)",
+        )
         require(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, "must be >= 0")
         require_lsq_shape(self.lsq_dim, self.lsq_samples_per_worker)
         if self.compute_time is not None:
@@ -382,6 +401,23 @@ class TrainConfig:
             metavar="NAMES",
             help="comma-separated speakers scored each epoch, not trained on",
         )
+        parser.add_argument(
+            "--evaluate-every-s",
+            type=float,
+            default=0.0,
+            metavar="SECONDS",
+            help="snapshot the workers' models every SECONDS of wall time (and at the start and the end) "
+            "instead of each epoch; the mean model of each is scored after training (summary.json: "
+            "heldout_curve, with the wall time of each point)",
+        )
+        parser.add_argument(
+            "--noise-scale-every",
+            type=int,
+            default=HALVES_EVERY,
+            metavar="N",
+            help="estimate the gradient noise scale (summary.json: noise_scale): every step that allreduces "
+            "the gradient, and every N-th step of the others as two half-batch backward passes; 0: never",
+        )
         add_flags(parser, "--checkpoint-every", defaults={"--checkpoint-every": 0})
         parser.add_argument(
             "--timeout",
@@ -497,6 +533,8 @@ class TrainConfig:
             seed=args.seed,
             out=str(args.out or default_run_dir("train")),
             held_out_speakers=tuple(s for s in (args.held_out_speakers or "").split(",") if s),
+            evaluate_every_s=args.evaluate_every_s,
+            noise_scale_every=args.noise_scale_every,
             window=args.window,
             checkpoint_every=args.checkpoint_every,
             timeout_s=args.timeout,

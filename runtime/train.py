@@ -6,6 +6,7 @@ caller's), runs the worker loop (or the parameter server on rank ``n_workers``),
 rank's trace to rank 0 and writes the run directory there::
 
     OUT/config.resolved.json  env.json  trace.npz  timeline.json
+    OUT/noise_scale.npz       (every pair of gradient norms the ranks took: psgdlab.runtime.loop.noise)
     OUT/trajectory.npz        (with record_params: models after every step, for oracle checks)
     OUT/final_params.npz      (models up to 2 M parameters)
     OUT/checkpoints/...       (psgdlab.runtime.loop.checkpoint)
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from psgdlab.core.errors import ConfigError, TransportError
+from psgdlab.core.noise_scale import NOISE_ROWS_DTYPE, summarize_noise_scale
 from psgdlab.core.rundir import RunDir, Summary, commit_run, environment, write_summary
 from psgdlab.core.schedules import lr_schedule
 from psgdlab.core.stragglers import StragglerModel
@@ -66,16 +68,17 @@ from psgdlab.runtime.failures.survive.survivors import (
 )
 from psgdlab.runtime.launcher.elastic import Progress, restart_count
 from psgdlab.runtime.loop import checkpoint as ckpt
-from psgdlab.runtime.loop.driver import DriverOptions, RankResult, run_worker
+from psgdlab.runtime.loop.driver import DriverOptions, RankResult, Snapshot, run_worker
 from psgdlab.runtime.loop.exchange.stopping import FileBoard
 from psgdlab.runtime.loop.exchange.transform import TRANSFORM_ENV, transform_named
+from psgdlab.runtime.loop.noise import method_of
 from psgdlab.runtime.loop.scan import collect_groups
 from psgdlab.runtime.loop.server import run_server
 from psgdlab.runtime.loop.workloads import LeastSquaresWorkload, ModuleWorkload
 from psgdlab.runtime.transports.channels import open_channels, rank_device
 from psgdlab.runtime.transports.env import LaunchEnv, host_identity, launch_env
 
-__all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS"]
+__all__ = ["train", "build_workload", "steps_per_epoch", "HELD_OUT_KEYS", "heldout_curve"]
 
 #: what each held-out evaluation records (psgdlab.models.scoring.score_corpus): frame accuracy,
 #: frame cross-entropy, the HMM decoder's WER (``wer`` = ``wer_viterbi``) and the majority vote's
@@ -134,6 +137,7 @@ def build_workload(config: TrainConfig, rank: int, *, device: torch.device | Non
     workload = ModuleWorkload(
         factory, sampler, samples_per_step=config.batch, seed=config.seed, device=device, evaluator=evaluator
     )
+    workload.samples_per_epoch = float(total_windows)
     return workload, spe
 
 
@@ -297,6 +301,8 @@ def _train(
         record_params=config.record_params,
         seed=config.seed,
         evaluate_every=(spe or 0) if config.evaluate else 0,
+        evaluate_every_s=config.evaluate_every_s if config.evaluate else 0.0,
+        noise_scale_every=config.noise_scale_every,
         progress=progress,
         transform=transform_named(os.environ.get(TRANSFORM_ENV, "identity") or "identity"),
     )
@@ -384,6 +390,7 @@ def _train(
         wall_s=wall_s,
         evaluate=workload.evaluate if config.evaluate else None,
         payload=_payload(workload),
+        samples_per_epoch=getattr(workload, "samples_per_epoch", None),
     )
 
 
@@ -487,6 +494,7 @@ def _finish_surviving(
                 payload=_payload(workload),
                 membership=(changes, sorted(found)),
                 hosts=survivors.hosts,
+                samples_per_epoch=getattr(workload, "samples_per_epoch", None),
             )
         return None
     finally:
@@ -500,6 +508,12 @@ def _result_state(result: RankResult) -> dict[str, Any]:
     def tensor(a: np.ndarray | None) -> torch.Tensor | None:
         return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
+    extra = dict(result.extra)
+    if "noise_rows" in extra:  # a structured array, as bytes (weights_only reads no numpy)
+        raw = extra["noise_rows"].tobytes()
+        extra["noise_rows"] = (
+            torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        )
     return {
         "rank": result.rank,
         "trace": torch.frombuffer(bytearray(result.trace.tobytes()), dtype=torch.uint8),
@@ -508,7 +522,7 @@ def _result_state(result: RankResult) -> dict[str, Any]:
         "evaluations": result.evaluations,
         "preempted": result.preempted,
         "snapshots": result.snapshots,
-        "extra": result.extra,
+        "extra": extra,
     }
 
 
@@ -516,6 +530,9 @@ def _result_of_state(state: dict[str, Any]) -> RankResult:
     def array(t: torch.Tensor | None) -> np.ndarray | None:
         return None if t is None else t.numpy()
 
+    extra = dict(state["extra"])
+    if "noise_rows" in extra:
+        extra["noise_rows"] = np.frombuffer(extra["noise_rows"].numpy().tobytes(), dtype=NOISE_ROWS_DTYPE).copy()
     return RankResult(
         rank=state["rank"],
         trace=np.frombuffer(state["trace"].numpy().tobytes(), dtype=TRACE_DTYPE).copy(),
@@ -523,17 +540,35 @@ def _result_of_state(state: dict[str, Any]) -> RankResult:
         trajectory=array(state["trajectory"]),
         evaluations=state["evaluations"],
         preempted=state["preempted"],
-        snapshots=[(int(step), t) for step, t in state["snapshots"]],
-        extra=state["extra"],
+        snapshots=[(int(key), int(step), float(t), p) for key, step, t, p in state["snapshots"]],
+        extra=extra,
     )
 
 
-def _mean_surviving_snapshots(results: list[RankResult]) -> list[tuple[int, torch.Tensor]]:
-    """The mean over the survivors of the snapshots every one of them took."""
-    k = min((len(r.snapshots) for r in results), default=0)
-    return [
-        (results[0].snapshots[i][0], torch.stack([r.snapshots[i][1] for r in results]).mean(dim=0)) for i in range(k)
-    ]
+def _mean_surviving_snapshots(results: list[RankResult]) -> list[tuple[int, float, float, torch.Tensor]]:
+    """The mean over the survivors of the snapshots every one of them took (by key): ``(key, mean
+    step, mean wall time, mean model)``."""
+    common = _common_keys([[s[0] for s in r.snapshots] for r in results])
+    out = []
+    for key in common:
+        taken = [next(s for s in r.snapshots if s[0] == key) for r in results]
+        out.append(
+            (
+                key,
+                float(np.mean([t[1] for t in taken])),
+                float(np.mean([t[2] for t in taken])),
+                torch.stack([t[3] for t in taken]).mean(dim=0),
+            )
+        )
+    return out
+
+
+def _common_keys(keys: list[list[int]]) -> list[int]:
+    """The snapshot keys every worker has, in order."""
+    if not keys:
+        return []
+    common = set(keys[0]).intersection(*map(set, keys[1:]))
+    return sorted(common)
 
 
 def _agree_on_checkpoint(main: Any, out: Path, *, workers: int, run_id: str) -> tuple[int, dict[str, Any] | None]:
@@ -580,37 +615,60 @@ def _both(first: Callable[[int, float, float], None], second: Callable[[int, flo
 
 
 def _mean_snapshots(
-    main: Any, snapshots: list[tuple[int, torch.Tensor]], *, rank: int, workers: int
-) -> list[tuple[int, torch.Tensor]]:
-    """On rank 0, the mean over the workers of their snapshots (a decentralized run's replicas
-    differ: their mean is the model a user keeps; synchronous replicas equal it); ``[]`` on the
-    other ranks. Collective over the workers (a server rank returns at once). Every worker
-    snapshots the same step sequence, so the first ``k`` (the fewest any worker took, after a
-    SIGTERM stop) are common."""
+    main: Any, snapshots: list[Snapshot], *, rank: int, workers: int
+) -> list[tuple[int, float, float, torch.Tensor]]:
+    """On rank 0, the mean over the workers of their snapshots, as ``(key, mean step, mean wall
+    time, mean model)`` (a decentralized run's replicas differ: their mean is the model a user
+    keeps; synchronous replicas equal it); ``[]`` on the other ranks. Collective over the workers
+    (a server rank returns at once). The snapshots averaged are those of the keys every worker
+    took (:data:`~psgdlab.runtime.loop.driver.Snapshot`; after a SIGTERM stop some took fewer):
+    the keys go round first, padded to the longest list."""
     if rank >= workers:
         return []
     if workers == 1:
-        return snapshots
+        return [(key, float(step), t, params) for key, step, t, params in snapshots]
     group = tuple(range(workers))
     mine = torch.tensor([float(len(snapshots))], dtype=torch.float64, device=main.device)
-    k = int(main.allgather(mine, [1] * workers, group).min().item())
+    counts = [int(c) for c in main.allgather(mine, [1] * workers, group).tolist()]
+    longest = max(counts)
+    if longest == 0:
+        return []
+    padded = torch.full((longest,), -1.0, dtype=torch.float64, device=main.device)
+    padded[: len(snapshots)] = torch.tensor([float(s[0]) for s in snapshots], dtype=torch.float64)
+    every = main.allgather(padded, [longest] * workers, group).reshape(workers, longest).cpu().tolist()
+    common = _common_keys([[int(k) for k in row[:c]] for row, c in zip(every, counts, strict=True)])
+    by_key = {s[0]: s for s in snapshots}
     out = []
-    for step, params in snapshots[:k]:
+    for key in common:
+        _, step, t, params = by_key[key]
         buf = params.to(main.device, copy=True)
+        when = torch.tensor([float(step), t], dtype=torch.float64, device=main.device)
         main.allreduce_sum(buf, group)
+        main.allreduce_sum(when, group)
         if rank == 0:
-            out.append((step, (buf / workers).cpu()))
+            mean_step, mean_t = (when / workers).tolist()
+            out.append((key, mean_step, mean_t, (buf / workers).cpu()))
     return out
 
 
-def _score_snapshots(workload: Any, snapshots: list[tuple[int, torch.Tensor]]) -> list[dict[str, Any]]:
-    """``workload.evaluate`` of every snapshot ``(step, params)`` (the workers' mean model),
-    logged as it goes."""
+def _score_snapshots(workload: Any, snapshots: list[tuple[int, float, float, torch.Tensor]]) -> list[dict[str, Any]]:
+    """``workload.evaluate`` of every snapshot ``(key, mean step, mean wall time, params)`` (the
+    workers' mean model), logged as it goes: each evaluation has ``step`` (the workers' mean,
+    rounded), ``steps_mean``, ``time_s`` (wall seconds since the run's start) and ``score_s``."""
     evaluations = []
-    for step, params in snapshots:
+    for _, step_mean, time_s, params in snapshots:
         t0 = time.perf_counter()
+        step = round(step_mean)
         scores = workload.evaluate(params.to(getattr(workload, "device", params.device)))
-        evaluations.append({"step": step, **scores, "score_s": time.perf_counter() - t0})
+        evaluations.append(
+            {
+                "step": step,
+                "steps_mean": step_mean,
+                "time_s": time_s,
+                **scores,
+                "score_s": time.perf_counter() - t0,
+            }
+        )
         log.info(
             "held-out after step %d: %s",
             step,
@@ -633,10 +691,12 @@ def _write_run_dir(
     payload: dict[str, int] | None = None,
     membership: tuple[list[dict[str, Any]], list[int]] | None = None,
     hosts: list[str] | None = None,
+    samples_per_epoch: float | None = None,
 ) -> dict[str, Any]:
     """Write the run directory from the ranks' ``results`` (the survivors' under ``continue``,
     whose ``membership`` is (changes, survivors), and ``hosts`` every rank's host); returns the
-    summary."""
+    summary. With ``samples_per_epoch`` (the built-in workloads) the summary has the keys a
+    reference run needs (:data:`psgdlab.core.convergence_fit.REFERENCE_KEYS`)."""
     workers = [r for r in results if r.rank < config.workers]
     trace = np.concatenate([r.trace for r in workers])
     # the trace of the run resumed (a restart keeps no trace of its failed attempt: steps before the
@@ -693,6 +753,18 @@ def _write_run_dir(
         summary["held_out"] = evaluations
         summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {len(workers)} workers"
         summary["held_out_last"] = evaluations[-1]
+    if samples_per_epoch:
+        summary["samples_per_epoch"] = float(samples_per_epoch)
+        held = heldout_curve(evaluations, workers=config.workers, batch=samples, samples_per_epoch=samples_per_epoch)
+        if held is not None:
+            summary["heldout_curve"] = held
+    summary["batch_per_worker"] = samples
+    noise_rows = [r.extra["noise_rows"] for r in workers if "noise_rows" in r.extra]
+    if noise_rows:
+        rows = np.concatenate(noise_rows)
+        methods = {m for r in workers for m in r.extra.get("noise_methods", [])}
+        noise = summarize_noise_scale(rows, method=method_of(rows, methods))
+        summary.update(noise.to_json())
     params = algorithm.params()
     n_hosts, placement = _placement(
         hosts or [str(r.extra.get("host", "")) for r in sorted(results, key=lambda r: r.rank)]
@@ -751,6 +823,8 @@ def _write_run_dir(
         _save_npz(run / "trajectory.npz", params=traj, start_step=np.array(start_step))
     if len(finals) == len(workers):
         _save_npz(run / "final_params.npz", params=np.stack(finals))
+    if noise_rows:
+        _save_npz(run / "noise_scale.npz", rows=rows)
     write_summary(run, case)
     if not any(r.preempted for r in workers):  # a run stopped early (SIGTERM) is not complete: --resume it
         commit_run(out, command="train")
@@ -766,6 +840,37 @@ def _launch_record(config: TrainConfig, env: LaunchEnv) -> dict[str, Any]:
     if config.backend != "mpi":
         rendezvous = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
     return {"launcher": env.launcher, "rendezvous": rendezvous, "gpus": torch.cuda.device_count()}
+
+
+def heldout_curve(
+    evaluations: list[dict[str, Any]], *, workers: int, batch: int, samples_per_epoch: float
+) -> dict[str, list[float]] | None:
+    """The held-out curve of a run's evaluations, in the shape of
+    :data:`psgdlab.core.convergence_fit.REFERENCE_KEYS` (``heldout_curve``): ``epoch`` (samples
+    the workers had seen, from their mean steps, over ``samples_per_epoch``), ``loss``, ``wer`` in
+    percent (where the data has words), ``step`` and ``time_s`` (where the snapshot recorded it);
+    ``None`` without evaluations that have a loss.
+
+    >>> heldout_curve([{"step": 10, "steps_mean": 10.0, "time_s": 1.5, "loss": 2.0, "wer": 0.25}],
+    ...               workers=2, batch=8, samples_per_epoch=320.0)
+    {'epoch': [0.5], 'loss': [2.0], 'step': [10.0], 'time_s': [1.5], 'wer': [25.0]}
+    """
+    rows = [e for e in evaluations if isinstance(e.get("loss"), float) and math.isfinite(e["loss"])]
+    if not rows:
+        return None
+    rows.sort(key=lambda e: (e.get("time_s", 0.0), e["step"]))
+    steps = [float(e.get("steps_mean", e["step"])) for e in rows]
+    curve: dict[str, list[float]] = {
+        "epoch": [s * workers * batch / samples_per_epoch for s in steps],
+        "loss": [float(e["loss"]) for e in rows],
+        "step": steps,
+    }
+    if all("time_s" in e for e in rows):
+        curve["time_s"] = [float(e["time_s"]) for e in rows]
+    wer = [e.get("wer") for e in rows]
+    if all(isinstance(w, float) and math.isfinite(w) for w in wer):
+        curve["wer"] = [100.0 * float(w) for w in wer]  # type: ignore[arg-type]
+    return curve
 
 
 def _placement(hosts: list[str]) -> tuple[int, tuple[int, ...]]:

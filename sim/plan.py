@@ -22,12 +22,15 @@ What the search needs of the simulator, and no more:
 
 **Choosing.** The Pareto front: rows that reach the target within ``--deadline`` and
 ``--budget-gpu-hours`` (their point values) that no other such row beats on both time and
-GPU-hours. The recommended row is the best on the objective (``time`` or ``gpu-hours``); the
-rows whose 90 % interval overlaps it are *ties*: the model cannot rank them, and of those the
-recommended one is the best on the other objective. Two rows share most of their uncertainty
-(the same convergence parameters, the same platform), which moves both together and says
-nothing about their order; the intervals compared are therefore those of the *ratio* of the
-two rows' times (:func:`psgdlab.core.convergence.paired_log_sd`): a tie when it holds 1.
+GPU-hours. The recommended row is the best on the objective (``time``, the default, or
+``gpu-hours``), by its point value; the rows whose 90 % interval overlaps it are *ties*, listed
+beside it: the model cannot rank them. A tie is not a licence to trade the objective for the
+other one: a user who asks for the soonest time gets the configuration predicted soonest, and
+the cheaper ties are in the answer to choose from (``--objective gpu-hours`` asks for the
+cheapest). Two rows share most of their uncertainty (the same convergence parameters, the same
+platform), which moves both together and says nothing about their order; the intervals
+compared are therefore those of the *ratio* of the two rows' times
+(:func:`psgdlab.core.convergence.paired_log_sd`): a tie when it holds 1.
 """
 
 from __future__ import annotations
@@ -267,22 +270,27 @@ def choose(
         if g[i] < best_g:
             pareto.append(ok[i])
             best_g = g[i]
-    key, other = OBJECTIVES[objective], next(v for k, v in OBJECTIVES.items() if k != objective)
-    values = t if key == "time_to_target_s" else g
-    best = min(range(len(ok)), key=lambda i: (values[i], i))
-    tied = [i for i in range(len(ok)) if i == best or _tie(ok[best], ok[i], key, covariance)]
-    pick = min(tied, key=lambda i: (_figure(ok[i], other), i))
-    rec = ok[pick]
-    ties = [ok[i] for i in tied if i != pick]
+    key = OBJECTIVES[objective]
+    values, other_values = (t, g) if key == "time_to_target_s" else (g, t)
+    best = min(range(len(ok)), key=lambda i: (values[i], other_values[i], i))
+    tied = [i for i in range(len(ok)) if i != best and _tie(ok[best], ok[i], key, covariance)]
+    rec = ok[best]
+    ties = [ok[i] for i in tied]
     what = "time to target" if objective == "time" else "GPU-hours to target"
-    why = (
-        f"the best {what} is {ok[best].config}'s; {len(tied) - 1} other configuration(s) are tied with it "
-        f"(the 90 % interval of the ratio of their {what} holds 1: the model cannot rank them), and of those "
-        f"{rec.config} needs the fewest {'GPU-hours' if objective == 'time' else 'hours'}"
-        if len(tied) > 1
-        else f"{rec.config} has the best {what}, and every other configuration is slower beyond the 90 % "
-        "interval of the ratio"
-    )
+    worse = "slower" if objective == "time" else "costlier"
+    if tied:
+        thrift = min(tied, key=lambda i: (other_values[i], i))
+        cheaper = (
+            f"; of them {ok[thrift].config} needs the fewest {'GPU-hours' if objective == 'time' else 'hours'}"
+            if other_values[thrift] < other_values[best]
+            else ""
+        )
+        why = (
+            f"{rec.config} has the best {what}; {len(tied)} other configuration(s) are tied with it (the 90 % "
+            f"interval of the ratio of their {what} holds 1: the model cannot rank them){cheaper}"
+        )
+    else:
+        why = f"{rec.config} has the best {what}, and every other configuration is {worse} beyond the 90 % interval"
     return Choice(pareto, rec, ties, why, len(ok))
 
 

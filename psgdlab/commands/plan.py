@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--objective",
         choices=tuple(OBJECTIVES),
         default="time",
-        help="what the recommendation minimises (ties on it are broken by the other)",
+        help="what the recommendation minimises, by its predicted value (the configurations tied with it "
+        "are listed beside it)",
     )
     p.add_argument(
         "--algorithm",

@@ -1,4 +1,5 @@
-"""``psgdlab validate``: calibrate, predict, measure and compare on this machine."""
+"""``psgdlab validate``: calibrate, predict, measure and compare on this machine; with
+``--convergence``, the time to a target held-out loss (:mod:`psgdlab.validate.convergence`)."""
 
 from __future__ import annotations
 
@@ -157,6 +158,44 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and the largest case count",
     )
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
+    conv = p.add_argument_group(
+        "time to accuracy (--convergence)",
+        "Real training to a target held-out loss of FSDD's BiLSTM (the README's recipe) and of least squares, "
+        "measured against the time predicted from a reference run (ssgd, 2 workers: its noise scale and held-out "
+        "curve) and this machine's calibrated platform; with --full the grid of issue 42 (hours). "
+        "--algorithms, --workers, --straggler, --backend, --min-idle-cores, --max-idle-wait, --out and --json "
+        "apply; the throughput validation's other flags do not.",
+    )
+    conv.add_argument(
+        "--convergence",
+        action="store_true",
+        help="validate time to accuracy (default: least squares, 10 cases x 2 seeds; --workloads fsdd,lsq adds FSDD)",
+    )
+    conv.add_argument(
+        "--workloads",
+        type=name_list,
+        default=None,
+        metavar="W[,...]",
+        help="fsdd, lsq (default: lsq, with --full both; fsdd takes tens of minutes and --data)",
+    )
+    conv.add_argument("--data", default=None, metavar="FSDD.h5", help="the FSDD corpus (psgdlab data fsdd DIR --out F)")
+    conv.add_argument(
+        "--batches", type=_counts, default=None, metavar="B[,...]", help="per-worker batches (default: per workload)"
+    )
+    conv.add_argument("--seeds", type=int, default=None, metavar="K", help="runs of each case (default 2; --full 3)")
+    conv.add_argument(
+        "--scales",
+        choices=("emulated", "prior"),
+        default="emulated",
+        help="the staleness, learner and period scales: fitted to an emulated run of each case (on the "
+        "calibrated platform), or the model's priors",
+    )
+    conv.add_argument(
+        "--target-loss",
+        default=None,
+        metavar="W=LOSS[,...]",
+        help="the target held-out loss of a workload (default: its reference run's at 60 %% of its epochs)",
+    )
     p.add_argument(
         "--measured",
         default=None,
@@ -202,6 +241,8 @@ def _counts(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from psgdlab.validate import ValidateConfig
 
+    if args.convergence:
+        return _convergence(args)
     if args.measured:
         return _report(_earlier(args), args)
     if args.nic_bandwidth and not args.hosts:
@@ -237,6 +278,73 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed if args.seed is not None else 0,
     )
     return _report(vc, args)
+
+
+def _convergence(args: argparse.Namespace) -> int:
+    """``--convergence``: the time-to-accuracy validation; its table, or its JSON with ``--json``."""
+    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.validate.convergence import validate_convergence
+    from psgdlab.validate.convergence_plan import CONVERGENCE_CASES, ConvergenceConfig
+    from psgdlab.validate.convergence_results import format_convergence
+
+    for flag, value in (
+        ("--measured", args.measured),
+        ("--hosts", args.hosts),
+        ("--nic-bandwidth", args.nic_bandwidth),
+        ("--calibrate-workers", args.calibrate_workers),
+    ):
+        if value:
+            raise ConfigError(f"{flag} does not apply to --convergence (a validation on one host, run now)")
+    straggler = args.straggler if args.straggler is not None else ("1:2" if args.full else None)
+    cc = ConvergenceConfig(
+        out=args.out,
+        workloads=tuple(args.workloads or (("fsdd", "lsq") if args.full else ("lsq",))),
+        algorithms=tuple(c for c in cases_of(args.algorithm, args.variant) if c in CONVERGENCE_CASES)
+        if args.algorithm or args.variant
+        else CONVERGENCE_CASES,
+        workers=tuple(args.workers) if args.workers else None,
+        batches=args.batches,
+        stragglers=("",) + ((straggler,) if straggler else ()),
+        seeds=args.seeds if args.seeds is not None else (3 if args.full else 2),
+        full=args.full,
+        data=args.data,
+        targets=_targets(args.target_loss),
+        scales=args.scales,
+        backend=args.backend,
+        min_idle_cores=args.min_idle_cores,
+        max_idle_wait_s=args.max_idle_wait,
+    )
+    progress = None if args.json or args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    with open_run_dir(cc.out, command="validate", force=args.force) as held:
+        report = validate_convergence(cc, progress=progress)
+        held.commit()
+    if args.json:
+        print_json(report)
+    else:
+        print(format_convergence(report))
+        print(f"report: {args.out}/validate_convergence.json")
+    if args.check:
+        from psgdlab.validate.check import missed_convergence_targets
+
+        missed = missed_convergence_targets(report)
+        for line in missed:
+            print(f"psgdlab validate: target missed: {line}", file=sys.stderr)
+        return 1 if missed else 0
+    return 0
+
+
+def _targets(text: str | None) -> tuple[tuple[str, float], ...]:
+    """``"fsdd=1.9,lsq=0.5"`` -> ``(("fsdd", 1.9), ("lsq", 0.5))``; anything else one line, exit 2."""
+    if not text:
+        return ()
+    out = []
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            out.append((name.strip(), float(value)))
+        except ValueError:
+            raise ConfigError(f"target-loss ({text!r}) must be WORKLOAD=LOSS[,...], e.g. fsdd=1.9") from None
+    return tuple(out)
 
 
 def _earlier(args: argparse.Namespace) -> Any:

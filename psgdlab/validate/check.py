@@ -13,7 +13,7 @@ from typing import Any
 from psgdlab.validate.plan import case_name
 from psgdlab.validate.stats import staleness_ok
 
-__all__ = ["missed_targets"]
+__all__ = ["missed_targets", "missed_convergence_targets"]
 
 
 def missed_targets(report: Mapping[str, Any]) -> list[str]:
@@ -83,3 +83,38 @@ def _why(name: str, r: Mapping[str, Any]) -> str:
             f"combined standard errors of the measured means: {', '.join(off)}"
         )
     return "missed"
+
+
+def missed_convergence_targets(report: Mapping[str, Any]) -> list[str]:
+    """One line per target of ``validate --convergence``'s report (``validate_convergence.json``)
+    that its ``targets_met`` marks missed, with the figure and the rule
+    (:data:`psgdlab.validate.convergence_plan.TARGETS`); ``[]`` when every target is met.
+
+    >>> missed_convergence_targets({"targets_met": {"median_abs_time_to_target_error": False, "coverage": True},
+    ...                             "median_abs_time_to_target_error": 0.142})
+    ['median_abs_time_to_target_error: the median |time-to-target error| is 14.2%, the target at most 10%']
+    """
+    from psgdlab.validate.convergence_plan import TARGETS
+
+    rules = {
+        "median_abs_time_to_target_error": lambda: (
+            f"the median |time-to-target error| is {_pct(report.get('median_abs_time_to_target_error'))}, "
+            f"the target at most {TARGETS['median_abs_time_to_target_error'] * 100:g}%"
+        ),
+        "max_abs_time_to_target_error": lambda: (
+            f"the largest |time-to-target error| is {_pct(report.get('max_abs_time_to_target_error'))}, "
+            f"the target at most {TARGETS['max_abs_time_to_target_error'] * 100:g}%"
+        ),
+        "coverage": lambda: (
+            f"{_pct(report.get('coverage'))} of runs' times to target inside their 90% interval, "
+            f"the target at least {TARGETS['coverage'] * 100:g}%"
+        ),
+        "ranking_identical": lambda: (
+            f"{(report.get('ranking') or {}).get('misordered', '?')} ranked pair(s) measured in the other order"
+        ),
+        "non_converging": lambda: (
+            "reached the target though predicted not to: "
+            + ", ".join(map(str, report.get("reached_though_predicted_not") or ["?"]))
+        ),
+    }
+    return [f"{name}: {rules.get(name, lambda: 'missed')()}" for name, met in report["targets_met"].items() if not met]

@@ -68,6 +68,7 @@ def train_config(
         seed=vc.seed,
         out=str(out),
         evaluate=False,
+        noise_scale_every=0,  # the figures are times: nothing but the training in the steps
         timeout_s=300.0,
     )
 

@@ -10,6 +10,7 @@ workloads they train, and per-rank checkpoints.
 - :mod:`~psgdlab.runtime.loop.workloads`, :mod:`~psgdlab.runtime.loop.flat`,
   :mod:`~psgdlab.runtime.loop.overlap`: what a worker trains, its flat buffers, and the gradient
   allreduce overlapped with the backward pass;
+- :mod:`~psgdlab.runtime.loop.noise`: the gradient noise scale measured as a rank trains;
 - :mod:`~psgdlab.runtime.loop.checkpoint`: atomic, checksummed per-rank checkpoints.
 
 Uses :mod:`psgdlab.runtime.transports` and :mod:`psgdlab.runtime.failures` (the flight recorder,

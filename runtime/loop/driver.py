@@ -43,6 +43,14 @@ of its exchange); workers are ranks ``0 .. n_workers-1``. H-ADPSGD's intra-node 
 protocol's (:mod:`~psgdlab.runtime.loop.exchange.normal`, :mod:`~psgdlab.runtime.loop.exchange.surviving`).
 Every payload goes through the run's message transform (:attr:`DriverOptions.transform`).
 
+Measured as it trains (:mod:`psgdlab.runtime.loop.noise`, ``noise_scale_every``): the gradient
+noise scale, from the rank's own gradient and the group's mean where the step allreduces the
+gradient, else from the two halves of the minibatch every few steps. Snapshots of the model for
+held-out scoring after training: every ``evaluate_every`` steps (each epoch), or at regular
+points of wall time (``evaluate_every_s``: the end of the first step at or after each multiple
+of it since the run's start, the start itself and the end), each with its step and wall time;
+the points every worker snapshot are averaged (:func:`psgdlab.runtime.train.train`).
+
 Emulated compute (``compute_time``): the real gradient is computed, then the thread sleeps until
 the step's compute phase has lasted the sampled time (times the straggler factor, plus pauses);
 when the real compute alone takes longer, rank 0 warns once (:class:`TestbedWarning`).
@@ -89,6 +97,7 @@ from psgdlab.runtime.loop.exchange.protocol import (
 )
 from psgdlab.runtime.loop.exchange.surviving import SurvivingProtocol
 from psgdlab.runtime.loop.exchange.transform import Identity, MessageTransform, Wire
+from psgdlab.runtime.loop.noise import NoiseProbe
 from psgdlab.runtime.loop.scan import overlap_group
 from psgdlab.runtime.loop.workloads import require_finite_loss
 from psgdlab.runtime.transports.env import in_main_thread
@@ -97,6 +106,8 @@ from psgdlab.runtime.transports.transport import Transport
 __all__ = [
     "DriverOptions",
     "RankResult",
+    "Snapshot",
+    "FINAL_SNAPSHOT",
     "Preempted",
     "run_worker",
     "EXCHANGE_HANDLERS",
@@ -126,6 +137,14 @@ OVERLAP_ENV = "PSGDLAB_OVERLAP"
 
 #: the signals that stop a run at a step its ranks agree on (each rank checkpoints there)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: a model snapshot for held-out scoring: ``(key, step, time_s, params)`` -- ``key`` names the
+#: point every worker snapshots (the step, for snapshots every ``evaluate_every`` steps; the index
+#: ``k`` of the wall-time point ``k * evaluate_every_s``, or :data:`FINAL_SNAPSHOT`), ``step`` the
+#: steps the rank had done, ``time_s`` its wall time since the run's start
+Snapshot = tuple[int, int, float, torch.Tensor]
+#: the key of the snapshot every worker takes after its last step when snapshotting by wall time
+FINAL_SNAPSHOT = 1 << 62
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +178,12 @@ class DriverOptions:
         them and rank 0 scores the mean (:func:`psgdlab.runtime.train.train`), so scoring neither
         stalls rank 0 -- which would skew an asynchronous run -- nor counts in the measured
         training time.
+    evaluate_every_s : float
+        Wall seconds between snapshots instead (0: by steps; module docstring): the points a long
+        step passed get one snapshot, at its end.
+    noise_scale_every : int
+        Steps between gradient-noise-scale estimates where the step has no gradient allreduce
+        (:mod:`psgdlab.runtime.loop.noise`); 0: no estimate at all.
     progress : callable (step, loss, samples_per_s) -> None, optional
         Called after every step (rank 0's tqdm bar; under ``--on-failure restart`` every rank's
         progress record, :class:`psgdlab.runtime.launcher.elastic.Progress`).
@@ -178,6 +203,8 @@ class DriverOptions:
     record_params: bool = False
     seed: int = 0
     evaluate_every: int = 0
+    evaluate_every_s: float = 0.0
+    noise_scale_every: int = 0
     progress: Callable[[int, float, float], None] | None = None
     transform: MessageTransform = field(default_factory=Identity)
 
@@ -192,7 +219,7 @@ class RankResult:
     trajectory: np.ndarray | None
     evaluations: list[dict[str, Any]]
     preempted: bool = False
-    snapshots: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    snapshots: list[Snapshot] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -239,8 +266,16 @@ class _Worker:
         self._overrun_warned = False
         self.crash_step, self.crash_signal = _crash_hook(rank)
         self.trajectory: list[np.ndarray] = []
-        self.snapshots: list[tuple[int, torch.Tensor]] = []
+        self.snapshots: list[Snapshot] = []
+        self._next_snapshot = 0  # the index of the next wall-time point to snapshot at
         self._last_progress_s: float | None = None
+        self.noise = (
+            NoiseProbe(
+                rank=rank, batch=int(workload.samples_per_step), every=options.noise_scale_every, workload=workload
+            )
+            if options.noise_scale_every > 0
+            else None
+        )
 
     def now(self) -> float:
         return time.time() - self.origin
@@ -280,6 +315,7 @@ class _Worker:
     def _steps(self) -> int | None:
         """Run the steps; returns the step count the ranks agreed to stop at (None: all done)."""
         history: deque[tuple[torch.Tensor, int]] = deque(maxlen=self.alg.gradient_delay + 1)
+        self._timed_snapshot(self.opt.start_step, final=False)  # the start (wall-time snapshots)
         for s in range(self.opt.start_step, self.opt.steps):
             self.step = s
             if self.crash_step == s:
@@ -289,7 +325,9 @@ class _Worker:
             stop = self.protocol.agree_stop(s, self.stop_requested)
             self._after(s, loss, stop)
             if stop:
+                self._timed_snapshot(s + 1, final=True)
                 return s + 1
+        self._timed_snapshot(self.opt.steps, final=True)
         return None
 
     def _step(self, s: int, history: deque[tuple[torch.Tensor, int]]) -> float:
@@ -302,11 +340,18 @@ class _Worker:
         st = Step(step=s, snapshot=snapshot)
         self._phase("mix", exchanges, st)
         t_c0 = self.now()
-        st.grad, loss = self._compute(read_w, s)
+        noise = self.noise
+        st.grad, loss = self._compute(read_w, s, halves=noise is not None and noise.wants_halves(s, exchanges))
         t_c1 = st.compute_end_s = self.now()
         self._collect(st)
         self.protocol.share(st)
+        by_allreduce = noise is not None and noise.wants_allreduce(exchanges)
+        local_sq = noise.local(st.grad) if noise is not None and by_allreduce and self.reducer is None else None
         self._phase("grad", exchanges, st)
+        if noise is not None and by_allreduce:
+            local = local_sq if local_sq is not None else self.reducer.local_sq
+            if local is not None:
+                noise.add_allreduce(step=s, time_s=t_c1, local_sq=local, summed=st.grad, scale=st.scale)
         deltas, merged = self.protocol.merges(st)
         lr, grad, scale = self.opt.lr_of(s), st.grad, st.scale
         st.staleness = self.replica.step_(
@@ -357,22 +402,41 @@ class _Worker:
         opt, done = self.opt, s + 1
         if opt.record_params:
             self.trajectory.append(self.replica.state.params.detach().cpu().numpy().copy())
-        snapshot = bool(opt.evaluate_every) and done % opt.evaluate_every == 0
+        snapshot = not opt.evaluate_every_s and bool(opt.evaluate_every) and done % opt.evaluate_every == 0
         save = opt.run_dir is not None and (
             (opt.checkpoint_every and done % opt.checkpoint_every == 0) or stop or done == opt.steps
         )
         if snapshot or save:
             state, merges = self.replica.read()  # one read: a step's scored snapshot and its checkpoint are one model
             if snapshot:
-                self.snapshots.append((done, state.params.detach().cpu().clone()))
+                self.snapshots.append((done, done, self.now(), state.params.detach().cpu().clone()))
             if save:
                 self._save(done, state, merges)
+        self._timed_snapshot(done, final=False)
         if opt.progress is not None:
             t, t_prev = self.now(), self._last_progress_s
             samples = self.workload.samples_per_step * self.alg.n_workers
             rate = samples / (t - t_prev) if t_prev is not None and t > t_prev else math.nan
             self._last_progress_s = t
             opt.progress(s, loss, rate)
+
+    def _timed_snapshot(self, done: int, *, final: bool) -> None:
+        """With ``evaluate_every_s``: a snapshot at the first step end at or after each wall-time
+        point (the points a long step passed at once get one, under the last of their keys:
+        their models would be the same) and, with ``final``, the last one."""
+        every = self.opt.evaluate_every_s
+        if not every:
+            return
+        now = self.now()
+        due = []
+        while now >= self._next_snapshot * every:
+            due.append(self._next_snapshot)
+            self._next_snapshot += 1
+        if final:
+            due.append(FINAL_SNAPSHOT)
+        if due:
+            params = self.replica.read()[0].params.detach().cpu().clone()
+            self.snapshots.append((due[-1], done, now, params))
 
     def _result(self, stopped_at: int | None) -> RankResult:
         state, merges = self.replica.read()
@@ -388,14 +452,26 @@ class _Worker:
                 "merges": merges,
                 "compute_overruns": self.overruns,
                 "allreduce_algorithm": self.main.allreduce_algorithm,
+                **(
+                    {"noise_rows": self.noise.rows(), "noise_methods": sorted(self.noise.methods)}
+                    if self.noise is not None
+                    else {}
+                ),
             },
             snapshots=self.snapshots,
         )
 
     # --- compute ---
-    def _compute(self, weights: torch.Tensor, step: int) -> tuple[torch.Tensor, float]:
+    def _compute(self, weights: torch.Tensor, step: int, *, halves: bool = False) -> tuple[torch.Tensor, float]:
+        """The step's gradient and loss (``halves``: as two backward passes, whose norms go to the
+        noise probe), then the emulated compute time and the stragglers' extra."""
         t0 = time.perf_counter()
-        grad, loss = self.workload.gradient(weights, self.rank, step)
+        if halves:
+            assert self.noise is not None
+            grad, loss, pair = self.workload.gradient_pair(weights, self.rank, step)
+            self.noise.add_halves(step=step, time_s=self.now(), pair=pair)
+        else:
+            grad, loss = self.workload.gradient(weights, self.rank, step)
         require_finite_loss(loss, rank=self.rank, step=step)  # a NaN loss stops the run (issue 45)
         real = time.perf_counter() - t0
         stragglers = self.opt.stragglers

@@ -107,6 +107,9 @@ class OverlappedAllreduce:
         self._pending: list[int] = []
         self._armed = False
         self.first_start_s: float | None = None
+        #: the squared norm of this rank's own gradient, summed over the buckets as each is sent
+        #: (a float64 0-d tensor, complete after :meth:`finish`; the gradient noise scale's small batch)
+        self.local_sq: torch.Tensor | None = None
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, _, p in spans]
 
     @property
@@ -119,6 +122,7 @@ class OverlappedAllreduce:
         self._handles = []
         self._messages = []
         self.first_start_s = None
+        self.local_sq = None
         self._armed = True
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
@@ -132,7 +136,10 @@ class OverlappedAllreduce:
     def _start(self, b: int) -> None:
         if self.first_start_s is None:
             self.first_start_s = time.time()
-        message = self.transform.encode(self._views[b])
+        view = self._views[b]
+        sq = torch.dot(view, view).to(torch.float64)  # before the sum overwrites the bucket
+        self.local_sq = sq if self.local_sq is None else self.local_sq + sq
+        message = self.transform.encode(view)
         self._messages.append(message)
         self._handles.append(self.transport.allreduce_sum_async(message, self.group))
 

@@ -12,6 +12,9 @@ gradient and loss at given weights for ``(rank, step)``. Two implementations:
   computes on into that buffer, so the training thread never reads a model that a
   communication thread is changing. :meth:`ModuleWorkload.overlap_allreduce` makes its
   backward passes allreduce the gradient in buckets as they go (:mod:`psgdlab.runtime.loop.overlap`).
+
+Both offer ``gradient_pair``: the minibatch's gradient computed over its two halves, with the
+squared norms that the gradient noise scale is estimated from (:mod:`psgdlab.runtime.loop.noise`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,28 @@ from psgdlab.runtime.loop.exchange.transform import MessageTransform
 from psgdlab.runtime.loop.overlap import OverlappedAllreduce
 from psgdlab.runtime.transports.transport import Transport
 
-__all__ = ["Workload", "LeastSquaresWorkload", "ModuleWorkload", "require_finite_loss"]
+__all__ = ["Workload", "LeastSquaresWorkload", "ModuleWorkload", "NormPairTensors", "require_finite_loss"]
+
+#: ``(sq_small, batch_small, sq_big, batch_big)``: the mean squared norm of the two halves'
+#: gradients and their effective batch :math:`2 n_a n_b / (n_a + n_b)` (the batch whose
+#: :math:`\mathbb{E}|G_B|^2` their mean has), and the whole minibatch's squared norm and batch
+NormPairTensors = tuple[torch.Tensor, float, torch.Tensor, float]
+
+
+def _halves(n: int) -> tuple[int, int]:
+    """The sizes of a minibatch's two halves (the first the smaller by one when ``n`` is odd)."""
+    if n < 2:
+        raise ValueError(f"a minibatch of {n} sample cannot be split into two halves (batch must be >= 2)")
+    return n // 2, n - n // 2
+
+
+def _pair(ga: torch.Tensor, gb: torch.Tensor, na: int, nb: int) -> tuple[torch.Tensor, NormPairTensors]:
+    """The whole minibatch's gradient from its halves' (means over ``na`` and ``nb`` samples) and
+    the :data:`NormPairTensors` of the three."""
+    n = na + nb
+    g = ga * (na / n) + gb * (nb / n)
+    sq = [torch.dot(v.reshape(-1), v.reshape(-1)).to(torch.float64) for v in (ga, gb, g)]
+    return g, ((sq[0] + sq[1]) / 2, 2.0 * na * nb / n, sq[2], float(n))
 
 
 class Workload(Protocol):
@@ -78,13 +102,16 @@ class LeastSquaresWorkload:
         self, problem: LeastSquaresProblem, *, dtype: torch.dtype = torch.float64, device: torch.device | None = None
     ) -> None:
         self.problem = problem
-        A, b = problem.data()
+        A, b, x_true = problem.data_and_truth()
         self.device = device or torch.device("cpu")
         self.A = torch.as_tensor(A, dtype=dtype, device=self.device)
         self.b = torch.as_tensor(b, dtype=dtype, device=self.device)
+        self.x_true = torch.as_tensor(x_true, dtype=dtype, device=self.device)
         self.n_params = problem.dim
         self.dtype = dtype
         self.samples_per_step = problem.batch * max(problem.merge_shards, 1)
+        #: samples of one epoch of the training data (the rows of every shard)
+        self.samples_per_epoch: float | None = float(problem.n_samples)
 
     def initial_params(self) -> torch.Tensor:
         return torch.as_tensor(self.problem.initial_point(), dtype=self.dtype, device=self.device).clone()
@@ -95,9 +122,29 @@ class LeastSquaresWorkload:
         r = A @ weights - b
         return A.T @ r / len(idx), float(0.5 * (r @ r) / len(idx))
 
+    def gradient_pair(self, weights: torch.Tensor, rank: int, step: int) -> tuple[torch.Tensor, float, NormPairTensors]:
+        """:meth:`gradient` computed over the two halves of the minibatch: ``(gradient, loss,
+        norms)`` (:data:`NormPairTensors`); the gradient and loss are :meth:`gradient`'s up to rounding."""
+        idx = torch.as_tensor(self.problem.batch_indices(rank, step), device=self.device)
+        na, nb = _halves(len(idx))
+        parts = []
+        for sel in (idx[:na], idx[na:]):
+            r = self.A[sel] @ weights - self.b[sel]
+            parts.append((self.A[sel].T @ r / len(sel), float(0.5 * (r @ r))))
+        g, norms = _pair(parts[0][0], parts[1][0], na, nb)
+        return g, (parts[0][1] + parts[1][1]) / len(idx), norms
+
     def evaluate(self, weights: torch.Tensor) -> dict[str, float]:
-        r = self.A @ weights.to(self.device) - self.b
-        return {"full_loss": float(0.5 * (r @ r) / len(r))}
+        r"""``full_loss`` over the data, and ``loss``: the expected loss on a fresh row of the
+        problem's distribution (standard normal rows, labels with noise ``sigma``), the held-out loss
+        in closed form, :math:`\tfrac12(|x - x^*|^2 + \sigma^2)`."""
+        w = weights.to(self.device)
+        r = self.A @ w - self.b
+        err = w - self.x_true
+        return {
+            "full_loss": float(0.5 * (r @ r) / len(r)),
+            "loss": float(0.5 * (err @ err + self.problem.noise**2)),
+        }
 
 
 class ModuleWorkload:
@@ -145,6 +192,9 @@ class ModuleWorkload:
         self.dtype = self.flat.dtype
         self.samples_per_step = int(samples_per_step)
         self.evaluator = evaluator
+        #: samples of one epoch of the training data, where the caller knows it (summary.json's
+        #: ``samples_per_epoch``: :data:`psgdlab.core.convergence_fit.REFERENCE_KEYS`)
+        self.samples_per_epoch: float | None = None
 
     def initial_params(self) -> torch.Tensor:
         return self._init.clone()
@@ -184,6 +234,30 @@ class ModuleWorkload:
         loss.backward()
         grad = self.flat_grad if self._reducer is not None else self.flat_grad.clone()
         return grad, float(loss.detach())
+
+    def gradient_pair(self, weights: torch.Tensor, rank: int, step: int) -> tuple[torch.Tensor, float, NormPairTensors]:
+        """:meth:`gradient` as two backward passes over the two halves of the minibatch: ``(gradient,
+        loss, norms)`` (:data:`NormPairTensors`). The loss must be a mean over the samples (as the
+        default's is), so the halves' weighted mean is the whole minibatch's gradient and loss; with
+        the bucketed overlap armed it is refused (that step's one backward pass is the allreduce's)."""
+        if self._reducer is not None:
+            raise RuntimeError("gradient_pair with the overlapped gradient allreduce armed")
+        with torch.no_grad():
+            self.flat.copy_(weights)
+        x, y = self.sampler.sample(step)
+        x = torch.as_tensor(x, device=self.device)
+        y = torch.as_tensor(y, device=self.device)
+        na, nb = _halves(int(x.shape[0]))
+        self.model.train()
+        grads, loss = [], 0.0
+        for lo, hi in ((0, na), (na, na + nb)):
+            self.flat_grad.zero_()
+            part = self.loss_fn(self.model(x[lo:hi]), y[lo:hi])
+            part.backward()
+            grads.append(self.flat_grad.clone())
+            loss += float(part.detach()) * (hi - lo)
+        g, norms = _pair(grads[0], grads[1], na, nb)
+        return g, loss / (na + nb), norms
 
     def evaluate(self, weights: torch.Tensor) -> dict[str, float]:
         if self.evaluator is None:

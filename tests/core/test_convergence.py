@@ -275,3 +275,48 @@ def test_emulated_runs_give_the_noise_scale_and_a_failed_run_a_limit(tmp_path, r
     assert p.families[0].limits.max_batch.value == 512  # 4 x 128 converged, 4 x 512 did not
     assert not predict_steps(p, Setting(algorithm="ssgd", total_batch=2048), Target(metric="loss", value=0.5)).reaches
     assert p.fit["errors"]["logo"]["median_rel"] is not None
+
+
+def _reference(tmp_path, epochs, loss, *, noise_scale=400.0):
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "source": "runtime",
+                "algorithm": "ssgd",
+                "algorithm_params": {},
+                "workers": 2,
+                "batch_per_worker": 32,
+                "samples_per_epoch": 5000.0,
+                "noise_scale": noise_scale,
+                "noise_scale_log_sd": 0.4,
+                "heldout_curve": {"epoch": list(map(float, epochs)), "loss": list(map(float, loss))},
+            }
+        )
+    )
+    commit_run(tmp_path, command="train")  # a reference run is read once committed
+
+
+def test_a_reference_run_is_anchored_where_it_reached_the_target(tmp_path, rng):
+    # an exponential descent (least squares'), which the law K/(m - m_inf) does not follow
+    epochs = np.linspace(0.0, 2.0, 41)
+    loss = (0.05 + 10.0 * np.exp(-4.0 * epochs)) * np.exp(rng.normal(0, 0.01, epochs.size))
+    _reference(tmp_path, epochs, loss)
+    target = 0.3
+    crossing = float(np.log(10.0 / 0.25) / 4.0)  # where the noiseless curve reaches 0.3
+    p = from_reference_run(tmp_path, target=target)
+    assert "anchored" in p.curve.source
+    o = predict_steps(p, Setting(algorithm="ssgd", total_batch=64), Target(metric="loss", value=target))
+    assert o.epochs == pytest.approx(crossing, rel=0.05)
+    # at the reference's own batch and target only the crossing's and one run's scatter remain
+    assert o.log_sd < 0.1
+    # at another batch the noise scale's uncertainty comes back in
+    far = predict_steps(p, Setting(algorithm="ssgd", total_batch=4096), Target(metric="loss", value=target))
+    assert far.log_sd > o.log_sd and far.epochs > o.epochs
+
+
+def test_a_target_the_reference_never_reached_is_not_anchored(tmp_path, rng):
+    epochs = np.linspace(0.2, 8.0, 40)
+    loss = _curve(0.3, 0.5, 400.0, 64, epochs, rng)
+    _reference(tmp_path, epochs, loss)
+    p = from_reference_run(tmp_path, target=0.31)
+    assert "anchored" not in p.curve.source

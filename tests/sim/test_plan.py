@@ -85,6 +85,10 @@ def test_plan_answers_the_same_with_one_and_two_processes(tmp_path, capsys):
     times = [r["time_to_target_s"] for r in one["pareto"]]
     hours = [r["gpu_hours_to_target"] for r in one["pareto"]]
     assert times == sorted(times) and hours == sorted(hours, reverse=True)  # a front: faster costs more
+    # the objective (time) is what is recommended: the fastest, its ties listed beside it, never traded
+    # for a cheaper tie
+    assert one["recommended"]["time_to_target_s"] == times[0]
+    assert all(t["time_to_target_s"] >= times[0] for t in one["ties"])
     assert (tmp_path / "1" / "summary.json").is_file()
 
 
