@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
-from psgdlab.core.failure import ON_FAILURE
+from psgdlab.core.platform.failure import ON_FAILURE
 from psgdlab.core.schedules import LR_SCHEDULES
 
 __all__ = ["FLAGS", "DefaultsHelpFormatter", "add_flags", "int_list", "name_list"]

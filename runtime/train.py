@@ -10,7 +10,7 @@ rank's trace to rank 0 and writes the run directory there::
     OUT/final_params.npz      (models up to 2 M parameters)
     OUT/checkpoints/...       (psgdlab.runtime.loop.checkpoint)
     OUT/summary.json          (after the rest)
-    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run); not
+    OUT/complete.json         the commit marker, last (psgdlab.core.records.rundir.commit_run); not
                               for a run stopped early (SIGTERM), which --resume continues
 
 Any ``torch.nn.Module`` trains through ``workload_factory``::
@@ -39,11 +39,10 @@ import numpy as np
 import torch
 
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.rundir import RunDir, Summary, commit_run, environment, write_summary
-from psgdlab.core.schedules import lr_schedule
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import (
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.platform.timing import ComputeTime
+from psgdlab.core.records.rundir import RunDir, Summary, commit_run, environment, write_summary
+from psgdlab.core.records.trace import (
     TRACE_DTYPE,
     atomic_write_bytes,
     empty_trace,
@@ -52,6 +51,7 @@ from psgdlab.core.trace import (
     to_chrome_trace,
     write_trace,
 )
+from psgdlab.core.schedules import lr_schedule
 from psgdlab.models.recipes import LSQ_MODEL
 from psgdlab.runtime.config import TrainConfig, build_algorithm, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
@@ -770,7 +770,7 @@ def _samples_per_step(config: TrainConfig) -> int:
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     import io
 
-    from psgdlab.core.trace import atomic_write_bytes
+    from psgdlab.core.records.trace import atomic_write_bytes
 
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds like its allow_pickle flag

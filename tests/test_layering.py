@@ -296,7 +296,7 @@ print(",".join(bad))
         ("psgdlab.core", ("torch", "simpy", "mpi4py", "matplotlib", "hypothesis", "networkx")),
         ("psgdlab.core.algorithms", ("torch", "simpy", "mpi4py", "matplotlib")),
         ("psgdlab.core.reference", ("torch", "simpy", "mpi4py", "matplotlib")),
-        ("psgdlab.core.topology", ("torch", "simpy", "mpi4py", "matplotlib", "networkx")),
+        ("psgdlab.core.graphs.topology", ("torch", "simpy", "mpi4py", "matplotlib", "networkx")),
         ("psgdlab.sim", ("torch", "mpi4py", "matplotlib")),
         ("psgdlab.analysis", ("torch", "simpy", "mpi4py")),
         ("psgdlab.cli", ("torch", "simpy", "mpi4py", "matplotlib")),

@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.emulate import EmulateConfig, emulate, resolve_inputs, write_run
     from psgdlab.models.recipes import recipe_of
 

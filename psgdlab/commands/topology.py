@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from psgdlab.core.topology import INNER_KINDS, KINDS
+from psgdlab.core.graphs.topology import INNER_KINDS, KINDS
 
 __all__ = ["register", "run"]
 
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.spectral import mixing_time, topology_spectrum
-    from psgdlab.core.topology import build_topology
+    from psgdlab.core.graphs.spectral import mixing_time, topology_spectrum
+    from psgdlab.core.graphs.topology import build_topology
 
     if args.plot is not None:
         if args.plot.suffix.lower() != ".png":
@@ -138,7 +138,7 @@ def _num(x: float) -> str:
 def _plot_counts(kind: str, max_workers: int, gpus_per_node: int) -> list[int]:
     """Even counts 4..max_workers that ``kind`` accepts, thinned to about six per octave."""
     from psgdlab.core.errors import TopologyError
-    from psgdlab.core.topology import build_topology
+    from psgdlab.core.graphs.topology import build_topology
 
     buckets: set[int] = set()
     kept = []
@@ -157,7 +157,7 @@ def _plot_counts(kind: str, max_workers: int, gpus_per_node: int) -> list[int]:
 def _write_plot(path: Path, requested: Any, max_workers: int) -> None:
     """The spectral gap of every kind against the workers, the requested topology marked."""
     from psgdlab.analysis.figures import save_figure, spectral_gap_figure
-    from psgdlab.core.spectral import spectral_gap_curve, topology_spectrum
+    from psgdlab.core.graphs.spectral import spectral_gap_curve, topology_spectrum
 
     m_hier = requested.gpus_per_node if requested.kind == "hierarchical" and requested.gpus_per_node > 1 else 4
     inner: Literal["fixed-ring", "random-ring"] = requested.inner if requested.kind == "hierarchical" else "fixed-ring"

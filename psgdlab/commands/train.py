@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.runtime.launcher.launch import check_limits, launch
 
     config = TrainConfig.from_args(args)

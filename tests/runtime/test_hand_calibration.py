@@ -8,7 +8,7 @@ import json
 import pytest
 
 from psgdlab.cli import main
-from psgdlab.core.profile import Profile
+from psgdlab.core.platform.profile import Profile
 
 
 @pytest.mark.distributed
