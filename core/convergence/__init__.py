@@ -66,6 +66,11 @@ References
 McCandlish, Kaplan, Amodei and the OpenAI Dota team, "An Empirical Model of Large-Batch
 Training", arXiv 1812.06162, 2018. Zhang et al., Interspeech 2019 (ALGORITHMS.md §D.1).
 
+The package holds the model; where its parameters come from is apart:
+:mod:`~psgdlab.core.convergence.fit` (fits to a reference run, emulated runs, published results)
+and :mod:`~psgdlab.core.convergence.published` (the shipped profiles). Importing the model
+imports neither.
+
 Examples
 --------
 >>> p = ConvergenceProfile(workload="toy", metric="loss", target=0.5, samples_per_epoch=1000.0,
