@@ -1,7 +1,7 @@
 r"""Fitting a platform profile from measured runs: :func:`calibrate_runs` reads the runs
 (:mod:`psgdlab.analysis.samples`), fits each cost law (:mod:`psgdlab.analysis.fits`,
 :mod:`psgdlab.analysis.cores`) and returns the fits; :func:`platform_profile` turns them into a
-:class:`psgdlab.core.profile.Profile` (``profile.write(path)`` writes the TOML).
+:class:`psgdlab.core.platform.profile.Profile` (``profile.write(path)`` writes the TOML).
 """
 
 from __future__ import annotations
@@ -34,15 +34,14 @@ from psgdlab.analysis.samples import (
     step_gaps,
     workers_of,
 )
-from psgdlab.core.cost import (
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.exchange import ExchangeKind
+from psgdlab.core.platform.cost import (
     HOST_AVERAGE_TRAFFIC,
     AllreduceAlgorithm,
     transfer_s,
 )
-from psgdlab.core.errors import ConfigError
-from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, STEP_NOISE_CV, Prior
-from psgdlab.core.profile import (
+from psgdlab.core.platform.profile import (
     PROCESS_DEVICE,
     Defaults,
     HostCPU,
@@ -53,7 +52,8 @@ from psgdlab.core.profile import (
     Uncertainty,
     Workload,
 )
-from psgdlab.core.trace import PHASES
+from psgdlab.core.records.trace import PHASES
+from psgdlab.core.stats.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, STEP_NOISE_CV, Prior
 
 __all__ = [
     "Calibration",
@@ -108,8 +108,8 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
 
     Each link point is weighted by its error: its standard error within the run and a
     run-to-run part, the scatter of repeated configurations (``noise``; else
-    :data:`~psgdlab.core.priors.RUN_NOISE_CV`); a bandwidth the points do not pin keeps
-    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH` and is reported unpinned
+    :data:`~psgdlab.core.stats.priors.RUN_NOISE_CV`); a bandwidth the points do not pin keeps
+    :data:`~psgdlab.core.stats.priors.LOOPBACK_BANDWIDTH` and is reported unpinned
     (:func:`fit_link`). One of ``run_dirs`` may be a probe's
     (:func:`psgdlab.analysis.probe.fit_probe`): the bandwidths it pinned are the priors of the
     runs' fits, so a bandwidth the runs do not pin is the probe's while the latency stays the
@@ -334,7 +334,7 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
     (:func:`fit_links` ``between_hosts``); otherwise ``collective`` is ``None`` and one fit
     prices both. The bandwidth's prior is the shaped rate the runs recorded (``hosts.json``,
     :func:`psgdlab.analysis.probe.nic_prior`), the latency's
-    :data:`~psgdlab.core.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
+    :data:`~psgdlab.core.stats.priors.LOOPBACK_LATENCY`. Runs of different rates, or with several
     ranks on a host (their exchanges mix the two links), are refused. Returned: the fit, with
     ``scatter`` (the runs of 2 ranks', :func:`~psgdlab.analysis.samples.pairwise_scatter`),
     ``collective``, ``rate_bytes_per_s`` (the shaped rate, ``None`` unshaped), ``hosts`` (the
@@ -386,7 +386,7 @@ def fit_between_hosts(runs: list[Any], *, warmup_steps: int = 2) -> dict[str, An
 
 
 def _between_hosts_work(cpu: dict[str, Any] | None) -> dict[str, float]:
-    """The :class:`~psgdlab.core.profile.HostCPU` fields of the CPU work of a message between
+    """The :class:`~psgdlab.core.platform.profile.HostCPU` fields of the CPU work of a message between
     hosts from a probe's ``host_cpu`` fit between hosts (none without one)."""
     if not cpu:
         return {}
@@ -529,7 +529,7 @@ def platform_profile(
     workers: tuple[int, ...] | None = None,
     hosts: int | None = None,
 ) -> Profile:
-    """The simulator's platform profile (:class:`psgdlab.core.profile.Profile`) of a
+    """The simulator's platform profile (:class:`psgdlab.core.platform.profile.Profile`) of a
     :func:`calibrate_runs` fit, with the fit described as its notes
     (:meth:`~psgdlab.analysis.calibration_report.Calibration.describe`).
 
@@ -689,16 +689,16 @@ def _tie_latency(
 
 
 def fit_uncertainty(calibration: Calibration) -> Uncertainty:
-    """The :class:`~psgdlab.core.profile.Uncertainty` of a :func:`calibrate_runs` fit: the
+    """The :class:`~psgdlab.core.platform.profile.Uncertainty` of a :func:`calibrate_runs` fit: the
     log-sd of each fitted latency and bandwidth (``platform.pcie`` and, fitted apart,
     ``platform.collective`` and ``platform.nic``; a latency at its bound 0 has none) and of the CPU work of
     communication (``platform.host_cpu``, per message and per byte, from the probe's or the
     oversubscribed runs' scatter, and between hosts from the probe between hosts; one at its
     bound 0 has none), their correlation within each
     table, the bandwidths the data did not pin (kept at
-    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH`, marked unpinned) and the run-to-run noise of
+    :data:`~psgdlab.core.stats.priors.LOOPBACK_BANDWIDTH`, marked unpinned) and the run-to-run noise of
     a mean step (measured where a configuration repeats, else
-    :data:`~psgdlab.core.priors.STEP_NOISE_CV`) with the processes per core it was measured at.
+    :data:`~psgdlab.core.stats.priors.STEP_NOISE_CV`) with the processes per core it was measured at.
     The link between hosts (``platform.nic``, fitted from runs with hosts or a probe between
     them) is one more table, and its allreduce fitted apart (``platform.collective_between_hosts``)
     another (its latency, where it is the messages', with their spread: one value); a platform of

@@ -28,10 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from psgdlab.core.cost import allreduce_rounds
-from psgdlab.core.priors import RUN_NOISE_CV, STEP_NOISE_CV
-from psgdlab.core.profile import Uncertainty
-from psgdlab.core.results import Record, optional, present
+from psgdlab.core.platform.cost import allreduce_rounds
+from psgdlab.core.platform.profile import Uncertainty
+from psgdlab.core.records.results import Record, optional, present
+from psgdlab.core.stats.priors import RUN_NOISE_CV, STEP_NOISE_CV
 
 __all__ = [
     "LawFit",
@@ -58,7 +58,7 @@ class CalibrationNoise:
     """The run-to-run noise of the calibration runs: the relative scatter of a link point
     (``link_cv``) and of a mean step (``step_cv``) where a configuration was measured more than
     once (``None`` where none was), the values the fits used (the measured ones, else
-    :data:`~psgdlab.core.priors.RUN_NOISE_CV` and :data:`~psgdlab.core.priors.STEP_NOISE_CV`),
+    :data:`~psgdlab.core.stats.priors.RUN_NOISE_CV` and :data:`~psgdlab.core.stats.priors.STEP_NOISE_CV`),
     and the most worker processes per core of the runs it was measured on."""
 
     link_cv: float | None = None

@@ -9,14 +9,14 @@ by samples/s gives the same order (per worker count) in prediction and measureme
 (:func:`ranking`: a pair is ranked only when its measured difference exceeds two combined
 standard errors, :func:`samples_per_s_se`; exact ties in the prediction are one class).
 
-Where a step's time goes, per case (``path``, :func:`psgdlab.core.trace.step_path`, both
+Where a step's time goes, per case (``path``, :func:`psgdlab.core.records.trace.step_path`, both
 sides): the fastest and slowest worker's own step, how far apart the workers end their compute
 and start the next one, and the path from the last compute end to the last next start (the
 exchanges and the update on the critical path of a step in which every worker waits for the
 others), so that a step-time error can be traced to the place it comes from.
 
 One definition for both sides. When both cases have a trace, every timing figure is recomputed
-from the traces with :func:`psgdlab.core.trace.summarize` (``step_time_s`` is then the step
+from the traces with :func:`psgdlab.core.records.trace.summarize` (``step_time_s`` is then the step
 the summed rates of the workers imply, for both), over the same window: the
 simulator stops its window when the first worker finishes its last step, so both traces are cut
 at the end of the last compute record of the worker that finishes first
@@ -43,7 +43,7 @@ import numpy as np
 
 from psgdlab.analysis.load import Run, load_cases
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.trace import PHASES, STEP_PATH_KEYS, step_path, summarize
+from psgdlab.core.records.trace import PHASES, STEP_PATH_KEYS, step_path, summarize
 
 __all__ = [
     "total_variation",
@@ -126,7 +126,7 @@ def window_summary(cut: np.ndarray, *, samples_per_step: int, steps: int | None 
     """``summarize`` of a trace cut at the first finish (:func:`cut_at_first_finish`) with the
     comparison's warm-up: a tenth of ``steps`` (default: the cut trace's own steps per worker),
     ``samples_per_s_se`` (:func:`samples_per_s_se`) and ``path``
-    (:func:`psgdlab.core.trace.step_path` over the same steps)."""
+    (:func:`psgdlab.core.records.trace.step_path` over the same steps)."""
     steps = _steps_per_worker(cut) if steps is None else steps
     warmup = max(1, steps // 10)
     out = summarize(cut, samples_per_step=samples_per_step, warmup_steps=warmup)
@@ -250,7 +250,7 @@ def ranking_counts(groups: Any) -> dict[str, int]:
 
 def samples_per_s_se(cut: np.ndarray, *, samples_per_step: int, steps: int | None = None) -> float | None:
     r"""The standard error of a trace's samples/s (the sum of the workers' rates, as
-    :func:`psgdlab.core.trace.summarize` and :func:`window_summary` compute it), by batch means.
+    :func:`psgdlab.core.records.trace.summarize` and :func:`window_summary` compute it), by batch means.
 
     Consecutive steps of a run are correlated (a slow exchange delays the next steps of every
     worker that waits on it), so the steps are not independent draws. The timed steps (after

@@ -10,7 +10,7 @@ the links when every worker has a core, takes
 
 when its ``n`` workers share the ``c`` cores, with :math:`w_m` the CPU work per message sent
 (``work_per_message_s``), :math:`M(n)` the messages of the schedule (:math:`2(n-1)` for a ring,
-:func:`psgdlab.core.cost.allreduce_messages`) and :math:`w_b` per byte sent
+:func:`psgdlab.core.platform.cost.allreduce_messages`) and :math:`w_b` per byte sent
 (``work_per_byte_s``).
 :func:`fit_host_cpu` measures them: in runs with more workers than cores, the excess of each
 allreduce's span over the link model :math:`T` (fitted from runs with at most ``c`` workers) is
@@ -37,8 +37,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from psgdlab.analysis.fits import nonnegative_log_spread
-from psgdlab.core.cost import allreduce_s, cpu_stretch_terms
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.platform.cost import allreduce_s, cpu_stretch_terms
 
 __all__ = ["solve_host_cpu", "fit_host_cpu", "cores_of", "devices_of", "span_excess"]
 
@@ -86,7 +86,7 @@ def span_excess(
 ) -> tuple[float, int] | None:
     r"""How much the median allreduce over all ``n_workers`` of ``run`` (after ``warmup_steps``)
     outlasts the model of ``link``, :math:`R(n)\alpha + 2(n-1)/n \cdot S/\beta` with :math:`R` the
-    rounds of ``algorithm`` (:func:`psgdlab.core.cost.allreduce_s`; at least 0), and the
+    rounds of ``algorithm`` (:func:`psgdlab.core.platform.cost.allreduce_s`; at least 0), and the
     allreduces behind it; ``None`` without such allreduces. ``spans`` as in :func:`fit_host_cpu`."""
     step, _, n, span = spans(run)
     sel = (step >= warmup_steps) & (n == n_workers)
@@ -101,7 +101,7 @@ def solve_host_cpu(
     n: np.ndarray, payload_bytes: np.ndarray, excess_s: np.ndarray, *, cores: int, algorithm: str = "ring"
 ) -> dict[str, Any]:
     r"""Non-negative least squares of ``excess = max(0, n/c - 1) W(n, S)`` for :math:`(w_m, w_b)`
-    (the coefficients are :func:`psgdlab.core.cost.cpu_stretch_terms`, with the messages of
+    (the coefficients are :func:`psgdlab.core.platform.cost.cpu_stretch_terms`, with the messages of
     ``algorithm``'s schedule), with their spread from the points' scatter (``work_log_sd``,
     ``work_log_correlation``: :func:`psgdlab.analysis.fits.nonnegative_log_spread`)."""
     n, S, y = (np.asarray(x, dtype=float) for x in (n, payload_bytes, excess_s))

@@ -36,8 +36,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from psgdlab.analysis.load import Run
-from psgdlab.core.rundir import RunDir
-from psgdlab.core.trace import PHASE_NAMES, PHASES, atomic_write_bytes
+from psgdlab.core.records.rundir import RunDir
+from psgdlab.core.records.trace import PHASE_NAMES, PHASES, atomic_write_bytes
 
 __all__ = [
     "save_figure",
@@ -57,7 +57,7 @@ __all__ = [
 
 def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 100, tight: bool = False) -> Path:
     """Write ``fig`` as a PNG to ``path`` atomically (rendered in memory, written to a
-    temporary name, renamed: :func:`psgdlab.core.trace.atomic_write_bytes`); returns the path.
+    temporary name, renamed: :func:`psgdlab.core.records.trace.atomic_write_bytes`); returns the path.
 
     ``tight`` crops the canvas to the drawn artists (``bbox_inches="tight"``).
     """

@@ -2,7 +2,7 @@ r"""Fitting a platform profile from measured traces.
 
 - :func:`fit_compute_time`: the per-step compute-time distribution from compute records,
   as a log-normal matched to the measured median and 95th percentile (the form
-  :class:`psgdlab.core.timing.ComputeTime` reads), with the sample mean and the
+  :class:`psgdlab.core.platform.timing.ComputeTime` reads), with the sample mean and the
   Kolmogorov–Smirnov distance between the sample and the fitted law as the residual.
 - :func:`fit_link`: latency :math:`\alpha` and bandwidth :math:`\beta` of one link class from
   exchanges of different sizes, by least squares on the cost model of each exchange kind
@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from psgdlab.core.cost import (
+from psgdlab.core.errors import ConfigError
+from psgdlab.core.platform.cost import (
     allreduce_terms,
     transfer_terms,
 )
-from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import Prior
-from psgdlab.core.trace import PHASES
+from psgdlab.core.records.trace import PHASES
+from psgdlab.core.stats.priors import Prior
 
 __all__ = [
     "MIN_RECORDS",
@@ -143,11 +143,11 @@ def fit_link(
         Standard deviation of each entry (default: equal weights).
     bandwidth_prior, latency_prior : Prior, optional
         What the bandwidth and the latency are known to be before the data
-        (:mod:`psgdlab.core.priors`).
+        (:mod:`psgdlab.core.stats.priors`).
     design : array of shape (points, 2), optional
         Each point's coefficients of :math:`(\alpha, 1/\beta)` from its cost law, for exchanges
         other than a pairwise one and an allreduce (an allgather,
-        :func:`psgdlab.core.cost.allgather_terms`); replaces ``group_sizes``, ``pairwise`` and
+        :func:`psgdlab.core.platform.cost.allgather_terms`); replaces ``group_sizes``, ``pairwise`` and
         ``algorithm``.
 
     Returns

@@ -3,9 +3,9 @@
 A run directory holds one case (``summary.json``, ``config.resolved.json``, ``trace.npz``) or
 several, one per sub-directory of ``runs/`` (a sweep over algorithms and worker counts, as
 ``psgdlab predict`` and ``psgdlab validate`` write them). A case is identified by its
-``(label, workers)`` key, read from its :class:`~psgdlab.core.rundir.Summary` (the label is the
+``(label, workers)`` key, read from its :class:`~psgdlab.core.records.rundir.Summary` (the label is the
 case's name where it has one, else the algorithm's). A directory that its writer did not commit
-is refused (:func:`psgdlab.core.rundir.require_complete`); a collection of runs (``runs/*`` and
+is refused (:func:`psgdlab.core.records.rundir.require_complete`); a collection of runs (``runs/*`` and
 no summary of its own, as ``validate`` gathers its measured runs) by each of its runs.
 """
 
@@ -19,15 +19,15 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.rundir import SUMMARY_FILE, Summary, read_summary, require_complete
-from psgdlab.core.trace import read_trace
+from psgdlab.core.records.rundir import SUMMARY_FILE, Summary, read_summary, require_complete
+from psgdlab.core.records.trace import read_trace
 
 __all__ = ["Run", "load_run", "load_cases"]
 
 
 @dataclass(slots=True)
 class Run:
-    """One case of a run directory: its :class:`~psgdlab.core.rundir.Summary` (``case``; the
+    """One case of a run directory: its :class:`~psgdlab.core.records.rundir.Summary` (``case``; the
     flat ``summary.json`` object as ``summary``), resolved config, trace and environment."""
 
     path: Path

@@ -14,18 +14,18 @@ name (``all_reduce_2nodes.log``), else the ratio of bus to algorithm bandwidth a
 operation where they tell the tests apart. Every row with an algorithm bandwidth of at least
 1 GB/s (printed to two decimals) is held to nccl-tests' conventions, which check the test, the
 ranks and the time's unit: ``algbw`` is :math:`S/t` and ``busbw`` is ``algbw`` times
-:math:`2(n-1)/n` (allreduce, :func:`psgdlab.core.cost.allreduce_bytes` per byte), :math:`(n-1)/n`
+:math:`2(n-1)/n` (allreduce, :func:`psgdlab.core.platform.cost.allreduce_bytes` per byte), :math:`(n-1)/n`
 (allgather, reduce-scatter) or 1 (sendrecv). ``alltoall_perf`` and the rooted tests are refused:
 no algorithm here exchanges that way.
 
-**The laws** (:mod:`psgdlab.core.cost`, read backwards as the run calibration does): an
+**The laws** (:mod:`psgdlab.core.platform.cost`, read backwards as the run calibration does): an
 allreduce over :math:`n` ranks takes :math:`R(n)\alpha + 2(n-1)/n \cdot S/\beta`
-(:func:`~psgdlab.core.cost.allreduce_terms`, the base profile's schedule), an allgather or a
-reduce-scatter half of it (:func:`~psgdlab.core.cost.allgather_terms`), a sendrecv
-:math:`\alpha + S/\beta` (:func:`~psgdlab.core.cost.transfer_terms`). The files are grouped by
+(:func:`~psgdlab.core.platform.cost.allreduce_terms`, the base profile's schedule), an allgather or a
+reduce-scatter half of it (:func:`~psgdlab.core.platform.cost.allgather_terms`), a sendrecv
+:math:`\alpha + S/\beta` (:func:`~psgdlab.core.platform.cost.transfer_terms`). The files are grouped by
 kind (collective, point to point) and scope (one node, several), and each group is one weighted
 least-squares fit (:func:`psgdlab.analysis.fits.fit_link`, relative errors of
-:data:`psgdlab.core.priors.NCCL_TESTS_CV`, the spread scaled up by the residuals where they
+:data:`psgdlab.core.stats.priors.NCCL_TESTS_CV`, the spread scaled up by the residuals where they
 scatter more): :math:`\beta` is the bus bandwidth the large sizes approach, :math:`\alpha` the
 latency (per round for a collective) the small ones show.
 
@@ -34,7 +34,7 @@ latency (per round for a collective) the small ones show.
 without NVLink), the point-to-point link between nodes ``platform.nic`` and the collective
 between nodes ``platform.collective_between_hosts``; each measured link has efficiency 1.
 Between nodes the simulator adds the two ends' latency (:attr:`Platform.ends_latency_s
-<psgdlab.core.profile.Platform.ends_latency_s>`) to the link's, so the link gets the fitted
+<psgdlab.core.platform.profile.Platform.ends_latency_s>`) to the link's, so the link gets the fitted
 latency less that. Each value is tagged ``[NCCL-TESTS]`` with the files it came from, and its
 log-sd (and the correlation of a link's two) replaces the base's spread of that link in
 ``[uncertainty]``.
@@ -69,10 +69,10 @@ from typing import Any
 import numpy as np
 
 from psgdlab.analysis.fits import fit_link
-from psgdlab.core.cost import allgather_terms, allreduce_bytes, allreduce_terms, transfer_terms
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import NCCL_TESTS_CV
-from psgdlab.core.profile import Link, Platform, Profile, Uncertainty
+from psgdlab.core.platform.cost import allgather_terms, allreduce_bytes, allreduce_terms, transfer_terms
+from psgdlab.core.platform.profile import Link, Platform, Profile, Uncertainty
+from psgdlab.core.stats.priors import NCCL_TESTS_CV
 
 __all__ = ["TESTS", "NcclTestsLog", "bus_factor", "read_nccl_tests", "fit_nccl_tests", "nccl_profile", "LAWS"]
 

@@ -11,13 +11,13 @@ in it. :func:`fit_probe` reads ``probe.npz`` and ``env.json`` and returns:
   allreduces (pairwise: :math:`S/t`), as nccl-tests reports them;
 - ``link`` and ``collective``: :func:`psgdlab.analysis.fits.fit_links` over the points of
   groups that have a core per member (larger groups measure the cores' contention, not the
-  link), with the prior :data:`psgdlab.core.priors.LOOPBACK_BANDWIDTH`;
+  link), with the prior :data:`psgdlab.core.stats.priors.LOOPBACK_BANDWIDTH`;
 - ``allreduce_algorithm``: the transport's schedule as it reported it; with two or more group
   sizes that have a core per member, the schedule whose latency rounds fit the allreduce points
   best is reported beside it (``schedule_fit``);
 - ``host_cpu``: the CPU work of communication, :math:`W = M\,w_m + B\,w_b`
-  (:func:`psgdlab.core.cost.cpu_work_s`; ``M`` messages and ``B`` bytes one member sends:
-  :func:`~psgdlab.core.cost.allreduce_messages`, :func:`~psgdlab.core.cost.allreduce_bytes`; a
+  (:func:`psgdlab.core.platform.cost.cpu_work_s`; ``M`` messages and ``B`` bytes one member sends:
+  :func:`~psgdlab.core.platform.cost.allreduce_messages`, :func:`~psgdlab.core.platform.cost.allreduce_bytes`; a
   pairwise exchange one message of ``S``), non-negative least squares over the median CPU time
   of each point, with the machine's cores (``cpu_count`` of ``env.json``). Measured directly,
   not inferred from oversubscribed runs.
@@ -38,10 +38,10 @@ import numpy as np
 
 from psgdlab.analysis.fits import MIN_RECORDS, fit_link, fit_links, nonnegative_log_spread
 from psgdlab.analysis.samples import quantile_se
-from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_bytes, allreduce_messages
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, Prior
-from psgdlab.core.rundir import require_complete
+from psgdlab.core.platform.cost import ALLREDUCE_ALGORITHMS, allreduce_bytes, allreduce_messages
+from psgdlab.core.records.rundir import require_complete
+from psgdlab.core.stats.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY, RUN_NOISE_CV, Prior
 
 __all__ = ["is_probe_dir", "read_probe", "fit_probe", "nic_prior"]
 
@@ -119,7 +119,7 @@ def fit_probe(path: Any, *, cores: int | None = None) -> dict[str, Any]:
 
 def nic_prior(rate: float | None) -> Prior:
     """The prior of the bandwidth between emulated hosts: their shaped rate (x/ 4), or
-    :data:`~psgdlab.core.priors.LOOPBACK_BANDWIDTH` unshaped."""
+    :data:`~psgdlab.core.stats.priors.LOOPBACK_BANDWIDTH` unshaped."""
     if not rate:
         return LOOPBACK_BANDWIDTH
     return Prior(value=float(rate), log_sd=float(np.log(4.0)), source="the emulated NIC's shaped rate; x/ 4")

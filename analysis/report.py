@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.analysis.load import load_cases
-from psgdlab.core.trace import atomic_write_json, atomic_write_text
+from psgdlab.core.records.trace import atomic_write_json, atomic_write_text
 
 __all__ = ["markdown_report", "write_report"]
 
@@ -30,7 +30,7 @@ _PATH_COLUMNS = (
 
 
 def _path_table(cases: list[dict[str, Any]]) -> list[str]:
-    """The table of where each case's step goes (:func:`psgdlab.core.trace.step_path`),
+    """The table of where each case's step goes (:func:`psgdlab.core.records.trace.step_path`),
     predicted / measured in ms; no lines when no case has it."""
     rows = [c for c in cases if any(v.get("measured") is not None for v in (c.get("path") or {}).values())]
     if not rows:

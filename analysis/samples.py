@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from psgdlab.core.cost import (
+from psgdlab.core.errors import ConfigError, TestbedError
+from psgdlab.core.exchange import ExchangeKind, folds_model, trainer_merges
+from psgdlab.core.platform.cost import (
     ALLREDUCE_ALGORITHMS,
     allreduce_group_size,
 )
-from psgdlab.core.errors import ConfigError, TestbedError
-from psgdlab.core.exchange import ExchangeKind, folds_model, trainer_merges
-from psgdlab.core.trace import PHASES
+from psgdlab.core.records.trace import PHASES
 
 __all__ = [
     "PAIRWISE_QUANTILE",
@@ -55,7 +55,7 @@ def payload_of(run: Any) -> int | None:
 
 
 def algorithm_of(run: Any) -> str:
-    """The registry name of the run's algorithm (its :class:`~psgdlab.core.rundir.Summary`'s)."""
+    """The registry name of the run's algorithm (its :class:`~psgdlab.core.records.rundir.Summary`'s)."""
     return str(run.case.algorithm)
 
 

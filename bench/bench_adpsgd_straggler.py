@@ -52,7 +52,7 @@ def steady_rate(trace_path: Path, batch: int) -> float:
     (with a fixed number of steps per worker, the makespan measures the straggler alone)."""
     import numpy as np
 
-    from psgdlab.core.trace import read_trace
+    from psgdlab.core.records.trace import read_trace
 
     trace, _ = read_trace(trace_path)
     compute = trace[trace["phase"] == 0]

@@ -114,7 +114,7 @@ def main() -> int:
         )  # fmt: skip
         if fit.returncode != 0:
             raise SystemExit(f"bench_continue: calibrate failed: {fit.stderr.strip().splitlines()[-1:]}")
-        from psgdlab.core.profile import Profile
+        from psgdlab.core.platform.profile import Profile
 
         profile = Profile.read(platform)
         rows = []

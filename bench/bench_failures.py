@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from psgdlab.core.failure import Failure
+    from psgdlab.core.platform.failure import Failure
     from psgdlab.sim.failures import FailureRequest
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.workload import load_config

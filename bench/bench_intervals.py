@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--windows", action="store_true")
     args = parser.parse_args()
 
-    from psgdlab.core.profile import Uncertainty
+    from psgdlab.core.platform.profile import Uncertainty
     from psgdlab.sim import predict
     from psgdlab.sim.workload import load_config
 

@@ -5,7 +5,7 @@ and what the estimate costs.
    allreduce route; ``--algorithm adpsgd`` for the halves route) with the noise scale every step,
    checkpointing the end; then, at the checkpointed model of rank 0, a *direct* estimate from
    ``--samples`` independent minibatch gradients of the same batch drawn from the same data
-   (:func:`psgdlab.core.noise_scale.direct_noise_scale`). The training estimate compared with it
+   (:func:`psgdlab.core.convergence.noise_scale.direct_noise_scale`). The training estimate compared with it
    is the pooled ratio of the run's last ``--window`` of steps (the training moves the point, so
    the run's second half, ``summary.json``'s ``noise_scale``, is printed beside it), and the
    smoothed series' last value.
@@ -47,7 +47,7 @@ def _train(args: argparse.Namespace, out: Path) -> dict:
 
 
 def _window_ratio(rows: np.ndarray, first_step: int) -> float:
-    from psgdlab.core.noise_scale import NOISE_ROWS_DTYPE, summarize_noise_scale
+    from psgdlab.core.convergence.noise_scale import NOISE_ROWS_DTYPE, summarize_noise_scale
 
     late = rows[rows["step"] >= first_step]
     shifted = np.array(late, dtype=NOISE_ROWS_DTYPE)
@@ -58,8 +58,8 @@ def _window_ratio(rows: np.ndarray, first_step: int) -> float:
 
 class _Moments:
     """Running float64 sums of gradients and of their squared norms: the same estimate as
-    :func:`psgdlab.core.noise_scale.direct_noise_scale` (:math:`s^2 = (\\sum_k |g_k|^2 - m|\\bar g|^2)/(m-1)`)
-    without holding the gradients."""
+    :func:`psgdlab.core.convergence.noise_scale.direct_noise_scale`
+    (:math:`s^2 = (\\sum_k |g_k|^2 - m|\\bar g|^2)/(m-1)`) without holding the gradients."""
 
     def __init__(self) -> None:
         self.m = 0
@@ -79,7 +79,8 @@ class _Moments:
         return out
 
     def noise_scale(self, *, batch: float) -> tuple[float, float, float]:
-        """``(noise_scale, |G|^2, tr)`` as :func:`~psgdlab.core.noise_scale.direct_noise_scale` gives them."""
+        """``(noise_scale, |G|^2, tr)`` as
+        :func:`~psgdlab.core.convergence.noise_scale.direct_noise_scale` gives them."""
         assert self.total is not None and self.m >= 2
         mean = self.total / self.m
         mean_sq = float(mean @ mean)
@@ -91,7 +92,7 @@ class _Moments:
 
 def _check_moments() -> None:
     """:class:`_Moments` against :func:`direct_noise_scale` on random gradients (the bench stops if they differ)."""
-    from psgdlab.core.noise_scale import direct_noise_scale
+    from psgdlab.core.convergence.noise_scale import direct_noise_scale
 
     g = np.random.default_rng(0).normal(0.3, 1.0, size=(50, 40))
     a, b = _Moments(), _Moments()

@@ -73,7 +73,7 @@ def run_case(name: str, record: bool) -> dict[str, Any]:
 def timeline_export(record: bool) -> None:
     """Time the Chrome timeline export of the fixed ring's 64-worker trace."""
     from psgdlab.core.algorithms import make_algorithm
-    from psgdlab.core.trace import to_chrome_trace
+    from psgdlab.core.records.trace import to_chrome_trace
     from psgdlab.sim.engine import simulate
     from psgdlab.sim.workload import load_config
 

@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.algorithms import make_algorithm
-from psgdlab.core.failure import Failure
-from psgdlab.core.profile import Profile
-from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.platform.failure import Failure
+from psgdlab.core.platform.profile import Profile
+from psgdlab.core.platform.stragglers import StragglerModel
 from psgdlab.sim.engine import FailureSpec, simulate
 from psgdlab.sim.platform import HostCPU, Link, Platform, ServerSpec
 from psgdlab.sim.workload import Workload, load_config

@@ -3,39 +3,31 @@
 numpy, scipy and the standard library only (no torch, no simpy, no matplotlib): importing it
 is cheap, and sim, runtime and analysis all build on it.
 
-Modules: :mod:`~psgdlab.core.topology`, :mod:`~psgdlab.core.mixing`,
-:mod:`~psgdlab.core.spectral` (topologies, mixing matrices, spectral gaps);
-:mod:`~psgdlab.core.membership` (a topology rebuilt over the workers that survive);
-:mod:`~psgdlab.core.failure` (what a run does when a worker dies, failures ``RANK@SECONDS``
-and seeded random ones);
-:mod:`~psgdlab.core.algorithms` (specs, schedules and kernels, one registry, and the one builder
-from flags and what the platform says);
-:mod:`~psgdlab.core.placement` (which rank sits on which host, device and socket);
-:mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics);
-:mod:`~psgdlab.core.cost` (the communication cost laws, forward and as the fits' design rows);
-:mod:`~psgdlab.core.profile` (the platform profile schema and its TOML round trip, the device's
-compute law); :mod:`~psgdlab.core.workloads` (named workloads apart from any platform);
-:mod:`~psgdlab.core.fitting` (fits of a few parameters with their uncertainty and
-cross-validated errors); :mod:`~psgdlab.core.intervals` (prediction intervals);
-:mod:`~psgdlab.core.convergence`, :mod:`~psgdlab.core.convergence_fit` and
-:mod:`~psgdlab.core.convergence_published` (statistical efficiency: the steps to a target, where
-its parameters come from, the shipped profiles); :mod:`~psgdlab.core.noise_scale` (the gradient
-noise scale from gradient norms at two batch sizes); :mod:`~psgdlab.core.curves` (the time to a
-target read off a held-out curve);
+Folders (each imports only those below it; ``tests/test_layering.py`` keeps the rule):
+
+- :mod:`~psgdlab.core.graphs`: topologies, mixing matrices, spectral gaps, rebuilt rings;
+- :mod:`~psgdlab.core.algorithms`: one module per algorithm, one registry, and the one builder
+  from flags and what the platform says;
+- :mod:`~psgdlab.core.platform`: what a cluster and a job cost (the profile, the cost laws,
+  workloads, compute time and stragglers, placement, failures, this machine);
+- :mod:`~psgdlab.core.records`: what every executor writes and reads (trace, typed results,
+  prediction intervals and rows, summaries, run directories);
+- :mod:`~psgdlab.core.convergence`: the convergence model, its fits and the published profiles,
+  the gradient noise scale and the time to a target read off a held-out curve;
+- :mod:`~psgdlab.core.stats`: fits of a few parameters, and priors.
+
+Modules of this folder: :mod:`~psgdlab.core.errors`; :mod:`~psgdlab.core.config` (strict
+TOML/dict loading, and the one "did you mean" of a mistyped name); :mod:`~psgdlab.core.files`
+(the one writer of output files); the algorithm contract every executor uses:
+:mod:`~psgdlab.core.exchange` (the exchange kinds and step semantics),
+:mod:`~psgdlab.core.kernels`, :mod:`~psgdlab.core.schedules` (learning-rate recipes),
+:mod:`~psgdlab.core.replicas` (the protocol of the emulator's model replicas),
 :mod:`~psgdlab.core.flags` (the command-line flags every command shares);
-:mod:`~psgdlab.core.rundir` (the run directory, and the one writer of its summary);
-:mod:`~psgdlab.core.results` (typed results: JSON round trip, schema version);
-:mod:`~psgdlab.core.rows` (a prediction's row and its parts); :mod:`~psgdlab.core.summaries`
-(the summaries of a sweep and a plan);
-:mod:`~psgdlab.core.replicas` (the protocol of the emulator's model replicas);
-:mod:`~psgdlab.core.kernels`; :mod:`~psgdlab.core.reference` (the oracle executor and the
-least-squares replicas);
-:mod:`~psgdlab.core.schedules` (learning-rate recipes); :mod:`~psgdlab.core.stragglers` and
-:mod:`~psgdlab.core.timing` (straggler and compute-time models shared by the simulator and the
-runtime); :mod:`~psgdlab.core.trace` (the trace schema and summary); :mod:`~psgdlab.core.config`
-(strict TOML/dict loading, and the one "did you mean" of a mistyped name);
-:mod:`~psgdlab.core.strategies` (hypothesis strategies, needs ``hypothesis``);
-:mod:`~psgdlab.core.errors`.
+:mod:`~psgdlab.core.reference` (the oracle executor and the least-squares replicas);
+:mod:`~psgdlab.core.strategies` (hypothesis strategies, needs ``hypothesis``).
+
+Names are imported from their module (``from psgdlab.core.graphs.topology import ring``): this
+package re-exports only the exceptions, so importing any part of core loads no other part.
 """
 
 from psgdlab.core.errors import (

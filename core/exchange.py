@@ -26,7 +26,7 @@ algorithms it is the number of other workers' updates the server applied between
 last pull and its push. Unit: *updates* (an integer per step).
 
 Wire bytes (per rank, per exchange; ``S = n_params * itemsize``) are given by :func:`wire_bytes`,
-their time on a platform by :mod:`psgdlab.core.cost`; traces name kinds by :class:`ExchangeKind`.
+their time on a platform by :mod:`psgdlab.core.platform.cost`; traces name kinds by :class:`ExchangeKind`.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class PairwiseAverage:
     the group has ``n_shards`` members, the registry's schedules; empty: the rank averages every
     slice itself, one record each). ``weight`` is the peer's share: one half between equals, and
     ``m_peer / (m_own + m_peer)`` between nodes of unequal size after a failure
-    (:func:`psgdlab.core.membership.survivor_exchanges`), so the union's average is kept.
+    (:func:`psgdlab.core.graphs.membership.survivor_exchanges`), so the union's average is kept.
     """
 
     peer: int

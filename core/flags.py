@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters
-from psgdlab.core.failure import ON_FAILURE
+from psgdlab.core.platform.failure import ON_FAILURE
 from psgdlab.core.schedules import LR_SCHEDULES
 
 __all__ = ["FLAGS", "OLD_SPELLINGS", "DefaultsHelpFormatter", "add_flags", "add_old_spelling", "int_list", "name_list"]

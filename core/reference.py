@@ -47,8 +47,8 @@ from psgdlab.core.exchange import (
     ServerExchange,
     wire_bytes,
 )
+from psgdlab.core.records.trace import SERVER_PEER, TraceBuilder
 from psgdlab.core.replicas import NumpyArrays, consensus_distance
-from psgdlab.core.trace import SERVER_PEER, TraceBuilder
 
 __all__ = [
     "LeastSquaresProblem",

@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from psgdlab.core._algorithm_strategies import algorithm_specs
 from psgdlab.core.errors import TopologyError
-from psgdlab.core.topology import INNER_KINDS, KINDS, Topology
+from psgdlab.core.graphs.topology import INNER_KINDS, KINDS, Topology
 
 __all__ = [
     "worker_counts",
@@ -129,7 +129,7 @@ def _valid_shapes(kind: str, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
 def topologies(
     *, kinds: Sequence[str] | None = None, min_workers: int = 2, max_workers: int = 32
 ) -> st.SearchStrategy[Topology]:
-    """Valid :class:`~psgdlab.core.topology.Topology` values with ``min_workers <= n_workers <= max_workers``.
+    """Valid :class:`~psgdlab.core.graphs.topology.Topology` values with ``min_workers <= n_workers <= max_workers``.
 
     Every drawn topology is connected in the sense that matters for mixing: the gap of its ``W``
     (static kinds) or of :math:`E[TT^T]` (schedules) is positive. Worker counts respect each kind's

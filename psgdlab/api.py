@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from psgdlab.analysis.load import Run
-    from psgdlab.core.rows import PredictionRow
-    from psgdlab.core.summaries import PlanAnswer
-    from psgdlab.core.topology import Topology
+    from psgdlab.core.graphs.topology import Topology
+    from psgdlab.core.records.rows import PredictionRow
+    from psgdlab.core.records.summaries import PlanAnswer
     from psgdlab.sim.workload import SimConfig
 
 __all__ = [
@@ -215,7 +215,7 @@ def predict(
     req = resolve(args)
     predictions = simulate(args, req)
     if args.out is not None:
-        from psgdlab.core.rundir import open_run_dir
+        from psgdlab.core.records.rundir import open_run_dir
 
         with open_run_dir(args.out, command="predict", force=args.force) as held:
             write_into(held, args, req, predictions)
@@ -269,7 +269,7 @@ def plan(
     config, profile, target_, cands, steps_ = prepare(args)
     if args.out is None:
         return plan_into(None, args, config, profile, target_, cands, steps_, t0)
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
 
     with open_run_dir(args.out, command="plan", force=args.force) as held:
         return plan_into(held, args, config, profile, target_, cands, steps_, t0)
@@ -301,7 +301,7 @@ class TopologyInfo(Mapping[str, Any]):
     Attributes
     ----------
     topology : Topology
-        The built topology (:func:`psgdlab.core.topology.build_topology`).
+        The built topology (:func:`psgdlab.core.graphs.topology.build_topology`).
     mixing_matrix : numpy.ndarray
         ``W`` of a static kind; ``E[T T^T]`` of a time-varying or random one (whose
         spectrum the gap is of).
@@ -358,7 +358,7 @@ def topology(
 def _mixing_matrix(built: Topology, which: str) -> Any:
     if which == "W":
         return built.matrix(0)
-    from psgdlab.core.spectral import expected_gram
+    from psgdlab.core.graphs.spectral import expected_gram
 
     return expected_gram(built)
 

@@ -12,7 +12,7 @@ errors where that is larger than the run-to-run noise, and records the most proc
 among those runs (``noise_processes_per_core``): a prediction beyond it is more loaded than
 anything the noise was measured on. No prediction from the profile can
 honestly be surer than the model is on the runs it has seen; a fitted preset follows the same
-rule with its figures (:func:`psgdlab.core.fitting.fit_parameters`: the larger of the figures'
+rule with its figures (:func:`psgdlab.core.stats.fitting.fit_parameters`: the larger of the figures'
 noise and the fit's residual spread). ``psgdlab calibrate`` and ``psgdlab validate`` both write
 their profiles through it (:func:`fitted_profile`).
 
@@ -22,7 +22,7 @@ from a cost per call, so their rounds take the messages' latency, which the runs
 (:func:`psgdlab.analysis.fits.fit_links`); an allreduce of more hosts can, but on a machine with
 fewer cores than its ranks (emulated hosts share this machine's cores) its exchanges also hold
 the cores' contention, which the simulator's host-cores model prices
-(:class:`psgdlab.core.profile.HostCPU`, ``hosts_per_machine``). :func:`pin_latency_between_hosts`
+(:class:`psgdlab.core.platform.profile.HostCPU`, ``hosts_per_machine``). :func:`pin_latency_between_hosts`
 simulates those runs as they ran over a grid of latencies per round and keeps the one their mean
 steps say, with its spread.
 """
@@ -75,7 +75,7 @@ def run_request(run: Any) -> RunRequest | None:
     where the run wrote one), never what the profile's platform would say for flags the run was
     not given."""
     from psgdlab.analysis.samples import payload_of, workers_of
-    from psgdlab.core.placement import equal_blocks
+    from psgdlab.core.platform.placement import equal_blocks
 
     train = run.config.get("train")
     payload = payload_of(run)

@@ -17,8 +17,8 @@ problem (:class:`psgdlab.core.reference.LeastSquaresReplicas`, ``--model least-s
                               time and epochs), round_*, staleness, batch_loss
     OUT/timeline.json         Chrome/Perfetto timeline
     OUT/loss.png, consensus.png  (psgdlab.analysis.figures)
-    OUT/summary.json          a psgdlab.core.rundir.Summary (after the rest)
-    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run)
+    OUT/summary.json          a psgdlab.core.records.rundir.Summary (after the rest)
+    OUT/complete.json         the commit marker, last (psgdlab.core.records.rundir.commit_run)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from psgdlab.models.recipes import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from psgdlab.core.algorithms import Algorithm
-    from psgdlab.core.stragglers import StragglerModel
+    from psgdlab.core.platform.stragglers import StragglerModel
     from psgdlab.sim.emulate import EmulationResult
     from psgdlab.sim.workload import SimConfig
 
@@ -92,7 +92,7 @@ class EmulateConfig:
         The algorithm's momentum where it takes one (``None``: its default), as ``psgdlab train
         --momentum``.
     straggler : str
-        A :class:`psgdlab.core.stragglers.StragglerModel` spec.
+        A :class:`psgdlab.core.platform.stragglers.StragglerModel` spec.
     seed : int
         Seeds the simulator, the data, the model initialisation and randomised schedules.
     window : int
@@ -195,7 +195,7 @@ def _corpus_path(cfg: EmulateConfig) -> Path:
         return path
     # a cache reused between runs; in the shared temporary folder, one of this user's own that
     # nobody else can write to (another user could plant a corpus or a link in a shared one)
-    from psgdlab.core.rundir import require_own_directory, require_private_directory
+    from psgdlab.core.records.rundir import require_own_directory, require_private_directory
 
     workdir = Path(cfg.workdir or os.path.join(tempfile.gettempdir(), f"psgdlab-emulate-data-{os.geteuid()}"))
     require_own_directory(workdir, what="the emulator's corpus cache")
@@ -268,7 +268,7 @@ def platform_of(cfg: EmulateConfig) -> SimConfig:
 def build_algorithm(cfg: EmulateConfig, sim_cfg: SimConfig) -> Algorithm:
     """The algorithm ``cfg`` emulates on ``sim_cfg``: built from its flags and what the platform
     says (:func:`psgdlab.core.algorithms.algorithm_from_flags` with
-    :attr:`~psgdlab.core.profile.Profile.facts`), as ``psgdlab predict`` builds it with the
+    :attr:`~psgdlab.core.platform.profile.Profile.facts`), as ``psgdlab predict`` builds it with the
     same flags."""
     from psgdlab.core.algorithms import algorithm_from_flags
 
@@ -364,7 +364,7 @@ def resolve_inputs(cfg: EmulateConfig) -> tuple[Algorithm, StragglerModel, SimCo
     take, a platform file that does not load, a corpus file that is missing, not a corpus or
     holds a non-finite feature: a one-line :class:`~psgdlab.core.errors.ConfigError`) before
     anything runs or is written."""
-    from psgdlab.core.stragglers import StragglerModel
+    from psgdlab.core.platform.stragglers import StragglerModel
     from psgdlab.models.recipes import LSQ_MODEL
 
     sim_cfg = platform_of(cfg)
@@ -384,8 +384,8 @@ def write_run(
     the rest, then the commit marker; the plots unless ``figures`` is false) and return its
     summary (``summary.json``'s object, with ``run_dir``)."""
     from psgdlab.analysis.figures import consensus_figure, emulation_loss_figure, save_figure
-    from psgdlab.core.rundir import RunDir, Summary, commit_run, default_run_dir, environment, write_summary
-    from psgdlab.core.trace import atomic_write_bytes, summarize, to_chrome_trace, write_trace
+    from psgdlab.core.records.rundir import RunDir, Summary, commit_run, default_run_dir, environment, write_summary
+    from psgdlab.core.records.trace import atomic_write_bytes, summarize, to_chrome_trace, write_trace
 
     rd = RunDir(out if out is not None else default_run_dir("emulate"))
     workers = int(result.meta["n_workers"])

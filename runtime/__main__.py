@@ -47,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     held = None
     try:
         if ranks_dir:
-            from psgdlab.core.trace import atomic_write_text
+            from psgdlab.core.records.trace import atomic_write_text
 
             atomic_write_text(Path(ranks_dir, f"rank{env.rank}.pid"), str(os.getpid()))
         config = TrainConfig.load(args.config) if args.config else TrainConfig.from_args(args)
         if not ranks_dir and env.rank == 0 and config.out:
             # started by torchrun, mpiexec or srun: no psgdlab launcher holds the run directory, rank 0
             # does (the other ranks write nothing before the rendezvous, where they wait for it)
-            from psgdlab.core.rundir import open_run_dir
+            from psgdlab.core.records.rundir import open_run_dir
 
             held = open_run_dir(config.out, command="train", force=args.force, resume=config.resume)
         from psgdlab.runtime.train import train
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if held is not None:
             held.release()
     if ranks_dir:
-        from psgdlab.core.trace import atomic_write_text
+        from psgdlab.core.records.trace import atomic_write_text
 
         atomic_write_text(Path(ranks_dir, f"rank{env.rank}.done"), "ok")
     return 0

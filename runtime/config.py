@@ -25,16 +25,16 @@ from typing import Any
 
 from psgdlab.core.algorithms import Algorithm, PlatformFacts, algorithm_from_flags, algorithm_parameters
 from psgdlab.core.config import check_keys, listing, parse_rate
+from psgdlab.core.convergence.noise_scale import HALVES_EVERY
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.failure import check_on_failure, default_on_failure, gossip_algorithms
 from psgdlab.core.flags import add_flags
-from psgdlab.core.noise_scale import HALVES_EVERY
-from psgdlab.core.placement import equal_blocks
+from psgdlab.core.platform.failure import check_on_failure, default_on_failure, gossip_algorithms
+from psgdlab.core.platform.placement import equal_blocks
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.platform.timing import ComputeTime
+from psgdlab.core.records.rundir import default_run_dir
 from psgdlab.core.reference import LeastSquaresProblem, require_lsq_shape
-from psgdlab.core.rundir import default_run_dir
 from psgdlab.core.schedules import LR_SCHEDULES, check_lr_schedule
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.timing import ComputeTime
 from psgdlab.models.recipes import DEFAULT_MODEL, LSQ_MODEL, MODEL_RECIPES, recipe_of
 from psgdlab.runtime.transports.backends import BACKENDS, backends_that, check_backend, cpu_backends, either
 
@@ -226,7 +226,7 @@ class TrainConfig:
     @property
     def failure_policy(self) -> str:
         """What the run does when a worker dies: ``on_failure`` when given, else the algorithm's
-        default (:func:`psgdlab.core.failure.default_on_failure`: continue for gossip) where the
+        default (:func:`psgdlab.core.platform.failure.default_on_failure`: continue for gossip) where the
         runtime's survivors can go on in this configuration (:meth:`_continue_refusal`), else stop."""
         if self.on_failure:
             return self.on_failure
@@ -260,7 +260,7 @@ class TrainConfig:
         return None
 
     def _check_on_failure(self) -> None:
-        """``--on-failure`` (:mod:`psgdlab.core.failure`) and ``--max-restarts``."""
+        """``--on-failure`` (:mod:`psgdlab.core.platform.failure`) and ``--max-restarts``."""
         if self.on_failure:
             check_on_failure(self.algorithm, self.on_failure)
         if self.on_failure == "continue" and (refusal := self._continue_refusal()) is not None:

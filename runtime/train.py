@@ -11,7 +11,7 @@ rank's trace to rank 0 and writes the run directory there::
     OUT/final_params.npz      (models up to 2 M parameters)
     OUT/checkpoints/...       (psgdlab.runtime.loop.checkpoint)
     OUT/summary.json          (after the rest)
-    OUT/complete.json         the commit marker, last (psgdlab.core.rundir.commit_run); not
+    OUT/complete.json         the commit marker, last (psgdlab.core.records.rundir.commit_run); not
                               for a run stopped early (SIGTERM), which --resume continues
 
 Any ``torch.nn.Module`` trains through ``workload_factory``::
@@ -39,13 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from psgdlab.core.convergence.noise_scale import NOISE_ROWS_DTYPE, summarize_noise_scale
 from psgdlab.core.errors import ConfigError, TransportError
-from psgdlab.core.noise_scale import NOISE_ROWS_DTYPE, summarize_noise_scale
-from psgdlab.core.rundir import RunDir, Summary, commit_run, environment, write_summary
-from psgdlab.core.schedules import lr_schedule
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import (
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.platform.timing import ComputeTime
+from psgdlab.core.records.rundir import RunDir, Summary, commit_run, environment, write_summary
+from psgdlab.core.records.trace import (
     TRACE_DTYPE,
     atomic_write_bytes,
     empty_trace,
@@ -54,6 +53,7 @@ from psgdlab.core.trace import (
     to_chrome_trace,
     write_trace,
 )
+from psgdlab.core.schedules import lr_schedule
 from psgdlab.models.recipes import LSQ_MODEL
 from psgdlab.runtime.config import TrainConfig, build_algorithm, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import SETUP_DEADLINE_S, FlightRecorder, Watchdog
@@ -696,7 +696,7 @@ def _write_run_dir(
     """Write the run directory from the ranks' ``results`` (the survivors' under ``continue``,
     whose ``membership`` is (changes, survivors), and ``hosts`` every rank's host); returns the
     summary. With ``samples_per_epoch`` (the built-in workloads) the summary has the keys a
-    reference run needs (:data:`psgdlab.core.convergence_fit.REFERENCE_KEYS`)."""
+    reference run needs (:data:`psgdlab.core.convergence.fit.REFERENCE_KEYS`)."""
     workers = [r for r in results if r.rank < config.workers]
     trace = np.concatenate([r.trace for r in workers])
     # the trace of the run resumed (a restart keeps no trace of its failed attempt: steps before the
@@ -846,7 +846,7 @@ def heldout_curve(
     evaluations: list[dict[str, Any]], *, workers: int, batch: int, samples_per_epoch: float
 ) -> dict[str, list[float]] | None:
     """The held-out curve of a run's evaluations, in the shape of
-    :data:`psgdlab.core.convergence_fit.REFERENCE_KEYS` (``heldout_curve``): ``epoch`` (samples
+    :data:`psgdlab.core.convergence.fit.REFERENCE_KEYS` (``heldout_curve``): ``epoch`` (samples
     the workers had seen, from their mean steps, over ``samples_per_epoch``), ``loss``, ``wer`` in
     percent (where the data has words), ``step`` and ``time_s`` (where the snapshot recorded it);
     ``None`` without evaluations that have a loss.
@@ -897,7 +897,7 @@ def _samples_per_step(config: TrainConfig) -> int:
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     import io
 
-    from psgdlab.core.trace import atomic_write_bytes
+    from psgdlab.core.records.trace import atomic_write_bytes
 
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds like its allow_pickle flag

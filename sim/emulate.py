@@ -1,6 +1,6 @@
 r"""The emulator: replay a trace with real model replicas at the simulated event times.
 
-:func:`replay` walks the records of a trace (:mod:`psgdlab.core.trace` schema; from the
+:func:`replay` walks the records of a trace (:mod:`psgdlab.core.records.trace` schema; from the
 simulator, or the reference executor's clock-less trace) in time order and applies the core
 kernels of the algorithm to one real replica per worker, following the step semantics of
 :mod:`psgdlab.core.exchange`:
@@ -79,8 +79,8 @@ import numpy as np
 from psgdlab.core.algorithms.base import Algorithm, ServerState
 from psgdlab.core.errors import SimulationError
 from psgdlab.core.exchange import AllReduce, ExchangeKind, Gossip, PairwiseAverage, ServerExchange
+from psgdlab.core.records.trace import PHASES, TRACE_DTYPE
 from psgdlab.core.replicas import Replicas
-from psgdlab.core.trace import PHASES, TRACE_DTYPE
 
 __all__ = ["EmulationResult", "replay", "index_trace", "ReplayIndex", "ReplayEvent", "EventKind", "Applier"]
 

@@ -4,7 +4,7 @@ A prediction's row (:func:`psgdlab.sim.predict.predict_one`) gives the steady th
 :math:`X_0` (samples/s) of the configuration and the samples :math:`N` its training needs. The
 failures of a :class:`FailureRequest` (``--fail RANK@SECONDS``, or random ones at
 ``--failure-rate`` per worker-hour) are priced on top of it, by policy
-(:mod:`psgdlab.core.failure`):
+(:mod:`psgdlab.core.platform.failure`):
 
 ``continue`` (gossip algorithms)
     Each failure is simulated in a *failure window* (:func:`failure_window`): the configuration
@@ -42,7 +42,7 @@ failures of a :class:`FailureRequest` (``--fail RANK@SECONDS``, or random ones a
 With ``--checkpoint-every K`` every K steps all workers pause to write their model
 (``payload_bytes / checkpoint_bytes_per_s``): the step time of the timeline is
 :math:`t_\text{step} + t_\text{ckpt}/K`. Random failures are drawn ``draws`` times
-(:func:`psgdlab.core.failure.draw_failures`, seeded by ``--seed``), each draw composed as above,
+(:func:`psgdlab.core.platform.failure.draw_failures`, seeded by ``--seed``), each draw composed as above,
 and summarised by the mean, the 10th and 90th percentiles of the time to train of the draws that
 finish and the fraction that do (a draw not done by 64 times the failure-free time to train does
 not finish: under ``restart`` failures can come faster than the run gets back to where it was).
@@ -59,7 +59,7 @@ import numpy as np
 
 from psgdlab.core.algorithms import Algorithm
 from psgdlab.core.errors import require
-from psgdlab.core.failure import (
+from psgdlab.core.platform.failure import (
     ON_FAILURE,
     Failure,
     check_failures,
@@ -67,7 +67,7 @@ from psgdlab.core.failure import (
     default_on_failure,
     draw_failures,
 )
-from psgdlab.core.profile import Profile
+from psgdlab.core.platform.profile import Profile
 from psgdlab.sim.engine import FailureSpec, simulate
 
 __all__ = ["FailureRequest", "Timeline", "failure_window", "predict_failures", "DEFAULT_DRAWS"]

@@ -9,8 +9,8 @@ with the simulator (:func:`~psgdlab.sim.predict.predict_one`, the mean over ``se
 parameter values).
 
 :func:`fit_profile` fits a few positive values of a base profile, named by dotted path (the
-efficiencies of :class:`~psgdlab.core.profile.Platform` and its links, a jitter), with
-:func:`psgdlab.core.fitting.fit_parameters`: log-normal priors at the base profile's values,
+efficiencies of :class:`~psgdlab.core.platform.profile.Platform` and its links, a jitter), with
+:func:`psgdlab.core.stats.fitting.fit_parameters`: log-normal priors at the base profile's values,
 the posterior uncertainty of each, the parameters the figures cannot pin down (kept near their
 prior and marked unpinned), and the errors in sample, leave-one-out and leave-one-group-out
 (groups: each worker count, algorithm, batch and period the table has more than one of). The
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.fitting import FitReport, fit_parameters
-from psgdlab.core.profile import Profile, Uncertainty
+from psgdlab.core.platform.profile import Profile, Uncertainty
+from psgdlab.core.stats.fitting import FitReport, fit_parameters
 
 __all__ = [
     "Figure",

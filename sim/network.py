@@ -7,15 +7,15 @@ duration, so later transfers see the link shared (snapshot fair share, see
 (:class:`FairLinks`, below). Link identifiers: host ``h``'s NIC is ``h``; global socket ``k``'s
 PCIe link is ``hosts + k``. NVLink is per device and not shared.
 
-The laws are core's (:mod:`psgdlab.core.cost`); this module picks their links and bandwidth
+The laws are core's (:mod:`psgdlab.core.platform.cost`); this module picks their links and bandwidth
 shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start):
 
-- point to point (:func:`~psgdlab.core.cost.transfer_s`) at :math:`\min_l (B_l / (k_l + 1))`
+- point to point (:func:`~psgdlab.core.platform.cost.transfer_s`) at :math:`\min_l (B_l / (k_l + 1))`
   with the path's latency, inside a host: its socket's PCIe (both sockets' when they differ,
   and the link between them with a ``socket_link``), or NVLink when present.
 - between hosts the NICs are shared, not snapshot: the bytes of a pairwise average or a gossip
   transfer go on the NICs as a transfer of :attr:`Network.nics` (:class:`FairLinks`), which
-  moves at its max-min fair rate (:func:`~psgdlab.core.cost.max_min_rates`) over both hosts'
+  moves at its max-min fair rate (:func:`~psgdlab.core.platform.cost.max_min_rates`) over both hosts'
   NICs (each NIC two links, one a direction: an average sends both ways, a gossip's send one way
   while the peer's own send comes back), recomputed whenever a transfer joins or leaves, so its
   end moves later when others join: concurrent transfers share a NIC as TCP flows through one
@@ -25,10 +25,10 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   time it takes the path's latency and its CPU work's stretch (:meth:`Network.wire`). The
   simulator waits on these transfers as events (:mod:`psgdlab.sim.engine`). With ``staging =
   "host"`` the pairwise average is a device-to-host copy, the network leg, a CPU average
-  (:func:`~psgdlab.core.cost.host_average_s`) and a host-to-device copy, one after another.
+  (:func:`~psgdlab.core.platform.cost.host_average_s`) and a host-to-device copy, one after another.
   Collectives and server requests that cross the NICs take a snapshot share of them (counting
   the transfers in flight there) and do not slow those transfers down.
-- allreduce over a group (:func:`~psgdlab.core.cost.allreduce_s`) with the platform's
+- allreduce over a group (:func:`~psgdlab.core.platform.cost.allreduce_s`) with the platform's
   ``allreduce`` schedule and the slowest link class on the ring: per-device share of each
   socket's PCIe (or NVLink), and each NIC (shared with other flows) when the group spans hosts
   (with ``platform.allreduce_between_hosts`` as its schedule, when set; with ``endpoints``
@@ -38,22 +38,22 @@ shares (``S`` bytes, :math:`k_l` flows on link ``l`` already active at the start
   and its rate in place of the NIC's) when that is set. A ring that spans hosts, is bound by
   the NICs (not by the links inside a host) and whose members arrived apart, has moved before
   the last arrives what needs no late member's contribution
-  (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`: its edges between hosts take the
+  (:func:`~psgdlab.core.platform.cost.ring_allreduce_after_arrivals`: its edges between hosts take the
   ring's time per chunk step, those inside a host, faster, none): it takes what is left from
   there, and its members' CPU work shrinks by the share of the edges between hosts' chunks
   already moved.
 - allgather of ``m`` shards inside a host (H-ADPSGD after a sharded exchange,
-  :func:`~psgdlab.core.cost.allgather_s`) at the per-device share.
+  :func:`~psgdlab.core.platform.cost.allgather_s`) at the per-device share.
 - the fold of an averaged model into each member after a model allreduce
-  (:func:`~psgdlab.core.cost.host_work_s` of ``model_average_s``, ``model_average_s_per_byte``;
+  (:func:`~psgdlab.core.platform.cost.host_work_s` of ``model_average_s``, ``model_average_s_per_byte``;
   CPU work of every member with ``host_cpu``);
-- parameter server (:func:`~psgdlab.core.cost.server_s`, with the host update when
+- parameter server (:func:`~psgdlab.core.platform.cost.server_s`, with the host update when
   ``apply_on_host``), served one request at a time, on host 0: a request from a worker of
   another host crosses its NIC and host 0's (the lesser of the server's bandwidth and the NICs'
   share, plus the path's latency) and holds both NIC links meanwhile.
 
 With ``platform.host_cpu`` set, point-to-point transfers (both ends) and allreduces (every
-member) also hold CPU work on their hosts, and take :func:`~psgdlab.core.cost.cpu_stretch_s` longer when
+member) also hold CPU work on their hosts, and take :func:`~psgdlab.core.platform.cost.cpu_stretch_s` longer when
 ``k`` processes of a host hold CPU work at their start (see *Host cores* in
 :mod:`psgdlab.sim.platform`); so do parameter-server requests (the worker, and the server on
 host 0, with its update), and a process's own host work (:meth:`Network.process_work_s`: the
@@ -66,7 +66,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from psgdlab.core.cost import (
+from psgdlab.core.errors import SimulationError
+from psgdlab.core.platform.cost import (
     allgather_s,
     allreduce_bytes,
     allreduce_messages,
@@ -80,7 +81,6 @@ from psgdlab.core.cost import (
     server_s,
     transfer_s,
 )
-from psgdlab.core.errors import SimulationError
 from psgdlab.sim.platform import Placement, Platform
 
 __all__ = ["FairLinks", "Network"]
@@ -88,7 +88,7 @@ __all__ = ["FairLinks", "Network"]
 
 class FairLinks:
     """Transfers in flight on shared links at their max-min fair rates
-    (:func:`~psgdlab.core.cost.max_min_rates`), advanced lazily: the rates are recomputed
+    (:func:`~psgdlab.core.platform.cost.max_min_rates`), advanced lazily: the rates are recomputed
     whenever a transfer joins or leaves, so a transfer's end moves when others join it, and a
     link never carries more than its capacity. Times only go forward (:meth:`advance`).
 
@@ -446,7 +446,7 @@ class Network:
 
     def _cpu_wait(self, members: dict[int, int], work_s: float, start: float, dur: float, wire_s: float = 0.0) -> float:
         r"""``dur`` plus the stretch of ``work_s`` of CPU work per member when its machines are
-        oversubscribed, :func:`~psgdlab.core.cost.cpu_stretch_s` on the most loaded machine
+        oversubscribed, :func:`~psgdlab.core.platform.cost.cpu_stretch_s` on the most loaded machine
         (hosts that share cores, ``HostCPU.hosts_per_machine``, count together; ``wire_s``: the
         exchange's time on the NICs, which its CPU work overlaps); registers the work
         (``members``: processes of the exchange per host)."""
@@ -649,7 +649,7 @@ class Network:
         arrives (one event; the platform's ``allreduce`` schedule). ``arrivals``: when each
         member of ``group`` arrived; a ring that spans hosts and is bound by the NICs is then
         ahead by what it could move before the last
-        (:func:`~psgdlab.core.cost.ring_allreduce_after_arrivals`)."""
+        (:func:`~psgdlab.core.platform.cost.ring_allreduce_after_arrivals`)."""
         n = len(group)
         if n <= 1:
             return 0.0

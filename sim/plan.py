@@ -52,8 +52,8 @@ from psgdlab.core.convergence import (
     setting_of,
 )
 from psgdlab.core.errors import TestbedError, require
-from psgdlab.core.intervals import Z
-from psgdlab.core.rows import PlanRow
+from psgdlab.core.records.intervals import Z
+from psgdlab.core.records.rows import PlanRow
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.predict import build_algorithm, predict_one
 from psgdlab.sim.workload import SimConfig
@@ -189,7 +189,7 @@ def evaluate(
     steps: int = PLAN_STEPS,
     seed: int = 0,
 ) -> list[tuple[int, PlanRow]]:
-    """The rows of a chunk of indexed candidates (:class:`~psgdlab.core.rows.PlanRow`): a row of
+    """The rows of a chunk of indexed candidates (:class:`~psgdlab.core.records.rows.PlanRow`): a row of
     ``predict`` with the candidate's label for each candidate that needs a simulation, only why it
     cannot reach the target for the rest."""
     out = []
@@ -234,7 +234,8 @@ class Choice:
 
 
 def _figure(row: PlanRow, key: str) -> float:
-    """A row's time to target (s) or GPU-hours to it: ``key`` of its :class:`~psgdlab.core.rows.TargetColumns`."""
+    """A row's time to target (s) or GPU-hours to it: ``key`` of its
+    :class:`~psgdlab.core.records.rows.TargetColumns`."""
     value = getattr(row.to_target, key)
     return float(value)
 

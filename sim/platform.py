@@ -1,11 +1,11 @@
 r"""The platform model as the simulator uses it: placement of workers, shared links, host cores.
 
 The profile schema (:class:`Platform`, :class:`Link`, :class:`ServerSpec`, :class:`HostCPU`) is
-core's (:mod:`psgdlab.core.profile`, re-exported here), and so are the cost laws
-(:mod:`psgdlab.core.cost`) and where workers run (:class:`Placement`, the rule of
-:mod:`psgdlab.core.placement` that the launcher follows too); this module says how the simulator
+core's (:mod:`psgdlab.core.platform.profile`, re-exported here), and so are the cost laws
+(:mod:`psgdlab.core.platform.cost`) and where workers run (:class:`Placement`, the rule of
+:mod:`psgdlab.core.platform.placement` that the launcher follows too); this module says how the simulator
 applies the profile (the link classes, ``pcie`` per socket, ``nic`` per host,
-``nvlink`` and ``collective`` optional, ``server``, are described in :mod:`psgdlab.core.profile`).
+``nvlink`` and ``collective`` optional, ``server``, are described in :mod:`psgdlab.core.platform.profile`).
 
 Transfers that share a link share its bandwidth: each transfer registers one *flow* on every
 link of its path for its duration, and gets
@@ -37,7 +37,7 @@ cores get :math:`c/k` of a core each (processor sharing), so the CPU part stretc
 already contains it. Between hosts the CPU work overlaps the bytes' time on the NICs,
 :math:`w` (the copies into and out of the sockets run while earlier bytes are on the wire), so
 the exchange takes :math:`T + \max(0, kW/c - \max(W, w))`: a slow NIC hides the shared cores,
-a fast one does not (:func:`psgdlab.core.cost.cpu_stretch_s`). A message between hosts goes
+a fast one does not (:func:`psgdlab.core.platform.cost.cpu_stretch_s`). A message between hosts goes
 through the kernel's network stack, not a host's shared-memory plane, and costs its own CPU work
 where the profile gives it (``work_per_message_between_hosts_s``,
 ``work_per_byte_between_hosts_s``, from a probe with one rank per host): a transfer or pairwise
@@ -71,7 +71,7 @@ largest latency, counted from the last member's arrival. A ring that spans hosts
 bound by the NICs starts earlier in part: chunks that hold no late member's contribution go
 round before it arrives, so the edges between hosts have fewer chunks left when it does (a
 straggler two hops from its host's edge saves the ring two of its :math:`2(n-1)` steps;
-:func:`psgdlab.core.cost.ring_allreduce_after_arrivals`).
+:func:`psgdlab.core.platform.cost.ring_allreduce_after_arrivals`).
 Other schedules (``allreduce``) move the same bytes in other numbers of latency rounds:
 :math:`2\lceil\log_2 n\rceil\alpha` for ``halving-doubling``, :math:`2\alpha` for ``direct``
 (one host's shared memory, where every member reads from the others at once).
@@ -87,7 +87,7 @@ Examples
 
 from __future__ import annotations
 
-from psgdlab.core.placement import Placement
-from psgdlab.core.profile import HostCPU, Link, Platform, ServerSpec
+from psgdlab.core.platform.placement import Placement
+from psgdlab.core.platform.profile import HostCPU, Link, Platform, ServerSpec
 
 __all__ = ["Link", "ServerSpec", "HostCPU", "Platform", "Placement"]

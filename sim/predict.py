@@ -1,7 +1,7 @@
 r"""Predictions: sweep algorithms x worker counts on one platform and summarise each run.
 
 Each (algorithm, workers) configuration is simulated over a *window* of local steps, its trace
-summarised with :func:`psgdlab.core.trace.summarize` (the first 10 % of steps left out as warm-up),
+summarised with :func:`psgdlab.core.records.trace.summarize` (the first 10 % of steps left out as warm-up),
 and the long run extrapolated from the window:
 
 - ``step_time_s`` -- mean time per local step of one worker in the steady window,
@@ -28,7 +28,7 @@ Every row also carries a 90 % interval for each of those five figures (``KEY_low
 ``noise_extrapolated``: more worker processes per core, ``processes_per_core``, than any run
 the profile's noise was measured on, ``noise_processes_per_core``): the profile's
 parameter uncertainty propagated by the delta method, the simulated window's own noise and the
-profile's run-to-run noise, as :mod:`psgdlab.core.intervals` defines them. The parameter
+profile's run-to-run noise, as :mod:`psgdlab.core.records.intervals` defines them. The parameter
 sensitivities re-simulate the configuration along each principal direction of the parameters'
 covariance, with the same seed, over a window of :func:`sensitivity_window` steps
 (``SENSITIVITY_STEPS`` per worker up to eight workers and as many worker-steps beyond, at least
@@ -52,8 +52,11 @@ import numpy as np
 from psgdlab.core.algorithms import ALGORITHMS, Algorithm, algorithm_from_flags, algorithm_parameters, check_flags
 from psgdlab.core.convergence import ConvergenceProfile, Target, predict_steps, setting_of, target_columns
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.failure import check_on_failure
-from psgdlab.core.intervals import (
+from psgdlab.core.platform.failure import check_on_failure
+from psgdlab.core.platform.machine import set_parent_death_signal
+from psgdlab.core.platform.profile import Profile
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.records.intervals import (
     INTERVAL_KEYS,
     Spread,
     batch_log_step_times,
@@ -63,11 +66,15 @@ from psgdlab.core.intervals import (
     log_step_time,
     row_intervals,
 )
-from psgdlab.core.machine import set_parent_death_signal
-from psgdlab.core.profile import Profile
-from psgdlab.core.rows import Extrapolation, IntervalInfo, IntervalLogSd, PredictionRow, RowIntervals, TargetColumns
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.trace import PHASES, summarize
+from psgdlab.core.records.rows import (
+    Extrapolation,
+    IntervalInfo,
+    IntervalLogSd,
+    PredictionRow,
+    RowIntervals,
+    TargetColumns,
+)
+from psgdlab.core.records.trace import PHASES, summarize
 from psgdlab.sim.engine import SimResult, simulate
 from psgdlab.sim.failures import FailureRequest, predict_failures
 from psgdlab.sim.platform import Placement
@@ -100,7 +107,7 @@ MIN_SENSITIVITY_STEPS = 10
 @dataclass(slots=True)
 class Prediction:
     """One configuration's row, its simulation result and the trace's summary
-    (:func:`psgdlab.core.trace.summarize`)."""
+    (:func:`psgdlab.core.records.trace.summarize`)."""
 
     row: PredictionRow
     result: SimResult
@@ -119,7 +126,7 @@ def build_algorithm(
 ) -> Algorithm:
     """The algorithm ``name`` for ``n_workers`` on ``config``'s platform, built by
     :func:`~psgdlab.core.algorithms.algorithm_from_flags` with what the platform says
-    (:attr:`~psgdlab.core.profile.Profile.facts`: H-ADPSGD's node is a host's devices, the
+    (:attr:`~psgdlab.core.platform.profile.Profile.facts`: H-ADPSGD's node is a host's devices, the
     default period the file's ``[defaults] period``), as every command builds it; a flag
     ``name`` does not take is an error.
 
@@ -194,7 +201,7 @@ def _spread(
     **simulate_kwargs: Any,
 ) -> tuple[Spread, int]:
     """The batch means of a simulated window's trace and the configuration's sensitivities to
-    the profile's parameter directions (:mod:`psgdlab.core.intervals`), and the sensitivity
+    the profile's parameter directions (:mod:`psgdlab.core.records.intervals`), and the sensitivity
     window (0 when there is nothing to re-simulate)."""
     bounds, logs = batch_log_step_times(trace, warmup_steps=warmup, period=_period(algorithm))
     shifts = directions(config.uncertainty)
@@ -280,7 +287,7 @@ def predict_one(
     point values, such as fits). ``failures`` prices worker failures (:mod:`psgdlab.sim.failures`)
     into the row's ``failures`` (not for one worker: the speedup baseline has none).
     ``on_failure`` is the run's policy when ``failures`` is not given (default stop): it decides
-    the protocol a node of several members runs (:func:`psgdlab.core.failure.sums_node_slices`),
+    the protocol a node of several members runs (:func:`psgdlab.core.platform.failure.sums_node_slices`),
     so a failure-free run under continue is priced as it runs. ``convergence`` adds the time to
     ``target`` (default: the profile's own) to the row (:func:`target_row`)."""
     workload = config.workload
@@ -414,7 +421,7 @@ def target_row(
 def _row_intervals(
     row: PredictionRow, spread: Spread, sensitivity_window: int, config: SimConfig, *, steps: int | None, seed: int
 ) -> RowIntervals:
-    """The 90 % intervals of ``row`` (:func:`psgdlab.core.intervals.row_intervals`) from its
+    """The 90 % intervals of ``row`` (:func:`psgdlab.core.records.intervals.row_intervals`) from its
     configuration's ``spread`` and the single-worker baseline's."""
     base = _reference(config, steps=steps, seed=seed)
     if base.spread is None:

@@ -2,12 +2,12 @@
 
 Layout written by :func:`write_prediction` (every file atomic; ``summary.json`` written after the
 rest; the caller commits the directory and its ``runs/ALG-wN`` once it has drawn the figures:
-:func:`psgdlab.core.rundir.commit_run`)::
+:func:`psgdlab.core.records.rundir.commit_run`)::
 
     OUT/
       config.resolved.json    platform, workload and request, fully resolved
-      env.json                versions, git SHA, host (psgdlab.core.rundir.environment)
-      summary.json            a SweepSummary (psgdlab.core.summaries): one row per (algorithm, workers)
+      env.json                versions, git SHA, host (psgdlab.core.records.rundir.environment)
+      summary.json            a SweepSummary (psgdlab.core.records.summaries): one row per (algorithm, workers)
       speedup.png             (drawn by the command from the rows:
       staleness.png            psgdlab.analysis.figures.write_prediction_figures)
       trace.npz, timeline.json  only when the request is a single configuration
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.rows import IntervalInfo, PredictionRow, TargetColumns
-from psgdlab.core.rundir import RunDir, Summary, environment, write_summary
-from psgdlab.core.summaries import SweepSummary
-from psgdlab.core.trace import to_chrome_trace, write_trace
+from psgdlab.core.records.rows import IntervalInfo, PredictionRow, TargetColumns
+from psgdlab.core.records.rundir import RunDir, Summary, environment, write_summary
+from psgdlab.core.records.summaries import SweepSummary
+from psgdlab.core.records.trace import to_chrome_trace, write_trace
 from psgdlab.sim.predict import Prediction
 from psgdlab.sim.workload import SimConfig
 
@@ -89,7 +89,7 @@ def write_prediction(
 
 
 def sweep_summary(config: SimConfig, predictions: Sequence[Prediction]) -> SweepSummary:
-    """The :class:`~psgdlab.core.summaries.SweepSummary` of a sweep's predictions on ``config``."""
+    """The :class:`~psgdlab.core.records.summaries.SweepSummary` of a sweep's predictions on ``config``."""
     rows = tuple(p.row for p in predictions)
     w, flags = config.workload, row_flags(rows)
     return SweepSummary(
@@ -229,7 +229,7 @@ def _cells(cells: Sequence[str], widths: Sequence[int]) -> str:
 
 def interval_lines(interval: IntervalInfo) -> list[str]:
     """The lines under the table that say what the ``[90 %]`` intervals hold (a row's
-    ``interval``, :func:`psgdlab.core.intervals.interval_description`)."""
+    ``interval``, :func:`psgdlab.core.records.intervals.interval_description`)."""
     if interval.parameters_exact:
         why = "log-sd 0" if interval.parameters else "no [uncertainty] table"
         params = f"no parameter uncertainty (the profile's values taken as exact: {why})"
@@ -331,7 +331,7 @@ def _before(f: dict[str, Any]) -> int:
 
 
 def _case_summary(p: Prediction) -> Summary:
-    """One prediction as the :class:`~psgdlab.core.rundir.Summary` of its case directory: the
+    """One prediction as the :class:`~psgdlab.core.records.rundir.Summary` of its case directory: the
     trace's summary and the sweep's row as its figures; the row's name is the case's where it is
     not the algorithm's (a sweep's 1-worker point runs as sgd; a validation names its cases)."""
     row = p.row.to_json()

@@ -1,8 +1,8 @@
 r"""The simulator's workload pieces and its configuration files (platform + workload TOML).
 
-The schema (:class:`Workload`, :class:`Defaults`, and the :class:`~psgdlab.core.profile.Profile`
+The schema (:class:`Workload`, :class:`Defaults`, and the :class:`~psgdlab.core.platform.profile.Profile`
 that holds them with a platform, :data:`SimConfig` here) is core's,
-:mod:`psgdlab.core.profile`; this module adds the data loader's pauses (:func:`loader_pauses`)
+:mod:`psgdlab.core.platform.profile`; this module adds the data loader's pauses (:func:`loader_pauses`)
 and finds the shipped presets (``sim/presets/NAME.toml``, :func:`preset_names`,
 :func:`load_config`) and the sources their values cite (``sim/presets/sources.toml``,
 :func:`preset_sources`, :func:`provenance_tags`). Every worker has its own loader; its position
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import PROCESS_DEVICE, Defaults, Profile, Workload
+from psgdlab.core.platform.profile import PROCESS_DEVICE, Defaults, Profile, Workload
 
 __all__ = [
     "Workload",
@@ -157,7 +157,7 @@ def load_config(
 ) -> SimConfig:
     """Load a configuration from a preset name, a TOML file, or a dict (exactly one), with the
     compute time set by the device where the profile has the device's law
-    (:meth:`~psgdlab.core.profile.Profile.resolved`)."""
+    (:meth:`~psgdlab.core.platform.profile.Profile.resolved`)."""
     given = [x is not None for x in (preset, path, data)]
     if sum(given) != 1:
         raise ConfigError("give exactly one of preset, path or data")
@@ -171,12 +171,12 @@ def load_config(
 
 def with_workload(config: SimConfig, name_or_path: str) -> SimConfig:
     """``config`` with its workload replaced by a named one or one from a file
-    (:func:`psgdlab.core.workloads.load_workload`), its compute time set by the platform's
+    (:func:`psgdlab.core.platform.workloads.load_workload`), its compute time set by the platform's
     device. A platform that does not give its device (``device_flops_per_s``) cannot price
     another model's compute: that is a one-line error."""
     import dataclasses
 
-    from psgdlab.core.workloads import load_workload
+    from psgdlab.core.platform.workloads import load_workload
 
     kept = {k: v for k, v in (config.provenance or {}).items() if not k.startswith("workload")}
     out = dataclasses.replace(
@@ -199,7 +199,7 @@ def with_room_for(config: SimConfig, n_workers: int) -> tuple[SimConfig, str | N
     """``config`` whose hosts hold ``n_workers``, and one line that says what that changed
     (``None``: nothing).
 
-    A platform of worker processes (:data:`~psgdlab.core.profile.PROCESS_DEVICE`: ``psgdlab
+    A platform of worker processes (:data:`~psgdlab.core.platform.profile.PROCESS_DEVICE`: ``psgdlab
     calibrate``'s, the machine that ran its runs, by default as many processes as it has cores)
     holds more workers than that the way ``psgdlab train`` runs them there: more processes on each
     host, sharing its cores, each behind its own link as the calibration measured one. The cores'
@@ -208,7 +208,7 @@ def with_room_for(config: SimConfig, n_workers: int) -> tuple[SimConfig, str | N
     hardware (a GPU holds one worker): it comes back unchanged, and more workers than its devices
     are refused where they are placed.
 
-    >>> from psgdlab.core.profile import Platform
+    >>> from psgdlab.core.platform.profile import Platform
     >>> cfg = Profile(platform=Platform(name="calibrated", devices_per_host=2, sockets_per_host=2,
     ...                                 device=PROCESS_DEVICE), workload=Workload())
     >>> roomy, said = with_room_for(cfg, 8)

@@ -352,7 +352,7 @@ def build_fixtures(root: Path) -> dict[str, str]:
     A committed prediction (``pred``, a real ``psgdlab predict`` of two steps) and copies of it
     made incomplete or corrupt, a train run's directory, a held lock (``locked``, held by this
     process until :func:`release_fixtures`), directories of another user (root only)."""
-    from psgdlab.core.rundir import COMPLETE_FILE, commit_run, open_run_dir
+    from psgdlab.core.records.rundir import COMPLETE_FILE, commit_run, open_run_dir
     from psgdlab.models.data import write_corpus
 
     root.mkdir(parents=True, exist_ok=True)

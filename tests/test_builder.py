@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from psgdlab.cli import main
 from psgdlab.core.algorithms import ALGORITHMS, PlatformFacts, algorithm_from_flags
 from psgdlab.core.errors import TestbedError
-from psgdlab.core.profile import Profile
+from psgdlab.core.platform.profile import Profile
 from psgdlab.emulate import EmulateConfig
 from psgdlab.emulate import build_algorithm as emulated
 from psgdlab.models.recipes import LSQ_MODEL

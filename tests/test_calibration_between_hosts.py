@@ -17,7 +17,7 @@ import psgdlab.analysis.load as load
 import psgdlab.calibration as calibration
 from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
 from psgdlab.calibration import RunRequest, pin_latency_between_hosts
-from psgdlab.core.profile import Link, Platform, Profile, Workload
+from psgdlab.core.platform.profile import Link, Platform, Profile, Workload
 
 ALPHA0, BETA0, PRIOR_SD, NOISE = 2.5e-4, 6.5e7, 2.0, 0.007
 SIZES = (1e6, 3e6, 1e6, 3e6)  # two runs of each size, 4 hosts of one rank: 6 rounds

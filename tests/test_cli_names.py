@@ -12,10 +12,10 @@ import pytest
 from psgdlab.cli import build_parser
 from psgdlab.core.algorithms import ALGORITHMS
 from psgdlab.core.convergence import OBJECTIVES
-from psgdlab.core.failure import ON_FAILURE
+from psgdlab.core.graphs.topology import INNER_KINDS, KINDS
+from psgdlab.core.platform.failure import ON_FAILURE
+from psgdlab.core.platform.workloads import BY_MODEL, WORKLOADS
 from psgdlab.core.schedules import LR_SCHEDULES
-from psgdlab.core.topology import INNER_KINDS, KINDS
-from psgdlab.core.workloads import BY_MODEL, WORKLOADS
 from psgdlab.models.recipes import MODEL_RECIPES
 from psgdlab.runtime.transports.backends import BACKENDS, cpu_backends
 from psgdlab.validate.plan import ALGORITHM_CASES

@@ -1,13 +1,14 @@
 """Dependencies point one way: core <- {sim, models} <- runtime <- psgdlab (CLI, pipelines);
-core <- analysis <- psgdlab; and inside the runtime, transports and failures <- loop <- launcher.
+core <- analysis <- psgdlab; inside the runtime, transports and failures <- loop <- launcher; and
+inside core, errors and config <- {stats, graphs} <- algorithms <- platform <- records <- convergence.
 
 Three checks:
 
 - a static one: every import statement of every module of the package (lazy ones inside
   functions included, relative ones resolved, ``importlib.import_module("...")`` with a literal
   name too) is read from the source with :mod:`ast` and checked against the layer's rule below;
-- the same scan inside the runtime, against the rule of each of its parts (:data:`RUNTIME_PARTS`),
-  a rule that itself has no circle;
+- the same scan inside the runtime and inside core, against the rule of each of their parts
+  (:data:`RUNTIME_PARTS`, :data:`CORE_PARTS`), rules that themselves have no circle;
 - an import-time one: importing the light entry points loads none of the heavy libraries.
 """
 
@@ -85,6 +86,42 @@ RUNTIME_PARTS: dict[str, frozenset[str] | None] = {
     "train": None,
     "__main__": None,
     "": None,
+}
+
+
+#: core's parts (a module belongs to the longest one its name under ``psgdlab.core`` starts
+#: with: a folder, or a module of core's own folder) -> the other parts it may import. Imports
+#: under ``if TYPE_CHECKING:`` are names for the type checker, not arrows at run time, and are
+#: left out of this rule (the one today: placement's annotations name the profile's Platform,
+#: while the algorithms' builder calls placement); everything else, lazy imports included, counts.
+CORE_PARTS: dict[str, frozenset[str]] = {
+    # the bottom: the exceptions, strict loading and the one "did you mean", the one file writer
+    "errors": frozenset(),
+    "config": frozenset({"errors"}),
+    "files": frozenset(),
+    # the algorithm contract every executor uses
+    "exchange": frozenset({"errors"}),
+    "kernels": frozenset(),
+    "replicas": frozenset(),
+    "schedules": frozenset({"errors", "config"}),
+    # fits and priors know nothing of the model; graphs nothing of the algorithms or the platform
+    "stats": frozenset({"errors", "config"}),
+    "graphs": frozenset({"errors", "config", "exchange"}),
+    # the one placement rule: the algorithms' builder asks it how many workers a host holds
+    "platform.placement": frozenset({"errors", "config"}),
+    "algorithms": frozenset({"errors", "config", "exchange", "kernels", "graphs", "platform.placement"}),
+    # what a cluster and a job cost: a profile fills what an algorithm's flags leave out
+    "platform": frozenset({"errors", "config", "files", "exchange", "algorithms", "platform.placement"}),
+    # what every executor writes and reads (a prediction's intervals come from the profile)
+    "records": frozenset({"errors", "config", "files", "exchange", "platform"}),
+    "convergence": frozenset({"errors", "config", "files", "stats", "algorithms", "records"}),
+    # the tops: the shared flags, the oracle executor, the hypothesis strategies
+    "flags": frozenset({"errors", "config", "schedules", "algorithms", "platform"}),
+    "reference": frozenset({"errors", "exchange", "kernels", "replicas", "algorithms", "records"}),
+    "_algorithm_strategies": frozenset({"errors", "algorithms"}),
+    "strategies": frozenset({"errors", "graphs", "_algorithm_strategies"}),
+    # the package itself: its exceptions only, so that importing any part of core stays cheap
+    "": frozenset({"errors"}),
 }
 
 
@@ -220,16 +257,16 @@ def test_the_runtime_parts_import_each_other_one_way():
     assert not bad, "imports against the grain inside the runtime:\n" + "\n".join(bad)
 
 
-def test_the_runtime_rule_has_no_circle():
+def check_no_circle(parts: dict[str, frozenset[str] | None]) -> None:
     """Part A may import part B, B may import C, ...: never back to A (so the imports that keep
-    the rule cannot make a circle between parts). The entries may import every part; none of
-    them is imported."""
+    the rule cannot make a circle between parts). The entries (rule ``None``) may import every
+    part; none of them is imported."""
 
     def allows(rule: frozenset[str] | None, other: str) -> bool:
         return rule is None or any(_covers(a, other) for a in rule)
 
-    may = {part: {o for o in RUNTIME_PARTS if o != part and allows(rule, o)} for part, rule in RUNTIME_PARTS.items()}
-    entries = {part for part, rule in RUNTIME_PARTS.items() if rule is None}
+    may = {part: {o for o in parts if o != part and allows(rule, o)} for part, rule in parts.items()}
+    entries = {part for part, rule in parts.items() if rule is None}
     assert not any(entries & targets for part, targets in may.items() if part not in entries)
     done: set[str] = set()
 
@@ -240,8 +277,87 @@ def test_the_runtime_rule_has_no_circle():
                 visit(other, [*path, other])
         done.add(part)
 
-    for part in sorted(set(RUNTIME_PARTS) - entries):
+    for part in sorted(set(parts) - entries):
         visit(part, [part])
+
+
+def test_the_runtime_rule_has_no_circle():
+    check_no_circle(dict(RUNTIME_PARTS))
+
+
+def core_part(module: str) -> str | None:
+    """The part of core (:data:`CORE_PARTS`) that ``module`` belongs to; ``None`` outside core,
+    and for a part the rule does not name (a new module of core's own folder, say: it fails the
+    scan until it is given a rule)."""
+    if layer_of(module) != "core":
+        return None
+    rest = module.removeprefix(PACKAGES["core"]).lstrip(".")
+    named = [p for p in CORE_PARTS if p == "" or rest == p or rest.startswith(p + ".")]
+    part = max(named, key=len)
+    return part if part or not rest else f"<{rest}>"
+
+
+def type_checking_lines(tree: ast.AST) -> set[int]:
+    """The lines inside every ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) block."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
+            if name == "TYPE_CHECKING":
+                lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
+    return lines
+
+
+def core_violations() -> list[str]:
+    out = []
+    for path in sorted((ROOT / LAYERS["core"][0]).rglob("*.py")):
+        part = core_part(module_name(path, "core"))
+        assert part is not None
+        allowed = CORE_PARTS.get(part)
+        if allowed is None:
+            out.append(f"{path.relative_to(ROOT)}: core part {part} has no rule in CORE_PARTS")
+            continue
+        typing_only = type_checking_lines(ast.parse(path.read_text(), filename=str(path)))
+        for imp in sorted(imports_of(path, "core"), key=lambda i: i.line):
+            target = core_part(imp.module)
+            if imp.line in typing_only or target is None or target == part:
+                continue
+            if not any(_covers(a, target) for a in allowed):
+                out.append(f"{path.relative_to(ROOT)}:{imp.line}: core.{part or '__init__'} imports {imp.module}")
+    return out
+
+
+def test_the_core_parts_import_each_other_one_way():
+    bad = core_violations()
+    assert not bad, "imports against the grain inside core:\n" + "\n".join(bad)
+
+
+def test_the_core_rule_has_no_circle():
+    check_no_circle(dict(CORE_PARTS))
+
+
+def test_the_core_scan_finds_a_back_arrow(tmp_path, monkeypatch):
+    """A graph module that imports the algorithms, a record that imports a convergence fit
+    (lazily), and a module of core's folder without a rule are named; a type-only import is not."""
+    for folder in ("core/graphs", "core/records", "core/convergence", "core/algorithms"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "core/convergence/fit.py").write_text("")
+    (tmp_path / "core/graphs/topology.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from psgdlab.core.errors import require\n"
+        "from psgdlab.core.algorithms import make_algorithm\n"
+        "if TYPE_CHECKING:\n    from psgdlab.core.records import trace\n"
+    )
+    (tmp_path / "core/records/rows.py").write_text("def f():\n    from ..convergence import fit\n")
+    (tmp_path / "core/gadget.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert [line.split(": ", 1)[1] for line in core_violations()] == [
+        "core part <gadget> has no rule in CORE_PARTS",
+        "core.graphs imports psgdlab.core.algorithms",
+        "core.records imports psgdlab.core.convergence.fit",
+    ]
 
 
 def test_the_runtime_scan_finds_a_back_arrow(tmp_path, monkeypatch):
@@ -296,7 +412,7 @@ print(",".join(bad))
         ("psgdlab.core", ("torch", "simpy", "mpi4py", "matplotlib", "hypothesis", "networkx")),
         ("psgdlab.core.algorithms", ("torch", "simpy", "mpi4py", "matplotlib")),
         ("psgdlab.core.reference", ("torch", "simpy", "mpi4py", "matplotlib")),
-        ("psgdlab.core.topology", ("torch", "simpy", "mpi4py", "matplotlib", "networkx")),
+        ("psgdlab.core.graphs.topology", ("torch", "simpy", "mpi4py", "matplotlib", "networkx")),
         ("psgdlab.sim", ("torch", "mpi4py", "matplotlib")),
         ("psgdlab.analysis", ("torch", "simpy", "mpi4py")),
         ("psgdlab.cli", ("torch", "simpy", "mpi4py", "matplotlib")),

@@ -203,7 +203,7 @@ def test_pooled_ranking_decides_on_the_mean_of_every_run():
 
 
 def test_stalled_runs_are_recognised(tmp_path):
-    from psgdlab.core.trace import TraceBuilder, write_trace
+    from psgdlab.core.records.trace import TraceBuilder, write_trace
     from psgdlab.validate.run import stall_reason
 
     for pause, stalled in ((0.5, False), (3.0, True)):
@@ -279,7 +279,7 @@ def test_tiny_validate_end_to_end(tmp_path, capsys):
     residuals = calibration["residuals"]
     assert {r["run"] for r in residuals["runs"]} == {p.name for p in (out / "calibration").iterdir()}
     assert all(r["predicted_step_time_s"] > 0.04 and r["measured_step_time_s"] > 0.04 for r in residuals["runs"])
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
 
     u = Profile.read(out / "platform.toml").uncertainty
     run_to_run = calibration["noise"]["step_cv_used"]
@@ -369,7 +369,7 @@ def test_tiny_multi_host_validate_end_to_end(tmp_path, capsys):
     from psgdlab.validate.report import format_table
 
     assert "max    |step-time error|" in format_table(result) and "(target <= 10%:" in format_table(result)
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
 
     platform = Profile.read(out / "platform-200Mbit-s.toml").platform
     assert (platform.hosts, platform.devices_per_host, platform.allreduce_between_hosts) == (2, 2, "ring")

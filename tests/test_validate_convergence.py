@@ -58,7 +58,7 @@ def test_the_command_refuses_what_does_not_apply_in_one_line(tmp_path, capsys):
 
 
 def test_a_tiny_validation_end_to_end(tmp_path):
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
     from psgdlab.sim.workload import preset_path
     from psgdlab.validate.convergence import validate_convergence
 

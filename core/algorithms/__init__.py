@@ -41,7 +41,7 @@ from psgdlab.core.algorithms.sgd import SGD
 from psgdlab.core.algorithms.ssgd import SSGD
 from psgdlab.core.config import unknown
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.placement import workers_per_host
+from psgdlab.core.platform.placement import workers_per_host
 
 __all__ = [
     "ALGORITHMS",
@@ -104,7 +104,7 @@ class PlatformFacts:
     ----------
     devices_per_host : int or None
         Devices (GPUs, or worker processes) a host has: H-ADPSGD's super-learner size is the
-        workers a host holds (:func:`psgdlab.core.placement.workers_per_host`). ``None``: the
+        workers a host holds (:func:`psgdlab.core.platform.placement.workers_per_host`). ``None``: the
         platform does not say (the algorithm's default, a node of one).
     period : int or None
         The synchronisation period of the algorithms that have one (a platform file's

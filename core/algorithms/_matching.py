@@ -10,14 +10,14 @@ import numpy as np
 from psgdlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from psgdlab.core.topology import Topology
+    from psgdlab.core.graphs.topology import Topology
 
 __all__ = ["partner", "mixing_column", "matching_period"]
 
 
 @lru_cache(maxsize=256)
 def _topology(kind: str, n: int, seed: int) -> Topology:
-    from psgdlab.core.topology import build_topology
+    from psgdlab.core.graphs.topology import build_topology
 
     return build_topology(kind, n, seed=seed)
 

@@ -51,7 +51,7 @@ from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import Exchange, PairwiseAverage
 
 if TYPE_CHECKING:
-    from psgdlab.core.topology import Topology
+    from psgdlab.core.graphs.topology import Topology
 
 __all__ = ["ADPSGD", "matching_exchange", "check_even"]
 
@@ -121,7 +121,7 @@ class ADPSGD(Algorithm):
 
     def membership_topology(self) -> Topology:
         """The ring's matching schedule (``fixed-ring`` or ``random-ring``)."""
-        from psgdlab.core.topology import build_topology
+        from psgdlab.core.graphs.topology import build_topology
 
         return build_topology(self.ring_kind, self.n_workers, seed=self.seed)
 

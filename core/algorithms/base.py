@@ -28,7 +28,7 @@ from psgdlab.core.errors import SimulationError, require
 from psgdlab.core.exchange import AllReduce, Exchange, Gossip, PairwiseAverage, ServerExchange
 
 if TYPE_CHECKING:
-    from psgdlab.core.topology import Topology
+    from psgdlab.core.graphs.topology import Topology
 
 __all__ = ["Algorithm", "WorkerState", "ServerState", "is_sync_step", "check_period"]
 
@@ -100,7 +100,7 @@ class Algorithm:
     name: ClassVar[str] = "base"
     #: True when workers run without a global barrier (gossip, parameter server)
     asynchronous: ClassVar[bool] = False
-    #: True when the schedule is gossip over a topology that :func:`psgdlab.core.membership.rebuild`
+    #: True when the schedule is gossip over a topology that :func:`psgdlab.core.graphs.membership.rebuild`
     #: can re-form without some workers, so survivors may go on after a worker dies
     gossip: ClassVar[bool] = False
     #: the values of the ``variant`` parameter, for algorithms that have one (checked here, in
@@ -144,10 +144,10 @@ class Algorithm:
         return 0
 
     def membership_topology(self) -> Topology | None:
-        """The topology this schedule follows, which :func:`psgdlab.core.membership.rebuild`
+        """The topology this schedule follows, which :func:`psgdlab.core.graphs.membership.rebuild`
         rebuilds over the survivors when workers die; ``None`` (default): the schedule needs
         every worker (an allreduce, a block sync, a server), so a failure stops or restarts the
-        run (:mod:`psgdlab.core.failure`)."""
+        run (:mod:`psgdlab.core.platform.failure`)."""
         return None
 
     @property

@@ -35,10 +35,10 @@ from psgdlab.core.algorithms._matching import mixing_column
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import require
 from psgdlab.core.exchange import Exchange, Gossip
-from psgdlab.core.topology import STATIC_KINDS
+from psgdlab.core.graphs.topology import STATIC_KINDS
 
 if TYPE_CHECKING:
-    from psgdlab.core.topology import Topology
+    from psgdlab.core.graphs.topology import Topology
 
 __all__ = ["DPSGD"]
 
@@ -52,7 +52,7 @@ class DPSGD(Algorithm):
     Parameters
     ----------
     topology : {"ring", "torus", "complete", "exponential"}
-        Static topology whose mixing matrix ``W`` is used (:mod:`psgdlab.core.topology`).
+        Static topology whose mixing matrix ``W`` is used (:mod:`psgdlab.core.graphs.topology`).
     """
 
     name: ClassVar[str] = "dpsgd"
@@ -69,13 +69,13 @@ class DPSGD(Algorithm):
             f"must be one of {', '.join(STATIC_KINDS)} for dpsgd",
         )
         if self.n_workers > 1:
-            from psgdlab.core.topology import build_topology
+            from psgdlab.core.graphs.topology import build_topology
 
             build_topology(self.topology, self.n_workers, seed=self.seed)  # validates the size
 
     def membership_topology(self) -> Topology:
         """The static topology whose mixing matrix the gossip uses."""
-        from psgdlab.core.topology import build_topology
+        from psgdlab.core.graphs.topology import build_topology
 
         return build_topology(self.topology, self.n_workers, seed=self.seed)
 

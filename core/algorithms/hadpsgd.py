@@ -42,7 +42,7 @@ from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import AllReduce, Exchange, PairwiseAverage
 
 if TYPE_CHECKING:
-    from psgdlab.core.topology import Topology
+    from psgdlab.core.graphs.topology import Topology
 
 __all__ = ["HADPSGD"]
 
@@ -94,7 +94,7 @@ class HADPSGD(Algorithm):
 
     def membership_topology(self) -> Topology:
         """The hierarchical topology: nodes of ``gpus_per_node`` on the super-learners' ring."""
-        from psgdlab.core.topology import build_topology
+        from psgdlab.core.graphs.topology import build_topology
 
         inner: Literal["fixed-ring", "random-ring"] = "random-ring" if self.variant == "random" else "fixed-ring"
         return build_topology(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psgdlab.core.trace import PHASES, atomic_write_json, read_trace
+from psgdlab.core.records.trace import PHASES, atomic_write_json, read_trace
 
 RUNS_JSON = Path(__file__).with_name("runs.json")
 COMMAND_KEYS = (

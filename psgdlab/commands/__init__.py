@@ -31,8 +31,8 @@ def print_json(obj: Any) -> None:
 def plain_text(text: str) -> str:
     """A docstring as plain help text: reST literals and roles become their text.
 
-    >>> plain_text("writes ``summary.json`` (:mod:`~psgdlab.core.rundir`)")
-    'writes summary.json (psgdlab.core.rundir)'
+    >>> plain_text("writes ``summary.json`` (:mod:`~psgdlab.core.records.rundir`)")
+    'writes summary.json (psgdlab.core.records.rundir)'
     """
     import re
 

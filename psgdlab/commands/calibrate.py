@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.analysis.calibrate import calibrate_runs
     from psgdlab.calibration import fitted_profile
     from psgdlab.core.errors import ConfigError, require
-    from psgdlab.core.results import document
+    from psgdlab.core.records.results import document
 
     require(
         args.workers_per_node is None or args.workers_per_node >= 1,
@@ -258,7 +258,7 @@ def _run_probe(args: argparse.Namespace) -> str:
 
     from tqdm import tqdm
 
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.runtime.launcher.probe import DEFAULT_SIZES_BYTES, ProbeConfig, probe
 
     cfg = ProbeConfig(  # checked before the run directory is taken
@@ -289,7 +289,7 @@ def _run_probe(args: argparse.Namespace) -> str:
 def _print_probe(path: str, args: argparse.Namespace) -> int:
     """The probe's points and fitted laws (or ``--json``)."""
     from psgdlab.analysis.probe import fit_probe
-    from psgdlab.core.results import document
+    from psgdlab.core.records.results import document
 
     fit = fit_probe(path, cores=args.cores)
     if args.json:
@@ -330,7 +330,7 @@ def _print_probe(path: str, args: argparse.Namespace) -> int:
 def _run_nccl_tests(args: argparse.Namespace) -> int:
     """``--nccl-tests``: read the files, fit their laws, write them into the base profile."""
     from psgdlab.analysis.nccl_tests import LAWS, fit_nccl_tests, nccl_profile, read_nccl_tests
-    from psgdlab.core.results import document
+    from psgdlab.core.records.results import document
     from psgdlab.sim.workload import load_config
 
     logs = [read_nccl_tests(path) for path in args.nccl_tests]

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     from psgdlab.analysis.compare import compare_dirs
     from psgdlab.analysis.report import markdown_report, write_report
-    from psgdlab.core.results import document
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.results import document
+    from psgdlab.core.records.rundir import open_run_dir
 
     result = compare_dirs(args.pred_dir, args.run_dir)
     out = Path(args.out) if args.out else Path(args.run_dir) / "compare"

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from psgdlab.commands import require_torch
 
     require_torch("emulate")  # the replicas are torch models
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.emulate import EmulateConfig, emulate, resolve_inputs, write_run
     from psgdlab.models.recipes import recipe_of
 

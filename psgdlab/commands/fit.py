@@ -76,7 +76,7 @@ def _parameters(items: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.core.results import document
+    from psgdlab.core.records.results import document
     from psgdlab.sim.fit import FitResult, fit_profile, read_figures, write_fitted
     from psgdlab.sim.workload import load_config
 

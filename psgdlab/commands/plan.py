@@ -26,8 +26,8 @@ from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
-    from psgdlab.core.rows import PlanRow
-    from psgdlab.core.summaries import NotReaching, PlanAnswer
+    from psgdlab.core.records.rows import PlanRow
+    from psgdlab.core.records.summaries import NotReaching, PlanAnswer
     from psgdlab.sim.plan import Candidate
     from psgdlab.sim.workload import SimConfig
 
@@ -110,8 +110,8 @@ def prepare(args: argparse.Namespace) -> tuple[SimConfig, ConvergenceProfile, Ta
 
 def run(args: argparse.Namespace) -> int:
 
-    from psgdlab.core.results import document
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.results import document
+    from psgdlab.core.records.rundir import open_run_dir
 
     t0 = time.perf_counter()
     config, profile, target, cands, steps = prepare(args)
@@ -131,8 +131,8 @@ def plan_into(
     write nothing, the answer's ``run_dir`` is ``None``); the plan."""
     from dataclasses import replace
 
-    from psgdlab.core.rundir import RunDir, environment, write_summary
-    from psgdlab.core.summaries import PlanAnswer, PlanBrief, PlanSummary
+    from psgdlab.core.records.rundir import RunDir, environment, write_summary
+    from psgdlab.core.records.summaries import PlanAnswer, PlanBrief, PlanSummary
     from psgdlab.sim.plan import choose
 
     rows, how = search(cands, config, profile, target, steps=steps, seed=args.seed, jobs=args.jobs)
@@ -183,7 +183,7 @@ def plan_into(
 def not_reaching(rows: Sequence[PlanRow]) -> dict[str, NotReaching]:
     """The rows that do not reach the target by short reason (prefixed with the algorithm where
     the row was simulated): how many, and the long reason of the first."""
-    from psgdlab.core.summaries import NotReaching
+    from psgdlab.core.records.summaries import NotReaching
 
     counts: dict[str, int] = {}
     examples: dict[str, str | None] = {}
@@ -249,7 +249,7 @@ def _pool(jobs: int) -> tuple[Any, str]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from psgdlab.core.machine import set_parent_death_signal
+    from psgdlab.core.platform.machine import set_parent_death_signal
 
     pool = ProcessPoolExecutor(  # the workers die with this process, even killed with SIGKILL
         max_workers=jobs, mp_context=multiprocessing.get_context("fork"), initializer=set_parent_death_signal

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from psgdlab.commands import print_json, show_progress
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags
-from psgdlab.core.profile import Defaults
-from psgdlab.core.workloads import BY_MODEL, WORKLOADS
+from psgdlab.core.platform.profile import Defaults
+from psgdlab.core.platform.workloads import BY_MODEL, WORKLOADS
 from psgdlab.sim.workload import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from psgdlab.core.convergence import ConvergenceProfile, Target
-    from psgdlab.core.rundir import RunDir, RunLock
+    from psgdlab.core.records.rundir import RunDir, RunLock
     from psgdlab.sim.failures import FailureRequest
     from psgdlab.sim.predict import Prediction
     from psgdlab.sim.workload import SimConfig
@@ -213,7 +213,7 @@ def resolve(args: argparse.Namespace) -> Request:
 
 def run(args: argparse.Namespace) -> int:
 
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.sim.report import format_table, sweep_summary
 
     t_start = time.perf_counter()
@@ -291,7 +291,7 @@ def write_into(held: RunLock, args: argparse.Namespace, req: Request, prediction
     from concurrent.futures import ProcessPoolExecutor
 
     from psgdlab.analysis.figures import write_prediction_figures
-    from psgdlab.core.machine import set_parent_death_signal
+    from psgdlab.core.platform.machine import set_parent_death_signal
     from psgdlab.sim.predict import sweep_jobs
     from psgdlab.sim.report import write_prediction
 
@@ -343,7 +343,7 @@ def _require_affordable(
     per worker-step and its trace records per worker-step, times every configuration's
     worker-steps); requests under :data:`ESTIMATE_FROM_WORKER_STEPS` are not estimated."""
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.machine import available_memory_bytes
+    from psgdlab.core.platform.machine import available_memory_bytes
     from psgdlab.sim.predict import predict_one, sweep_jobs
 
     if args.steps is None or args.steps * (sum(workers) * len(algorithms) + 1) < ESTIMATE_FROM_WORKER_STEPS:
@@ -401,8 +401,8 @@ def resolve_convergence(
     for a workload without a profile and no target. A target without a profile, or of another
     metric than the profile's, is a one-line ConfigError."""
     from psgdlab.core.convergence import Target
-    from psgdlab.core.convergence_fit import load_convergence
-    from psgdlab.core.convergence_published import convergence_profile, profile_names
+    from psgdlab.core.convergence.fit import load_convergence
+    from psgdlab.core.convergence.published import convergence_profile, profile_names
     from psgdlab.core.errors import ConfigError
 
     target = Target.parse(target_text) if target_text is not None else None
@@ -429,7 +429,7 @@ def resolve_convergence(
 def _failure_request(args: argparse.Namespace) -> FailureRequest | None:
     """The failures the flags ask about, or ``None`` (bad values: one-line ConfigError)."""
     from psgdlab.core.errors import ConfigError
-    from psgdlab.core.failure import Failure
+    from psgdlab.core.platform.failure import Failure
     from psgdlab.sim.failures import DEFAULT_DRAWS, FailureRequest
 
     given = bool(args.fail) or args.failure_rate is not None

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
     from psgdlab.sim.workload import preset_names, preset_path
 
     if args.action == "show":

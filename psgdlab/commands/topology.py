@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from psgdlab.commands import print_json
 from psgdlab.core.flags import add_old_spelling
-from psgdlab.core.topology import INNER_KINDS, KINDS
+from psgdlab.core.graphs.topology import INNER_KINDS, KINDS
 
 __all__ = ["register", "run", "describe"]
 
@@ -98,8 +98,8 @@ def describe(kind: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     ``seed``) and its spectral numbers (``topology --json``'s object, without ``plot``)."""
     import warnings
 
-    from psgdlab.core.spectral import mixing_time, topology_spectrum
-    from psgdlab.core.topology import build_topology
+    from psgdlab.core.graphs.spectral import mixing_time, topology_spectrum
+    from psgdlab.core.graphs.topology import build_topology
 
     topology = build_topology(
         kind, args.workers, gpus_per_node=args.workers_per_node, seed=args.seed, inner=args.inner or "fixed-ring"
@@ -148,7 +148,7 @@ def _num(x: float) -> str:
 def _plot_counts(kind: str, max_workers: int, gpus_per_node: int) -> list[int]:
     """Even counts 4..max_workers that ``kind`` accepts, thinned to about six per octave."""
     from psgdlab.core.errors import TopologyError
-    from psgdlab.core.topology import build_topology
+    from psgdlab.core.graphs.topology import build_topology
 
     buckets: set[int] = set()
     kept = []
@@ -167,7 +167,7 @@ def _plot_counts(kind: str, max_workers: int, gpus_per_node: int) -> list[int]:
 def _write_plot(path: Path, requested: Any, max_workers: int) -> None:
     """The spectral gap of every kind against the workers, the requested topology marked."""
     from psgdlab.analysis.figures import save_figure, spectral_gap_figure
-    from psgdlab.core.spectral import spectral_gap_curve, topology_spectrum
+    from psgdlab.core.graphs.spectral import spectral_gap_curve, topology_spectrum
 
     m_hier = requested.gpus_per_node if requested.kind == "hierarchical" and requested.gpus_per_node > 1 else 4
     inner: Literal["fixed-ring", "random-ring"] = requested.inner if requested.kind == "hierarchical" else "fixed-ring"

@@ -73,7 +73,7 @@ def _progress_env(args: argparse.Namespace) -> Iterator[None]:
 def run(args: argparse.Namespace) -> int:
 
     from psgdlab.commands import require_torch
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.runtime.launcher.launch import check_limits, launch
 
     require_torch("train")  # the ranks import it; said once, here

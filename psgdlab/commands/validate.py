@@ -72,7 +72,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--backend", choices=cpu_backends(), default="gloo", help="the runtime's transport")
     p.add_argument(
-        "--compute-time", default="0.05", metavar="T", help="emulated compute per step (psgdlab.core.timing spec)"
+        "--compute-time",
+        default="0.05",
+        metavar="T",
+        help="emulated compute per step (psgdlab.core.platform.timing spec)",
     )
     p.add_argument("--real-compute", action="store_true", help="time the real gradient instead of emulating")
     add_flags(
@@ -254,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     workers = args.workers or ((2, 4, 8) if args.full else (4, 8) if args.hosts else (2, 4))
     straggler = args.straggler if args.straggler is not None else ("1:2" if args.full else None)
     if straggler:
-        from psgdlab.core.stragglers import StragglerModel
+        from psgdlab.core.platform.stragglers import StragglerModel
 
         StragglerModel.parse(straggler, seed=0, n_workers=min(workers))
     vc = ValidateConfig(
@@ -282,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _convergence(args: argparse.Namespace) -> int:
     """``--convergence``: the time-to-accuracy validation; its table, or its JSON with ``--json``."""
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.validate.convergence import validate_convergence
     from psgdlab.validate.convergence_plan import CONVERGENCE_CASES, ConvergenceConfig
     from psgdlab.validate.convergence_results import format_convergence
@@ -378,7 +381,7 @@ def _earlier(args: argparse.Namespace) -> Any:
 
 def _report(vc: Any, args: argparse.Namespace) -> int:
     """Run :func:`~psgdlab.validate.validate` and print its table, or its JSON with ``--json``."""
-    from psgdlab.core.rundir import open_run_dir
+    from psgdlab.core.records.rundir import open_run_dir
     from psgdlab.validate import format_table, validate
 
     progress = None if args.json or args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from psgdlab.core.workloads import WORKLOADS, workload, workload_toml
+    from psgdlab.core.platform.workloads import WORKLOADS, workload, workload_toml
 
     if args.action == "show":
         w = workload(args.name)  # an unknown name: one line with the closest names

@@ -89,9 +89,9 @@ from typing import Any
 
 from psgdlab.analysis.calibration_report import Calibration
 from psgdlab.calibration import fitted_profile
-from psgdlab.core.placement import equal_blocks
-from psgdlab.core.results import document
-from psgdlab.core.trace import atomic_write_json
+from psgdlab.core.platform.placement import equal_blocks
+from psgdlab.core.records.results import document
+from psgdlab.core.records.trace import atomic_write_json
 from psgdlab.validate.machine import load_average, wait_for_quiet
 from psgdlab.validate.plan import (
     ALGORITHM_CASES,
@@ -172,7 +172,7 @@ def _validate(vc: ValidateConfig, progress: Callable[[str], None] | None, figure
     from psgdlab.analysis.probe import is_probe_dir
     from psgdlab.analysis.report import write_report
     from psgdlab.analysis.samples import workers_of
-    from psgdlab.core.rundir import commit_run
+    from psgdlab.core.records.rundir import commit_run
     from psgdlab.sim.predict import predict_one
     from psgdlab.sim.report import write_prediction
     from psgdlab.sim.workload import load_config

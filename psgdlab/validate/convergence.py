@@ -15,7 +15,7 @@ r"""``psgdlab validate --convergence``: time to a target held-out loss, predicte
 
 **The prediction** of a case, made before any case runs, from the reference run and the
 calibrated platform alone: the convergence model fitted to the reference run (route (a),
-:func:`psgdlab.core.convergence_fit.from_reference_run`: the measured noise scale as
+:func:`psgdlab.core.convergence.fit.from_reference_run`: the measured noise scale as
 :math:`B_\text{noise}`, the tail of its held-out curve for the floor and the curve) gives the steps
 to the target at the case's total batch, learners, period and simulated staleness; the simulator
 on the calibrated platform gives its step time and staleness (:func:`psgdlab.sim.predict.predict_one`);
@@ -38,7 +38,7 @@ With ``scales="prior"`` nothing is emulated and the priors stand.
 
 **The measured runs**: each case with each seed, for 1.6 times its predicted steps and the steps of
 1.5 s (a case predicted not to reach the target: of what the model without limits gives), its time to
-the target read off its held-out curve (:func:`psgdlab.core.curves.time_to_target`) from the end
+the target read off its held-out curve (:func:`psgdlab.core.convergence.curves.time_to_target`) from the end
 of its start-up (:func:`~psgdlab.validate.convergence_runs.warm_start`: the first use of each
 transport, which connects it, is not training), against the predicted time of the steps that
 remain after the steps the run did by then.
@@ -56,11 +56,11 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.convergence import ConvergenceProfile, Family, Outcome, Setting, Target, setting_of
-from psgdlab.core.convergence_fit import DEFAULT_SCALES, from_reference_run
-from psgdlab.core.curves import monotone_fit, time_to_target
+from psgdlab.core.convergence.curves import monotone_fit, time_to_target
+from psgdlab.core.convergence.fit import DEFAULT_SCALES, from_reference_run
 from psgdlab.core.errors import ConfigError, SimulationError
-from psgdlab.core.results import document
-from psgdlab.core.trace import atomic_write_json
+from psgdlab.core.records.results import document
+from psgdlab.core.records.trace import atomic_write_json
 from psgdlab.validate.convergence_plan import Case, ConvergenceConfig, WorkloadSpec, cases
 from psgdlab.validate.convergence_results import ConfigurationResult, Predicted, summarize, tie_check
 from psgdlab.validate.convergence_runs import (
@@ -359,7 +359,7 @@ def _bare(profile: ConvergenceProfile) -> ConvergenceProfile:
 def _policy(cc: ConvergenceConfig, case: Case) -> str:
     """The failure policy the case's runs follow (it decides the protocol a node of several
     members runs, which the prediction must price the same: :func:`psgdlab.validate.run.case_policy`)."""
-    from psgdlab.core.failure import default_on_failure, gossip_algorithms
+    from psgdlab.core.platform.failure import default_on_failure, gossip_algorithms
     from psgdlab.runtime.transports.backends import BACKENDS
 
     wanted = default_on_failure(case.algorithm)
@@ -420,7 +420,7 @@ def fit_scales(emulated: dict[Case, dict[str, Any]], setting: Callable[[Case, fl
     (the emulated run's mean staleness) with the priors of :data:`DEFAULT_SCALES` and a spread of
     :data:`EMULATED_FACTOR_NOISE`; a scale no factor depends on keeps its prior. Returns the
     factors, the fitted values and log-sds and the fitted factors (``None`` without factors)."""
-    from psgdlab.core.fitting import fit_parameters
+    from psgdlab.core.stats.fitting import fit_parameters
 
     rows = []
     for c, e in emulated.items():
@@ -468,7 +468,7 @@ def plan_check(results: Sequence[ConfigurationResult], rows: dict[Case, Any], co
     (:func:`psgdlab.sim.plan.choose` on their prediction rows, objective time), per straggler,
     against the measurement: ``verdict`` is ``fastest`` (measured the fastest), ``tied`` (within
     two standard errors of the fastest) or ``slower``."""
-    from psgdlab.core.rows import PlanRow
+    from psgdlab.core.records.rows import PlanRow
     from psgdlab.sim.plan import choose
 
     out: dict[str, Any] = {}

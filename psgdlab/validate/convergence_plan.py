@@ -12,7 +12,7 @@ the emulated runs and the measured cases, so that one learning curve describes t
   (0.2 at a total batch of 32, momentum 0.9), decaying as the recipe does, tenfold over
   ``decay_epochs`` epochs (``exp`` with the final rate that the run's length gives, so the rate
   at an epoch is the same whatever the run's length); least squares at a constant rate;
-- **emulated compute** (``--compute-time``; :mod:`psgdlab.core.timing`): a step of ``b`` samples
+- **emulated compute** (``--compute-time``; :mod:`psgdlab.core.platform.timing`): a step of ``b`` samples
   computes for :math:`c_0 + c_1 b` seconds whatever the number of workers, as on a device of
   its own (the real gradient is computed inside that time; 8 workers of FSDD on 2 cores fit in
   it), so up to 8 workers run on this machine with the timing of a platform the simulator
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from psgdlab.core.errors import require
-from psgdlab.core.stragglers import StragglerModel
+from psgdlab.core.platform.stragglers import StragglerModel
 from psgdlab.validate.plan import ALGORITHM_CASES
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.algorithms import algorithm_parameters
-from psgdlab.core.curves import Crossing, time_to_target
+from psgdlab.core.convergence.curves import Crossing, time_to_target
 from psgdlab.core.errors import ConfigError
 from psgdlab.validate.convergence_plan import Case, ConvergenceConfig, WorkloadSpec
 
@@ -209,7 +209,7 @@ def warm_start(trace: np.ndarray) -> tuple[float, float]:
     machine: a gradient allreduce's first step, BMUF's first model average, a gossip peer's
     first pairwise exchange), which is not training. A run without exchanges starts at its
     second step."""
-    from psgdlab.core.trace import PHASES
+    from psgdlab.core.records.trace import PHASES
 
     comp = trace[trace["phase"] == PHASES["compute"]]
     moved = trace[np.isin(trace["phase"], [PHASES["comm"], PHASES["overlap"]]) & (trace["nbytes"] > 0)]
@@ -234,7 +234,7 @@ def read_measured(run_dir: Path, target: float, *, seed: int) -> Measured:
     curve = summary.get("heldout_curve")
     if curve is None:
         raise ConfigError(f"{run_dir}: summary.json has no heldout_curve (was it run with --evaluate-every-s?)")
-    from psgdlab.core.trace import read_trace
+    from psgdlab.core.records.trace import read_trace
 
     start, start_steps = warm_start(read_trace(run_dir / "trace.npz")[0])
     c: Crossing = time_to_target(curve, target)

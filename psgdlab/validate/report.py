@@ -40,7 +40,7 @@ def case_row(
         in_interval=c.get("in_interval"),
         # the interval's run-to-run noise was measured at fewer worker processes per core
         noise_extrapolated=c.get("noise_extrapolated"),
-        # where the step went on each side (psgdlab.core.trace.step_path; compare/report.md's table)
+        # where the step went on each side (psgdlab.core.records.trace.step_path; compare/report.md's table)
         path={k: {side: v[side] for side in ("predicted", "measured")} for k, v in (c.get("path") or {}).items()},
         straggler=straggler,
         hosts=hosts,

@@ -4,7 +4,7 @@
 :class:`ValidationReport` is the whole validation, written as ``validate.json`` and returned by
 :func:`psgdlab.validate.validate`; :meth:`ValidationReport.answer` is what ``validate --json``
 prints. ``validate.json`` is the report as a document (with ``schema_version``). Both are
-read-only mappings over their JSON keys (:class:`psgdlab.core.results.Record`),
+read-only mappings over their JSON keys (:class:`psgdlab.core.records.results.Record`),
 so the text table (:func:`psgdlab.validate.report.format_table`) reads either them or the JSON
 read back. Times are in seconds, throughputs in samples per second, errors relative
 (``(predicted - measured) / measured``), staleness in updates.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from psgdlab.analysis.calibration_report import Calibration
-from psgdlab.core.results import OpenDict, Record, document, optional, present, schema_version_of
+from psgdlab.core.records.results import OpenDict, Record, document, optional, present, schema_version_of
 
 __all__ = ["ValidationCase", "RankingCounts", "ValidationReport", "ANSWER_KEYS"]
 
@@ -72,7 +72,7 @@ class ValidationCase(Record):
     noise_extrapolated : bool or None
         Whether the interval's run-to-run noise was measured at fewer worker processes per core.
     path : dict
-        Where the step went on each side: per key of :data:`psgdlab.core.trace.STEP_PATH_KEYS`,
+        Where the step went on each side: per key of :data:`psgdlab.core.records.trace.STEP_PATH_KEYS`,
         ``{"predicted": s, "measured": s}``.
     straggler : str
         The straggler spec (``""``: none).

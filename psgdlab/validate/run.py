@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.rundir import require_complete
+from psgdlab.core.records.rundir import require_complete
 from psgdlab.validate.machine import wait_for_quiet
 from psgdlab.validate.plan import ALGORITHM_CASES, ValidateConfig, case_name
 
@@ -77,7 +77,7 @@ def case_policy(
     vc: ValidateConfig, name: str, workers: int, d: Path, hosts: int = 1, nic_bandwidth: str | None = None
 ) -> str:
     """The failure policy case ``name``'s run follows -- it decides the protocol a node of several
-    members runs, so its prediction prices the same (:func:`psgdlab.core.failure.sums_node_slices`):
+    members runs, so its prediction prices the same (:func:`psgdlab.core.platform.failure.sums_node_slices`):
     with ``--measured`` the earlier run's in ``d``, else the runtime's default (a fresh validate
     into a directory used before measures anew, whatever policy the run there followed)."""
     summary = d / "summary.json"
@@ -107,7 +107,7 @@ def name_case(run_dir: Path, name: str) -> None:
     """Name the case by its validation name (``adpsgd-random``) so the two adpsgd cases differ."""
     from dataclasses import replace
 
-    from psgdlab.core.rundir import read_summary, write_summary
+    from psgdlab.core.records.rundir import read_summary, write_summary
 
     write_summary(run_dir, replace(read_summary(run_dir), case=name))
 
@@ -263,7 +263,7 @@ def stall_reason(run_dir: Path) -> str | None:
     times the median step and than :data:`STALL_MIN_S`), or ``None``."""
     import numpy as np
 
-    from psgdlab.core.trace import PHASES, read_trace
+    from psgdlab.core.records.trace import PHASES, read_trace
 
     trace, _ = read_trace(run_dir / "trace.npz")
     comp = trace[trace["phase"] == PHASES["compute"]]

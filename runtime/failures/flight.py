@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.trace import atomic_write_json
+from psgdlab.core.records.trace import atomic_write_json
 
 __all__ = [
     "FlightRecorder",

@@ -58,7 +58,7 @@ import numpy as np
 
 from psgdlab.core.errors import ConfigError, RunInterrupted, TransportError
 from psgdlab.core.files import append_text, atomic_write_bytes, atomic_write_text
-from psgdlab.core.rundir import SUMMARY_FILE
+from psgdlab.core.records.rundir import SUMMARY_FILE
 from psgdlab.runtime.launcher.ranks import describe_exit, describe_interruption
 
 __all__ = [
@@ -285,8 +285,8 @@ def launch_elastic(
     """Run ``config`` (``on_failure == "restart"``) under the agent; rank 0's summary with
     ``restarts`` added. A fresh run (not ``resume``) first removes the checkpoints an earlier run
     left in its directory: a restart must never resume from them."""
-    from psgdlab.core.rundir import commit_run, read_summary, write_summary
-    from psgdlab.core.trace import atomic_write_json
+    from psgdlab.core.records.rundir import commit_run, read_summary, write_summary
+    from psgdlab.core.records.trace import atomic_write_json
     from psgdlab.runtime.config import world_size_of
     from psgdlab.runtime.launcher.ranks import (
         GRACE_S,

@@ -38,9 +38,9 @@ from typing import Any
 
 from psgdlab.core.errors import ConfigError, RunInterrupted, TransportError, require
 from psgdlab.core.files import atomic_write_json, atomic_write_text
-from psgdlab.core.machine import available_memory_bytes
-from psgdlab.core.placement import equal_blocks
-from psgdlab.core.rundir import SUMMARY_FILE
+from psgdlab.core.platform.machine import available_memory_bytes
+from psgdlab.core.platform.placement import equal_blocks
+from psgdlab.core.records.rundir import SUMMARY_FILE
 from psgdlab.models.recipes import LSQ_MODEL
 from psgdlab.runtime.config import TrainConfig, lsq_problem, world_size_of
 from psgdlab.runtime.failures.flight import FLIGHT_DIR, flight_path
@@ -414,14 +414,14 @@ def _record_hosts(hosts: EmulatedHosts, out: Path, placement: tuple[int, ...]) -
 
 def rank_hosts(config: TrainConfig) -> tuple[int, ...]:
     """The host of every rank of ``config``'s run (a parameter server's included): the workers
-    in equal blocks over ``config.hosts``, as :mod:`psgdlab.core.placement` places them for the
+    in equal blocks over ``config.hosts``, as :mod:`psgdlab.core.platform.placement` places them for the
     simulator too."""
     return equal_blocks(config.workers, hosts=config.hosts).rank_hosts(world_size_of(config))
 
 
 def _hydra_options(hosts: EmulatedHosts, ranks_dir: Path, per_host: int) -> list[str]:
     """mpiexec's options for emulated hosts: listen on the bridge, a host file of the hosts'
-    addresses with ``per_host`` slots each (the placement's blocks, :mod:`psgdlab.core.placement`;
+    addresses with ``per_host`` slots each (the placement's blocks, :mod:`psgdlab.core.platform.placement`;
     mpiexec places the ranks beyond the slots, a parameter server, from the first host again: on
     host 0), the namespace launcher hook."""
     host_file = ranks_dir / "hosts.txt"

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Mapping
 
 from psgdlab.core.files import process_start_time
-from psgdlab.core.machine import set_parent_death_signal  # here for the launchers that import it
+from psgdlab.core.platform.machine import set_parent_death_signal  # here for the launchers that import it
 
 __all__ = ["LAUNCHER_ENV", "launcher_environment", "die_with_launcher", "set_parent_death_signal"]
 

@@ -23,7 +23,7 @@ Shaping
 
 Placement
     Workers go on hosts in contiguous blocks, ``workers / H`` each, a parameter server on host 0
-    (:func:`psgdlab.core.placement.equal_blocks`, the rule the simulator places workers by too):
+    (:func:`psgdlab.core.platform.placement.equal_blocks`, the rule the simulator places workers by too):
     ranks 0..k-1 on host 0 and so on, as srun's block distribution and mpiexec's ``-ppn`` do.
     Ranks of one emulated host share the shared-memory data plane; those of different hosts do
     not, because the launcher gives each rank its host's identity

@@ -19,7 +19,7 @@ recorded and marked. Rank 0 gathers the records and writes the run directory::
     OUT/probe.json     the probe's configuration
     OUT/probe.npz      one row per (kind, group, size, repetition, rank): wall_s, cpu_s, warm-up flag
     OUT/env.json       versions, host, cpu_count, world size, the transport's allreduce schedule
-    OUT/complete.json  the commit marker, last (psgdlab.core.rundir.commit_run)
+    OUT/complete.json  the commit marker, last (psgdlab.core.records.rundir.commit_run)
 
 :mod:`psgdlab.analysis.probe` fits the link laws from it. Every wait has a deadline
 (``timeout_s``): a rank that dies or hangs stops the probe with an error naming it.
@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, TransportError, require
-from psgdlab.core.placement import equal_blocks
-from psgdlab.core.trace import atomic_write_bytes, atomic_write_json, atomic_write_text
+from psgdlab.core.platform.placement import equal_blocks
+from psgdlab.core.records.trace import atomic_write_bytes, atomic_write_json, atomic_write_text
 from psgdlab.runtime.transports.backends import cpu_backends
 
 __all__ = ["ProbeConfig", "probe", "PROBE_DTYPE", "KINDS", "DEFAULT_SIZES_BYTES"]
@@ -267,7 +267,7 @@ def run_rank(cfg: ProbeConfig) -> None:
     """The probe on this process (module docstring); rank 0 writes the run directory."""
     import torch
 
-    from psgdlab.core.rundir import commit_run, environment
+    from psgdlab.core.records.rundir import commit_run, environment
     from psgdlab.runtime.transports.channels import open_channels
     from psgdlab.runtime.transports.env import launch_env
 

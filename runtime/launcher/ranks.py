@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from psgdlab.core.placement import local_ranks
-from psgdlab.core.rundir import SUMMARY_FILE
+from psgdlab.core.platform.placement import local_ranks
+from psgdlab.core.records.rundir import SUMMARY_FILE
 from psgdlab.runtime.launcher.lifeline import launcher_environment, set_parent_death_signal
 from psgdlab.runtime.transports.env import STORE_FD_ENV
 
@@ -99,7 +99,7 @@ def start_ranks(
     On one host (``hosts`` None) rank 0 serves the store on a :func:`rendezvous_socket` bound
     here, which this function closes once rank 0 holds it. On emulated hosts
     (:class:`psgdlab.runtime.launcher.netns.EmulatedHosts`; ``placement[r]`` rank ``r``'s host, its
-    ``LOCAL_RANK`` its place among its host's ranks, :func:`psgdlab.core.placement.local_ranks`) each rank
+    ``LOCAL_RANK`` its place among its host's ranks, :func:`psgdlab.core.platform.placement.local_ranks`) each rank
     starts in its host's namespace with its host's environment, finds the store at
     ``master_port`` (fresh namespaces, where nothing else listens), and is recorded for the
     clean-up after a killed launcher. Every rank dies with its launcher: its own parent-death

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from psgdlab.core.errors import ConfigError, TestbedError
-from psgdlab.core.trace import atomic_write_bytes, atomic_write_json
+from psgdlab.core.records.trace import atomic_write_bytes, atomic_write_json
 
 __all__ = [
     "save_checkpoint",

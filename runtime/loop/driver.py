@@ -79,9 +79,9 @@ import torch
 from psgdlab.core.algorithms.base import Algorithm, WorkerState
 from psgdlab.core.errors import ConfigError, TestbedWarning
 from psgdlab.core.exchange import Exchange, kind_of
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import TraceBuilder
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.platform.timing import ComputeTime
+from psgdlab.core.records.trace import TraceBuilder
 from psgdlab.runtime.failures.flight import FlightRecorder
 from psgdlab.runtime.failures.survive.survivors import Survivors
 from psgdlab.runtime.loop import checkpoint as ckpt
@@ -582,7 +582,7 @@ def _crash(rank: int, step: int, sig: int) -> None:
     log.error("rank %d: injected %s at step %d", rank, signal.Signals(sig).name, step)
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     if ranks_dir:
-        from psgdlab.core.trace import atomic_write_text
+        from psgdlab.core.records.trace import atomic_write_text
 
         atomic_write_text(Path(ranks_dir, f"rank{rank}.crash"), f"{time.time()!r} {step}")
     os.kill(os.getpid(), sig)

@@ -1,6 +1,6 @@
 r"""The gradient noise scale measured as a rank trains: pairs of gradient norms at two batch sizes.
 
-The estimators and their smoothing are core's (:mod:`psgdlab.core.noise_scale`); this module
+The estimators and their smoothing are core's (:mod:`psgdlab.core.convergence.noise_scale`); this module
 takes the pairs of squared norms where the step already has them, or makes them where it does
 not:
 
@@ -17,8 +17,8 @@ not:
   (``docs/time-to-accuracy.md`` has the figures).
 
 The squared norms stay tensors until the run ends (no device synchronisation per step); the
-rank hands its rows (:data:`~psgdlab.core.noise_scale.NOISE_ROWS_DTYPE`) to rank 0, which
-summarises every rank's together (:func:`~psgdlab.core.noise_scale.summarize_noise_scale`).
+rank hands its rows (:data:`~psgdlab.core.convergence.noise_scale.NOISE_ROWS_DTYPE`) to rank 0, which
+summarises every rank's together (:func:`~psgdlab.core.convergence.noise_scale.summarize_noise_scale`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from psgdlab.core.convergence.noise_scale import NOISE_ROWS_DTYPE
 from psgdlab.core.exchange import AllReduce, Exchange
-from psgdlab.core.noise_scale import NOISE_ROWS_DTYPE
 
 __all__ = ["NoiseProbe", "method_of", "has_gradient_allreduce"]
 
@@ -111,7 +111,7 @@ class NoiseProbe:
         self.methods.add("halves")
 
     def rows(self) -> np.ndarray:
-        """Every pair of this rank (:data:`~psgdlab.core.noise_scale.NOISE_ROWS_DTYPE`)."""
+        """Every pair of this rank (:data:`~psgdlab.core.convergence.noise_scale.NOISE_ROWS_DTYPE`)."""
         out = np.zeros(len(self._rows), dtype=NOISE_ROWS_DTYPE)
         if not self._rows:
             return out

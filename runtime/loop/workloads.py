@@ -193,7 +193,7 @@ class ModuleWorkload:
         self.samples_per_step = int(samples_per_step)
         self.evaluator = evaluator
         #: samples of one epoch of the training data, where the caller knows it (summary.json's
-        #: ``samples_per_epoch``: :data:`psgdlab.core.convergence_fit.REFERENCE_KEYS`)
+        #: ``samples_per_epoch``: :data:`psgdlab.core.convergence.fit.REFERENCE_KEYS`)
         self.samples_per_epoch: float | None = None
 
     def initial_params(self) -> torch.Tensor:

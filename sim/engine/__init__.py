@@ -2,7 +2,7 @@
 
 :func:`simulate` runs ``steps`` local steps of every worker of an algorithm on a
 :class:`~psgdlab.sim.platform.Platform` with a :class:`~psgdlab.sim.workload.Workload`, moving
-sizes only, and returns the trace in the shared schema (:mod:`psgdlab.core.trace`). What each
+sizes only, and returns the trace in the shared schema (:mod:`psgdlab.core.records.trace`). What each
 exchange kind does is in :mod:`psgdlab.sim.engine.simulation`; the links' laws, shares and host
 cores are :mod:`psgdlab.sim.network`'s. One simulation is a worker loop over parts that each hold
 their own state, and exist, or draw, only where the platform or the run uses them:

@@ -1,7 +1,7 @@
 r"""Worker deaths in one simulation: who dies when, when the survivors know, the schedule they
 rebuild, and what each dead worker loses.
 
-A :class:`FailureSpec` kills workers at given times (:mod:`psgdlab.core.failure`). A dead
+A :class:`FailureSpec` kills workers at given times (:mod:`psgdlab.core.platform.failure`). A dead
 worker does nothing from its death on: its step in flight is never applied, an exchange it has
 not reached never sees it (one it had reached before dying still counts it: its model or
 gradient was sent). The survivors act on a death ``detection_s`` later (the runtime's watchdog
@@ -11,7 +11,7 @@ deadline):
   collective whose other members are all waiting runs over them; a pairwise average with it holds
   the requester's communication thread until then, and merges nothing), and every step that
   begins from then on follows the schedule rebuilt over the survivors
-  (:func:`psgdlab.core.membership.rebuild`, :func:`~psgdlab.core.membership.survivor_exchanges`);
+  (:func:`psgdlab.core.graphs.membership.rebuild`, :func:`~psgdlab.core.graphs.membership.survivor_exchanges`);
   ``dead`` ranks are absent from the start, their rebuilt schedule in force from step 0;
 - ``stop``: the run ends ``detection_s`` after the first death (a restart is priced from this
   by :mod:`psgdlab.sim.failures`).
@@ -45,8 +45,8 @@ import simpy
 
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import require
-from psgdlab.core.failure import Failure
-from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges
+from psgdlab.core.graphs.membership import Rebuilt, rebuild, survivor_exchanges
+from psgdlab.core.platform.failure import Failure
 
 __all__ = ["FailureSpec", "Deaths"]
 

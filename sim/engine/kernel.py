@@ -50,7 +50,7 @@ class Context:
 
     ``S`` is the payload in bytes (the model, or a gradient of its size), ``n_params`` and
     ``itemsize`` what :func:`~psgdlab.core.exchange.wire_bytes` counts from; ``rows`` collects the
-    trace's tuples in :data:`~psgdlab.core.trace.TRACE_DTYPE` order, or is ``None`` when the
+    trace's tuples in :data:`~psgdlab.core.records.trace.TRACE_DTYPE` order, or is ``None`` when the
     simulation records nothing."""
 
     __slots__ = ("S", "env", "itemsize", "n_params", "net", "rows")
@@ -159,7 +159,7 @@ class Flows:
 
 class Scatter:
     """Each worker's draws of its exchanges' ``scatter`` factors (:attr:`Link.scatter
-    <psgdlab.core.profile.Link>`), from its own stream: worker ``r`` draws from
+    <psgdlab.core.platform.profile.Link>`), from its own stream: worker ``r`` draws from
     ``numpy.random.default_rng([seed, streams[r], 0x5CA7])``. A simulation makes one only where
     a link of its platform has a scatter (:attr:`Network.scatters
     <psgdlab.sim.network.Network.scatters>`); without, every exchange takes its law."""

@@ -29,7 +29,7 @@ import simpy
 
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.exchange import ExchangeKind, PairwiseAverage, wire_bytes
-from psgdlab.core.trace import PHASES
+from psgdlab.core.records.trace import PHASES
 from psgdlab.sim.engine.deaths import Deaths
 from psgdlab.sim.engine.kernel import Context, Flows, Merges, Scatter, Soon
 from psgdlab.sim.network import FairLinks
@@ -66,7 +66,7 @@ class Pending:
 def gathers(r: int, ex: PairwiseAverage) -> int:
     """The slices whose allgather inside the node follows ``r``'s exchange ``ex``: all of them
     after the last slice ``r`` averages in the step (one per member between equal nodes; a member
-    of the smaller of two unequal nodes averages several, :func:`~psgdlab.core.membership.survivor_exchanges`),
+    of the smaller of two unequal nodes averages several, :func:`~psgdlab.core.graphs.membership.survivor_exchanges`),
     none after the others; 1 when ``r`` averages the whole model itself.
 
     >>> slice_ = lambda j: PairwiseAverage(peer=9, active=True, shard=j, n_shards=3, gather_group=(4, 5))

@@ -23,8 +23,8 @@ from typing import Any, cast
 import simpy
 
 from psgdlab.core.exchange import AllReduce, Barrier, ExchangeKind, Gossip, wire_bytes
-from psgdlab.core.failure import STEP_CHECK_ELEMENTS, node_sum_elements
-from psgdlab.core.trace import PHASES, SERVER_PEER
+from psgdlab.core.platform.failure import STEP_CHECK_ELEMENTS, node_sum_elements
+from psgdlab.core.records.trace import PHASES, SERVER_PEER
 from psgdlab.sim.engine.deaths import Deaths
 from psgdlab.sim.engine.kernel import Context, Flows, Merges, Scatter, release_after
 
@@ -42,7 +42,7 @@ _K_SERVER = int(ExchangeKind.SERVER)
 class Collectives:
     """Allreduces and barriers (module docstring). ``sums[r]``: whether ``r``'s node sums the
     slices of its averages with its gradient (``continue``'s node protocol): its gradient
-    allreduce then carries :func:`~psgdlab.core.failure.node_sum_elements` elements."""
+    allreduce then carries :func:`~psgdlab.core.platform.failure.node_sum_elements` elements."""
 
     __slots__ = ("_bytes", "ctx", "deaths", "gathering", "scatter", "sum_bytes", "sum_elements", "sums")
 

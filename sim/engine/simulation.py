@@ -3,7 +3,7 @@ r"""The simulation: the worker loop that runs any registry algorithm's schedule 
 :func:`simulate` runs ``steps`` local steps of every worker of an
 :class:`~psgdlab.core.algorithms.Algorithm` on a :class:`~psgdlab.sim.platform.Platform` with a
 :class:`~psgdlab.sim.workload.Workload`, moving sizes only, and returns the trace in the shared
-schema (:mod:`psgdlab.core.trace`). Workers follow the step semantics of
+schema (:mod:`psgdlab.core.records.trace`). Workers follow the step semantics of
 :mod:`psgdlab.core.exchange` and the simulator dispatches on the exchange *kind*, never on the
 algorithm's name:
 
@@ -41,9 +41,9 @@ Barrier            a rendezvous of the group with no payload (phase ``comm``): a
 =================  ===========================================================================
 
 Under ``on_failure="continue"`` a node of several members shares its slices as the runtime's
-survivors do (:func:`psgdlab.core.failure.sums_node_slices`): its pairwise averages have no
+survivors do (:func:`psgdlab.core.platform.failure.sums_node_slices`): its pairwise averages have no
 allgather after them, it has no merge barrier, and its gradient allreduce carries
-:func:`~psgdlab.core.failure.node_sum_elements` elements (the gradient, the slices, the step check).
+:func:`~psgdlab.core.platform.failure.node_sum_elements` elements (the gradient, the slices, the step check).
 
 Staleness (unit: *updates*, :mod:`psgdlab.core.exchange`) of a step is the number of foreign
 merges (pairwise averages on either side, gossip merges) whose completion falls between the
@@ -76,7 +76,6 @@ import numpy as np
 import simpy
 
 from psgdlab.core.algorithms.base import Algorithm
-from psgdlab.core.cost import host_work_s
 from psgdlab.core.errors import SimulationError, require
 from psgdlab.core.exchange import (
     AllReduce,
@@ -87,9 +86,10 @@ from psgdlab.core.exchange import (
     ServerExchange,
     trainer_merges,
 )
-from psgdlab.core.failure import sums_node_slices
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.trace import PHASES, TraceBuilder
+from psgdlab.core.platform.cost import host_work_s
+from psgdlab.core.platform.failure import sums_node_slices
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.records.trace import PHASES, TraceBuilder
 from psgdlab.sim.engine.deaths import Deaths, FailureSpec
 from psgdlab.sim.engine.kernel import Context, CountingEnvironment, Flows, Merges, Scatter
 from psgdlab.sim.engine.pairwise import PairwiseAverages, Pending, both_sides
@@ -446,7 +446,7 @@ def simulate(
     Returns
     -------
     SimResult
-        ``trace`` in :data:`psgdlab.core.trace.TRACE_DTYPE`, sorted by start time.
+        ``trace`` in :data:`psgdlab.core.records.trace.TRACE_DTYPE`, sorted by start time.
     """
     if steps < 1:
         raise SimulationError(f"steps ({steps}) must be >= 1")

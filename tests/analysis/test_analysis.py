@@ -16,8 +16,8 @@ from psgdlab.analysis.report import write_report
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.rundir import RunDir, Summary, commit_run, write_summary
-from psgdlab.core.trace import TraceBuilder, summarize, write_trace
+from psgdlab.core.records.rundir import RunDir, Summary, commit_run, write_summary
+from psgdlab.core.records.trace import TraceBuilder, summarize, write_trace
 
 
 def write_case(

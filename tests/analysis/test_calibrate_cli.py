@@ -10,11 +10,11 @@ import pytest
 from psgdlab.analysis.calibrate import Calibration, calibrate_runs, platform_profile
 from psgdlab.cli import main
 from psgdlab.core.algorithms import make_algorithm
-from psgdlab.core.cost import allreduce_messages, allreduce_rounds
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind, trainer_merges
-from psgdlab.core.rundir import RunDir, Summary, commit_run, write_summary
-from psgdlab.core.trace import TraceBuilder, summarize, write_trace
+from psgdlab.core.platform.cost import allreduce_messages, allreduce_rounds
+from psgdlab.core.records.rundir import RunDir, Summary, commit_run, write_summary
+from psgdlab.core.records.trace import TraceBuilder, summarize, write_trace
 from psgdlab.sim.workload import load_config
 
 ALPHA, BETA, MEAN, CV = 2e-4, 1e9, 0.05, 0.1
@@ -358,8 +358,8 @@ def test_single_payload_size_keeps_the_bandwidth_prior_and_marks_it_unpinned(tmp
     """One payload size cannot separate latency from bandwidth: the bandwidth keeps its prior
     (core.priors.LOOPBACK_BANDWIDTH) and the profile marks it unpinned with the prior's spread,
     instead of refusing (the issue's "a single run stops") or inventing a value."""
-    from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
+    from psgdlab.core.stats.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
 
     runs = [write_run(tmp_path / "a", n_params=10_000), write_run(tmp_path / "b", n_params=10_000, seed=1)]
     fit = calibrate_runs(runs)
@@ -488,7 +488,7 @@ def test_model_averaging_is_asked_of_the_schedule_not_the_name(runs, tmp_path, v
 
 def test_calibrate_writes_a_profile_that_reads_back(runs, tmp_path):
     from psgdlab.analysis.calibrate import platform_profile
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
 
     profile = platform_profile(calibrate_runs(runs), n_params=50_000, workers=(1, 2))
     back = Profile.read(profile.write(tmp_path / "p.toml"))
@@ -500,7 +500,7 @@ def _between_hosts(path, rate):
     """Mark a run directory as one of 2 emulated hosts with one rank each, shaped to ``rate``."""
     from dataclasses import replace
 
-    from psgdlab.core.rundir import read_summary
+    from psgdlab.core.records.rundir import read_summary
 
     write_summary(path, replace(read_summary(path), hosts=2, placement=(0, 1)))
     RunDir(path).write_json("hosts.json", {"hosts": 2, "placement": [0, 1], "nic_bandwidth_bytes_per_s": rate})
@@ -549,7 +549,7 @@ def test_calibrate_fits_the_link_between_hosts_apart(runs, tmp_path, monkeypatch
         calibrate_runs(runs + crossing + [other])
     from dataclasses import replace
 
-    from psgdlab.core.rundir import read_summary
+    from psgdlab.core.records.rundir import read_summary
 
     write_summary(other, replace(read_summary(other), hosts=2, placement=(0, 0, 1, 1), workers=4))
     with pytest.raises(ConfigError, match="several ranks on one host"):
@@ -586,7 +586,7 @@ def test_the_allreduce_between_hosts_is_fitted_apart_from_their_messages(runs, t
     assert platform.collective_between_hosts is not None
     assert platform.collective_between_hosts.bandwidth_bytes_per_s == pytest.approx(span_beta, rel=1e-6)
     assert "allreduce between hosts (fitted apart" in "\n".join(profile.notes)
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
     from psgdlab.sim.network import Network
     from psgdlab.sim.platform import Placement
 
@@ -603,7 +603,7 @@ def test_the_allreduce_between_hosts_is_fitted_apart_from_their_messages(runs, t
     assert [row[i] for row in u.correlation] == pytest.approx([row[j] for row in u.correlation])
     k = u.parameters.index("platform.collective_between_hosts.bandwidth_bytes_per_s")
     assert u.correlation[k][j] > 0  # a longer latency leaves the measured allreduces' bytes less time
-    from psgdlab.core.intervals import directions
+    from psgdlab.core.records.intervals import directions
 
     for d in directions(u):  # the two move together in every direction of the intervals
         assert d.get(u.parameters[i], 0.0) == pytest.approx(d.get(u.parameters[j], 0.0), abs=1e-9)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from psgdlab.analysis.fits import PINNED_SHRINK, fit_link
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
+from psgdlab.core.stats.priors import LOOPBACK_BANDWIDTH, LOOPBACK_LATENCY
 
 ALPHA, BETA = 3e-4, 1.5e9
 SIZES = np.array([8e3, 6.4e4, 5.12e5, 4e6])
@@ -131,7 +131,7 @@ def test_the_cpu_work_spreads_cover_the_truth_as_often_as_they_say():
     excesses, whose noise nothing states): over 300 noisy draws the truth lies within one reported
     log-sd of the fit about 68 % of the time, for the work per message and per byte."""
     from psgdlab.analysis.cores import solve_host_cpu
-    from psgdlab.core.cost import cpu_stretch_terms
+    from psgdlab.core.platform.cost import cpu_stretch_terms
 
     rng = np.random.default_rng(11)
     n = np.repeat([4.0, 8.0], 6)
@@ -153,7 +153,7 @@ def test_the_cpu_work_spreads_cover_the_truth_as_often_as_they_say():
 
 def test_two_points_for_two_works_leave_no_spread_and_a_work_at_its_bound_has_none():
     from psgdlab.analysis.cores import solve_host_cpu
-    from psgdlab.core.cost import cpu_stretch_terms
+    from psgdlab.core.platform.cost import cpu_stretch_terms
 
     n, S = np.array([4.0, 4.0]), np.array([1e5, 1e6])
     m, b = cpu_stretch_terms(n, S, CORES)
@@ -174,7 +174,7 @@ def test_the_cpu_work_spread_widens_the_intervals_of_oversubscribed_cases_only()
 
     from psgdlab.analysis.calibrate import fit_uncertainty
     from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
-    from psgdlab.core.profile import HostCPU, Platform, Profile, Workload
+    from psgdlab.core.platform.profile import HostCPU, Platform, Profile, Workload
     from psgdlab.sim.predict import predict_one
 
     calibration = Calibration(
@@ -218,7 +218,7 @@ def test_the_link_between_hosts_spread_widens_the_intervals_of_cases_across_host
 
     from psgdlab.analysis.calibrate import fit_uncertainty
     from psgdlab.analysis.calibration_report import Calibration, CalibrationNoise
-    from psgdlab.core.profile import Link, Platform, Profile, Workload
+    from psgdlab.core.platform.profile import Link, Platform, Profile, Workload
     from psgdlab.sim.predict import predict_one
 
     link = {"latency_s": 2e-4, "bandwidth_bytes_per_s": 1e9, "latency_log_sd": 0.05, "bandwidth_log_sd": 0.05}
@@ -284,7 +284,7 @@ def test_allreduces_of_two_group_sizes_between_hosts_fit_their_own_latency_per_r
     (4 hosts: 6 rounds against 2) the allreduce's latency per round is its own fit, within three
     of its reported standard deviations of the truth, and never wider than its prior."""
     from psgdlab.analysis.fits import fit_links
-    from psgdlab.core.cost import allreduce_bytes
+    from psgdlab.core.platform.cost import allreduce_bytes
 
     rng = np.random.default_rng(seed)
     S = np.array([1e6, 3e6, 1e6, 3e6, 1e6, 3e6])

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from psgdlab.analysis.nccl_tests import bus_factor, fit_nccl_tests, nccl_profile, read_nccl_tests
 from psgdlab.cli import main
-from psgdlab.core.cost import allgather_s, allreduce_s, transfer_s
 from psgdlab.core.errors import ConfigError
+from psgdlab.core.platform.cost import allgather_s, allreduce_s, transfer_s
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.workload import load_config

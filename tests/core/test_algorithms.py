@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from psgdlab.core import kernels
 from psgdlab.core.algorithms import ALGORITHMS, algorithm_parameters, make_algorithm
-from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_messages, allreduce_rounds, allreduce_s
 from psgdlab.core.errors import ConfigError, SimulationError, TestbedWarning, TopologyError
 from psgdlab.core.exchange import AllReduce, Gossip, PairwiseAverage, ServerExchange, wire_bytes
+from psgdlab.core.platform.cost import ALLREDUCE_ALGORITHMS, allreduce_messages, allreduce_rounds, allreduce_s
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
 
 TOL = dict(rtol=0, atol=1e-12)

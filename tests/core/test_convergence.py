@@ -23,10 +23,10 @@ from psgdlab.core.convergence import (
     predict_steps,
     target_columns,
 )
-from psgdlab.core.convergence_fit import from_emulated_runs, from_published, from_reference_run
-from psgdlab.core.convergence_published import BILSTM_TABLE, convergence_profile
+from psgdlab.core.convergence.fit import from_emulated_runs, from_published, from_reference_run
+from psgdlab.core.convergence.published import BILSTM_TABLE, convergence_profile
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.rundir import commit_run
+from psgdlab.core.records.rundir import commit_run
 
 positive = st.floats(min_value=1e-2, max_value=1e4, allow_nan=False, allow_infinity=False)
 

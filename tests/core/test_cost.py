@@ -8,7 +8,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
-from psgdlab.core.cost import (
+from psgdlab.core.exchange import (
+    EXCHANGE_KINDS,
+    AllReduce,
+    Barrier,
+    ExchangeKind,
+    Gossip,
+    PairwiseAverage,
+    ServerExchange,
+    folds_model,
+    kind_name,
+    kind_of,
+    wire_bytes,
+)
+from psgdlab.core.platform.cost import (
     ALLREDUCE_ALGORITHMS,
     allgather_s,
     allreduce_bytes,
@@ -24,19 +37,6 @@ from psgdlab.core.cost import (
     ring_allreduce_after_arrivals,
     transfer_s,
     transfer_terms,
-)
-from psgdlab.core.exchange import (
-    EXCHANGE_KINDS,
-    AllReduce,
-    Barrier,
-    ExchangeKind,
-    Gossip,
-    PairwiseAverage,
-    ServerExchange,
-    folds_model,
-    kind_name,
-    kind_of,
-    wire_bytes,
 )
 
 sizes = st.floats(1.0, 1e9)

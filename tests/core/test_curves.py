@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psgdlab.core.curves import monotone_fit, time_to_target
+from psgdlab.core.convergence.curves import monotone_fit, time_to_target
 from psgdlab.core.errors import ConfigError
 
 values = st.lists(st.floats(0.1, 10.0, allow_nan=False), min_size=1, max_size=30)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.fitting import fit_parameters, median_abs
+from psgdlab.core.stats.fitting import fit_parameters, median_abs
 
 X = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import Gossip
-from psgdlab.core.membership import rebuild, without_peers
-from psgdlab.core.mixing import is_doubly_stochastic
+from psgdlab.core.graphs.membership import rebuild, without_peers
+from psgdlab.core.graphs.mixing import is_doubly_stochastic
+from psgdlab.core.graphs.topology import build_topology
 from psgdlab.core.strategies import topologies
-from psgdlab.core.topology import build_topology
 
 
 @st.composite
@@ -130,7 +130,7 @@ def test_the_pairwise_slices_of_unequal_nodes_compose_into_the_rebuilt_matrix(no
     :meth:`Rebuilt.matrix` applied to them: the union's mean, each node weighted by its size."""
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.exchange import PairwiseAverage
-    from psgdlab.core.membership import survivor_exchanges
+    from psgdlab.core.graphs.membership import survivor_exchanges
 
     n = nodes * gpus
     alg = make_algorithm("hadpsgd", n_workers=n, gpus_per_node=gpus)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from psgdlab.core import strategies as pst
 from psgdlab.core.errors import InvalidMixingMatrixError, TopologyError
-from psgdlab.core.mixing import (
+from psgdlab.core.graphs.mixing import (
     check_adjacency,
     check_matching,
     check_mixing_matrix,
@@ -21,7 +21,7 @@ from psgdlab.core.mixing import (
     support_components,
     uniform_weights,
 )
-from psgdlab.core.spectral import sigma2
+from psgdlab.core.graphs.spectral import sigma2
 
 TOL = 1e-12
 

@@ -65,9 +65,9 @@ def test_no_module_but_the_helper_matches_names_itself():
 
 def _lookups():
     from psgdlab.core.algorithms import make_algorithm
+    from psgdlab.core.graphs.topology import build_topology
+    from psgdlab.core.platform.workloads import workload
     from psgdlab.core.schedules import lr_schedule
-    from psgdlab.core.topology import build_topology
-    from psgdlab.core.workloads import workload
     from psgdlab.models.recipes import recipe_of
     from psgdlab.runtime.transports.backends import check_backend
     from psgdlab.sim.workload import preset_path

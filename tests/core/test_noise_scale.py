@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psgdlab.core.errors import ConfigError
-from psgdlab.core.noise_scale import (
+from psgdlab.core.convergence.noise_scale import (
     NOISE_ROWS_DTYPE,
     NormPair,
     direct_noise_scale,
@@ -19,6 +18,7 @@ from psgdlab.core.noise_scale import (
     summarize_noise_scale,
     unbiased_terms,
 )
+from psgdlab.core.errors import ConfigError
 
 positive = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)
 

@@ -1,4 +1,4 @@
-"""The one placement rule (:mod:`psgdlab.core.placement`): hosts in contiguous blocks, a rank's
+"""The one placement rule (:mod:`psgdlab.core.platform.placement`): hosts in contiguous blocks, a rank's
 device its place on its host, sockets by the fill rule; the simulator and the launcher place by it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.placement import SOCKET_FILLS, Placement, equal_blocks, local_ranks, place
-from psgdlab.core.profile import Link, Platform
+from psgdlab.core.platform.placement import SOCKET_FILLS, Placement, equal_blocks, local_ranks, place
+from psgdlab.core.platform.profile import Link, Platform
 
 
 @st.composite
@@ -89,7 +89,7 @@ def test_equal_blocks_need_hosts_that_divide_the_workers(n, hosts):
 
 def test_a_launcher_places_its_ranks_by_the_rule():
     """``psgdlab train --hosts``: the launcher's ranks (a parameter server's included) by
-    :meth:`~psgdlab.core.placement.Placement.rank_hosts`."""
+    :meth:`~psgdlab.core.platform.placement.Placement.rank_hosts`."""
     from psgdlab.runtime.config import TrainConfig
     from psgdlab.runtime.launcher.launch import rank_hosts
 

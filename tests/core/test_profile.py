@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psgdlab.core.cost import ALLREDUCE_ALGORITHMS
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
+from psgdlab.core.platform.cost import ALLREDUCE_ALGORITHMS
+from psgdlab.core.platform.profile import Defaults, HostCPU, Link, Platform, Profile, ServerSpec, Uncertainty, Workload
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)  # quotes, backslashes, controls
 comment = (

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.results import SCHEMA_VERSION, document, schema_version_of
-from psgdlab.core.rows import (
+from psgdlab.core.records.results import SCHEMA_VERSION, document, schema_version_of
+from psgdlab.core.records.rows import (
     Extrapolation,
     IntervalInfo,
     IntervalLogSd,
@@ -23,8 +23,8 @@ from psgdlab.core.rows import (
     TargetColumns,
     TargetLogSd,
 )
-from psgdlab.core.rundir import Summary, commit_run, read_run_summary, read_summary, write_summary
-from psgdlab.core.summaries import NotReaching, PlanAnswer, PlanBrief, PlanSummary, SweepSummary, kind_of
+from psgdlab.core.records.rundir import Summary, commit_run, read_run_summary, read_summary, write_summary
+from psgdlab.core.records.summaries import NotReaching, PlanAnswer, PlanBrief, PlanSummary, SweepSummary, kind_of
 
 # ----- strategies of every part of a row ---------------------------------------------------------
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)

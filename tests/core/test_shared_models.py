@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 from psgdlab.core.config import apply_overrides, load_dataclass, load_toml
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.schedules import Newbob, ibm_lr, lr_schedule
-from psgdlab.core.stragglers import StragglerModel, unit_hash
-from psgdlab.core.timing import ComputeTime
-from psgdlab.core.trace import (
+from psgdlab.core.platform.stragglers import StragglerModel, unit_hash
+from psgdlab.core.platform.timing import ComputeTime
+from psgdlab.core.records.trace import (
     PHASES,
     TRACE_DTYPE,
     TraceBuilder,
@@ -27,6 +26,7 @@ from psgdlab.core.trace import (
     to_chrome_trace,
     write_trace,
 )
+from psgdlab.core.schedules import Newbob, ibm_lr, lr_schedule
 
 
 # ----- stragglers ---------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def test_an_atomic_write_that_fails_leaves_neither_file(tmp_path, monkeypatch):
     import errno
     import os
 
-    from psgdlab.core.trace import atomic_write_bytes
+    from psgdlab.core.records.trace import atomic_write_bytes
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

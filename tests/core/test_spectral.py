@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from psgdlab.core import strategies as pst
 from psgdlab.core.errors import ConfigError, InvalidMixingMatrixError, TestbedWarning
-from psgdlab.core.mixing import is_connected, matching_matrix, pairwise_matrix
-from psgdlab.core.spectral import (
+from psgdlab.core.graphs.mixing import is_connected, matching_matrix, pairwise_matrix
+from psgdlab.core.graphs.spectral import (
     consensus_rate_bound,
     eigenvalues,
     estimate_expected_gram,
@@ -26,7 +26,7 @@ from psgdlab.core.spectral import (
     spectral_gap_curve,
     topology_spectrum,
 )
-from psgdlab.core.topology import (
+from psgdlab.core.graphs.topology import (
     complete,
     exponential_graph,
     fixed_ring,
@@ -193,7 +193,7 @@ def test_circulant_spectra_match_the_dft_of_the_first_row(n, kind):
 
 @pytest.mark.parametrize("n", [9, 12, 16, 20, 25, 36])
 def test_torus_spectrum_matches_the_2d_dft(n):
-    from psgdlab.core.topology import torus_shape
+    from psgdlab.core.graphs.topology import torus_shape
 
     r, c = torus_shape(n)
     W = torus(n).matrix()
@@ -355,7 +355,7 @@ def test_spectral_gap_curve_skips_invalid_counts():
 
 def test_mixing_time_is_infinite_and_warns_when_the_bound_is_one(monkeypatch):
     """No built-in topology is disconnected, so force the bound to 1 to reach this documented path."""
-    import psgdlab.core.spectral as spectral
+    import psgdlab.core.graphs.spectral as spectral
 
     monkeypatch.setattr(spectral, "consensus_rate_bound", lambda topology: 1.0)
     with pytest.warns(TestbedWarning, match=r"effectively disconnected"):

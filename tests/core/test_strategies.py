@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from psgdlab.core import strategies as pst
-from psgdlab.core.mixing import check_mixing_matrix
-from psgdlab.core.spectral import topology_spectrum
-from psgdlab.core.topology import KINDS, Topology, fixed_ring
+from psgdlab.core.graphs.mixing import check_mixing_matrix
+from psgdlab.core.graphs.spectral import topology_spectrum
+from psgdlab.core.graphs.topology import KINDS, Topology, fixed_ring
 
 
 # -- worker_counts --------------------------------------------------------------------------------

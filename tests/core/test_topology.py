@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from psgdlab.core import strategies as pst
 from psgdlab.core.errors import ConfigError, TopologyError
-from psgdlab.core.mixing import check_mixing_matrix, matching_matrix
-from psgdlab.core.topology import (
+from psgdlab.core.graphs.mixing import check_mixing_matrix, matching_matrix
+from psgdlab.core.graphs.topology import (
     KINDS,
     Topology,
     build_topology,
@@ -131,7 +131,7 @@ def test_random_ring_is_deterministic_in_seed_and_round_within_a_process():
 def test_random_ring_matchings_agree_across_processes():
     """§E.15: ranks are separate processes (different hash seeds); they must draw the same matchings."""
     code = (
-        "import json; from psgdlab.core.topology import random_ring;"
+        "import json; from psgdlab.core.graphs.topology import random_ring;"
         "t = random_ring(12, seed=7);"
         "print(json.dumps([t.matching(r).tolist() for r in (0, 1, 5, 1000, 2**40)]))"
     )

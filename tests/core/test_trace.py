@@ -1,5 +1,5 @@
-"""The step times that :func:`psgdlab.core.trace.summarize` reports, and where
-:func:`~psgdlab.core.trace.step_path` finds that they go, on traces built by hand."""
+"""The step times that :func:`psgdlab.core.records.trace.summarize` reports, and where
+:func:`~psgdlab.core.records.trace.step_path` finds that they go, on traces built by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psgdlab.core.trace import STEP_PATH_KEYS, TraceBuilder, step_path, summarize
+from psgdlab.core.records.trace import STEP_PATH_KEYS, TraceBuilder, step_path, summarize
 
 
 def trace_of(periods: list[list[float]]) -> np.ndarray:

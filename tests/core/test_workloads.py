@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Link, Platform, Profile
-from psgdlab.core.workloads import (
+from psgdlab.core.platform.profile import Link, Platform, Profile
+from psgdlab.core.platform.workloads import (
     WORKLOADS,
     ConformerShape,
     conformer_cost,
@@ -102,7 +102,7 @@ def test_conformer_macs_grow_with_the_utterance_and_the_weights_do_not(tokens, f
 def test_the_runtimes_model_presets_name_the_workloads_they_train():
     """``predict --workload cldnn`` is the workload the runtime's ``--model cldnn`` trains, as
     the issue's example writes it; every entry names a preset the runtime has."""
-    from psgdlab.core.workloads import BY_MODEL
+    from psgdlab.core.platform.workloads import BY_MODEL
     from psgdlab.models.networks import MODEL_PRESETS
 
     assert BY_MODEL == {"blstm": "bilstm-43m", "dnn": "dnn-13.5m", "cldnn": "cldnn-13.8m"}

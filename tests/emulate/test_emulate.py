@@ -8,8 +8,8 @@ import pytest
 
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.errors import SimulationError
+from psgdlab.core.platform.stragglers import StragglerModel
 from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas, run_reference
-from psgdlab.core.stragglers import StragglerModel
 from psgdlab.sim.emulate import replay
 
 N = 8

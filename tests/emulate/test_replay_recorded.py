@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from psgdlab.core.algorithms import make_algorithm
+from psgdlab.core.platform.stragglers import StragglerModel
 from psgdlab.core.reference import LeastSquaresProblem, LeastSquaresReplicas
-from psgdlab.core.stragglers import StragglerModel
 from psgdlab.sim.emulate import EventKind, index_trace, replay
 
 engine = pytest.importorskip("psgdlab.sim.engine")

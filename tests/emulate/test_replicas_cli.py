@@ -101,7 +101,7 @@ def test_cli_json_summary_and_run_directory(tmp_path, capsys):
         "timeline.json",
     ):
         assert (out / name).is_file(), name
-    from psgdlab.core.trace import read_trace
+    from psgdlab.core.records.trace import read_trace
 
     trace, meta = read_trace(out / "trace.npz")
     assert meta["source"] == "emulator" and meta["replayed_source"] == "simulator"

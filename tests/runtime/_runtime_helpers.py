@@ -11,8 +11,8 @@ import pytest
 
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
 
-#: topology schedules (dpsgd, adpsgd, hadpsgd) come from core/topology.py (branch `topo`)
-HAS_TOPOLOGY = importlib.util.find_spec("psgdlab.core.topology") is not None
+#: topology schedules (dpsgd, adpsgd, hadpsgd) come from core/graphs/topology.py (branch `topo`)
+HAS_TOPOLOGY = importlib.util.find_spec("psgdlab.core.graphs.topology") is not None
 needs_topology = pytest.mark.skipif(not HAS_TOPOLOGY, reason="core.topology (branch topo) not merged yet")
 
 #: float64 trajectories: the runtime and the oracle run the same arithmetic; allreduce sums in a

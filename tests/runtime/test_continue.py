@@ -18,9 +18,9 @@ import pytest
 
 from psgdlab.core.errors import ConfigError, TransportError
 from psgdlab.core.exchange import AllReduce, ExchangeKind, PairwiseAverage, wire_bytes
-from psgdlab.core.failure import node_sum_elements
-from psgdlab.core.membership import rebuild, survivor_exchanges
-from psgdlab.core.trace import PHASES, read_trace
+from psgdlab.core.graphs.membership import rebuild, survivor_exchanges
+from psgdlab.core.platform.failure import node_sum_elements
+from psgdlab.core.records.trace import PHASES, read_trace
 from psgdlab.runtime.config import build_algorithm
 from psgdlab.runtime.failures.stop import process_state
 from psgdlab.runtime.failures.survive.mailbox import BEATS_PER_DEADLINE, Mailbox
@@ -176,7 +176,7 @@ def test_survivors_follow_the_simulators_rebuilt_schedule(tmp_path):
 def test_a_blocking_gossip_drops_the_dead_until_the_switch_step(tmp_path):
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.errors import TransportError
-    from psgdlab.core.membership import without_peers
+    from psgdlab.core.graphs.membership import without_peers
     from psgdlab.runtime.failures.survive.survivors import Survivors
 
     alg = make_algorithm("dpsgd", n_workers=5)  # a ring
@@ -222,7 +222,7 @@ def test_the_work_a_dead_rank_lost_runs_from_its_last_exchange_to_its_last_word(
 
 
 def test_the_survivors_throughput_is_their_pace_before_and_after():
-    from psgdlab.core.trace import TraceBuilder
+    from psgdlab.core.records.trace import TraceBuilder
     from psgdlab.runtime.failures.survive.survivors import survivor_throughput
 
     tb = TraceBuilder()

@@ -17,7 +17,7 @@ import pytest
 
 from psgdlab.core.errors import RunInterrupted, TransportError
 from psgdlab.core.exchange import ExchangeKind
-from psgdlab.core.trace import PHASES, read_trace
+from psgdlab.core.records.trace import PHASES, read_trace
 from psgdlab.tests.runtime._runtime_helpers import (
     TRAJECTORY_ATOL,
     initial_full_loss,
@@ -184,8 +184,8 @@ def test_emulated_compute_shorter_than_the_real_compute_warns_once_on_rank_0():
 
     from psgdlab.core.algorithms import make_algorithm
     from psgdlab.core.errors import TestbedWarning
+    from psgdlab.core.platform.timing import ComputeTime
     from psgdlab.core.reference import LeastSquaresProblem
-    from psgdlab.core.timing import ComputeTime
     from psgdlab.runtime.loop.driver import DriverOptions, _Worker
     from psgdlab.runtime.loop.workloads import LeastSquaresWorkload
 

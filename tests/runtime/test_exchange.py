@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import AllReduce, ExchangeKind, Gossip, PairwiseAverage, ServerExchange, wire_bytes
-from psgdlab.core.failure import node_sum_elements
-from psgdlab.core.trace import read_trace
+from psgdlab.core.platform.failure import node_sum_elements
+from psgdlab.core.records.trace import read_trace
 from psgdlab.runtime.config import build_algorithm
 from psgdlab.runtime.loop.exchange.surviving import step_mark_period
 from psgdlab.runtime.loop.exchange.transform import (

@@ -124,7 +124,7 @@ def test_every_temporary_file_of_a_rank_is_found_by_its_process(tmp_path):
     """An epoch proposal, a corpus and any atomic write are written under ``temporary_path``: what
     a rank killed while writing left is removed by its process id (a 200-fault campaign found an
     epoch proposal's ``.epochN.RANK.PID.tmp`` that the sweep, which looked for ``tmpPID``, missed)."""
-    from psgdlab.core.trace import temporary_path
+    from psgdlab.core.records.trace import temporary_path
 
     left = [
         temporary_path(tmp_path / "membership" / "epoch00000002.json", tag="2"),

@@ -15,7 +15,7 @@ import pytest
 
 from psgdlab.calibration import run_residuals
 from psgdlab.cli import main
-from psgdlab.core.profile import Profile
+from psgdlab.core.platform.profile import Profile
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: the README's steps, and the ones run here (the measured case needs enough for a window)

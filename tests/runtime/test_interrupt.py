@@ -21,7 +21,7 @@ import pytest
 
 from psgdlab.cli import main
 from psgdlab.core.errors import TransportError
-from psgdlab.core.trace import read_trace
+from psgdlab.core.records.trace import read_trace
 from psgdlab.runtime.failures.flight import FlightRecorder
 from psgdlab.runtime.loop.checkpoint import complete_steps
 from psgdlab.runtime.loop.exchange.normal import STOP_CHECK_EVERY

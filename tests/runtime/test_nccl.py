@@ -133,7 +133,7 @@ def test_adpsgd_trains_on_nccl(tmp_path):
 @two_gpus
 def test_ssgd_of_a_module_overlaps_its_allreduce_on_nccl(tmp_path):
     from psgdlab.core.exchange import ExchangeKind
-    from psgdlab.core.trace import PHASES, read_trace
+    from psgdlab.core.records.trace import PHASES, read_trace
     from psgdlab.runtime.config import TrainConfig
 
     config = TrainConfig(

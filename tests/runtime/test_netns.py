@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.rundir import Summary
+from psgdlab.core.records.rundir import Summary
 from psgdlab.runtime.launcher import netns
 from psgdlab.runtime.transports.env import HOST_ENV, host_identity
 from psgdlab.tests.runtime._runtime_helpers import train_fails

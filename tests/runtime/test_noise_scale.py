@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psgdlab.core.convergence_fit import REFERENCE_KEYS
-from psgdlab.core.curves import time_to_target
+from psgdlab.core.convergence.curves import time_to_target
+from psgdlab.core.convergence.fit import REFERENCE_KEYS
 from psgdlab.core.reference import LeastSquaresProblem
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
@@ -61,7 +61,7 @@ def test_the_noise_scale_matches_the_closed_form_at_a_frozen_point(tmp_path, alg
     assert summary["noise_scale"] == pytest.approx(_exact_noise_scale(config), rel=0.05)
     rows = np.load(Path(config.out) / "noise_scale.npz")["rows"]
     assert rows.size == workers * 300 and set(np.unique(rows["rank"])) == set(range(workers))
-    # every key a reference run needs (psgdlab.core.convergence_fit.REFERENCE_KEYS)
+    # every key a reference run needs (psgdlab.core.convergence.fit.REFERENCE_KEYS)
     on_disk = json.loads((Path(config.out) / "summary.json").read_text())
     assert set(REFERENCE_KEYS) <= set(on_disk)
 

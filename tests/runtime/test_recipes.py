@@ -68,7 +68,7 @@ def test_least_squares_defaults_to_its_stable_rate():
 
 def test_a_wide_least_squares_run_on_the_default_rate_stays_finite(tmp_path, capsys):
     """The 2-worker ssgd run of 50,000 parameters diverged to inf at the old default rate 0.05."""
-    from psgdlab.core.trace import read_trace
+    from psgdlab.core.records.trace import read_trace
 
     out = tmp_path / "lsq"
     with warnings.catch_warnings():

@@ -206,7 +206,7 @@ def test_train_prints_the_summary_as_json(capsys, tmp_path):
     # with the bucketed overlap asked for, the allreduce rides on the backward pass (an overlap
     # record with the bytes per step and rank) and the run ends on the same weights
     from psgdlab.core.exchange import ExchangeKind
-    from psgdlab.core.trace import PHASES, read_trace
+    from psgdlab.core.records.trace import PHASES, read_trace
     from psgdlab.runtime.config import TrainConfig
     from psgdlab.runtime.launcher.launch import launch
     from psgdlab.runtime.loop.driver import OVERLAP_ENV

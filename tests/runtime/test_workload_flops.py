@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from psgdlab.core.workloads import dense_cost  # noqa: E402
+from psgdlab.core.platform.workloads import dense_cost  # noqa: E402
 from psgdlab.models.networks import build_model, count_parameters  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def _conformer(shape):
 def test_conformer_count_matches_torch():
     """conformer_cost's weights and forward MACs are torch's on the model they describe (a small
     shape: the count is exact at any size)."""
-    from psgdlab.core.workloads import ConformerShape, conformer_cost
+    from psgdlab.core.platform.workloads import ConformerShape, conformer_cost
 
     shape = ConformerShape(
         d_model=16, layers=2, conv_kernel=5, features=20, decoder_dim=8, vocabulary=10, frames=41, tokens=5

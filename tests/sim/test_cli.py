@@ -9,7 +9,7 @@ import pytest
 
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError, TopologyError
-from psgdlab.core.trace import read_trace
+from psgdlab.core.records.trace import read_trace
 from psgdlab.sim.workload import load_config, preset_names, preset_path
 
 
@@ -301,7 +301,7 @@ def test_a_prediction_too_long_to_simulate_asks_for_yes_and_one_too_large_to_hol
     machine has: refused whatever the flags). The limits are lowered here so a small request
     meets them; nothing is written before the answer."""
     from psgdlab.commands import predict
-    from psgdlab.core import machine
+    from psgdlab.core.platform import machine
 
     monkeypatch.setattr(predict, "ESTIMATE_FROM_WORKER_STEPS", 10)
     monkeypatch.setattr(predict, "CONFIRM_AFTER_S", 0.0)

@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import ALGORITHMS, make_algorithm
-from psgdlab.core.cost import allreduce_s
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.exchange import AllReduce, ExchangeKind, wire_bytes
-from psgdlab.core.failure import STEP_CHECK_ELEMENTS, node_sum_elements
+from psgdlab.core.platform.cost import allreduce_s
+from psgdlab.core.platform.failure import STEP_CHECK_ELEMENTS, node_sum_elements
+from psgdlab.core.platform.stragglers import StragglerModel
+from psgdlab.core.records.trace import PHASES, TRACE_DTYPE, summarize
 from psgdlab.core.reference import LeastSquaresProblem, run_reference
-from psgdlab.core.stragglers import StragglerModel
-from psgdlab.core.trace import PHASES, TRACE_DTYPE, summarize
 from psgdlab.sim.engine import simulate
 from psgdlab.sim.platform import Link, Platform, ServerSpec
 from psgdlab.sim.workload import Workload, load_config

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from psgdlab.cli import main
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.failure import Failure, check_failures, check_on_failure, default_on_failure, draw_failures
-from psgdlab.core.membership import rebuild
-from psgdlab.core.trace import PHASES
+from psgdlab.core.graphs.membership import rebuild
+from psgdlab.core.platform.failure import Failure, check_failures, check_on_failure, default_on_failure, draw_failures
+from psgdlab.core.records.trace import PHASES
 from psgdlab.sim.engine import FailureSpec, simulate
 from psgdlab.sim.failures import FailureRequest, failure_window
 from psgdlab.sim.platform import Link, Platform
@@ -268,7 +268,7 @@ def test_survivor_exchanges_pair_survivors_only_and_mix_by_columns(case, data, s
     """Every peer is a survivor; a gossip column sums to 1; singleton pairs are mutual with
     exactly one active side (nodes of unequal size pair member l with l mod m')."""
     from psgdlab.core.exchange import Gossip, PairwiseAverage
-    from psgdlab.core.membership import survivor_exchanges
+    from psgdlab.core.graphs.membership import survivor_exchanges
 
     name, n, kw = case
     a = make_algorithm(name, n_workers=n, **kw)

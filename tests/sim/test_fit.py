@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Link, Platform, Profile, Workload
+from psgdlab.core.platform.profile import Link, Platform, Profile, Workload
 from psgdlab.sim.fit import (
     GTX1080_PARAMETERS,
     fit_profile,
@@ -131,7 +131,7 @@ def test_fit_command_writes_a_profile_with_its_uncertainty(tmp_path, capsys):
     assert fitted.uncertainty.parameters == ("platform.pcie.efficiency",)
     assert fitted.platform.pcie.efficiency == pytest.approx(report["values"]["platform.pcie.efficiency"], rel=1e-5)
     # one description of the fit: the profile's notes are the head and what the printed JSON describes
-    from psgdlab.core.profile import Profile
+    from psgdlab.core.platform.profile import Profile
     from psgdlab.sim.fit import FitResult
 
     assert report["schema_version"] == 1

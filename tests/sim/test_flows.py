@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psgdlab.core.cost import max_min_rates
+from psgdlab.core.platform.cost import max_min_rates
 from psgdlab.sim.network import FairLinks
 
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import make_algorithm
-from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, allreduce_s
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.trace import PHASES, summarize
+from psgdlab.core.platform.cost import ALLREDUCE_ALGORITHMS, allreduce_s
+from psgdlab.core.records.trace import PHASES, summarize
 from psgdlab.sim.engine import simulate
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import HostCPU, Link, Placement, Platform
@@ -114,7 +114,7 @@ def test_the_allgather_after_a_sharded_average_stretches_as_half_an_allreduce(m,
     """H-ADPSGD's node gathers its averaged slices (stop's protocol): the gather half of an
     allreduce, on the links and on the cores; the members who gather at once hold the cores
     together (each one's part starts while the others' run)."""
-    from psgdlab.core.cost import allgather_s, allreduce_messages
+    from psgdlab.core.platform.cost import allgather_s, allreduce_messages
 
     cpu = HostCPU(cores_per_host=cores, work_per_message_s=w_m, work_per_byte_s=w_b)
     p = dataclasses.replace(one_host(m, cpu), allreduce=schedule)
@@ -198,7 +198,7 @@ def test_a_wire_hides_the_cpu_work_it_overlaps(k, cores, work, wire):
     """The stretch between hosts is what the shared cores need beyond the wire's time and the
     work itself: never more than the stretch inside a host, none once the wire takes longer
     than the shared work, and inside a host (``wire <= work``) the law of the fit."""
-    from psgdlab.core.cost import cpu_stretch_s
+    from psgdlab.core.platform.cost import cpu_stretch_s
 
     inside = cpu_stretch_s(k, cores, work)
     assert inside == pytest.approx(max(0.0, (k / cores - 1) * work), abs=1e-12)

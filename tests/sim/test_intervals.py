@@ -1,4 +1,4 @@
-"""Prediction intervals (psgdlab.core.intervals, psgdlab.sim.predict): they hold their value, vanish
+"""Prediction intervals (psgdlab.core.records.intervals, psgdlab.sim.predict): they hold their value, vanish
 without uncertainty or noise, widen with the parameters' spread, follow correlation, cancel what
 the speedup's baseline shares, and agree with Monte-Carlo quantiles on a small case."""
 
@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.intervals import (
+from psgdlab.core.platform.profile import Uncertainty
+from psgdlab.core.records.intervals import (
     INTERVAL_KEYS,
     Spread,
     batch_log_step_times,
@@ -23,7 +24,6 @@ from psgdlab.core.intervals import (
     row_intervals,
     shifted,
 )
-from psgdlab.core.profile import Uncertainty
 from psgdlab.sim import predict as P
 from psgdlab.sim.workload import load_config
 
@@ -263,7 +263,7 @@ def test_paired_batches_cancel_and_unpaired_ones_add():
 
 
 def test_batches_are_whole_sync_periods():
-    from psgdlab.core.trace import PHASES, TRACE_DTYPE
+    from psgdlab.core.records.trace import PHASES, TRACE_DTYPE
 
     steps = 64
     t = np.zeros(steps, dtype=TRACE_DTYPE)
@@ -298,7 +298,7 @@ def test_rows_with_more_processes_per_core_than_the_noise_was_measured_at_say_so
     import json
 
     from psgdlab.cli import main
-    from psgdlab.core.profile import HostCPU, Profile
+    from psgdlab.core.platform.profile import HostCPU, Profile
 
     base = load_config(data=STEADY)
     platform = dataclasses.replace(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import make_algorithm
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.trace import summarize
+from psgdlab.core.records.trace import summarize
 from psgdlab.sim.engine import compute_times, simulate
 from psgdlab.sim.platform import Link, Platform
 from psgdlab.sim.workload import Workload, load_config, loader_pauses

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.algorithms import ADPSGD, make_algorithm
-from psgdlab.core.failure import Failure
+from psgdlab.core.platform.failure import Failure
 from psgdlab.sim import network
 from psgdlab.sim.engine import FailureSpec, deaths, kernel, simulate
 from psgdlab.sim.platform import HostCPU, Link, Platform

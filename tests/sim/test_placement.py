@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Link, Platform
+from psgdlab.core.platform.profile import Link, Platform
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import Placement
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from psgdlab.cli import main
-from psgdlab.core.workloads import WORKLOADS, load_workload, workload, workload_names
+from psgdlab.core.platform.workloads import WORKLOADS, load_workload, workload, workload_names
 from psgdlab.sim.workload import preset_names, preset_sources
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from psgdlab.core.workloads import workload
+from psgdlab.core.platform.workloads import workload
 from psgdlab.sim.network import Network
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.workload import load_config

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from psgdlab.analysis.cores import devices_of
 from psgdlab.cli import main
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import PROCESS_DEVICE, HostCPU, Platform, Profile, Workload
+from psgdlab.core.platform.profile import PROCESS_DEVICE, HostCPU, Platform, Profile, Workload
 from psgdlab.sim.platform import Placement
 from psgdlab.sim.predict import predict_one, predict_sweep
 from psgdlab.sim.workload import load_config, with_room_for

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from psgdlab.core.profile import Profile
-from psgdlab.core.workloads import WORKLOADS
+from psgdlab.core.platform.profile import Profile
+from psgdlab.core.platform.workloads import WORKLOADS
 from psgdlab.sim.workload import SOURCE_KINDS, preset_names, preset_path, preset_sources, provenance_tags
 
 #: the presets of today's clusters, written with a tag on every value

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from psgdlab.core.errors import TransportError
-from psgdlab.core.trace import temporary_path
+from psgdlab.core.records.trace import temporary_path
 
 __all__ = ["Agreement", "Epoch", "Removed", "MEMBERSHIP_DIR"]
 

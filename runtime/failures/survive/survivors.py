@@ -6,9 +6,9 @@
   in the run directory, owned by no rank);
 - the control messages and the detection (:class:`~psgdlab.runtime.failures.survive.mailbox.Mailbox`: a peer whose
   connection ends is dead at once, one silent for the deadline is given up);
-- the schedule over the survivors: :func:`psgdlab.core.membership.rebuild` of the algorithm's
+- the schedule over the survivors: :func:`psgdlab.core.graphs.membership.rebuild` of the algorithm's
   :meth:`~psgdlab.core.algorithms.Algorithm.membership_topology` over the newest epoch, and
-  :func:`~psgdlab.core.membership.survivor_exchanges` of each step (the simulator's rule, so the
+  :func:`~psgdlab.core.graphs.membership.survivor_exchanges` of each step (the simulator's rule, so the
   prediction of ``psgdlab predict --fail`` and the run follow one schedule);
 - the collectives over groups the survivors form alone (:attr:`Survivors.groups`,
   :class:`~psgdlab.runtime.failures.survive.regroup.SurvivorGroups`): an H-ADPSGD node that lost a GPU.
@@ -44,8 +44,8 @@ import numpy as np
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TransportError
 from psgdlab.core.exchange import Exchange, Gossip
-from psgdlab.core.membership import Rebuilt, rebuild, survivor_exchanges, without_peers
-from psgdlab.core.rundir import SUMMARY_FILE
+from psgdlab.core.graphs.membership import Rebuilt, rebuild, survivor_exchanges, without_peers
+from psgdlab.core.records.rundir import SUMMARY_FILE
 from psgdlab.runtime.failures.survive.agreement import MEMBERSHIP_DIR, Agreement, Epoch, Removed
 from psgdlab.runtime.failures.survive.mailbox import Mailbox
 
@@ -197,7 +197,7 @@ class Survivors:
         """This rank's exchanges of ``step``: the schedule rebuilt over the newest epoch whose
         switch step has come (the original schedule while everyone is alive), less the peers
         found dead since (a gossip's weight for them goes to the rank itself:
-        :func:`~psgdlab.core.membership.without_peers`)."""
+        :func:`~psgdlab.core.graphs.membership.without_peers`)."""
         self.mailbox.step = step
         current = self.epoch()
         template = self.alg.exchanges(step, self.rank)

@@ -49,7 +49,7 @@ from psgdlab.core.exchange import (
     PairwiseAverage,
     ServerExchange,
 )
-from psgdlab.core.trace import SERVER_PEER, TraceBuilder
+from psgdlab.core.records.trace import SERVER_PEER, TraceBuilder
 from psgdlab.runtime.failures.flight import FlightRecorder
 from psgdlab.runtime.loop.exchange.transform import Wire
 from psgdlab.runtime.loop.server import server_exchange

@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from psgdlab.core.errors import TransportError
-from psgdlab.core.trace import atomic_write_text
+from psgdlab.core.records.trace import atomic_write_text
 from psgdlab.runtime.failures.flight import FlightRecorder
 
 __all__ = ["StopAgreement", "FileBoard", "BoardWatch", "STOP_DIR", "POLL_S"]

@@ -37,8 +37,8 @@ import torch
 from psgdlab.core.algorithms.base import Algorithm
 from psgdlab.core.errors import TransportError
 from psgdlab.core.exchange import AllReduce, Gossip, PairwiseAverage
-from psgdlab.core.failure import STEP_CHECK_ELEMENTS, sums_node_slices
-from psgdlab.core.membership import without_peers
+from psgdlab.core.graphs.membership import without_peers
+from psgdlab.core.platform.failure import STEP_CHECK_ELEMENTS, sums_node_slices
 from psgdlab.runtime.failures.survive.survivors import Survivors
 from psgdlab.runtime.loop.exchange.protocol import ALLREDUCE, GOSSIP, PAIR, ExchangeProtocol, Mixed, Step, in_full
 from psgdlab.runtime.loop.exchange.stopping import StopAgreement
@@ -179,7 +179,7 @@ class SurvivingProtocol(ExchangeProtocol):
         """One pairwise exchange per peer, in increasing rank order on every member (the edges in
         one global order: the lowest edge not yet done always has both ends at it, so the order
         cannot deadlock); a peer lost in its exchange costs only its own edge: its weight goes to
-        this rank (:func:`~psgdlab.core.membership.without_peers`)."""
+        this rank (:func:`~psgdlab.core.graphs.membership.without_peers`)."""
         members = self.survivors
         t0 = self.now()
         self._sleep_jitter()
@@ -370,7 +370,7 @@ class SurvivingProtocol(ExchangeProtocol):
     def _regroup(self, group: tuple[int, ...], step: int, exc: BaseException) -> tuple[int, ...]:
         """After ``group``'s allreduce failed: wait (up to the deadline) until the membership names
         a member of it dead, agree on that, and return the group of the step rebuilt over the
-        survivors (:func:`~psgdlab.core.membership.survivor_exchanges`; this rank alone when one
+        survivors (:func:`~psgdlab.core.graphs.membership.survivor_exchanges`; this rank alone when one
         is left). Every member ends at the same group: a membership only shrinks, and a member
         still on an older group cannot finish a collective without those already on the new."""
         members = self.survivors

@@ -8,7 +8,7 @@ Every route fits the same curve (:mod:`psgdlab.core.convergence`): a run at tota
 
 with :math:`P` the product of the staleness, learner and period factors at that run's setting
 (taken from the profile's scales, not fitted). :func:`fit_curve` fits :math:`(m_\infty, K,
-B_\text{noise})` with :func:`psgdlab.core.fitting.fit_parameters` (log-normal priors, relative
+B_\text{noise})` with :func:`psgdlab.core.stats.fitting.fit_parameters` (log-normal priors, relative
 errors of spread ``metric_sd`` over the metric) and reports the in-sample, leave-one-out and
 leave-one-group-out errors of the metric (a group: one run, one table cell).
 
@@ -18,7 +18,7 @@ one place they are defined): the gradient noise scale measured during training i
 :math:`B_\text{noise}` (its log-sd the prior's spread), and the tail of the held-out curve fits
 :math:`m_\infty` and :math:`K`. Where the run reached the profile's target, the curve is
 **anchored** there (:func:`anchor_curve`): :math:`K` is set so that the model passes through the
-epochs at which the run's held-out curve (its decreasing fit, :func:`psgdlab.core.curves.time_to_target`)
+epochs at which the run's held-out curve (its decreasing fit, :func:`psgdlab.core.convergence.curves.time_to_target`)
 reached the target, the fitted floor and noise scale kept; the law :math:`K/(m - m_\infty)` then
 only carries the run to other targets, and a curve that follows another law near the target (the
 exponential descent of least squares) does not bias the prediction at it. A single run says
@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.convergence import ConvergenceProfile, Estimate, Family, Limit, Limits, Setting, setting_of
-from psgdlab.core.curves import time_to_target
+from psgdlab.core.convergence.curves import time_to_target
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.fitting import FitReport, fit_parameters
-from psgdlab.core.rundir import require_complete
+from psgdlab.core.records.rundir import require_complete
+from psgdlab.core.stats.fitting import FitReport, fit_parameters
 
 __all__ = [
     "REFERENCE_KEYS",
@@ -347,7 +347,7 @@ def from_reference_run(
     if missing:
         raise ConfigError(
             f"reference run {path}: summary.json lacks {', '.join(missing)} (a reference run needs "
-            f"{', '.join(REFERENCE_KEYS)}: see psgdlab.core.convergence_fit.REFERENCE_KEYS)"
+            f"{', '.join(REFERENCE_KEYS)}: see psgdlab.core.convergence.fit.REFERENCE_KEYS)"
         )
     curve = s["heldout_curve"]
     if metric not in curve or "epoch" not in curve:

@@ -26,7 +26,7 @@ disconnected").
 
 Examples
 --------
->>> from psgdlab.core.topology import fixed_ring, random_ring, ring
+>>> from psgdlab.core.graphs.topology import fixed_ring, random_ring, ring
 >>> round(spectral_gap(ring(8).matrix()), 6)
 0.195262
 >>> s = topology_spectrum(fixed_ring(16))
@@ -49,8 +49,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from psgdlab.core.errors import ConfigError, InvalidMixingMatrixError, TestbedWarning
-from psgdlab.core.mixing import check_mixing_matrix
-from psgdlab.core.topology import STATIC_KINDS, Topology, build_topology
+from psgdlab.core.graphs.mixing import check_mixing_matrix
+from psgdlab.core.graphs.topology import STATIC_KINDS, Topology, build_topology
 
 __all__ = [
     "DISCONNECTED_GAP",
@@ -84,7 +84,7 @@ def eigenvalues(W: ArrayLike) -> NDArray[Any]:
     ----------
     W : array_like, shape (n, n)
         A doubly stochastic mixing matrix (checked with
-        :func:`~psgdlab.core.mixing.check_mixing_matrix`, default tolerance).
+        :func:`~psgdlab.core.graphs.mixing.check_mixing_matrix`, default tolerance).
 
     Returns
     -------
@@ -172,7 +172,7 @@ def spectral_gap(W: ArrayLike) -> float:
 
     Examples
     --------
-    >>> from psgdlab.core.mixing import matching_matrix
+    >>> from psgdlab.core.graphs.mixing import matching_matrix
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
@@ -291,7 +291,7 @@ def estimate_expected_gram(
 
     Examples
     --------
-    >>> from psgdlab.core.topology import random_ring
+    >>> from psgdlab.core.graphs.topology import random_ring
     >>> topo = random_ring(8, seed=3)
     >>> est, se = estimate_expected_gram(lambda g: topo.matrix(int(g.integers(2**62))), samples=2000, rng=0)
     >>> exact = expected_gram(topo)
@@ -388,7 +388,7 @@ def spectral_gap_curve(
     ``spectral_gap`` is that of :func:`topology_spectrum` (of ``W`` for static kinds, of
     :math:`E[TT^T]` otherwise). Counts the kind rejects (odd counts for matchings, non-powers of two
     for the hypercube, ...) are skipped. Other parameters are as in
-    :func:`~psgdlab.core.topology.build_topology` (``inner`` only for ``hierarchical``).
+    :func:`~psgdlab.core.graphs.topology.build_topology` (``inner`` only for ``hierarchical``).
 
     Examples
     --------

@@ -21,7 +21,7 @@ and takes the ratio of the averages (:func:`smoothed_noise_scale`). Where the tw
 is the executor's business (the runtime: a worker's own gradient and the average its gradient
 allreduce returns, or the two halves of its minibatch as two backward passes); this module holds
 the arithmetic, the summary that a run directory records (:func:`summarize_noise_scale`: the
-keys of :data:`psgdlab.core.convergence_fit.REFERENCE_KEYS`) and the direct estimate from many
+keys of :data:`psgdlab.core.convergence.fit.REFERENCE_KEYS`) and the direct estimate from many
 gradient samples at one point (:func:`direct_noise_scale`) that checks it.
 
 References
@@ -171,7 +171,7 @@ class NoiseScaleSummary:
     method: str
 
     def to_json(self) -> dict[str, Any]:
-        """The summary.json keys (:data:`~psgdlab.core.convergence_fit.REFERENCE_KEYS`' two, and more)."""
+        """The summary.json keys (:data:`~psgdlab.core.convergence.fit.REFERENCE_KEYS`' two, and more)."""
         out: dict[str, Any] = {
             "noise_scale_curve": self.curve,
             "noise_scale_estimates": self.estimates,

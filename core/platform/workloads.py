@@ -5,9 +5,9 @@ by what it costs: its payload (parameters x bytes), the floating-point work of o
 forward and backward pass, the bytes a step moves through device memory whatever its batch (the
 weights read by the forward and backward passes and written by the update), the input bytes of a
 sample, and the data's size. :func:`workload` turns a name of :data:`WORKLOADS` into a
-:class:`~psgdlab.core.profile.Workload`; ``psgdlab predict --workload NAME|FILE`` uses it.
+:class:`~psgdlab.core.platform.profile.Workload`; ``psgdlab predict --workload NAME|FILE`` uses it.
 
-The compute time of a step follows from the device (:meth:`psgdlab.core.profile.Profile.resolved`):
+The compute time of a step follows from the device (:meth:`psgdlab.core.platform.profile.Profile.resolved`):
 
 .. math::
     t(b) = \frac{F\,b}{P\,e_c} + \frac{M}{W\,e_m}
@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Workload
+from psgdlab.core.platform.profile import Workload
 
 __all__ = [
     "WORKLOADS",
@@ -290,8 +290,8 @@ def _conformer_120m() -> WorkloadEntry:
             sample_unit="utterances",
         ),
         {
-            "n_params": "[DER] counted from the definition (core/workloads.py conformer_cost); [GULATI2020 Tab.1] "
-            "gives 118.8M",
+            "n_params": "[DER] counted from the definition (core/platform/workloads.py conformer_cost); "
+            "[GULATI2020 Tab.1] gives 118.8M",
             "itemsize": "[INF] fp32 gradients (mixed precision keeps fp32 weights)",
             "reference_batch": "[INF] the batch the compute law is stated at",
             "flops_per_sample": "[DER] 6 x the forward MACs of a 1229-frame utterance (conformer_cost)",
@@ -348,7 +348,7 @@ def workload_toml(name: str) -> str:
     >>> load_workload(str(path)) == workload("dnn-13.5m")
     True
     """
-    from psgdlab.core.profile import Platform, Profile
+    from psgdlab.core.platform.profile import Platform, Profile
 
     w = workload(name)
     notes = (

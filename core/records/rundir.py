@@ -6,12 +6,12 @@ Layout::
     RUN_DIR/
       config.resolved.json   the fully resolved configuration
       env.json               versions, git SHA, host, world size, source
-      trace.npz              the trace (psgdlab.core.trace schema)
+      trace.npz              the trace (psgdlab.core.records.trace schema)
       summary.json           a :class:`Summary`: which case (source, algorithm, its parameters,
-                             workers, case name) and its figures (psgdlab.core.trace.summarize
+                             workers, case name) and its figures (psgdlab.core.records.trace.summarize
                              plus executor extras), flat in one JSON object; or, for a run
                              directory of several cases, a sweep's or a plan's summary
-                             (psgdlab.core.summaries); every shape starts with schema_version,
+                             (psgdlab.core.records.summaries); every shape starts with schema_version,
                              kind and source, and is written by write_summary
       timeline.json          Chrome/Perfetto timeline
       *.png                  plots
@@ -66,7 +66,7 @@ from typing import Any
 
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.files import TEMPORARY_GLOB, atomic_write_json, process_start_time, temporary_writer
-from psgdlab.core.summaries import HEADER_KEYS, PlanSummary, SweepSummary, header, kind_of
+from psgdlab.core.records.summaries import HEADER_KEYS, PlanSummary, SweepSummary, header, kind_of
 
 __all__ = [
     "RunDir",
@@ -203,7 +203,7 @@ class Summary:
         The host of every rank (index ``r``: rank ``r``'s host, numbered ``0..hosts-1`` in order
         of first appearance; a parameter server's rank included); ``None`` where not recorded.
     figures : dict
-        Everything measured or predicted (:func:`psgdlab.core.trace.summarize` and the
+        Everything measured or predicted (:func:`psgdlab.core.records.trace.summarize` and the
         executor's extras), JSON-able; written flat beside the case keys.
 
     Examples
@@ -254,7 +254,7 @@ class Summary:
         return self.case or self.algorithm
 
     def to_json(self) -> dict[str, Any]:
-        """One flat JSON object: the header (:func:`psgdlab.core.summaries.header`), the case
+        """One flat JSON object: the header (:func:`psgdlab.core.records.summaries.header`), the case
         keys, then the figures."""
         head = {
             **header("case", self.source),
@@ -293,7 +293,7 @@ class Summary:
         )
 
 
-#: every shape of ``summary.json`` (:mod:`psgdlab.core.summaries`)
+#: every shape of ``summary.json`` (:mod:`psgdlab.core.records.summaries`)
 RunSummary = Summary | SweepSummary | PlanSummary
 
 
@@ -329,7 +329,7 @@ def read_summary(run: RunDir | str | os.PathLike[str]) -> Summary:
 
 
 def read_run_summary(run: RunDir | str | os.PathLike[str]) -> RunSummary:
-    """The summary of ``run``, whatever its shape (:func:`psgdlab.core.summaries.kind_of`)."""
+    """The summary of ``run``, whatever its shape (:func:`psgdlab.core.records.summaries.kind_of`)."""
     path, obj = _summary_json(run)
     kind = kind_of(obj, where=path)
     if kind == "sweep":

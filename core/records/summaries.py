@@ -1,13 +1,13 @@
 """The summaries of run directories that hold more than one case, and plan's answer.
 
 A run directory's ``summary.json`` has one of three shapes, each a dataclass written by
-:func:`psgdlab.core.rundir.write_summary` (the one writer of the file) and read by
-:func:`psgdlab.core.rundir.read_run_summary`; all share a header (:func:`header`):
-``schema_version`` (:data:`psgdlab.core.results.SCHEMA_VERSION`), ``kind`` and ``source``, the
+:func:`psgdlab.core.records.rundir.write_summary` (the one writer of the file) and read by
+:func:`psgdlab.core.records.rundir.read_run_summary`; all share a header (:func:`header`):
+``schema_version`` (:data:`psgdlab.core.records.results.SCHEMA_VERSION`), ``kind`` and ``source``, the
 executor that wrote it.
 
-- ``case`` (:class:`psgdlab.core.rundir.Summary`): one configuration's run, by any executor;
-- ``sweep`` (:class:`SweepSummary`): ``psgdlab predict``'s sweep, a :class:`~psgdlab.core.rows.PredictionRow`
+- ``case`` (:class:`psgdlab.core.records.rundir.Summary`): one configuration's run, by any executor;
+- ``sweep`` (:class:`SweepSummary`): ``psgdlab predict``'s sweep, a :class:`~psgdlab.core.records.rows.PredictionRow`
   per configuration (each also a ``case`` under ``runs/``);
 - ``plan`` (:class:`PlanSummary`): ``psgdlab plan``'s answer (:class:`PlanAnswer`, what
   ``plan --json`` prints) and a brief row per candidate (:class:`PlanBrief`).
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.results import SCHEMA_VERSION, Record, document, schema_version_of
-from psgdlab.core.rows import PlanRow, PredictionRow
+from psgdlab.core.records.results import SCHEMA_VERSION, Record, document, schema_version_of
+from psgdlab.core.records.rows import PlanRow, PredictionRow
 
 __all__ = [
     "Kind",

@@ -76,7 +76,7 @@ from numpy.typing import NDArray
 
 from psgdlab.core.config import unknown
 from psgdlab.core.errors import ConfigError, TopologyError
-from psgdlab.core.mixing import (
+from psgdlab.core.graphs.mixing import (
     check_adjacency,
     matching_matrix,
     metropolis_hastings_weights,
@@ -477,8 +477,8 @@ def from_networkx(graph: Any, *, weights: Literal["metropolis", "uniform"] = "me
         Undirected and connected; self loops and edge attributes are ignored (the self weight is set
         by the rule), parallel edges of a multigraph count once.
     weights : {"metropolis", "uniform"}, default "metropolis"
-        :func:`~psgdlab.core.mixing.metropolis_hastings_weights` or
-        :func:`~psgdlab.core.mixing.uniform_weights`.
+        :func:`~psgdlab.core.graphs.mixing.metropolis_hastings_weights` or
+        :func:`~psgdlab.core.graphs.mixing.uniform_weights`.
 
     Raises
     ------

@@ -2,7 +2,7 @@ r"""Priors of the values a calibration may not pin down: the figure a fit keeps,
 
 A fit that cannot separate a value from the others (one payload size, durations that do not grow
 with the size on a loaded machine) keeps the value's prior and says so: the profile marks it
-*unpinned* (:class:`psgdlab.core.profile.Uncertainty`) with the prior's spread as its ``log_sd``,
+*unpinned* (:class:`psgdlab.core.platform.profile.Uncertainty`) with the prior's spread as its ``log_sd``,
 and a prediction's interval widens by it. A prior is a value, the standard deviation of its
 natural logarithm and where the value comes from.
 

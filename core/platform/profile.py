@@ -3,7 +3,7 @@ r"""The platform profile: a cluster (links, host CPU, parameter server) and a wo
 One schema for every profile the testbed reads or writes: the shipped presets
 (``sim/presets/*.toml``), the profile ``psgdlab calibrate`` fits from measured runs, and the one
 ``python -m psgdlab.sim.fit`` fits to published tables. The simulator prices exchanges on it
-(:mod:`psgdlab.core.cost` holds the laws); what follows says what each parameter means.
+(:mod:`psgdlab.core.platform.cost` holds the laws); what follows says what each parameter means.
 
 A :class:`Platform` is ``hosts`` machines of ``devices_per_host`` accelerators split evenly over
 ``sockets_per_host`` CPU sockets. Link classes, each with a latency and a bandwidth per
@@ -25,7 +25,7 @@ direction (:class:`Link`):
 
 ``host_cpu`` (:class:`HostCPU`, optional) gives the hosts' cores and the CPU work one worker
 spends on an exchange, for hosts whose worker processes outnumber their cores
-(:func:`psgdlab.core.cost.cpu_stretch_s`). A :class:`Workload` is what one training job asks of
+(:func:`psgdlab.core.platform.cost.cpu_stretch_s`). A :class:`Workload` is what one training job asks of
 the platform; :class:`Defaults` the sweep a file suggests.
 
 TOML layout
@@ -66,9 +66,9 @@ from typing import Any, Literal
 
 from psgdlab.core.algorithms import PlatformFacts
 from psgdlab.core.config import check_keys, closest, load_dataclass, parse_toml, read_config_text
-from psgdlab.core.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work_s
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.timing import ComputeTime
+from psgdlab.core.platform.cost import ALLREDUCE_ALGORITHMS, AllreduceAlgorithm, cpu_work_s
+from psgdlab.core.platform.timing import ComputeTime
 
 __all__ = [
     "Link",
@@ -317,7 +317,7 @@ class Platform:
         The accelerator's peak FLOP/s and memory bandwidth (spec sheet); 0 (default): unknown,
         and the workload's ``compute`` time is taken as given. With them and a workload that
         gives ``flops_per_sample``, the compute time follows from the device
-        (:meth:`Profile.resolved`, :mod:`psgdlab.core.workloads`).
+        (:meth:`Profile.resolved`, :mod:`psgdlab.core.platform.workloads`).
     compute_efficiency, memory_efficiency : float
         Achieved fractions, in (0, 1], of the peak FLOP/s and of the memory bandwidth in a
         training step.
@@ -333,7 +333,7 @@ class Platform:
         new membership, or stop). Default 600 s: the runtime's deadline on a wait (``train
         --timeout``), after which a rank whose peer is silent -- a lost host, a hung process --
         gives up on it. A process killed on a host whose launcher watches it is seen within the
-        launcher's poll (0.1 s): set 0.1 to price that case (:mod:`psgdlab.core.failure`).
+        launcher's poll (0.1 s): set 0.1 to price that case (:mod:`psgdlab.core.platform.failure`).
     restart_s : float
         Seconds to relaunch a run after a detected failure under ``--on-failure restart``:
         torchrun's elastic agent tears the workers down, re-runs the rendezvous and starts new
@@ -458,7 +458,7 @@ class Workload:
     - ``n_params`` and ``itemsize`` -- the payload :math:`S` = ``n_params * itemsize`` bytes of
       every model or gradient exchange;
     - ``compute`` -- the compute time of one step at ``reference_batch`` samples per worker, a
-      distribution (:class:`psgdlab.core.timing.ComputeTime` spec: ``"0.171"``,
+      distribution (:class:`psgdlab.core.platform.timing.ComputeTime` spec: ``"0.171"``,
       ``"lognormal:0.171:0.05"``, ...). At another batch ``b`` the time is scaled affinely:
       :math:`t(b) = t_0 + (\bar t - t_0)\, b / b_\text{ref}` with :math:`t_0` =
       ``compute_fixed_s`` (the part of a step that does not depend on the batch); the spread is
@@ -475,7 +475,7 @@ class Workload:
     - ``samples_per_epoch``, ``epochs``, ``batch_per_worker`` and ``sample_unit`` (what one sample
       is: a 21-frame BLSTM chunk, one frame, ...);
     - ``flops_per_sample`` and ``bytes_per_step`` -- the forward and backward FLOPs of one sample
-      and the device-memory bytes of a step whatever its batch (:mod:`psgdlab.core.workloads`);
+      and the device-memory bytes of a step whatever its batch (:mod:`psgdlab.core.platform.workloads`);
       0 (default): not given. With a platform that gives its device, they set the compute time
       (:meth:`Profile.resolved`).
     """
@@ -764,11 +764,11 @@ class Profile:
         .. math::
             t(b) = \frac{F\,b}{P\,e_c} + \frac{M}{W\,e_m}
 
-        (:mod:`psgdlab.core.workloads`): the mean at ``reference_batch`` goes into ``compute``
+        (:mod:`psgdlab.core.platform.workloads`): the mean at ``reference_batch`` goes into ``compute``
         (its kind and spread kept) and the batch-independent memory term into
         ``compute_fixed_s``, so :meth:`Workload.mean_compute_s` gives :math:`t(b)` at any batch.
 
-        >>> from psgdlab.core.workloads import workload
+        >>> from psgdlab.core.platform.workloads import workload
         >>> p = Profile(platform=Platform(device_flops_per_s=1e13, compute_efficiency=0.5,
         ...             device_memory_bandwidth_bytes_per_s=3e11), workload=workload("dnn-13.5m"))
         >>> w = p.resolved().workload
@@ -893,7 +893,7 @@ class Profile:
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_toml` to ``path`` atomically (temporary file, then rename)."""
-        from psgdlab.core.trace import atomic_write_text
+        from psgdlab.core.files import atomic_write_text
 
         return atomic_write_text(path, self.to_toml())
 

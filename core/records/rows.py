@@ -9,7 +9,7 @@ it is there, so ``"speedup_low" in row`` says whether the row has intervals. :cl
 a candidate of ``psgdlab plan``: a prediction's row with the candidate's label, or, for a
 candidate that cannot reach the target whatever its step time, only why.
 
-Every row is a read-only mapping over its JSON keys (:class:`psgdlab.core.results.Record`):
+Every row is a read-only mapping over its JSON keys (:class:`psgdlab.core.records.results.Record`):
 ``row["speedup"]`` is ``row.speedup``. Times are in seconds, throughputs in the workload's
 samples per second, staleness in updates (foreign model merges, or server updates, between
 reading the weights and applying the gradient), fractions of a step's wall time in [0, 1].
@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from psgdlab.core.intervals import INTERVAL_KEYS
-from psgdlab.core.results import OpenDict, Record, optional, present
+from psgdlab.core.records.intervals import INTERVAL_KEYS
+from psgdlab.core.records.results import OpenDict, Record, optional, present
 
 __all__ = [
     "STALENESS_UNIT",
@@ -101,7 +101,7 @@ class Extrapolation:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IntervalLogSd:
-    """The log-sds behind a row's intervals (:func:`psgdlab.core.intervals.row_intervals`):
+    """The log-sds behind a row's intervals (:func:`psgdlab.core.records.intervals.row_intervals`):
     ``step_time`` and ``speedup``, and the parts of each, summed in quadrature: the profile's
     parameters (``*_parameters``), the simulated window's noise (``*_simulation``) and the
     run-to-run noise (``*_run_to_run``)."""
@@ -126,7 +126,7 @@ class IntervalLogSd:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IntervalInfo:
     """What a row's 90 % intervals hold (its ``interval`` key;
-    :func:`psgdlab.core.intervals.interval_description`).
+    :func:`psgdlab.core.records.intervals.interval_description`).
 
     Parameters
     ----------
@@ -195,7 +195,7 @@ class IntervalInfo:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RowIntervals:
     """A row's 90 % intervals: ``KEY_low`` and ``KEY_high`` for each of
-    :data:`~psgdlab.core.intervals.INTERVAL_KEYS`
+    :data:`~psgdlab.core.records.intervals.INTERVAL_KEYS`
     (same units as ``KEY``), what they hold (``interval``), whether any of the profile's
     parameters is unpinned, and whether the row runs more worker processes per core than the
     profile's noise was measured at (``noise_extrapolated``: its interval leaves out what sharing

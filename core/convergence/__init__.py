@@ -58,13 +58,21 @@ ring variant holds on another is not known. The model predicts the epochs of a s
 decays in time with the training's length; a run stopped early on a schedule tuned for longer is
 not what it describes.
 
-Where the parameters come from: :mod:`psgdlab.core.convergence_fit` (a reference run, emulated
-runs, published results) and :mod:`psgdlab.core.convergence_published` (the shipped profiles).
+Where the parameters come from: :mod:`psgdlab.core.convergence.fit` (a reference run, emulated
+runs, published results) and :mod:`psgdlab.core.convergence.published` (the shipped profiles);
+what training measures for them: :mod:`psgdlab.core.convergence.noise_scale` (the gradient noise
+scale from gradient norms at two batch sizes) and :mod:`psgdlab.core.convergence.curves` (the
+time to a target read off a held-out curve).
 
 References
 ----------
 McCandlish, Kaplan, Amodei and the OpenAI Dota team, "An Empirical Model of Large-Batch
 Training", arXiv 1812.06162, 2018. Zhang et al., Interspeech 2019 (ALGORITHMS.md §D.1).
+
+The package holds the model; where its parameters come from is apart:
+:mod:`~psgdlab.core.convergence.fit` (fits to a reference run, emulated runs, published results)
+and :mod:`~psgdlab.core.convergence.published` (the shipped profiles). Importing the model
+imports neither.
 
 Examples
 --------
@@ -91,7 +99,7 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError, require
-from psgdlab.core.rows import PredictionRow, TargetColumns, TargetLogSd
+from psgdlab.core.records.rows import PredictionRow, TargetColumns, TargetLogSd
 
 __all__ = [
     "METRICS",
@@ -130,7 +138,7 @@ TARGET_KEYS = (
 #: what a plan may minimise -> the row key of :func:`target_columns` it reads (``psgdlab plan
 #: --objective``'s choices, and :func:`psgdlab.sim.plan.choose`'s)
 OBJECTIVES: dict[str, str] = {"time": "time_to_target_s", "gpu-hours": "gpu_hours_to_target"}
-#: the standard normal's 95 % quantile (a two-sided 90 % interval), as :mod:`psgdlab.core.intervals`
+#: the standard normal's 95 % quantile (a two-sided 90 % interval), as :mod:`psgdlab.core.records.intervals`
 _Z = 1.6448536269514722
 _TARGET_RE = re.compile(r"^\s*([a-z]+)\s*=\s*(\S+)\s*$")
 
@@ -540,7 +548,7 @@ def _interval_log_sd(row: PredictionRow) -> dict[str, float]:
 def target_columns(
     outcome: Outcome, target: Target, *, step_time_s: float, step_time_log_sd: float, workers: int
 ) -> TargetColumns:
-    r"""The time to ``target`` (:class:`~psgdlab.core.rows.TargetColumns`, the row keys of
+    r"""The time to ``target`` (:class:`~psgdlab.core.records.rows.TargetColumns`, the row keys of
     :data:`TARGET_KEYS` and more) of a configuration whose mean step time is
     ``step_time_s`` (log-sd ``step_time_log_sd``, the throughput's interval) on ``workers``
     devices: time to target :math:`= S\,T`, GPU-hours :math:`= S\,T\,n/3600`, and their 90 %

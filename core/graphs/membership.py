@@ -1,7 +1,7 @@
 r"""Membership changes: the topology of a gossip run rebuilt over the workers that survive.
 
 When workers die, the survivors go on with a schedule over themselves. :func:`rebuild` takes the
-original :class:`~psgdlab.core.topology.Topology` and the surviving ranks and returns a
+original :class:`~psgdlab.core.graphs.topology.Topology` and the surviving ranks and returns a
 :class:`Rebuilt` topology over them: its mixing matrix of every round is doubly stochastic (the
 survivors' average is kept) and symmetric, indexed by the survivors in ascending rank order, and
 :meth:`Rebuilt.peers` speaks in the original ranks.
@@ -27,7 +27,7 @@ Rules, by kind (ALGORITHMS.md §A.7-§A.10 for the original schedules):
 
 Examples
 --------
->>> from psgdlab.core.topology import build_topology
+>>> from psgdlab.core.graphs.topology import build_topology
 >>> r = rebuild(build_topology("fixed-ring", 6), alive=(0, 1, 2, 4, 5))
 >>> r.members, r.idle(0)
 ((0, 1, 2, 4, 5), 0)
@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 
 from psgdlab.core.errors import TopologyError, require
 from psgdlab.core.exchange import AllReduce, Barrier, Exchange, Gossip, PairwiseAverage
-from psgdlab.core.topology import STATIC_KINDS, Topology, build_topology, torus_shape
+from psgdlab.core.graphs.topology import STATIC_KINDS, Topology, build_topology, torus_shape
 
 __all__ = ["Rebuilt", "rebuild", "survivor_exchanges", "without_peers"]
 

@@ -18,7 +18,7 @@ speedup has its own, :math:`s_S`:
     s_S^2 = \sum_i (d_i - d_{b,i})^2 + \sigma_{\text{sim},S}^2 + 2\log(1 + c^2).
 
 **Parameters** (:math:`d_i`). The profile's ``[uncertainty]`` table
-(:class:`~psgdlab.core.profile.Uncertainty`) says :math:`\log\theta \sim N(\log\hat\theta,
+(:class:`~psgdlab.core.platform.profile.Uncertainty`) says :math:`\log\theta \sim N(\log\hat\theta,
 \Sigma)`. :math:`\Sigma = \sum_i \lambda_i v_i v_i^\top` is split into its principal directions
 (:func:`directions`; those with :math:`\lambda_i \le 10^{-12}\max\lambda` are left out); along
 :math:`u_i = \sqrt{\lambda_i}\, v_i`, one standard deviation, the log step time is independent
@@ -63,7 +63,7 @@ is then the simulator's noise alone, and the row says so (:func:`interval_descri
 
 Examples
 --------
->>> from psgdlab.core.profile import Profile, Platform, Workload, Uncertainty
+>>> from psgdlab.core.platform.profile import Profile, Platform, Workload, Uncertainty
 >>> u = Uncertainty(parameters=("platform.nic.bandwidth_bytes_per_s", "platform.nic.latency_s"),
 ...                 log_sd=(0.1, 0.2), correlation=((1.0, 1.0), (1.0, 1.0)))
 >>> [{k: round(v, 3) for k, v in d.items()} for d in directions(u)]  # one direction: correlated
@@ -84,8 +84,8 @@ from typing import Any
 import numpy as np
 
 from psgdlab.core.errors import ConfigError
-from psgdlab.core.profile import Profile, Uncertainty
-from psgdlab.core.trace import PHASES
+from psgdlab.core.platform.profile import Profile, Uncertainty
+from psgdlab.core.records.trace import PHASES
 
 __all__ = [
     "LEVEL",
@@ -138,7 +138,7 @@ class Spread:
 def directions(uncertainty: Uncertainty | None) -> tuple[dict[str, float], ...]:
     r"""One standard deviation along each principal direction of the parameters' log covariance,
     as log shifts by path: :math:`u_i = \sqrt{\lambda_i} v_i` for the eigenpairs of
-    :meth:`~psgdlab.core.profile.Uncertainty.covariance` with :math:`\lambda_i` above
+    :meth:`~psgdlab.core.platform.profile.Uncertainty.covariance` with :math:`\lambda_i` above
     :math:`10^{-12}` of the largest (a parameter with log-sd 0 or a perfectly correlated pair
     adds no direction). ``()`` without uncertainty."""
     if uncertainty is None or not uncertainty.parameters:
@@ -163,7 +163,7 @@ def shifted(profile: Profile, shift: Mapping[str, float], sign: float = 1.0) -> 
     :math:`e^{\text{sign}\cdot\text{shift}}` (an integer value is rounded, and kept >= 1).
     A value the shift takes out of its dataclass's range (an efficiency above 1) raises
     :class:`~psgdlab.core.errors.ConfigError`. The compute time is set again by the device's law
-    (:meth:`~psgdlab.core.profile.Profile.resolved`), so a shifted efficiency reaches it."""
+    (:meth:`~psgdlab.core.platform.profile.Profile.resolved`), so a shifted efficiency reaches it."""
     values: dict[str, Any] = {}
     for path, s in shift.items():
         v = profile.get(path)
@@ -217,13 +217,13 @@ def batch_log_step_times(
     The timed steps (from ``warmup_steps``) of every worker are cut at the same step offsets
     ``bounds`` into at most ``batches`` batches of equal length, each a whole number of
     ``period`` steps (so every batch holds as many synchronisations). A batch's step time is
-    that of :func:`psgdlab.core.trace.summarize`'s throughput: :math:`n` over the sum of the
+    that of :func:`psgdlab.core.records.trace.summarize`'s throughput: :math:`n` over the sum of the
     workers' rates in the batch (steps over the time between the compute starts that bound
     it). Fewer than two batches fit: ``((), empty)``.
 
     Examples
     --------
-    >>> from psgdlab.core.trace import TRACE_DTYPE
+    >>> from psgdlab.core.records.trace import TRACE_DTYPE
     >>> t = np.zeros(6, dtype=TRACE_DTYPE)
     >>> t["phase"], t["step"], t["start_s"] = PHASES["compute"], range(6), [0, 1, 2, 4, 6, 8]
     >>> bounds, logs = batch_log_step_times(t, warmup_steps=1, batches=2)
@@ -249,7 +249,7 @@ def batch_log_step_times(
 
 
 def log_step_time(trace: np.ndarray, *, warmup_steps: int) -> float:
-    r"""The log of a window's mean step time as :func:`psgdlab.core.trace.summarize` reads its
+    r"""The log of a window's mean step time as :func:`psgdlab.core.records.trace.summarize` reads its
     throughput (:math:`n` over the sum of the workers' rates over their timed compute starts),
     from the steps every worker has; ``nan`` with fewer than two of them."""
     timed = _timed_starts(trace, warmup_steps)

@@ -4,7 +4,7 @@ Three policies (``--on-failure``):
 
 ========== ========================================================================================
 continue   the survivors detect the dead worker within the deadline, agree on the new membership and
-           go on over the topology :func:`psgdlab.core.membership.rebuild` re-forms without it;
+           go on over the topology :func:`psgdlab.core.graphs.membership.rebuild` re-forms without it;
            only algorithms whose schedule is gossip (:attr:`Algorithm.gossip <psgdlab.core.
            algorithms.base.Algorithm.gossip>`: adpsgd, dpsgd, hadpsgd) can, and it is their default
 stop       every survivor exits; the error names the dead rank and the step (the default of the

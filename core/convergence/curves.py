@@ -1,7 +1,7 @@
 r"""Reading the time to a target off a run's held-out curve.
 
 A run's ``summary.json`` holds its held-out curve (``heldout_curve``:
-:data:`psgdlab.core.convergence_fit.REFERENCE_KEYS`): the metric of the workers' mean model at
+:data:`psgdlab.core.convergence.fit.REFERENCE_KEYS`): the metric of the workers' mean model at
 points of wall time, with the epochs and steps done by then. :func:`time_to_target` reads off
 when the metric first reached a target.
 

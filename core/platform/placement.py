@@ -14,7 +14,7 @@ host 0 the next one after host 0's workers.
 socket :math:`\lfloor l / (D/k) \rfloor`). The two agree on a full host.
 
 :func:`place` applies the rule; :meth:`Placement.pack` places a number of workers on a
-:class:`~psgdlab.core.profile.Platform` (the simulator; by default a host holds
+:class:`~psgdlab.core.platform.profile.Platform` (the simulator; by default a host holds
 :func:`workers_per_host`, all its devices, which is also H-ADPSGD's node), :func:`equal_blocks` spreads them over
 a number of hosts in equal blocks (the launcher's ``--hosts``), and :meth:`Placement.rank_hosts`
 and :func:`local_ranks` give every rank's host and device, a server's included.
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from psgdlab.core.errors import ConfigError, require
 
 if TYPE_CHECKING:
-    from psgdlab.core.profile import HostCPU, Platform
+    from psgdlab.core.platform.profile import HostCPU, Platform
 
 __all__ = ["SOCKET_FILLS", "Placement", "place", "workers_per_host", "equal_blocks", "local_ranks"]
 

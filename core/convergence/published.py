@@ -16,7 +16,7 @@ total batch 4096 ([S000 Tab.1]); ``gossip`` (adpsgd, hadpsgd) up to 12288, the l
 tried, on at most 16 learners on the ring ("ADPSGD sees significant accuracy drop when scaling
 over more than 16 learners" [S000 §4]; H-ADPSGD's learners are its super-learners, the nodes).
 The staleness, learner and period scales are the priors of
-:data:`psgdlab.core.convergence_fit.DEFAULT_SCALES` (the table does not vary them). The
+:data:`psgdlab.core.convergence.fit.DEFAULT_SCALES` (the table does not vary them). The
 profile's own target is the WER of H-ADPSGD on 64 GPUs at 128 per GPU (batch 8192), 7.6 %.
 
 The DNN and CLDNN of Li et al. (ALGORITHMS.md §D.3) have no profile: Tables 4 and 5 give WERs
@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 
 from psgdlab.core.convergence import ConvergenceProfile, Estimate, Limit
-from psgdlab.core.convergence_fit import PublishedCell, from_published
+from psgdlab.core.convergence.fit import PublishedCell, from_published
 
 __all__ = ["BILSTM_TABLE", "convergence_profile", "profile_names"]
 
@@ -84,7 +84,7 @@ def profile_names() -> tuple[str, ...]:
 
 
 def convergence_profile(workload: str) -> ConvergenceProfile | None:
-    """The shipped profile of the workload named ``workload`` (:mod:`psgdlab.core.workloads`),
+    """The shipped profile of the workload named ``workload`` (:mod:`psgdlab.core.platform.workloads`),
     ``None`` for a workload without one. Fitted at first use and cached."""
     make = _PROFILES.get(workload)
     return make() if make is not None else None
