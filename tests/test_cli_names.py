@@ -18,6 +18,7 @@ from psgdlab.core.platform.workloads import BY_MODEL, WORKLOADS
 from psgdlab.core.schedules import LR_SCHEDULES
 from psgdlab.models.recipes import MODEL_RECIPES
 from psgdlab.runtime.transports.backends import BACKENDS, cpu_backends
+from psgdlab.validate.convergence_plan import SCALES
 from psgdlab.validate.plan import ALGORITHM_CASES
 
 #: every registry whose names a flag may offer as choices
@@ -28,6 +29,7 @@ REGISTRIES = {
     "failure policies": tuple(ON_FAILURE),
     "inner rings": INNER_KINDS,
     "plan objectives": tuple(OBJECTIVES),
+    "convergence scales' sources": SCALES,
 }
 
 

@@ -12,6 +12,7 @@ from psgdlab.commands import print_json
 from psgdlab.core.errors import ConfigError
 from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, add_old_spelling, name_list
 from psgdlab.runtime.transports.backends import cpu_backends
+from psgdlab.validate.convergence_plan import SCALES
 from psgdlab.validate.plan import ALGORITHM_CASES, cases_of, cases_to_flags
 
 
@@ -188,7 +189,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     conv.add_argument("--seeds", type=int, default=None, metavar="K", help="runs of each case (default 2; --full 3)")
     conv.add_argument(
         "--scales",
-        choices=("emulated", "prior"),
+        choices=SCALES,
         default="emulated",
         help="the staleness, learner and period scales: fitted to an emulated run of each case (on the "
         "calibrated platform), or the model's priors",

@@ -155,8 +155,8 @@ def rank_groups(results: Sequence[ConfigurationResult]) -> dict[str, dict[str, A
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         m, se, p = r.measured_mean_s, r.measured_se_s, r.predicted_mean_s
-        if m is None or p is None or not r.predicted.reaches:
-            continue
+        if m is None or p is None or not r.predicted.reaches or m <= 0 or p <= 0:
+            continue  # no speed to rank (a time of 0: the target met before the clock started, as error() says)
         label = f"{r.case.workload}" + (f", straggler {r.case.straggler}" if r.case.straggler else "")
         groups.setdefault(label, []).append(
             {
