@@ -330,10 +330,7 @@ def _convergence(args: argparse.Namespace) -> int:
     if args.check:
         from psgdlab.validate.check import missed_convergence_targets
 
-        missed = missed_convergence_targets(report)
-        for line in missed:
-            print(f"psgdlab validate: target missed: {line}", file=sys.stderr)
-        return 1 if missed else 0
+        return _check(missed_convergence_targets(report))
     return 0
 
 
@@ -403,8 +400,13 @@ def _report(vc: Any, args: argparse.Namespace) -> int:
     if args.check:
         from psgdlab.validate.check import missed_targets
 
-        missed = missed_targets(report)
-        for line in missed:
-            print(f"psgdlab validate: target missed: {line}", file=sys.stderr)
-        return 1 if missed else 0
+        return _check(missed_targets(report))
     return 0
+
+
+def _check(missed: list[str]) -> int:
+    """``--check``'s exit status: 1 when a target was missed (each said in one line on stderr), 0
+    when every target was met."""
+    for line in missed:
+        print(f"psgdlab validate: target missed: {line}", file=sys.stderr)
+    return 1 if missed else 0
