@@ -226,11 +226,7 @@ def _train(
     device = rank_device(config.backend, env)
     workload, steps, spe = _rank_workload(config, rank, device, workload_factory)
     out = Path(config.out) if config.out else None
-    restarted = config.failure_policy == "restart" and restart_count() > 0
-    if (config.resume or restarted) and out is None:
-        raise ConfigError("resume needs the run directory (--resume DIR)")
-    if config.resume and ckpt.latest_complete_step(out, config.workers) is None:  # type: ignore[arg-type]
-        raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
+    restarted = _check_resume(config, out)
     torch.set_num_threads(1)
     # the watchdog holds every exchange to --timeout; the set-up and the backends' own timeouts
     # (a backstop) get at least SETUP_DEADLINE_S: the rendezvous waits for the slowest rank to start
@@ -306,6 +302,17 @@ def _checked_world(config: TrainConfig, algorithm: Any, env: LaunchEnv) -> int:
             f"--workers {config.workers} with {config.algorithm}" + (batch if env.launcher == "slurm-batch" else "")
         )
     return world
+
+
+def _check_resume(config: TrainConfig, out: Path | None) -> bool:
+    """Whether this is a restarted attempt (``--on-failure restart``); a resume (or restart) without
+    a run directory, or ``--resume`` of one without a complete checkpoint, refused."""
+    restarted = config.failure_policy == "restart" and restart_count() > 0
+    if (config.resume or restarted) and out is None:
+        raise ConfigError("resume needs the run directory (--resume DIR)")
+    if config.resume and ckpt.latest_complete_step(out, config.workers) is None:  # type: ignore[arg-type]
+        raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
+    return restarted
 
 
 def _rank_workload(
