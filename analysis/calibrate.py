@@ -82,7 +82,7 @@ __all__ = [
 SERVER_QUANTILE = 0.5
 
 
-def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> Calibration:
+def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> Calibration:  # noqa: PLR0915 (funcs-a cuts it into phases)
     r"""Fit this machine's platform profile from runtime run directories: a
     :class:`~psgdlab.analysis.calibration_report.Calibration`.
 

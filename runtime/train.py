@@ -24,6 +24,7 @@ Any ``torch.nn.Module`` trains through ``workload_factory``::
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import math
@@ -219,6 +220,79 @@ def _train(
 ) -> dict[str, Any] | None:
     """:func:`train`, its waits recorded in ``flight``."""
     algorithm = build_algorithm(config)
+    world = _checked_world(config, algorithm, env)
+    rank = env.rank
+    # NCCL: the workload lives on this rank's GPU, where the transport moves the payloads
+    device = rank_device(config.backend, env)
+    workload, steps, spe = _rank_workload(config, rank, device, workload_factory)
+    out = Path(config.out) if config.out else None
+    restarted = _check_resume(config, out)
+    torch.set_num_threads(1)
+    # the watchdog holds every exchange to --timeout; the set-up and the backends' own timeouts
+    # (a backstop) get at least SETUP_DEADLINE_S: the rendezvous waits for the slowest rank to start
+    backstop_s = max(config.timeout_s, SETUP_DEADLINE_S)
+    setup = _set_up(
+        config,
+        flight,
+        algorithm,
+        env=env,
+        master=master,
+        device=device,
+        groups=collect_groups(algorithm, steps),
+        out=out,
+        restarted=restarted,
+        backstop_s=backstop_s,
+    )
+    start_step, main, everyone = setup.start_step, setup.channels["main"], tuple(range(world))
+    flight.set_origin(setup.origin)
+    options = _driver_options(
+        config, rank=rank, steps=steps, spe=spe, start_step=start_step, out=out, run_id=setup.run_id
+    )
+    survivors = None
+    if config.failure_policy == "continue":  # every rank is a worker (continue has no server)
+        with flight.wait("setup", what="mailbox", step=start_step, peers=everyone, deadline_s=backstop_s + 5.0):
+            survivors = _open_survivors(
+                algorithm, rank=rank, out=out, config=config, origin=setup.origin, main=main, deadline_s=backstop_s
+            )
+    t0 = time.time()
+    result = _run_rank(
+        config, algorithm, workload, setup, options=options, rank=rank, flight=flight, survivors=survivors
+    )
+    result.extra["host"] = host_identity()
+    result.extra["launch"] = _launch_record(config, env)
+    plane = getattr(main, "plane", None)
+    result.extra["shm_peers"] = sorted(plane.local - {rank}) if plane is not None else []
+    if survivors is not None:
+        return _finish_surviving(
+            config,
+            algorithm,
+            survivors,
+            result,
+            workload=workload,
+            steps=steps,
+            start_step=start_step,
+            out=out,  # type: ignore[arg-type]  # continue needs a run directory (TrainConfig)
+            world=world,
+            wall_s=time.time() - t0,
+        )
+    return _gather_and_write(
+        config,
+        algorithm,
+        workload,
+        result,
+        main,
+        rank=rank,
+        t0=t0,
+        steps=steps,
+        start_step=start_step,
+        out=out,
+        world=world,
+        flight=flight,
+    )
+
+
+def _checked_world(config: TrainConfig, algorithm: Any, env: LaunchEnv) -> int:
+    """The run's world size, refused (:class:`ConfigError`) where the launcher's differs."""
     world = world_size_of(config)
     if env.world_size != world:
         server = " (workers + 1 parameter server)" if algorithm.has_server else ""
@@ -227,34 +301,74 @@ def _train(
             f"world size ({env.world_size}) from the launcher must be {world}{server} for "
             f"--workers {config.workers} with {config.algorithm}" + (batch if env.launcher == "slurm-batch" else "")
         )
-    rank = env.rank
-    # NCCL: the workload lives on this rank's GPU, where the transport moves the payloads
-    device = rank_device(config.backend, env)
-    if workload_factory is not None:
-        workload, spe = workload_factory(min(rank, config.workers - 1), config.workers), None
-    else:
-        workload, spe = build_workload(config, min(rank, config.workers - 1), device=device)
-    if config.steps is not None:
-        steps = config.steps
-    else:
-        if spe is None:
-            raise ConfigError("epochs needs the built-in data; give --steps with a custom workload")
-        steps = max(1, math.ceil(config.epochs * spe))  # type: ignore[operator]
-    out = Path(config.out) if config.out else None
+    return world
+
+
+def _check_resume(config: TrainConfig, out: Path | None) -> bool:
+    """Whether this is a restarted attempt (``--on-failure restart``); a resume (or restart) without
+    a run directory, or ``--resume`` of one without a complete checkpoint, refused."""
     restarted = config.failure_policy == "restart" and restart_count() > 0
     if (config.resume or restarted) and out is None:
         raise ConfigError("resume needs the run directory (--resume DIR)")
     if config.resume and ckpt.latest_complete_step(out, config.workers) is None:  # type: ignore[arg-type]
         raise ConfigError(f"run directory {out} has no complete checkpoint to resume from")
-    torch.set_num_threads(1)
-    groups = collect_groups(algorithm, steps)
+    return restarted
+
+
+def _rank_workload(
+    config: TrainConfig, rank: int, device: torch.device | None, workload_factory: Callable[[int, int], Any] | None
+) -> tuple[Any, int, int | None]:
+    """This rank's workload (a server rank takes the last worker's), the steps per worker and the
+    steps per epoch (``None`` for a custom workload)."""
+    spe: int | None
+    if workload_factory is not None:
+        workload, spe = workload_factory(min(rank, config.workers - 1), config.workers), None
+    else:
+        workload, spe = build_workload(config, min(rank, config.workers - 1), device=device)
+    if config.steps is not None:
+        return workload, config.steps, spe
+    if spe is None:
+        raise ConfigError("epochs needs the built-in data; give --steps with a custom workload")
+    return workload, max(1, math.ceil(config.epochs * spe)), spe  # type: ignore[operator]
+
+
+@dataclasses.dataclass
+class _SetUp:
+    """What every rank agreed on at the set-up: the ``channels``, the step to start from (with the
+    checkpoint's ``resume_payload``), the ``run_id`` and the run's start (``origin``, epoch s)."""
+
+    channels: dict[str, Any]
+    start_step: int
+    resume_payload: dict[str, Any] | None
+    run_id: str
+    origin: float
+
+
+def _set_up(
+    config: TrainConfig,
+    flight: FlightRecorder,
+    algorithm: Any,
+    *,
+    env: LaunchEnv,
+    master: tuple[str, int] | None,
+    device: torch.device | None,
+    groups: Any,
+    out: Path | None,
+    restarted: bool,
+    backstop_s: float,
+) -> _SetUp:
+    """Open the channels, agree on the checkpoint to resume from and on the run's start and id
+    (rank 0 writes a new run's record)."""
+    rank, world = env.rank, env.world_size  # the run's (_checked_world)
     everyone = tuple(range(world))
-    # the watchdog holds every exchange to --timeout; the set-up and the backends' own timeouts
-    # (a backstop) get at least SETUP_DEADLINE_S: the rendezvous waits for the slowest rank to start
-    backstop_s = max(config.timeout_s, SETUP_DEADLINE_S)
     with flight.wait("setup", step=0, peers=everyone, deadline_s=backstop_s):
         channels = open_channels(
-            config.backend, env=env, groups=groups, timeout_s=backstop_s, master=master, device=device
+            config.backend,
+            env=env,
+            groups=groups,
+            timeout_s=backstop_s,
+            master=master,
+            device=device,
         )
         main = channels["main"]
         start_step, resume_payload, run_id = 0, None, None
@@ -274,13 +388,19 @@ def _train(
                 ckpt.write_run_record(
                     out, run_id=run_id, workers=config.workers, world_size=world, algorithm=algorithm.params()
                 )
+    return _SetUp(channels, start_step, resume_payload, run_id, float(stamp[0].item()))
+
+
+def _driver_options(
+    config: TrainConfig, *, rank: int, steps: int, spe: int | None, start_step: int, out: Path | None, run_id: str
+) -> DriverOptions:
+    """The step loop's options: the LR schedule, the emulated compute time and stragglers, the
+    checkpoints, the held-out evaluations and the progress (rank 0's bar, a restart's record)."""
     progress = _progress_bar(steps, start_step) if rank == 0 else None
     ranks_dir = os.environ.get("PSGDLAB_RANKS_DIR")
     if config.failure_policy == "restart" and ranks_dir and rank < config.workers:
         record = Progress(ranks_dir, rank=rank, attempt=restart_count(), start_step=start_step)
         progress = record if progress is None else _both(progress, record)
-    origin = float(stamp[0].item())
-    flight.set_origin(origin)
     base_lr = lr_schedule(
         config.lr_schedule,
         lr=config.lr,
@@ -289,7 +409,7 @@ def _train(
         total_steps=steps,
         lr_final=config.lr_final,
     )
-    options = DriverOptions(
+    return DriverOptions(
         steps=steps,
         lr_of=base_lr,
         start_step=start_step,
@@ -306,66 +426,71 @@ def _train(
         progress=progress,
         transform=transform_named(os.environ.get(TRANSFORM_ENV, "identity") or "identity"),
     )
-    survivors = None
-    if config.failure_policy == "continue":  # every rank is a worker (continue has no server)
-        with flight.wait("setup", what="mailbox", step=start_step, peers=everyone, deadline_s=backstop_s + 5.0):
-            survivors = _open_survivors(
-                algorithm, rank=rank, out=out, config=config, origin=origin, main=main, deadline_s=backstop_s
-            )
-    t0 = time.time()
+
+
+def _run_rank(
+    config: TrainConfig,
+    algorithm: Any,
+    workload: Any,
+    setup: _SetUp,
+    *,
+    options: DriverOptions,
+    rank: int,
+    flight: FlightRecorder,
+    survivors: Survivors | None,
+) -> RankResult:
+    """Run this rank's steps: a worker's, or the parameter server's; a transport's error as
+    :class:`TransportError` naming the rank."""
     try:
         if rank < config.workers:
-            result: Any = run_worker(
+            return run_worker(
                 algorithm,
                 workload,
-                channels,
+                setup.channels,
                 options=options,
-                origin=origin,
-                resume_payload=resume_payload,
+                origin=setup.origin,
+                resume_payload=setup.resume_payload,
                 flight=flight,
                 survivors=survivors,
             )
-        else:
-            info = run_server(
-                algorithm, workload, channels, options=options, resume_payload=resume_payload, flight=flight
-            )
-            result = RankResult(
-                rank=rank,
-                trace=empty_trace(),
-                final_params=None,
-                trajectory=None,
-                evaluations=[],
-                extra={"server": info},
-            )
+        info = run_server(
+            algorithm, workload, setup.channels, options=options, resume_payload=setup.resume_payload, flight=flight
+        )
+        return RankResult(
+            rank=rank, trace=empty_trace(), final_params=None, trajectory=None, evaluations=[], extra={"server": info}
+        )
     except RuntimeError as exc:
         if survivors is not None:
             survivors.close()
         if isinstance(exc, TransportError):
             raise
         raise TransportError(f"rank {rank}: {exc}") from exc
-    result.extra["host"] = host_identity()
-    result.extra["launch"] = _launch_record(config, env)
-    plane = getattr(main, "plane", None)
-    result.extra["shm_peers"] = sorted(plane.local - {rank}) if plane is not None else []
-    if survivors is not None:
-        return _finish_surviving(
-            config,
-            algorithm,
-            survivors,
-            result,
-            workload=workload,
-            steps=steps,
-            start_step=start_step,
-            out=out,  # type: ignore[arg-type]  # continue needs a run directory (TrainConfig)
-            world=world,
-            wall_s=time.time() - t0,
-        )
-    snapshots, result.snapshots = result.snapshots, []  # averaged below; nothing to send
+
+
+def _gather_and_write(
+    config: TrainConfig,
+    algorithm: Any,
+    workload: Any,
+    result: RankResult,
+    main: Any,
+    *,
+    rank: int,
+    t0: float,
+    steps: int,
+    start_step: int,
+    out: Path | None,
+    world: int,
+    flight: FlightRecorder,
+) -> dict[str, Any] | None:
+    """Gather every rank's result and the mean model snapshots on rank 0, leave the process group,
+    and (rank 0) score the snapshots and write the run directory; rank 0's summary, ``None`` elsewhere."""
+    everyone = tuple(range(world))
+    own, result.snapshots = result.snapshots, []  # averaged below; nothing to send
     with flight.wait("gather", what="results", step=steps, peers=everyone):
         results = main.gather_object(result, root=0)
     wall_s = time.time() - t0
     with flight.wait("gather", what="model snapshots", step=steps, peers=everyone):
-        snapshots = _mean_snapshots(main, snapshots, rank=rank, workers=config.workers)
+        snapshots = _mean_snapshots(main, own, rank=rank, workers=config.workers)
         main.barrier()
     if rank == 0 and out is not None:  # every rank is past its last step
         FileBoard.clear(out)
@@ -698,34 +823,13 @@ def _write_run_dir(
     summary. With ``samples_per_epoch`` (the built-in workloads) the summary has the keys a
     reference run needs (:data:`psgdlab.core.convergence.fit.REFERENCE_KEYS`)."""
     workers = [r for r in results if r.rank < config.workers]
-    trace = np.concatenate([r.trace for r in workers])
-    # the trace of the run resumed (a restart keeps no trace of its failed attempt: steps before the
-    # restart's checkpoint are missing from it unless that checkpoint came from --resume's run)
-    if config.resume and start_step > 0 and out is not None and (out / "trace.npz").is_file():
-        old, _ = read_trace(out / "trace.npz")
-        old = old[old["step"] < start_step]
-        if old.size:
-            shift = float(old["end_s"].max())
-            trace["start_s"] += shift
-            trace["end_s"] += shift
-            trace = np.concatenate([old, trace])
-    trace = np.sort(trace, order=("start_s", "rank", "step"), kind="stable")
+    trace = _run_trace(config, workers, start_step=start_step, out=out)
     samples = _samples_per_step(config)
-    summary = summarize(trace, samples_per_step=samples, warmup_steps=1 if steps - start_step > 4 else 0)
-    compute = trace[trace["phase"] == 0]
-    steps_idx = np.unique(compute["step"])
-    curve = [float(np.nanmean(compute["loss"][compute["step"] == s])) for s in steps_idx]
-    stride = max(1, len(steps_idx) // 1000)
-    summary["loss_curve"] = {"step": [int(s) for s in steps_idx[::stride]], "loss": curve[::stride]}
-    summary.pop("workers")  # a case key of the Summary below
+    summary = _step_figures(
+        config, trace, steps=steps, start_step=start_step, world=world, wall_s=wall_s, samples=samples
+    )
     summary.update(
         {
-            "backend": config.backend,
-            "world_size": world,
-            "samples_per_step": samples,
-            "steps_per_worker": steps,
-            "wall_s": wall_s,
-            "on_failure": config.failure_policy,
             # a run that finished lost no rank unless it went on without some (continue); a
             # failed run writes OUT/failure.json instead (psgdlab.runtime.failures.stop: the same keys)
             "membership_changes": membership[0] if membership else [],
@@ -735,36 +839,14 @@ def _write_run_dir(
     )
     if membership and membership[0]:
         summary.update(survivor_throughput(trace, membership[0], samples_per_step=samples))
-    if config.compute_time:  # steps whose real compute outlasted --compute-time (emulation not honoured)
-        summary["compute_time_overrun_steps"] = int(sum(r.extra.get("compute_overruns", 0) for r in workers))
-    if algorithm.has_server:
-        summary["server"] = {
-            "rank": config.workers,
-            **next(r.extra["server"] for r in results if r.rank == config.workers),
-        }
     finals = [r.final_params for r in sorted(workers, key=lambda r: r.rank) if r.final_params is not None]
-    if len(finals) == len(workers):
-        stack = np.stack(finals)
-        summary["consensus_distance"] = float(np.sum((stack - stack.mean(axis=0)) ** 2))
-        if evaluate is not None and config.model == LSQ_MODEL:
-            summary.update({f"mean_model_{k}": v for k, v in evaluate(torch.as_tensor(stack.mean(axis=0))).items()})
-    evaluations = [e for r in workers for e in r.evaluations]
-    if evaluations:
-        summary["held_out"] = evaluations
-        summary["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {len(workers)} workers"
-        summary["held_out_last"] = evaluations[-1]
-    if samples_per_epoch:
-        summary["samples_per_epoch"] = float(samples_per_epoch)
-        held = heldout_curve(evaluations, workers=config.workers, batch=samples, samples_per_epoch=samples_per_epoch)
-        if held is not None:
-            summary["heldout_curve"] = held
-    summary["batch_per_worker"] = samples
+    summary.update(_model_figures(config, algorithm, results, finals, evaluate=evaluate))
+    summary.update(_held_out_figures(config, workers, samples=samples, samples_per_epoch=samples_per_epoch))
     noise_rows = [r.extra["noise_rows"] for r in workers if "noise_rows" in r.extra]
-    if noise_rows:
-        rows = np.concatenate(noise_rows)
+    rows = np.concatenate(noise_rows) if noise_rows else None
+    if rows is not None:
         methods = {m for r in workers for m in r.extra.get("noise_methods", [])}
-        noise = summarize_noise_scale(rows, method=method_of(rows, methods))
-        summary.update(noise.to_json())
+        summary.update(summarize_noise_scale(rows, method=method_of(rows, methods)).to_json())
     params = algorithm.params()
     n_hosts, placement = _placement(
         hosts or [str(r.extra.get("host", "")) for r in sorted(results, key=lambda r: r.rank)]
@@ -783,6 +865,149 @@ def _write_run_dir(
     )
     if out is None:
         return case.to_json()
+    meta = _trace_meta(config, algorithm, workers, out=out, samples=samples, payload=payload, membership=membership)
+    _write_run_files(
+        config, algorithm, results, case, trace, meta, out=out, steps=steps, start_step=start_step, world=world
+    )
+    if len(finals) == len(workers):
+        _save_npz(out / "final_params.npz", params=np.stack(finals))
+    if rows is not None:
+        _save_npz(out / "noise_scale.npz", rows=rows)
+    write_summary(RunDir(out), case)
+    if not any(r.preempted for r in workers):  # a run stopped early (SIGTERM) is not complete: --resume it
+        commit_run(out, command="train")
+    return case.to_json()
+
+
+def _run_trace(config: TrainConfig, workers: list[RankResult], *, start_step: int, out: Path | None) -> np.ndarray:
+    """The workers' traces in one, in time order; after ``--resume`` the resumed run's before them."""
+    trace = np.concatenate([r.trace for r in workers])
+    # the trace of the run resumed (a restart keeps no trace of its failed attempt: steps before the
+    # restart's checkpoint are missing from it unless that checkpoint came from --resume's run)
+    if config.resume and start_step > 0 and out is not None and (out / "trace.npz").is_file():
+        old, _ = read_trace(out / "trace.npz")
+        old = old[old["step"] < start_step]
+        if old.size:
+            shift = float(old["end_s"].max())
+            trace["start_s"] += shift
+            trace["end_s"] += shift
+            trace = np.concatenate([old, trace])
+    return np.sort(trace, order=("start_s", "rank", "step"), kind="stable")
+
+
+def _step_figures(
+    config: TrainConfig, trace: np.ndarray, *, steps: int, start_step: int, world: int, wall_s: float, samples: int
+) -> dict[str, Any]:
+    """The trace's figures (:func:`summarize`), its loss curve (at most about 1000 points) and the run's set-up."""
+    summary = summarize(trace, samples_per_step=samples, warmup_steps=1 if steps - start_step > 4 else 0)
+    compute = trace[trace["phase"] == 0]
+    steps_idx = np.unique(compute["step"])
+    curve = [float(np.nanmean(compute["loss"][compute["step"] == s])) for s in steps_idx]
+    stride = max(1, len(steps_idx) // 1000)
+    summary["loss_curve"] = {"step": [int(s) for s in steps_idx[::stride]], "loss": curve[::stride]}
+    summary.pop("workers")  # a case key of the Summary
+    summary.update(
+        {
+            "backend": config.backend,
+            "world_size": world,
+            "samples_per_step": samples,
+            "steps_per_worker": steps,
+            "wall_s": wall_s,
+            "on_failure": config.failure_policy,
+        }
+    )
+    return summary
+
+
+def _model_figures(
+    config: TrainConfig,
+    algorithm: Any,
+    results: list[RankResult],
+    finals: list[np.ndarray],
+    *,
+    evaluate: Callable | None,
+) -> dict[str, Any]:
+    """The compute-time overruns, the parameter server's figures, the workers' final models'
+    consensus distance and (least squares) the mean model's scores."""
+    workers = [r for r in results if r.rank < config.workers]
+    figures: dict[str, Any] = {}
+    if config.compute_time:  # steps whose real compute outlasted --compute-time (emulation not honoured)
+        figures["compute_time_overrun_steps"] = int(sum(r.extra.get("compute_overruns", 0) for r in workers))
+    if algorithm.has_server:
+        figures["server"] = {
+            "rank": config.workers,
+            **next(r.extra["server"] for r in results if r.rank == config.workers),
+        }
+    if len(finals) == len(workers):
+        stack = np.stack(finals)
+        figures["consensus_distance"] = float(np.sum((stack - stack.mean(axis=0)) ** 2))
+        if evaluate is not None and config.model == LSQ_MODEL:
+            figures.update({f"mean_model_{k}": v for k, v in evaluate(torch.as_tensor(stack.mean(axis=0))).items()})
+    return figures
+
+
+def _held_out_figures(
+    config: TrainConfig, workers: list[RankResult], *, samples: int, samples_per_epoch: float | None
+) -> dict[str, Any]:
+    """The held-out evaluations and, with ``samples_per_epoch``, the held-out curve in epochs."""
+    figures: dict[str, Any] = {}
+    evaluations = [e for r in workers for e in r.evaluations]
+    if evaluations:
+        figures["held_out"] = evaluations
+        figures["held_out_model"] = "rank 0" if config.workers == 1 else f"mean of {len(workers)} workers"
+        figures["held_out_last"] = evaluations[-1]
+    if samples_per_epoch:
+        figures["samples_per_epoch"] = float(samples_per_epoch)
+        held = heldout_curve(evaluations, workers=config.workers, batch=samples, samples_per_epoch=samples_per_epoch)
+        if held is not None:
+            figures["heldout_curve"] = held
+    figures["batch_per_worker"] = samples
+    return figures
+
+
+def _trace_meta(
+    config: TrainConfig,
+    algorithm: Any,
+    workers: list[RankResult],
+    *,
+    out: Path,
+    samples: int,
+    payload: dict[str, int] | None,
+    membership: tuple[list[dict[str, Any]], list[int]] | None,
+) -> dict[str, Any]:
+    """What ``trace.npz`` and ``timeline.json`` say of the run."""
+    meta = {
+        "source": "runtime",
+        "n_workers": config.workers,
+        "samples_per_step": samples,
+        "algorithm": algorithm.params(),
+        "backend": config.backend,
+        "run_id": out.name,
+        **(payload or {}),
+    }
+    if membership and membership[0]:  # the timeline marks each change (core.trace.to_chrome_trace)
+        meta["membership_changes"] = membership[0]
+        meta["survivors"] = membership[1]
+    schedules = {r.extra["allreduce_algorithm"] for r in workers if r.extra.get("allreduce_algorithm")}
+    if len(schedules) == 1:  # what psgdlab calibrate fits the allreduce's latency rounds with
+        meta["allreduce_algorithm"] = schedules.pop()
+    return meta
+
+
+def _write_run_files(
+    config: TrainConfig,
+    algorithm: Any,
+    results: list[RankResult],
+    case: Summary,
+    trace: np.ndarray,
+    meta: dict[str, Any],
+    *,
+    out: Path,
+    steps: int,
+    start_step: int,
+    world: int,
+) -> None:
+    """Write the resolved config, the environment, the trace, the timeline and the trajectory."""
     run = RunDir(out)
     run.write_json(
         "config.resolved.json",
@@ -801,34 +1026,12 @@ def _write_run_dir(
             source="runtime", world_size=world, extra={"backend": config.backend, "torch_threads": 1, **launch}
         ),
     )
-    meta = {
-        "source": "runtime",
-        "n_workers": config.workers,
-        "samples_per_step": samples,
-        "algorithm": algorithm.params(),
-        "backend": config.backend,
-        "run_id": out.name,
-        **(payload or {}),
-    }
-    if membership and membership[0]:  # the timeline marks each change (core.trace.to_chrome_trace)
-        meta["membership_changes"] = membership[0]
-        meta["survivors"] = membership[1]
-    schedules = {r.extra["allreduce_algorithm"] for r in workers if r.extra.get("allreduce_algorithm")}
-    if len(schedules) == 1:  # what psgdlab calibrate fits the allreduce's latency rounds with
-        meta["allreduce_algorithm"] = schedules.pop()
     write_trace(run / "trace.npz", trace, meta)
     to_chrome_trace(trace, run / "timeline.json", meta=meta)
+    workers = [r for r in results if r.rank < config.workers]
     if any(r.trajectory is not None for r in workers):
         traj = np.stack([np.asarray(r.trajectory) for r in sorted(workers, key=lambda r: r.rank)], axis=1)
         _save_npz(run / "trajectory.npz", params=traj, start_step=np.array(start_step))
-    if len(finals) == len(workers):
-        _save_npz(run / "final_params.npz", params=np.stack(finals))
-    if noise_rows:
-        _save_npz(run / "noise_scale.npz", rows=rows)
-    write_summary(run, case)
-    if not any(r.preempted for r in workers):  # a run stopped early (SIGTERM) is not complete: --resume it
-        commit_run(out, command="train")
-    return case.to_json()
 
 
 def _launch_record(config: TrainConfig, env: LaunchEnv) -> dict[str, Any]:

@@ -286,18 +286,8 @@ def launch_elastic(
     ``restarts`` added. A fresh run (not ``resume``) first removes the checkpoints an earlier run
     left in its directory: a restart must never resume from them."""
     from psgdlab.core.records.rundir import commit_run, read_summary, write_summary
-    from psgdlab.core.records.trace import atomic_write_json
-    from psgdlab.runtime.config import world_size_of
-    from psgdlab.runtime.launcher.ranks import (
-        GRACE_S,
-        RANKS_DIR,
-        STOP_GRACE_S,
-        free_port,
-        rank_environment,
-    )
+    from psgdlab.runtime.launcher.ranks import RANKS_DIR
     from psgdlab.runtime.loop import checkpoint as ckpt
-    from psgdlab.runtime.transports.env import in_main_thread
-    from psgdlab.runtime.transports.shm.shm_sys import remove_segments
 
     if not config.out:
         raise ConfigError("launch needs an output directory (config.out)")
@@ -308,84 +298,20 @@ def launch_elastic(
     ranks_dir.mkdir()
     if not config.resume:
         ckpt.remove_checkpoints(out)
-    world = world_size_of(config)
-    config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
-    env = rank_environment(ranks_dir, extra_env)
-    env.pop(RESTART_ENV, None)
-    # the workers' store: rank 0's own, on a fresh port each attempt. Shared with the rendezvous
-    # (torch's default) it outlives an attempt, and a restarted rank can read the dead attempt's
-    # gloo addresses from it ("connection refused" in connectFullMesh)
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "psgdlab.runtime.launcher.elastic",
-        "--config",
-        str(config_path),
-        "--nproc",
-        str(world),
-        "--max-restarts",
-        str(config.max_restarts),
-        "--port",
-        str(free_port()),
-        "--shutdown-timeout",
-        str(int(STOP_GRACE_S)),
-    ]
-    forwarded: dict[str, Any] = {"sig": None}
-    agent: subprocess.Popen | None = None
-
-    def _forward(signum: int, frame: Any) -> None:
-        forwarded["sig"] = signum
-        if agent is not None and agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)  # the agent stops every worker with it
-
-    old_handlers = {}
-    if in_main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old_handlers[sig] = signal.signal(sig, _forward)
-    start = time.monotonic()
-    timed_out = False
-    try:
-        agent = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL if quiet else None,
-            start_new_session=True,  # the terminal's SIGINT reaches the launcher only, which forwards it
-            preexec_fn=_die_with_parent,
-        )
-        if forwarded["sig"] is not None:
-            agent.send_signal(signal.SIGTERM)
-        while agent.poll() is None:
-            if timeout_s is not None and time.monotonic() - start > timeout_s and not timed_out:
-                timed_out = True
-                agent.send_signal(signal.SIGTERM)
-            time.sleep(0.1)
-    finally:
-        try:
-            if agent is not None and agent.poll() is None:
-                agent.send_signal(signal.SIGTERM)
-                try:
-                    agent.wait(timeout=STOP_GRACE_S + GRACE_S)
-                except subprocess.TimeoutExpired:
-                    agent.kill()
-                    agent.wait()
-            workers = _worker_pids(ranks_dir)
-            _kill_left(workers)  # the agent was killed before it could stop them
-            remove_segments(pid for pid, _ in workers)
-        finally:
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
+    cmd, env = _agent_command(config, out, extra_env)
+    returncode, timed_out, sig = _run_agent(cmd, env, ranks_dir, timeout_s=timeout_s, quiet=quiet)
     records = restart_records(ranks_dir)
     if timed_out:
         raise TransportError(f"run exceeded its time limit of {timeout_s:.0f} s; every rank was stopped")
-    if forwarded["sig"] is not None:
+    if sig is not None:
+        from psgdlab.runtime.config import world_size_of
+
+        world = world_size_of(config)
         raise RunInterrupted(
-            describe_interruption(forwarded["sig"], out, config.workers, started=world, world=world),
-            signal_number=forwarded["sig"],
+            describe_interruption(sig, out, config.workers, started=world, world=world), signal_number=sig
         )
-    if agent.returncode != 0:
-        message = _failure_message(ranks_dir, config.max_restarts, agent.returncode, len(records))
+    if returncode != 0:
+        message = _failure_message(ranks_dir, config.max_restarts, returncode, len(records))
         found = ckpt.latest_complete_step(out, config.workers)
         if found is not None:
             message += f"; the newest complete checkpoint is step {found} (continue with --resume {out})"
@@ -398,6 +324,87 @@ def launch_elastic(
     write_summary(out, summary)
     commit_run(out, command="train")  # again, over the summary with its restarts
     return json.loads(summary_path.read_text())
+
+
+def _agent_command(config: Any, out: Path, extra_env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+    """The agent's command line (writing ``OUT/launch.json``, the config its ranks read) and environment."""
+    from psgdlab.core.records.trace import atomic_write_json
+    from psgdlab.runtime.config import world_size_of
+    from psgdlab.runtime.launcher.ranks import RANKS_DIR, STOP_GRACE_S, free_port, rank_environment
+
+    config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
+    env = rank_environment(out / RANKS_DIR, extra_env)
+    env.pop(RESTART_ENV, None)
+    # the workers' store: rank 0's own, on a fresh port each attempt. Shared with the rendezvous
+    # (torch's default) it outlives an attempt, and a restarted rank can read the dead attempt's
+    # gloo addresses from it ("connection refused" in connectFullMesh)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    cmd = [
+        sys.executable,
+        "-m",
+        "psgdlab.runtime.launcher.elastic",
+        "--config",
+        str(config_path),
+        "--nproc",
+        str(world_size_of(config)),
+        "--max-restarts",
+        str(config.max_restarts),
+        "--port",
+        str(free_port()),
+        "--shutdown-timeout",
+        str(int(STOP_GRACE_S)),
+    ]
+    return cmd, env
+
+
+def _run_agent(
+    cmd: list[str], env: dict[str, str], ranks_dir: Path, *, timeout_s: float | None, quiet: bool
+) -> tuple[int, bool, int | None]:
+    """Run the agent until it exits, forwarding SIGINT and SIGTERM to it and stopping it after
+    ``timeout_s``; then stop what it left running. Returns its exit code, whether it timed out and
+    the signal forwarded (``None``: none)."""
+    from psgdlab.runtime.launcher.ranks import GRACE_S, STOP_GRACE_S, signals_to
+    from psgdlab.runtime.transports.shm.shm_sys import remove_segments
+
+    forwarded: dict[str, Any] = {"sig": None}
+    agent: subprocess.Popen | None = None
+
+    def _forward(signum: int, frame: Any) -> None:
+        forwarded["sig"] = signum
+        if agent is not None and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)  # the agent stops every worker with it
+
+    start = time.monotonic()
+    timed_out = False
+    with signals_to(_forward):
+        try:
+            agent = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL if quiet else None,
+                start_new_session=True,  # the terminal's SIGINT reaches the launcher only, which forwards it
+                preexec_fn=_die_with_parent,
+            )
+            if forwarded["sig"] is not None:
+                agent.send_signal(signal.SIGTERM)
+            while agent.poll() is None:
+                if timeout_s is not None and time.monotonic() - start > timeout_s and not timed_out:
+                    timed_out = True
+                    agent.send_signal(signal.SIGTERM)
+                time.sleep(0.1)
+        finally:
+            if agent is not None and agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+                try:
+                    agent.wait(timeout=STOP_GRACE_S + GRACE_S)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+                    agent.wait()
+            workers = _worker_pids(ranks_dir)
+            _kill_left(workers)  # the agent was killed before it could stop them
+            remove_segments(pid for pid, _ in workers)
+    return agent.returncode, timed_out, forwarded["sig"]
 
 
 def _failure_message(ranks_dir: Path, max_restarts: int, code: int, restarts: int) -> str:

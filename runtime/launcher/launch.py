@@ -64,10 +64,11 @@ from psgdlab.runtime.launcher.ranks import (
     free_port,
     oom_kills,
     rank_environment,
+    signals_to,
     start_ranks,
 )
 from psgdlab.runtime.transports.backends import BACKENDS, cpu_backends, either
-from psgdlab.runtime.transports.env import HOST_ENV, in_main_thread
+from psgdlab.runtime.transports.env import HOST_ENV
 from psgdlab.runtime.transports.shm.shm_sys import remove_orphaned, remove_segments
 
 __all__ = [
@@ -270,17 +271,8 @@ def launch(
         from psgdlab.runtime.launcher.elastic import launch_elastic
 
         return launch_elastic(config, extra_env=extra_env, timeout_s=timeout_s, quiet=quiet)
-    if not config.out:
-        raise ConfigError("launch needs an output directory (config.out)")
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ranks_dir = out / RANKS_DIR
-    ranks_dir.mkdir(exist_ok=True)
-    for old in ranks_dir.iterdir():
-        old.unlink()
-    _clear_failure_records(out)
+    out, ranks_dir = _fresh_run_dir(config)
     world = world_size_of(config)
-    blocks = equal_blocks(config.workers, hosts=config.hosts)
     placement = rank_hosts(config)  # hosts.json says the same
     config_path = atomic_write_json(out / "launch.json", {"train": config.to_json()})
     env = rank_environment(ranks_dir, extra_env)
@@ -302,81 +294,32 @@ def launch(
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    old_handlers = {}
-    if in_main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old_handlers[sig] = signal.signal(sig, _forward)
     hosts = None
-    try:
-        if config.hosts > 1:
-            hosts = _emulated_hosts(config)
-            hosts.up()
-            hosts.wait_until_reachable()
-        if config.backend == "mpi":
-            mpi_cmd = [str(mpiexec_path(config.mpiexec)), "-n", str(world), *cmd]
-            mpi_env = env
-            if hosts is not None:  # mpiexec in the bridge's namespace, each host's proxy in the host's
-                hydra = _hydra_options(hosts, ranks_dir, blocks.per_host)
-                mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path(config.mpiexec)), *hydra, "-n", str(world), *cmd]
-                mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
-            procs[-1] = subprocess.Popen(
-                mpi_cmd,
-                env=mpi_env,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                start_new_session=True,
-                preexec_fn=set_parent_death_signal,  # mpiexec dies with the launcher; its ranks watch it
-            )
-            forwarded["setting_up"] = False
-        else:
-
-            def _started(r: int, proc: subprocess.Popen) -> None:
-                procs[r] = proc
-
-            start_ranks(
-                cmd,
-                env,
-                world,
-                hosts=hosts,
-                placement=placement,
-                master_port=MASTER_PORT,
-                stderr=stderr,
-                on_start=_started,
-                stop=lambda: forwarded["sig"] is not None,
-            )
-            if forwarded["sig"] is not None and len(procs) < world:
-                raise _Stopped(forwarded["sig"])  # the finally below stops the ranks started so far
-            forwarded["setting_up"] = False
-        if forwarded["sig"] is not None:  # arrived while the ranks were starting
-            _forward(forwarded["sig"], None)
-        _watch(
-            procs,
-            ranks_dir,
-            world,
-            timeout_s,
-            forwarded,
-            deadline_s=config.timeout_s,
-            out=out,
-            policy=config.failure_policy,
-        )
-    except _Stopped:
-        pass
-    finally:
-        forwarded["setting_up"] = False
+    with signals_to(_forward):
         try:
-            _terminate(procs)
-            remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
-            remove_partial_files(out, _rank_pids(procs, ranks_dir, world).values())  # of ranks killed writing
-            if config.backend == "mpi":  # MPICH's own, of ranks killed before MPI_Finalize
-                remove_orphaned("mpich_shm_*", started)
-            if hosts is not None:
-                try:
-                    _record_hosts(hosts, out, placement)
-                finally:
-                    hosts.down()
+            if config.hosts > 1:
+                hosts = _emulated_hosts(config)
+                hosts.up()
+                hosts.wait_until_reachable()
+            _start_all(config, cmd, env, procs, forwarded, hosts=hosts, placement=placement, stderr=stderr)
+            forwarded["setting_up"] = False
+            if forwarded["sig"] is not None:  # arrived while the ranks were starting
+                _forward(forwarded["sig"], None)
+            _watch(
+                procs,
+                ranks_dir,
+                world,
+                timeout_s,
+                forwarded,
+                deadline_s=config.timeout_s,
+                out=out,
+                policy=config.failure_policy,
+            )
+        except _Stopped:
+            pass
         finally:
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
+            forwarded["setting_up"] = False
+            _clean_up_ranks(config, procs, out, hosts=hosts, placement=placement, started=started)
     if forwarded["sig"] is not None:
         started_ranks = len(procs) if config.backend != "mpi" else world * bool(procs)  # mpiexec starts its own
         raise RunInterrupted(
@@ -387,6 +330,105 @@ def launch(
     if not summary_path.is_file():
         raise TransportError(f"every rank exited but rank 0 wrote no {summary_path}")
     return json.loads(summary_path.read_text())
+
+
+def _fresh_run_dir(config: TrainConfig) -> tuple[Path, Path]:
+    """The run directory (made) and its ranks' folder, emptied of an earlier run's rank and failure records."""
+    if not config.out:
+        raise ConfigError("launch needs an output directory (config.out)")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ranks_dir = out / RANKS_DIR
+    ranks_dir.mkdir(exist_ok=True)
+    for old in ranks_dir.iterdir():
+        old.unlink()
+    _clear_failure_records(out)
+    return out, ranks_dir
+
+
+def _start_all(
+    config: TrainConfig,
+    cmd: list[str],
+    env: dict[str, str],
+    procs: dict[int, subprocess.Popen],
+    forwarded: dict[str, Any],
+    *,
+    hosts: EmulatedHosts | None,
+    placement: tuple[int, ...],
+    stderr: int | None,
+) -> None:
+    """Start every rank into ``procs`` (key -1: mpiexec, which starts an MPI run's ranks); a signal
+    ``forwarded`` while they start stops the starting (:class:`_Stopped`)."""
+    out = Path(config.out)
+    if config.backend == "mpi":
+        procs[-1] = _start_mpiexec(config, cmd, env, hosts=hosts, ranks_dir=out / RANKS_DIR, stderr=stderr)
+        return
+    world = world_size_of(config)
+    start_ranks(
+        cmd,
+        env,
+        world,
+        hosts=hosts,
+        placement=placement,
+        master_port=MASTER_PORT,
+        stderr=stderr,
+        on_start=procs.__setitem__,
+        stop=lambda: forwarded["sig"] is not None,
+    )
+    if forwarded["sig"] is not None and len(procs) < world:
+        raise _Stopped(forwarded["sig"])  # launch's finally stops the ranks started so far
+
+
+def _start_mpiexec(
+    config: TrainConfig,
+    cmd: list[str],
+    env: dict[str, str],
+    *,
+    hosts: EmulatedHosts | None,
+    ranks_dir: Path,
+    stderr: int | None,
+) -> subprocess.Popen:
+    """Start every rank of an MPI run with mpiexec; on emulated hosts mpiexec in the bridge's
+    namespace and each host's proxy in the host's."""
+    world = world_size_of(config)
+    mpi_cmd = [str(mpiexec_path(config.mpiexec)), "-n", str(world), *cmd]
+    mpi_env = env
+    if hosts is not None:
+        hydra = _hydra_options(hosts, ranks_dir, equal_blocks(config.workers, hosts=config.hosts).per_host)
+        mpi_cmd = [*hosts.exec_prefix(None), str(mpiexec_path(config.mpiexec)), *hydra, "-n", str(world), *cmd]
+        mpi_env = {k: v for k, v in env.items() if k != HOST_ENV} | MPI_NETWORK_ENV
+    return subprocess.Popen(
+        mpi_cmd,
+        env=mpi_env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+        preexec_fn=set_parent_death_signal,  # mpiexec dies with the launcher; its ranks watch it
+    )
+
+
+def _clean_up_ranks(
+    config: TrainConfig,
+    procs: dict[int, subprocess.Popen],
+    out: Path,
+    *,
+    hosts: EmulatedHosts | None,
+    placement: tuple[int, ...],
+    started: float,
+) -> None:
+    """Stop the ranks still running and remove what killed ranks left (shared-memory segments,
+    partial files, MPICH's segments); record and take down the emulated hosts."""
+    _terminate(procs)
+    remove_segments(p.pid for r, p in procs.items() if r >= 0)  # of ranks killed in the plane's set-up
+    ranks_dir, world = out / RANKS_DIR, world_size_of(config)
+    remove_partial_files(out, _rank_pids(procs, ranks_dir, world).values())  # of ranks killed writing
+    if config.backend == "mpi":  # MPICH's own, of ranks killed before MPI_Finalize
+        remove_orphaned("mpich_shm_*", started)
+    if hosts is not None:
+        try:
+            _record_hosts(hosts, out, placement)
+        finally:
+            hosts.down()
 
 
 #: the rendezvous port inside emulated hosts (a fresh namespace: nothing else listens there)

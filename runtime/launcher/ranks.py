@@ -4,19 +4,20 @@ periods of stopping them, and how their exits are said."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from psgdlab.core.platform.placement import local_ranks
 from psgdlab.core.records.rundir import SUMMARY_FILE
 from psgdlab.runtime.launcher.lifeline import launcher_environment, set_parent_death_signal
-from psgdlab.runtime.transports.env import STORE_FD_ENV
+from psgdlab.runtime.transports.env import STORE_FD_ENV, in_main_thread
 
 __all__ = [
     "GRACE_S",
@@ -45,6 +46,22 @@ RANK_ENV = {"THP_MEM_ALLOC_ENABLE": "0"}
 GRACE_S = 5.0
 #: after a forwarded SIGINT/SIGTERM, how long ranks have to checkpoint and leave
 STOP_GRACE_S = 30.0
+
+
+@contextlib.contextmanager
+def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT go to ``handler`` inside the block (a launcher forwards them to its ranks),
+    and to the handlers before it after; outside the main thread (where Python sets no handler)
+    nothing changes."""
+    old_handlers = {}
+    if in_main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old_handlers[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in old_handlers.items():
+            signal.signal(sig, old)
 
 
 def free_port() -> int:

@@ -251,7 +251,7 @@ class _Simulation:
                     return Barrier(group=ex.gather_group)
         return None
 
-    def worker(self, r: int) -> Generator[simpy.Event, Any, None]:
+    def worker(self, r: int) -> Generator[simpy.Event, Any, None]:  # noqa: C901, PLR0915 (funcs-a cuts it)
         """Worker ``r``'s steps (the module docstring's table): start the step's non-blocking
         averages, compute, run the blocking exchanges and the gradient allreduce, apply the
         gradient once the mix it waits for has merged, then the exchanges after the update."""
