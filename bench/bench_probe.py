@@ -35,11 +35,13 @@ full-disk-predict           (root) a 64 KiB tmpfs: one line, exit 1, nothing com
 full-disk-hdf5              (root) an HDF5 corpus on it: one line, no SIGSEGV, nothing left
 full-disk-train             (root) a training run's checkpoints on it: one line, exit 1, nothing committed
 another-users-out           (root) ``--out`` owned by another user, or under their folder: refused
-ctrl-c-train                SIGINT to a training run's process group: one line, no traceback per rank
+ctrl-c-train                SIGINT to a training run's process group: one line (run interrupted), exit
+                            130, no traceback per rank
 sigstop-rank                a rank stopped (SIGSTOP) past ``--timeout``: the run stops, one line names it
 nan-loss                    a run that diverges: exit 1, the line names the rank and the step
 nan-features                a corpus with a NaN: ``train`` refuses it before any rank starts
-spawn-sigint                SIGINT to the launcher while its 8 ranks start: no rank alive 5 s later
+spawn-sigint                SIGINT to the launcher while its 8 ranks start: no rank alive 5 s later,
+                            one line (run interrupted), exit 130
 huge-steps                  ``predict --steps 1000000000``: refused in seconds with an estimate
 =========================== ===========================================================================
 """
@@ -63,6 +65,9 @@ from typing import Any
 
 from psgdlab.core.files import process_start_time
 from psgdlab.tests.probes import INPUTS, ONE_LINE, Probe, build_fixtures, release_fixtures
+
+#: the one line of a run the user stopped (an agreed stop, not an error: exit 130)
+INTERRUPTED = re.compile(r"^psgdlab: run interrupted by Ctrl-C \(SIGINT\)")
 
 PSGDLAB = [sys.executable, "-m", "psgdlab"]
 #: how long after a launcher's SIGKILL (or a SIGINT while its ranks start) none of its ranks may run
@@ -396,9 +401,9 @@ def scenario_ctrl_c_train(tmp: Path) -> dict[str, Any]:
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     _, err = proc.communicate(timeout=120)
     lines = _lines(err)
-    errors = [line for line in lines if "error:" in line]
-    ok = "Traceback" not in err and len(errors) == 1 and "SIGINT" in errors[0]
-    return {"ok": ok, "status": proc.returncode, "error_lines": errors[:3]}
+    said = [line for line in lines if line.startswith("psgdlab")]
+    ok = "Traceback" not in err and len(said) == 1 and INTERRUPTED.match(said[0]) is not None
+    return {"ok": ok and proc.returncode == 130, "status": proc.returncode, "lines": said[:3]}
 
 
 def scenario_sigstop_rank(tmp: Path) -> dict[str, Any]:
@@ -463,8 +468,15 @@ def scenario_spawn_sigint(tmp: Path) -> dict[str, Any]:
             ranks.append((int(text), process_start_time(int(text))))
     gone = _gone_after([r for r in ranks if r[1] is not None], sent, DEATH_WITHIN_S)
     lines = _lines(err)
-    ok = gone is not None and "Traceback" not in err and bool(lines) and ONE_LINE.match(lines[-1]) is not None
-    return {"ok": ok, "ranks_started": len(ranks), "gone_after_s": gone, "line": lines[-1] if lines else ""}
+    ok = gone is not None and "Traceback" not in err and bool(lines) and INTERRUPTED.match(lines[-1]) is not None
+    ok = ok and proc.returncode == 130
+    return {
+        "ok": ok,
+        "status": proc.returncode,
+        "ranks_started": len(ranks),
+        "gone_after_s": gone,
+        "line": lines[-1] if lines else "",
+    }
 
 
 def scenario_huge_steps(tmp: Path) -> dict[str, Any]:
