@@ -254,7 +254,11 @@ class _Simulation:
     def worker(self, r: int) -> Generator[simpy.Event, Any, None]:
         """Worker ``r``'s steps (the module docstring's table): start the step's non-blocking
         averages, compute, run the blocking exchanges and the gradient allreduce, apply the
-        gradient once the mix it waits for has merged, then the exchanges after the update."""
+        gradient once the mix it waits for has merged, then the exchanges after the update.
+
+        The hot loop of the simulator: what every step of a registry algorithm does stays inline,
+        what only some steps need (blocking exchanges, a wait for the mix, exchanges after the
+        update) is a generator of its own, entered only where the step has one."""
         env = self.env
         timeout = env.timeout
         deaths = self.deaths
@@ -302,17 +306,8 @@ class _Simulation:
             mix_ends.append((mix_end, pending))
             yield timeout(comp[s])
             t_c = env.now
-            for ex in late:
-                if env.now >= death:
-                    return
-                if type(ex) is Gossip:
-                    yield from self.gossip.run(r, s, ex)
-                elif ex.active:
-                    got = pair(r, ex, env.now, s, _COMM)
-                    if type(got) is Pending:
-                        yield got.wait(env)
-                    else:
-                        yield timeout(got - env.now)  # type: ignore[operator]
+            if late and (yield from self._blocking(r, s, late, death)):
+                return
             for ex in grad:
                 if env.now >= death:
                     return
@@ -322,42 +317,82 @@ class _Simulation:
             # the gradient of step s is applied after the mix of step s - delay has merged
             need, pending = mix_ends.popleft() if len(mix_ends) > delay else (t0, None)
             now = env.now
-            if pending is not None:
-                for h in pending:
-                    if h.end is None:
-                        yield h.wait(env)
-                    assert h.end is not None
-                    need = max(need, h.end)
-            if need > now:
-                if rows is not None:
-                    rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
-                if need > env.now:
-                    yield timeout(need - env.now)
-                now = need
+            if pending is not None or need > now:
+                now = yield from self._wait_for_mix(r, s, now, need, pending)
             if deaths is not None:
                 if now >= death:
                     return
                 deaths.applied[r].append(now)
             read = reads.popleft() if len(reads) > delay else reads[0]
-            stale = merges.count(r, now) - read
+            stale: int | None = merges.count(r, now) - read
             if folds:
                 # host work of the training thread (no record: step overhead, as in the runtime);
                 # a passive side merges in its responder, off the step
                 yield timeout(ctx.net.process_work_s(r, merge_s, env.now))
-            for ex in post:
-                if env.now >= death:
+            if post:
+                stale = yield from self._after_update(r, s, post, death, stale)
+                if stale is None:
                     return
-                T = type(ex)
-                if T is ServerExchange:
-                    stale = yield from self.server.run(r, s)
-                elif T is AllReduce:
-                    yield from collective(r, s, ex, ALLREDUCE)
-                else:
-                    yield from collective(r, s, ex, BARRIER)
             if rows is not None:
                 rows.append((r, s, _COMPUTE, _K_NONE, t0, t_c, -1, 0, stale, _NAN))
             if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
                 yield timeout(ctx.net.process_work_s(r, overhead_s, env.now))
+
+    def _blocking(self, r: int, s: int, late: tuple[Any, ...], death: float) -> Generator[simpy.Event, Any, bool]:
+        """Worker ``r``'s blocking exchanges of step ``s`` after its compute (gossip rounds, blocking
+        averages); ``True`` where the worker dies (at ``death``) before one of them."""
+        env = self.env
+        for ex in late:
+            if env.now >= death:
+                return True
+            if type(ex) is Gossip:
+                yield from self.gossip.run(r, s, ex)
+            elif ex.active:
+                got = self.pairs.start(r, ex, env.now, s, _COMM)
+                if type(got) is Pending:
+                    yield got.wait(env)
+                else:
+                    yield env.timeout(got - env.now)  # type: ignore[operator]
+        return False
+
+    def _wait_for_mix(
+        self, r: int, s: int, now: float, need: float, pending: list[Pending] | None
+    ) -> Generator[simpy.Event, Any, float]:
+        """Worker ``r`` at ``now`` waits for the mix its gradient of step ``s`` is applied after: ends
+        at ``need``, or at the end of the averages still ``pending``, whichever is later (a record of
+        the wait where there is one); returns when the gradient is applied."""
+        env = self.env
+        for h in pending or ():
+            if h.end is None:
+                yield h.wait(env)
+            assert h.end is not None
+            need = max(need, h.end)
+        if need <= now:
+            return now
+        if self.ctx.rows is not None:
+            self.ctx.rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
+        if need > env.now:
+            yield env.timeout(need - env.now)
+        return need
+
+    def _after_update(
+        self, r: int, s: int, post: tuple[Any, ...], death: float, stale: int | None
+    ) -> Generator[simpy.Event, Any, int | None]:
+        """Worker ``r``'s exchanges of step ``s`` after its update (the server's, model allreduces,
+        barriers): the step's staleness (the server's where it exchanges with one, else
+        ``stale``); ``None`` where the worker dies (at ``death``) before one of them."""
+        env = self.env
+        for ex in post:
+            if env.now >= death:
+                return None
+            T = type(ex)
+            if T is ServerExchange:
+                stale = yield from self.server.run(r, s)
+            elif T is AllReduce:
+                yield from self.collectives.run(r, s, ex, ALLREDUCE)
+            else:
+                yield from self.collectives.run(r, s, ex, BARRIER)
+        return stale
 
 
 #: what a worker does with one step's exchanges, by when it does it: the active non-blocking
@@ -474,34 +509,65 @@ def simulate(
         scatter=scatter,
         deaths=deaths,
     )
-    procs = [env.process(sim.worker(r)) for r in range(n)]
+    t_stop = _run(sim, deaths, until)
+    meta = _meta(algorithm, platform, workload, placement, steps, t_stop, seed, streams, stragglers)
+    extras: dict[str, Any] = {}
+    if deaths is not None:
+        extras["failures"] = deaths.extras(t_stop)
+    return SimResult(trace=_trace(sim, t_stop), meta=meta, events=env.scheduled, placement=placement, extras=extras)
+
+
+def _run(sim: _Simulation, deaths: Deaths | None, until: str) -> float:
+    """Run every worker of ``sim`` (and the watch of ``deaths``, where there is one) until the window
+    ends: when the first surviving worker has done its steps (``until="first"``: every worker is
+    active over the whole window, so a straggler does not stretch it; asynchronous workers drift
+    apart), or every one has (``"all"``), or a stop under failures; returns the simulated time then."""
+    env = sim.env
+    procs = [env.process(sim.worker(r)) for r in range(sim.alg.n_workers)]
     survivors = [p for r, p in enumerate(procs) if deaths is None or deaths.death[r] == math.inf]
     if deaths is not None and deaths.watches:
         env.process(deaths.process((sim.gossip.release, sim.collectives.release)))
-    # the window ends when the first worker has done ``steps`` steps: every worker is active over
-    # the whole window, so a straggler does not stretch it (asynchronous workers drift apart)
     done = simpy.AnyOf(env, survivors) if until == "first" else simpy.AllOf(env, survivors)
     t_end = deaths.stop_at_s if deaths is not None else math.inf
     try:
         env.run(until=done if t_end == math.inf else simpy.AnyOf(env, [done, env.timeout(t_end)]))
     except RuntimeError as exc:
         raise SimulationError(
-            f"simulation of {algorithm.name} stalled with {len(sim.collectives.gathering)} collectives "
+            f"simulation of {sim.alg.name} stalled with {len(sim.collectives.gathering)} collectives "
             f"waiting for members: the schedule is inconsistent ({exc})"
         ) from None
-    t_stop = env.now
+    return env.now
+
+
+def _trace(sim: _Simulation, t_stop: float) -> np.ndarray:
+    """The trace of ``sim``'s rows that end by ``t_stop`` (the window's end), sorted by start time."""
     tb = TraceBuilder()
     if sim.ctx.rows is not None:
         tb.extend(row for row in sim.ctx.rows if row[5] <= t_stop)  # tuples already in TRACE_DTYPE order
-    meta = {
+    return tb.array()
+
+
+def _meta(
+    algorithm: Algorithm,
+    platform: Platform,
+    workload: Workload,
+    placement: Placement,
+    steps: int,
+    window_end_s: float,
+    seed: int,
+    streams: Sequence[int] | None,
+    stragglers: StragglerModel | None,
+) -> dict[str, Any]:
+    """``SimResult.meta`` of a simulation whose window ended at ``window_end_s``."""
+    return {
         "source": "simulator",
-        "n_workers": n,
+        "n_workers": algorithm.n_workers,
         "samples_per_step": workload.batch_per_worker,
         "algorithm": algorithm.params(),
         "platform": platform.name,
         "workload": workload.name,
         "steps_per_worker": steps,
-        "window_end_s": t_stop,
+        "window_end_s": window_end_s,
         "seed": seed,
         **({"streams": [int(x) for x in streams]} if streams is not None else {}),
         "gpus_per_node": placement.per_host,
@@ -509,7 +575,3 @@ def simulate(
         "stragglers": stragglers.spec() if stragglers is not None else "",
         "payload_bytes": workload.payload_bytes,
     }
-    extras: dict[str, Any] = {}
-    if deaths is not None:
-        extras["failures"] = deaths.extras(t_stop)
-    return SimResult(trace=tb.array(), meta=meta, events=env.scheduled, placement=placement, extras=extras)
