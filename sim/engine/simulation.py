@@ -256,9 +256,10 @@ class _Simulation:
         averages, compute, run the blocking exchanges and the gradient allreduce, apply the
         gradient once the mix it waits for has merged, then the exchanges after the update.
 
-        The hot loop of the simulator: what every step of a registry algorithm does stays inline,
-        what only some steps need (blocking exchanges, a wait for the mix, exchanges after the
-        update) is a generator of its own, entered only where the step has one."""
+        The hot loop of the simulator: what the steps of the presets' algorithms do stays inline
+        (a generator more a step costs them time), what only other steps have (blocking exchanges,
+        exchanges after the update) is a generator of its own, entered only where the step has one.
+        The plans of a repeating schedule's first period are made before the first step."""
         env = self.env
         timeout = env.timeout
         deaths = self.deaths
@@ -274,13 +275,11 @@ class _Simulation:
         mix_ends: deque[tuple[float, list[Pending] | None]] = deque()  # a step's mix: known end, pending ones
         reads: deque[int] = deque()
         agree = None if self.sums[r] else self._agreement(r)
-        plat = ctx.net.platform
-        merge_s = host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, ctx.S)  # folding an average back
-        overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, ctx.S)  # update, snapshot, loop
+        merge_s, overhead_s = self._host_work_s()
         merging = merge_s > 0.0
         # the plans of the first period's steps, when the schedule repeats (the deaths' does not)
-        period = self.period if deaths is None else None
-        plans: list[_Plan | None] | None = [None] * period if period else None
+        period = (self.period if deaths is None else None) or 0
+        plans = [_plan(sched(s, r), merging) for s in range(min(period, self.steps))]
         for s in range(self.steps):
             t0 = env.now
             if deaths is not None:
@@ -288,13 +287,7 @@ class _Simulation:
                     return
                 deaths.started[r] = s + 1
             reads.append(merges.count(r, t0))
-            if plans is not None:
-                plan = plans[s % period]  # type: ignore[operator]
-                if plan is None:
-                    plan = plans[s % period] = _plan(sched(s, r), merging)  # type: ignore[operator]
-            else:
-                plan = _plan(sched(s, r), merging)
-            actives, late, grad, post, folds = plan
+            actives, late, grad, post, folds = plans[s % period] if period else _plan(sched(s, r), merging)
             mix_end = t0
             pending: list[Pending] | None = None
             for ex in actives:
@@ -317,8 +310,18 @@ class _Simulation:
             # the gradient of step s is applied after the mix of step s - delay has merged
             need, pending = mix_ends.popleft() if len(mix_ends) > delay else (t0, None)
             now = env.now
-            if pending is not None or need > now:
-                now = yield from self._wait_for_mix(r, s, now, need, pending)
+            if pending is not None:
+                for h in pending:
+                    if h.end is None:
+                        yield h.wait(env)
+                    assert h.end is not None
+                    need = max(need, h.end)
+            if need > now:
+                if rows is not None:
+                    rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
+                if need > env.now:
+                    yield timeout(need - env.now)
+                now = need
             if deaths is not None:
                 if now >= death:
                     return
@@ -338,6 +341,15 @@ class _Simulation:
             if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
                 yield timeout(ctx.net.process_work_s(r, overhead_s, env.now))
 
+    def _host_work_s(self) -> tuple[float, float]:
+        """The host work of folding an average back into the model and of a step's overhead (the
+        update, the snapshot, the loop) at this run's payload, seconds."""
+        plat, S = self.ctx.net.platform, self.ctx.S
+        return (
+            host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, S),
+            host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, S),
+        )
+
     def _blocking(self, r: int, s: int, late: tuple[Any, ...], death: float) -> Generator[simpy.Event, Any, bool]:
         """Worker ``r``'s blocking exchanges of step ``s`` after its compute (gossip rounds, blocking
         averages); ``True`` where the worker dies (at ``death``) before one of them."""
@@ -354,26 +366,6 @@ class _Simulation:
                 else:
                     yield env.timeout(got - env.now)  # type: ignore[operator]
         return False
-
-    def _wait_for_mix(
-        self, r: int, s: int, now: float, need: float, pending: list[Pending] | None
-    ) -> Generator[simpy.Event, Any, float]:
-        """Worker ``r`` at ``now`` waits for the mix its gradient of step ``s`` is applied after: ends
-        at ``need``, or at the end of the averages still ``pending``, whichever is later (a record of
-        the wait where there is one); returns when the gradient is applied."""
-        env = self.env
-        for h in pending or ():
-            if h.end is None:
-                yield h.wait(env)
-            assert h.end is not None
-            need = max(need, h.end)
-        if need <= now:
-            return now
-        if self.ctx.rows is not None:
-            self.ctx.rows.append((r, s, _COMM, _K_PAIR, now, need, -1, 0, -1, _NAN))
-        if need > env.now:
-            yield env.timeout(need - env.now)
-        return need
 
     def _after_update(
         self, r: int, s: int, post: tuple[Any, ...], death: float, stale: int | None
