@@ -7,7 +7,7 @@ r"""Fitting a platform profile from measured runs: :func:`calibrate_runs` reads 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 import numpy as np
 
@@ -284,7 +284,11 @@ def _fit_links_inside(inputs: _Inputs, *, warmup_steps: int) -> _LinksInside:
     source = {"link": "runs", "collective": "runs"}
     try:
         link, collective = fit_links(
-            *pts[:5],
+            pts[0],
+            pts[1],
+            pts[2],
+            pts[3],
+            pts[4],
             sd,
             algorithm=algorithm,
             bandwidth_prior=priors["link"] or LOOPBACK_BANDWIDTH,
@@ -696,14 +700,25 @@ def _between_hosts(calibration: Calibration, hosts: int | None) -> dict[str, Any
     return between
 
 
-def _host_work(calibration: Calibration) -> dict[str, float]:
+class _HostWork(TypedDict):
+    """The :class:`Platform` fields of the host work a calibration measured."""
+
+    host_memory_bandwidth_bytes_per_s: NotRequired[float]
+    model_average_s: float
+    model_average_s_per_byte: float
+    mix_merge_s: float
+    mix_merge_s_per_byte: float
+    step_overhead_s: float
+    step_overhead_s_per_byte: float
+
+
+def _host_work(calibration: Calibration) -> _HostWork:
     """The :class:`Platform` fields of the host work the fit measured (zero where it did not):
     model averaging, the mix merge, the step overhead, the server's memory bandwidth."""
     comp, srv = calibration.compute, calibration.server
     avg, mix = calibration.model_average, calibration.mix_merge
     mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
-    return {
-        **({"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}),
+    work: _HostWork = {
         "model_average_s": float(avg["fixed_s"]) if avg else 0.0,
         "model_average_s_per_byte": float(avg["s_per_byte"]) if avg else 0.0,
         "mix_merge_s": float(mix["fixed_s"]) if mix else 0.0,
@@ -711,6 +726,9 @@ def _host_work(calibration: Calibration) -> dict[str, float]:
         "step_overhead_s": float(comp.get("step_overhead_fixed_s", comp.get("step_overhead_s")) or 0.0),
         "step_overhead_s_per_byte": float(comp.get("step_overhead_s_per_byte") or 0.0),
     }
+    if mem_bw:
+        work["host_memory_bandwidth_bytes_per_s"] = float(mem_bw)
+    return work
 
 
 def _calibrated_platform(calibration: Calibration, *, name: str, devices: int, hosts: int | None) -> Platform:
