@@ -6,7 +6,8 @@ r"""Fitting a platform profile from measured runs: :func:`calibrate_runs` reads 
 
 from __future__ import annotations
 
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict, cast
 
 import numpy as np
 
@@ -82,7 +83,7 @@ __all__ = [
 SERVER_QUANTILE = 0.5
 
 
-def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> Calibration:  # noqa: PLR0915 (funcs-a cuts it into phases)
+def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = None) -> Calibration:
     r"""Fit this machine's platform profile from runtime run directories: a
     :class:`~psgdlab.analysis.calibration_report.Calibration`.
 
@@ -124,11 +125,42 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
     that goes through the network stack instead of a host's shared-memory plane (``None``
     without one, or without ``host_cpu``: charged as inside a host, or not at all).
     """
-    from psgdlab.analysis.cores import cores_of, fit_host_cpu
+    inputs = _read_inputs(list(run_dirs), cores)
+    compute = fit_compute_time(np.concatenate([r.trace for r in inputs.free]), warmup_steps=warmup_steps)
+    mix_merge = _fit_step_overhead(inputs.free, compute, warmup_steps=warmup_steps)
+    links = _fit_links_inside(inputs, warmup_steps=warmup_steps)
+    return _calibration(inputs, compute, mix_merge, links, warmup_steps=warmup_steps)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What :func:`calibrate_runs` reads, sorted by what each part is fitted from."""
+
+    #: runs on one host, with their traces
+    runs: list[Any]
+    #: runs with ranks on several emulated hosts, and those of them with a core per rank (all of
+    #: them when none has)
+    crossing: list[Any]
+    crossing_free: list[Any]
+    #: runs on one host with at most ``cores`` workers (the link and compute fits), and the others
+    free: list[Any]
+    busy: list[Any]
+    #: the probe directories given, the probe on one host and the probe between hosts (fitted)
+    probe_dirs: list[Any]
+    probe: dict[str, Any] | None
+    nic_probe: dict[str, Any] | None
+    #: the cores the runs had (given, or the ``cpu_count`` they recorded)
+    cores: int | None
+
+
+def _read_inputs(run_dirs: list[Any], cores: int | None) -> _Inputs:
+    """Load the runs and fit the probes among ``run_dirs``, refusing what cannot be calibrated
+    from (no run on one host, a run without a trace, two probes of a kind, no run with a core
+    per worker)."""
+    from psgdlab.analysis.cores import cores_of
     from psgdlab.analysis.load import load_run
     from psgdlab.analysis.probe import fit_probe, is_probe_dir
 
-    run_dirs = list(run_dirs)
     probe_dirs = [p for p in run_dirs if is_probe_dir(p)]
     runs = [load_run(p) for p in run_dirs if not is_probe_dir(p)]
     crossing = [r for r in runs if hosts_of(r) > 1]
@@ -154,22 +186,33 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
                 f"give at most one probe directory {kind} ({len(found)} given: "
                 f"{', '.join(str(p['path']) for p in found)})"
             )
-    probe = inside[0] if inside else None
-    nic_probe = across[0] if across else None
-    crossing_free = [r for r in crossing if cores is None or workers_of(r) <= cores] or crossing
     free = [r for r in runs if cores is None or workers_of(r) <= cores]
-    busy = [r for r in runs if r not in free]
     if not free:
         raise ConfigError(
             f"every run has more workers than the {cores} cores: the link and the compute time are "
             f"fitted from runs with at most {cores} workers"
         )
-    compute = fit_compute_time(np.concatenate([r.trace for r in free]), warmup_steps=warmup_steps)
-    # the step overhead of runs whose training threads never fold an average back, and beyond it
-    # that merge, from the steps that do it (an AD-PSGD run's active sides)
+    return _Inputs(
+        runs=runs,
+        crossing=crossing,
+        crossing_free=[r for r in crossing if cores is None or workers_of(r) <= cores] or crossing,
+        free=free,
+        busy=[r for r in runs if r not in free],
+        probe_dirs=probe_dirs,
+        probe=inside[0] if inside else None,
+        nic_probe=across[0] if across else None,
+        cores=cores,
+    )
+
+
+def _fit_step_overhead(free: list[Any], compute: dict[str, Any], *, warmup_steps: int) -> dict[str, Any] | None:
+    """Add the step overhead of runs whose training threads never fold an average back to
+    ``compute`` (``step_overhead_fixed_s``, ``_s_per_byte``, ``step_overhead_s``) and return, beyond
+    it, the merge of the steps that do fold one (an AD-PSGD run's active sides; ``None`` where
+    every run merges)."""
     base, merging, passive, sizes = [], [], [], []
     for r in free:
-        assert r.trace is not None  # checked above
+        assert r.trace is not None  # checked by _read_inputs
         gaps = step_gaps(r.trace, warmup_steps=warmup_steps)
         if not gaps.size:
             continue
@@ -189,19 +232,40 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         step_overhead_s_per_byte=per_byte,
         step_overhead_s=fixed + per_byte * max(sizes, default=0.0),
     )
-    averaging = [r for r in free if averages_model(r)]
-    plain = [r for r in free if r not in averaging]
+    return mix_merge
+
+
+@dataclass(frozen=True)
+class _LinksInside:
+    """The links inside a host, as :func:`_fit_links_inside` fitted them."""
+
+    link: dict[str, Any]
+    collective: dict[str, Any] | None
+    #: where each law came from ("runs", "probe", "runs, bandwidth from the probe")
+    source: dict[str, str]
+    #: the allreduce schedule the laws are of
+    algorithm: str
+    #: run-to-run relative scatter of the link points (``None``: no configuration repeats)
+    noise_cv: float | None
+
+
+def _fit_links_inside(inputs: _Inputs, *, warmup_steps: int) -> _LinksInside:
+    """The pairwise link and the allreduce's own link from the runs without model averaging,
+    their points weighted by their errors, a probe's pinned bandwidths as the priors (its laws
+    where the runs' cannot be fitted), and the scatter of single exchanges around them."""
+    free, probe = inputs.free, inputs.probe
+    plain = [r for r in free if not averages_model(r)]
     if not plain:
         names = ", ".join(algorithm_of(r) for r in free)
         raise ConfigError(
             "the link is fitted from runs without model averaging (ssgd, adpsgd, ...); every run "
-            f"with at most {cores} workers allreduces the model ({names})"
+            f"with at most {inputs.cores} workers allreduces the model ({names})"
         )
-    algorithm = allreduce_algorithm_of(runs)
+    algorithm = allreduce_algorithm_of(inputs.runs)
     if (
         probe is not None
         and probe["allreduce_algorithm"] != algorithm
-        and any(r.meta.get("allreduce_algorithm") for r in runs)
+        and any(r.meta.get("allreduce_algorithm") for r in inputs.runs)
     ):
         raise ConfigError(
             f"the probe's allreduce schedule ({probe['allreduce_algorithm']}) is not the runs' ({algorithm}); "
@@ -241,33 +305,66 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         link["scatter"] = pairwise_scatter(plain, warmup_steps=warmup_steps)
     if collective is not None:  # and single allreduces around theirs
         collective["scatter"] = allreduce_scatter(plain, warmup_steps=warmup_steps)
-    for key, fit in (("link", link), ("collective", collective)):
-        bw = "bandwidth_bytes_per_s"
+    _mark_probe_bandwidths(source, priors, link=link, collective=collective)
+    return _LinksInside(link=link, collective=collective, source=source, algorithm=algorithm, noise_cv=link_noise)
+
+
+def _mark_probe_bandwidths(
+    source: dict[str, str], priors: dict[str, Prior | None], **fits: dict[str, Any] | None
+) -> None:
+    """Where the probe pinned a bandwidth the runs did not: say so in ``source``, and keep the
+    bandwidth unpinned only where the result is as wide as the spec-sheet prior's spread."""
+    bw = "bandwidth_bytes_per_s"
+    for key, fit in fits.items():
         if fit is not None and source[key] == "runs" and priors[key] is not None and bw in fit["unpinned"]:
-            # the probe pinned what the runs did not: unpinned only where the result is as wide
-            # as the spec-sheet prior's spread
             source[key] = "runs, bandwidth from the probe"
             wide = (fit["bandwidth_log_sd"] or np.inf) > PINNED_SHRINK * LOOPBACK_BANDWIDTH.log_sd
             fit["unpinned"] = [x for x in fit["unpinned"] if x != bw] + ([bw] if wide else [])
+
+
+def _fit_host_cpu_of(inputs: _Inputs, links: _LinksInside, *, warmup_steps: int) -> dict[str, Any] | None:
+    """The CPU work of communication: fitted from the runs with more workers than cores where
+    there are some, else the probe's measurement (``None`` without either)."""
+    from psgdlab.analysis.cores import fit_host_cpu
+
+    if not inputs.busy:
+        return inputs.probe["host_cpu"] if inputs.probe is not None else None
+    assert inputs.cores is not None  # without a core count every run is free
+    return fit_host_cpu(
+        inputs.busy,
+        cores=int(inputs.cores),
+        link=links.collective or links.link,
+        spans=allreduce_spans,
+        payload_of=payload_of,
+        workers_of=workers_of,
+        warmup_steps=warmup_steps,
+        algorithm=links.algorithm,
+    )
+
+
+def _calibration(
+    inputs: _Inputs,
+    compute: dict[str, Any],
+    mix_merge: dict[str, Any] | None,
+    links: _LinksInside,
+    *,
+    warmup_steps: int,
+) -> Calibration:
+    """The rest of the fits (the step noise, model averaging, the server, the host's CPU work, the
+    link between hosts) and what the runs were, with ``compute``, ``mix_merge`` and ``links``, as
+    one :class:`~psgdlab.analysis.calibration_report.Calibration`."""
+    runs, free, cores = inputs.runs, inputs.free, inputs.cores
+    probe, nic_probe = inputs.probe, inputs.nic_probe
+    link, collective, algorithm = links.link, links.collective, links.algorithm
     step_noise = _run_noise_cv([((algorithm_of(r), workers_of(r), payload_of(r)), _mean_step_s(r)) for r in free])
+    averaging = [r for r in free if averages_model(r)]
     model_average = _fit_model_average(averaging, collective or link, algorithm=algorithm, warmup_steps=warmup_steps)
     server = _fit_server(free, link)
-    host_cpu = probe["host_cpu"] if probe is not None else None
-    if busy:
-        assert cores is not None  # without a core count every run is free
-        host_cpu = fit_host_cpu(
-            busy,
-            cores=int(cores),
-            link=collective or link,
-            spans=allreduce_spans,
-            payload_of=payload_of,
-            workers_of=workers_of,
-            warmup_steps=warmup_steps,
-            algorithm=algorithm,
-        )
+    host_cpu = _fit_host_cpu_of(inputs, links, warmup_steps=warmup_steps)
     payloads = [p for p in (payload_of(r) for r in free) if p]
     itemsizes = [int(r.summary.get("itemsize") or r.meta.get("itemsize") or 0) for r in runs]
     batches = [int(r.summary.get("samples_per_step") or r.meta.get("samples_per_step") or 0) for r in runs]
+    crossing_free = inputs.crossing_free
     return Calibration(
         compute=compute,
         link=link,
@@ -275,7 +372,7 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         # runs between hosts with more ranks than cores: left out of the link fit (the cores'
         # contention is in their exchanges), for what the simulator, which prices it, can pin
         # with them (psgdlab.calibration.pin_latency_between_hosts)
-        between_hosts_busy=tuple(str(r.path) for r in crossing if r not in crossing_free),
+        between_hosts_busy=tuple(str(r.path) for r in inputs.crossing if r not in crossing_free),
         collective=collective,
         server=server,
         host_cpu=host_cpu,
@@ -285,19 +382,19 @@ def calibrate_runs(run_dirs: Any, *, warmup_steps: int = 2, cores: int | None = 
         host_cpu_between_hosts=nic_probe["host_cpu"] if nic_probe is not None and host_cpu else None,
         model_average=model_average,
         mix_merge=mix_merge,
-        link_source=source,
+        link_source=links.source,
         probe=probe["path"] if probe is not None else nic_probe["path"] if nic_probe is not None else None,
         noise=CalibrationNoise(
-            link_cv=link_noise,
+            link_cv=links.noise_cv,
             step_cv=step_noise,
-            link_cv_used=link_noise if link_noise is not None else RUN_NOISE_CV,
+            link_cv_used=links.noise_cv if links.noise_cv is not None else RUN_NOISE_CV,
             step_cv_used=step_noise if step_noise is not None else STEP_NOISE_CV,
             # the runs whose repeats measured it: the load it was measured at
             processes_per_core=max(workers_of(r) for r in free) / cores if cores else None,
         ),
         cores=cores,
         allreduce_algorithm=algorithm,
-        runs=tuple([str(r.path) for r in runs + crossing] + [str(p) for p in probe_dirs]),
+        runs=tuple([str(r.path) for r in runs + inputs.crossing] + [str(p) for p in inputs.probe_dirs]),
         payload_bytes=tuple(payloads),
         itemsize=max(itemsizes) or None,
         batch=max(batches) or None,
@@ -551,8 +648,6 @@ def platform_profile(
     endpoints, so a message between hosts takes the NIC path alone, and so does every edge of an
     allreduce across hosts (gloo's, process to process).
     """
-    comp, link, srv = calibration.compute, calibration.link, calibration.server
-    cpu = calibration.host_cpu
     devices = int(devices or calibration.max_workers)
     itemsize = int(itemsize or calibration.itemsize or 4)
     if n_params is None:
@@ -561,35 +656,88 @@ def platform_profile(
             raise ConfigError("the runs do not record their payload (payload_bytes); give n_params")
         n_params = max(1, int(max(payloads)) // itemsize)
     batch = int(batch or calibration.batch or 1)
-    overhead = (
-        float(comp.get("step_overhead_fixed_s", comp.get("step_overhead_s")) or 0.0),
-        float(comp.get("step_overhead_s_per_byte") or 0.0),
+    platform = _calibrated_platform(calibration, name=name, devices=devices, hosts=hosts)
+    workload = Workload(
+        name=name + "-workload",
+        description="the calibration runs' model",
+        n_params=int(n_params),
+        itemsize=itemsize,
+        compute=calibration.compute["spec"],
+        reference_batch=batch,
+        batch_per_worker=batch,
     )
-    lat, bw = link["latency_s"], link["bandwidth_bytes_per_s"]
-    coll_fit = calibration.collective
-    avg = calibration.model_average
-    mix = calibration.mix_merge
-    mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
-    fitted_link = Link(latency_s=float(lat), bandwidth_bytes_per_s=float(bw), scatter=tuple(link.get("scatter") or ()))
-    memory: dict[str, Any] = {"host_memory_bandwidth_bytes_per_s": float(mem_bw)} if mem_bw else {}
+    defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
+    uncertainty = fit_uncertainty(calibration)
+    notes = calibration_notes(calibration, uncertainty)
+    return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=notes)
+
+
+def _fitted_link(fit: dict[str, Any]) -> Link:
+    """A fitted law (latency, bandwidth, the scatter around it) as a :class:`Link`."""
+    return Link(
+        latency_s=float(fit["latency_s"]),
+        bandwidth_bytes_per_s=float(fit["bandwidth_bytes_per_s"]),
+        scatter=tuple(fit.get("scatter") or ()),
+    )
+
+
+def _between_hosts(calibration: Calibration, hosts: int | None) -> dict[str, Any]:
+    """The :class:`Platform` fields of the link between hosts (``hosts``, ``nic``, the allreduce
+    across hosts and its own link where fitted apart); empty without a fit of it."""
     nic_fit = calibration.nic
-    span = nic_fit.get("collective") if nic_fit else None  # the allreduce between hosts, fitted apart
-    between: dict[str, Any] = {}
-    if nic_fit:
-        between = {
-            "hosts": int(hosts or nic_fit["hosts"]),
-            "nic": Link(
-                latency_s=float(nic_fit["latency_s"]),
-                bandwidth_bytes_per_s=float(nic_fit["bandwidth_bytes_per_s"]),
-                scatter=tuple(nic_fit.get("scatter") or ()),
-            ),
-            "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
-        }
-        if span:
-            between["collective_between_hosts"] = Link(
-                latency_s=float(span["latency_s"]), bandwidth_bytes_per_s=float(span["bandwidth_bytes_per_s"])
-            )
-    platform = Platform(
+    if not nic_fit:
+        return {}
+    between = {
+        "hosts": int(hosts or nic_fit["hosts"]),
+        "nic": _fitted_link(nic_fit),
+        "allreduce_between_hosts": nic_fit["allreduce_algorithm"],
+    }
+    span = nic_fit.get("collective")  # the allreduce between hosts, fitted apart
+    if span:
+        between["collective_between_hosts"] = Link(
+            latency_s=float(span["latency_s"]), bandwidth_bytes_per_s=float(span["bandwidth_bytes_per_s"])
+        )
+    return between
+
+
+class _HostWork(TypedDict):
+    """The :class:`Platform` fields of the host work a calibration measured."""
+
+    host_memory_bandwidth_bytes_per_s: NotRequired[float]
+    model_average_s: float
+    model_average_s_per_byte: float
+    mix_merge_s: float
+    mix_merge_s_per_byte: float
+    step_overhead_s: float
+    step_overhead_s_per_byte: float
+
+
+def _host_work(calibration: Calibration) -> _HostWork:
+    """The :class:`Platform` fields of the host work the fit measured (zero where it did not):
+    model averaging, the mix merge, the step overhead, the server's memory bandwidth."""
+    comp, srv = calibration.compute, calibration.server
+    avg, mix = calibration.model_average, calibration.mix_merge
+    mem_bw = srv.get("memory_bandwidth_bytes_per_s") if srv else None
+    work: _HostWork = {
+        "model_average_s": float(avg["fixed_s"]) if avg else 0.0,
+        "model_average_s_per_byte": float(avg["s_per_byte"]) if avg else 0.0,
+        "mix_merge_s": float(mix["fixed_s"]) if mix else 0.0,
+        "mix_merge_s_per_byte": float(mix["s_per_byte"]) if mix else 0.0,
+        "step_overhead_s": float(comp.get("step_overhead_fixed_s", comp.get("step_overhead_s")) or 0.0),
+        "step_overhead_s_per_byte": float(comp.get("step_overhead_s_per_byte") or 0.0),
+    }
+    if mem_bw:
+        work["host_memory_bandwidth_bytes_per_s"] = float(mem_bw)
+    return work
+
+
+def _calibrated_platform(calibration: Calibration, *, name: str, devices: int, hosts: int | None) -> Platform:
+    """The :class:`Platform` of :func:`platform_profile`: this machine (or its emulated hosts) with
+    the fitted links, host work, server and CPU work of communication."""
+    link, srv, cpu = calibration.link, calibration.server, calibration.host_cpu
+    fitted_link = _fitted_link(link)
+    between = _between_hosts(calibration, hosts)
+    return Platform(
         name=name,
         description=(
             f"{between['hosts']} emulated hosts of this machine (network namespaces, shaped links), fitted from "
@@ -606,27 +754,15 @@ def platform_profile(
         endpoints="process",
         allreduce_between_hosts=between.get("allreduce_between_hosts"),
         collective_between_hosts=between.get("collective_between_hosts"),
-        collective=Link(
-            latency_s=float(coll_fit["latency_s"]),
-            bandwidth_bytes_per_s=float(coll_fit["bandwidth_bytes_per_s"]),
-            scatter=tuple(coll_fit.get("scatter") or ()),
-        )
-        if coll_fit
-        else None,
+        collective=_fitted_link(calibration.collective) if calibration.collective else None,
         allreduce=cast(AllreduceAlgorithm, calibration.allreduce_algorithm or "ring"),
-        **memory,
-        model_average_s=float(avg["fixed_s"]) if avg else 0.0,
-        model_average_s_per_byte=float(avg["s_per_byte"]) if avg else 0.0,
-        mix_merge_s=float(mix["fixed_s"]) if mix else 0.0,
-        mix_merge_s_per_byte=float(mix["s_per_byte"]) if mix else 0.0,
-        step_overhead_s=float(overhead[0]),
-        step_overhead_s_per_byte=float(overhead[1]),
+        **_host_work(calibration),
         staging="direct",
         server=ServerSpec(
-            latency_s=float(lat),
-            bandwidth_bytes_per_s=float(bw),
+            latency_s=float(link["latency_s"]),
+            bandwidth_bytes_per_s=float(link["bandwidth_bytes_per_s"]),
             service_overhead_s=float(srv["service_overhead_s"]) if srv else 0.0,
-            apply_on_host=bool(mem_bw),
+            apply_on_host=bool(srv.get("memory_bandwidth_bytes_per_s") if srv else None),
         ),
         host_cpu=HostCPU(
             cores_per_host=int(cpu["cores_per_host"]),
@@ -638,19 +774,6 @@ def platform_profile(
         if cpu
         else None,
     )
-    workload = Workload(
-        name=name + "-workload",
-        description="the calibration runs' model",
-        n_params=int(n_params),
-        itemsize=itemsize,
-        compute=comp["spec"],
-        reference_batch=batch,
-        batch_per_worker=batch,
-    )
-    defaults = Defaults(workers=tuple(int(w) for w in workers)) if workers else Defaults()
-    uncertainty = fit_uncertainty(calibration)
-    notes = calibration_notes(calibration, uncertainty)
-    return Profile(platform=platform, workload=workload, defaults=defaults, uncertainty=uncertainty, notes=notes)
 
 
 def calibration_notes(calibration: Calibration, uncertainty: Uncertainty | None) -> tuple[str, ...]:

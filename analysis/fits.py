@@ -159,6 +159,34 @@ def fit_link(
         data did not pin down), ``samples``, ``points``, ``rms_residual_s``,
         ``max_rel_residual``, ``reduced_chi2``.
     """
+    t, S, records = _link_points(durations_s, payload_bytes, records, bandwidth_prior)
+    X = _link_design(S, group_sizes, pairwise, algorithm) if design is None else np.asarray(design, dtype=float)
+    if X.shape != (t.size, 2):
+        raise ConfigError(f"design must have one row of 2 coefficients per point ({t.size}), not shape {X.shape}")
+    sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
+    post, sd_a, lat_pinned, bw_pinned = _pinned_fit(
+        X, t, sd, S, weighted=sd_s is not None, bandwidth_prior=bandwidth_prior, latency_prior=latency_prior
+    )
+    alpha, inv_beta = post["alpha"], post["inv_beta"]
+    resid = t - X @ np.array([alpha, inv_beta])
+    unpinned = [name for name, ok in (("latency_s", lat_pinned), ("bandwidth_bytes_per_s", bw_pinned)) if not ok]
+    return {
+        "latency_s": alpha,
+        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
+        "latency_log_sd": sd_a,
+        "bandwidth_log_sd": post["sd_log_inv_beta"],
+        "log_correlation": post["corr"],
+        "unpinned": unpinned,
+        **_residuals(t, resid, records),
+        "reduced_chi2": post["reduced_chi2"],
+    }
+
+
+def _link_points(
+    durations_s: np.ndarray, payload_bytes: np.ndarray, records: int | None, bandwidth_prior: Prior | None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The points of :func:`fit_link` checked: durations, payloads and the measured exchanges
+    behind them, enough of them, and of two sizes at least unless a bandwidth prior is given."""
     t = np.asarray(durations_s, dtype=float)
     S = np.asarray(payload_bytes, dtype=float)
     if t.size != S.size:
@@ -170,18 +198,29 @@ def fit_link(
             f"cannot separate latency from bandwidth with a single payload size ({records} exchanges, all of "
             f"{S[0]:.0f} bytes); measure exchanges of at least two sizes"
         )
-    X = _link_design(S, group_sizes, pairwise, algorithm) if design is None else np.asarray(design, dtype=float)
-    if X.shape != (t.size, 2):
-        raise ConfigError(f"design must have one row of 2 coefficients per point ({t.size}), not shape {X.shape}")
-    sd = np.ones_like(t) if sd_s is None else np.maximum(np.asarray(sd_s, dtype=float), 1e-12)
-    weighted = sd_s is not None
+    return t, S, records
+
+
+def _pinned_fit(
+    X: np.ndarray,
+    t: np.ndarray,
+    sd: np.ndarray,
+    S: np.ndarray,
+    *,
+    weighted: bool,
+    bandwidth_prior: Prior | None,
+    latency_prior: Prior | None,
+) -> tuple[dict[str, Any], float | None, bool, bool]:
+    """The fit of :func:`fit_link` and what it pinned: the data's own fit where it pins both
+    values, else the fit with what the data do not pin kept at its prior. Returns the fit, the
+    latency's log-sd, and whether the latency and the bandwidth are pinned."""
     post = _wls(X, t, sd, weighted=weighted) if np.unique(S).size >= 2 else None
     sd_v = post["sd_log_inv_beta"] if post is not None else None
     bw_pinned = post is not None and post["inv_beta"] > 0
     if bw_pinned and bandwidth_prior is not None:
         bw_pinned = sd_v is not None and sd_v <= PINNED_SHRINK * bandwidth_prior.log_sd
     if not bw_pinned and bandwidth_prior is None:
-        assert post is not None  # a single size without a prior was refused above
+        assert post is not None  # a single size without a prior was refused by fit_link
         raise ConfigError(
             f"fitted bandwidth is not positive (1/beta = {post['inv_beta']:.3g} s/B): the durations do not "
             "grow with payload size; measure larger payloads"
@@ -197,19 +236,7 @@ def fit_link(
         # bandwidth is not pinned): pinned where the data narrowed its prior's spread enough
         lat_pinned = latency_prior is None or sd_a <= PINNED_SHRINK * latency_prior.log_sd
     assert post is not None
-    alpha, inv_beta = post["alpha"], post["inv_beta"]
-    resid = t - X @ np.array([alpha, inv_beta])
-    unpinned = [name for name, ok in (("latency_s", lat_pinned), ("bandwidth_bytes_per_s", bw_pinned)) if not ok]
-    return {
-        "latency_s": alpha,
-        "bandwidth_bytes_per_s": float(1.0 / inv_beta),
-        "latency_log_sd": sd_a,
-        "bandwidth_log_sd": post["sd_log_inv_beta"],
-        "log_correlation": post["corr"],
-        "unpinned": unpinned,
-        **_residuals(t, resid, records),
-        "reduced_chi2": post["reduced_chi2"],
-    }
+    return post, sd_a, lat_pinned, bw_pinned
 
 
 def _require_records(records: int, points: int) -> None:

@@ -226,16 +226,73 @@ def pin_latency_between_hosts(
     ``predict(profile, run, request)`` -> mean step time (default: the simulator,
     :func:`psgdlab.sim.predict.predict_one`) is for tests.
     """
-    from psgdlab.analysis.fits import PINNED_SHRINK
+    scan = _latency_scan(calibration, profile, predict)
+    if scan is None:
+        return calibration, None
+    chi2 = [scan.data_chi2(scan.log_errors(scan.alpha0 * math.exp(x))) + (x / scan.prior_sd) ** 2 for x in LATENCY_GRID]
+    report = LatencyBetweenHosts(
+        runs=tuple(str(run.path) for run, _ in scan.runs),
+        log_latency_s=tuple(math.log(scan.alpha0) + x for x in LATENCY_GRID),
+        chi2=tuple(chi2),
+        pinned=False,
+        latency_s=scan.alpha0,
+        latency_log_sd=scan.prior_sd,
+    )
+    least = _least_latency(chi2, scan.alpha0)
+    if least is None:  # the runs want more latency than the grid holds: nothing is changed
+        return dataclasses.replace(calibration, latency_between_hosts=report), report
+    fitted, report = _fitted_latency(scan, report, *least)
+    nic = {**(calibration.nic or {}), "collective": fitted}
+    return dataclasses.replace(calibration, nic=nic, latency_between_hosts=report), report
+
+
+@dataclasses.dataclass(frozen=True)
+class _LatencyScan:
+    """What :func:`pin_latency_between_hosts` scans: the runs between hosts and their measured
+    log mean steps, the allreduce between hosts as the link fit left it (``span``: latency
+    :math:`\\alpha_0`, bandwidth :math:`\\beta_0`, the prior's log-sd, the bandwidth's slope with the
+    latency), the step noise, and the profile and predictor the runs are simulated with."""
+
+    span: dict[str, Any]
+    runs: list[tuple[Any, RunRequest]]
+    measured: list[float]
+    sigma: float
+    alpha0: float
+    beta0: float
+    prior_sd: float
+    slope: float
+    link0: Any
+    profile: Any
+    predict: Any
+
+    def bandwidth(self, alpha: float) -> float:
+        """The allreduce's bandwidth fitted given latency ``alpha``."""
+        return self.beta0 / max(1e-9, 1.0 + self.slope * (1.0 - alpha / self.alpha0))
+
+    def log_errors(self, alpha: float) -> list[float]:
+        """The runs' log errors (measured - predicted mean step) at latency ``alpha``."""
+        link = dataclasses.replace(self.link0, latency_s=alpha, bandwidth_bytes_per_s=self.bandwidth(alpha))
+        platform = dataclasses.replace(self.profile.platform, collective_between_hosts=link)
+        prof = dataclasses.replace(self.profile, platform=platform)
+        return [m - math.log(self.predict(prof, run, req)) for m, (run, req) in zip(self.measured, self.runs)]
+
+    def data_chi2(self, errors: list[float]) -> float:
+        """The runs' :math:`\\chi^2` of ``errors`` at the step noise."""
+        return sum((e / self.sigma) ** 2 for e in errors)
+
+
+def _latency_scan(calibration: Calibration, profile: Any, predict: Any) -> _LatencyScan | None:
+    """The scan of :func:`pin_latency_between_hosts`; ``None`` where there is nothing to fit (no
+    busy runs between hosts, a latency the link fit pinned or gave no spread, no run to simulate)."""
     from psgdlab.analysis.load import load_run
 
     span = (calibration.nic or {}).get("collective")
     busy = calibration.between_hosts_busy
     if not busy or not span or not span.get("latency_given") or "latency_s" not in span.get("unpinned", ()):
-        return calibration, None
+        return None
     link0 = profile.platform.collective_between_hosts
     if link0 is None or not span.get("latency_log_sd") or not span["latency_s"] > 0:
-        return calibration, None
+        return None
     if predict is None:
         from psgdlab.sim.predict import predict_one
 
@@ -245,47 +302,51 @@ def pin_latency_between_hosts(
 
     runs = [(run, req) for run in map(load_run, busy) if (req := run_request(run)) is not None]
     if not runs:
-        return calibration, None
-    measured = [math.log(_step_time_s(run.trace, req.batch)) for run, req in runs]
-    sigma = float(calibration.noise.step_cv_used)
-    alpha0, beta0 = float(span["latency_s"]), float(span["bandwidth_bytes_per_s"])
-    prior_sd, slope = float(span["latency_log_sd"]), float(span.get("bandwidth_latency_slope") or 0.0)
-
-    def bandwidth(alpha: float) -> float:
-        return beta0 / max(1e-9, 1.0 + slope * (1.0 - alpha / alpha0))
-
-    def log_errors(alpha: float) -> list[float]:
-        link = dataclasses.replace(link0, latency_s=alpha, bandwidth_bytes_per_s=bandwidth(alpha))
-        platform = dataclasses.replace(profile.platform, collective_between_hosts=link)
-        prof = dataclasses.replace(profile, platform=platform)
-        return [m - math.log(predict(prof, run, req)) for m, (run, req) in zip(measured, runs)]
-
-    def data_chi2(errors: list[float]) -> float:
-        return sum((e / sigma) ** 2 for e in errors)
-
-    chi2 = [data_chi2(log_errors(alpha0 * math.exp(x))) + (x / prior_sd) ** 2 for x in LATENCY_GRID]
-    report = LatencyBetweenHosts(
-        runs=tuple(str(run.path) for run, _ in runs),
-        log_latency_s=tuple(math.log(alpha0) + x for x in LATENCY_GRID),
-        chi2=tuple(chi2),
-        pinned=False,
-        latency_s=alpha0,
-        latency_log_sd=prior_sd,
+        return None
+    return _LatencyScan(
+        span=span,
+        runs=runs,
+        measured=[math.log(_step_time_s(run.trace, req.batch)) for run, req in runs],
+        sigma=float(calibration.noise.step_cv_used),
+        alpha0=float(span["latency_s"]),
+        beta0=float(span["bandwidth_bytes_per_s"]),
+        prior_sd=float(span["latency_log_sd"]),
+        slope=float(span.get("bandwidth_latency_slope") or 0.0),
+        link0=link0,
+        profile=profile,
+        predict=predict,
     )
+
+
+def _least_latency(chi2: list[float], alpha0: float) -> tuple[float, float] | None:
+    """The latency at the least :math:`\\chi^2` over :data:`LATENCY_GRID` and the curvature of
+    :math:`\\chi^2/2` there (a parabola through it and its neighbours); at the grid's low end the
+    bound 0 and no curvature; ``None`` at its high end."""
     k = min(range(len(chi2)), key=chi2.__getitem__)
-    if k == len(chi2) - 1:  # the runs want more latency than the grid holds: nothing is changed
-        return dataclasses.replace(calibration, latency_between_hosts=report), report
+    if k == len(chi2) - 1:
+        return None
     alpha, curvature = 0.0, 0.0  # the least value at the low end: at its bound 0, as a fitted latency at 0
     if k > 0:
         h = LATENCY_GRID[1] - LATENCY_GRID[0]
         curvature = (chi2[k + 1] - 2 * chi2[k] + chi2[k - 1]) / (2 * h * h)
         alpha = alpha0 * math.exp(LATENCY_GRID[k] - (chi2[k + 1] - chi2[k - 1]) / (4 * h * curvature))
-    errors = log_errors(alpha)
-    red = data_chi2(errors) / (len(errors) - 1) if len(errors) > 1 else 1.0
+    return alpha, curvature
+
+
+def _fitted_latency(
+    scan: _LatencyScan, report: LatencyBetweenHosts, alpha: float, curvature: float
+) -> tuple[dict[str, Any], LatencyBetweenHosts]:
+    """The allreduce between hosts at latency ``alpha`` (its bandwidth, spreads and their
+    correlation, where it came from) and the report completed."""
+    from psgdlab.analysis.fits import PINNED_SHRINK
+
+    span, prior_sd = scan.span, scan.prior_sd
+    errors = scan.log_errors(alpha)
+    red = scan.data_chi2(errors) / (len(errors) - 1) if len(errors) > 1 else 1.0
     sd = min(prior_sd, math.sqrt(max(1.0, red) / curvature)) if alpha > 0 else None
     pinned = sd is None or sd <= PINNED_SHRINK * prior_sd
-    beta = bandwidth(alpha)
-    gain = slope * (alpha / alpha0) * beta / beta0  # d ln(beta) / d ln(alpha) at the fit
+    beta = scan.bandwidth(alpha)
+    gain = scan.slope * (alpha / scan.alpha0) * beta / scan.beta0  # d ln(beta) / d ln(alpha) at the fit
     bw_sd_given = float(span.get("bandwidth_log_sd") or 0.0)
     bw_sd = math.hypot(bw_sd_given, gain * sd) if sd is not None else bw_sd_given
     fitted = {
@@ -298,15 +359,14 @@ def pin_latency_between_hosts(
         "latency_given": False,
         "unpinned": [u for u in span.get("unpinned", ()) if not (pinned and u == "latency_s")],
         "latency_source": (
-            f"fitted through the simulator from {len(runs)} runs between hosts with more ranks than cores "
+            f"fitted through the simulator from {len(scan.runs)} runs between hosts with more ranks than cores "
             f"(reduced chi-square {red:.3g}" + (", at its bound 0)" if alpha == 0 else ")")
         ),
     }
     report = dataclasses.replace(
         report, pinned=pinned, latency_s=alpha, latency_log_sd=sd, reduced_chi2=red, log_errors=tuple(errors)
     )
-    nic = {**(calibration.nic or {}), "collective": fitted}
-    return dataclasses.replace(calibration, nic=nic, latency_between_hosts=report), report
+    return fitted, report
 
 
 def fitted_profile(

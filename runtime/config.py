@@ -333,127 +333,12 @@ class TrainConfig:
         ``launcher=True`` adds the flags of a command that starts the ranks itself (``--hosts``,
         ``--nic-bandwidth``); the per-rank entry runs where its launcher put it.
         """
-        recipes = "; ".join(f"{name}: {r.describe()}" for name, r in MODEL_RECIPES.items())
-        recipe_help = "default: the model's recipe"
-        add_flags(
-            parser,
-            "--algorithm",
-            "--workers",
-            "--workers-per-node",
-            defaults={"--algorithm": "ssgd", "--workers": 2},
-            helps={"--workers-per-node": "default: with --hosts H, workers / H (the ranks of a host); else 1"},
-        )
-        parser.add_argument(
-            "--backend",
-            default="gloo",
-            choices=tuple(BACKENDS),
-            help="the transports' backend: "
-            + "; ".join(f"{name}, {b.summary}" for name, b in BACKENDS.items())
-            + " (default: gloo)",
-        )
-        add_flags(
-            parser,
-            "--model",
-            defaults={"--model": DEFAULT_MODEL},
-            helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: {DEFAULT_MODEL}); recipes: {recipes}"},
-        )
-        add_flags(parser, "--data", defaults={"--data": "synthetic"})
-        steps = parser.add_mutually_exclusive_group()
-        add_flags(steps, "--steps", "--epochs", helps={"--steps": "default 100 when --epochs is not given"})
-        add_flags(
-            parser,
-            "--batch",
-            "--lr",
-            "--lr-schedule",
-            "--lr-final",
-            "--period",
-            "--variant",
-            "--momentum",
-            helps={
-                "--batch": f"{recipe_help}'s total batch / workers",
-                "--lr": recipe_help,
-                "--lr-schedule": f"{recipe_help}; {', '.join(_heldout_schedules())} refused by train (it needs a "
-                "held-out loss every epoch; psgdlab emulate runs it)",
-                "--momentum": f"{recipe_help} where the algorithm takes momentum",
-            },
-        )
-        parser.add_argument(
-            "--compute-time",
-            metavar="SPEC",
-            help="emulated compute per step: SECONDS or a distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)",
-        )
-        add_flags(
-            parser,
-            "--straggler",
-            "--seed",
-            "--out",
-            "--force",
-            "--lsq-dim",
-            "--lsq-samples",
-            defaults={"--straggler": ""},
-        )
-        parser.add_argument(
-            "--resume", metavar="DIR", help="continue the run in DIR from its newest complete checkpoint"
-        )
-        parser.add_argument(
-            "--held-out-speakers",
-            default="",
-            metavar="NAMES",
-            help="comma-separated speakers scored each epoch, not trained on",
-        )
-        parser.add_argument(
-            "--evaluate-every-s",
-            type=float,
-            default=0.0,
-            metavar="SECONDS",
-            help="snapshot the workers' models every SECONDS of wall time (and at the start and the end) "
-            "instead of each epoch; the mean model of each is scored after training (summary.json: "
-            "heldout_curve, with the wall time of each point)",
-        )
-        parser.add_argument(
-            "--noise-scale-every",
-            type=int,
-            default=HALVES_EVERY,
-            metavar="N",
-            help="estimate the gradient noise scale (summary.json: noise_scale): every step that allreduces "
-            "the gradient, and every N-th step of the others as two half-batch backward passes; 0: never",
-        )
-        add_flags(parser, "--checkpoint-every", defaults={"--checkpoint-every": 0})
-        parser.add_argument(
-            "--timeout",
-            type=float,
-            default=600.0,
-            metavar="SECONDS",
-            help="deadline of every blocking wait (exchange, allreduce, barrier, server request; the set-up "
-            "gets at least 60 s): past it a rank writes its flight record and exits, and a stopped rank is dead",
-        )
-        parser.add_argument("--window", type=int, default=21, help="frames per input window")
-        parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
-        add_flags(
-            parser,
-            "--on-failure",
-            helps={
-                "--on-failure": f"default: continue for {listing(gossip_algorithms(), 'and')} where the runtime's "
-                f"survivors can go on ({either(backends_that(lambda b: b.survives_a_death))}, a run directory; "
-                "dpsgd on one host), stop otherwise"
-            },
-        )
+        _worker_flags(parser)
+        _training_flags(parser)
+        _run_flags(parser)
+        _step_flags(parser)
         if launcher:
-            add_flags(
-                parser,
-                "--hosts",
-                "--nic-bandwidth",
-                "--max-restarts",
-                defaults={"--hosts": 1, "--max-restarts": 3},
-                helps={"--hosts": f"with {either(backends_that(lambda b: b.crosses_emulated_hosts))}"},
-            )
-            parser.add_argument(
-                "--mpiexec",
-                metavar="PATH",
-                default=None,
-                help="the mpiexec that starts the ranks of --backend mpi (default: that of the MPI mpi4py loads: "
-                "the mpich wheel's where psgdlab[mpich] installed it, else the one on PATH, e.g. a cluster's)",
-            )
+            _launcher_flags(parser)
 
     def require_resumable_with(self, args: argparse.Namespace, *, launcher: bool) -> None:
         """Refuse, in one line, a flag of ``args`` given beside ``--resume`` that would change this
@@ -547,6 +432,148 @@ class TrainConfig:
             max_restarts=getattr(args, "max_restarts", 3),
             mpiexec=getattr(args, "mpiexec", None),
         )
+
+
+def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    """What runs where: the algorithm, the workers and their hosts, the transports' backend."""
+    add_flags(
+        parser,
+        "--algorithm",
+        "--workers",
+        "--workers-per-node",
+        defaults={"--algorithm": "ssgd", "--workers": 2},
+        helps={"--workers-per-node": "default: with --hosts H, workers / H (the ranks of a host); else 1"},
+    )
+    parser.add_argument(
+        "--backend",
+        default="gloo",
+        choices=tuple(BACKENDS),
+        help="the transports' backend: "
+        + "; ".join(f"{name}, {b.summary}" for name, b in BACKENDS.items())
+        + " (default: gloo)",
+    )
+
+
+def _training_flags(parser: argparse.ArgumentParser) -> None:
+    """What is trained and how: the model and data, the run's length, the batch and the optimiser's
+    settings (the model's recipe by default), emulated compute."""
+    recipes = "; ".join(f"{name}: {r.describe()}" for name, r in MODEL_RECIPES.items())
+    recipe_help = "default: the model's recipe"
+    add_flags(
+        parser,
+        "--model",
+        defaults={"--model": DEFAULT_MODEL},
+        helps={"--model": f"{', '.join(MODEL_RECIPES)} (default: {DEFAULT_MODEL}); recipes: {recipes}"},
+    )
+    add_flags(parser, "--data", defaults={"--data": "synthetic"})
+    steps = parser.add_mutually_exclusive_group()
+    add_flags(steps, "--steps", "--epochs", helps={"--steps": "default 100 when --epochs is not given"})
+    add_flags(
+        parser,
+        "--batch",
+        "--lr",
+        "--lr-schedule",
+        "--lr-final",
+        "--period",
+        "--variant",
+        "--momentum",
+        helps={
+            "--batch": f"{recipe_help}'s total batch / workers",
+            "--lr": recipe_help,
+            "--lr-schedule": f"{recipe_help}; {', '.join(_heldout_schedules())} refused by train (it needs a "
+            "held-out loss every epoch; psgdlab emulate runs it)",
+            "--momentum": f"{recipe_help} where the algorithm takes momentum",
+        },
+    )
+    parser.add_argument(
+        "--compute-time",
+        metavar="SPEC",
+        help="emulated compute per step: SECONDS or a distribution (normal:M:S, lognormal:M:CV, gamma:M:CV)",
+    )
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    """The run: a straggler, the seed, its directory (and resuming one), the least-squares model's
+    size, the held-out speakers."""
+    add_flags(
+        parser,
+        "--straggler",
+        "--seed",
+        "--out",
+        "--force",
+        "--lsq-dim",
+        "--lsq-samples",
+        defaults={"--straggler": ""},
+    )
+    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its newest complete checkpoint")
+    parser.add_argument(
+        "--held-out-speakers",
+        default="",
+        metavar="NAMES",
+        help="comma-separated speakers scored each epoch, not trained on",
+    )
+    parser.add_argument(
+        "--evaluate-every-s",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="snapshot the workers' models every SECONDS of wall time (and at the start and the end) "
+        "instead of each epoch; the mean model of each is scored after training (summary.json: "
+        "heldout_curve, with the wall time of each point)",
+    )
+    parser.add_argument(
+        "--noise-scale-every",
+        type=int,
+        default=HALVES_EVERY,
+        metavar="N",
+        help="estimate the gradient noise scale (summary.json: noise_scale): every step that allreduces "
+        "the gradient, and every N-th step of the others as two half-batch backward passes; 0: never",
+    )
+
+
+def _step_flags(parser: argparse.ArgumentParser) -> None:
+    """What each step keeps and how long it waits: checkpoints, the deadline of a blocking wait, the
+    input window, the recorded models, the failure policy."""
+    add_flags(parser, "--checkpoint-every", defaults={"--checkpoint-every": 0})
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="deadline of every blocking wait (exchange, allreduce, barrier, server request; the set-up "
+        "gets at least 60 s): past it a rank writes its flight record and exits, and a stopped rank is dead",
+    )
+    parser.add_argument("--window", type=int, default=21, help="frames per input window")
+    parser.add_argument("--record-params", action="store_true", help="keep every step's model (small models)")
+    add_flags(
+        parser,
+        "--on-failure",
+        helps={
+            "--on-failure": f"default: continue for {listing(gossip_algorithms(), 'and')} where the runtime's "
+            f"survivors can go on ({either(backends_that(lambda b: b.survives_a_death))}, a run directory; "
+            "dpsgd on one host), stop otherwise"
+        },
+    )
+
+
+def _launcher_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that starts the ranks itself: emulated hosts and their NIC, restarts,
+    the mpiexec of --backend mpi."""
+    add_flags(
+        parser,
+        "--hosts",
+        "--nic-bandwidth",
+        "--max-restarts",
+        defaults={"--hosts": 1, "--max-restarts": 3},
+        helps={"--hosts": f"with {either(backends_that(lambda b: b.crosses_emulated_hosts))}"},
+    )
+    parser.add_argument(
+        "--mpiexec",
+        metavar="PATH",
+        default=None,
+        help="the mpiexec that starts the ranks of --backend mpi (default: that of the MPI mpi4py loads: "
+        "the mpich wheel's where psgdlab[mpich] installed it, else the one on PATH, e.g. a cluster's)",
+    )
 
 
 def _heldout_schedules() -> tuple[str, ...]:

@@ -290,7 +290,6 @@ def predict_one(
     the protocol a node of several members runs (:func:`psgdlab.core.platform.failure.sums_node_slices`),
     so a failure-free run under continue is priced as it runs. ``convergence`` adds the time to
     ``target`` (default: the profile's own) to the row (:func:`target_row`)."""
-    workload = config.workload
     algorithm, model = _prepare(
         name,
         n_workers,
@@ -306,42 +305,82 @@ def predict_one(
     )
     failing = failures is not None and not failures.is_empty and n_workers > 1
     policy = failures.check(algorithm) if failures is not None and failing else on_failure
-    window = _window(algorithm, steps)
+    # how every simulation of this configuration runs: the window's, the spread's, the failures'
+    runs_as: dict[str, Any] = dict(
+        seed=seed, stragglers=model, gpus_per_node=workers_per_host or gpus_per_node, streams=streams, on_failure=policy
+    )
     # one worker is the speedup baseline's configuration: simulated as it is, so its speedup is 1
-    fixed_window = steps is not None or n_workers == 1
-    while True:
-        result = simulate(
-            algorithm,
-            config.platform,
-            workload,
-            steps=window,
-            seed=seed,
-            stragglers=model,
-            gpus_per_node=workers_per_host or gpus_per_node,
-            record=record,
-            streams=streams,
-            on_failure=policy,
+    window = _steady_window(
+        algorithm, config, steps, fixed=steps is not None or n_workers == 1, record=record, **runs_as
+    )
+    summ = summarize(window.result.trace, samples_per_step=config.workload.batch_per_worker, warmup_steps=window.warmup)
+    if baseline_samples_per_s is None:
+        baseline_samples_per_s = baseline(config, steps=steps, seed=seed)
+    row = _row(name, n_workers, algorithm, config, window, summ, speedup_base=baseline_samples_per_s, stragglers=model)
+    if intervals:
+        spread, sens_window = _spread(
+            algorithm, config, window.result.trace, window=window.steps, warmup=window.warmup, **runs_as
         )
+        row = replace(row, intervals=_row_intervals(row, spread, sens_window, config, steps=steps, seed=seed))
+    if convergence is not None:
+        row = replace(row, to_target=target_row(row, algorithm, convergence, target))
+    if failures is not None and failing:
+        row = replace(row, failures=predict_failures(algorithm, config, row.to_json(), failures, **runs_as))
+    return Prediction(row=row, result=window.result, summary=summ)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """The simulation of :func:`_steady_window` and its window: local steps per worker, the
+    warm-up steps left out, the two half windows' throughput difference and whether it is steady."""
+
+    result: SimResult
+    steps: int
+    warmup: int
+    drift: float
+    steady: bool
+
+
+def _steady_window(
+    algorithm: Algorithm, config: SimConfig, steps: int | None, *, fixed: bool, record: bool, **runs_as: Any
+) -> _Window:
+    """Simulate ``algorithm`` on its window (``steps``, else the default :func:`_window`), doubled
+    until the throughput is steady (at most 4 times the default) unless the window is ``fixed``."""
+    window = _window(algorithm, steps)
+    while True:
+        result = simulate(algorithm, config.platform, config.workload, steps=window, record=record, **runs_as)
         warmup = max(1, window // 10)
         drift = _steadiness(result.trace, warmup)
         steady = drift < STEADY_TOLERANCE
-        if steady or fixed_window or window >= 4 * _window(algorithm, None):
-            break
+        if steady or fixed or window >= 4 * _window(algorithm, None):
+            return _Window(result=result, steps=window, warmup=warmup, drift=drift, steady=bool(steady))
         window *= 2
+
+
+def _row(
+    name: str,
+    n_workers: int,
+    algorithm: Algorithm,
+    config: SimConfig,
+    window: _Window,
+    summ: dict[str, Any],
+    *,
+    speedup_base: float,
+    stragglers: StragglerModel | None,
+) -> PredictionRow:
+    """The prediction row of a steady window's summary ``summ`` (speedup over ``speedup_base``
+    samples per second), without intervals, time to target or failures."""
+    workload = config.workload
     b = workload.batch_per_worker
-    summ = summarize(result.trace, samples_per_step=b, warmup_steps=warmup)
     sps = summ["samples_per_s"]
-    if baseline_samples_per_s is None:
-        baseline_samples_per_s = baseline(config, steps=steps, seed=seed)
     step_time = n_workers * b / sps
     steps_needed = math.ceil(workload.epochs * workload.samples_per_epoch / (n_workers * b))
-    placement = result.placement
-    shape = f"{placement.hosts_used}x{placement.per_host}" if placement is not None else "?"
-    row = PredictionRow(
+    placement = window.result.placement
+    return PredictionRow(
         algorithm=name,
         ran_as=algorithm.name,
         workers=n_workers,
-        node_shape=shape,
+        node_shape=f"{placement.hosts_used}x{placement.per_host}" if placement is not None else "?",
         gpus_per_node=placement.per_host if placement is not None else None,
         sockets=placement.sockets_text() if placement is not None else None,
         processes_per_core=placement.processes_per_core(config.platform.host_cpu) if placement is not None else None,
@@ -349,7 +388,7 @@ def predict_one(
         step_time_median_s=summ["step_time_median_s"],
         step_time_p95_s=summ["step_time_p95_s"],
         samples_per_s=sps,
-        speedup=sps / baseline_samples_per_s,
+        speedup=sps / speedup_base,
         epoch_time_s=workload.samples_per_epoch / sps,
         time_to_train_s=steps_needed * step_time,
         steps_to_train=steps_needed,
@@ -361,46 +400,16 @@ def predict_one(
         staleness_max=summ["staleness_max"],
         staleness_hist=summ["staleness_hist"],
         extrapolation=Extrapolation(
-            window_steps_per_worker=window,
-            warmup_steps=warmup,
-            steady=bool(steady),
-            half_window_throughput_difference=drift,
+            window_steps_per_worker=window.steps,
+            warmup_steps=window.warmup,
+            steady=window.steady,
+            half_window_throughput_difference=window.drift,
         ),
         params=algorithm.params(),
-        stragglers=model.spec() if model is not None else "",
+        stragglers=stragglers.spec() if stragglers is not None else "",
         batch_per_worker=b,
-        sim_events=result.events,
+        sim_events=window.result.events,
     )
-    if intervals:
-        spread, sens_window = _spread(
-            algorithm,
-            config,
-            result.trace,
-            window=window,
-            warmup=warmup,
-            seed=seed,
-            stragglers=model,
-            gpus_per_node=workers_per_host or gpus_per_node,
-            streams=streams,
-            on_failure=policy,
-        )
-        row = replace(row, intervals=_row_intervals(row, spread, sens_window, config, steps=steps, seed=seed))
-    if convergence is not None:
-        row = replace(row, to_target=target_row(row, algorithm, convergence, target))
-    if failures is not None and failing:
-        report = predict_failures(
-            algorithm,
-            config,
-            row.to_json(),
-            failures,
-            seed=seed,
-            stragglers=model,
-            gpus_per_node=workers_per_host or gpus_per_node,
-            streams=streams,
-            on_failure=policy,
-        )
-        row = replace(row, failures=report)
-    return Prediction(row=row, result=result, summary=summ)
 
 
 def target_row(

@@ -18,26 +18,6 @@ PACKAGE_FOLDERS = ("core", "sim", "runtime", "models", "analysis", "psgdlab")
 
 MAX_LINES = 100
 
-#: functions allowed over the limit for now, as ``path::qualified name``. These are the ones
-#: another branch (funcs-a) is cutting into phases at the same time; this list must be empty once
-#: that branch lands (the lead empties it at the merge). An entry no longer over the limit fails.
-ALLOWED_OVER: frozenset[str] = frozenset(
-    {
-        "analysis/calibrate.py::calibrate_runs",
-        "analysis/calibrate.py::platform_profile",
-        "analysis/fits.py::fit_link",
-        "core/stats/fitting.py::fit_parameters",
-        "psgdlab/calibration.py::pin_latency_between_hosts",
-        "psgdlab/commands/calibrate.py::register",
-        "psgdlab/commands/predict.py::register",
-        "psgdlab/commands/validate.py::register",
-        "runtime/config.py::TrainConfig.add_arguments",
-        "sim/engine/simulation.py::_Simulation.worker",
-        "sim/engine/simulation.py::simulate",
-        "sim/predict.py::predict_one",
-    }
-)
-
 
 def function_lengths(source: str) -> dict[str, int]:
     """Each function's and method's length in lines (``def`` line to last line), by qualified name."""
@@ -79,13 +59,7 @@ def test_the_measure_counts_a_functions_lines_methods_and_nested_functions_inclu
 def test_no_function_of_the_package_is_over_the_limit() -> None:
     lengths = package_function_lengths()
     assert len(lengths) > 1000, f"only {len(lengths)} functions found under {ROOT}: the scan missed the package"
-    over = {name: n for name, n in lengths.items() if n > MAX_LINES and name not in ALLOWED_OVER}
+    over = {name: n for name, n in lengths.items() if n > MAX_LINES}
     assert not over, f"functions over {MAX_LINES} lines (cut them into phases named for what they do): " + ", ".join(
         f"{name} ({n} lines)" for name, n in sorted(over.items(), key=lambda kv: -kv[1])
     )
-
-
-def test_the_allow_list_names_only_functions_still_over_the_limit() -> None:
-    lengths = package_function_lengths()
-    stale = sorted(name for name in ALLOWED_OVER if lengths.get(name, 0) <= MAX_LINES)
-    assert not stale, f"no longer over {MAX_LINES} lines (or gone): remove from ALLOWED_OVER: {', '.join(stale)}"

@@ -205,10 +205,50 @@ def fit_parameters(
     diff_step : float
         Step in log parameters for the finite differences (the simulator is noisy at small ones).
     """
+    problem = _problem(model, observed, prior, prior_log_sd, noise=noise, bounds=bounds)
+    rows = np.arange(problem.y.size)
+    z = problem.solve(rows, problem.z0.copy(), max_nfev, diff_step)
+    report, J = _posterior_report(problem, z, prior, prior_log_sd, diff_step=diff_step)
+    # the refits of the cross-validation: from the full fit, at the fit's noise
+    refits = dataclasses.replace(problem, noise=report.noise)
+
+    def held_out(mask: np.ndarray) -> dict[int, float]:
+        return _held_out(refits, mask, z, J, cv_steps)
+
+    n = problem.y.size
+    if loo:
+        for i in range(n):
+            report.loo.update(held_out(rows == i))
+            if progress is not None:
+                progress(f"leave out figure {i + 1}/{n}")
+    for grouping, labels in (groups or {}).items():
+        require(len(labels) == n, f"groups[{grouping}]", len(labels), f"must give one label per figure ({n})")
+        labels_arr = np.array([str(x) for x in labels])
+        distinct = list(dict.fromkeys(labels_arr.tolist()))
+        if len(distinct) < 2:
+            continue
+        report.logo[grouping] = {}
+        for g in distinct:
+            report.logo[grouping][g] = held_out(labels_arr == g)
+            if progress is not None:
+                progress(f"leave out {grouping}={g}")
+    return report
+
+
+def _problem(
+    model: Model,
+    observed: Sequence[float] | np.ndarray,
+    prior: Mapping[str, float],
+    prior_log_sd: Mapping[str, float],
+    *,
+    noise: float,
+    bounds: Mapping[str, tuple[float, float]] | None,
+) -> _Problem:
+    """The objective of :func:`fit_parameters`, its inputs checked (positive figures and priors,
+    positive spreads and noise) and the bounds in log parameters."""
     y = np.asarray(observed, dtype=float)
-    n = y.size
     names = tuple(prior)
-    require(n >= 1 and bool(np.all(y > 0)), "observed", observed, "must be positive figures")
+    require(y.size >= 1 and bool(np.all(y > 0)), "observed", observed, "must be positive figures")
     for k in names:
         require(prior[k] > 0, f"prior of {k}", prior[k], "must be positive")
         require(prior_log_sd.get(k, 0) > 0, f"prior spread of {k}", prior_log_sd.get(k), "must be > 0")
@@ -218,14 +258,27 @@ def fit_parameters(
     b = bounds or {}
     lo = np.array([np.log(b[k][0]) if k in b and b[k][0] > 0 else -np.inf for k in names])
     hi = np.array([np.log(b[k][1]) if k in b else np.inf for k in names])
+    return _Problem(model, y, names, z0, s, noise, lo, hi)
+
+
+def _posterior_report(
+    problem: _Problem,
+    z: np.ndarray,
+    prior: Mapping[str, float],
+    prior_log_sd: Mapping[str, float],
+    *,
+    diff_step: float,
+) -> tuple[FitReport, np.ndarray]:
+    """What the fit ``z`` knows about itself (module docstring): the report without its
+    cross-validation, and the Jacobian of the log predictions at ``z``."""
+    y, names, s = problem.y, problem.names, problem.s
+    n = y.size
     rows = np.arange(n)
-    problem = _Problem(model, y, names, z0, s, noise, lo, hi)
-    z = problem.solve(rows, z0.copy(), max_nfev, diff_step)
     values = dict(zip(names, np.exp(z).tolist()))
-    pred = model(values, rows)
+    pred = problem.model(values, rows)
     resid = np.log(pred) - np.log(y)
     dof = max(1, n - len(names))
-    sigma = max(noise, float(np.sqrt(np.sum(resid**2) / dof)))
+    sigma = max(problem.noise, float(np.sqrt(np.sum(resid**2) / dof)))
     J = problem.jacobian(z, rows, diff_step)
     info = J.T @ J / sigma**2
     cov = np.linalg.inv(info + np.diag(1.0 / s**2))
@@ -252,30 +305,17 @@ def fit_parameters(
         predictions=pred,
         in_sample={i: float(pred[i] / y[i] - 1.0) for i in range(n)},
     )
+    return report, J
 
-    def held_out(mask: np.ndarray) -> dict[int, float]:
-        train = rows[~mask]
-        test = rows[mask]
-        if train.size == 0:
-            return {}
-        zt = dataclasses.replace(problem, noise=sigma).gauss_newton(train, z, J[train], cv_steps)
-        p = model(dict(zip(names, np.exp(zt).tolist())), test)
-        return {int(i): float(v / y[i] - 1.0) for i, v in zip(test, p)}
 
-    if loo:
-        for i in range(n):
-            report.loo.update(held_out(rows == i))
-            if progress is not None:
-                progress(f"leave out figure {i + 1}/{n}")
-    for grouping, labels in (groups or {}).items():
-        require(len(labels) == n, f"groups[{grouping}]", len(labels), f"must give one label per figure ({n})")
-        labels_arr = np.array([str(x) for x in labels])
-        distinct = list(dict.fromkeys(labels_arr.tolist()))
-        if len(distinct) < 2:
-            continue
-        report.logo[grouping] = {}
-        for g in distinct:
-            report.logo[grouping][g] = held_out(labels_arr == g)
-            if progress is not None:
-                progress(f"leave out {grouping}={g}")
-    return report
+def _held_out(problem: _Problem, mask: np.ndarray, z: np.ndarray, J: np.ndarray, cv_steps: int) -> dict[int, float]:
+    """The relative errors of the figures ``mask`` predicted by a refit without them (a few
+    Gauss-Newton steps from the full fit ``z`` with its Jacobian ``J``); none when nothing is kept."""
+    rows = np.arange(problem.y.size)
+    train = rows[~mask]
+    test = rows[mask]
+    if train.size == 0:
+        return {}
+    zt = problem.gauss_newton(train, z, J[train], cv_steps)
+    p = problem.model(dict(zip(problem.names, np.exp(zt).tolist())), test)
+    return {int(i): float(v / problem.y[i] - 1.0) for i, v in zip(test, p)}

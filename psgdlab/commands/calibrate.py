@@ -13,8 +13,7 @@ from psgdlab.commands import print_json, show_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from psgdlab.core.flags import DefaultsHelpFormatter, add_flags, add_old_spelling
-    from psgdlab.runtime.transports.backends import cpu_backends
+    from psgdlab.core.flags import DefaultsHelpFormatter
 
     p = sub.add_parser(
         "calibrate",
@@ -50,6 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
             "docs/cluster.md says which runs to make."
         ),
     )
+    _input_flags(p)
+    _probe_flags(p)
+    _profile_flags(p)
+    _fit_output_flags(p)
+    p.set_defaults(func=run)
+
+
+def _input_flags(p: argparse.ArgumentParser) -> None:
+    """What is fitted and written: the run directories, nccl-tests output with its base profile, the TOML file."""
+    from psgdlab.core.flags import add_flags
+
     p.add_argument(
         "run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by psgdlab train (or a probe's)"
     )
@@ -71,6 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         },
     )
     p.add_argument("--out", metavar="PLATFORM.toml", help="the TOML file to write (atomically); needs a RUN_DIR")
+
+
+def _probe_flags(p: argparse.ArgumentParser) -> None:
+    """The probe: whether to run one, its directory, transport, message and group sizes, repeats and hosts."""
+    from psgdlab.core.flags import add_flags
+    from psgdlab.runtime.transports.backends import cpu_backends
+
     p.add_argument("--probe", action="store_true", help="probe the transport first (about 10-20 s with the defaults)")
     add_flags(p, "--force", helps={"--force": "here of --probe-out"})
     p.add_argument(
@@ -108,6 +125,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "platform's [platform.nic]; train runs with --hosts and one worker per host give it too",
         },
     )
+
+
+def _profile_flags(p: argparse.ArgumentParser) -> None:
+    """The profile written: its hosts, name, workers per host, the cores the runs had, the model size."""
+    from psgdlab.core.flags import add_old_spelling
+
     p.add_argument(
         "--platform-hosts",
         type=int,
@@ -141,10 +164,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--n-params", type=int, default=None, help="workload parameters (default: the runs' largest payload / itemsize)"
     )
+
+
+def _fit_output_flags(p: argparse.ArgumentParser) -> None:
+    """The compute fit's warm-up and what is printed."""
+    from psgdlab.core.flags import add_flags
+
     add_flags(p, "--no-progress", helps={"--no-progress": "of the probe"})
     p.add_argument("--warmup-steps", type=int, default=2, help="steps per worker left out of the compute fit")
     p.add_argument("--json", action="store_true", help="print the fit as one JSON object on one line")
-    p.set_defaults(func=run)
 
 
 def _ints(text: str) -> tuple[int, ...]:

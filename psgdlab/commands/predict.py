@@ -51,6 +51,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=DefaultsHelpFormatter,
     )
+    _cluster_flags(p)
+    _configuration_flags(p)
+    _output_flags(p)
+    _failure_flags(p)
+    p.set_defaults(func=run)
+
+
+def _cluster_flags(p: argparse.ArgumentParser) -> None:
+    """The platform (a preset or a file) and the workload predicted on it."""
     src = p.add_mutually_exclusive_group()
     add_flags(
         src,
@@ -72,6 +81,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "platform's device (peak FLOP/s and memory bandwidth times the platform's efficiencies); "
         "default: the file's own [workload]",
     )
+
+
+def _configuration_flags(p: argparse.ArgumentParser) -> None:
+    """The configurations: algorithms, worker counts, their placement on hosts, the batch, the
+    period, the variant, the simulated window, a straggler, the seed."""
     add_flags(
         p,
         "--algorithm",
@@ -104,6 +118,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--steps",
         "--straggler",
         "--seed",
+        helps={
+            "--batch": "default: the workload's; compute time scales with it",
+            "--period": "default: the file's [defaults] period",
+            "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
+        },
+    )
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    """The run directory and printing, parallel jobs, the time-to-target columns, and the
+    confirmation a long prediction needs."""
+    add_flags(
+        p,
         "--out",
         "--force",
         "--json",
@@ -111,9 +138,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--target",
         "--convergence",
         helps={
-            "--batch": "default: the workload's; compute time scales with it",
-            "--period": "default: the file's [defaults] period",
-            "--steps": "the simulated window (default: 200, or 10 sync periods, extended until steady)",
             "--json": "the object has (schema_version, run_dir, platform, workload, wall_s, has_unpinned_parameters, "
             "noise_extrapolated) with a list rows; each row's KEY_low and KEY_high are its 90 %% interval",
         },
@@ -125,6 +149,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"run a prediction estimated to simulate longer than {CONFIRM_AFTER_S / 60:.0f} minutes (a large "
         "--steps; the estimate comes from a short timed simulation)",
     )
+
+
+def _failure_flags(p: argparse.ArgumentParser) -> None:
+    """Worker failures priced into the rows (an argument group of their own in --help)."""
     fail = p.add_argument_group(
         "failures",
         "price worker deaths: detection (the platform's failure_detection_s), the schedule rebuilt over "
@@ -152,7 +180,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="K",
         help="draws of random failures with --failure-rate (default 20)",
     )
-    p.set_defaults(func=run)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
         formatter_class=DefaultsHelpFormatter,
     )
+    _case_flags(p)
+    _run_flags(p)
+    _machine_flags(p)
+    _repeat_flags(p)
+    _mode_flags(p)
+    p.set_defaults(func=run)
+
+
+def _case_flags(p: argparse.ArgumentParser) -> None:
+    """The cases: the algorithms and their variants, the worker and host counts, the NIC rates."""
     algorithm = p.add_argument(
         "--algorithm",
         type=name_list,
@@ -71,6 +81,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "bottleneck and one where it is not)",
         },
     )
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """How each case runs: the transport, the compute, a straggler, the steps, the seed, the model size."""
     p.add_argument("--backend", choices=cpu_backends(), default="gloo", help="the runtime's transport")
     p.add_argument(
         "--compute-time",
@@ -101,6 +115,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "times as many; below 100000, 50000 and 500000)",
     )
     add_old_spelling(p, "--dim", lsq_dim)
+
+
+def _machine_flags(p: argparse.ArgumentParser) -> None:
+    """This machine: its cores and the wait for idle ones before each run."""
     p.add_argument(
         "--cores",
         type=int,
@@ -125,6 +143,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="longest wait for idle cores before a run, seconds (then it runs anyway; validate.json "
         "records the idle cores before each run)",
     )
+
+
+def _repeat_flags(p: argparse.ArgumentParser) -> None:
+    """Repeats: of the measured cases, the predictions and the calibration runs, and the calibration's worker counts."""
     p.add_argument(
         "--remeasure",
         type=int,
@@ -161,6 +183,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--workers 4,8). Default: 2 workers, and with more case workers than cores also twice the cores "
         "and the largest case count",
     )
+
+
+def _mode_flags(p: argparse.ArgumentParser) -> None:
+    """What to do and where: the full grid, a refit of an earlier validate's runs, the CI gate, the output."""
     p.add_argument("--full", action="store_true", help="the target grid: workers 2,4,8, with and without a straggler")
     conv = p.add_argument_group(
         "time to accuracy (--convergence)",
@@ -231,7 +257,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "--no-progress": "the lines that say which run or prediction comes next (none with --json either)",
         },
     )
-    p.set_defaults(func=run)
 
 
 def _counts(text: str) -> tuple[int, ...]:

@@ -251,10 +251,15 @@ class _Simulation:
                     return Barrier(group=ex.gather_group)
         return None
 
-    def worker(self, r: int) -> Generator[simpy.Event, Any, None]:  # noqa: C901, PLR0915 (funcs-a cuts it)
+    def worker(self, r: int) -> Generator[simpy.Event, Any, None]:  # noqa: C901, PLR0915 (hot loop, kept inline)
         """Worker ``r``'s steps (the module docstring's table): start the step's non-blocking
         averages, compute, run the blocking exchanges and the gradient allreduce, apply the
-        gradient once the mix it waits for has merged, then the exchanges after the update."""
+        gradient once the mix it waits for has merged, then the exchanges after the update.
+
+        The hot loop of the simulator: what the steps of the presets' algorithms do stays inline
+        (a generator more a step costs them time), what only other steps have (blocking exchanges,
+        exchanges after the update) is a generator of its own, entered only where the step has one.
+        The plans of a repeating schedule's first period are made before the first step."""
         env = self.env
         timeout = env.timeout
         deaths = self.deaths
@@ -270,13 +275,11 @@ class _Simulation:
         mix_ends: deque[tuple[float, list[Pending] | None]] = deque()  # a step's mix: known end, pending ones
         reads: deque[int] = deque()
         agree = None if self.sums[r] else self._agreement(r)
-        plat = ctx.net.platform
-        merge_s = host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, ctx.S)  # folding an average back
-        overhead_s = host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, ctx.S)  # update, snapshot, loop
+        merge_s, overhead_s = self._host_work_s()
         merging = merge_s > 0.0
         # the plans of the first period's steps, when the schedule repeats (the deaths' does not)
-        period = self.period if deaths is None else None
-        plans: list[_Plan | None] | None = [None] * period if period else None
+        period = (self.period if deaths is None else None) or 0
+        plans = [_plan(sched(s, r), merging) for s in range(min(period, self.steps))]
         for s in range(self.steps):
             t0 = env.now
             if deaths is not None:
@@ -284,13 +287,7 @@ class _Simulation:
                     return
                 deaths.started[r] = s + 1
             reads.append(merges.count(r, t0))
-            if plans is not None:
-                plan = plans[s % period]  # type: ignore[operator]
-                if plan is None:
-                    plan = plans[s % period] = _plan(sched(s, r), merging)  # type: ignore[operator]
-            else:
-                plan = _plan(sched(s, r), merging)
-            actives, late, grad, post, folds = plan
+            actives, late, grad, post, folds = plans[s % period] if period else _plan(sched(s, r), merging)
             mix_end = t0
             pending: list[Pending] | None = None
             for ex in actives:
@@ -302,17 +299,8 @@ class _Simulation:
             mix_ends.append((mix_end, pending))
             yield timeout(comp[s])
             t_c = env.now
-            for ex in late:
-                if env.now >= death:
-                    return
-                if type(ex) is Gossip:
-                    yield from self.gossip.run(r, s, ex)
-                elif ex.active:
-                    got = pair(r, ex, env.now, s, _COMM)
-                    if type(got) is Pending:
-                        yield got.wait(env)
-                    else:
-                        yield timeout(got - env.now)  # type: ignore[operator]
+            if late and (yield from self._blocking(r, s, late, death)):
+                return
             for ex in grad:
                 if env.now >= death:
                     return
@@ -339,25 +327,64 @@ class _Simulation:
                     return
                 deaths.applied[r].append(now)
             read = reads.popleft() if len(reads) > delay else reads[0]
-            stale = merges.count(r, now) - read
+            stale: int | None = merges.count(r, now) - read
             if folds:
                 # host work of the training thread (no record: step overhead, as in the runtime);
                 # a passive side merges in its responder, off the step
                 yield timeout(ctx.net.process_work_s(r, merge_s, env.now))
-            for ex in post:
-                if env.now >= death:
+            if post:
+                stale = yield from self._after_update(r, s, post, death, stale)
+                if stale is None:
                     return
-                T = type(ex)
-                if T is ServerExchange:
-                    stale = yield from self.server.run(r, s)
-                elif T is AllReduce:
-                    yield from collective(r, s, ex, ALLREDUCE)
-                else:
-                    yield from collective(r, s, ex, BARRIER)
             if rows is not None:
                 rows.append((r, s, _COMPUTE, _K_NONE, t0, t_c, -1, 0, stale, _NAN))
             if overhead_s > 0.0:  # the host work between this step's exchanges and the next compute
                 yield timeout(ctx.net.process_work_s(r, overhead_s, env.now))
+
+    def _host_work_s(self) -> tuple[float, float]:
+        """The host work of folding an average back into the model and of a step's overhead (the
+        update, the snapshot, the loop) at this run's payload, seconds."""
+        plat, S = self.ctx.net.platform, self.ctx.S
+        return (
+            host_work_s(plat.mix_merge_s, plat.mix_merge_s_per_byte, S),
+            host_work_s(plat.step_overhead_s, plat.step_overhead_s_per_byte, S),
+        )
+
+    def _blocking(self, r: int, s: int, late: tuple[Any, ...], death: float) -> Generator[simpy.Event, Any, bool]:
+        """Worker ``r``'s blocking exchanges of step ``s`` after its compute (gossip rounds, blocking
+        averages); ``True`` where the worker dies (at ``death``) before one of them."""
+        env = self.env
+        for ex in late:
+            if env.now >= death:
+                return True
+            if type(ex) is Gossip:
+                yield from self.gossip.run(r, s, ex)
+            elif ex.active:
+                got = self.pairs.start(r, ex, env.now, s, _COMM)
+                if type(got) is Pending:
+                    yield got.wait(env)
+                else:
+                    yield env.timeout(got - env.now)  # type: ignore[operator]
+        return False
+
+    def _after_update(
+        self, r: int, s: int, post: tuple[Any, ...], death: float, stale: int | None
+    ) -> Generator[simpy.Event, Any, int | None]:
+        """Worker ``r``'s exchanges of step ``s`` after its update (the server's, model allreduces,
+        barriers): the step's staleness (the server's where it exchanges with one, else
+        ``stale``); ``None`` where the worker dies (at ``death``) before one of them."""
+        env = self.env
+        for ex in post:
+            if env.now >= death:
+                return None
+            T = type(ex)
+            if T is ServerExchange:
+                stale = yield from self.server.run(r, s)
+            elif T is AllReduce:
+                yield from self.collectives.run(r, s, ex, ALLREDUCE)
+            else:
+                yield from self.collectives.run(r, s, ex, BARRIER)
+        return stale
 
 
 #: what a worker does with one step's exchanges, by when it does it: the active non-blocking
@@ -474,34 +501,65 @@ def simulate(
         scatter=scatter,
         deaths=deaths,
     )
-    procs = [env.process(sim.worker(r)) for r in range(n)]
+    t_stop = _run(sim, deaths, until)
+    meta = _meta(algorithm, platform, workload, placement, steps, t_stop, seed, streams, stragglers)
+    extras: dict[str, Any] = {}
+    if deaths is not None:
+        extras["failures"] = deaths.extras(t_stop)
+    return SimResult(trace=_trace(sim, t_stop), meta=meta, events=env.scheduled, placement=placement, extras=extras)
+
+
+def _run(sim: _Simulation, deaths: Deaths | None, until: str) -> float:
+    """Run every worker of ``sim`` (and the watch of ``deaths``, where there is one) until the window
+    ends: when the first surviving worker has done its steps (``until="first"``: every worker is
+    active over the whole window, so a straggler does not stretch it; asynchronous workers drift
+    apart), or every one has (``"all"``), or a stop under failures; returns the simulated time then."""
+    env = sim.env
+    procs = [env.process(sim.worker(r)) for r in range(sim.alg.n_workers)]
     survivors = [p for r, p in enumerate(procs) if deaths is None or deaths.death[r] == math.inf]
     if deaths is not None and deaths.watches:
         env.process(deaths.process((sim.gossip.release, sim.collectives.release)))
-    # the window ends when the first worker has done ``steps`` steps: every worker is active over
-    # the whole window, so a straggler does not stretch it (asynchronous workers drift apart)
     done = simpy.AnyOf(env, survivors) if until == "first" else simpy.AllOf(env, survivors)
     t_end = deaths.stop_at_s if deaths is not None else math.inf
     try:
         env.run(until=done if t_end == math.inf else simpy.AnyOf(env, [done, env.timeout(t_end)]))
     except RuntimeError as exc:
         raise SimulationError(
-            f"simulation of {algorithm.name} stalled with {len(sim.collectives.gathering)} collectives "
+            f"simulation of {sim.alg.name} stalled with {len(sim.collectives.gathering)} collectives "
             f"waiting for members: the schedule is inconsistent ({exc})"
         ) from None
-    t_stop = env.now
+    return env.now
+
+
+def _trace(sim: _Simulation, t_stop: float) -> np.ndarray:
+    """The trace of ``sim``'s rows that end by ``t_stop`` (the window's end), sorted by start time."""
     tb = TraceBuilder()
     if sim.ctx.rows is not None:
         tb.extend(row for row in sim.ctx.rows if row[5] <= t_stop)  # tuples already in TRACE_DTYPE order
-    meta = {
+    return tb.array()
+
+
+def _meta(
+    algorithm: Algorithm,
+    platform: Platform,
+    workload: Workload,
+    placement: Placement,
+    steps: int,
+    window_end_s: float,
+    seed: int,
+    streams: Sequence[int] | None,
+    stragglers: StragglerModel | None,
+) -> dict[str, Any]:
+    """``SimResult.meta`` of a simulation whose window ended at ``window_end_s``."""
+    return {
         "source": "simulator",
-        "n_workers": n,
+        "n_workers": algorithm.n_workers,
         "samples_per_step": workload.batch_per_worker,
         "algorithm": algorithm.params(),
         "platform": platform.name,
         "workload": workload.name,
         "steps_per_worker": steps,
-        "window_end_s": t_stop,
+        "window_end_s": window_end_s,
         "seed": seed,
         **({"streams": [int(x) for x in streams]} if streams is not None else {}),
         "gpus_per_node": placement.per_host,
@@ -509,7 +567,3 @@ def simulate(
         "stragglers": stragglers.spec() if stragglers is not None else "",
         "payload_bytes": workload.payload_bytes,
     }
-    extras: dict[str, Any] = {}
-    if deaths is not None:
-        extras["failures"] = deaths.extras(t_stop)
-    return SimResult(trace=tb.array(), meta=meta, events=env.scheduled, placement=placement, extras=extras)
