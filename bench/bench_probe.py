@@ -275,23 +275,21 @@ def scenario_predict_out_train_run(tmp: Path) -> dict[str, Any]:
     return {"ok": wrong is None and not lost, "why": wrong, "data_lost": lost}
 
 
-def scenario_two_runs_one_out(tmp: Path) -> dict[str, Any]:
-    out = tmp / "run"
-    argv = [
-        "predict",
-        "--algorithm",
-        "ssgd,adpsgd,hadpsgd",
-        "--workers",
-        "2,4,8,16",
-        "--steps",
-        "400",
-        "--out",
-        str(out),
-    ]
-    first = subprocess.Popen([*PSGDLAB, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _long_predict(out: Path, **stderr: Any) -> tuple[list[str], subprocess.Popen[str]]:
+    """A prediction of a dozen configurations into ``out`` (long enough to be caught writing),
+    started and holding its run directory's lock (or 60 s gone); its arguments and its process."""
+    argv = ["predict", "--algorithm", "ssgd,adpsgd,hadpsgd", "--workers", "2,4,8,16", "--steps", "400"]
+    argv += ["--out", str(out)]
+    proc = subprocess.Popen([*PSGDLAB, *argv], stdout=subprocess.DEVNULL, text=True, **stderr)
     deadline = time.monotonic() + 60
     while not (out / ".lock").is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
+    return argv, proc
+
+
+def scenario_two_runs_one_out(tmp: Path) -> dict[str, Any]:
+    out = tmp / "run"
+    argv, first = _long_predict(out, stderr=subprocess.PIPE)
     t0 = time.monotonic()
     second = _psgdlab(*argv, "--force")
     second_s = time.monotonic() - t0
@@ -303,21 +301,7 @@ def scenario_two_runs_one_out(tmp: Path) -> dict[str, Any]:
 
 def scenario_killed_predict(tmp: Path) -> dict[str, Any]:
     out = tmp / "run"
-    argv = [
-        "predict",
-        "--algorithm",
-        "ssgd,adpsgd,hadpsgd",
-        "--workers",
-        "2,4,8,16",
-        "--steps",
-        "400",
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.Popen([*PSGDLAB, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not (out / ".lock").is_file() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    argv, proc = _long_predict(out, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     workers = _children(proc.pid)
     proc.kill()
