@@ -56,7 +56,7 @@ MAX_HOSTS = 200
 #: to replace it are --resume's own)
 RESUME_MAY_CHANGE = frozenset({"steps", "epochs", "timeout", "resume", "out", "force"})
 #: flags whose TrainConfig field has another name
-_RESUME_FIELDS = {"lsq_samples": "lsq_samples_per_worker", "timeout": "timeout_s"}
+_RESUME_FIELDS = {"lsq_samples": "lsq_samples_per_worker", "timeout": "timeout_s", "workers_per_node": "gpus_per_node"}
 
 
 def _same(given: Any, saved: Any) -> bool:

@@ -152,13 +152,16 @@ def test_resume_refuses_a_flag_that_would_change_the_run(capsys, tmp_path):
 
     from psgdlab.runtime.config import TrainConfig
 
-    saved = TrainConfig(algorithm="ssgd", workers=2, model="least-squares", steps=4, out=str(tmp_path))
+    saved = TrainConfig(algorithm="ssgd", workers=2, gpus_per_node=1, model="least-squares", steps=4, out=str(tmp_path))
     (tmp_path / "config.resolved.json").write_text(json.dumps({"train": saved.to_json()}))
     _fails(capsys, ["--resume", str(tmp_path), "--workers", "4"], r"--workers \(4\) cannot change the run .*has 2\)")
     _fails(capsys, ["--resume", str(tmp_path), "--algorithm", "adpsgd"], r"--algorithm \(adpsgd\) cannot change")
     parser = argparse.ArgumentParser()
     TrainConfig.add_arguments(parser, launcher=True)
-    args = parser.parse_args(["--resume", str(tmp_path), "--workers", "2", "--steps", "9", "--timeout", "30"])
+    _fails(capsys, ["--resume", str(tmp_path), "--workers-per-node", "2"], r"--workers-per-node \(2\) cannot change")
+    args = parser.parse_args(
+        ["--resume", str(tmp_path), "--workers", "2", "--workers-per-node", "1", "--steps", "9", "--timeout", "30"]
+    )
     resumed = TrainConfig.from_args(args)
     assert (resumed.workers, resumed.steps, resumed.resume) == (2, 9, True)
 
