@@ -284,12 +284,19 @@ def build_algorithm(cfg: EmulateConfig, sim_cfg: SimConfig) -> Algorithm:
     )
 
 
-def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResult, dict[str, Any]]:
+def emulate(
+    cfg: EmulateConfig,
+    *,
+    replicas: Any = None,
+    inputs: tuple[Algorithm, StragglerModel, SimConfig] | None = None,
+) -> tuple[EmulationResult, dict[str, Any]]:
     """Simulate ``cfg`` with the platform model and replay it on real replicas.
 
     ``replicas`` replaces the ones ``cfg`` names (anything with the
-    :class:`~psgdlab.core.replicas.Replicas` methods and ``steps_per_epoch()``). Returns the
-    :class:`~psgdlab.sim.emulate.EmulationResult` and the resolved configuration (JSON-able).
+    :class:`~psgdlab.core.replicas.Replicas` methods and ``steps_per_epoch()``); ``inputs`` is
+    :func:`resolve_inputs` of ``cfg`` where the caller has checked them already (its corpus is not
+    read through again). Returns the :class:`~psgdlab.sim.emulate.EmulationResult` and the
+    resolved configuration (JSON-able).
     """
     import torch
 
@@ -298,7 +305,7 @@ def emulate(cfg: EmulateConfig, *, replicas: Any = None) -> tuple[EmulationResul
     from psgdlab.sim.engine import simulate
 
     torch.set_num_threads(1)
-    algorithm, stragglers, sim_cfg = resolve_inputs(cfg)
+    algorithm, stragglers, sim_cfg = inputs if inputs is not None else resolve_inputs(cfg)
     workload = sim_cfg.workload.with_batch(cfg.batch)
     extra: dict[str, Any] = {}
     if replicas is None:

@@ -113,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         straggler=args.straggler,
         seed=args.seed,
     )
-    resolve_inputs(cfg)  # bad input is said before the run directory is taken
+    inputs = resolve_inputs(cfg)  # bad input is said before the run directory is taken
     with open_run_dir(args.out, command="emulate", force=args.force) as held:
-        result, resolved = emulate(cfg)
+        result, resolved = emulate(cfg, inputs=inputs)
         summary = write_run(held.path, result, resolved, figures=not args.no_figures)
     if args.json:
         print_json(summary)
